@@ -1,1 +1,58 @@
-fn main() {}
+//! `attnc`: compile attention layers to microcode for a ring of PEs, and run that microcode.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "attnc",
+    version,
+    about = "Compile attention layers to per-PE microcode for a unidirectional ring, and run it",
+    after_help = "`attnc FILE --pes M -o DIR` is short for `attnc compile FILE --pes M -o DIR`."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Compile a layer description into one microcode file per PE plus manifest.json
+    Compile(cli::compile::CompileArgs),
+    /// Execute an emitted directory in the cycle-level interpreter and check it against the reference
+    Run(cli::run::RunArgs),
+    /// List the compiler's passes (names for --dump-after)
+    Passes,
+}
+
+const SUBCOMMANDS: [&str; 4] = ["compile", "run", "passes", "help"];
+
+fn main() -> ExitCode {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // `attnc FILE ...` means `attnc compile FILE ...`.
+    if let Some(first) = args.get(1).and_then(|a| a.to_str()) {
+        if !first.starts_with('-') && !SUBCOMMANDS.contains(&first) {
+            args.insert(1, "compile".into());
+        }
+    }
+    let cli = Cli::parse_from(args);
+    let result = match &cli.cmd {
+        Cmd::Compile(a) => cli::compile::run(a),
+        Cmd::Run(a) => cli::run::run(a),
+        Cmd::Passes => {
+            for (name, desc) in compiler::passes::PASSES {
+                println!("{name:20} {desc}");
+            }
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,25 @@
-//! placeholder
+//! The instruction set of a unidirectional ring of processing elements.
+//!
+//! Each PE has a private word memory and, every cycle, executes one
+//! [`Bundle`]: an arithmetic op, an accumulate that adds the op result to a
+//! word, and a transfer of one word to the next PE on the ring. All PEs step
+//! in lockstep and the only communication is the ring link, so a program is a
+//! fixed schedule with no control flow.
+//!
+//! The crate provides the instruction types ([`inst`]), a text assembler and
+//! disassembler ([`text`]), a canonical binary encoding ([`binary`]) and an
+//! interpreter generic over the value domain ([`machine`]). The full
+//! specification is in `docs/isa.md`.
+
+pub mod binary;
+pub mod inst;
+pub mod machine;
+pub mod text;
+
+pub use binary::{decode, encode, DecodeError};
+pub use inst::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc, FORMAT_VERSION};
+pub use machine::{
+    Domain, F32Domain, Fault, FaultKind, LoadError, Machine, NoObserver, Observer, PeStats,
+    RunStats,
+};
+pub use text::{parse, ParseError};

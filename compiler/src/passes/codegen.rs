@@ -1,0 +1,303 @@
+//! `codegen`: gives every value a memory address on every PE where it lives, then emits one
+//! microcode program per PE.
+//!
+//! A value lives on a PE from the cycle after it is written (computed there, or arrived over the
+//! link) to the last cycle that reads it there; a value that arrives again later gets a new
+//! lifetime. Lifetimes are packed into addresses greedily in start order (interval colouring,
+//! optimal for interval graphs), so memory per PE is the peak number of live values. An address
+//! is reused only by a value written after the previous occupant's last read, so no write can
+//! clobber a live word and no two writes to one address fall in one cycle.
+
+use crate::schedule::{Element, RingSchedule, Slot, Val, ValInfo, Work};
+use isa::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+pub const NAME: &str = "codegen";
+pub const DESCRIPTION: &str = "allocate per-PE memory for every value's lifetime and emit microcode";
+
+/// Microcode for every PE plus where inputs and outputs live.
+#[derive(Clone, Debug)]
+pub struct Emitted {
+    pub programs: Vec<Program>,
+    /// `(element, pe, address)` of every preloaded input element.
+    pub inputs: Vec<(Element, u32, Addr)>,
+    /// `(element, pe, address)` of every output element after the last cycle.
+    pub outputs: Vec<(Element, u32, Addr)>,
+}
+
+/// One stretch of a value's life on one PE.
+#[derive(Clone, Copy, Debug)]
+struct Life {
+    start: usize,
+    /// Last cycle reading it; `None` while nothing does (such a value is never stored).
+    end: Option<usize>,
+    /// Kept to the end: an output, or a preloaded input (which must have a home).
+    pinned: bool,
+    addr: Addr,
+}
+
+/// Lifetimes on one PE, indexed by value for lookups at a cycle.
+#[derive(Default)]
+struct PeLives {
+    lives: Vec<Life>,
+    by_val: HashMap<Val, Vec<usize>>,
+}
+
+impl PeLives {
+    fn start(&mut self, val: Val, start: usize, pinned: bool) {
+        self.by_val.entry(val).or_default().push(self.lives.len());
+        self.lives.push(Life {
+            start,
+            end: None,
+            pinned,
+            addr: Addr::MAX,
+        });
+    }
+
+    /// The lifetime of `val` holding at `cycle`: the latest one started at or before it.
+    fn at(&self, val: Val, cycle: usize) -> Option<usize> {
+        self.by_val
+            .get(&val)?
+            .iter()
+            .rev()
+            .copied()
+            .find(|&i| self.lives[i].start <= cycle)
+    }
+
+    fn starting(&self, val: Val, cycle: usize) -> Option<&Life> {
+        self.by_val
+            .get(&val)?
+            .iter()
+            .map(|&i| &self.lives[i])
+            .find(|l| l.start == cycle)
+    }
+
+    fn stored(&self, val: Val, cycle: usize) -> Option<Addr> {
+        self.starting(val, cycle)
+            .filter(|l| l.end.is_some() || l.pinned)
+            .map(|l| l.addr)
+    }
+}
+
+/// A schedule that codegen cannot turn into microcode: always a bug in a scheduling pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CodegenError(pub String);
+
+impl std::fmt::Display for CodegenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "internal scheduling error: {}", self.0)
+    }
+}
+
+fn acc_result(work: &Work) -> Option<Val> {
+    match *work {
+        Work::Mac { out, .. } => Some(out),
+        Work::Exp { sum, .. } => Some(sum),
+        Work::Div { .. } => None,
+    }
+}
+
+pub fn run(s: &RingSchedule) -> Result<Emitted, CodegenError> {
+    let m = s.pes as usize;
+    let cycles = s.cycles();
+    let mut pes: Vec<PeLives> = (0..m).map(|_| PeLives::default()).collect();
+
+    for (val, info) in s.vals.iter() {
+        if let ValInfo::Input { pe, .. } = info {
+            pes[*pe as usize].start(val, 0, true);
+        }
+    }
+    let output_at: HashMap<(u32, Val), ()> = s.outputs.iter().map(|&(_, pe, v)| ((pe, v), ())).collect();
+
+    // Discover lifetimes in time order; reads extend the lifetime they fall in.
+    let read = |pes: &mut Vec<PeLives>, pe: usize, val: Val, t: usize| -> Result<(), CodegenError> {
+        let i = pes[pe].at(val, t).ok_or_else(|| {
+            CodegenError(format!("PE {pe} reads {val} at cycle {t} but it is not there"))
+        })?;
+        pes[pe].lives[i].end = Some(t);
+        Ok(())
+    };
+    for t in 0..cycles {
+        for pe in 0..m {
+            let slot = s.slots[pe][t];
+            if let Some(work) = slot.work {
+                for v in work.reads() {
+                    read(&mut pes, pe, v, t)?;
+                }
+            }
+            if let Some(v) = slot.send {
+                let from_acc = slot.work.as_ref().and_then(acc_result) == Some(v);
+                if !from_acc {
+                    read(&mut pes, pe, v, t)?;
+                }
+            }
+        }
+        for pe in 0..m {
+            let slot = s.slots[pe][t];
+            if let Some(work) = slot.work {
+                for v in work.writes() {
+                    let pinned = output_at.contains_key(&(pe as u32, v));
+                    pes[pe].start(v, t + 1, pinned);
+                }
+            }
+            if let Some(v) = slot.send {
+                let to = (pe + 1) % m;
+                let pinned = output_at.contains_key(&(to as u32, v));
+                pes[to].start(v, t + 1, pinned);
+            }
+        }
+    }
+
+    let mut mem_words = vec![0u32; m];
+    for (pe, lives) in pes.iter_mut().enumerate() {
+        mem_words[pe] = allocate(&mut lives.lives);
+    }
+
+    let mut programs = Vec::with_capacity(m);
+    for pe in 0..m {
+        let next = (pe + 1) % m;
+        let mut bundles = Vec::with_capacity(cycles);
+        for t in 0..cycles {
+            bundles.push(bundle(&pes[pe], &pes[next], s.slots[pe][t], pe, t)?);
+        }
+        programs.push(Program {
+            pe: pe as u32,
+            pes: s.pes,
+            mem_words: mem_words[pe],
+            bundles,
+        });
+    }
+
+    let mut inputs = Vec::new();
+    for (val, info) in s.vals.iter() {
+        if let ValInfo::Input { element, pe } = *info {
+            let life = pes[pe as usize].starting(val, 0).expect("inputs start at cycle 0");
+            inputs.push((element, pe, life.addr));
+        }
+    }
+    let mut outputs = Vec::new();
+    for &(element, pe, val) in &s.outputs {
+        let lives = &pes[pe as usize];
+        let i = lives.at(val, cycles).ok_or_else(|| {
+            CodegenError(format!("output {val} is not on PE {pe} at the end"))
+        })?;
+        outputs.push((element, pe, lives.lives[i].addr));
+    }
+    Ok(Emitted {
+        programs,
+        inputs,
+        outputs,
+    })
+}
+
+/// Packs lifetimes into addresses; returns the number of words used.
+fn allocate(lives: &mut [Life]) -> u32 {
+    let mut order: Vec<usize> = (0..lives.len())
+        .filter(|&i| lives[i].end.is_some() || lives[i].pinned)
+        .collect();
+    order.sort_by_key(|&i| lives[i].start);
+    let mut busy: BinaryHeap<Reverse<(usize, Addr)>> = BinaryHeap::new();
+    let mut free: BinaryHeap<Reverse<Addr>> = BinaryHeap::new();
+    let mut words: Addr = 0;
+    for i in order {
+        let start = lives[i].start;
+        // An address read for the last time at cycle e may be written at the end of cycle e,
+        // i.e. reused by a lifetime starting at e + 1.
+        while let Some(&Reverse((end, addr))) = busy.peek() {
+            if end < start {
+                busy.pop();
+                free.push(Reverse(addr));
+            } else {
+                break;
+            }
+        }
+        let addr = match free.pop() {
+            Some(Reverse(a)) => a,
+            None => {
+                words += 1;
+                words - 1
+            }
+        };
+        lives[i].addr = addr;
+        let end = if lives[i].pinned {
+            usize::MAX
+        } else {
+            lives[i].end.unwrap_or(start)
+        };
+        busy.push(Reverse((end, addr)));
+    }
+    words
+}
+
+fn bundle(here: &PeLives, next: &PeLives, slot: Slot, pe: usize, t: usize) -> Result<Bundle, CodegenError> {
+    let addr = |v: Val| -> Result<Addr, CodegenError> {
+        here.at(v, t)
+            .map(|i| here.lives[i].addr)
+            .filter(|&a| a != Addr::MAX)
+            .ok_or_else(|| CodegenError(format!("{v} has no address on PE {pe} at cycle {t}")))
+    };
+    let dst = |v: Val| here.stored(v, t + 1);
+    let acc_src = |acc: Option<Val>| -> Result<AccSrc, CodegenError> {
+        Ok(match acc {
+            Some(v) => AccSrc::Mem(addr(v)?),
+            None => AccSrc::Zero,
+        })
+    };
+    let (op, acc) = match slot.work {
+        None => (Op::Nop, Acc::Nop),
+        Some(Work::Mac { a, b, acc, out }) => (
+            Op::Mul {
+                a: addr(a)?,
+                b: addr(b)?,
+                dst: None,
+            },
+            Acc::Add {
+                src: acc_src(acc)?,
+                dst: dst(out),
+            },
+        ),
+        Some(Work::Exp {
+            x,
+            scale,
+            acc,
+            e,
+            sum,
+        }) => (
+            Op::Exp {
+                a: addr(x)?,
+                scale,
+                dst: dst(e),
+            },
+            Acc::Add {
+                src: acc_src(acc)?,
+                dst: dst(sum),
+            },
+        ),
+        Some(Work::Div { num, den, out }) => (
+            Op::Div {
+                a: addr(num)?,
+                b: addr(den)?,
+                dst: dst(out),
+            },
+            Acc::Nop,
+        ),
+    };
+    let xfer = match slot.send {
+        None => Xfer::Nop,
+        Some(v) => {
+            let src = if slot.work.as_ref().and_then(acc_result) == Some(v) {
+                XferSrc::Acc
+            } else {
+                XferSrc::Mem(addr(v)?)
+            };
+            let dst = next.stored(v, t + 1).ok_or_else(|| {
+                CodegenError(format!(
+                    "PE {pe} sends {v} at cycle {t} but the next PE never reads it"
+                ))
+            })?;
+            Xfer::Send { src, dst }
+        }
+    };
+    Ok(Bundle { op, acc, xfer })
+}

@@ -1,0 +1,20 @@
+//! The compiler's passes, one file each, in pipeline order.
+
+pub mod analyze;
+pub mod codegen;
+pub mod lower;
+pub mod schedule_baseline;
+pub mod schedule_causal;
+pub mod schedule_symmetric;
+pub mod select;
+
+/// `(name, description)` of every pass, in pipeline order; the names `--dump-after` accepts.
+pub const PASSES: [(&str, &str); 7] = [
+    (lower::NAME, lower::DESCRIPTION),
+    (analyze::NAME, analyze::DESCRIPTION),
+    (select::NAME, select::DESCRIPTION),
+    (schedule_baseline::NAME, schedule_baseline::DESCRIPTION),
+    (schedule_symmetric::NAME, schedule_symmetric::DESCRIPTION),
+    (schedule_causal::NAME, schedule_causal::DESCRIPTION),
+    (codegen::NAME, codegen::DESCRIPTION),
+];

@@ -1,0 +1,50 @@
+//! `schedule-symmetric`: our version of the paper's Algorithm 2 (§4) for q = k = v.
+//!
+//! `w'` is symmetric, so phase 1 computes only the pairs `a ≥ b` (`n(n+1)/2` chains, the
+//! necessary count for every n: unlike the paper we never recompute the `n/2` middle-diagonal
+//! pairs of even n). The value of pair `{a, b}` finishes on PE `(a + b) mod m`, so in row `a`
+//! the score of column `b` sits on PE `(a + b) mod m`: a symmetric Latin-square assignment. Row
+//! `a`'s softmax walk, which is on PE `(a + j) mod m` at step `j`, therefore finds column `b = j`
+//! right there, for both `w'[a][b]` and its mirror `w'[b][a]` — no reuse transfers at all, which
+//! is where the paper's Algorithm 2 spends extra cycles. Phase 3 is the baseline's, each weight
+//! starting from wherever phase 2 left it.
+//!
+//! Cycles per head: `d·W + 2n²/m + d·n²/m` where `W` is the largest number of pairs with one
+//! finishing PE; `W = n(n+1)/(2m)` exactly when that is balanced (every odd n with m | n; even n
+//! is one wave over).
+
+use super::schedule_causal::{check_shape, pair_chains};
+use crate::chains::{self, RowScores};
+use crate::problem::{Inputs, Problem};
+use crate::schedule::{Builder, RingSchedule};
+
+pub const NAME: &str = "schedule-symmetric";
+pub const DESCRIPTION: &str = "q = k = v: compute each distinct score once, Latin-square placement (Algorithm 2)";
+
+pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
+    if !p.symmetric {
+        return Some("the symmetric schedule needs q = k (`qkv = shared`)".into());
+    }
+    check_shape(p, pes)
+}
+
+pub fn run(p: &Problem, pes: u32) -> RingSchedule {
+    let mut b = Builder::new(NAME, pes);
+    let mut inputs = Inputs::new(*p);
+    let mut t = 0;
+    for h in 0..p.heads {
+        let pairs = pair_chains(p.tokens, pes);
+        let (scores, t1) = chains::phase1(&mut b, &mut inputs, p, h, t, &pairs);
+        let n = p.tokens as usize;
+        let mut rows: Vec<RowScores> = vec![Vec::with_capacity(n); n];
+        for (ch, &v) in pairs.iter().zip(&scores) {
+            rows[ch.a as usize].push((ch.b, v, ch.end));
+            if ch.a != ch.b {
+                rows[ch.b as usize].push((ch.a, v, ch.end));
+            }
+        }
+        let (weights, t2) = chains::phase2(&mut b, p, t1, &rows);
+        t = chains::phase3(&mut b, &mut inputs, p, h, t2, &weights);
+    }
+    b.finish()
+}

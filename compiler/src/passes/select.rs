@@ -1,0 +1,158 @@
+//! `select`: picks the scheduling algorithm from the analysis facts (never from the DSL text), or
+//! checks that a forced choice applies to the layer.
+
+use crate::passes::{schedule_baseline, schedule_causal, schedule_symmetric};
+use crate::problem::Problem;
+use crate::schedule::RingSchedule;
+use std::fmt;
+
+pub const NAME: &str = "select";
+pub const DESCRIPTION: &str = "choose the scheduling algorithms that apply, from the facts";
+
+/// What the user asked for with `--schedule`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Choice {
+    #[default]
+    Auto,
+    Baseline,
+    Symmetric,
+    Causal,
+}
+
+impl Choice {
+    pub const NAMES: [&'static str; 4] = ["auto", "baseline", "symmetric", "causal"];
+
+    pub fn parse(s: &str) -> Option<Choice> {
+        match s {
+            "auto" => Some(Choice::Auto),
+            "baseline" => Some(Choice::Baseline),
+            "symmetric" => Some(Choice::Symmetric),
+            "causal" => Some(Choice::Causal),
+            _ => None,
+        }
+    }
+}
+
+/// A scheduling algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    Baseline,
+    Symmetric,
+    Causal,
+}
+
+impl Algorithm {
+    /// Why the algorithm cannot schedule this layer on `pes` PEs, if it cannot.
+    pub fn unsupported(self, p: &Problem, pes: u32) -> Option<String> {
+        match self {
+            Algorithm::Baseline => schedule_baseline::unsupported(p, pes),
+            Algorithm::Symmetric => schedule_symmetric::unsupported(p, pes),
+            Algorithm::Causal => schedule_causal::unsupported(p, pes),
+        }
+    }
+
+    pub fn pass_name(self) -> &'static str {
+        match self {
+            Algorithm::Baseline => schedule_baseline::NAME,
+            Algorithm::Symmetric => schedule_symmetric::NAME,
+            Algorithm::Causal => schedule_causal::NAME,
+        }
+    }
+
+    /// Runs the algorithm's scheduling pass.
+    pub fn schedule(self, p: &Problem, pes: u32) -> RingSchedule {
+        match self {
+            Algorithm::Baseline => schedule_baseline::run(p, pes),
+            Algorithm::Symmetric => schedule_symmetric::run(p, pes),
+            Algorithm::Causal => schedule_causal::run(p, pes),
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Algorithm::Baseline => write!(f, "baseline (paper Algorithm 1)"),
+            Algorithm::Symmetric => write!(f, "symmetric (paper Algorithm 2, improved)"),
+            Algorithm::Causal => write!(f, "causal (paper Algorithm 3, improved)"),
+        }
+    }
+}
+
+/// Which layer field a refusal is about, so the CLI can point at it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Culprit {
+    Tokens,
+    Dim,
+    Qkv,
+    Mask,
+    Pes,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    pub culprit: Culprit,
+    pub message: String,
+    pub note: String,
+}
+
+/// The candidates for a layer, best first by the facts: a mask removes the most work, then
+/// symmetry; the baseline always applies where its shape constraints hold.
+fn candidates(p: &Problem) -> Vec<Algorithm> {
+    let mut v = Vec::new();
+    if p.causal {
+        v.push(Algorithm::Causal);
+    }
+    if p.symmetric && !p.causal {
+        v.push(Algorithm::Symmetric);
+    }
+    v.push(Algorithm::Baseline);
+    v
+}
+
+fn shape_refusal(p: &Problem, pes: u32, why: String) -> Refusal {
+    let culprit = if p.tokens % pes != 0 { Culprit::Tokens } else { Culprit::Dim };
+    Refusal {
+        culprit,
+        message: why,
+        note: format!(
+            "choose `--pes` among the common divisors of tokens ({}) and dim ({}), or change the layer",
+            p.tokens, p.dim
+        ),
+    }
+}
+
+/// Picks the algorithms to try (several under `auto`; the caller keeps the fastest).
+pub fn run(p: &Problem, pes: u32, choice: Choice) -> Result<Vec<Algorithm>, Refusal> {
+    let forced = match choice {
+        Choice::Auto => None,
+        Choice::Baseline => Some(Algorithm::Baseline),
+        Choice::Symmetric => Some(Algorithm::Symmetric),
+        Choice::Causal => Some(Algorithm::Causal),
+    };
+    if let Some(alg) = forced {
+        return match alg.unsupported(p, pes) {
+            None => Ok(vec![alg]),
+            Some(why) => Err(match alg {
+                Algorithm::Symmetric if !p.symmetric => Refusal {
+                    culprit: Culprit::Qkv,
+                    message: why,
+                    note: "`--schedule symmetric` applies only to layers with `qkv = shared`".into(),
+                },
+                Algorithm::Causal if !p.causal => Refusal {
+                    culprit: Culprit::Mask,
+                    message: why,
+                    note: "`--schedule causal` applies only to layers with `mask = causal`".into(),
+                },
+                _ => shape_refusal(p, pes, why),
+            }),
+        };
+    }
+    let all = candidates(p);
+    let ok: Vec<Algorithm> = all.iter().copied().filter(|a| a.unsupported(p, pes).is_none()).collect();
+    if ok.is_empty() {
+        let why = all[0].unsupported(p, pes).unwrap_or_default();
+        return Err(shape_refusal(p, pes, why));
+    }
+    Ok(ok)
+}

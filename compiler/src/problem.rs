@@ -1,0 +1,99 @@
+//! What a scheduling pass needs to know about a layer, distilled from the IR's facts.
+
+use crate::ir::Tensor;
+use crate::schedule::{Builder, Element, Val};
+
+/// The scheduling problem for one layer: sizes plus the facts the analysis found.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Problem {
+    pub tokens: u32,
+    pub dim: u32,
+    pub heads: u32,
+    pub scale: f64,
+    /// Both operands of every scores node are the same value (q = k), so `w'` is symmetric.
+    pub symmetric: bool,
+    /// The weighted sum reads the same value as the scores (v = q = k = x).
+    pub shared_values: bool,
+    /// Elements with `j > i` are masked out of every phase.
+    pub causal: bool,
+}
+
+impl Problem {
+    /// Tensor that plays the role of `role` (Q, K or V) in this layer.
+    pub fn tensor_for(&self, role: Tensor) -> Tensor {
+        match role {
+            Tensor::Q | Tensor::K if self.symmetric => Tensor::X,
+            Tensor::V if self.shared_values => Tensor::X,
+            r => r,
+        }
+    }
+
+    /// Input tensors in a stable order.
+    pub fn input_tensors(&self) -> Vec<Tensor> {
+        let mut ts = vec![
+            self.tensor_for(Tensor::Q),
+            self.tensor_for(Tensor::K),
+            self.tensor_for(Tensor::V),
+        ];
+        ts.sort();
+        ts.dedup();
+        ts
+    }
+
+    /// Is score element `(i, j)` taking part?
+    pub fn unmasked(&self, i: u32, j: u32) -> bool {
+        !self.causal || j <= i
+    }
+
+    /// Operations the scheme needs (DESIGN.md §4): distinct weights in phase 1, unmasked weights
+    /// everywhere. Summed over heads.
+    pub fn necessary_ops(&self) -> u64 {
+        let n = u64::from(self.tokens);
+        let d = u64::from(self.dim);
+        let h = u64::from(self.heads);
+        let weights = if self.causal { n * (n + 1) / 2 } else { n * n };
+        let distinct = if self.symmetric && !self.causal {
+            n * (n + 1) / 2
+        } else {
+            weights
+        };
+        h * (d * distinct + 2 * weights + d * weights)
+    }
+
+    /// `ceil(necessary ops / m)`.
+    pub fn lower_bound(&self, pes: u32) -> u64 {
+        self.necessary_ops().div_ceil(u64::from(pes))
+    }
+
+    /// Element count of one input or output tensor.
+    pub fn tensor_len(&self) -> usize {
+        self.heads as usize * self.tokens as usize * self.dim as usize
+    }
+}
+
+/// Input values of one layer, created on demand at the PE a placement function names.
+pub struct Inputs {
+    problem: Problem,
+    vals: std::collections::HashMap<Element, Val>,
+}
+
+impl Inputs {
+    pub fn new(problem: Problem) -> Self {
+        Inputs {
+            problem,
+            vals: Default::default(),
+        }
+    }
+
+    /// The value of `role[head][row][col]`; created on `pe` the first time it is asked for.
+    /// Asking again with another PE is a placement bug.
+    pub fn get(&mut self, b: &mut Builder, role: Tensor, head: u32, row: u32, col: u32, pe: u32) -> Val {
+        let element = Element {
+            tensor: self.problem.tensor_for(role),
+            head,
+            row,
+            col,
+        };
+        *self.vals.entry(element).or_insert_with(|| b.input(element, pe))
+    }
+}

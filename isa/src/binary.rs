@@ -1,0 +1,335 @@
+//! Binary encoding: fixed-size little-endian records behind a checksummed
+//! header.
+//!
+//! Every program has exactly one encoding. The decoder enforces this by
+//! rejecting any set bit or field that the program does not use, so
+//! `encode(decode(bytes)?) == bytes` for every accepted input and a stray bit
+//! can never be silently dropped.
+
+use std::fmt;
+
+use crate::inst::{Acc, AccSrc, Bundle, Op, Program, Xfer, XferSrc, FORMAT_VERSION};
+
+pub const MAGIC: [u8; 8] = *b"ATNCISA\0";
+/// Bytes before the first bundle.
+pub const HEADER_BYTES: usize = 28;
+/// Bytes per bundle record.
+pub const BUNDLE_BYTES: usize = 32;
+/// Bytes of the trailing checksum.
+pub const CHECKSUM_BYTES: usize = 4;
+
+const OP_NOP: u8 = 0;
+const OP_MUL: u8 = 1;
+const OP_EXP: u8 = 2;
+const OP_DIV: u8 = 3;
+
+const F_OP_DST: u8 = 1 << 0;
+const F_ACC: u8 = 1 << 1;
+const F_ACC_ZERO: u8 = 1 << 2;
+const F_ACC_DST: u8 = 1 << 3;
+const F_XFER: u8 = 1 << 4;
+const F_XFER_ACC: u8 = 1 << 5;
+const F_ALL: u8 = F_OP_DST | F_ACC | F_ACC_ZERO | F_ACC_DST | F_XFER | F_XFER_ACC;
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum DecodeError {
+    BadMagic,
+    UnsupportedVersion(u16),
+    /// The input ends before the header, the bundles it announces, or the
+    /// checksum.
+    Truncated,
+    ChecksumMismatch,
+    /// Bytes after the checksum.
+    TrailingBytes,
+    /// The reserved header field is not zero.
+    InvalidHeader {
+        reason: String,
+    },
+    InvalidBundle {
+        index: usize,
+        reason: String,
+    },
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::BadMagic => f.write_str("not an attnc ISA binary (bad magic)"),
+            DecodeError::UnsupportedVersion(version) => write!(
+                f,
+                "unsupported format version {version} (this decoder reads version {FORMAT_VERSION})"
+            ),
+            DecodeError::Truncated => f.write_str("truncated input"),
+            DecodeError::ChecksumMismatch => f.write_str("checksum mismatch (corrupted input)"),
+            DecodeError::TrailingBytes => f.write_str("trailing bytes after the checksum"),
+            DecodeError::InvalidHeader { reason } => write!(f, "invalid header: {reason}"),
+            DecodeError::InvalidBundle { index, reason } => {
+                write!(f, "invalid bundle {index}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// Encodes a program.
+///
+/// A non-finite `exp` scale is encoded as is and then rejected by
+/// [`decode`].
+///
+/// # Panics
+///
+/// If the program has more than `u32::MAX` bundles, which the header cannot
+/// count.
+pub fn encode(p: &Program) -> Vec<u8> {
+    let count = u32::try_from(p.bundles.len()).expect("more than u32::MAX bundles");
+    let mut out =
+        Vec::with_capacity(HEADER_BYTES + BUNDLE_BYTES * p.bundles.len() + CHECKSUM_BYTES);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    for field in [p.pe, p.pes, p.mem_words, count] {
+        out.extend_from_slice(&field.to_le_bytes());
+    }
+    for b in &p.bundles {
+        out.extend_from_slice(&encode_bundle(b));
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+fn encode_bundle(b: &Bundle) -> [u8; BUNDLE_BYTES] {
+    let mut kind = OP_NOP;
+    let mut flags = 0u8;
+    // op_a, op_b, op_dst, acc_src, acc_dst, xfer_src, xfer_dst
+    let mut w = [0u32; 7];
+    let op_dst = match b.op {
+        Op::Nop => None,
+        Op::Mul { a, b, dst } => {
+            kind = OP_MUL;
+            w[0] = a;
+            w[1] = b;
+            dst
+        }
+        Op::Div { a, b, dst } => {
+            kind = OP_DIV;
+            w[0] = a;
+            w[1] = b;
+            dst
+        }
+        Op::Exp { a, scale, dst } => {
+            kind = OP_EXP;
+            w[0] = a;
+            w[1] = scale.to_bits();
+            dst
+        }
+    };
+    if let Some(d) = op_dst {
+        flags |= F_OP_DST;
+        w[2] = d;
+    }
+    if let Acc::Add { src, dst } = b.acc {
+        flags |= F_ACC;
+        match src {
+            AccSrc::Mem(s) => w[3] = s,
+            AccSrc::Zero => flags |= F_ACC_ZERO,
+        }
+        if let Some(d) = dst {
+            flags |= F_ACC_DST;
+            w[4] = d;
+        }
+    }
+    if let Xfer::Send { src, dst } = b.xfer {
+        flags |= F_XFER;
+        match src {
+            XferSrc::Mem(s) => w[5] = s,
+            XferSrc::Acc => flags |= F_XFER_ACC,
+        }
+        w[6] = dst;
+    }
+    let mut rec = [0u8; BUNDLE_BYTES];
+    rec[0] = kind;
+    rec[1] = flags;
+    for (i, field) in w.iter().enumerate() {
+        rec[4 + 4 * i..8 + 4 * i].copy_from_slice(&field.to_le_bytes());
+    }
+    rec
+}
+
+/// Decodes a program, accepting only the canonical encoding.
+///
+/// Checks run in layout order (magic, version, header, length, checksum,
+/// bundles), so a file from a future version is reported as such rather than
+/// as whatever its unknown layout looks like to this one.
+pub fn decode(bytes: &[u8]) -> Result<Program, DecodeError> {
+    if bytes.len() < MAGIC.len() {
+        return Err(if MAGIC.starts_with(bytes) {
+            DecodeError::Truncated
+        } else {
+            DecodeError::BadMagic
+        });
+    }
+    if bytes[..MAGIC.len()] != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let version = u16_at(bytes, 8).ok_or(DecodeError::Truncated)?;
+    if version != FORMAT_VERSION {
+        return Err(DecodeError::UnsupportedVersion(version));
+    }
+    if bytes.len() < HEADER_BYTES {
+        return Err(DecodeError::Truncated);
+    }
+    let reserved = u16_at(bytes, 10).ok_or(DecodeError::Truncated)?;
+    let [pe, pes, mem_words, count] =
+        [12, 16, 20, 24].map(|at| u32_at(bytes, at).unwrap_or_default());
+    // u64 so that a huge count cannot overflow on 32-bit hosts.
+    let expected =
+        HEADER_BYTES as u64 + BUNDLE_BYTES as u64 * u64::from(count) + CHECKSUM_BYTES as u64;
+    let len = bytes.len() as u64;
+    if len < expected {
+        return Err(DecodeError::Truncated);
+    }
+    if len > expected {
+        return Err(DecodeError::TrailingBytes);
+    }
+    let body_end = bytes.len() - CHECKSUM_BYTES;
+    let stored = u32_at(bytes, body_end).ok_or(DecodeError::Truncated)?;
+    if crc32fast::hash(&bytes[..body_end]) != stored {
+        return Err(DecodeError::ChecksumMismatch);
+    }
+    if reserved != 0 {
+        return Err(DecodeError::InvalidHeader {
+            reason: format!("reserved field is {reserved:#06x}, must be 0"),
+        });
+    }
+    let bundles = bytes[HEADER_BYTES..body_end]
+        .chunks_exact(BUNDLE_BYTES)
+        .enumerate()
+        .map(|(index, rec)| {
+            decode_bundle(rec).map_err(|reason| DecodeError::InvalidBundle { index, reason })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Program {
+        pe,
+        pes,
+        mem_words,
+        bundles,
+    })
+}
+
+fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
+    let b = bytes.get(at..at + 2)?;
+    Some(u16::from_le_bytes([b[0], b[1]]))
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    let b = bytes.get(at..at + 4)?;
+    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+fn decode_bundle(rec: &[u8]) -> Result<Bundle, String> {
+    let kind = rec[0];
+    let flags = rec[1];
+    let w: [u32; 7] = std::array::from_fn(|i| u32_at(rec, 4 + 4 * i).unwrap_or_default());
+    let [op_a, op_b, op_dst, acc_src, acc_dst, xfer_src, xfer_dst] = w;
+    let has = |bit: u8| flags & bit != 0;
+    // `name` must be zero because the flags or kind say it is unused.
+    let unused = |name: &str, field: u32| -> Result<(), String> {
+        if field == 0 {
+            Ok(())
+        } else {
+            Err(format!("unused field {name} is {field:#x}, must be 0"))
+        }
+    };
+
+    if flags & !F_ALL != 0 {
+        return Err(format!("undefined flag bits set in {flags:#04x}"));
+    }
+    if rec[2] != 0 || rec[3] != 0 {
+        return Err("reserved bytes 2..4 are not 0".into());
+    }
+
+    let dst = || -> Result<Option<u32>, String> {
+        if has(F_OP_DST) {
+            Ok(Some(op_dst))
+        } else {
+            unused("op_dst", op_dst).map(|()| None)
+        }
+    };
+    let op = match kind {
+        OP_NOP => {
+            if has(F_OP_DST) {
+                return Err("op is nop but the op-dst flag is set".into());
+            }
+            unused("op_a", op_a)?;
+            unused("op_b", op_b)?;
+            unused("op_dst", op_dst)?;
+            Op::Nop
+        }
+        OP_MUL => Op::Mul {
+            a: op_a,
+            b: op_b,
+            dst: dst()?,
+        },
+        OP_DIV => Op::Div {
+            a: op_a,
+            b: op_b,
+            dst: dst()?,
+        },
+        OP_EXP => {
+            let scale = f32::from_bits(op_b);
+            if !scale.is_finite() {
+                return Err(format!("exp scale {scale} is not finite"));
+            }
+            Op::Exp {
+                a: op_a,
+                scale,
+                dst: dst()?,
+            }
+        }
+        kind => return Err(format!("unknown op kind {kind}")),
+    };
+
+    let acc = if has(F_ACC) {
+        let src = if has(F_ACC_ZERO) {
+            unused("acc_src", acc_src)?;
+            AccSrc::Zero
+        } else {
+            AccSrc::Mem(acc_src)
+        };
+        let dst = if has(F_ACC_DST) {
+            Some(acc_dst)
+        } else {
+            unused("acc_dst", acc_dst)?;
+            None
+        };
+        Acc::Add { src, dst }
+    } else {
+        if has(F_ACC_ZERO) || has(F_ACC_DST) {
+            return Err("acc flags set without the acc-present flag".into());
+        }
+        unused("acc_src", acc_src)?;
+        unused("acc_dst", acc_dst)?;
+        Acc::Nop
+    };
+
+    let xfer = if has(F_XFER) {
+        let src = if has(F_XFER_ACC) {
+            unused("xfer_src", xfer_src)?;
+            XferSrc::Acc
+        } else {
+            XferSrc::Mem(xfer_src)
+        };
+        Xfer::Send { src, dst: xfer_dst }
+    } else {
+        if has(F_XFER_ACC) {
+            return Err("xfer-src-acc flag set without the xfer-present flag".into());
+        }
+        unused("xfer_src", xfer_src)?;
+        unused("xfer_dst", xfer_dst)?;
+        Xfer::Nop
+    };
+
+    Ok(Bundle { op, acc, xfer })
+}

@@ -1,0 +1,149 @@
+//! `attnc compile`: read a layer file, compile it, write the output directory.
+
+use super::outdir::{self, Files};
+use codespan_reporting::diagnostic::{Diagnostic, Label};
+use compiler::passes::select::{Choice, Culprit};
+use compiler::{CompileError, Options};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct CompileArgs {
+    /// The layer description (.attn)
+    pub file: PathBuf,
+    /// Number of PEs in the ring
+    #[arg(long, value_name = "M")]
+    pub pes: Option<u32>,
+    /// Output directory (replaced atomically; written only when everything succeeded)
+    #[arg(short = 'o', long = "out", value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Scheduling algorithm: auto, baseline, symmetric, causal
+    #[arg(long, default_value = "auto", value_parser = parse_choice)]
+    pub schedule: Choice,
+    /// Print an intermediate form to stdout instead of writing files: ir, facts, schedule, asm, manifest
+    #[arg(long, value_name = "KIND")]
+    pub emit: Option<Emit>,
+    /// Print the result of a pass to stdout (see `attnc passes`)
+    #[arg(long, value_name = "PASS")]
+    pub dump_after: Option<String>,
+    /// Compile only the layer with this name (a file may hold several)
+    #[arg(long, value_name = "NAME")]
+    pub layer: Option<String>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Emit {
+    Ir,
+    Facts,
+    Schedule,
+    Asm,
+    Manifest,
+}
+
+fn parse_choice(s: &str) -> Result<Choice, String> {
+    Choice::parse(s).ok_or_else(|| format!("expected one of: {}", Choice::NAMES.join(", ")))
+}
+
+pub fn run(args: &CompileArgs) -> Result<(), String> {
+    let bytes = std::fs::read(&args.file).map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
+    let name = args.file.display().to_string();
+    let parsed = lang::parse_bytes(0, &bytes);
+    let source = String::from_utf8_lossy(&bytes).into_owned();
+    if !parsed.diagnostics.is_empty() {
+        eprint!("{}", lang::render(&name, &source, &parsed.diagnostics));
+    }
+    if lang::has_errors(&parsed.diagnostics) {
+        return Err(format!("{name}: could not compile due to the errors above"));
+    }
+    let mut layers = parsed.layers;
+    if let Some(wanted) = &args.layer {
+        layers.retain(|l| &l.name == wanted);
+        if layers.is_empty() {
+            return Err(format!("{name}: no layer named `{wanted}`"));
+        }
+    }
+
+    let dump_after = match args.emit {
+        Some(Emit::Ir) => Some("lower".to_string()),
+        Some(Emit::Facts) => Some("analyze".to_string()),
+        Some(Emit::Schedule) => Some(compiler::CHOSEN_SCHEDULE.to_string()),
+        Some(Emit::Asm) => Some("codegen".to_string()),
+        Some(Emit::Manifest) | None => args.dump_after.clone(),
+    };
+    let printing = args.emit.is_some() || args.dump_after.is_some();
+    let Some(pes) = args.pes else {
+        return Err("missing --pes M (the number of PEs in the ring)".into());
+    };
+    if pes == 0 {
+        return Err("--pes must be at least 1".into());
+    }
+    if args.out.is_none() && !printing {
+        return Err("missing -o DIR (where to write the microcode)".into());
+    }
+
+    let several = layers.len() > 1;
+    let mut files: Files = Vec::new();
+    for layer in &layers {
+        let opts = Options {
+            pes,
+            schedule: args.schedule,
+            dump_after: dump_after.clone(),
+        };
+        let compiled = compiler::compile(layer, &opts).map_err(|e| explain(e, layer, &name, &source))?;
+        if let Some(d) = &compiled.dump {
+            println!("{d}");
+        }
+        if args.emit == Some(Emit::Manifest) {
+            println!("{}", compiled.manifest.to_json());
+        }
+        let sub = if several { PathBuf::from(&layer.name) } else { PathBuf::new() };
+        for p in &compiled.programs {
+            files.push((sub.join(format!("pe{}.s", p.pe)), p.to_string().into_bytes()));
+            files.push((sub.join(format!("pe{}.bin", p.pe)), isa::encode(p)));
+        }
+        files.push((sub.join("manifest.json"), compiled.manifest.to_json().into_bytes()));
+        if !printing {
+            let m = &compiled.manifest;
+            eprintln!(
+                "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}), {} words/PE max",
+                layer.name,
+                compiled.algorithm,
+                pes,
+                m.cycles,
+                m.lower_bound,
+                m.cycles as f64 / m.lower_bound.max(1) as f64,
+                m.mem_words.iter().max().unwrap_or(&0)
+            );
+        }
+    }
+    if let Some(out) = &args.out {
+        outdir::write_atomically(out, &files)?;
+        if !printing {
+            eprintln!("wrote {}", out.display());
+        }
+    }
+    Ok(())
+}
+
+/// Turns a compile error into a rendered diagnostic pointing at the field to blame.
+fn explain(e: CompileError, layer: &lang::Layer, name: &str, source: &str) -> String {
+    let CompileError::Refused(r) = &e else {
+        return e.to_string();
+    };
+    let field = match r.culprit {
+        Culprit::Tokens => Some(lang::Field::Tokens),
+        Culprit::Dim => Some(lang::Field::Dim),
+        Culprit::Qkv => Some(lang::Field::Qkv),
+        Culprit::Mask => Some(lang::Field::Mask),
+        Culprit::Pes => None,
+    };
+    let Some(field) = field else {
+        return format!("{}\n  = note: {}", r.message, r.note);
+    };
+    let diag = Diagnostic::error()
+        .with_message(format!("cannot schedule layer `{}`", layer.name))
+        .with_labels(vec![Label::primary(0, layer.field_span(field)).with_message(r.message.clone())])
+        .with_notes(vec![r.note.clone()]);
+    eprint!("{}", lang::render(name, source, &[diag]));
+    format!("{name}: could not compile due to the error above")
+}
+

@@ -1,0 +1,7 @@
+//! The command line: the only place that touches files and process exit codes.
+
+pub mod compile;
+pub mod load;
+pub mod npy;
+pub mod outdir;
+pub mod run;

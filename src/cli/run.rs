@@ -1,0 +1,122 @@
+//! `attnc run`: execute an emitted directory in the cycle-level interpreter.
+
+use super::{load, npy};
+use compiler::exec;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Directory written by `attnc compile`
+    pub dir: PathBuf,
+    /// An input tensor, NAME=FILE.npy (float32, C order, [heads, tokens, dim]); repeatable
+    #[arg(long = "input", value_name = "NAME=FILE")]
+    pub inputs: Vec<String>,
+    /// Write the output tensor y here (.npy, float32, [heads, tokens, dim])
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Seed for the random standard-normal inputs drawn when no --input is given
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Largest acceptable |y - reference| before the run counts as a mismatch
+    #[arg(long, default_value_t = 1e-4)]
+    pub tolerance: f64,
+    /// Print one JSON object instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &RunArgs) -> Result<(), String> {
+    let loaded = load::load_dir(&args.dir)?;
+    let m = &loaded.manifest;
+    let inputs = if args.inputs.is_empty() {
+        exec::random_inputs(m, args.seed)
+    } else {
+        read_inputs(&args.inputs, m)?
+    };
+    let outcome = exec::execute(isa::F32Domain, loaded.programs, m, &inputs, &mut isa::NoObserver)
+        .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+    let y = &outcome.outputs["y"];
+    let reference = exec::reference_output(m, &inputs);
+    let err = reference.as_ref().map(|r| exec::max_abs_err(y, r));
+    if let Some(path) = &args.output {
+        let (h, n, d) = (m.layer.heads as u64, m.layer.tokens as u64, m.layer.dim as u64);
+        std::fs::write(path, npy::write_f32(&[h, n, d], y))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    let stats = &outcome.stats;
+    let total = |f: fn(&isa::PeStats) -> u64| stats.per_pe.iter().map(f).sum::<u64>();
+    let ratio = stats.cycles as f64 / m.lower_bound.max(1) as f64;
+    if args.json {
+        let obj = serde_json::json!({
+            "cycles": stats.cycles,
+            "lower_bound": m.lower_bound,
+            "ratio": ratio,
+            "utilization": stats.utilization(),
+            "schedule": m.schedule,
+            "pes": m.pes,
+            "ops": { "mul": total(|p| p.mul), "exp": total(|p| p.exp), "div": total(|p| p.div),
+                     "add": total(|p| p.add), "send": total(|p| p.send) },
+            "mem_words": m.mem_words,
+            "program_source": loaded.source,
+            "inputs": if args.inputs.is_empty() { "random" } else { "files" },
+            "seed": args.seed,
+            "max_abs_err": err,
+            "tolerance": args.tolerance,
+        });
+        println!("{obj}");
+    } else {
+        println!("layer: {} ({} PEs, schedule {})", m.layer.name, m.pes, m.schedule);
+        println!("cycles: {}", stats.cycles);
+        println!("lower_bound: {} (cycles/LB {:.4})", m.lower_bound, ratio);
+        println!(
+            "ops: mul {} exp {} div {} add {} send {}",
+            total(|p| p.mul),
+            total(|p| p.exp),
+            total(|p| p.div),
+            total(|p| p.add),
+            total(|p| p.send)
+        );
+        println!("utilization: {:.4}", stats.utilization());
+        println!("mem_words: max {} per PE", m.mem_words.iter().max().unwrap_or(&0));
+        if let Some(e) = err {
+            println!("max_abs_err: {e:.3e} (tolerance {:.0e})", args.tolerance);
+        }
+    }
+    match err {
+        Some(e) if e.is_nan() || e > args.tolerance => Err(format!(
+            "MISMATCH: max_abs_err {e:.3e} exceeds tolerance {:.0e}",
+            args.tolerance
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn read_inputs(specs: &[String], m: &compiler::manifest::Manifest) -> Result<BTreeMap<String, Vec<f32>>, String> {
+    let mut inputs = BTreeMap::new();
+    for spec in specs {
+        let (name, file) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("--input expects NAME=FILE.npy, got `{spec}`"))?;
+        if !m.inputs.contains_key(name) {
+            let names: Vec<&str> = m.inputs.keys().map(String::as_str).collect();
+            return Err(format!(
+                "layer `{}` takes no input named `{name}` (it takes: {})",
+                m.layer.name,
+                names.join(", ")
+            ));
+        }
+        let bytes = std::fs::read(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+        let (shape, data) = npy::read_f32(&bytes).map_err(|e| format!("{file}: {e}"))?;
+        npy::check_shape(name, &shape, m.layer.heads, m.layer.tokens, m.layer.dim).map_err(|e| format!("{file}: {e}"))?;
+        if inputs.insert(name.to_string(), data).is_some() {
+            return Err(format!("input `{name}` given twice"));
+        }
+    }
+    for name in m.inputs.keys() {
+        if !inputs.contains_key(name) {
+            return Err(format!("missing --input {name}=FILE.npy (give all inputs, or none for random ones)"));
+        }
+    }
+    Ok(inputs)
+}

@@ -1,0 +1,71 @@
+//! Helpers shared by the end-to-end tests.
+
+#![allow(dead_code)]
+
+use compiler::passes::select::Choice;
+use compiler::{compile, Compiled, Options};
+
+/// Builds the DSL text of one layer.
+pub fn layer_src(n: u32, d: u32, heads: u32, shared: bool, causal: bool) -> String {
+    format!(
+        "layer t {{ tokens = {n}; dim = {d}; heads = {heads}; qkv = {}; mask = {}; }}",
+        if shared { "shared" } else { "separate" },
+        if causal { "causal" } else { "none" }
+    )
+}
+
+pub fn parse_one(src: &str) -> lang::Layer {
+    let parsed = lang::parse(0, src);
+    assert!(
+        !lang::has_errors(&parsed.diagnostics),
+        "{}",
+        lang::render("t.attn", src, &parsed.diagnostics)
+    );
+    assert_eq!(parsed.layers.len(), 1);
+    parsed.layers.into_iter().next().unwrap()
+}
+
+pub fn compile_src(src: &str, pes: u32, schedule: Choice) -> Compiled {
+    let layer = parse_one(src);
+    let opts = Options {
+        pes,
+        schedule,
+        dump_after: None,
+    };
+    compile(&layer, &opts).unwrap_or_else(|e| panic!("compile failed: {e}"))
+}
+
+/// What running the emitted programs gave.
+pub struct RunResult {
+    pub cycles: u64,
+    pub max_abs_err: f64,
+    pub stats: isa::RunStats,
+}
+
+/// Runs the programs as a loader would see them on disk: every program goes through its binary
+/// encoding and its text assembly before execution.
+pub fn run_emitted(c: &Compiled, seed: u64) -> RunResult {
+    let programs: Vec<isa::Program> = c
+        .programs
+        .iter()
+        .map(|p| {
+            let from_bin = isa::decode(&isa::encode(p)).expect("binary round trip");
+            let text = from_bin.to_string();
+            isa::parse(&text).expect("text round trip")
+        })
+        .collect();
+    let manifest = compiler::manifest::Manifest::from_json(&c.manifest.to_json()).expect("manifest round trip");
+    let inputs = compiler::exec::random_inputs(&manifest, seed);
+    let out = compiler::exec::execute(isa::F32Domain, programs, &manifest, &inputs, &mut isa::NoObserver)
+        .unwrap_or_else(|e| panic!("execution failed: {e}"));
+    let want = compiler::exec::reference_output(&manifest, &inputs).unwrap();
+    RunResult {
+        cycles: out.stats.cycles,
+        max_abs_err: compiler::exec::max_abs_err(&out.outputs["y"], &want),
+        stats: out.stats,
+    }
+}
+
+pub fn divisors(n: u32) -> Vec<u32> {
+    (1..=n).filter(|m| n % m == 0).collect()
+}
