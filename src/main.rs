@@ -23,11 +23,13 @@ enum Cmd {
     Compile(cli::compile::CompileArgs),
     /// Execute an emitted directory in the cycle-level interpreter and check it against the reference
     Run(cli::run::RunArgs),
+    /// Prove an emitted directory correct for all inputs by symbolic execution
+    Verify(cli::verify::VerifyArgs),
     /// List the compiler's passes (names for --dump-after)
     Passes,
 }
 
-const SUBCOMMANDS: [&str; 4] = ["compile", "run", "passes", "help"];
+const SUBCOMMANDS: [&str; 5] = ["compile", "run", "verify", "passes", "help"];
 
 fn main() -> ExitCode {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
     let result = match &cli.cmd {
         Cmd::Compile(a) => cli::compile::run(a),
         Cmd::Run(a) => cli::run::run(a),
+        Cmd::Verify(a) => cli::verify::run(a),
         Cmd::Passes => {
             for (name, desc) in compiler::passes::PASSES {
                 println!("{name:20} {desc}");

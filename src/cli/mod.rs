@@ -5,3 +5,4 @@ pub mod load;
 pub mod npy;
 pub mod outdir;
 pub mod run;
+pub mod verify;
