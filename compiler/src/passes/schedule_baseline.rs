@@ -116,6 +116,11 @@ fn head(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usize) {
             }
         }
     }
+    // Step 2 carries each sum only as far as its row's last division.
+    let column_at = |a: usize, j: usize| rot(((a + j) % m) as isize + 1) + m * (j / m);
+    let last_div: Vec<usize> = (0..n)
+        .map(|a| (0..n).rev().find(|&j| exps[a][column_at(a, j)].is_some()).unwrap_or(0))
+        .collect();
     let mut weights: Vec<Vec<Option<Val>>> = vec![vec![None; n]; n];
     for blk in 0..nb {
         for j in 0..n {
@@ -129,7 +134,7 @@ fn head(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usize) {
                     b.work(pe as u32, t, 2, Work::Div { num, den, out });
                     weights[a][bcol] = Some(out);
                 }
-                if j + 1 < n {
+                if j < last_div[a] {
                     b.send(pe as u32, t, den);
                 }
             }
