@@ -33,6 +33,16 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, String> {
             let text = String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8 text", path.display()))?;
             isa::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?
         };
+        // attnc pads every PE to the full length, so a short program is a cut-off file.
+        if program.bundles.len() as u64 != manifest.cycles {
+            let name = if all_binary { &f.binary } else { &f.text };
+            return Err(format!(
+                "{}: {} bundles, but the manifest says the program runs {} cycles (truncated file?)",
+                dir.join(name).display(),
+                program.bundles.len(),
+                manifest.cycles
+            ));
+        }
         programs.push(program);
     }
     compiler::exec::check_programs(&programs, &manifest).map_err(|e| format!("{}: {e}", dir.display()))?;

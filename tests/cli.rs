@@ -1,0 +1,271 @@
+//! The `attnc` binary on good and bad input: every bad input gets a clear message, a non-zero
+//! exit, no panic, and nothing half-written.
+
+use npyz::WriterBuilder;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn attnc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attnc"))
+        .args(args)
+        .output()
+        .expect("attnc runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Fails unless the command failed cleanly: exit code 1 or 2, a message, no panic.
+fn assert_clean_failure(o: &Output, needle: &str) {
+    let t = text(o);
+    assert!(!o.status.success(), "expected failure, got success:\n{t}");
+    assert!(matches!(o.status.code(), Some(1) | Some(2)), "exit code {:?}:\n{t}", o.status.code());
+    assert!(!t.contains("panicked"), "panic:\n{t}");
+    assert!(t.contains(needle), "expected `{needle}` in:\n{t}");
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+const LAYER: &str = "layer t { tokens = 4; dim = 4; heads = 2; }";
+
+fn compiled(dir: &Path, src: &str, pes: &str) -> PathBuf {
+    let file = dir.join("layer.attn");
+    std::fs::write(&file, src).unwrap();
+    let out = dir.join("out");
+    let o = attnc(&[s(&file), "--pes", pes, "-o", s(&out)]);
+    assert!(o.status.success(), "{}", text(&o));
+    out
+}
+
+fn npy(shape: &[u64], data: &[f32]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut buf)
+        .begin_nd()
+        .unwrap();
+    w.extend(data.iter().copied()).unwrap();
+    w.finish().unwrap();
+    buf
+}
+
+#[test]
+fn compile_then_run_the_bundled_example() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = attnc(&["examples/gpt_head.attn", "--pes", "4", "-o", s(&out)]);
+    assert!(o.status.success(), "{}", text(&o));
+    for pe in 0..4 {
+        assert!(out.join(format!("pe{pe}.s")).is_file());
+        assert!(out.join(format!("pe{pe}.bin")).is_file());
+    }
+    let o = attnc(&["run", s(&out), "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["max_abs_err"].as_f64().unwrap() <= 1e-4);
+    assert!(v["cycles"].as_u64().unwrap() >= v["lower_bound"].as_u64().unwrap());
+    assert!(v["utilization"].as_f64().unwrap() > 0.5);
+    // Same result from the text files when the binary ones are absent.
+    for pe in 0..4 {
+        std::fs::remove_file(out.join(format!("pe{pe}.bin"))).unwrap();
+    }
+    let o2 = attnc(&["run", s(&out), "--json"]);
+    assert!(o2.status.success(), "{}", text(&o2));
+    let v2: serde_json::Value = serde_json::from_slice(&o2.stdout).unwrap();
+    assert_eq!(v2["program_source"], "text");
+    assert_eq!(v["cycles"], v2["cycles"]);
+    assert_eq!(v["max_abs_err"], v2["max_abs_err"]);
+}
+
+#[test]
+fn compile_subcommand_and_emit_ir() {
+    let o = attnc(&["compile", "examples/encoder.attn", "--pes", "2", "--emit", "ir"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = String::from_utf8_lossy(&o.stdout);
+    assert!(t.contains("n3 = scores n0, n1"), "{t}");
+    assert!(t.contains("softmax"), "{t}");
+}
+
+#[test]
+fn run_with_npy_inputs_and_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = compiled(dir.path(), LAYER, "2");
+    let data: Vec<f32> = (0..32).map(|i| (i as f32 * 0.37).sin()).collect();
+    let mut args = vec!["run".to_string(), s(&out).to_string()];
+    for name in ["q", "k", "v"] {
+        let f = dir.path().join(format!("{name}.npy"));
+        std::fs::write(&f, npy(&[2, 4, 4], &data)).unwrap();
+        args.push("--input".into());
+        args.push(format!("{name}={}", s(&f)));
+    }
+    let y = dir.path().join("y.npy");
+    args.extend(["--output".into(), s(&y).into()]);
+    let o = attnc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("cycles: "));
+    let bytes = std::fs::read(&y).unwrap();
+    let f = npyz::NpyFile::new(&bytes[..]).unwrap();
+    assert_eq!(f.shape(), &[2, 4, 4]);
+}
+
+#[test]
+fn malformed_layer_file_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.attn");
+    std::fs::write(&file, "layer t { tokens = ; dim = 4 }").unwrap();
+    let out = dir.path().join("out");
+    let o = attnc(&[s(&file), "--pes", "2", "-o", s(&out)]);
+    assert_clean_failure(&o, "error");
+    assert!(!out.exists(), "a failed compile must not create the output directory");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no staging leftovers");
+}
+
+#[test]
+fn binary_layer_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bin.attn");
+    std::fs::write(&file, [0u8, 159, 146, 150, 255, 0, 1, 2]).unwrap();
+    let o = attnc(&[s(&file), "--pes", "2", "-o", s(&dir.path().join("out"))]);
+    assert_clean_failure(&o, "UTF-8");
+}
+
+#[test]
+fn unknown_flag() {
+    let o = attnc(&["examples/encoder.attn", "--pes", "2", "--frobnicate"]);
+    assert_clean_failure(&o, "--frobnicate");
+}
+
+#[test]
+fn zero_pes() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = attnc(&["examples/encoder.attn", "--pes", "0", "-o", s(&dir.path().join("o"))]);
+    assert_clean_failure(&o, "--pes");
+    assert!(!dir.path().join("o").exists());
+}
+
+#[test]
+fn pes_not_dividing_tokens_points_at_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("l.attn");
+    std::fs::write(&file, "layer t {\n  tokens = 6;\n  dim = 6;\n}\n").unwrap();
+    let o = attnc(&[s(&file), "--pes", "4", "-o", s(&dir.path().join("o"))]);
+    assert_clean_failure(&o, "l.attn:2:");
+    assert!(text(&o).contains("tokens"));
+}
+
+#[test]
+fn missing_files() {
+    let o = attnc(&["/nonexistent/layer.attn", "--pes", "2", "-o", "/tmp/x"]);
+    assert_clean_failure(&o, "cannot read");
+    let o = attnc(&["run", "/nonexistent/dir"]);
+    assert_clean_failure(&o, "not a directory");
+}
+
+#[test]
+fn npy_of_wrong_dtype_shape_order_or_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = compiled(dir.path(), "layer t { tokens = 4; dim = 4; qkv = shared; }", "2");
+    let good = npy(&[4, 4], &[0.5; 16]);
+    let run_with = |bytes: &[u8], needle: &str| {
+        let f = dir.path().join("x.npy");
+        std::fs::write(&f, bytes).unwrap();
+        let o = attnc(&["run", s(&out), "--input", &format!("x={}", s(&f))]);
+        assert_clean_failure(&o, needle);
+    };
+    // f64 instead of f32.
+    let mut f64buf = Vec::new();
+    {
+        let mut w = npyz::WriteOptions::<f64>::new()
+            .default_dtype()
+            .shape(&[4, 4])
+            .writer(&mut f64buf)
+            .begin_nd()
+            .unwrap();
+        w.extend(std::iter::repeat_n(0.5f64, 16)).unwrap();
+        w.finish().unwrap();
+    }
+    run_with(&f64buf, "float32");
+    run_with(&npy(&[4, 3], &[0.5; 12]), "shape");
+    let (from, to) = (b"'fortran_order': False", b"'fortran_order': True ");
+    let at = good.windows(from.len()).position(|w| w == from).unwrap();
+    let mut fortran = good.clone();
+    fortran[at..at + to.len()].copy_from_slice(to);
+    run_with(&fortran, "Fortran");
+    run_with(&good[..good.len() - 7], "truncated");
+    run_with(b"not an npy file at all", "npy");
+}
+
+#[test]
+fn input_name_the_layer_does_not_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = compiled(dir.path(), LAYER, "2");
+    let f = dir.path().join("x.npy");
+    std::fs::write(&f, npy(&[2, 4, 4], &[0.0; 32])).unwrap();
+    let o = attnc(&["run", s(&out), "--input", &format!("x={}", s(&f))]);
+    assert_clean_failure(&o, "takes no input named `x`");
+}
+
+#[test]
+fn damaged_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = compiled(dir.path(), LAYER, "2");
+    let path = out.join("manifest.json");
+    let good = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+    assert_clean_failure(&attnc(&["run", s(&out)]), "manifest.json");
+    std::fs::write(&path, good.replace("\"format_version\": 1", "\"format_version\": 2")).unwrap();
+    assert_clean_failure(&attnc(&["run", s(&out)]), "version 2 is not supported");
+    std::fs::write(&path, good.replace("\"cycles\": ", "\"cycles\": 1")).unwrap();
+    assert_clean_failure(&attnc(&["run", s(&out)]), "cycles");
+    std::fs::write(&path, "\u{0}\u{1}garbage").unwrap();
+    assert_clean_failure(&attnc(&["run", s(&out)]), "JSON");
+}
+
+#[test]
+fn damaged_microcode() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = compiled(dir.path(), LAYER, "2");
+    let bin = out.join("pe1.bin");
+    let good = std::fs::read(&bin).unwrap();
+    std::fs::write(&bin, &good[..good.len() - 10]).unwrap();
+    assert_clean_failure(&attnc(&["run", s(&out)]), "pe1.bin");
+    let mut flipped = good.clone();
+    flipped[40] ^= 0x10;
+    std::fs::write(&bin, &flipped).unwrap();
+    assert_clean_failure(&attnc(&["run", s(&out)]), "pe1.bin");
+    let mut version = good.clone();
+    version[8] = 9;
+    std::fs::write(&bin, &version).unwrap();
+    assert_clean_failure(&attnc(&["run", s(&out)]), "version");
+    // Text form: from another format version, then truncated mid-line.
+    for pe in 0..2 {
+        std::fs::remove_file(out.join(format!("pe{pe}.bin"))).unwrap();
+    }
+    let asm = out.join("pe0.s");
+    let good = std::fs::read_to_string(&asm).unwrap();
+    std::fs::write(&asm, good.replace(".format 1", ".format 7")).unwrap();
+    assert_clean_failure(&attnc(&["run", s(&out)]), "pe0.s");
+    std::fs::write(&asm, &good[..good.len() / 2]).unwrap();
+    assert_clean_failure(&attnc(&["run", s(&out)]), "pe0.s");
+}
+
+#[test]
+fn refuses_to_overwrite_a_foreign_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("precious");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    let o = attnc(&["examples/encoder.attn", "--pes", "2", "-o", s(&out)]);
+    assert_clean_failure(&o, "refusing to overwrite");
+    assert_eq!(std::fs::read_to_string(out.join("notes.txt")).unwrap(), "mine");
+}
+
+#[test]
+fn forced_schedule_that_does_not_apply() {
+    let o = attnc(&["examples/encoder.attn", "--pes", "2", "--schedule", "causal", "-o", "/tmp/never"]);
+    assert_clean_failure(&o, "mask = causal");
+}
