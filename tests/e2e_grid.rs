@@ -136,3 +136,22 @@ fn paper_tables_at_or_below_the_paper() {
         }
     }
 }
+
+#[test]
+fn multi_head_interleaving_never_costs_more_and_sometimes_less() {
+    let mut strictly_less = 0;
+    for (n, m) in [(3, 3), (4, 4), (4, 2), (5, 5), (6, 6), (6, 3), (8, 4)] {
+        for shared in [false, true] {
+            let one = compile_src(&layer_src(n, n, 1, shared, true), m, Choice::Auto).manifest.cycles;
+            for heads in 2..=4u32 {
+                let c = compile_src(&layer_src(n, n, heads, shared, true), m, Choice::Auto);
+                let many = c.manifest.cycles;
+                assert!(many <= u64::from(heads) * one, "n={n} m={m} heads={heads}: {many} > {heads}×{one}");
+                if many < u64::from(heads) * one {
+                    strictly_less += 1;
+                }
+            }
+        }
+    }
+    assert!(strictly_less > 0, "interleaving heads never helped");
+}

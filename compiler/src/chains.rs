@@ -14,9 +14,10 @@ use crate::ir::Tensor;
 use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, Element, Val, Work};
 
-/// One phase-1 chain: `w'[a][b] = Σ_c q[a][c]·k[b][c]`, finishing on PE `end`.
+/// One phase-1 chain: `w'[a][b] = Σ_c q[a][c]·k[b][c]` of one head, finishing on PE `end`.
 #[derive(Clone, Copy, Debug)]
 pub struct ScoreChain {
+    pub head: u32,
     pub a: u32,
     pub b: u32,
     pub end: u32,
@@ -45,14 +46,7 @@ fn column(pe: u32, j: u32, m: u32) -> u32 {
 
 /// Emits phase 1 for `chains` starting at cycle `t0`; returns the finished scores (indexed by
 /// chain) and the first free cycle.
-pub fn phase1(
-    b: &mut Builder,
-    inputs: &mut Inputs,
-    p: &Problem,
-    h: u32,
-    t0: usize,
-    chains: &[ScoreChain],
-) -> (Vec<Val>, usize) {
+pub fn phase1(b: &mut Builder, inputs: &mut Inputs, p: &Problem, t0: usize, chains: &[ScoreChain]) -> (Vec<Val>, usize) {
     let (m, d) = (b.pes(), p.dim);
     let indexed: Vec<(usize, ScoreChain)> = chains.iter().copied().enumerate().collect();
     let ws = waves(&indexed, |(_, c)| rot(i64::from(c.end) + 1, m), m);
@@ -65,8 +59,8 @@ pub fn phase1(
                 let t = t0 + w * d as usize + j as usize;
                 let pe = (start + j) % m;
                 let c = column(pe, j, m);
-                let qa = inputs.get(b, Tensor::Q, h, ch.a, c, pe);
-                let kb = inputs.get(b, Tensor::K, h, ch.b, c, pe);
+                let qa = inputs.get(b, Tensor::Q, ch.head, ch.a, c, pe);
+                let kb = inputs.get(b, Tensor::K, ch.head, ch.b, c, pe);
                 let out = b.computed();
                 b.work(pe, t, 1, Work::Mac { a: qa, b: kb, acc, out });
                 acc = Some(out);
@@ -81,117 +75,133 @@ pub fn phase1(
     (scores, t0 + ws.len() * d as usize)
 }
 
-/// Where one softmax row finds its scores: `(column b, value, PE holding it)`.
+/// Scores or weights of one softmax row: `(column b, value, PE holding it)`.
 pub type RowScores = Vec<(u32, Val, u32)>;
 
-/// Emits phase 2 (exponent-accumulate, then divide) for all rows; returns the weights
-/// `w[a] = [(b, value, pe)]` and the first free cycle.
+/// One softmax row and the PE its walk starts from.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub head: u32,
+    pub a: u32,
+    pub start: u32,
+    pub scores: RowScores,
+}
+
+/// Emits phase 2 (exponent-accumulate, then divide) for all rows; returns each row with its
+/// weights in place of its scores, and the first free cycle.
 ///
-/// Rows go in blocks of `m` (`a = blk·m + r`). Row `a` walks the ring from PE `a mod m`, one PE
-/// per cycle, taking at each PE one of its scores held there. Step 1's block lasts a multiple of
-/// `m` cycles, during which the running sum keeps travelling, so that every finished sum is back
-/// on PE `a mod m` where step 2 walks the same path dividing.
-pub fn phase2(b: &mut Builder, p: &Problem, t0: usize, rows: &[RowScores]) -> (Vec<RowScores>, usize) {
+/// Row walks go in blocks of rows with distinct start PEs (longest rows together, so a block's
+/// length is spent on rows that need it). A walk moves one PE per cycle from its start PE, taking
+/// at each PE one of the row's scores held there. Step 1's block lasts a multiple of `m` cycles,
+/// during which the running sum keeps travelling, so that every finished sum is back on its start
+/// PE where step 2 walks the same path dividing.
+pub fn phase2(b: &mut Builder, p: &Problem, t0: usize, rows: &[Row]) -> (Vec<Row>, usize) {
     let m = b.pes() as usize;
-    let n = rows.len();
     let scale = p.scale as f32;
-    // walk[a][j] = index into rows[a] taken at step j, if any.
-    let mut walks: Vec<Vec<Option<usize>>> = Vec::with_capacity(n);
-    for (a, row) in rows.iter().enumerate() {
-        let mut left: Vec<Vec<usize>> = vec![Vec::new(); m];
-        for (i, &(_, _, pe)) in row.iter().enumerate() {
-            left[pe as usize].push(i);
+    // walk[r][j] = index into rows[r].scores taken at step j, if any.
+    let walks: Vec<Vec<Option<usize>>> = rows.iter().map(|row| walk(row, m)).collect();
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&r| std::cmp::Reverse(walks[r].len()));
+    let mut blocks: Vec<Vec<usize>> = Vec::new();
+    for r in order {
+        let start = rows[r].start;
+        match blocks.iter_mut().find(|blk| blk.iter().all(|&o| rows[o].start != start)) {
+            Some(blk) => blk.push(r),
+            None => blocks.push(vec![r]),
         }
-        for l in &mut left {
-            l.reverse();
-        }
-        let mut walk = Vec::new();
-        let mut remaining = row.len();
-        let mut j = 0;
-        while remaining > 0 {
-            let pe = (a + j) % m;
-            let pick = left[pe].pop();
-            if pick.is_some() {
-                remaining -= 1;
-            }
-            walk.push(pick);
-            j += 1;
-        }
-        walks.push(walk);
     }
+    let block_len = |blk: &Vec<usize>| blk.iter().map(|&r| walks[r].len()).max().unwrap_or(0);
+
     let mut t = t0;
-    let mut blocks = Vec::new();
-    for blk in 0..n.div_ceil(m) {
-        let rows_in = blk * m..(blk * m + m).min(n);
-        let len = rows_in.clone().map(|a| walks[a].len()).max().unwrap_or(0);
-        blocks.push((rows_in, len, t));
-        t += len.div_ceil(m) * m;
-    }
-    let mut sums: Vec<Option<Val>> = vec![None; n];
-    let mut exps: Vec<Vec<Option<Val>>> = rows.iter().map(|r| vec![None; r.len()]).collect();
-    for (rows_in, len, tb) in &blocks {
-        let span = len.div_ceil(m) * m;
-        for a in rows_in.clone() {
+    let mut sums: Vec<Option<Val>> = vec![None; rows.len()];
+    let mut exps: Vec<Vec<Option<Val>>> = rows.iter().map(|r| vec![None; r.scores.len()]).collect();
+    for blk in &blocks {
+        let span = block_len(blk).div_ceil(m) * m;
+        for &r in blk {
             for j in 0..span {
-                let pe = ((a + j) % m) as u32;
-                if let Some(Some(i)) = walks[a].get(j) {
+                let pe = ((rows[r].start as usize + j) % m) as u32;
+                if let Some(Some(i)) = walks[r].get(j) {
                     let (e, sum) = (b.computed(), b.computed());
-                    let acc = sums[a].replace(sum);
-                    let x = rows[a][*i].1;
-                    b.work(pe, tb + j, 2, Work::Exp { x, scale, acc, e, sum });
-                    exps[a][*i] = Some(e);
+                    let acc = sums[r].replace(sum);
+                    let x = rows[r].scores[*i].1;
+                    b.work(pe, t + j, 2, Work::Exp { x, scale, acc, e, sum });
+                    exps[r][*i] = Some(e);
                 }
-                if let Some(s) = sums[a] {
-                    b.send(pe, tb + j, s);
+                if let Some(s) = sums[r] {
+                    b.send(pe, t + j, s);
                 }
             }
         }
+        t += span;
     }
-    let mut weights: Vec<RowScores> = rows.iter().map(|r| Vec::with_capacity(r.len())).collect();
-    for (rows_in, len, _) in &blocks {
-        for a in rows_in.clone() {
-            let den = sums[a].expect("every row has at least one score");
-            let last = walks[a].iter().rposition(Option::is_some).unwrap_or(0);
+    let mut out: Vec<Row> = rows
+        .iter()
+        .map(|r| Row {
+            scores: Vec::with_capacity(r.scores.len()),
+            ..r.clone()
+        })
+        .collect();
+    for blk in &blocks {
+        for &r in blk {
+            let den = sums[r].expect("every row has at least one score");
+            let last = walks[r].iter().rposition(Option::is_some).unwrap_or(0);
             for j in 0..=last {
-                let pe = ((a + j) % m) as u32;
-                if let Some(i) = walks[a][j] {
-                    let num = exps[a][i].expect("step 1 made it");
-                    let out = b.computed();
-                    b.work(pe, t + j, 2, Work::Div { num, den, out });
-                    weights[a].push((rows[a][i].0, out, pe));
+                let pe = ((rows[r].start as usize + j) % m) as u32;
+                if let Some(i) = walks[r][j] {
+                    let num = exps[r][i].expect("step 1 made it");
+                    let w = b.computed();
+                    b.work(pe, t + j, 2, Work::Div { num, den, out: w });
+                    out[r].scores.push((rows[r].scores[i].0, w, pe));
                 }
                 if j < last {
                     b.send(pe, t + j, den);
                 }
             }
         }
-        t += len;
+        t += block_len(blk);
     }
-    (weights, t)
+    (out, t)
+}
+
+/// The order in which a row's walk takes its scores: at step `j` it is on PE `start + j`.
+fn walk(row: &Row, m: usize) -> Vec<Option<usize>> {
+    let mut left: Vec<Vec<usize>> = vec![Vec::new(); m];
+    for (i, &(_, _, pe)) in row.scores.iter().enumerate().rev() {
+        left[pe as usize].push(i);
+    }
+    let mut steps = Vec::new();
+    let mut remaining = row.scores.len();
+    while remaining > 0 {
+        let pe = (row.start as usize + steps.len()) % m;
+        let pick = left[pe].pop();
+        remaining -= usize::from(pick.is_some());
+        steps.push(pick);
+    }
+    steps
 }
 
 /// Emits phase 3: every weight `w[a][b]` travels `d` steps from its PE, adding `w·v[b][c]` into
-/// `y[a][c]` on each PE it meets; returns the first free cycle and registers every `y` as output.
-pub fn phase3(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usize, weights: &[RowScores]) -> usize {
-    let (m, d, n) = (b.pes(), p.dim, p.tokens);
-    let items: Vec<(u32, u32, Val, u32)> = weights
+/// `y[a][c]` on each PE it meets; registers every `y` as output and returns the first free cycle.
+pub fn phase3(b: &mut Builder, inputs: &mut Inputs, p: &Problem, t0: usize, rows: &[Row]) -> usize {
+    let (m, d, n) = (b.pes(), p.dim, p.tokens as usize);
+    let items: Vec<(u32, u32, u32, Val, u32)> = rows
         .iter()
-        .enumerate()
-        .flat_map(|(a, row)| row.iter().map(move |&(bc, v, pe)| (a as u32, bc, v, pe)))
+        .flat_map(|r| r.scores.iter().map(move |&(bc, v, pe)| (r.head, r.a, bc, v, pe)))
         .collect();
-    let ws = waves(&items, |it| it.3, m);
-    let mut ys: Vec<Vec<Option<Val>>> = vec![vec![None; d as usize]; n as usize];
+    let ws = waves(&items, |it| it.4, m);
+    let at = |h: u32, a: u32, c: u32| (h as usize * n + a as usize) * d as usize + c as usize;
+    let mut ys: Vec<Option<Val>> = vec![None; p.heads as usize * n * d as usize];
     for (w, wave) in ws.iter().enumerate() {
         // Step-major: the running y[a][c] must be chained in time order, and two chains of
         // one row in a wave take turns on the same y.
         for j in 0..d {
-            for &(a, bc, wv, start) in wave {
+            for &(h, a, bc, wv, start) in wave {
                 let t = t0 + w * d as usize + j as usize;
                 let pe = (start + j) % m;
                 let c = column(pe, j, m);
                 let vb = inputs.get(b, Tensor::V, h, bc, c, pe);
                 let out = b.computed();
-                let acc = ys[a as usize][c as usize].replace(out);
+                let acc = ys[at(h, a, c)].replace(out);
                 b.work(pe, t, 3, Work::Mac { a: wv, b: vb, acc, out });
                 if j + 1 < d {
                     b.send(pe, t, wv);
@@ -199,16 +209,18 @@ pub fn phase3(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usi
             }
         }
     }
-    for (a, row) in ys.iter().enumerate() {
-        for (c, y) in row.iter().enumerate() {
-            let y = y.expect("every output row has at least one weight");
-            let element = Element {
-                tensor: Tensor::Y,
-                head: h,
-                row: a as u32,
-                col: c as u32,
-            };
-            b.output(element, c as u32 % m, y);
+    for h in 0..p.heads {
+        for a in 0..n as u32 {
+            for c in 0..d {
+                let y = ys[at(h, a, c)].expect("every output row has at least one weight");
+                let element = Element {
+                    tensor: Tensor::Y,
+                    head: h,
+                    row: a,
+                    col: c,
+                };
+                b.output(element, c % m, y);
+            }
         }
     }
     t0 + ws.len() * d as usize

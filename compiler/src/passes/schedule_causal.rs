@@ -9,7 +9,7 @@
 //! paper's "≈50% utilisation" for n = m, and less waste as n/m grows (n = 15, m = 5: 60 cycles of
 //! phase 2 instead of the paper's 90). Phase 3 sends each unmasked weight along `d` PEs.
 
-use crate::chains::{self, RowScores, ScoreChain};
+use crate::chains::{self, Row, ScoreChain};
 use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, RingSchedule};
 
@@ -40,31 +40,53 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     check_shape(p, pes)
 }
 
-/// One chain per pair `a ≥ b`, finishing on PE `(a + b) mod m`.
-pub fn pair_chains(n: u32, m: u32) -> Vec<ScoreChain> {
-    let mut v = Vec::with_capacity((n * (n + 1) / 2) as usize);
-    for a in 0..n {
-        for b in 0..=a {
-            v.push(ScoreChain { a, b, end: (a + b) % m });
+/// One chain per pair `a ≥ b` of every head, finishing on PE `(a + b + h) mod m`: the rotation by
+/// head evens out the finishing PEs across heads when one head alone cannot (even n).
+pub fn pair_chains(p: &Problem, m: u32) -> Vec<ScoreChain> {
+    let n = p.tokens;
+    let mut v = Vec::with_capacity(p.heads as usize * (n * (n + 1) / 2) as usize);
+    for head in 0..p.heads {
+        for a in 0..n {
+            for b in 0..=a {
+                v.push(ScoreChain {
+                    head,
+                    a,
+                    b,
+                    end: (a + b + head) % m,
+                });
+            }
         }
     }
     v
 }
 
+/// Empty rows of every head, each starting its walk where its column 0 is, `(a + h) mod m`.
+pub fn empty_rows(p: &Problem, m: u32) -> Vec<Row> {
+    (0..p.heads)
+        .flat_map(|head| {
+            (0..p.tokens).map(move |a| Row {
+                head,
+                a,
+                start: (a + head) % m,
+                scores: Vec::new(),
+            })
+        })
+        .collect()
+}
+
+/// Heads are scheduled together: each phase packs the work of all heads, so one head's idle
+/// slots carry another's.
 pub fn run(p: &Problem, pes: u32) -> RingSchedule {
     let mut b = Builder::new(NAME, pes);
     let mut inputs = Inputs::new(*p);
-    let mut t = 0;
-    for h in 0..p.heads {
-        let pairs = pair_chains(p.tokens, pes);
-        let (scores, t1) = chains::phase1(&mut b, &mut inputs, p, h, t, &pairs);
-        let n = p.tokens as usize;
-        let mut rows: Vec<RowScores> = vec![Vec::new(); n];
-        for (ch, &v) in pairs.iter().zip(&scores) {
-            rows[ch.a as usize].push((ch.b, v, ch.end));
-        }
-        let (weights, t2) = chains::phase2(&mut b, p, t1, &rows);
-        t = chains::phase3(&mut b, &mut inputs, p, h, t2, &weights);
+    let pairs = pair_chains(p, pes);
+    let (scores, t1) = chains::phase1(&mut b, &mut inputs, p, 0, &pairs);
+    let mut rows = empty_rows(p, pes);
+    let n = p.tokens as usize;
+    for (ch, &v) in pairs.iter().zip(&scores) {
+        rows[ch.head as usize * n + ch.a as usize].scores.push((ch.b, v, ch.end));
     }
+    let (weights, t2) = chains::phase2(&mut b, p, t1, &rows);
+    chains::phase3(&mut b, &mut inputs, p, t2, &weights);
     b.finish()
 }

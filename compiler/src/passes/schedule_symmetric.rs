@@ -13,8 +13,8 @@
 //! finishing PE; `W = n(n+1)/(2m)` exactly when that is balanced (every odd n with m | n; even n
 //! is one wave over).
 
-use super::schedule_causal::{check_shape, pair_chains};
-use crate::chains::{self, RowScores};
+use super::schedule_causal::{check_shape, empty_rows, pair_chains};
+use crate::chains;
 use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, RingSchedule};
 
@@ -28,23 +28,22 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     check_shape(p, pes)
 }
 
+/// Heads are scheduled together, as in the causal schedule.
 pub fn run(p: &Problem, pes: u32) -> RingSchedule {
     let mut b = Builder::new(NAME, pes);
     let mut inputs = Inputs::new(*p);
-    let mut t = 0;
-    for h in 0..p.heads {
-        let pairs = pair_chains(p.tokens, pes);
-        let (scores, t1) = chains::phase1(&mut b, &mut inputs, p, h, t, &pairs);
-        let n = p.tokens as usize;
-        let mut rows: Vec<RowScores> = vec![Vec::with_capacity(n); n];
-        for (ch, &v) in pairs.iter().zip(&scores) {
-            rows[ch.a as usize].push((ch.b, v, ch.end));
-            if ch.a != ch.b {
-                rows[ch.b as usize].push((ch.a, v, ch.end));
-            }
+    let pairs = pair_chains(p, pes);
+    let (scores, t1) = chains::phase1(&mut b, &mut inputs, p, 0, &pairs);
+    let mut rows = empty_rows(p, pes);
+    let n = p.tokens as usize;
+    for (ch, &v) in pairs.iter().zip(&scores) {
+        let base = ch.head as usize * n;
+        rows[base + ch.a as usize].scores.push((ch.b, v, ch.end));
+        if ch.a != ch.b {
+            rows[base + ch.b as usize].scores.push((ch.a, v, ch.end));
         }
-        let (weights, t2) = chains::phase2(&mut b, p, t1, &rows);
-        t = chains::phase3(&mut b, &mut inputs, p, h, t2, &weights);
     }
+    let (weights, t2) = chains::phase2(&mut b, p, t1, &rows);
+    chains::phase3(&mut b, &mut inputs, p, t2, &weights);
     b.finish()
 }
