@@ -38,7 +38,9 @@ pub enum Close {
     Brace(Span),
     /// No `}` before the next `layer` or the end of the file; `at` is where
     /// it was expected (the end of the block's last token).
-    Missing { at: usize },
+    Missing {
+        at: usize,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -65,8 +67,12 @@ pub struct Ident<'a> {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Value<'a> {
+    /// Written with a leading `-`. Allowed before any value by the grammar
+    /// so that `mask = -causal` is one bad value rather than a syntax error
+    /// followed by a misparse.
+    pub negative: bool,
     pub kind: ValueKind<'a>,
-    /// Includes a leading `-`.
+    /// Includes the `-`.
     pub span: Span,
 }
 
@@ -74,19 +80,15 @@ pub struct Value<'a> {
 pub enum ValueKind<'a> {
     Ident(&'a str),
     /// Digits only; whether they fit is for the checker to say.
-    Int { negative: bool, digits: &'a str },
-    Float { negative: bool, text: &'a str },
+    Int(&'a str),
+    Float(&'a str),
 }
 
-impl ValueKind<'_> {
+impl Value<'_> {
     /// How the value was written, for messages such as "found `-2.5`".
     pub fn source_text(&self) -> String {
-        match self {
-            ValueKind::Ident(s) => (*s).to_string(),
-            ValueKind::Int { negative, digits: t } | ValueKind::Float { negative, text: t } => {
-                format!("{}{t}", if *negative { "-" } else { "" })
-            }
-        }
+        let (ValueKind::Ident(t) | ValueKind::Int(t) | ValueKind::Float(t)) = self.kind;
+        format!("{}{t}", if self.negative { "-" } else { "" })
     }
 }
 

@@ -131,8 +131,8 @@ impl Checker {
                 ));
             }
             let Some(field) = Field::from_name(f.name.text) else {
-                let suggestion = closest(f.name.text, &Field::ALL.map(Field::name))
-                    .and_then(Field::from_name);
+                let suggestion =
+                    closest(f.name.text, &Field::ALL.map(Field::name)).and_then(Field::from_name);
                 suggested.extend(suggestion);
                 self.diags.push(diag::unknown_field(
                     file,
@@ -159,7 +159,11 @@ impl Checker {
                 Field::Heads => set(&mut values.heads, self.size(field, v, MAX_HEADS)),
                 Field::Qkv => set(
                     &mut values.qkv,
-                    self.choice(field, v, &[("separate", Qkv::Separate), ("shared", Qkv::Shared)]),
+                    self.choice(
+                        field,
+                        v,
+                        &[("separate", Qkv::Separate), ("shared", Qkv::Shared)],
+                    ),
                 ),
                 Field::Mask => set(
                     &mut values.mask,
@@ -217,14 +221,12 @@ impl Checker {
     fn size(&mut self, field: Field, v: &Value<'_>, limit: u64) -> Option<u32> {
         let file = self.file;
         let span = v.span.clone();
-        let (negative, digits) = match v.kind {
-            ValueKind::Int { negative, digits } => (negative, digits),
-            ValueKind::Ident(_) | ValueKind::Float { .. } => {
-                let found = format!("`{}`", v.kind.source_text());
-                self.diags.push(diag::wrong_kind(file, field, span, &found));
-                return None;
-            }
+        let ValueKind::Int(digits) = v.kind else {
+            let found = format!("`{}`", v.source_text());
+            self.diags.push(diag::wrong_kind(file, field, span, &found));
+            return None;
         };
+        let negative = v.negative;
         // The lexer only produces digits, so the only possible failure is
         // overflow.
         let d = match digits.parse::<u64>() {
@@ -241,11 +243,14 @@ impl Checker {
 
     fn choice<T: Copy>(&mut self, field: Field, v: &Value<'_>, options: &[(&str, T)]) -> Option<T> {
         let file = self.file;
-        let ValueKind::Ident(name) = v.kind else {
-            let found = format!("`{}`", v.kind.source_text());
-            self.diags
-                .push(diag::wrong_kind(file, field, v.span.clone(), &found));
-            return None;
+        let name = match v.kind {
+            ValueKind::Ident(name) if !v.negative => name,
+            _ => {
+                let found = format!("`{}`", v.source_text());
+                self.diags
+                    .push(diag::wrong_kind(file, field, v.span.clone(), &found));
+                return None;
+            }
         };
         if let Some(&(_, value)) = options.iter().find(|(n, _)| *n == name) {
             return Some(value);
@@ -264,11 +269,10 @@ impl Checker {
 
     fn scale(&mut self, v: &Value<'_>) -> Option<f64> {
         let file = self.file;
-        let (negative, text) = match v.kind {
-            ValueKind::Int { negative, digits } => (negative, digits),
-            ValueKind::Float { negative, text } => (negative, text),
+        let text = match v.kind {
+            ValueKind::Int(text) | ValueKind::Float(text) => text,
             ValueKind::Ident(_) => {
-                let found = format!("`{}`", v.kind.source_text());
+                let found = format!("`{}`", v.source_text());
                 self.diags
                     .push(diag::wrong_kind(file, Field::Scale, v.span.clone(), &found));
                 return None;
@@ -277,14 +281,14 @@ impl Checker {
         // Every literal the lexer accepts is valid `f64` syntax; huge ones
         // become infinity and are rejected below.
         let magnitude = text.parse::<f64>().unwrap_or(f64::NAN);
-        let value = if negative { -magnitude } else { magnitude };
+        let value = if v.negative { -magnitude } else { magnitude };
         if value > 0.0 && value.is_finite() {
             return Some(value);
         }
         self.diags.push(diag::bad_scale(
             file,
             v.span.clone(),
-            &v.kind.source_text(),
+            &v.source_text(),
             value,
         ));
         None

@@ -68,12 +68,16 @@ pub fn syntax(file: FileId, e: &SyntaxError) -> Diagnostic<FileId> {
     };
     let expected = describe_expected(&e.expected);
     match expected {
-        Some(expected) => error(SYNTAX, format!("expected {expected}, found {found}"))
-            .with_labels(vec![
-                Label::primary(file, e.span.clone()).with_message(format!("expected {expected}"))
-            ]),
-        None => error(SYNTAX, format!("unexpected {found}"))
-            .with_labels(vec![Label::primary(file, e.span.clone()).with_message("unexpected")]),
+        Some(expected) => {
+            error(SYNTAX, format!("expected {expected}, found {found}"))
+                .with_labels(vec![Label::primary(file, e.span.clone())
+                    .with_message(format!("expected {expected}"))])
+        }
+        None => error(SYNTAX, format!("unexpected {found}")).with_labels(vec![Label::primary(
+            file,
+            e.span.clone(),
+        )
+        .with_message("unexpected")]),
     }
 }
 
@@ -86,8 +90,10 @@ fn describe_expected(expected: &[String]) -> Option<String> {
     let mut words: Vec<String> = Vec::new();
     if has("\";\"") {
         words.push("`;`".into());
-    } else if has("Integer") && has("Float") {
+    } else if has("Integer") && has("Float") && has("Identifier") {
         words.push("a value (a number or a name)".into());
+    } else if has("Integer") && has("Float") {
+        words.push("a number".into());
     } else {
         for e in expected {
             let word = match e.as_str() {
@@ -114,14 +120,19 @@ pub fn stray_characters(file: FileId, span: Span, text: &str) -> Diagnostic<File
     } else {
         ("character", "this is")
     };
+    // Habits from other configuration formats get a targeted hint.
+    let note = match text {
+        ":" => "help: set a field with `=`, e.g. `tokens = 16;`",
+        "," => "help: end each field with `;`",
+        "\"" | "'" => "help: values are written without quotes, e.g. `mask = causal;`",
+        "#" => "help: comments start with `//`",
+        _ => "note: the language has names, numbers, `=`, `;`, `{`, `}`, `-` and `//` comments",
+    };
     error(STRAY_CHARACTERS, format!("unexpected {what} `{text}`"))
         .with_labels(vec![
             Label::primary(file, span).with_message(format!("{this} not part of the language"))
         ])
-        .with_notes(vec![
-            "note: the language has names, numbers, `=`, `;`, `{`, `}`, `-` and `//` comments"
-                .into(),
-        ])
+        .with_notes(vec![note.to_string()])
 }
 
 pub fn unknown_field(
@@ -136,7 +147,9 @@ pub fn unknown_field(
         None => format!("note: the known fields are {known}"),
     };
     error(UNKNOWN_FIELD, format!("unknown field `{name}`"))
-        .with_labels(vec![Label::primary(file, span).with_message("unknown field")])
+        .with_labels(vec![
+            Label::primary(file, span).with_message("unknown field")
+        ])
         .with_notes(vec![note])
 }
 
@@ -149,7 +162,12 @@ pub fn duplicate_field(file: FileId, field: Field, first: Span, again: Span) -> 
         .with_notes(vec!["help: remove one of the two".into()])
 }
 
-pub fn missing_field(file: FileId, layer: &str, name_span: Span, field: Field) -> Diagnostic<FileId> {
+pub fn missing_field(
+    file: FileId,
+    layer: &str,
+    name_span: Span,
+    field: Field,
+) -> Diagnostic<FileId> {
     let what = match field {
         Field::Tokens => "the number of tokens, n",
         _ => "the size of each head, d",
@@ -269,9 +287,15 @@ pub fn size_limit(
 
 pub fn bad_scale(file: FileId, span: Span, text: &str, value: f64) -> Diagnostic<FileId> {
     let (why, note) = if value.is_nan() || value.is_infinite() {
-        ("is not a finite number", "note: the literal is out of range for a 64-bit float")
+        (
+            "is not a finite number",
+            "note: the literal is out of range for a 64-bit float",
+        )
     } else if value == 0.0 && text.bytes().any(|b| (b'1'..=b'9').contains(&b)) {
-        ("rounds to zero", "note: the literal is below the smallest 64-bit float")
+        (
+            "rounds to zero",
+            "note: the literal is below the smallest 64-bit float",
+        )
     } else if value > 0.0 {
         // Not produced by the checker; kept so the function is total.
         ("is invalid", "")
@@ -305,7 +329,9 @@ pub fn no_layers(file: FileId) -> Diagnostic<FileId> {
         .with_labels(vec![
             Label::primary(file, 0..0).with_message("expected a `layer` block")
         ])
-        .with_notes(vec![format!("help: a file holds one or more blocks like `{EXAMPLE}`")])
+        .with_notes(vec![format!(
+            "help: a file holds one or more blocks like `{EXAMPLE}`"
+        )])
 }
 
 pub fn missing_semicolon(file: FileId, field: &str, value: Span) -> Diagnostic<FileId> {
@@ -341,10 +367,11 @@ pub fn invalid_utf8(file: FileId, offset: usize, byte: Option<u8>) -> Diagnostic
         INVALID_UTF8,
         format!("input is not valid UTF-8: {what} at byte offset {offset}"),
     )
-    .with_labels(vec![
-        Label::primary(file, offset..offset + '\u{FFFD}'.len_utf8())
-            .with_message("not UTF-8 text")
-    ])
+    .with_labels(vec![Label::primary(
+        file,
+        offset..offset + '\u{FFFD}'.len_utf8(),
+    )
+    .with_message("not UTF-8 text")])
     .with_notes(vec![
         "help: layer files are UTF-8 text; is this a binary file?".into(),
     ])
@@ -415,13 +442,18 @@ mod tests {
         assert_eq!(clamp(s, &(2..2)), 1..1);
         assert_eq!(clamp(s, &(0..2)), 0..3);
         assert_eq!(clamp(s, &(7..9)), 5..5);
-        assert_eq!(clamp(s, &(4..1)), 4..4);
+        // A label may arrive reversed; it must come out empty, not inverted.
+        assert_eq!(clamp(s, &Span { start: 4, end: 1 }), 4..4);
     }
 
     #[test]
     fn expected_tokens_in_words() {
-        let e = |v: &[&str]| describe_expected(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        assert_eq!(e(&["\";\"", "\"}\"", "Identifier", "Unclosed"]).unwrap(), "`;`");
+        let e =
+            |v: &[&str]| describe_expected(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            e(&["\";\"", "\"}\"", "Identifier", "Unclosed"]).unwrap(),
+            "`;`"
+        );
         assert_eq!(
             e(&["\"}\"", "Identifier", "Unclosed"]).unwrap(),
             "`}` or a field name"

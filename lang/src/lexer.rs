@@ -6,8 +6,8 @@
 //! unexpected token.
 //!
 //! The token stream also marks blocks that are never closed (see
-//! [`Token::Unclosed`]): `layer` cannot occur inside a block, so a `layer` or
-//! the end of the file while a block is open is a missing `}`. Marking it
+//! [`Token::Unclosed`]): `layer` cannot occur inside a block, so `layer NAME`
+//! or the end of the file while a block is open is a missing `}`. Marking it
 //! here lets the grammar treat it as an ordinary alternative to `}`.
 
 use logos::Logos;
@@ -88,17 +88,27 @@ pub fn lex(source: &str) -> (Vec<Spanned<'_>>, Vec<Span>) {
 }
 
 /// Insert [`Token::Unclosed`] where a block opened by `layer NAME {` is still
-/// open at the next `layer` or at the end of the input. Only that exact
+/// open at the next `layer NAME` or at the end of the input. Only that exact
 /// opening counts, so a stray `{` inside a block cannot unbalance anything.
 fn mark_unclosed_blocks(tokens: Vec<Spanned<'_>>) -> Vec<Spanned<'_>> {
     let mut out: Vec<Spanned<'_>> = Vec::with_capacity(tokens.len() + 1);
     let mut in_block = false;
-    for tok in tokens {
+    let mut rest = tokens.into_iter().peekable();
+    while let Some(tok) = rest.next() {
         match tok.1 {
+            // Inside a block, `layer` followed by a name starts the next
+            // block; any other `layer` there is read as a (unknown) field
+            // name, which reports it far better than a keyword the parser
+            // has to recover from.
             Token::Layer if in_block => {
-                let at = out.last().map_or(tok.0, |t| t.2);
-                out.push((at, Token::Unclosed(false), at));
-                in_block = false;
+                if matches!(rest.peek(), Some((_, Token::Ident(_), _))) {
+                    let at = out.last().map_or(tok.0, |t| t.2);
+                    out.push((at, Token::Unclosed(false), at));
+                    in_block = false;
+                } else {
+                    out.push((tok.0, Token::Ident("layer"), tok.2));
+                    continue;
+                }
             }
             Token::LBrace => {
                 in_block = matches!(
@@ -193,6 +203,19 @@ mod tests {
                 Token::Ident("c"),
                 Token::LBrace,
                 Token::Unclosed(true),
+            ]
+        );
+        assert_eq!(
+            kinds("layer a { layer = 1; }"),
+            vec![
+                Token::Layer,
+                Token::Ident("a"),
+                Token::LBrace,
+                Token::Ident("layer"),
+                Token::Eq,
+                Token::Int("1"),
+                Token::Semi,
+                Token::RBrace,
             ]
         );
         let (toks, _) = lex("layer a { x = 1;\n");

@@ -7,7 +7,10 @@ use expect_test::{expect, Expect};
 /// diagnostic must satisfy whatever the snapshot says.
 fn check(src: &str, expected: Expect) {
     let parsed = lang::parse(0, src);
-    assert!(lang::has_errors(&parsed.diagnostics), "no error for {src:?}");
+    assert!(
+        lang::has_errors(&parsed.diagnostics),
+        "no error for {src:?}"
+    );
     for d in &parsed.diagnostics {
         assert!(
             d.code.as_deref().is_some_and(|c| c.starts_with('E')),
@@ -46,19 +49,24 @@ fn e0001_unexpected_token_lists_expected_tokens() {
 
 #[test]
 fn e0001_missing_layer_name() {
-    check("layer { tokens = 1; dim = 1; }\n", expect![[r#"
+    check(
+        "layer { tokens = 1; dim = 1; }\n",
+        expect![[r#"
         error[E0001]: expected a name, found `{`
           ┌─ layer.attn:1:7
           │
         1 │ layer { tokens = 1; dim = 1; }
           │       ^ expected a name
 
-    "#]]);
+    "#]],
+    );
 }
 
 #[test]
 fn e0001_missing_value_at_end_of_file() {
-    check("layer a {\n    tokens = 16;\n    dim =", expect![[r#"
+    check(
+        "layer a {\n    tokens = 16;\n    dim =",
+        expect![[r#"
         error[E0016]: layer `a` is missing its closing `}`
           ┌─ layer.attn:1:9
           │
@@ -74,7 +82,8 @@ fn e0001_missing_value_at_end_of_file() {
         3 │     dim =
           │          ^ expected a value (a number or a name)
 
-    "#]]);
+    "#]],
+    );
 }
 
 #[test]
@@ -165,7 +174,9 @@ fn e0004_duplicate_field() {
 
 #[test]
 fn e0005_missing_required_fields() {
-    check("layer a {\n    heads = 2;\n}\n", expect![[r#"
+    check(
+        "layer a {\n    heads = 2;\n}\n",
+        expect![[r#"
         error[E0005]: layer `a` is missing the required field `tokens`
           ┌─ layer.attn:1:7
           │
@@ -182,7 +193,8 @@ fn e0005_missing_required_fields() {
           │
           = help: add `dim = <integer>;` (the size of each head, d) to the block
 
-    "#]]);
+    "#]],
+    );
 }
 
 #[test]
@@ -403,7 +415,9 @@ fn e0013_duplicate_layer_name() {
 
 #[test]
 fn e0014_no_layer() {
-    check("// nothing but a comment\n", expect![[r#"
+    check(
+        "// nothing but a comment\n",
+        expect![[r#"
         error[E0014]: no layer in this file
           ┌─ layer.attn:1:1
           │
@@ -412,12 +426,15 @@ fn e0014_no_layer() {
           │
           = help: a file holds one or more blocks like `layer head { tokens = 16; dim = 16; }`
 
-    "#]]);
+    "#]],
+    );
 }
 
 #[test]
 fn e0014_empty_file() {
-    check("", expect![[r#"
+    check(
+        "",
+        expect![[r#"
         error[E0014]: no layer in this file
           ┌─ layer.attn:1:1
           │
@@ -426,7 +443,8 @@ fn e0014_empty_file() {
           │
           = help: a file holds one or more blocks like `layer head { tokens = 16; dim = 16; }`
 
-    "#]]);
+    "#]],
+    );
 }
 
 #[test]
@@ -464,7 +482,9 @@ fn e0016_missing_closing_brace_before_next_layer() {
 
 #[test]
 fn e0016_unterminated_block_at_end_of_file() {
-    check("layer a {\n    tokens = 16;\n    dim = 16;\n", expect![[r#"
+    check(
+        "layer a {\n    tokens = 16;\n    dim = 16;\n",
+        expect![[r#"
         error[E0016]: layer `a` is missing its closing `}`
           ┌─ layer.attn:1:9
           │
@@ -474,7 +494,8 @@ fn e0016_unterminated_block_at_end_of_file() {
         3 │     dim = 16;
           │              - expected `}` here
 
-    "#]]);
+    "#]],
+    );
 }
 
 #[test]
@@ -493,7 +514,8 @@ fn e0017_invalid_utf8() {
           │
           = help: layer files are UTF-8 text; is this a binary file?
 
-    "#]].assert_eq(&lang::render("layer.attn", &lossy, &parsed.diagnostics));
+    "#]]
+    .assert_eq(&lang::render("layer.attn", &lossy, &parsed.diagnostics));
 }
 
 #[test]

@@ -82,14 +82,19 @@ fn explicit_choices_and_integer_scale() {
     let l = &parse_ok(
         "layer x { tokens = 4; dim = 4; qkv = separate; mask = none; scale = 1; heads = 1024; }",
     )[0];
-    assert_eq!((l.qkv, l.mask, l.scale, l.heads), (Qkv::Separate, Mask::None, 1.0, 1024));
+    assert_eq!(
+        (l.qkv, l.mask, l.scale, l.heads),
+        (Qkv::Separate, Mask::None, 1.0, 1024)
+    );
     assert!(l.scale_given);
 }
 
 #[test]
 fn float_forms_for_scale() {
     for (text, value) in [("1e-2", 0.01), (".5", 0.5), ("2.", 2.0), ("1.5E1", 15.0)] {
-        let l = &parse_ok(&format!("layer x {{ tokens = 4; dim = 4; scale = {text}; }}"))[0];
+        let l = &parse_ok(&format!(
+            "layer x {{ tokens = 4; dim = 4; scale = {text}; }}"
+        ))[0];
         assert_eq!(l.scale, value, "{text}");
     }
 }
