@@ -33,8 +33,14 @@ fn compile(src: &str, pes: u32) -> (compiler::Compiled, f64) {
 
 fn run(c: &compiler::Compiled) -> f64 {
     let inputs: BTreeMap<String, Vec<f32>> = compiler::exec::random_inputs(&c.manifest, 1);
-    let out = compiler::exec::execute(isa::F32Domain, c.programs.clone(), &c.manifest, &inputs, &mut isa::NoObserver)
-        .expect("runs");
+    let out = compiler::exec::execute(
+        isa::F32Domain,
+        c.programs.clone(),
+        &c.manifest,
+        &inputs,
+        &mut isa::NoObserver,
+    )
+    .expect("runs");
     let want = compiler::exec::reference_output(&c.manifest, &inputs).expect("reference");
     compiler::exec::max_abs_err(&out.outputs["y"], &want)
 }
@@ -71,8 +77,15 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut worse = 0;
     for x in &instances {
-        let q = if x.table.starts_with("I ") { "qkv = shared;" } else { "mask = causal;" };
-        let src = format!("layer t {{ tokens = {}; dim = {}; scale = 1; {q} }}", x.n, x.n);
+        let q = if x.table.starts_with("I ") {
+            "qkv = shared;"
+        } else {
+            "mask = causal;"
+        };
+        let src = format!(
+            "layer t {{ tokens = {}; dim = {}; scale = 1; {q} }}",
+            x.n, x.n
+        );
         let (c, ms) = compile(&src, x.m);
         let err = run(&c);
         let m = &c.manifest;

@@ -13,14 +13,22 @@ fn attnc(args: &[&str]) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// Fails unless the command failed cleanly: exit code 1 or 2, a message, no panic.
 fn assert_clean_failure(o: &Output, needle: &str) {
     let t = text(o);
     assert!(!o.status.success(), "expected failure, got success:\n{t}");
-    assert!(matches!(o.status.code(), Some(1) | Some(2)), "exit code {:?}:\n{t}", o.status.code());
+    assert!(
+        matches!(o.status.code(), Some(1) | Some(2)),
+        "exit code {:?}:\n{t}",
+        o.status.code()
+    );
     assert!(!t.contains("panicked"), "panic:\n{t}");
     assert!(t.contains(needle), "expected `{needle}` in:\n{t}");
 }
@@ -83,7 +91,14 @@ fn compile_then_run_the_bundled_example() {
 
 #[test]
 fn compile_subcommand_and_emit_ir() {
-    let o = attnc(&["compile", "examples/encoder.attn", "--pes", "2", "--emit", "ir"]);
+    let o = attnc(&[
+        "compile",
+        "examples/encoder.attn",
+        "--pes",
+        "2",
+        "--emit",
+        "ir",
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     let t = String::from_utf8_lossy(&o.stdout);
     assert!(t.contains("n3 = scores n0, n1"), "{t}");
@@ -120,8 +135,15 @@ fn malformed_layer_file_writes_nothing() {
     let out = dir.path().join("out");
     let o = attnc(&[s(&file), "--pes", "2", "-o", s(&out)]);
     assert_clean_failure(&o, "error");
-    assert!(!out.exists(), "a failed compile must not create the output directory");
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no staging leftovers");
+    assert!(
+        !out.exists(),
+        "a failed compile must not create the output directory"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no staging leftovers"
+    );
 }
 
 #[test]
@@ -142,7 +164,13 @@ fn unknown_flag() {
 #[test]
 fn zero_pes() {
     let dir = tempfile::tempdir().unwrap();
-    let o = attnc(&["examples/encoder.attn", "--pes", "0", "-o", s(&dir.path().join("o"))]);
+    let o = attnc(&[
+        "examples/encoder.attn",
+        "--pes",
+        "0",
+        "-o",
+        s(&dir.path().join("o")),
+    ]);
     assert_clean_failure(&o, "--pes");
     assert!(!dir.path().join("o").exists());
 }
@@ -168,7 +196,11 @@ fn missing_files() {
 #[test]
 fn npy_of_wrong_dtype_shape_order_or_truncated() {
     let dir = tempfile::tempdir().unwrap();
-    let out = compiled(dir.path(), "layer t { tokens = 4; dim = 4; qkv = shared; }", "2");
+    let out = compiled(
+        dir.path(),
+        "layer t { tokens = 4; dim = 4; qkv = shared; }",
+        "2",
+    );
     let good = npy(&[4, 4], &[0.5; 16]);
     let run_with = |bytes: &[u8], needle: &str| {
         let f = dir.path().join("x.npy");
@@ -217,7 +249,11 @@ fn damaged_manifest() {
     let good = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, &good[..good.len() / 2]).unwrap();
     assert_clean_failure(&attnc(&["run", s(&out)]), "manifest.json");
-    std::fs::write(&path, good.replace("\"format_version\": 1", "\"format_version\": 2")).unwrap();
+    std::fs::write(
+        &path,
+        good.replace("\"format_version\": 1", "\"format_version\": 2"),
+    )
+    .unwrap();
     assert_clean_failure(&attnc(&["run", s(&out)]), "version 2 is not supported");
     std::fs::write(&path, good.replace("\"cycles\": ", "\"cycles\": 1")).unwrap();
     assert_clean_failure(&attnc(&["run", s(&out)]), "cycles");
@@ -261,11 +297,22 @@ fn refuses_to_overwrite_a_foreign_directory() {
     std::fs::write(out.join("notes.txt"), "mine").unwrap();
     let o = attnc(&["examples/encoder.attn", "--pes", "2", "-o", s(&out)]);
     assert_clean_failure(&o, "refusing to overwrite");
-    assert_eq!(std::fs::read_to_string(out.join("notes.txt")).unwrap(), "mine");
+    assert_eq!(
+        std::fs::read_to_string(out.join("notes.txt")).unwrap(),
+        "mine"
+    );
 }
 
 #[test]
 fn forced_schedule_that_does_not_apply() {
-    let o = attnc(&["examples/encoder.attn", "--pes", "2", "--schedule", "causal", "-o", "/tmp/never"]);
+    let o = attnc(&[
+        "examples/encoder.attn",
+        "--pes",
+        "2",
+        "--schedule",
+        "causal",
+        "-o",
+        "/tmp/never",
+    ]);
     assert_clean_failure(&o, "mask = causal");
 }

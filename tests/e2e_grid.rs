@@ -22,15 +22,23 @@ fn baseline_grid_matches_reference_and_cycle_formula() {
                         let r = run_emitted(&c, u64::from(n * 100 + m));
                         let (n64, d64, h64, m64) = (n as u64, d as u64, heads as u64, m as u64);
                         let formula = h64 * (2 * d64 * n64 * n64 + 2 * n64 * n64) / m64;
-                        let what = format!("n={n} m={m} heads={heads} shared={shared} causal={causal}");
-                        assert!(r.max_abs_err <= TOL, "{what}: max_abs_err {}", r.max_abs_err);
+                        let what =
+                            format!("n={n} m={m} heads={heads} shared={shared} causal={causal}");
+                        assert!(
+                            r.max_abs_err <= TOL,
+                            "{what}: max_abs_err {}",
+                            r.max_abs_err
+                        );
                         assert_eq!(r.cycles, c.manifest.cycles, "{what}: manifest cycles");
                         if causal {
                             assert!(r.cycles <= formula, "{what}: {} > {formula}", r.cycles);
                         } else {
                             assert_eq!(r.cycles, formula, "{what}");
                         }
-                        assert!(r.cycles >= c.manifest.lower_bound, "{what}: below the lower bound?");
+                        assert!(
+                            r.cycles >= c.manifest.lower_bound,
+                            "{what}: below the lower bound?"
+                        );
                         checked += 1;
                     }
                 }
@@ -43,7 +51,16 @@ fn baseline_grid_matches_reference_and_cycle_formula() {
 #[test]
 fn paper_algorithm_1_column() {
     // Paper Tables I/II, Algo 1 column (d = n, one head).
-    for (n, m, want) in [(3, 3, 24), (4, 4, 40), (5, 5, 60), (6, 3, 168), (6, 6, 84), (15, 5, 1440), (15, 15, 480), (17, 17, 612)] {
+    for (n, m, want) in [
+        (3, 3, 24),
+        (4, 4, 40),
+        (5, 5, 60),
+        (6, 3, 168),
+        (6, 6, 84),
+        (15, 5, 1440),
+        (15, 15, 480),
+        (17, 17, 612),
+    ] {
         let c = compile_src(&layer_src(n, n, 1, false, false), m, Choice::Baseline);
         let r = run_emitted(&c, 7);
         assert_eq!(r.cycles, want, "n={n} m={m}");
@@ -65,7 +82,10 @@ fn causal_baseline_touches_no_masked_element() {
         assert_eq!(ops.phase3_mac, 2 * d64 * tri);
         let r = run_emitted(&c, 3);
         let executed: u64 = r.stats.per_pe.iter().map(|p| p.mul + p.exp + p.div).sum();
-        assert_eq!(executed, ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac);
+        assert_eq!(
+            executed,
+            ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac
+        );
     }
 }
 
@@ -95,22 +115,43 @@ fn auto_grid_beats_paper_formulas_with_necessary_ops_only() {
                         let src = layer_src(n, n, heads, shared, causal);
                         let c = compile_src(&src, m, Choice::Auto);
                         let r = run_emitted(&c, u64::from(n * 1000 + m * 10 + heads));
-                        let what = format!("n={n} m={m} heads={heads} shared={shared} causal={causal}");
-                        assert!(r.max_abs_err <= TOL, "{what}: max_abs_err {}", r.max_abs_err);
+                        let what =
+                            format!("n={n} m={m} heads={heads} shared={shared} causal={causal}");
+                        assert!(
+                            r.max_abs_err <= TOL,
+                            "{what}: max_abs_err {}",
+                            r.max_abs_err
+                        );
                         let (n64, m64, h64) = (n as u64, m as u64, heads as u64);
                         let paper = h64 * paper_formula(n64, m64, shared, causal);
-                        assert!(r.cycles <= paper, "{what}: {} cycles > paper's {paper}", r.cycles);
+                        assert!(
+                            r.cycles <= paper,
+                            "{what}: {} cycles > paper's {paper}",
+                            r.cycles
+                        );
                         // Exactly the necessary operations (DESIGN.md §4), by phase.
                         let d = n64;
-                        let weights = if causal { n64 * (n64 + 1) / 2 } else { n64 * n64 };
-                        let distinct = if shared && !causal { n64 * (n64 + 1) / 2 } else { weights };
+                        let weights = if causal {
+                            n64 * (n64 + 1) / 2
+                        } else {
+                            n64 * n64
+                        };
+                        let distinct = if shared && !causal {
+                            n64 * (n64 + 1) / 2
+                        } else {
+                            weights
+                        };
                         let ops = c.manifest.ops;
                         assert_eq!(ops.phase1_mac, h64 * d * distinct, "{what}: phase 1");
                         assert_eq!(ops.phase2_exp, h64 * weights, "{what}: exps");
                         assert_eq!(ops.phase2_div, h64 * weights, "{what}: divs");
                         assert_eq!(ops.phase3_mac, h64 * d * weights, "{what}: phase 3");
-                        let executed: u64 = r.stats.per_pe.iter().map(|p| p.mul + p.exp + p.div).sum();
-                        assert_eq!(executed, ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac);
+                        let executed: u64 =
+                            r.stats.per_pe.iter().map(|p| p.mul + p.exp + p.div).sum();
+                        assert_eq!(
+                            executed,
+                            ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac
+                        );
                     }
                 }
             }
@@ -121,17 +162,42 @@ fn auto_grid_beats_paper_formulas_with_necessary_ops_only() {
 #[test]
 fn paper_tables_at_or_below_the_paper() {
     // (n, m, paper Algo 2 or Algo 3 cycles); d = n, one head, scale 1 as in the paper.
-    let shared = [(3, 3, 21), (4, 4, 36), (5, 5, 50), (6, 3, 146), (6, 6, 73), (15, 5, 1134), (15, 15, 396)];
-    let causal = [(3, 3, 18), (4, 4, 32), (5, 5, 40), (6, 3, 120), (6, 6, 60), (15, 5, 810), (15, 15, 270), (17, 17, 340)];
+    let shared = [
+        (3, 3, 21),
+        (4, 4, 36),
+        (5, 5, 50),
+        (6, 3, 146),
+        (6, 6, 73),
+        (15, 5, 1134),
+        (15, 15, 396),
+    ];
+    let causal = [
+        (3, 3, 18),
+        (4, 4, 32),
+        (5, 5, 40),
+        (6, 3, 120),
+        (6, 6, 60),
+        (15, 5, 810),
+        (15, 15, 270),
+        (17, 17, 340),
+    ];
     for (is_causal, table) in [(false, &shared[..]), (true, &causal[..])] {
         for &(n, m, paper) in table {
             let src = format!(
                 "layer t {{ tokens = {n}; dim = {n}; scale = 1; {} }}",
-                if is_causal { "mask = causal;" } else { "qkv = shared;" }
+                if is_causal {
+                    "mask = causal;"
+                } else {
+                    "qkv = shared;"
+                }
             );
             let c = compile_src(&src, m, Choice::Auto);
             let r = run_emitted(&c, 11);
-            assert!(r.cycles <= paper, "n={n} m={m} causal={is_causal}: {} > {paper}", r.cycles);
+            assert!(
+                r.cycles <= paper,
+                "n={n} m={m} causal={is_causal}: {} > {paper}",
+                r.cycles
+            );
             assert!(r.max_abs_err <= TOL, "n={n} m={m}: {}", r.max_abs_err);
         }
     }
@@ -142,11 +208,16 @@ fn multi_head_interleaving_never_costs_more_and_sometimes_less() {
     let mut strictly_less = 0;
     for (n, m) in [(3, 3), (4, 4), (4, 2), (5, 5), (6, 6), (6, 3), (8, 4)] {
         for shared in [false, true] {
-            let one = compile_src(&layer_src(n, n, 1, shared, true), m, Choice::Auto).manifest.cycles;
+            let one = compile_src(&layer_src(n, n, 1, shared, true), m, Choice::Auto)
+                .manifest
+                .cycles;
             for heads in 2..=4u32 {
                 let c = compile_src(&layer_src(n, n, heads, shared, true), m, Choice::Auto);
                 let many = c.manifest.cycles;
-                assert!(many <= u64::from(heads) * one, "n={n} m={m} heads={heads}: {many} > {heads}×{one}");
+                assert!(
+                    many <= u64::from(heads) * one,
+                    "n={n} m={m} heads={heads}: {many} > {heads}×{one}"
+                );
                 if many < u64::from(heads) * one {
                     strictly_less += 1;
                 }

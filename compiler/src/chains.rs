@@ -46,7 +46,13 @@ fn column(pe: u32, j: u32, m: u32) -> u32 {
 
 /// Emits phase 1 for `chains` starting at cycle `t0`; returns the finished scores (indexed by
 /// chain) and the first free cycle.
-pub fn phase1(b: &mut Builder, inputs: &mut Inputs, p: &Problem, t0: usize, chains: &[ScoreChain]) -> (Vec<Val>, usize) {
+pub fn phase1(
+    b: &mut Builder,
+    inputs: &mut Inputs,
+    p: &Problem,
+    t0: usize,
+    chains: &[ScoreChain],
+) -> (Vec<Val>, usize) {
     let (m, d) = (b.pes(), p.dim);
     let indexed: Vec<(usize, ScoreChain)> = chains.iter().copied().enumerate().collect();
     let ws = waves(&indexed, |(_, c)| rot(i64::from(c.end) + 1, m), m);
@@ -62,7 +68,17 @@ pub fn phase1(b: &mut Builder, inputs: &mut Inputs, p: &Problem, t0: usize, chai
                 let qa = inputs.get(b, Tensor::Q, ch.head, ch.a, c, pe);
                 let kb = inputs.get(b, Tensor::K, ch.head, ch.b, c, pe);
                 let out = b.computed();
-                b.work(pe, t, 1, Work::Mac { a: qa, b: kb, acc, out });
+                b.work(
+                    pe,
+                    t,
+                    1,
+                    Work::Mac {
+                        a: qa,
+                        b: kb,
+                        acc,
+                        out,
+                    },
+                );
                 acc = Some(out);
                 if j + 1 < d {
                     b.send(pe, t, out);
@@ -105,7 +121,10 @@ pub fn phase2(b: &mut Builder, p: &Problem, t0: usize, rows: &[Row]) -> (Vec<Row
     let mut blocks: Vec<Vec<usize>> = Vec::new();
     for r in order {
         let start = rows[r].start;
-        match blocks.iter_mut().find(|blk| blk.iter().all(|&o| rows[o].start != start)) {
+        match blocks
+            .iter_mut()
+            .find(|blk| blk.iter().all(|&o| rows[o].start != start))
+        {
             Some(blk) => blk.push(r),
             None => blocks.push(vec![r]),
         }
@@ -124,7 +143,18 @@ pub fn phase2(b: &mut Builder, p: &Problem, t0: usize, rows: &[Row]) -> (Vec<Row
                     let (e, sum) = (b.computed(), b.computed());
                     let acc = sums[r].replace(sum);
                     let x = rows[r].scores[*i].1;
-                    b.work(pe, t + j, 2, Work::Exp { x, scale, acc, e, sum });
+                    b.work(
+                        pe,
+                        t + j,
+                        2,
+                        Work::Exp {
+                            x,
+                            scale,
+                            acc,
+                            e,
+                            sum,
+                        },
+                    );
                     exps[r][*i] = Some(e);
                 }
                 if let Some(s) = sums[r] {
@@ -145,9 +175,9 @@ pub fn phase2(b: &mut Builder, p: &Problem, t0: usize, rows: &[Row]) -> (Vec<Row
         for &r in blk {
             let den = sums[r].expect("every row has at least one score");
             let last = walks[r].iter().rposition(Option::is_some).unwrap_or(0);
-            for j in 0..=last {
+            for (j, step) in walks[r].iter().enumerate().take(last + 1) {
                 let pe = ((rows[r].start as usize + j) % m) as u32;
-                if let Some(i) = walks[r][j] {
+                if let Some(i) = *step {
                     let num = exps[r][i].expect("step 1 made it");
                     let w = b.computed();
                     b.work(pe, t + j, 2, Work::Div { num, den, out: w });
@@ -186,7 +216,11 @@ pub fn phase3(b: &mut Builder, inputs: &mut Inputs, p: &Problem, t0: usize, rows
     let (m, d, n) = (b.pes(), p.dim, p.tokens as usize);
     let items: Vec<(u32, u32, u32, Val, u32)> = rows
         .iter()
-        .flat_map(|r| r.scores.iter().map(move |&(bc, v, pe)| (r.head, r.a, bc, v, pe)))
+        .flat_map(|r| {
+            r.scores
+                .iter()
+                .map(move |&(bc, v, pe)| (r.head, r.a, bc, v, pe))
+        })
         .collect();
     let ws = waves(&items, |it| it.4, m);
     let at = |h: u32, a: u32, c: u32| (h as usize * n + a as usize) * d as usize + c as usize;
@@ -202,7 +236,17 @@ pub fn phase3(b: &mut Builder, inputs: &mut Inputs, p: &Problem, t0: usize, rows
                 let vb = inputs.get(b, Tensor::V, h, bc, c, pe);
                 let out = b.computed();
                 let acc = ys[at(h, a, c)].replace(out);
-                b.work(pe, t, 3, Work::Mac { a: wv, b: vb, acc, out });
+                b.work(
+                    pe,
+                    t,
+                    3,
+                    Work::Mac {
+                        a: wv,
+                        b: vb,
+                        acc,
+                        out,
+                    },
+                );
                 if j + 1 < d {
                     b.send(pe, t, wv);
                 }

@@ -34,7 +34,12 @@ pub fn execute<D: Domain>(
         if !manifest.inputs.contains_key(name) {
             return Err(ExecError(format!(
                 "this layer takes no input named `{name}` (it takes: {})",
-                manifest.inputs.keys().cloned().collect::<Vec<_>>().join(", ")
+                manifest
+                    .inputs
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
     }
@@ -56,7 +61,9 @@ pub fn execute<D: Domain>(
                 .map_err(|e| ExecError(format!("preloading `{name}`: {e}")))?;
         }
     }
-    let stats = machine.run(observer).map_err(|f| ExecError(f.to_string()))?;
+    let stats = machine
+        .run(observer)
+        .map_err(|f| ExecError(f.to_string()))?;
     let mut outputs = BTreeMap::new();
     for (name, placement) in &manifest.outputs {
         let mut vals = Vec::with_capacity(placement.pe.len());
@@ -115,14 +122,19 @@ pub fn random_inputs(manifest: &Manifest, seed: u64) -> BTreeMap<String, Vec<f32
         .inputs
         .iter()
         .map(|(name, p)| {
-            let vals = (0..p.pe.len()).map(|_| StandardNormal.sample(&mut rng)).collect();
+            let vals = (0..p.pe.len())
+                .map(|_| StandardNormal.sample(&mut rng))
+                .collect();
             (name.clone(), vals)
         })
         .collect()
 }
 
 /// The reference output `y` for `inputs` under the manifest's layer.
-pub fn reference_output(manifest: &Manifest, inputs: &BTreeMap<String, Vec<f32>>) -> Option<Vec<f64>> {
+pub fn reference_output(
+    manifest: &Manifest,
+    inputs: &BTreeMap<String, Vec<f32>>,
+) -> Option<Vec<f64>> {
     let l = &manifest.layer;
     let layer = crate::reference::RefLayer {
         heads: l.heads as usize,
@@ -143,5 +155,8 @@ pub fn max_abs_err(got: &[f32], want: &[f64]) -> f64 {
     got.iter()
         .zip(want)
         .map(|(&g, &w)| (f64::from(g) - w).abs())
-        .fold(0.0, |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) })
+        .fold(
+            0.0,
+            |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) },
+        )
 }

@@ -54,7 +54,11 @@ pub enum NodeData {
     /// One head's `[tokens, dim]` slice of an input tensor, preloaded into PE memories.
     Input { tensor: Tensor, head: u32 },
     /// `w'[i][j] = lhs_i · rhs_j`, with the mask applied (masked elements do not exist).
-    Scores { lhs: Node, rhs: Node, mask: MaskKind },
+    Scores {
+        lhs: Node,
+        rhs: Node,
+        mask: MaskKind,
+    },
     /// Row softmax of `exp(scale · w')`.
     Softmax { scores: Node, scale: f64 },
     /// `y_i = Σ_j w[i][j] · values_j`.
@@ -123,7 +127,12 @@ impl fmt::Display for Graph {
         for (id, node) in &self.nodes {
             let rhs = match node {
                 NodeData::Input { tensor, head } => {
-                    format!("input {}[{head}] : [{}x{}]", tensor.name(), self.tokens, self.dim)
+                    format!(
+                        "input {}[{head}] : [{}x{}]",
+                        tensor.name(),
+                        self.tokens,
+                        self.dim
+                    )
                 }
                 NodeData::Scores { lhs, rhs, mask } => {
                     let m = match mask {

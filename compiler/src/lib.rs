@@ -80,7 +80,8 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         dump = Some(facts.to_string());
     }
     let problem = facts.problem;
-    let candidates = select::run(&problem, opts.pes, opts.schedule).map_err(CompileError::Refused)?;
+    let candidates =
+        select::run(&problem, opts.pes, opts.schedule).map_err(CompileError::Refused)?;
     if wants(select::NAME) {
         let names: Vec<String> = candidates.iter().map(|a| a.to_string()).collect();
         dump = Some(format!("candidates: {}", names.join("; ")));
@@ -103,7 +104,14 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     }
     let emitted = codegen::run(&schedule).map_err(|e| CompileError::Internal(e.to_string()))?;
     if wants(codegen::NAME) {
-        dump = Some(emitted.programs.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n"));
+        dump = Some(
+            emitted
+                .programs
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        );
     }
     let manifest = build_manifest(layer, &problem, opts.pes, &schedule, &emitted);
     Ok(Compiled {
@@ -121,7 +129,11 @@ fn build_manifest(
     schedule: &schedule::RingSchedule,
     emitted: &codegen::Emitted,
 ) -> Manifest {
-    let (h, n, d) = (problem.heads as usize, problem.tokens as usize, problem.dim as usize);
+    let (h, n, d) = (
+        problem.heads as usize,
+        problem.tokens as usize,
+        problem.dim as usize,
+    );
     let empty = || Placement {
         shape: vec![h, n, d],
         pe: vec![0; h * n * d],
@@ -147,7 +159,12 @@ fn build_manifest(
             tokens: problem.tokens,
             dim: problem.dim,
             heads: problem.heads,
-            qkv: if problem.symmetric { "shared" } else { "separate" }.into(),
+            qkv: if problem.symmetric {
+                "shared"
+            } else {
+                "separate"
+            }
+            .into(),
             mask: if problem.causal { "causal" } else { "none" }.into(),
             scale: problem.scale,
         },

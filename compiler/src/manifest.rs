@@ -98,11 +98,15 @@ impl Manifest {
     /// Parses and checks a manifest: version, sizes and every placement entry in range.
     pub fn from_json(text: &str) -> Result<Manifest, ManifestError> {
         // Check the version before the full shape so an old or future file gets the right message.
-        let raw: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| ManifestError(format!("not valid JSON: {e}")))?;
+        let raw: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| ManifestError(format!("not valid JSON: {e}")))?;
         match raw.get("format").and_then(|f| f.as_str()) {
             Some(FORMAT) => {}
-            _ => return Err(ManifestError(format!("not an {FORMAT} file (missing \"format\": \"{FORMAT}\")"))),
+            _ => {
+                return Err(ManifestError(format!(
+                    "not an {FORMAT} file (missing \"format\": \"{FORMAT}\")"
+                )))
+            }
         }
         match raw.get("format_version").and_then(|v| v.as_u64()) {
             Some(v) if v == u64::from(FORMAT_VERSION) => {}
@@ -113,8 +117,8 @@ impl Manifest {
             }
             None => return Err(ManifestError("missing \"format_version\"".into())),
         }
-        let m: Manifest =
-            serde_json::from_value(raw).map_err(|e| ManifestError(format!("malformed manifest: {e}")))?;
+        let m: Manifest = serde_json::from_value(raw)
+            .map_err(|e| ManifestError(format!("malformed manifest: {e}")))?;
         m.validate()?;
         Ok(m)
     }
@@ -125,17 +129,27 @@ impl Manifest {
             return err("pes is 0".into());
         }
         if self.mem_words.len() != self.pes as usize || self.files.len() != self.pes as usize {
-            return err(format!("expected {} entries in mem_words and files", self.pes));
+            return err(format!(
+                "expected {} entries in mem_words and files",
+                self.pes
+            ));
         }
         for (i, f) in self.files.iter().enumerate() {
             if f.pe as usize != i || !safe_name(&f.text) || !safe_name(&f.binary) {
                 return err(format!("bad file entry for PE {i}"));
             }
         }
-        let (h, n, d) = (self.layer.heads as usize, self.layer.tokens as usize, self.layer.dim as usize);
+        let (h, n, d) = (
+            self.layer.heads as usize,
+            self.layer.tokens as usize,
+            self.layer.dim as usize,
+        );
         for (name, p) in self.inputs.iter().chain(&self.outputs) {
             if p.shape != [h, n, d] {
-                return err(format!("tensor {name}: shape {:?} does not match the layer", p.shape));
+                return err(format!(
+                    "tensor {name}: shape {:?} does not match the layer",
+                    p.shape
+                ));
             }
             let len = h * n * d;
             if p.pe.len() != len || p.addr.len() != len {
@@ -143,7 +157,9 @@ impl Manifest {
             }
             for (&pe, &addr) in p.pe.iter().zip(&p.addr) {
                 if pe >= self.pes || addr >= self.mem_words[pe as usize] {
-                    return err(format!("tensor {name}: placement (PE {pe}, m{addr}) out of range"));
+                    return err(format!(
+                        "tensor {name}: placement (PE {pe}, m{addr}) out of range"
+                    ));
                 }
             }
         }

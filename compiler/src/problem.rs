@@ -87,13 +87,24 @@ impl Inputs {
 
     /// The value of `role[head][row][col]`; created on `pe` the first time it is asked for.
     /// Asking again with another PE is a placement bug.
-    pub fn get(&mut self, b: &mut Builder, role: Tensor, head: u32, row: u32, col: u32, pe: u32) -> Val {
+    pub fn get(
+        &mut self,
+        b: &mut Builder,
+        role: Tensor,
+        head: u32,
+        row: u32,
+        col: u32,
+        pe: u32,
+    ) -> Val {
         let element = Element {
             tensor: self.problem.tensor_for(role),
             head,
             row,
             col,
         };
-        *self.vals.entry(element).or_insert_with(|| b.input(element, pe))
+        *self
+            .vals
+            .entry(element)
+            .or_insert_with(|| b.input(element, pe))
     }
 }

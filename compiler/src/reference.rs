@@ -48,7 +48,10 @@ mod tests {
             scale: 1.0,
             causal: false,
         };
-        assert_eq!(attention(&l, &[1.0, 2.0], &[3.0, 4.0], &[5.0, -6.0]), vec![5.0, -6.0]);
+        assert_eq!(
+            attention(&l, &[1.0, 2.0], &[3.0, 4.0], &[5.0, -6.0]),
+            vec![5.0, -6.0]
+        );
     }
 
     #[test]

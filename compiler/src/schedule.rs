@@ -248,7 +248,14 @@ impl std::fmt::Display for RingSchedule {
         )?;
         for (val, info) in self.vals.iter() {
             if let ValInfo::Input { element: e, pe } = info {
-                writeln!(f, "    {val} = {}[{}][{}][{}] @ pe{pe}", e.tensor.name(), e.head, e.row, e.col)?;
+                writeln!(
+                    f,
+                    "    {val} = {}[{}][{}][{}] @ pe{pe}",
+                    e.tensor.name(),
+                    e.head,
+                    e.row,
+                    e.col
+                )?;
             }
         }
         for t in 0..self.cycles() {

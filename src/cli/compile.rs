@@ -44,7 +44,8 @@ fn parse_choice(s: &str) -> Result<Choice, String> {
 }
 
 pub fn run(args: &CompileArgs) -> Result<(), String> {
-    let bytes = std::fs::read(&args.file).map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
+    let bytes = std::fs::read(&args.file)
+        .map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
     let name = args.file.display().to_string();
     let parsed = lang::parse_bytes(0, &bytes);
     let source = String::from_utf8_lossy(&bytes).into_owned();
@@ -88,19 +89,30 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             schedule: args.schedule,
             dump_after: dump_after.clone(),
         };
-        let compiled = compiler::compile(layer, &opts).map_err(|e| explain(e, layer, &name, &source))?;
+        let compiled =
+            compiler::compile(layer, &opts).map_err(|e| explain(e, layer, &name, &source))?;
         if let Some(d) = &compiled.dump {
             println!("{d}");
         }
         if args.emit == Some(Emit::Manifest) {
             println!("{}", compiled.manifest.to_json());
         }
-        let sub = if several { PathBuf::from(&layer.name) } else { PathBuf::new() };
+        let sub = if several {
+            PathBuf::from(&layer.name)
+        } else {
+            PathBuf::new()
+        };
         for p in &compiled.programs {
-            files.push((sub.join(format!("pe{}.s", p.pe)), p.to_string().into_bytes()));
+            files.push((
+                sub.join(format!("pe{}.s", p.pe)),
+                p.to_string().into_bytes(),
+            ));
             files.push((sub.join(format!("pe{}.bin", p.pe)), isa::encode(p)));
         }
-        files.push((sub.join("manifest.json"), compiled.manifest.to_json().into_bytes()));
+        files.push((
+            sub.join("manifest.json"),
+            compiled.manifest.to_json().into_bytes(),
+        ));
         if !printing {
             let m = &compiled.manifest;
             eprintln!(
@@ -141,9 +153,10 @@ fn explain(e: CompileError, layer: &lang::Layer, name: &str, source: &str) -> St
     };
     let diag = Diagnostic::error()
         .with_message(format!("cannot schedule layer `{}`", layer.name))
-        .with_labels(vec![Label::primary(0, layer.field_span(field)).with_message(r.message.clone())])
+        .with_labels(vec![
+            Label::primary(0, layer.field_span(field)).with_message(r.message.clone())
+        ])
         .with_notes(vec![r.note.clone()]);
     eprint!("{}", lang::render(name, source, &[diag]));
     format!("{name}: could not compile due to the error above")
 }
-

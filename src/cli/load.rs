@@ -18,19 +18,23 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, String> {
     }
     let mpath = dir.join("manifest.json");
     let text = fs::read(&mpath).map_err(|e| format!("cannot read {}: {e}", mpath.display()))?;
-    let text = String::from_utf8(text).map_err(|_| format!("{}: not UTF-8 text", mpath.display()))?;
+    let text =
+        String::from_utf8(text).map_err(|_| format!("{}: not UTF-8 text", mpath.display()))?;
     let manifest = Manifest::from_json(&text).map_err(|e| format!("{}: {e}", mpath.display()))?;
     let all_binary = manifest.files.iter().all(|f| dir.join(&f.binary).is_file());
     let mut programs = Vec::with_capacity(manifest.files.len());
     for f in &manifest.files {
         let program = if all_binary {
             let path = dir.join(&f.binary);
-            let bytes = fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let bytes =
+                fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             isa::decode(&bytes).map_err(|e| format!("{}: {e}", path.display()))?
         } else {
             let path = dir.join(&f.text);
-            let bytes = fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let text = String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8 text", path.display()))?;
+            let bytes =
+                fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let text = String::from_utf8(bytes)
+                .map_err(|_| format!("{}: not UTF-8 text", path.display()))?;
             isa::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?
         };
         // attnc pads every PE to the full length, so a short program is a cut-off file.
@@ -45,7 +49,8 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, String> {
         }
         programs.push(program);
     }
-    compiler::exec::check_programs(&programs, &manifest).map_err(|e| format!("{}: {e}", dir.display()))?;
+    compiler::exec::check_programs(&programs, &manifest)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(Loaded {
         manifest,
         programs,

@@ -9,7 +9,10 @@ pub fn read_f32(bytes: &[u8]) -> Result<(Vec<u64>, Vec<f32>), String> {
     let ok = matches!(&dtype, npyz::DType::Plain(ts)
         if ts.type_char() == npyz::TypeChar::Float && ts.size_field() == 4);
     if !ok {
-        return Err(format!("dtype is {}, expected float32 (<f4)", dtype.descr()));
+        return Err(format!(
+            "dtype is {}, expected float32 (<f4)",
+            dtype.descr()
+        ));
     }
     if file.order() != npyz::Order::C {
         return Err("array is in Fortran order, expected C order".into());
@@ -20,7 +23,10 @@ pub fn read_f32(bytes: &[u8]) -> Result<(Vec<u64>, Vec<f32>), String> {
         .into_vec()
         .map_err(|e| format!("cannot read the data ({e}); is the file truncated?"))?;
     if data.len() != len {
-        return Err(format!("file holds {} of {len} elements (truncated)", data.len()));
+        return Err(format!(
+            "file holds {} of {len} elements (truncated)",
+            data.len()
+        ));
     }
     Ok((shape, data))
 }
@@ -35,14 +41,21 @@ pub fn write_f32(shape: &[u64], data: &[f32]) -> Vec<u8> {
             .writer(&mut out)
             .begin_nd()
             .expect("writing to memory cannot fail");
-        w.extend(data.iter().copied()).expect("writing to memory cannot fail");
+        w.extend(data.iter().copied())
+            .expect("writing to memory cannot fail");
         w.finish().expect("writing to memory cannot fail");
     }
     out
 }
 
 /// Accepts `[heads, tokens, dim]`, or `[tokens, dim]` when there is one head.
-pub fn check_shape(name: &str, shape: &[u64], heads: u32, tokens: u32, dim: u32) -> Result<(), String> {
+pub fn check_shape(
+    name: &str,
+    shape: &[u64],
+    heads: u32,
+    tokens: u32,
+    dim: u32,
+) -> Result<(), String> {
     let full = [u64::from(heads), u64::from(tokens), u64::from(dim)];
     if shape == full || (heads == 1 && shape == &full[1..]) {
         Ok(())
@@ -52,6 +65,8 @@ pub fn check_shape(name: &str, shape: &[u64], heads: u32, tokens: u32, dim: u32)
         } else {
             String::new()
         };
-        Err(format!("input `{name}` has shape {shape:?}, the layer needs {full:?}{hint}"))
+        Err(format!(
+            "input `{name}` has shape {shape:?}, the layer needs {full:?}{hint}"
+        ))
     }
 }

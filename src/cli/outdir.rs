@@ -24,7 +24,12 @@ pub fn write_atomically(dir: &Path, files: &Files) -> Result<(), String> {
     let staging = tempfile::Builder::new()
         .prefix(".attnc-out-")
         .tempdir_in(&parent)
-        .map_err(|e| format!("cannot create a staging directory in {}: {e}", parent.display()))?;
+        .map_err(|e| {
+            format!(
+                "cannot create a staging directory in {}: {e}",
+                parent.display()
+            )
+        })?;
     for (rel, bytes) in files {
         let path = staging.path().join(rel);
         if let Some(p) = path.parent() {
@@ -44,12 +49,18 @@ pub fn write_atomically(dir: &Path, files: &Files) -> Result<(), String> {
         if let Err(e) = fs::rename(&staged, dir) {
             fs::rename(&old, dir).ok();
             fs::remove_dir_all(&staged).ok();
-            return Err(format!("cannot move the output into {}: {e}", dir.display()));
+            return Err(format!(
+                "cannot move the output into {}: {e}",
+                dir.display()
+            ));
         }
         fs::remove_dir_all(&old).ok();
     } else if let Err(e) = fs::rename(&staged, dir) {
         fs::remove_dir_all(&staged).ok();
-        return Err(format!("cannot move the output into {}: {e}", dir.display()));
+        return Err(format!(
+            "cannot move the output into {}: {e}",
+            dir.display()
+        ));
     }
     Ok(())
 }
@@ -61,5 +72,7 @@ fn replaceable(dir: &Path) -> bool {
     let entries: Vec<_> = entries.flatten().collect();
     entries.is_empty()
         || dir.join("manifest.json").is_file()
-        || entries.iter().all(|e| e.path().join("manifest.json").is_file())
+        || entries
+            .iter()
+            .all(|e| e.path().join("manifest.json").is_file())
 }

@@ -34,13 +34,23 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     } else {
         read_inputs(&args.inputs, m)?
     };
-    let outcome = exec::execute(isa::F32Domain, loaded.programs, m, &inputs, &mut isa::NoObserver)
-        .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+    let outcome = exec::execute(
+        isa::F32Domain,
+        loaded.programs,
+        m,
+        &inputs,
+        &mut isa::NoObserver,
+    )
+    .map_err(|e| format!("{}: {e}", args.dir.display()))?;
     let y = &outcome.outputs["y"];
     let reference = exec::reference_output(m, &inputs);
     let err = reference.as_ref().map(|r| exec::max_abs_err(y, r));
     if let Some(path) = &args.output {
-        let (h, n, d) = (m.layer.heads as u64, m.layer.tokens as u64, m.layer.dim as u64);
+        let (h, n, d) = (
+            m.layer.heads as u64,
+            m.layer.tokens as u64,
+            m.layer.dim as u64,
+        );
         std::fs::write(path, npy::write_f32(&[h, n, d], y))
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
@@ -66,7 +76,10 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
         });
         println!("{obj}");
     } else {
-        println!("layer: {} ({} PEs, schedule {})", m.layer.name, m.pes, m.schedule);
+        println!(
+            "layer: {} ({} PEs, schedule {})",
+            m.layer.name, m.pes, m.schedule
+        );
         println!("cycles: {}", stats.cycles);
         println!("lower_bound: {} (cycles/LB {:.4})", m.lower_bound, ratio);
         println!(
@@ -78,7 +91,10 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             total(|p| p.send)
         );
         println!("utilization: {:.4}", stats.utilization());
-        println!("mem_words: max {} per PE", m.mem_words.iter().max().unwrap_or(&0));
+        println!(
+            "mem_words: max {} per PE",
+            m.mem_words.iter().max().unwrap_or(&0)
+        );
         if let Some(e) = err {
             println!("max_abs_err: {e:.3e} (tolerance {:.0e})", args.tolerance);
         }
@@ -92,7 +108,10 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     }
 }
 
-fn read_inputs(specs: &[String], m: &compiler::manifest::Manifest) -> Result<BTreeMap<String, Vec<f32>>, String> {
+fn read_inputs(
+    specs: &[String],
+    m: &compiler::manifest::Manifest,
+) -> Result<BTreeMap<String, Vec<f32>>, String> {
     let mut inputs = BTreeMap::new();
     for spec in specs {
         let (name, file) = spec
@@ -108,14 +127,17 @@ fn read_inputs(specs: &[String], m: &compiler::manifest::Manifest) -> Result<BTr
         }
         let bytes = std::fs::read(file).map_err(|e| format!("cannot read {file}: {e}"))?;
         let (shape, data) = npy::read_f32(&bytes).map_err(|e| format!("{file}: {e}"))?;
-        npy::check_shape(name, &shape, m.layer.heads, m.layer.tokens, m.layer.dim).map_err(|e| format!("{file}: {e}"))?;
+        npy::check_shape(name, &shape, m.layer.heads, m.layer.tokens, m.layer.dim)
+            .map_err(|e| format!("{file}: {e}"))?;
         if inputs.insert(name.to_string(), data).is_some() {
             return Err(format!("input `{name}` given twice"));
         }
     }
     for name in m.inputs.keys() {
         if !inputs.contains_key(name) {
-            return Err(format!("missing --input {name}=FILE.npy (give all inputs, or none for random ones)"));
+            return Err(format!(
+                "missing --input {name}=FILE.npy (give all inputs, or none for random ones)"
+            ));
         }
     }
     Ok(inputs)

@@ -54,10 +54,17 @@ pub fn run_emitted(c: &Compiled, seed: u64) -> RunResult {
             isa::parse(&text).expect("text round trip")
         })
         .collect();
-    let manifest = compiler::manifest::Manifest::from_json(&c.manifest.to_json()).expect("manifest round trip");
+    let manifest = compiler::manifest::Manifest::from_json(&c.manifest.to_json())
+        .expect("manifest round trip");
     let inputs = compiler::exec::random_inputs(&manifest, seed);
-    let out = compiler::exec::execute(isa::F32Domain, programs, &manifest, &inputs, &mut isa::NoObserver)
-        .unwrap_or_else(|e| panic!("execution failed: {e}"));
+    let out = compiler::exec::execute(
+        isa::F32Domain,
+        programs,
+        &manifest,
+        &inputs,
+        &mut isa::NoObserver,
+    )
+    .unwrap_or_else(|e| panic!("execution failed: {e}"));
     let want = compiler::exec::reference_output(&manifest, &inputs).unwrap();
     RunResult {
         cycles: out.stats.cycles,
@@ -67,5 +74,5 @@ pub fn run_emitted(c: &Compiled, seed: u64) -> RunResult {
 }
 
 pub fn divisors(n: u32) -> Vec<u32> {
-    (1..=n).filter(|m| n % m == 0).collect()
+    (1..=n).filter(|m| n.is_multiple_of(*m)).collect()
 }

@@ -1,1 +1,569 @@
-//! placeholder
+//! Symbolic verifier for attnc's emitted microcode.
+//!
+//! [`verify`] runs the per-PE programs on the ISA's own interpreter ([`isa::Machine`], driven by
+//! [`compiler::exec::execute`], the path `attnc run` uses) over a symbolic domain: every word holds
+//! an interned expression over the input elements instead of a number. Products are commutative
+//! (operands sorted) and sums are flattened multisets of terms (sorted term lists), so every
+//! summation order and every data movement yields the same canonical expression, and nothing else
+//! does. At the end each output element's expression id is compared with the attention formula
+//! (DESIGN.md §3) built in the same interner:
+//!
+//! ```text
+//! y[h][i][c] = Σ_j  ( exp(s·Σ_c' q[h][i][c']·k[h][j][c']) / Σ_j' exp(s·Σ_c' q[h][i][c']·k[h][j'][c']) ) · v[h][j][c]
+//! ```
+//!
+//! with `j, j' ≤ i` under a causal mask, `s = manifest.layer.scale as f32` (the `exp` immediate
+//! must carry exactly these bits) and `q = k = v = x` for a shared layer. Equal ids mean the
+//! program computes that function for all inputs (over the reals; f32 rounding differs only by
+//! summation order).
+//!
+//! # Invariants
+//!
+//! All are checked on every run and every violation is collected (listed up to a cap per
+//! invariant, counted in full); see [`Invariant`]:
+//!
+//! * `manifest` — the layer fields are supported (`qkv` shared/separate, `mask` causal/none,
+//!   non-zero sizes), inputs are exactly `x` (shared) or `q`, `k`, `v` (separate), the only
+//!   output is `y`, every placement has `heads·tokens·dim` entries inside the ring and memories,
+//!   and `necessary_ops` and `lower_bound` equal DESIGN.md §4's counts.
+//! * `setup` — the programs are the ones the manifest describes ([`compiler::exec::check_programs`]:
+//!   PE numbering, `mem_words`, `cycles` = longest program).
+//! * `placement` — no two input elements share a word; no two output elements share a word; every
+//!   output word was last written by the programs (not left holding a preload, not unwritten).
+//! * `fault` — the machine runs to the end: no read of a never-written word, no address outside a
+//!   PE's declared memory (memory use within the declared size), no write conflict, no slot misuse.
+//!   The machine stops at the first fault, so at most one is reported and the output checks are
+//!   skipped.
+//! * `output` — every output element equals the formula above.
+//! * `masked` — under a causal mask no `mul`, `exp` or `div` forms an expression that involves a
+//!   masked score: a product `q_i[c]·k_j[c]` with `j > i`, a masked score sum or exponential, a
+//!   denominator over a whole row, a weight `exp_ij / Z_i` with `j > i`, or anything built from
+//!   one of these (taint propagates through every operation and partial sum).
+//! * `unnecessary-op` — every `mul`, `exp` and `div` result is a subexpression of some expected
+//!   output (this is how an op on wrong operands is located).
+//! * `duplicate-op` — no product (phase 1 or phase 3) or quotient is computed twice; for a shared
+//!   layer this means each distinct phase-1 product `x_a[c]·x_b[c]` is computed once. An
+//!   exponential may be computed once per row whose denominator uses it (twice for `exp(s·x_a·x_b)`,
+//!   `a ≠ b`, in a shared unmasked layer, since rows `a` and `b` both need it).
+//! * `op-count` — executed `mul` (phase 1: product of two inputs; phase 3: the rest), `exp` and
+//!   `div` counts equal the necessary counts of DESIGN.md §4 per kind (and so their total equals
+//!   `manifest.necessary_ops`), and equal the manifest's `ops` claims.
+//! * `lost-value` — a word written by a PE's own op or acc slot is read before it is overwritten
+//!   or the run ends, unless it is an output element's final word.
+//! * `unread-transfer` — likewise for a word received over the ring.
+//! * `unused-input` — every preloaded input word is read before it is overwritten or the run ends.
+//!
+//! Each violation names the PE, cycle and bundle text where that makes sense, and the invariant.
+//! Wrong outputs show the expected and found expressions abbreviated, descending to the first
+//! subexpression where they differ.
+
+mod expr;
+mod report;
+mod spec;
+mod sym;
+
+pub use expr::{ExprId, Interner, Style, Tensor};
+pub use report::{Invariant, OpTally, Report, Stats, Violation};
+pub use spec::{Necessary, Shape};
+
+use compiler::manifest::Manifest;
+use expr::FxMap;
+use isa::Program;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::time::Instant;
+use sym::{Origin, Run, Sink, Sym, Watch};
+
+/// How much to report.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Violations listed per invariant (all are counted).
+    pub max_per_invariant: usize,
+    /// Violations listed in total.
+    pub max_listed: usize,
+    /// Abbreviation of expressions in messages.
+    pub style: Style,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_per_invariant: 10,
+            max_listed: 50,
+            style: Style::default(),
+        }
+    }
+}
+
+/// Verifies `programs` (one per PE, in PE order) against `manifest` with default options.
+pub fn verify(programs: &[Program], manifest: &Manifest) -> Report {
+    verify_with(programs, manifest, &Options::default())
+}
+
+/// Verifies `programs` against `manifest`. Never panics, whatever the inputs.
+pub fn verify_with(programs: &[Program], manifest: &Manifest, opts: &Options) -> Report {
+    let start = Instant::now();
+    let mut v = Verification {
+        sink: Sink::new(opts.max_per_invariant),
+        checked: Vec::new(),
+        stats: Stats::default(),
+        proved: None,
+    };
+    v.run(programs, manifest, opts);
+    v.stats.time = start.elapsed();
+    v.finish(opts)
+}
+
+struct Verification {
+    sink: Sink,
+    checked: Vec<Invariant>,
+    stats: Stats,
+    proved: Option<String>,
+}
+
+fn plain(inv: Invariant, message: String) -> Violation {
+    Violation {
+        invariant: inv,
+        pe: None,
+        cycle: None,
+        instruction: None,
+        message,
+    }
+}
+
+impl Verification {
+    fn fail(&mut self, inv: Invariant, message: String) {
+        self.sink.report(inv, || plain(inv, message));
+    }
+
+    fn check(&mut self, inv: Invariant) {
+        if !self.checked.contains(&inv) {
+            self.checked.push(inv);
+        }
+    }
+
+    fn finish(self, opts: &Options) -> Report {
+        let mut kept = self.sink.kept;
+        let mut violations = Vec::new();
+        for inv in Invariant::ALL {
+            if let Some(vs) = kept.remove(&inv) {
+                violations.extend(vs);
+            }
+        }
+        violations.truncate(opts.max_listed);
+        let counts: BTreeMap<Invariant, usize> = self.sink.counts.into_iter().collect();
+        let ok = counts.values().all(|&n| n == 0);
+        let mut checked = self.checked;
+        checked.sort();
+        Report {
+            proved: if ok { self.proved } else { None },
+            violations,
+            counts,
+            checked,
+            stats: self.stats,
+        }
+    }
+
+    /// Reads the layer from the manifest, or reports why it cannot.
+    fn shape(&mut self, m: &Manifest) -> Option<Shape> {
+        self.check(Invariant::Manifest);
+        let before = self.sink.total();
+        let l = &m.layer;
+        let shared = match l.qkv.as_str() {
+            "shared" => true,
+            "separate" => false,
+            other => {
+                self.fail(
+                    Invariant::Manifest,
+                    format!("layer.qkv is `{other}`; expected `shared` or `separate`"),
+                );
+                false
+            }
+        };
+        let causal = match l.mask.as_str() {
+            "causal" => true,
+            "none" => false,
+            other => {
+                self.fail(
+                    Invariant::Manifest,
+                    format!("layer.mask is `{other}`; expected `causal` or `none`"),
+                );
+                false
+            }
+        };
+        if l.heads == 0 || l.tokens == 0 || l.dim == 0 {
+            self.fail(
+                Invariant::Manifest,
+                format!(
+                    "layer sizes must be positive (heads {}, tokens {}, dim {})",
+                    l.heads, l.tokens, l.dim
+                ),
+            );
+        }
+        let scale = l.scale as f32;
+        if !scale.is_finite() {
+            self.fail(
+                Invariant::Manifest,
+                format!("layer.scale {} is not a finite f32", l.scale),
+            );
+        }
+        let shape = Shape {
+            heads: l.heads,
+            tokens: l.tokens,
+            dim: l.dim,
+            shared,
+            causal,
+            scale,
+        };
+        let want: &[&str] = if shared { &["x"] } else { &["k", "q", "v"] };
+        let have: Vec<&str> = m.inputs.keys().map(String::as_str).collect();
+        if have != want {
+            self.fail(
+                Invariant::Manifest,
+                format!(
+                    "a {} layer takes inputs {}, the manifest places {}",
+                    l.qkv,
+                    want.join(", "),
+                    if have.is_empty() {
+                        "none".to_string()
+                    } else {
+                        have.join(", ")
+                    }
+                ),
+            );
+        }
+        let outs: Vec<&str> = m.outputs.keys().map(String::as_str).collect();
+        if outs != ["y"] {
+            self.fail(
+                Invariant::Manifest,
+                format!(
+                    "the only output must be `y`, the manifest places {}",
+                    outs.join(", ")
+                ),
+            );
+        }
+        let len = shape.tensor_len();
+        let dims = [l.heads as usize, l.tokens as usize, l.dim as usize];
+        for (name, p) in m.inputs.iter().chain(&m.outputs) {
+            if p.shape != dims || Some(p.pe.len()) != len || Some(p.addr.len()) != len {
+                self.fail(
+                    Invariant::Manifest,
+                    format!(
+                        "tensor `{name}`: placement of shape {:?} with {} PEs and {} addresses; the layer needs shape {dims:?}",
+                        p.shape,
+                        p.pe.len(),
+                        p.addr.len()
+                    ),
+                );
+                continue;
+            }
+            for (i, (&pe, &addr)) in p.pe.iter().zip(&p.addr).enumerate() {
+                let words = m.mem_words.get(pe as usize).copied();
+                if pe >= m.pes || words.is_none_or(|w| addr >= w) {
+                    self.fail(
+                        Invariant::Manifest,
+                        format!(
+                            "tensor `{name}` element {} is placed at PE {pe}, m{addr}, outside the ring or that PE's memory",
+                            element_name(&shape, i)
+                        ),
+                    );
+                }
+            }
+        }
+        match shape.necessary() {
+            None => self.fail(
+                Invariant::Manifest,
+                "the layer is too large to count its operations".into(),
+            ),
+            Some(need) => {
+                if m.necessary_ops != need.total() {
+                    self.fail(
+                        Invariant::Manifest,
+                        format!(
+                            "necessary_ops is {}, but the layer needs {} (phase-1 mul {}, exp {}, div {}, phase-3 mul {})",
+                            m.necessary_ops,
+                            need.total(),
+                            need.phase1_mul,
+                            need.exp,
+                            need.div,
+                            need.phase3_mul
+                        ),
+                    );
+                }
+                let lb = if m.pes == 0 {
+                    None
+                } else {
+                    Some(need.total().div_ceil(u64::from(m.pes)))
+                };
+                if lb != Some(m.lower_bound) {
+                    self.fail(
+                        Invariant::Manifest,
+                        format!(
+                            "lower_bound is {}, but ceil(necessary ops / PEs) is {}",
+                            m.lower_bound,
+                            lb.map_or("undefined".into(), |b| b.to_string())
+                        ),
+                    );
+                }
+            }
+        }
+        (self.sink.total() == before).then_some(shape)
+    }
+
+    fn run(&mut self, programs: &[Program], m: &Manifest, opts: &Options) {
+        let Some(shape) = self.shape(m) else { return };
+        self.check(Invariant::Setup);
+        if let Err(e) = compiler::exec::check_programs(programs, m) {
+            self.fail(Invariant::Setup, e.0);
+            return;
+        }
+        // The specification grows with the necessary work; a program shorter than that work
+        // cannot be correct, and refusing it here keeps a hostile manifest from making the
+        // verifier build an enormous specification.
+        self.check(Invariant::OpCount);
+        let need = shape.necessary().unwrap_or_default();
+        let slots: u64 = programs.iter().map(|p| p.bundles.len() as u64).sum();
+        if need.total() > slots {
+            self.fail(
+                Invariant::OpCount,
+                format!(
+                    "the layer needs {} operations but the programs have only {slots} bundles",
+                    need.total()
+                ),
+            );
+            return;
+        }
+
+        self.check(Invariant::Placement);
+        let mut inputs_at: FxMap<(u32, u32), String> = FxMap::default();
+        for (name, p) in &m.inputs {
+            for (i, (&pe, &addr)) in p.pe.iter().zip(&p.addr).enumerate() {
+                let here = format!("{name}{}", element_name(&shape, i));
+                if let Some(prev) = inputs_at.get(&(pe, addr)) {
+                    let msg = format!("inputs {prev} and {here} are both placed at m{addr}");
+                    self.sink.report(Invariant::Placement, || Violation {
+                        pe: Some(pe),
+                        ..plain(Invariant::Placement, msg)
+                    });
+                } else {
+                    inputs_at.insert((pe, addr), here);
+                }
+            }
+        }
+        let y = &m.outputs["y"];
+        let mut outputs_at: FxMap<(u32, u32), usize> = FxMap::default();
+        for (i, (&pe, &addr)) in y.pe.iter().zip(&y.addr).enumerate() {
+            if let Some(&prev) = outputs_at.get(&(pe, addr)) {
+                let msg = format!(
+                    "outputs y{} and y{} are both placed at m{addr}",
+                    element_name(&shape, prev),
+                    element_name(&shape, i)
+                );
+                self.sink.report(Invariant::Placement, || Violation {
+                    pe: Some(pe),
+                    ..plain(Invariant::Placement, msg)
+                });
+            } else {
+                outputs_at.insert((pe, addr), i);
+            }
+        }
+
+        let Some(mut words) = Run::alloc_words(programs) else {
+            self.fail(
+                Invariant::Setup,
+                "a PE's declared memory is too large to allocate".into(),
+            );
+            return;
+        };
+        for p in m.inputs.values() {
+            for (&pe, &addr) in p.pe.iter().zip(&p.addr) {
+                // In range: checked with the manifest above.
+                words[pe as usize][addr as usize].origin = Origin::Input;
+            }
+        }
+
+        let mut ex = Interner::new();
+        let spec = spec::build(&mut ex, &shape);
+        let style = Style {
+            heads: shape.heads > 1,
+            ..opts.style
+        };
+        let sink = std::mem::replace(&mut self.sink, Sink::new(0));
+        let state = RefCell::new(Run::new(
+            ex,
+            style,
+            programs,
+            words,
+            spec.exp_uses,
+            sink,
+        ));
+        for inv in [
+            Invariant::Fault,
+            Invariant::Masked,
+            Invariant::Unnecessary,
+            Invariant::Duplicate,
+            Invariant::LostValue,
+            Invariant::UnreadTransfer,
+            Invariant::UnusedInput,
+        ] {
+            self.check(inv);
+        }
+        let result = compiler::exec::execute(
+            Sym(&state),
+            programs.to_vec(),
+            m,
+            &spec.inputs,
+            &mut Watch(&state),
+        );
+        let mut run = state.into_inner();
+
+        let completed = match result {
+            Ok(outcome) => {
+                self.stats.cycles = outcome.stats.cycles;
+                self.check(Invariant::Output);
+                let found = outcome.outputs.get("y").map_or(&[][..], Vec::as_slice);
+                for (i, (&want, &got)) in spec.outputs.iter().zip(found).enumerate() {
+                    let got = run.ex.canonical(got);
+                    if got != want {
+                        let (pe, addr) = (y.pe[i], y.addr[i]);
+                        let (ex, style) = (&run.ex, &run.style);
+                        run.sink.report(Invariant::Output, || Violation {
+                            pe: Some(pe),
+                            ..plain(
+                                Invariant::Output,
+                                format!(
+                                    "y{} at m{addr}: {}\n      expected: {}\n      found:    {}",
+                                    element_name(&shape, i),
+                                    ex.explain(want, got, style),
+                                    ex.pretty(want, style),
+                                    ex.pretty(got, style)
+                                ),
+                            )
+                        });
+                    }
+                }
+                true
+            }
+            Err(e) => match parse_fault(&e.0) {
+                Some((pe, cycle, bundle, kind)) => {
+                    self.stats.cycles = cycle;
+                    let instruction = sym::bundle_text(programs, pe, cycle).or(Some(bundle));
+                    run.sink.report(Invariant::Fault, || Violation {
+                        invariant: Invariant::Fault,
+                        pe: Some(pe),
+                        cycle: Some(cycle),
+                        instruction,
+                        message: kind,
+                    });
+                    false
+                }
+                // The run finished but an output word was never written; the placement check
+                // below names every such word.
+                None if e.0.starts_with("output `") => {
+                    self.stats.cycles = m.cycles;
+                    true
+                }
+                None => {
+                    run.sink.report(Invariant::Setup, || plain(Invariant::Setup, e.0));
+                    false
+                }
+            },
+        };
+
+        if completed {
+            for (i, (&pe, &addr)) in y.pe.iter().zip(&y.addr).enumerate() {
+                let origin = run.words[pe as usize][addr as usize].origin;
+                if matches!(origin, Origin::Empty | Origin::Input) {
+                    let what = if origin == Origin::Empty {
+                        "never written"
+                    } else {
+                        "still holds a preloaded input"
+                    };
+                    run.sink.report(Invariant::Placement, || Violation {
+                        pe: Some(pe),
+                        ..plain(
+                            Invariant::Placement,
+                            format!("output y{} at m{addr} is {what}", element_name(&shape, i)),
+                        )
+                    });
+                }
+            }
+            run.leftovers(|pe, addr| outputs_at.contains_key(&(pe, addr)));
+            self.count_ops(&mut run.sink, &run.tally, &need, m);
+        }
+
+        self.stats.ops = run.tally;
+        self.stats.expressions = run.ex.len();
+        self.stats.sum_terms = run.ex.term_pool_len();
+        self.stats.output_elements = spec.outputs.len();
+        self.sink = run.sink;
+        self.proved = Some(format!(
+            "for all inputs, y = attention({}, mask = {}, scale = {:?}) for {} head(s) × {} tokens × dim {}, on {} PEs in {} cycles, with exactly the {} necessary operations (mul {} + {}, exp {}, div {})",
+            if shape.shared { "q = k = v = x" } else { "q, k, v" },
+            m.layer.mask,
+            shape.scale,
+            shape.heads,
+            shape.tokens,
+            shape.dim,
+            m.pes,
+            m.cycles,
+            need.total(),
+            need.phase1_mul,
+            need.phase3_mul,
+            need.exp,
+            need.div
+        ));
+    }
+
+    fn count_ops(&self, sink: &mut Sink, got: &OpTally, need: &Necessary, m: &Manifest) {
+        let rows = [
+            ("phase-1 mul", got.phase1_mul, need.phase1_mul, m.ops.phase1_mac),
+            ("exp", got.exp, need.exp, m.ops.phase2_exp),
+            ("div", got.div, need.div, m.ops.phase2_div),
+            ("phase-3 mul", got.phase3_mul, need.phase3_mul, m.ops.phase3_mac),
+        ];
+        for (what, got, need, claim) in rows {
+            if got != need {
+                sink.report(Invariant::OpCount, || {
+                    plain(
+                        Invariant::OpCount,
+                        format!("executed {got} {what}, the layer needs exactly {need}"),
+                    )
+                });
+            }
+            if got != claim {
+                sink.report(Invariant::OpCount, || {
+                    plain(
+                        Invariant::OpCount,
+                        format!("executed {got} {what}, the manifest's ops claim {claim}"),
+                    )
+                });
+            }
+        }
+    }
+}
+
+/// `[h][i][c]` of flat index `i` in C order.
+fn element_name(shape: &Shape, i: usize) -> String {
+    let (n, d) = (shape.tokens as usize, shape.dim as usize);
+    if n == 0 || d == 0 {
+        return format!("[{i}]");
+    }
+    format!("[{}][{}][{}]", i / (n * d), i / d % n, i % d)
+}
+
+/// Splits the machine's fault text, `PE p, cycle c (bundle b: TEXT): KIND` (docs/isa.md), into
+/// its parts; `execute` passes faults on only as text.
+fn parse_fault(s: &str) -> Option<(u32, u64, String, String)> {
+    let rest = s.strip_prefix("PE ")?;
+    let (pe, rest) = rest.split_once(", cycle ")?;
+    let (cycle, rest) = rest.split_once(" (bundle ")?;
+    let (_, rest) = rest.split_once(": ")?;
+    let (bundle, kind) = rest.split_once("): ")?;
+    Some((
+        pe.parse().ok()?,
+        cycle.parse().ok()?,
+        bundle.to_string(),
+        kind.to_string(),
+    ))
+}

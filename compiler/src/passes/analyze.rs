@@ -50,19 +50,20 @@ pub fn run(g: &Graph) -> Result<Facts, AnalyzeError> {
         }
     }
     // The schedulers treat all heads alike, so every head must carry the same facts.
-    let per_kind = |pick: fn(&NodeFacts) -> bool, kind: fn(&NodeData) -> bool| -> Result<bool, AnalyzeError> {
-        let vals: Vec<bool> = g
-            .nodes
-            .iter()
-            .filter(|(_, n)| kind(n))
-            .map(|(id, _)| pick(&nodes[id]))
-            .collect();
-        match vals.first() {
-            Some(&first) if vals.iter().all(|&v| v == first) => Ok(first),
-            Some(_) => Err(AnalyzeError("heads differ in structure".into())),
-            None => Err(AnalyzeError("the graph has no head".into())),
-        }
-    };
+    let per_kind =
+        |pick: fn(&NodeFacts) -> bool, kind: fn(&NodeData) -> bool| -> Result<bool, AnalyzeError> {
+            let vals: Vec<bool> = g
+                .nodes
+                .iter()
+                .filter(|(_, n)| kind(n))
+                .map(|(id, _)| pick(&nodes[id]))
+                .collect();
+            match vals.first() {
+                Some(&first) if vals.iter().all(|&v| v == first) => Ok(first),
+                Some(_) => Err(AnalyzeError("heads differ in structure".into())),
+                None => Err(AnalyzeError("the graph has no head".into())),
+            }
+        };
     let is_scores = |n: &NodeData| matches!(n, NodeData::Scores { .. });
     let is_wsum = |n: &NodeData| matches!(n, NodeData::WeightedSum { .. });
     let problem = Problem {

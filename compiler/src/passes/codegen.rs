@@ -14,7 +14,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 pub const NAME: &str = "codegen";
-pub const DESCRIPTION: &str = "allocate per-PE memory for every value's lifetime and emit microcode";
+pub const DESCRIPTION: &str =
+    "allocate per-PE memory for every value's lifetime and emit microcode";
 
 /// Microcode for every PE plus where inputs and outputs live.
 #[derive(Clone, Debug)]
@@ -108,16 +109,20 @@ pub fn run(s: &RingSchedule) -> Result<Emitted, CodegenError> {
             pes[*pe as usize].start(val, 0, true);
         }
     }
-    let output_at: HashMap<(u32, Val), ()> = s.outputs.iter().map(|&(_, pe, v)| ((pe, v), ())).collect();
+    let output_at: HashMap<(u32, Val), ()> =
+        s.outputs.iter().map(|&(_, pe, v)| ((pe, v), ())).collect();
 
     // Discover lifetimes in time order; reads extend the lifetime they fall in.
-    let read = |pes: &mut Vec<PeLives>, pe: usize, val: Val, t: usize| -> Result<(), CodegenError> {
-        let i = pes[pe].at(val, t).ok_or_else(|| {
-            CodegenError(format!("PE {pe} reads {val} at cycle {t} but it is not there"))
-        })?;
-        pes[pe].lives[i].end = Some(t);
-        Ok(())
-    };
+    let read =
+        |pes: &mut Vec<PeLives>, pe: usize, val: Val, t: usize| -> Result<(), CodegenError> {
+            let i = pes[pe].at(val, t).ok_or_else(|| {
+                CodegenError(format!(
+                    "PE {pe} reads {val} at cycle {t} but it is not there"
+                ))
+            })?;
+            pes[pe].lives[i].end = Some(t);
+            Ok(())
+        };
     for t in 0..cycles {
         for pe in 0..m {
             let slot = s.slots[pe][t];
@@ -172,16 +177,18 @@ pub fn run(s: &RingSchedule) -> Result<Emitted, CodegenError> {
     let mut inputs = Vec::new();
     for (val, info) in s.vals.iter() {
         if let ValInfo::Input { element, pe } = *info {
-            let life = pes[pe as usize].starting(val, 0).expect("inputs start at cycle 0");
+            let life = pes[pe as usize]
+                .starting(val, 0)
+                .expect("inputs start at cycle 0");
             inputs.push((element, pe, life.addr));
         }
     }
     let mut outputs = Vec::new();
     for &(element, pe, val) in &s.outputs {
         let lives = &pes[pe as usize];
-        let i = lives.at(val, cycles).ok_or_else(|| {
-            CodegenError(format!("output {val} is not on PE {pe} at the end"))
-        })?;
+        let i = lives
+            .at(val, cycles)
+            .ok_or_else(|| CodegenError(format!("output {val} is not on PE {pe} at the end")))?;
         outputs.push((element, pe, lives.lives[i].addr));
     }
     Ok(Emitted {
@@ -230,7 +237,13 @@ fn allocate(lives: &mut [Life]) -> u32 {
     words
 }
 
-fn bundle(here: &PeLives, next: &PeLives, slot: Slot, pe: usize, t: usize) -> Result<Bundle, CodegenError> {
+fn bundle(
+    here: &PeLives,
+    next: &PeLives,
+    slot: Slot,
+    pe: usize,
+    t: usize,
+) -> Result<Bundle, CodegenError> {
     let addr = |v: Val| -> Result<Addr, CodegenError> {
         here.at(v, t)
             .map(|i| here.lives[i].addr)

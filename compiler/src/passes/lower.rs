@@ -14,7 +14,8 @@ pub fn run(layer: &Layer) -> Graph {
         Mask::Causal => MaskKind::Causal,
     };
     for head in 0..layer.heads {
-        let input = |nodes: &mut PrimaryMap<_, _>, tensor| nodes.push(NodeData::Input { tensor, head });
+        let input =
+            |nodes: &mut PrimaryMap<_, _>, tensor| nodes.push(NodeData::Input { tensor, head });
         let (q, k, v) = match layer.qkv {
             // One input node used three times: the sharing is visible to analysis as operand
             // identity, not as a flag copied from the DSL.
@@ -28,7 +29,11 @@ pub fn run(layer: &Layer) -> Graph {
                 input(&mut nodes, Tensor::V),
             ),
         };
-        let scores = nodes.push(NodeData::Scores { lhs: q, rhs: k, mask });
+        let scores = nodes.push(NodeData::Scores {
+            lhs: q,
+            rhs: k,
+            mask,
+        });
         let weights = nodes.push(NodeData::Softmax {
             scores,
             scale: layer.scale,

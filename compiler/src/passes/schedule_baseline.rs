@@ -23,17 +23,18 @@ use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, Element, RingSchedule, Val, Work};
 
 pub const NAME: &str = "schedule-baseline";
-pub const DESCRIPTION: &str = "the paper's Algorithm 1: column-cyclic data, travelling partial sums";
+pub const DESCRIPTION: &str =
+    "the paper's Algorithm 1: column-cyclic data, travelling partial sums";
 
 /// Why the baseline cannot schedule a shape.
 pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
-    if p.tokens % pes != 0 {
+    if !p.tokens.is_multiple_of(pes) {
         return Some(format!(
             "the baseline schedule needs the number of PEs to divide `tokens` ({} is not a multiple of {pes})",
             p.tokens
         ));
     }
-    if p.dim % pes != 0 {
+    if !p.dim.is_multiple_of(pes) {
         return Some(format!(
             "the baseline schedule needs the number of PEs to divide `dim` ({} is not a multiple of {pes})",
             p.dim
@@ -80,7 +81,17 @@ fn head(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usize) {
                     let kb = inputs.get(b, Tensor::K, h, bcol as u32, c as u32, pe as u32);
                     let out = b.computed();
                     let acc = partial[a][bcol].replace(out);
-                    b.work(pe as u32, t, 1, Work::Mac { a: qa, b: kb, acc, out });
+                    b.work(
+                        pe as u32,
+                        t,
+                        1,
+                        Work::Mac {
+                            a: qa,
+                            b: kb,
+                            acc,
+                            out,
+                        },
+                    );
                     if j + 1 < d {
                         b.send(pe as u32, t, out);
                     } else {
@@ -106,7 +117,18 @@ fn head(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usize) {
                 if let Some(x) = scores[a][bcol] {
                     let (e, sum) = (b.computed(), b.computed());
                     let acc = sums[a].replace(sum);
-                    b.work(pe as u32, t, 2, Work::Exp { x, scale, acc, e, sum });
+                    b.work(
+                        pe as u32,
+                        t,
+                        2,
+                        Work::Exp {
+                            x,
+                            scale,
+                            acc,
+                            e,
+                            sum,
+                        },
+                    );
                     exps[a][bcol] = Some(e);
                 }
                 // The last hop carries the finished sum to where step 2 starts the row.
@@ -119,7 +141,12 @@ fn head(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usize) {
     // Step 2 carries each sum only as far as its row's last division.
     let column_at = |a: usize, j: usize| rot(((a + j) % m) as isize + 1) + m * (j / m);
     let last_div: Vec<usize> = (0..n)
-        .map(|a| (0..n).rev().find(|&j| exps[a][column_at(a, j)].is_some()).unwrap_or(0))
+        .map(|a| {
+            (0..n)
+                .rev()
+                .find(|&j| exps[a][column_at(a, j)].is_some())
+                .unwrap_or(0)
+        })
         .collect();
     let mut weights: Vec<Vec<Option<Val>>> = vec![vec![None; n]; n];
     for blk in 0..nb {
@@ -155,7 +182,17 @@ fn head(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usize) {
                     let vb = inputs.get(b, Tensor::V, h, bcol as u32, c as u32, pe as u32);
                     let out = b.computed();
                     let acc = ys[a][c].replace(out);
-                    b.work(pe as u32, t, 3, Work::Mac { a: w, b: vb, acc, out });
+                    b.work(
+                        pe as u32,
+                        t,
+                        3,
+                        Work::Mac {
+                            a: w,
+                            b: vb,
+                            acc,
+                            out,
+                        },
+                    );
                     if j + 1 < d {
                         b.send(pe as u32, t, w);
                     }

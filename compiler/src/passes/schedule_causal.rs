@@ -14,17 +14,18 @@ use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, RingSchedule};
 
 pub const NAME: &str = "schedule-causal";
-pub const DESCRIPTION: &str = "causal mask: only unmasked scores in every phase, paired placement (Algorithm 3)";
+pub const DESCRIPTION: &str =
+    "causal mask: only unmasked scores in every phase, paired placement (Algorithm 3)";
 
 /// The pair schedules' shape constraints.
 pub fn check_shape(p: &Problem, pes: u32) -> Option<String> {
-    if p.tokens % pes != 0 {
+    if !p.tokens.is_multiple_of(pes) {
         return Some(format!(
             "this schedule needs the number of PEs to divide `tokens` ({} is not a multiple of {pes})",
             p.tokens
         ));
     }
-    if p.dim % pes != 0 {
+    if !p.dim.is_multiple_of(pes) {
         return Some(format!(
             "this schedule needs the number of PEs to divide `dim` ({} is not a multiple of {pes})",
             p.dim
@@ -84,7 +85,9 @@ pub fn run(p: &Problem, pes: u32) -> RingSchedule {
     let mut rows = empty_rows(p, pes);
     let n = p.tokens as usize;
     for (ch, &v) in pairs.iter().zip(&scores) {
-        rows[ch.head as usize * n + ch.a as usize].scores.push((ch.b, v, ch.end));
+        rows[ch.head as usize * n + ch.a as usize]
+            .scores
+            .push((ch.b, v, ch.end));
     }
     let (weights, t2) = chains::phase2(&mut b, p, t1, &rows);
     chains::phase3(&mut b, &mut inputs, p, t2, &weights);

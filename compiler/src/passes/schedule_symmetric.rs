@@ -19,7 +19,8 @@ use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, RingSchedule};
 
 pub const NAME: &str = "schedule-symmetric";
-pub const DESCRIPTION: &str = "q = k = v: compute each distinct score once, Latin-square placement (Algorithm 2)";
+pub const DESCRIPTION: &str =
+    "q = k = v: compute each distinct score once, Latin-square placement (Algorithm 2)";
 
 pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     if !p.symmetric {

@@ -111,7 +111,11 @@ fn candidates(p: &Problem) -> Vec<Algorithm> {
 }
 
 fn shape_refusal(p: &Problem, pes: u32, why: String) -> Refusal {
-    let culprit = if p.tokens % pes != 0 { Culprit::Tokens } else { Culprit::Dim };
+    let culprit = if !p.tokens.is_multiple_of(pes) {
+        Culprit::Tokens
+    } else {
+        Culprit::Dim
+    };
     Refusal {
         culprit,
         message: why,
@@ -137,7 +141,8 @@ pub fn run(p: &Problem, pes: u32, choice: Choice) -> Result<Vec<Algorithm>, Refu
                 Algorithm::Symmetric if !p.symmetric => Refusal {
                     culprit: Culprit::Qkv,
                     message: why,
-                    note: "`--schedule symmetric` applies only to layers with `qkv = shared`".into(),
+                    note: "`--schedule symmetric` applies only to layers with `qkv = shared`"
+                        .into(),
                 },
                 Algorithm::Causal if !p.causal => Refusal {
                     culprit: Culprit::Mask,
@@ -149,7 +154,11 @@ pub fn run(p: &Problem, pes: u32, choice: Choice) -> Result<Vec<Algorithm>, Refu
         };
     }
     let all = candidates(p);
-    let ok: Vec<Algorithm> = all.iter().copied().filter(|a| a.unsupported(p, pes).is_none()).collect();
+    let ok: Vec<Algorithm> = all
+        .iter()
+        .copied()
+        .filter(|a| a.unsupported(p, pes).is_none())
+        .collect();
     if ok.is_empty() {
         let why = all[0].unsupported(p, pes).unwrap_or_default();
         return Err(shape_refusal(p, pes, why));

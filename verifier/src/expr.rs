@@ -1,0 +1,536 @@
+//! Hash-consed symbolic expressions over the layer's input elements.
+//!
+//! Two expressions are the same real-valued function of the inputs (up to commutativity of `·` and
+//! associativity/commutativity of `+`) exactly when their canonical ids are equal, so comparing an
+//! output with its specification is one integer comparison.
+//!
+//! Partial sums are the bulk of what a program computes (every step of every multiply-accumulate
+//! chain), yet almost none of them is ever compared with anything. They are therefore kept as
+//! cheap, non-canonical [`Node::Chain`] cells (one per `add`), and turned into a canonical sorted
+//! [`Node::Sum`] only when used as an operand of `mul`/`exp`/`div` or read as an output. That keeps
+//! the cost of an `add` constant instead of linear in the length of the sum.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+pub type ExprId = u32;
+
+/// Which input tensor an atom belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tensor {
+    Q,
+    K,
+    V,
+    X,
+}
+
+impl Tensor {
+    pub fn name(self) -> &'static str {
+        match self {
+            Tensor::Q => "q",
+            Tensor::K => "k",
+            Tensor::V => "v",
+            Tensor::X => "x",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Tensor> {
+        match s {
+            "q" => Some(Tensor::Q),
+            "k" => Some(Tensor::K),
+            "v" => Some(Tensor::V),
+            "x" => Some(Tensor::X),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Node {
+    /// Element `[head][row][col]` of an input tensor.
+    Input {
+        tensor: Tensor,
+        head: u32,
+        row: u32,
+        col: u32,
+    },
+    /// Operands sorted, so `a·b` and `b·a` are one node.
+    Mul(ExprId, ExprId),
+    /// `exp(scale · a)`; the scale is kept as f32 bits so that only the exact immediate matches.
+    Exp(ExprId, u32),
+    Div(ExprId, ExprId),
+    /// A canonical sum of at least two terms: `len` sorted term ids at `start` in the term pool.
+    /// No term is itself a sum.
+    Sum { start: u32, len: u32 },
+    /// A partial sum as the accumulator built it: `prev + term`. Never hash-consed.
+    Chain { prev: ExprId, term: ExprId },
+}
+
+/// A fast non-cryptographic hasher for integer keys (the FxHash mixing step); the keys are ids
+/// the verifier made itself, so there is nothing adversarial to defend against.
+#[derive(Default, Clone, Copy)]
+pub struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.add(u64::from(b));
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+}
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// Bits in [`Interner::flags`].
+pub const NEEDED: u8 = 1;
+/// The node is, or is built from, work that the causal mask removes.
+pub const MASKED: u8 = 2;
+
+pub struct Interner {
+    nodes: Vec<Node>,
+    flags: Vec<u8>,
+    terms: Vec<ExprId>,
+    index: FxMap<Node, ExprId>,
+    sums: FxMap<Box<[ExprId]>, ExprId>,
+    /// Canonical form of chains already canonicalized: a denominator is used by a whole row of
+    /// divisions, and walking it each time would make that quadratic.
+    canon: FxMap<ExprId, ExprId>,
+    scratch: Vec<ExprId>,
+}
+
+impl Default for Interner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Interner {
+    pub fn new() -> Self {
+        Interner {
+            nodes: Vec::new(),
+            flags: Vec::new(),
+            terms: Vec::new(),
+            index: FxMap::default(),
+            sums: FxMap::default(),
+            canon: FxMap::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Total length of all canonical sums' term lists.
+    pub fn term_pool_len(&self) -> usize {
+        self.terms.len()
+    }
+
+    pub fn node(&self, id: ExprId) -> Node {
+        self.nodes[id as usize]
+    }
+
+    pub fn flags(&self, id: ExprId) -> u8 {
+        self.flags[id as usize]
+    }
+
+    pub fn set_flag(&mut self, id: ExprId, flag: u8) {
+        self.flags[id as usize] |= flag;
+    }
+
+    /// The sorted terms of a canonical sum; empty for anything else.
+    pub fn sum_terms(&self, id: ExprId) -> &[ExprId] {
+        match self.node(id) {
+            Node::Sum { start, len } => &self.terms[start as usize..(start + len) as usize],
+            _ => &[],
+        }
+    }
+
+    fn push(&mut self, node: Node, flags: u8) -> ExprId {
+        let id = self.nodes.len() as ExprId;
+        self.nodes.push(node);
+        self.flags.push(flags);
+        id
+    }
+
+    /// Hash-conses a node that is neither a sum nor a chain. A new node inherits the mask taint of
+    /// its operands.
+    fn intern(&mut self, node: Node, operands: &[ExprId]) -> ExprId {
+        if let Some(&id) = self.index.get(&node) {
+            return id;
+        }
+        let taint = operands.iter().fold(0, |f, &o| f | (self.flags(o) & MASKED));
+        let id = self.push(node, taint);
+        self.index.insert(node, id);
+        id
+    }
+
+    pub fn input(&mut self, tensor: Tensor, head: u32, row: u32, col: u32) -> ExprId {
+        self.intern(
+            Node::Input {
+                tensor,
+                head,
+                row,
+                col,
+            },
+            &[],
+        )
+    }
+
+    pub fn mul(&mut self, a: ExprId, b: ExprId) -> ExprId {
+        let (a, b) = (self.canonical(a), self.canonical(b));
+        let (a, b) = if a <= b { (a, b) } else { (b, a) };
+        self.intern(Node::Mul(a, b), &[a, b])
+    }
+
+    pub fn exp(&mut self, a: ExprId, scale: f32) -> ExprId {
+        let a = self.canonical(a);
+        self.intern(Node::Exp(a, scale.to_bits()), &[a])
+    }
+
+    pub fn div(&mut self, a: ExprId, b: ExprId) -> ExprId {
+        let (a, b) = (self.canonical(a), self.canonical(b));
+        self.intern(Node::Div(a, b), &[a, b])
+    }
+
+    /// `a + b` as the accumulator builds it: O(1), not canonical.
+    pub fn add(&mut self, a: ExprId, b: ExprId) -> ExprId {
+        if let Node::Chain { .. } | Node::Sum { .. } = self.node(b) {
+            // The machine only ever adds an op result (never a sum) to a word; should a sum turn
+            // up here anyway, adding its terms one by one keeps chains flat.
+            let mut terms = Vec::new();
+            self.collect_terms(b, &mut terms);
+            return terms.into_iter().fold(a, |acc, t| self.add(acc, t));
+        }
+        let taint = (self.flags(a) | self.flags(b)) & MASKED;
+        self.push(Node::Chain { prev: a, term: b }, taint)
+    }
+
+    /// The canonical sum of `terms` (any order); a single term is itself.
+    pub fn sum(&mut self, terms: &[ExprId]) -> ExprId {
+        let mut all = std::mem::take(&mut self.scratch);
+        all.clear();
+        for &t in terms {
+            self.collect_terms(t, &mut all);
+        }
+        let id = self.sum_of_collected(&mut all);
+        self.scratch = all;
+        id
+    }
+
+    fn sum_of_collected(&mut self, all: &mut [ExprId]) -> ExprId {
+        if all.len() == 1 {
+            return all[0];
+        }
+        all.sort_unstable();
+        if let Some(&id) = self.sums.get(&*all) {
+            return id;
+        }
+        let taint = all.iter().fold(0, |f, &t| f | (self.flags(t) & MASKED));
+        let start = self.terms.len() as u32;
+        self.terms.extend_from_slice(all);
+        let id = self.push(
+            Node::Sum {
+                start,
+                len: all.len() as u32,
+            },
+            taint,
+        );
+        self.sums.insert(all.to_vec().into_boxed_slice(), id);
+        id
+    }
+
+    /// Appends the leaves of `id` as a sum (chains and sums flattened).
+    fn collect_terms(&self, mut id: ExprId, out: &mut Vec<ExprId>) {
+        loop {
+            match self.node(id) {
+                Node::Chain { prev, term } => {
+                    self.collect_terms(term, out);
+                    id = prev;
+                }
+                Node::Sum { start, len } => {
+                    out.extend_from_slice(&self.terms[start as usize..(start + len) as usize]);
+                    return;
+                }
+                _ => {
+                    out.push(id);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The canonical form of a value: chains become sums, everything else is already canonical.
+    pub fn canonical(&mut self, id: ExprId) -> ExprId {
+        if !matches!(self.node(id), Node::Chain { .. }) {
+            return id;
+        }
+        if let Some(&c) = self.canon.get(&id) {
+            return c;
+        }
+        let mut all = std::mem::take(&mut self.scratch);
+        all.clear();
+        self.collect_terms(id, &mut all);
+        let c = self.sum_of_collected(&mut all);
+        self.scratch = all;
+        self.canon.insert(id, c);
+        c
+    }
+
+    /// Text for `id`, abbreviated: below `depth` levels subexpressions print as `…`, and a sum
+    /// shows at most `width` terms.
+    pub fn pretty(&self, id: ExprId, style: &Style) -> String {
+        let mut s = String::new();
+        self.write(id, style, style.depth, &mut s);
+        s
+    }
+
+    fn write(&self, id: ExprId, style: &Style, depth: usize, out: &mut String) {
+        use std::fmt::Write;
+        match self.node(id) {
+            Node::Input {
+                tensor,
+                head,
+                row,
+                col,
+            } => {
+                if style.heads {
+                    let _ = write!(out, "{}{head}:{row}.{col}", tensor.name());
+                } else {
+                    let _ = write!(out, "{}{row}.{col}", tensor.name());
+                }
+            }
+            _ if depth == 0 => out.push('…'),
+            Node::Mul(a, b) => {
+                self.write(a, style, depth - 1, out);
+                out.push('·');
+                self.write(b, style, depth - 1, out);
+            }
+            Node::Exp(a, bits) => {
+                let _ = write!(out, "exp({:?}·", f32::from_bits(bits));
+                self.write(a, style, depth - 1, out);
+                out.push(')');
+            }
+            Node::Div(a, b) => {
+                out.push('(');
+                self.write(a, style, depth - 1, out);
+                out.push_str(" / ");
+                self.write(b, style, depth - 1, out);
+                out.push(')');
+            }
+            Node::Sum { .. } | Node::Chain { .. } => {
+                let mut terms = Vec::new();
+                self.collect_terms(id, &mut terms);
+                if matches!(self.node(id), Node::Chain { .. }) {
+                    terms.sort_unstable();
+                }
+                let _ = write!(out, "Σ[{} terms](", terms.len());
+                for (i, &t) in terms.iter().take(style.width).enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    self.write(t, style, depth - 1, out);
+                }
+                if terms.len() > style.width {
+                    out.push_str(", …");
+                }
+                out.push(')');
+            }
+        }
+    }
+
+    /// Explains how `found` differs from `expected` by descending to the first place they part:
+    /// through operands that differ alone, and through sums that differ in one term each.
+    pub fn explain(&self, expected: ExprId, found: ExprId, style: &Style) -> String {
+        let (mut e, mut f) = (expected, found);
+        let mut path = Vec::new();
+        loop {
+            match (self.node(e), self.node(f)) {
+                (Node::Mul(a1, b1), Node::Mul(a2, b2)) => {
+                    if a1 == a2 && b1 != b2 {
+                        (e, f) = (b1, b2);
+                    } else if b1 == b2 && a1 != a2 {
+                        (e, f) = (a1, a2);
+                    } else if a1 == b2 && b1 != a2 {
+                        (e, f) = (b1, a2);
+                    } else if b1 == a2 && a1 != b2 {
+                        (e, f) = (a1, b2);
+                    } else {
+                        break;
+                    }
+                    path.push("in a factor");
+                }
+                (Node::Div(a1, b1), Node::Div(a2, b2)) if a1 == a2 || b1 == b2 => {
+                    if a1 == a2 {
+                        (e, f) = (b1, b2);
+                        path.push("in the denominator");
+                    } else {
+                        (e, f) = (a1, a2);
+                        path.push("in the numerator");
+                    }
+                }
+                (Node::Exp(a1, s1), Node::Exp(a2, s2)) if s1 == s2 => {
+                    (e, f) = (a1, a2);
+                    path.push("in the exponent");
+                }
+                (Node::Sum { .. }, Node::Sum { .. }) => {
+                    let (missing, extra) = multiset_diff(self.sum_terms(e), self.sum_terms(f));
+                    if missing.len() == 1 && extra.len() == 1 {
+                        (e, f) = (missing[0], extra[0]);
+                        path.push("in one term of a sum");
+                        continue;
+                    }
+                    let list = |ts: &[ExprId]| {
+                        let mut s: Vec<String> = ts
+                            .iter()
+                            .take(style.width)
+                            .map(|&t| self.pretty(t, style))
+                            .collect();
+                        if ts.len() > style.width {
+                            s.push(format!("… {} more", ts.len() - style.width));
+                        }
+                        s.join(", ")
+                    };
+                    let mut parts = Vec::new();
+                    if !missing.is_empty() {
+                        parts.push(format!("missing {} term(s): {}", missing.len(), list(&missing)));
+                    }
+                    if !extra.is_empty() {
+                        parts.push(format!("extra {} term(s): {}", extra.len(), list(&extra)));
+                    }
+                    return with_path(&path, parts.join("; "));
+                }
+                _ => break,
+            }
+        }
+        with_path(
+            &path,
+            format!(
+                "expected {}, found {}",
+                self.pretty(e, style),
+                self.pretty(f, style)
+            ),
+        )
+    }
+}
+
+fn with_path(path: &[&str], msg: String) -> String {
+    if path.is_empty() {
+        msg
+    } else {
+        format!("{}: {msg}", path.join(", "))
+    }
+}
+
+/// Terms of sorted `a` not in `b` and of sorted `b` not in `a`, with multiplicity.
+fn multiset_diff(a: &[ExprId], b: &[ExprId]) -> (Vec<ExprId>, Vec<ExprId>) {
+    let (mut i, mut j) = (0, 0);
+    let (mut only_a, mut only_b) = (Vec::new(), Vec::new());
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => {
+                only_a.push(a[i]);
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                only_b.push(b[j]);
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    only_a.extend_from_slice(&a[i..]);
+    only_b.extend_from_slice(&b[j..]);
+    (only_a, only_b)
+}
+
+/// How [`Interner::pretty`] abbreviates.
+#[derive(Clone, Copy, Debug)]
+pub struct Style {
+    pub depth: usize,
+    pub width: usize,
+    /// Print the head in atoms (`q1:2.0`); off for single-head layers (`q2.0`).
+    pub heads: bool,
+}
+
+impl Default for Style {
+    fn default() -> Self {
+        Style {
+            depth: 4,
+            width: 3,
+            heads: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_are_multisets_and_products_commute() {
+        let mut ex = Interner::new();
+        let a = ex.input(Tensor::Q, 0, 0, 0);
+        let b = ex.input(Tensor::K, 0, 1, 0);
+        let c = ex.input(Tensor::V, 0, 2, 0);
+        assert_eq!(ex.mul(a, b), ex.mul(b, a));
+        let ab = ex.add(a, b);
+        let abc = ex.add(ab, c);
+        let cb = ex.add(c, b);
+        let cba = ex.add(cb, a);
+        assert_ne!(abc, cba);
+        assert_eq!(ex.canonical(abc), ex.canonical(cba));
+        assert_eq!(ex.canonical(abc), ex.sum(&[b, c, a]));
+        // Multiplicity counts: a + a + b is not a + b.
+        let aa = ex.add(a, a);
+        let aab = ex.add(aa, b);
+        assert_ne!(ex.canonical(aab), ex.canonical(ab));
+        assert_eq!(ex.sum(&[a]), a);
+        // Scale bits matter.
+        assert_ne!(ex.exp(a, 0.5), ex.exp(a, 0.25));
+    }
+
+    #[test]
+    fn explain_finds_the_differing_term() {
+        let mut ex = Interner::new();
+        let q: Vec<_> = (0..3).map(|c| ex.input(Tensor::Q, 0, 0, c)).collect();
+        let k: Vec<_> = (0..3).map(|c| ex.input(Tensor::K, 0, 1, c)).collect();
+        let p: Vec<_> = (0..3).map(|c| ex.mul(q[c], k[c])).collect();
+        let wrong = ex.mul(q[2], k[1]);
+        let good = ex.sum(&p);
+        let bad = ex.sum(&[p[0], p[1], wrong]);
+        let (eg, eb) = (ex.exp(good, 0.5), ex.exp(bad, 0.5));
+        let msg = ex.explain(eg, eb, &Style::default());
+        assert!(msg.contains("in the exponent"), "{msg}");
+        assert!(msg.contains("expected q0.2·k1.2, found q0.2·k1.1"), "{msg}");
+    }
+}

@@ -1,0 +1,206 @@
+//! The specification: the expected expression of every output element, built in the same interner
+//! the programs' execution uses, plus the work a causal mask removes.
+
+use crate::expr::{ExprId, FxMap, Interner, Node, Tensor, MASKED, NEEDED};
+use std::collections::BTreeMap;
+
+/// The layer as the verifier reads it from the manifest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Shape {
+    pub heads: u32,
+    pub tokens: u32,
+    pub dim: u32,
+    /// q = k = v = x.
+    pub shared: bool,
+    pub causal: bool,
+    /// The `exp` immediate every exponential must carry.
+    pub scale: f32,
+}
+
+/// Operation counts a correct program performs, summed over heads (DESIGN.md §4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Necessary {
+    pub phase1_mul: u64,
+    pub exp: u64,
+    pub div: u64,
+    pub phase3_mul: u64,
+}
+
+impl Necessary {
+    pub fn total(&self) -> u64 {
+        self.phase1_mul + self.exp + self.div + self.phase3_mul
+    }
+}
+
+impl Shape {
+    /// Elements of one tensor; `None` on overflow.
+    pub fn tensor_len(&self) -> Option<usize> {
+        (self.heads as usize)
+            .checked_mul(self.tokens as usize)?
+            .checked_mul(self.dim as usize)
+    }
+
+    /// `None` on overflow, which no real layer reaches.
+    pub fn necessary(&self) -> Option<Necessary> {
+        let (h, n, d) = (
+            u64::from(self.heads),
+            u64::from(self.tokens),
+            u64::from(self.dim),
+        );
+        let pairs = n.checked_mul(n + 1)? / 2;
+        let weights = if self.causal { pairs } else { n.checked_mul(n)? };
+        // For a shared layer q_i·k_j = q_j·k_i, so only unordered pairs are distinct; under a
+        // causal mask each unmasked weight already is one unordered pair.
+        let distinct = if self.shared && !self.causal {
+            pairs
+        } else {
+            weights
+        };
+        let hd = h.checked_mul(d)?;
+        Some(Necessary {
+            phase1_mul: hd.checked_mul(distinct)?,
+            exp: h.checked_mul(weights)?,
+            div: h.checked_mul(weights)?,
+            phase3_mul: hd.checked_mul(weights)?,
+        })
+    }
+
+    fn unmasked(&self, i: u32, j: u32) -> bool {
+        !self.causal || j <= i
+    }
+}
+
+pub struct Spec {
+    /// Expected `y`, flat in C order over `[heads, tokens, dim]`.
+    pub outputs: Vec<ExprId>,
+    /// The atoms to preload, per input tensor name, flat in C order.
+    pub inputs: BTreeMap<String, Vec<ExprId>>,
+    /// How many rows divide each needed exponential: a shared layer's `exp(s·x_i·x_j)` serves
+    /// rows `i` and `j`, so it may be computed once per row.
+    pub exp_uses: FxMap<ExprId, u32>,
+}
+
+/// Builds the specification into `ex`, marks every node it needs [`NEEDED`], and under a causal
+/// mask interns the masked scores, exponentials, denominators and weights and marks them
+/// [`MASKED`], so that any expression a program builds from them inherits the taint.
+pub fn build(ex: &mut Interner, shape: &Shape) -> Spec {
+    let (h, n, d) = (shape.heads, shape.tokens, shape.dim);
+    let roles = if shape.shared {
+        [Tensor::X; 3]
+    } else {
+        [Tensor::Q, Tensor::K, Tensor::V]
+    };
+    let mut inputs = BTreeMap::new();
+    let mut atoms: FxMap<Tensor, Vec<ExprId>> = FxMap::default();
+    for t in roles {
+        if atoms.contains_key(&t) {
+            continue;
+        }
+        let mut v = Vec::new();
+        for head in 0..h {
+            for row in 0..n {
+                for col in 0..d {
+                    v.push(ex.input(t, head, row, col));
+                }
+            }
+        }
+        inputs.insert(t.name().to_string(), v.clone());
+        atoms.insert(t, v);
+    }
+    let at = |t: Tensor, head: u32, row: u32, col: u32| {
+        atoms[&t][((head as usize * n as usize) + row as usize) * d as usize + col as usize]
+    };
+    let [tq, tk, tv] = roles;
+
+    let mut outputs = Vec::with_capacity(shape.tensor_len().unwrap_or(0));
+    let mut exp_uses: FxMap<ExprId, u32> = FxMap::default();
+    let mut terms = Vec::new();
+    let score = |ex: &mut Interner, terms: &mut Vec<ExprId>, head: u32, i: u32, j: u32| {
+        terms.clear();
+        for c in 0..d {
+            let p = ex.mul(at(tq, head, i, c), at(tk, head, j, c));
+            terms.push(p);
+        }
+        ex.sum(terms)
+    };
+    for head in 0..h {
+        for i in 0..n {
+            let js: Vec<u32> = (0..n).filter(|&j| shape.unmasked(i, j)).collect();
+            let exps: Vec<ExprId> = js
+                .iter()
+                .map(|&j| {
+                    let s = score(ex, &mut terms, head, i, j);
+                    ex.exp(s, shape.scale)
+                })
+                .collect();
+            let z = ex.sum(&exps);
+            let weights: Vec<ExprId> = exps
+                .iter()
+                .map(|&e| {
+                    *exp_uses.entry(e).or_default() += 1;
+                    ex.div(e, z)
+                })
+                .collect();
+            for c in 0..d {
+                terms.clear();
+                for (&j, &w) in js.iter().zip(&weights) {
+                    let p = ex.mul(w, at(tv, head, j, c));
+                    terms.push(p);
+                }
+                outputs.push(ex.sum(&terms));
+            }
+        }
+    }
+    mark_needed(ex, &outputs);
+
+    if shape.causal {
+        let first_masked = ex.len() as ExprId;
+        for head in 0..h {
+            for i in 0..n {
+                let mut all = Vec::with_capacity(n as usize);
+                let mut masked = Vec::new();
+                for j in 0..n {
+                    let s = score(ex, &mut terms, head, i, j);
+                    let e = ex.exp(s, shape.scale);
+                    all.push(e);
+                    if !shape.unmasked(i, j) {
+                        masked.push(e);
+                    }
+                }
+                let zc = ex.sum(&all[..=i as usize]);
+                for e in masked {
+                    // In a shared layer e = exp(s·x_i·x_j) is needed by row j, so only the
+                    // quotient says it is used in the wrong row.
+                    ex.div(e, zc);
+                }
+                ex.sum(&all);
+            }
+        }
+        for id in first_masked..ex.len() as ExprId {
+            if ex.flags(id) & NEEDED == 0 {
+                ex.set_flag(id, MASKED);
+            }
+        }
+    }
+    Spec {
+        outputs,
+        inputs,
+        exp_uses,
+    }
+}
+
+fn mark_needed(ex: &mut Interner, roots: &[ExprId]) {
+    let mut stack: Vec<ExprId> = roots.to_vec();
+    while let Some(id) = stack.pop() {
+        if ex.flags(id) & NEEDED != 0 {
+            continue;
+        }
+        ex.set_flag(id, NEEDED);
+        match ex.node(id) {
+            Node::Mul(a, b) | Node::Div(a, b) => stack.extend([a, b]),
+            Node::Exp(a, _) => stack.push(a),
+            Node::Sum { .. } => stack.extend_from_slice(ex.sum_terms(id)),
+            Node::Input { .. } | Node::Chain { .. } => {}
+        }
+    }
+}

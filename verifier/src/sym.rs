@@ -1,0 +1,370 @@
+//! The symbolic [`isa::Domain`] and the [`isa::Observer`] that watches memory traffic, sharing one
+//! state: the machine drives both, so they see the exact execution the numeric interpreter does.
+
+use crate::expr::{ExprId, FxMap, Interner, Node, Style, MASKED, NEEDED};
+use crate::report::{Invariant, OpTally, Violation};
+use isa::{Acc, Addr, Domain, Observer, Op, Program};
+use std::cell::RefCell;
+
+/// What a memory word last received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Empty,
+    Input,
+    /// Written by the PE's own op or acc slot.
+    Computed,
+    /// Arrived over the ring.
+    Received,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Word {
+    pub origin: Origin,
+    /// Cycle of the last write (meaningless for `Empty` and `Input`).
+    pub cycle: u64,
+    /// Read since the last write.
+    pub read: bool,
+}
+
+impl Word {
+    const EMPTY: Word = Word {
+        origin: Origin::Empty,
+        cycle: 0,
+        read: false,
+    };
+}
+
+/// Violations, counted per invariant and kept up to a cap so that a badly broken program does
+/// not spend its time formatting messages nobody reads.
+pub struct Sink {
+    cap: usize,
+    pub kept: FxMap<Invariant, Vec<Violation>>,
+    pub counts: FxMap<Invariant, usize>,
+}
+
+impl Sink {
+    pub fn new(cap: usize) -> Self {
+        Sink {
+            cap,
+            kept: FxMap::default(),
+            counts: FxMap::default(),
+        }
+    }
+
+    /// Counts a violation of `inv`; `make` runs only if it will be listed.
+    pub fn report(&mut self, inv: Invariant, make: impl FnOnce() -> Violation) {
+        let n = self.counts.entry(inv).or_default();
+        *n += 1;
+        if *n <= self.cap {
+            self.kept.entry(inv).or_default().push(make());
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.counts.values().sum()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    Mul,
+    Exp,
+    Div,
+}
+
+/// Where an op result was first computed, and how often.
+struct Made {
+    pe: u32,
+    cycle: u64,
+    times: u32,
+}
+
+pub struct Run<'p> {
+    pub ex: Interner,
+    pub style: Style,
+    programs: &'p [Program],
+    /// The PE and cycle of the latest operand read. The machine reads a bundle's operands right
+    /// before computing with them, so this names the bundle each domain operation belongs to.
+    cur: (u32, u64),
+    pub words: Vec<Vec<Word>>,
+    pub tally: OpTally,
+    made: FxMap<ExprId, Made>,
+    exp_uses: FxMap<ExprId, u32>,
+    pub sink: Sink,
+}
+
+impl<'p> Run<'p> {
+    pub fn new(
+        ex: Interner,
+        style: Style,
+        programs: &'p [Program],
+        words: Vec<Vec<Word>>,
+        exp_uses: FxMap<ExprId, u32>,
+        sink: Sink,
+    ) -> Self {
+        Run {
+            ex,
+            style,
+            programs,
+            cur: (0, 0),
+            words,
+            tally: OpTally::default(),
+            made: FxMap::default(),
+            exp_uses,
+            sink,
+        }
+    }
+
+    /// Memory words per PE, with preloaded inputs marked; `None` if a size cannot be allocated
+    /// (the machine would refuse it too).
+    pub fn alloc_words(programs: &[Program]) -> Option<Vec<Vec<Word>>> {
+        let mut all = Vec::with_capacity(programs.len());
+        for p in programs {
+            let mut v = Vec::new();
+            v.try_reserve_exact(p.mem_words as usize).ok()?;
+            v.resize(p.mem_words as usize, Word::EMPTY);
+            all.push(v);
+        }
+        Some(all)
+    }
+
+    pub fn bundle_text(&self, pe: u32, cycle: u64) -> Option<String> {
+        bundle_text(self.programs, pe, cycle)
+    }
+
+    fn op(&mut self, kind: OpKind, id: ExprId) {
+        match kind {
+            OpKind::Mul => {
+                let phase1 = matches!(self.ex.node(id), Node::Mul(a, b)
+                    if matches!(self.ex.node(a), Node::Input { .. })
+                        && matches!(self.ex.node(b), Node::Input { .. }));
+                if phase1 {
+                    self.tally.phase1_mul += 1;
+                } else {
+                    self.tally.phase3_mul += 1;
+                }
+            }
+            OpKind::Exp => self.tally.exp += 1,
+            OpKind::Div => self.tally.div += 1,
+        }
+        let (pe, cycle) = self.cur;
+        let flags = self.ex.flags(id);
+        if flags & NEEDED != 0 {
+            let allowed = match kind {
+                OpKind::Exp => self.exp_uses.get(&id).copied().unwrap_or(1),
+                _ => 1,
+            };
+            let m = self.made.entry(id).or_insert(Made {
+                pe,
+                cycle,
+                times: 0,
+            });
+            m.times += 1;
+            if m.times > allowed {
+                let (times, first) = (m.times, (m.pe, m.cycle));
+                let (ex, style, programs) = (&self.ex, &self.style, self.programs);
+                self.sink.report(Invariant::Duplicate, || Violation {
+                    invariant: Invariant::Duplicate,
+                    pe: Some(pe),
+                    cycle: Some(cycle),
+                    instruction: bundle_text(programs, pe, cycle),
+                    message: if allowed == 1 {
+                        format!(
+                            "computes {} again (first computed by PE {}, cycle {})",
+                            ex.pretty(id, style),
+                            first.0,
+                            first.1
+                        )
+                    } else {
+                        format!(
+                            "computes {} for the {times}th time, but only {allowed} rows use it",
+                            ex.pretty(id, style)
+                        )
+                    },
+                });
+            }
+        } else {
+            let (ex, style, programs) = (&self.ex, &self.style, self.programs);
+            let (inv, why) = if flags & MASKED != 0 {
+                (
+                    Invariant::Masked,
+                    "which involves a score the causal mask removes",
+                )
+            } else {
+                (Invariant::Unnecessary, "which is not part of any output")
+            };
+            self.sink.report(inv, || Violation {
+                invariant: inv,
+                pe: Some(pe),
+                cycle: Some(cycle),
+                instruction: bundle_text(programs, pe, cycle),
+                message: format!("computes {}, {why}", ex.pretty(id, style)),
+            });
+        }
+    }
+
+    /// Reports the value in `w` of PE `pe` being dropped unread at `when` (a cycle and the
+    /// bundle that overwrites it, or the end of the run).
+    fn dropped(&mut self, pe: u32, addr: Addr, w: Word, when: Option<(u64, Option<String>)>) {
+        let fate = match &when {
+            Some((c, Some(b))) => format!("is overwritten in cycle {c} by `{b}`"),
+            Some((c, None)) => format!("is overwritten in cycle {c}"),
+            None => "is still unread when the run ends".to_string(),
+        };
+        let programs = self.programs;
+        match w.origin {
+            Origin::Empty => {}
+            Origin::Input => self.sink.report(Invariant::UnusedInput, || Violation {
+                invariant: Invariant::UnusedInput,
+                pe: Some(pe),
+                cycle: None,
+                instruction: None,
+                message: format!("the input preloaded at m{addr} {fate} without being read"),
+            }),
+            Origin::Computed => self.sink.report(Invariant::LostValue, || Violation {
+                invariant: Invariant::LostValue,
+                pe: Some(pe),
+                cycle: Some(w.cycle),
+                instruction: bundle_text(programs, pe, w.cycle),
+                message: format!("the value written to m{addr} here {fate} without being read"),
+            }),
+            Origin::Received => {
+                let from = if pe == 0 {
+                    programs.len() as u32 - 1
+                } else {
+                    pe - 1
+                };
+                self.sink.report(Invariant::UnreadTransfer, || Violation {
+                    invariant: Invariant::UnreadTransfer,
+                    pe: Some(pe),
+                    cycle: Some(w.cycle),
+                    instruction: bundle_text(programs, from, w.cycle)
+                        .map(|b| format!("PE {from}: {b}")),
+                    message: format!(
+                        "the word PE {from} sent to m{addr} in this cycle {fate} without being read"
+                    ),
+                })
+            }
+        }
+    }
+
+    /// End of run: every word still holding an unread value that is not an output is reported.
+    pub fn leftovers(&mut self, is_output: impl Fn(u32, Addr) -> bool) {
+        for pe in 0..self.words.len() {
+            for addr in 0..self.words[pe].len() {
+                let w = self.words[pe][addr];
+                if w.origin != Origin::Empty && !w.read && !is_output(pe as u32, addr as Addr) {
+                    self.dropped(pe as u32, addr as Addr, w, None);
+                }
+            }
+        }
+    }
+}
+
+pub fn bundle_text(programs: &[Program], pe: u32, cycle: u64) -> Option<String> {
+    let b = programs.get(pe as usize)?.bundles.get(usize::try_from(cycle).ok()?)?;
+    Some(b.to_string())
+}
+
+/// The symbolic domain: every word holds an [`ExprId`].
+pub struct Sym<'a, 'p>(pub &'a RefCell<Run<'p>>);
+
+impl Domain for Sym<'_, '_> {
+    type Value = ExprId;
+
+    fn mul(&mut self, a: &ExprId, b: &ExprId) -> ExprId {
+        let mut r = self.0.borrow_mut();
+        let id = r.ex.mul(*a, *b);
+        r.op(OpKind::Mul, id);
+        id
+    }
+
+    fn exp(&mut self, a: &ExprId, scale: f32) -> ExprId {
+        let mut r = self.0.borrow_mut();
+        let id = r.ex.exp(*a, scale);
+        r.op(OpKind::Exp, id);
+        id
+    }
+
+    fn div(&mut self, a: &ExprId, b: &ExprId) -> ExprId {
+        let mut r = self.0.borrow_mut();
+        let id = r.ex.div(*a, *b);
+        r.op(OpKind::Div, id);
+        id
+    }
+
+    fn add(&mut self, a: &ExprId, b: &ExprId) -> ExprId {
+        let mut r = self.0.borrow_mut();
+        r.tally.add += 1;
+        r.ex.add(*a, *b)
+    }
+}
+
+/// Tracks, per word, where its value came from and whether it has been read.
+pub struct Watch<'a, 'p>(pub &'a RefCell<Run<'p>>);
+
+impl Observer for Watch<'_, '_> {
+    fn on_read(&mut self, pe: u32, cycle: u64, addr: Addr) {
+        let mut r = self.0.borrow_mut();
+        r.cur = (pe, cycle);
+        if let Some(w) = r
+            .words
+            .get_mut(pe as usize)
+            .and_then(|m| m.get_mut(addr as usize))
+        {
+            w.read = true;
+        }
+    }
+
+    fn on_write(&mut self, pe: u32, cycle: u64, addr: Addr) {
+        let mut r = self.0.borrow_mut();
+        // A word is the PE's own result if its bundle names it as op or acc destination; the
+        // machine faults on two writes to one word, so otherwise it is the one arriving.
+        let own = r
+            .programs
+            .get(pe as usize)
+            .and_then(|p| p.bundles.get(usize::try_from(cycle).ok()?))
+            .is_some_and(|b| {
+                let op_dst = match b.op {
+                    Op::Mul { dst, .. } | Op::Exp { dst, .. } | Op::Div { dst, .. } => dst,
+                    Op::Nop => None,
+                };
+                let acc_dst = match b.acc {
+                    Acc::Add { dst, .. } => dst,
+                    Acc::Nop => None,
+                };
+                op_dst == Some(addr) || acc_dst == Some(addr)
+            });
+        let Some(old) = r
+            .words
+            .get(pe as usize)
+            .and_then(|m| m.get(addr as usize))
+            .copied()
+        else {
+            return;
+        };
+        if old.origin != Origin::Empty && !old.read {
+            let text = r.bundle_text(pe, cycle);
+            let text = if own {
+                text
+            } else {
+                let from = if pe == 0 {
+                    r.programs.len() as u32 - 1
+                } else {
+                    pe - 1
+                };
+                bundle_text(r.programs, from, cycle).map(|b| format!("PE {from}: {b}"))
+            };
+            r.dropped(pe, addr, old, Some((cycle, text)));
+        }
+        r.words[pe as usize][addr as usize] = Word {
+            origin: if own {
+                Origin::Computed
+            } else {
+                Origin::Received
+            },
+            cycle,
+            read: false,
+        };
+    }
+}
