@@ -25,11 +25,13 @@ enum Cmd {
     Run(cli::run::RunArgs),
     /// Prove an emitted directory correct for all inputs by symbolic execution
     Verify(cli::verify::VerifyArgs),
+    /// Search for a provably optimal schedule with a SAT solver (small layers)
+    Optimal(cli::optimal::OptimalArgs),
     /// List the compiler's passes (names for --dump-after)
     Passes,
 }
 
-const SUBCOMMANDS: [&str; 5] = ["compile", "run", "verify", "passes", "help"];
+const SUBCOMMANDS: [&str; 6] = ["compile", "run", "verify", "optimal", "passes", "help"];
 
 fn main() -> ExitCode {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
         Cmd::Compile(a) => cli::compile::run(a),
         Cmd::Run(a) => cli::run::run(a),
         Cmd::Verify(a) => cli::verify::run(a),
+        Cmd::Optimal(a) => cli::optimal::run(a),
         Cmd::Passes => {
             for (name, desc) in compiler::passes::PASSES {
                 println!("{name:20} {desc}");

@@ -4,6 +4,7 @@
 //! does no IO: the CLI reads files, calls [`compile`], and writes what it returns.
 
 pub mod chains;
+pub mod exact;
 pub mod exec;
 pub mod ir;
 pub mod manifest;

@@ -66,7 +66,6 @@ pub type Spanned<'a> = (usize, Token<'a>, usize);
 pub fn lex(source: &str) -> (Vec<Spanned<'_>>, Vec<Span>) {
     let mut tokens: Vec<Spanned<'_>> = Vec::new();
     for (tok, span) in Token::lexer(source).spanned() {
-        let text = source.get(span.clone()).unwrap_or("");
         match (tok, tokens.last_mut()) {
             (Ok(t), _) => tokens.push((span.start, t, span.end)),
             // Adjacent stray characters read as one mistake, so they become
@@ -75,7 +74,10 @@ pub fn lex(source: &str) -> (Vec<Spanned<'_>>, Vec<Span>) {
                 *end = span.end;
                 *run = source.get(*start..span.end).unwrap_or("");
             }
-            (Err(()), _) => tokens.push((span.start, Token::Error(text), span.end)),
+            (Err(()), _) => {
+                let text = source.get(span.clone()).unwrap_or("");
+                tokens.push((span.start, Token::Error(text), span.end));
+            }
         }
     }
     let tokens = mark_unclosed_blocks(tokens);
@@ -110,11 +112,13 @@ fn mark_unclosed_blocks(tokens: Vec<Spanned<'_>>) -> Vec<Spanned<'_>> {
                     continue;
                 }
             }
-            Token::LBrace => {
-                in_block = matches!(
+            Token::LBrace
+                if matches!(
                     out.as_slice(),
                     [.., (_, Token::Layer, _), (_, Token::Ident(_), _)]
-                );
+                ) =>
+            {
+                in_block = true;
             }
             Token::RBrace => in_block = false,
             _ => {}
@@ -217,6 +221,11 @@ mod tests {
                 Token::Semi,
                 Token::RBrace,
             ]
+        );
+        // A `{` that opens no block neither opens nor closes anything.
+        assert_eq!(
+            kinds("layer a { x = { ;").last(),
+            Some(&Token::Unclosed(true))
         );
         let (toks, _) = lex("layer a { x = 1;\n");
         assert_eq!(toks.last(), Some(&(16, Token::Unclosed(true), 16)));

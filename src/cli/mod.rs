@@ -3,6 +3,7 @@
 pub mod compile;
 pub mod load;
 pub mod npy;
+pub mod optimal;
 pub mod outdir;
 pub mod run;
 pub mod verify;

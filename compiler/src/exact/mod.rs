@@ -1,0 +1,1 @@
+//! Exact schedules by SAT (placeholder).
