@@ -6,6 +6,7 @@
 pub mod chains;
 pub mod exact;
 pub mod exec;
+pub mod flow;
 pub mod ir;
 pub mod manifest;
 pub mod passes;
@@ -91,7 +92,9 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     // so the most specialised algorithm wins ties).
     let mut best: Option<(Algorithm, schedule::RingSchedule)> = None;
     for alg in candidates {
-        let s = alg.schedule(&problem, opts.pes);
+        let s = alg
+            .schedule(&problem, opts.pes)
+            .map_err(|e| CompileError::Internal(format!("{}: {e}", alg.pass_name())))?;
         if wants(alg.pass_name()) {
             dump = Some(s.to_string());
         }

@@ -529,6 +529,76 @@ fn e0017_binary_file() {
     );
 }
 
+#[test]
+fn e0002_habits_from_other_formats_get_hints() {
+    check(
+        "layer a {\n    tokens: 16;\n    dim = 16,\n}\n",
+        expect![[r#"
+            error[E0002]: unexpected character `:`
+              ┌─ layer.attn:2:11
+              │
+            2 │     tokens: 16;
+              │           ^ this is not part of the language
+              │
+              = help: set a field with `=`, e.g. `tokens = 16;`
+
+            error[E0002]: unexpected character `,`
+              ┌─ layer.attn:3:13
+              │
+            3 │     dim = 16,
+              │             ^ this is not part of the language
+              │
+              = help: end each field with `;`
+
+        "#]],
+    );
+}
+
+#[test]
+fn e0003_keyword_used_as_field() {
+    check(
+        "layer a {\n    tokens = 16;\n    dim = 16;\n    layer = 2;\n}\n",
+        expect![[r#"
+            error[E0003]: unknown field `layer`
+              ┌─ layer.attn:4:5
+              │
+            4 │     layer = 2;
+              │     ^^^^^ unknown field
+              │
+              = note: the known fields are `tokens`, `dim`, `heads`, `qkv`, `mask`, `scale`
+
+        "#]],
+    );
+}
+
+#[test]
+fn e0006_negated_name() {
+    check(
+        "layer a {\n    tokens = 16;\n    dim = 16;\n    mask = -causal;\n}\n",
+        expect![[r#"
+            error[E0006]: expected `causal` or `none` for `mask`, found `-causal`
+              ┌─ layer.attn:4:12
+              │
+            4 │     mask = -causal;
+              │            ^^^^^^^ expected `causal` or `none`
+              │
+              = help: for example `mask = causal;`
+
+        "#]],
+    );
+}
+
+#[test]
+fn render_points_into_the_one_source_whatever_the_file_id() {
+    let src = "layer a { tokens = 0; dim = 1; }";
+    let with_id_7 = lang::parse(7, src);
+    let with_id_0 = lang::parse(0, src);
+    assert_eq!(
+        lang::render("layer.attn", src, &with_id_7.diagnostics),
+        lang::render("layer.attn", src, &with_id_0.diagnostics)
+    );
+}
+
 /// Everything wrong at once: each problem is reported, in source order, and
 /// recovery keeps one mistake from hiding the next.
 #[test]

@@ -396,6 +396,7 @@ impl Verification {
             words,
             spec.exp_uses,
             sink,
+            inputs_at,
         ));
         for inv in [
             Invariant::Fault,
@@ -426,13 +427,16 @@ impl Verification {
                     let got = run.ex.canonical(got);
                     if got != want {
                         let (pe, addr) = (y.pe[i], y.addr[i]);
+                        let writer = run.writer_text(pe, addr);
                         let (ex, style) = (&run.ex, &run.style);
                         run.sink.report(Invariant::Output, || Violation {
                             pe: Some(pe),
+                            cycle: writer.as_ref().map(|w| w.0),
+                            instruction: writer.map(|w| w.1),
                             ..plain(
                                 Invariant::Output,
                                 format!(
-                                    "y{} at m{addr}: {}\n      expected: {}\n      found:    {}",
+                                    "y{} at m{addr} (last written here): {}\n      expected: {}\n      found:    {}",
                                     element_name(&shape, i),
                                     ex.explain(want, got, style),
                                     ex.pretty(want, style),
@@ -464,7 +468,8 @@ impl Verification {
                     true
                 }
                 None => {
-                    run.sink.report(Invariant::Setup, || plain(Invariant::Setup, e.0));
+                    run.sink
+                        .report(Invariant::Setup, || plain(Invariant::Setup, e.0));
                     false
                 }
             },
@@ -517,10 +522,20 @@ impl Verification {
 
     fn count_ops(&self, sink: &mut Sink, got: &OpTally, need: &Necessary, m: &Manifest) {
         let rows = [
-            ("phase-1 mul", got.phase1_mul, need.phase1_mul, m.ops.phase1_mac),
+            (
+                "phase-1 mul",
+                got.phase1_mul,
+                need.phase1_mul,
+                m.ops.phase1_mac,
+            ),
             ("exp", got.exp, need.exp, m.ops.phase2_exp),
             ("div", got.div, need.div, m.ops.phase2_div),
-            ("phase-3 mul", got.phase3_mul, need.phase3_mul, m.ops.phase3_mac),
+            (
+                "phase-3 mul",
+                got.phase3_mul,
+                need.phase3_mul,
+                m.ops.phase3_mac,
+            ),
         ];
         for (what, got, need, claim) in rows {
             if got != need {

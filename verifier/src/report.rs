@@ -247,7 +247,12 @@ impl fmt::Display for Report {
                     .iter()
                     .map(|(k, n)| format!("{k} {n}"))
                     .collect();
-                writeln!(f, "  … {} more not listed (by invariant: {})", total - listed, per.join(", "))?;
+                writeln!(
+                    f,
+                    "  … {} more not listed (by invariant: {})",
+                    total - listed,
+                    per.join(", ")
+                )?;
             }
         }
         let names: Vec<&str> = self.checked.iter().map(|i| i.name()).collect();

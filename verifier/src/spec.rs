@@ -48,7 +48,11 @@ impl Shape {
             u64::from(self.dim),
         );
         let pairs = n.checked_mul(n + 1)? / 2;
-        let weights = if self.causal { pairs } else { n.checked_mul(n)? };
+        let weights = if self.causal {
+            pairs
+        } else {
+            n.checked_mul(n)?
+        };
         // For a shared layer q_i·k_j = q_j·k_i, so only unordered pairs are distinct; under a
         // causal mask each unmasked weight already is one unordered pair.
         let distinct = if self.shared && !self.causal {

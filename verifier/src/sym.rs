@@ -91,6 +91,8 @@ pub struct Run<'p> {
     made: FxMap<ExprId, Made>,
     exp_uses: FxMap<ExprId, u32>,
     pub sink: Sink,
+    /// `x[h][i][c]` by (PE, address), for messages.
+    input_names: FxMap<(u32, Addr), String>,
 }
 
 impl<'p> Run<'p> {
@@ -101,6 +103,7 @@ impl<'p> Run<'p> {
         words: Vec<Vec<Word>>,
         exp_uses: FxMap<ExprId, u32>,
         sink: Sink,
+        input_names: FxMap<(u32, Addr), String>,
     ) -> Self {
         Run {
             ex,
@@ -112,6 +115,7 @@ impl<'p> Run<'p> {
             made: FxMap::default(),
             exp_uses,
             sink,
+            input_names,
         }
     }
 
@@ -126,6 +130,29 @@ impl<'p> Run<'p> {
             all.push(v);
         }
         Some(all)
+    }
+
+    /// The bundle that produced the value a word holds: its own PE's for a computed word, the
+    /// sender's (prefixed with its PE) for a received one.
+    pub fn writer_text(&self, pe: u32, addr: Addr) -> Option<(u64, String)> {
+        let w = self.words.get(pe as usize)?.get(addr as usize)?;
+        match w.origin {
+            Origin::Computed => Some((w.cycle, bundle_text(self.programs, pe, w.cycle)?)),
+            Origin::Received => {
+                let from = self.predecessor(pe);
+                let b = bundle_text(self.programs, from, w.cycle)?;
+                Some((w.cycle, format!("PE {from}: {b}")))
+            }
+            Origin::Empty | Origin::Input => None,
+        }
+    }
+
+    fn predecessor(&self, pe: u32) -> u32 {
+        if pe == 0 {
+            (self.programs.len() as u32).saturating_sub(1)
+        } else {
+            pe - 1
+        }
     }
 
     pub fn bundle_text(&self, pe: u32, cycle: u64) -> Option<String> {
@@ -207,9 +234,9 @@ impl<'p> Run<'p> {
     /// bundle that overwrites it, or the end of the run).
     fn dropped(&mut self, pe: u32, addr: Addr, w: Word, when: Option<(u64, Option<String>)>) {
         let fate = match &when {
-            Some((c, Some(b))) => format!("is overwritten in cycle {c} by `{b}`"),
-            Some((c, None)) => format!("is overwritten in cycle {c}"),
-            None => "is still unread when the run ends".to_string(),
+            Some((c, Some(b))) => format!("is overwritten in cycle {c} by `{b}` before being read"),
+            Some((c, None)) => format!("is overwritten in cycle {c} before being read"),
+            None => "is never read".to_string(),
         };
         let programs = self.programs;
         match w.origin {
@@ -219,30 +246,29 @@ impl<'p> Run<'p> {
                 pe: Some(pe),
                 cycle: None,
                 instruction: None,
-                message: format!("the input preloaded at m{addr} {fate} without being read"),
+                message: format!(
+                    "input {} preloaded at m{addr} {fate}",
+                    self.input_names
+                        .get(&(pe, addr))
+                        .map_or("?", String::as_str)
+                ),
             }),
             Origin::Computed => self.sink.report(Invariant::LostValue, || Violation {
                 invariant: Invariant::LostValue,
                 pe: Some(pe),
                 cycle: Some(w.cycle),
                 instruction: bundle_text(programs, pe, w.cycle),
-                message: format!("the value written to m{addr} here {fate} without being read"),
+                message: format!("the value written to m{addr} here {fate}"),
             }),
             Origin::Received => {
-                let from = if pe == 0 {
-                    programs.len() as u32 - 1
-                } else {
-                    pe - 1
-                };
+                let from = self.predecessor(pe);
                 self.sink.report(Invariant::UnreadTransfer, || Violation {
                     invariant: Invariant::UnreadTransfer,
                     pe: Some(pe),
                     cycle: Some(w.cycle),
                     instruction: bundle_text(programs, from, w.cycle)
                         .map(|b| format!("PE {from}: {b}")),
-                    message: format!(
-                        "the word PE {from} sent to m{addr} in this cycle {fate} without being read"
-                    ),
+                    message: format!("the word PE {from} sent to m{addr} in this cycle {fate}"),
                 })
             }
         }
@@ -262,7 +288,10 @@ impl<'p> Run<'p> {
 }
 
 pub fn bundle_text(programs: &[Program], pe: u32, cycle: u64) -> Option<String> {
-    let b = programs.get(pe as usize)?.bundles.get(usize::try_from(cycle).ok()?)?;
+    let b = programs
+        .get(pe as usize)?
+        .bundles
+        .get(usize::try_from(cycle).ok()?)?;
     Some(b.to_string())
 }
 
@@ -348,11 +377,7 @@ impl Observer for Watch<'_, '_> {
             let text = if own {
                 text
             } else {
-                let from = if pe == 0 {
-                    r.programs.len() as u32 - 1
-                } else {
-                    pe - 1
-                };
+                let from = r.predecessor(pe);
                 bundle_text(r.programs, from, cycle).map(|b| format!("PE {from}: {b}"))
             };
             r.dropped(pe, addr, old, Some((cycle, text)));

@@ -1,7 +1,7 @@
 //! `select`: picks the scheduling algorithm from the analysis facts (never from the DSL text), or
 //! checks that a forced choice applies to the layer.
 
-use crate::passes::{schedule_baseline, schedule_causal, schedule_symmetric};
+use crate::passes::{schedule_baseline, schedule_causal, schedule_rows, schedule_symmetric};
 use crate::problem::Problem;
 use crate::schedule::RingSchedule;
 use std::fmt;
@@ -17,10 +17,11 @@ pub enum Choice {
     Baseline,
     Symmetric,
     Causal,
+    Rows,
 }
 
 impl Choice {
-    pub const NAMES: [&'static str; 4] = ["auto", "baseline", "symmetric", "causal"];
+    pub const NAMES: [&'static str; 5] = ["auto", "baseline", "symmetric", "causal", "rows"];
 
     pub fn parse(s: &str) -> Option<Choice> {
         match s {
@@ -28,6 +29,7 @@ impl Choice {
             "baseline" => Some(Choice::Baseline),
             "symmetric" => Some(Choice::Symmetric),
             "causal" => Some(Choice::Causal),
+            "rows" => Some(Choice::Rows),
             _ => None,
         }
     }
@@ -39,6 +41,7 @@ pub enum Algorithm {
     Baseline,
     Symmetric,
     Causal,
+    Rows,
 }
 
 impl Algorithm {
@@ -48,6 +51,7 @@ impl Algorithm {
             Algorithm::Baseline => schedule_baseline::unsupported(p, pes),
             Algorithm::Symmetric => schedule_symmetric::unsupported(p, pes),
             Algorithm::Causal => schedule_causal::unsupported(p, pes),
+            Algorithm::Rows => schedule_rows::unsupported(p, pes),
         }
     }
 
@@ -56,15 +60,17 @@ impl Algorithm {
             Algorithm::Baseline => schedule_baseline::NAME,
             Algorithm::Symmetric => schedule_symmetric::NAME,
             Algorithm::Causal => schedule_causal::NAME,
+            Algorithm::Rows => schedule_rows::NAME,
         }
     }
 
-    /// Runs the algorithm's scheduling pass.
-    pub fn schedule(self, p: &Problem, pes: u32) -> RingSchedule {
+    /// Runs the algorithm's scheduling pass; an error is a scheduler bug.
+    pub fn schedule(self, p: &Problem, pes: u32) -> Result<RingSchedule, String> {
         match self {
-            Algorithm::Baseline => schedule_baseline::run(p, pes),
-            Algorithm::Symmetric => schedule_symmetric::run(p, pes),
-            Algorithm::Causal => schedule_causal::run(p, pes),
+            Algorithm::Baseline => Ok(schedule_baseline::run(p, pes)),
+            Algorithm::Symmetric => Ok(schedule_symmetric::run(p, pes)),
+            Algorithm::Causal => Ok(schedule_causal::run(p, pes)),
+            Algorithm::Rows => schedule_rows::run(p, pes),
         }
     }
 }
@@ -75,6 +81,7 @@ impl fmt::Display for Algorithm {
             Algorithm::Baseline => write!(f, "baseline (paper Algorithm 1)"),
             Algorithm::Symmetric => write!(f, "symmetric (paper Algorithm 2, improved)"),
             Algorithm::Causal => write!(f, "causal (paper Algorithm 3, improved)"),
+            Algorithm::Rows => write!(f, "rows (row-ownership dataflow)"),
         }
     }
 }
@@ -106,6 +113,7 @@ fn candidates(p: &Problem) -> Vec<Algorithm> {
     if p.symmetric && !p.causal {
         v.push(Algorithm::Symmetric);
     }
+    v.push(Algorithm::Rows);
     v.push(Algorithm::Baseline);
     v
 }
@@ -133,6 +141,7 @@ pub fn run(p: &Problem, pes: u32, choice: Choice) -> Result<Vec<Algorithm>, Refu
         Choice::Baseline => Some(Algorithm::Baseline),
         Choice::Symmetric => Some(Algorithm::Symmetric),
         Choice::Causal => Some(Algorithm::Causal),
+        Choice::Rows => Some(Algorithm::Rows),
     };
     if let Some(alg) = forced {
         return match alg.unsupported(p, pes) {

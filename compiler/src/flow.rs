@@ -1,0 +1,92 @@
+//! A cycle-by-cycle list scheduler for dataflows that are easier to state as "what each PE does,
+//! in roughly this order, and what each link forwards" than as index formulas.
+//!
+//! Each PE has a task list and each link a forwarding list, both in a preferred order. Every
+//! cycle, each PE runs the first task among its next [`WINDOW`] pending ones whose operands are on
+//! the PE, and each link sends the first forwardable value among its next [`WINDOW`] pending ones.
+//! A value computed or received in cycle `t` is usable from cycle `t + 1`, exactly as the ISA
+//! says, so the simulated timeline *is* the schedule and its length is the exact cycle count.
+
+use crate::schedule::{Builder, Val, Work};
+use std::collections::{HashMap, VecDeque};
+
+/// How far past a blocked task (or send) the scheduler looks for ready work.
+pub const WINDOW: usize = 48;
+
+/// One PE's arithmetic task and the phase it counts in (1, 2 or 3).
+#[derive(Clone, Copy, Debug)]
+pub struct Task {
+    pub work: Work,
+    pub phase: u8,
+}
+
+/// The plan for a whole ring.
+pub struct Flow {
+    pub tasks: Vec<Vec<Task>>,
+    /// `forward[p]`: values PE `p` sends to PE `p + 1`, in preferred order.
+    pub forward: Vec<Vec<Val>>,
+    /// Values present before cycle 0 (preloaded inputs), per PE.
+    pub preloaded: Vec<Vec<Val>>,
+}
+
+/// Runs the plan; returns the number of cycles or, if some task can never run, a description.
+pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
+    let m = flow.tasks.len();
+    // avail[p][v] = first cycle at which v can be read on p.
+    let mut avail: Vec<HashMap<Val, usize>> = vec![HashMap::new(); m];
+    for (p, vals) in flow.preloaded.iter().enumerate() {
+        for &v in vals {
+            avail[p].insert(v, 0);
+        }
+    }
+    let mut pending: Vec<VecDeque<usize>> = flow.tasks.iter().map(|t| (0..t.len()).collect()).collect();
+    let mut to_send: Vec<VecDeque<usize>> = flow.forward.iter().map(|f| (0..f.len()).collect()).collect();
+    let mut t = 0usize;
+    let mut idle = 0;
+    while pending.iter().any(|q| !q.is_empty()) || to_send.iter().any(|q| !q.is_empty()) {
+        let mut progressed = false;
+        let mut arrivals: Vec<(usize, Val)> = Vec::new();
+        let mut produced: Vec<(usize, Val)> = Vec::new();
+        for p in 0..m {
+            let ready = |v: &Val| avail[p].get(v).is_some_and(|&at| at <= t);
+            if let Some(pos) = pending[p]
+                .iter()
+                .take(WINDOW)
+                .position(|&i| flow.tasks[p][i].work.reads().iter().all(ready))
+            {
+                let i = pending[p].remove(pos).expect("position is in range");
+                let task = flow.tasks[p][i];
+                b.work(p as u32, t, task.phase, task.work);
+                produced.extend(task.work.writes().into_iter().map(|v| (p, v)));
+                progressed = true;
+            }
+            if let Some(pos) = to_send[p].iter().take(WINDOW).position(|&i| ready(&flow.forward[p][i])) {
+                let i = to_send[p].remove(pos).expect("position is in range");
+                let v = flow.forward[p][i];
+                b.send(p as u32, t, v);
+                arrivals.push(((p + 1) % m, v));
+                progressed = true;
+            }
+        }
+        for (p, v) in produced.into_iter().chain(arrivals) {
+            avail[p].entry(v).or_insert(t + 1);
+        }
+        t += 1;
+        idle = if progressed { 0 } else { idle + 1 };
+        if idle > 2 {
+            let stuck: Vec<String> = (0..m)
+                .filter_map(|p| {
+                    let i = *pending[p].front()?;
+                    Some(format!("PE {p} waits to run {}", flow.tasks[p][i].work))
+                })
+                .chain((0..m).filter_map(|p| {
+                    let i = *to_send[p].front()?;
+                    Some(format!("PE {p} waits to send {}", flow.forward[p][i]))
+                }))
+                .take(4)
+                .collect();
+            return Err(format!("dataflow deadlock at cycle {t}: {}", stuck.join("; ")));
+        }
+    }
+    Ok(t)
+}

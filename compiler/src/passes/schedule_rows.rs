@@ -1,0 +1,314 @@
+//! `schedule-rows`: the row-ownership dataflow ("ring attention"), for any `n`, `d`, `m`.
+//!
+//! The unmasked scores of all heads, row after row, are cut into `m` contiguous, equal shares;
+//! PE `p` takes share `p`. A row therefore lives on one PE, or on a run of consecutive PEs
+//! `first..=last` when a cut falls inside it. Each PE computes its scores whole (all `d` products
+//! locally), so phase 1 moves input rows, not partial sums: `q`/`k`/`v` rows are preloaded on the
+//! first PE of their own row and travel forward as far as the last PE that needs them. Softmax is
+//! local except on a cut row, whose running sum hops `first → … → last` and whose finished sum then
+//! travels on around the ring to the PEs that divide; phase 3 likewise passes the partial `y` row
+//! forward across a cut. Cuts cost no extra operation: a received partial sum is simply the
+//! accumulator's starting value.
+//!
+//! Timing comes from [`crate::flow`]'s cycle-by-cycle list scheduler, so the cycle count is exact
+//! and includes every wait for data. Work per PE is within one score (`2d + 2` ops) of the average;
+//! the link carries each input row at most once per hop, which hides behind compute when the rows
+//! per PE are many (n ≥ m). A layer with q = k = v and no mask is not taken: computing `w'[a][b]`
+//! and `w'[b][a]` separately would do unnecessary work.
+
+use crate::flow::{self, Flow, Task};
+use crate::ir::Tensor;
+use crate::problem::{Inputs, Problem};
+use crate::schedule::{Builder, Element, RingSchedule, Val, Work};
+use std::collections::HashMap;
+
+pub const NAME: &str = "schedule-rows";
+pub const DESCRIPTION: &str = "row-ownership dataflow: rows cut evenly over the PEs, k/v rows travel (any n, d, m)";
+
+pub fn unsupported(p: &Problem, _pes: u32) -> Option<String> {
+    if p.symmetric && !p.causal {
+        return Some(
+            "the row dataflow would compute both w'[a][b] and w'[b][a] for q = k; this layer needs the symmetric schedule"
+                .into(),
+        );
+    }
+    None
+}
+
+/// The part of row `(h, a)` that one PE holds: columns `b` in `cols`.
+#[derive(Clone, Debug)]
+struct Part {
+    pe: u32,
+    cols: Vec<u32>,
+}
+
+/// How row `(h, a)` is spread.
+struct RowPlan {
+    parts: Vec<Part>,
+}
+
+impl RowPlan {
+    fn first(&self) -> u32 {
+        self.parts[0].pe
+    }
+    fn last(&self) -> u32 {
+        self.parts[self.parts.len() - 1].pe
+    }
+}
+
+/// PEs on the way from `from` forward to `to` inclusive.
+fn path(from: u32, to: u32, m: u32) -> impl Iterator<Item = u32> {
+    let hops = (to + m - from) % m;
+    (0..=hops).map(move |i| (from + i) % m)
+}
+
+pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
+    let m = pes;
+    let (n, d, heads) = (p.tokens, p.dim, p.heads);
+    let cols_of = |a: u32| if p.causal { a + 1 } else { n };
+
+    // Cut the concatenated rows into m equal shares.
+    let total: u64 = u64::from(heads) * (0..n).map(|a| u64::from(cols_of(a))).sum::<u64>();
+    let owner = |unit: u64| ((unit * u64::from(m)) / total.max(1)) as u32;
+    let mut plans: Vec<RowPlan> = Vec::with_capacity((heads * n) as usize);
+    let mut unit = 0u64;
+    for _h in 0..heads {
+        for a in 0..n {
+            let mut parts: Vec<Part> = Vec::new();
+            for b in 0..cols_of(a) {
+                let pe = owner(unit);
+                unit += 1;
+                match parts.last_mut() {
+                    Some(part) if part.pe == pe => part.cols.push(b),
+                    _ => parts.push(Part { pe, cols: vec![b] }),
+                }
+            }
+            plans.push(RowPlan { parts });
+        }
+    }
+    let plan = |h: u32, a: u32| &plans[(h * n + a) as usize];
+
+    let mut b = Builder::new(NAME, pes);
+    let mut inputs = Inputs::new(*p);
+    let mut tasks: Vec<Vec<Task>> = vec![Vec::new(); m as usize];
+    let mut preloaded: Vec<Vec<Val>> = vec![Vec::new(); m as usize];
+    // Forwarding lists in priority classes, concatenated at the end.
+    const CLASSES: usize = 5;
+    let (fw_q, fw_k, fw_sum, fw_v, fw_y) = (0, 1, 2, 3, 4);
+    let mut forward: Vec<Vec<Vec<Val>>> = vec![vec![Vec::new(); CLASSES]; m as usize];
+    let route = |forward: &mut Vec<Vec<Vec<Val>>>, class: usize, v: Val, from: u32, to: u32| {
+        for pe in path(from, to, m).filter(|&pe| pe != to) {
+            forward[pe as usize][class].push(v);
+        }
+    };
+
+    for h in 0..heads {
+        // Which PEs need row r of k (and v): every PE holding a score in column r.
+        let mut needs: Vec<Vec<u32>> = vec![Vec::new(); n as usize];
+        for a in 0..n {
+            for part in &plan(h, a).parts {
+                for &c in &part.cols {
+                    needs[c as usize].push(part.pe);
+                }
+            }
+        }
+        // The farthest PE (in ring order from the row's home) that needs a column's k/v row.
+        let reach = |home: u32, users: &[u32]| -> u32 {
+            users
+                .iter()
+                .copied()
+                .max_by_key(|&pe| (pe + m - home) % m)
+                .unwrap_or(home)
+        };
+
+        // Inputs: every row of q, k, v preloaded on its own row's first PE.
+        let mut qv: HashMap<(u32, u32), Val> = HashMap::new();
+        let mut kv: HashMap<(u32, u32), Val> = HashMap::new();
+        let mut vv: HashMap<(u32, u32), Val> = HashMap::new();
+        for r in 0..n {
+            let home = plan(h, r).first();
+            let far_q = plan(h, r).last();
+            let far_kv = reach(home, &needs[r as usize]);
+            for c in 0..d {
+                let q = inputs.get(&mut b, Tensor::Q, h, r, c, home);
+                let k = inputs.get(&mut b, Tensor::K, h, r, c, home);
+                let v = inputs.get(&mut b, Tensor::V, h, r, c, home);
+                preloaded[home as usize].extend([q, k, v]);
+                qv.insert((r, c), q);
+                kv.insert((r, c), k);
+                vv.insert((r, c), v);
+            }
+            // With q = k = v one value plays every role: route it once, as far as any role needs.
+            let shared = p.symmetric && p.shared_values;
+            let far = |a: u32, b2: u32| if (a + m - home) % m >= (b2 + m - home) % m { a } else { b2 };
+            for c in 0..d {
+                if shared {
+                    route(&mut forward, fw_q, qv[&(r, c)], home, far(far_q, far_kv));
+                } else {
+                    route(&mut forward, fw_q, qv[&(r, c)], home, far_q);
+                    route(&mut forward, fw_k, kv[&(r, c)], home, far_kv);
+                    route(&mut forward, fw_v, vv[&(r, c)], home, far_kv);
+                }
+            }
+        }
+        // Order in which column rows reach a PE: its own first, then by distance back home.
+        let arrival = |pe: u32, col: u32| (pe + m - plan(h, col).first()) % m;
+
+        // Phase 1: every score whole on the PE that holds it.
+        let mut score: HashMap<(u32, u32), Val> = HashMap::new();
+        for pe in 0..m {
+            let mut mine: Vec<(u32, u32)> = Vec::new();
+            for a in 0..n {
+                for part in plan(h, a).parts.iter().filter(|pt| pt.pe == pe) {
+                    mine.extend(part.cols.iter().map(|&c| (a, c)));
+                }
+            }
+            mine.sort_by_key(|&(a, c)| (arrival(pe, c), c, a));
+            for (a, col) in mine {
+                let mut acc = None;
+                for c in 0..d {
+                    let out = b.computed();
+                    let work = Work::Mac {
+                        a: qv[&(a, c)],
+                        b: kv[&(col, c)],
+                        acc,
+                        out,
+                    };
+                    tasks[pe as usize].push(Task { work, phase: 1 });
+                    acc = Some(out);
+                }
+                score.insert((a, col), acc.expect("dim >= 1"));
+            }
+        }
+
+        // Phase 2: exponent-accumulate along each row's parts, then divide where the exps are.
+        // Per PE the order is: [split-row heads] [whole rows] [row continuations], then phase 3
+        // of whole rows, then the divisions that wait for a sum coming round the ring, then phase
+        // 3 of split rows — so nothing that waits for another PE sits in front of ready work.
+        let scale = p.scale as f32;
+        let mut weight: HashMap<(u32, u32), Val> = HashMap::new();
+        // lists[pe][k]: k = 0 split heads, 1 whole rows, 2 continuations, 3 late divisions.
+        let mut lists: Vec<[Vec<Task>; 4]> = vec![Default::default(); m as usize];
+        for a in 0..n {
+            let rp = plan(h, a);
+            let split = rp.parts.len() > 1;
+            let mut running: Option<Val> = None;
+            let mut exps: Vec<(u32, u32, Val)> = Vec::new();
+            for (i, part) in rp.parts.iter().enumerate() {
+                let k = if !split { 1 } else if i == 0 { 0 } else { 2 };
+                for &col in &part.cols {
+                    let (e, sum) = (b.computed(), b.computed());
+                    let work = Work::Exp {
+                        x: score[&(a, col)],
+                        scale,
+                        acc: running,
+                        e,
+                        sum,
+                    };
+                    lists[part.pe as usize][k].push(Task { work, phase: 2 });
+                    running = Some(sum);
+                    exps.push((part.pe, col, e));
+                }
+                if i + 1 < rp.parts.len() {
+                    forward[part.pe as usize][fw_sum].push(running.expect("a part holds a column"));
+                }
+            }
+            let sum = running.expect("every row has a score");
+            let last = rp.last();
+            if split {
+                // The finished sum goes on around the ring to the row's other PEs.
+                route(&mut forward, fw_sum, sum, last, (last + m - 1) % m);
+            }
+            for (pe, col, e) in exps {
+                let w = b.computed();
+                let work = Work::Div { num: e, den: sum, out: w };
+                let k = if !split { 1 } else if pe == last { 2 } else { 3 };
+                lists[pe as usize][k].push(Task { work, phase: 2 });
+                weight.insert((a, col), w);
+            }
+        }
+
+        // Phase 3: y[a][c] accumulates on each part in turn, the partial row handed forward.
+        let mut y_in: HashMap<(u32, u32), Val> = HashMap::new();
+        for pe in 0..m {
+            // rank 0: whole rows, 1: split-row heads, 2: middle parts, 3: final parts.
+            let mut mine: Vec<(u8, u32, u32)> = Vec::new();
+            for a in 0..n {
+                let rp = plan(h, a);
+                for (i, part) in rp.parts.iter().enumerate().filter(|(_, pt)| pt.pe == pe) {
+                    let rank = match (rp.parts.len() == 1, i == 0, i + 1 == rp.parts.len()) {
+                        (true, _, _) => 0,
+                        (false, true, _) => 1,
+                        (false, false, false) => 2,
+                        (false, false, true) => 3,
+                    };
+                    mine.extend(part.cols.iter().map(|&col| (rank, a, col)));
+                }
+            }
+            mine.sort_by_key(|&(rank, a, col)| (rank, arrival(pe, col), col, a));
+            let [heads_, whole, conts, late] = std::mem::take(&mut lists[pe as usize]);
+            let list = &mut tasks[pe as usize];
+            list.extend(heads_);
+            list.extend(whole);
+            list.extend(conts);
+            let mut y: std::collections::BTreeMap<(u32, u32), Val> = Default::default();
+            let mut late = Some(late);
+            for &(rank, a, col) in &mine {
+                if rank > 0 {
+                    if let Some(l) = late.take() {
+                        list.extend(l);
+                    }
+                }
+                for c in 0..d {
+                    let out = b.computed();
+                    let acc = y.get(&(a, c)).copied().or_else(|| y_in.get(&(a, c)).copied());
+                    let work = Work::Mac {
+                        a: weight[&(a, col)],
+                        b: vv[&(col, c)],
+                        acc,
+                        out,
+                    };
+                    list.push(Task { work, phase: 3 });
+                    y.insert((a, c), out);
+                }
+            }
+            if let Some(l) = late.take() {
+                list.extend(l);
+            }
+            // Hand partial rows to the next part; keep finished rows as outputs.
+            for ((a, c), val) in y {
+                if is_final_part(plan(h, a), pe) {
+                    let element = Element {
+                        tensor: Tensor::Y,
+                        head: h,
+                        row: a,
+                        col: c,
+                    };
+                    b.output(element, pe, val);
+                } else {
+                    forward[pe as usize][fw_y].push(val);
+                    y_in.insert((a, c), val);
+                }
+            }
+        }
+    }
+
+    for list in &mut preloaded {
+        list.sort();
+        list.dedup();
+    }
+    let forward: Vec<Vec<Val>> = forward.into_iter().map(|classes| classes.concat()).collect();
+    let flow = Flow {
+        tasks,
+        forward,
+        preloaded,
+    };
+    flow::simulate(&mut b, &flow)?;
+    Ok(b.finish())
+}
+
+/// Parts of a row are on consecutive PEs in increasing order (cuts are contiguous), so the part on
+/// `pe` is the final one exactly when `pe` is the row's last PE.
+fn is_final_part(rp: &RowPlan, pe: u32) -> bool {
+    rp.parts.last().is_some_and(|pt| pt.pe == pe)
+}

@@ -1,0 +1,36 @@
+//! Compiling layers for the verifier's tests.
+
+#![allow(dead_code)]
+
+use compiler::passes::select::Choice;
+use compiler::{compile, CompileError, Compiled, Options};
+
+/// The `.attn` source of one layer.
+pub fn source(tokens: u32, dim: u32, heads: u32, shared: bool, causal: bool) -> String {
+    format!(
+        "layer t {{ tokens = {tokens}; dim = {dim}; heads = {heads}; qkv = {}; mask = {}; }}",
+        if shared { "shared" } else { "separate" },
+        if causal { "causal" } else { "none" }
+    )
+}
+
+/// Compiles the single layer in `src`; `None` when the scheduler refuses the combination.
+pub fn build(src: &str, pes: u32, schedule: Choice) -> Option<Compiled> {
+    let parsed = lang::parse(0, src);
+    assert!(
+        parsed.diagnostics.is_empty(),
+        "{src}: {:?}",
+        parsed.diagnostics
+    );
+    let layer = &parsed.layers[0];
+    let opts = Options {
+        pes,
+        schedule,
+        dump_after: None,
+    };
+    match compile(layer, &opts) {
+        Ok(c) => Some(c),
+        Err(CompileError::Refused(_)) => None,
+        Err(e) => panic!("{src} on {pes} PEs with {schedule:?}: {e}"),
+    }
+}

@@ -1,0 +1,92 @@
+//! The verifier proves everything the compiler emits.
+
+mod common;
+
+use common::{build, source};
+use compiler::passes::select::Choice;
+
+fn assert_proved(src: &str, pes: u32, schedule: Choice) -> bool {
+    let Some(c) = build(src, pes, schedule) else {
+        return false;
+    };
+    let report = verifier::verify(&c.programs, &c.manifest);
+    assert!(
+        report.is_ok(),
+        "{src} on {pes} PEs ({schedule:?}, {}):\n{report}",
+        c.manifest.schedule
+    );
+    assert!(report.proved.is_some());
+    true
+}
+
+#[test]
+fn grid_of_shapes_and_schedules() {
+    let mut proved = 0;
+    let mut refused = 0;
+    for n in (1..=8).chain([12, 15, 16]) {
+        for m in (1..=n).filter(|m| n % m == 0) {
+            for heads in 1..=3 {
+                for shared in [false, true] {
+                    for causal in [false, true] {
+                        let src = source(n, n, heads, shared, causal);
+                        for schedule in [Choice::Auto, Choice::Baseline] {
+                            if assert_proved(&src, m, schedule) {
+                                proved += 1;
+                            } else {
+                                refused += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    println!("proved {proved} programs; the scheduler refused {refused} combinations");
+    assert!(proved > 500, "only {proved} programs compiled");
+}
+
+#[test]
+fn paper_instances() {
+    let shared = [(3, 3), (4, 4), (5, 5), (6, 3), (6, 6), (15, 5), (15, 15)];
+    for (n, m) in shared {
+        for schedule in [Choice::Auto, Choice::Symmetric, Choice::Baseline] {
+            let src = source(n, n, 1, true, false);
+            assert!(assert_proved(&src, m, schedule), "{src} refused on {m} PEs");
+        }
+    }
+    for (n, m) in shared.into_iter().chain([(17, 17)]) {
+        for schedule in [Choice::Auto, Choice::Causal, Choice::Baseline] {
+            let src = source(n, n, 1, false, true);
+            assert!(assert_proved(&src, m, schedule), "{src} refused on {m} PEs");
+        }
+    }
+}
+
+#[test]
+fn examples_directory_layers() {
+    for file in ["paper.attn", "encoder.attn", "gpt_head.attn"] {
+        let path = format!("{}/../examples/{file}", env!("CARGO_MANIFEST_DIR"));
+        let src = std::fs::read_to_string(&path).unwrap();
+        let parsed = lang::parse(0, &src);
+        for layer in &parsed.layers {
+            for pes in [1, 2, 3, 4, 5, 8, 15, 16, 17] {
+                if layer.tokens % pes != 0 || layer.dim % pes != 0 || layer.tokens > 64 {
+                    continue;
+                }
+                let opts = compiler::Options {
+                    pes,
+                    ..Default::default()
+                };
+                let Ok(c) = compiler::compile(layer, &opts) else {
+                    continue;
+                };
+                let report = verifier::verify(&c.programs, &c.manifest);
+                assert!(
+                    report.is_ok(),
+                    "{file} {} on {pes} PEs:\n{report}",
+                    layer.name
+                );
+            }
+        }
+    }
+}

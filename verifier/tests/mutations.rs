@@ -1,0 +1,338 @@
+//! Seeded random mutations of compiled programs and manifests: the verifier must reject every
+//! mutant whose numeric run differs from the reference (or faults), and so never accept a wrong one.
+
+mod common;
+
+use common::{build, source};
+use compiler::exec;
+use compiler::manifest::Manifest;
+use compiler::passes::select::Choice;
+use isa::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+const TOLERANCE: f64 = 1e-4;
+
+/// Whether the numeric interpreter reproduces the reference on two random input sets.
+fn numerically_correct(programs: &[Program], m: &Manifest) -> bool {
+    (0..2).all(|seed| {
+        let inputs = exec::random_inputs(m, seed);
+        let Some(want) = exec::reference_output(m, &inputs) else {
+            return false;
+        };
+        match exec::execute(
+            isa::F32Domain,
+            programs.to_vec(),
+            m,
+            &inputs,
+            &mut isa::NoObserver,
+        ) {
+            Ok(out) => out
+                .outputs
+                .get("y")
+                .is_some_and(|y| y.len() == want.len() && exec::max_abs_err(y, &want) <= TOLERANCE),
+            Err(_) => false,
+        }
+    })
+}
+
+fn addr(rng: &mut StdRng, mem: u32) -> Addr {
+    match rng.random_range(0..10) {
+        // Mostly in range, so that mutants run rather than fault at once.
+        0 => mem + rng.random_range(0..3),
+        _ => rng.random_range(0..mem.max(1)),
+    }
+}
+
+fn some_addr(rng: &mut StdRng, mem: u32) -> Option<Addr> {
+    if rng.random_range(0..4) == 0 {
+        None
+    } else {
+        Some(addr(rng, mem))
+    }
+}
+
+/// Changes one field of one slot of `b`.
+fn mutate_bundle(rng: &mut StdRng, b: &mut Bundle, mem: u32, scale: f32) -> &'static str {
+    match rng.random_range(0..9) {
+        0 => {
+            b.op = match b.op {
+                Op::Nop => Op::Mul {
+                    a: addr(rng, mem),
+                    b: addr(rng, mem),
+                    dst: some_addr(rng, mem),
+                },
+                Op::Mul { a, b, dst } => match rng.random_range(0..3) {
+                    0 => Op::Div { a, b, dst },
+                    1 => Op::Exp { a, scale, dst },
+                    _ => Op::Nop,
+                },
+                Op::Div { a, b, dst } => match rng.random_range(0..3) {
+                    0 => Op::Mul { a, b, dst },
+                    1 => Op::Div { a: b, b: a, dst },
+                    _ => Op::Exp { a, scale, dst },
+                },
+                Op::Exp { a, dst, .. } => match rng.random_range(0..2) {
+                    0 => Op::Mul { a, b: a, dst },
+                    _ => Op::Div { a, b: a, dst },
+                },
+            };
+            "opcode"
+        }
+        1 | 2 => {
+            let new = addr(rng, mem);
+            match &mut b.op {
+                Op::Mul { a, b, .. } | Op::Div { a, b, .. } => {
+                    if rng.random_bool(0.5) {
+                        *a = new;
+                    } else {
+                        *b = new;
+                    }
+                }
+                Op::Exp { a, .. } => *a = new,
+                Op::Nop => return mutate_bundle(rng, b, mem, scale),
+            }
+            "op operand"
+        }
+        3 => {
+            let new = some_addr(rng, mem);
+            match &mut b.op {
+                Op::Mul { dst, .. } | Op::Div { dst, .. } | Op::Exp { dst, .. } => *dst = new,
+                Op::Nop => return mutate_bundle(rng, b, mem, scale),
+            }
+            "op destination"
+        }
+        4 => {
+            if let Op::Exp { scale: s, .. } = &mut b.op {
+                *s *= 2.0;
+                "exp scale"
+            } else {
+                mutate_bundle(rng, b, mem, scale)
+            }
+        }
+        5 => {
+            b.acc = match b.acc {
+                Acc::Nop => Acc::Add {
+                    src: AccSrc::Mem(addr(rng, mem)),
+                    dst: some_addr(rng, mem),
+                },
+                Acc::Add { src, dst } => match rng.random_range(0..4) {
+                    0 => Acc::Nop,
+                    1 => Acc::Add {
+                        src: match src {
+                            AccSrc::Zero => AccSrc::Mem(addr(rng, mem)),
+                            AccSrc::Mem(_) => AccSrc::Zero,
+                        },
+                        dst,
+                    },
+                    2 => Acc::Add {
+                        src: AccSrc::Mem(addr(rng, mem)),
+                        dst,
+                    },
+                    _ => Acc::Add {
+                        src,
+                        dst: some_addr(rng, mem),
+                    },
+                },
+            };
+            "acc"
+        }
+        6 | 7 => {
+            b.xfer = match b.xfer {
+                Xfer::Nop => Xfer::Send {
+                    src: XferSrc::Mem(addr(rng, mem)),
+                    dst: addr(rng, mem),
+                },
+                Xfer::Send { src, dst } => match rng.random_range(0..4) {
+                    0 => Xfer::Nop,
+                    1 => Xfer::Send {
+                        src,
+                        dst: addr(rng, mem),
+                    },
+                    2 => Xfer::Send {
+                        src: XferSrc::Mem(addr(rng, mem)),
+                        dst,
+                    },
+                    _ => Xfer::Send {
+                        src: match src {
+                            XferSrc::Acc => XferSrc::Mem(addr(rng, mem)),
+                            XferSrc::Mem(_) => XferSrc::Acc,
+                        },
+                        dst,
+                    },
+                },
+            };
+            "send"
+        }
+        _ => {
+            *b = Bundle::NOP;
+            "bundle to nop"
+        }
+    }
+}
+
+/// Applies one random mutation; returns its kind.
+fn mutate(rng: &mut StdRng, programs: &mut [Program], m: &mut Manifest) -> &'static str {
+    let pe = rng.random_range(0..programs.len());
+    let mem = programs[pe].mem_words;
+    let len = programs[pe].bundles.len();
+    let scale = m.layer.scale as f32;
+    let kind = match rng.random_range(0..20) {
+        0..=9 if len > 0 => {
+            let i = rng.random_range(0..len);
+            mutate_bundle(rng, &mut programs[pe].bundles[i], mem, scale)
+        }
+        10 if len > 0 => {
+            let i = rng.random_range(0..len);
+            programs[pe].bundles.remove(i);
+            "delete bundle"
+        }
+        11 if len > 0 => {
+            let i = rng.random_range(0..len);
+            let b = programs[pe].bundles[i];
+            programs[pe].bundles.insert(i, b);
+            "duplicate bundle"
+        }
+        12 | 13 if len > 1 => {
+            let i = rng.random_range(0..len);
+            let j = if rng.random_bool(0.5) {
+                (i + 1) % len
+            } else {
+                rng.random_range(0..len)
+            };
+            programs[pe].bundles.swap(i, j);
+            "swap bundles"
+        }
+        14 => {
+            m.cycles = if rng.random_bool(0.5) {
+                m.cycles + 1
+            } else {
+                m.cycles.saturating_sub(1)
+            };
+            return "manifest cycles";
+        }
+        15 | 16 => {
+            let names: Vec<String> = m.inputs.keys().chain(m.outputs.keys()).cloned().collect();
+            let name = &names[rng.random_range(0..names.len())];
+            let p = m
+                .inputs
+                .get_mut(name)
+                .or_else(|| m.outputs.get_mut(name))
+                .unwrap();
+            let i = rng.random_range(0..p.pe.len());
+            if rng.random_bool(0.5) {
+                p.pe[i] = rng.random_range(0..m.pes);
+                "manifest placement pe"
+            } else {
+                p.addr[i] = addr(rng, mem);
+                "manifest placement addr"
+            }
+        }
+        17 => {
+            let delta: i64 = if rng.random_bool(0.5) { 1 } else { -1 };
+            let w = (i64::from(m.mem_words[pe]) + delta).max(0) as u32;
+            m.mem_words[pe] = w;
+            if rng.random_bool(0.7) {
+                // Both sides agree, so the mutant loads; only the memory size changed.
+                programs[pe].mem_words = w;
+            }
+            return "mem_words";
+        }
+        18 => {
+            let other = rng.random_range(0..programs.len());
+            if other != pe && len > 0 {
+                // A bundle moved to another PE's program at the same cycle.
+                let i = rng.random_range(0..len);
+                let b = programs[pe].bundles[i];
+                if let Some(slot) = programs[other].bundles.get_mut(i) {
+                    *slot = b;
+                }
+            }
+            "copy bundle to another PE"
+        }
+        _ => {
+            let name = if rng.random_bool(0.5) { "qkv" } else { "mask" };
+            if name == "qkv" {
+                m.layer.qkv = if m.layer.qkv == "shared" {
+                    "separate".into()
+                } else {
+                    "shared".into()
+                };
+            } else {
+                m.layer.mask = if m.layer.mask == "causal" {
+                    "none".into()
+                } else {
+                    "causal".into()
+                };
+            }
+            return "manifest layer";
+        }
+    };
+    // Program edits keep the manifest's cycle count honest, so that mutants exercise the
+    // programs rather than stopping at the cycle-count check.
+    m.cycles = programs
+        .iter()
+        .map(|p| p.bundles.len() as u64)
+        .max()
+        .unwrap_or(0);
+    kind
+}
+
+#[test]
+fn verifier_rejects_every_wrong_mutant() {
+    let bases = [
+        (source(4, 4, 1, true, false), 2),
+        (source(3, 3, 1, false, true), 3),
+        (source(4, 4, 2, false, false), 4),
+        (source(4, 4, 1, true, true), 2),
+    ];
+    let mut rng = StdRng::seed_from_u64(0x5eed);
+    let (mut total, mut neutral, mut wrong, mut stricter) = (0, 0, 0, 0);
+    let mut kinds: std::collections::BTreeMap<&str, (u32, u32)> = Default::default();
+    for (src, pes) in &bases {
+        let c = build(src, *pes, Choice::Auto).expect("base case compiles");
+        assert!(verifier::verify(&c.programs, &c.manifest).is_ok());
+        assert!(numerically_correct(&c.programs, &c.manifest));
+        for _ in 0..400 {
+            let mut programs = c.programs.clone();
+            let mut m = c.manifest.clone();
+            let mut kind = mutate(&mut rng, &mut programs, &mut m);
+            if rng.random_range(0..5) == 0 {
+                mutate(&mut rng, &mut programs, &mut m);
+                kind = "two mutations";
+            }
+            let report = verifier::verify(&programs, &m);
+            let correct = numerically_correct(&programs, &m);
+            total += 1;
+            let entry = kinds.entry(kind).or_default();
+            entry.0 += 1;
+            match (report.is_ok(), correct) {
+                (true, true) => neutral += 1,
+                (true, false) => panic!(
+                    "the verifier accepted a wrong mutant ({kind}) of {src} on {pes} PEs:\n{report}\nprograms:\n{}",
+                    programs.iter().map(|p| p.to_string()).collect::<String>()
+                ),
+                (false, false) => {
+                    wrong += 1;
+                    entry.1 += 1;
+                }
+                (false, true) => {
+                    stricter += 1;
+                    entry.1 += 1;
+                }
+            }
+            // Something was reported, and the report renders.
+            if !report.is_ok() {
+                assert!(!report.violations.is_empty());
+                let _ = report.to_string();
+                let _ = report.to_json();
+            }
+        }
+    }
+    println!("{total} mutants: {neutral} semantically neutral (accepted, numerically correct), {wrong} wrong and rejected, {stricter} numerically correct but rejected by a structural invariant");
+    for (k, (n, rejected)) in &kinds {
+        println!("  {k:28} {n:4} mutants, {rejected:4} rejected");
+    }
+    assert!(total >= 1000);
+    assert!(wrong > total / 2, "most mutants should be wrong");
+}
