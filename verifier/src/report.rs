@@ -171,6 +171,10 @@ pub struct Report {
     /// meaningless, e.g. outputs after a fault).
     pub checked: Vec<Invariant>,
     pub stats: Stats,
+    /// Operations beyond the necessary ones that the manifest declares and the verifier accepted
+    /// (phase-1 products of a shared layer computed once per score by a schedule that does not
+    /// exploit q = k); 0 when the work is exactly the necessary.
+    pub redundant_ops: u64,
 }
 
 impl Report {
@@ -207,6 +211,7 @@ impl Report {
             "ok": self.is_ok(),
             "proved": self.proved,
             "total_violations": self.total_violations(),
+            "redundant_ops": self.redundant_ops,
             "violation_counts": counts,
             "violations": violations,
             "invariants_checked": self.checked.iter().map(|i| i.name()).collect::<Vec<_>>(),

@@ -79,15 +79,16 @@ pub struct Spec {
     pub outputs: Vec<ExprId>,
     /// The atoms to preload, per input tensor name, flat in C order.
     pub inputs: BTreeMap<String, Vec<ExprId>>,
-    /// How many rows divide each needed exponential: a shared layer's `exp(s·x_i·x_j)` serves
-    /// rows `i` and `j`, so it may be computed once per row.
-    pub exp_uses: FxMap<ExprId, u32>,
+    /// How often each needed node may be computed, where more than once. A shared layer's
+    /// `exp(s·x_i·x_j)` serves rows `i` and `j`, so it may be computed once per row; with
+    /// `per_score_products`, a phase-1 product may be computed once per score that sums it.
+    pub uses: FxMap<ExprId, u32>,
 }
 
 /// Builds the specification into `ex`, marks every node it needs [`NEEDED`], and under a causal
 /// mask interns the masked scores, exponentials, denominators and weights and marks them
 /// [`MASKED`], so that any expression a program builds from them inherits the taint.
-pub fn build(ex: &mut Interner, shape: &Shape) -> Spec {
+pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool) -> Spec {
     let (h, n, d) = (shape.heads, shape.tokens, shape.dim);
     let roles = if shape.shared {
         [Tensor::X; 3]
@@ -117,7 +118,7 @@ pub fn build(ex: &mut Interner, shape: &Shape) -> Spec {
     let [tq, tk, tv] = roles;
 
     let mut outputs = Vec::with_capacity(shape.tensor_len().unwrap_or(0));
-    let mut exp_uses: FxMap<ExprId, u32> = FxMap::default();
+    let mut uses: FxMap<ExprId, u32> = FxMap::default();
     let mut terms = Vec::new();
     let score = |ex: &mut Interner, terms: &mut Vec<ExprId>, head: u32, i: u32, j: u32| {
         terms.clear();
@@ -127,6 +128,19 @@ pub fn build(ex: &mut Interner, shape: &Shape) -> Spec {
         }
         ex.sum(terms)
     };
+    let count_products = |uses: &mut FxMap<ExprId, u32>, ex: &Interner, s: ExprId| {
+        if !per_score_products {
+            return;
+        }
+        match ex.node(s) {
+            Node::Sum { .. } => {
+                for &p in ex.sum_terms(s) {
+                    *uses.entry(p).or_default() += 1;
+                }
+            }
+            _ => *uses.entry(s).or_default() += 1,
+        }
+    };
     for head in 0..h {
         for i in 0..n {
             let js: Vec<u32> = (0..n).filter(|&j| shape.unmasked(i, j)).collect();
@@ -134,6 +148,7 @@ pub fn build(ex: &mut Interner, shape: &Shape) -> Spec {
                 .iter()
                 .map(|&j| {
                     let s = score(ex, &mut terms, head, i, j);
+                    count_products(&mut uses, ex, s);
                     ex.exp(s, shape.scale)
                 })
                 .collect();
@@ -141,7 +156,7 @@ pub fn build(ex: &mut Interner, shape: &Shape) -> Spec {
             let weights: Vec<ExprId> = exps
                 .iter()
                 .map(|&e| {
-                    *exp_uses.entry(e).or_default() += 1;
+                    *uses.entry(e).or_default() += 1;
                     ex.div(e, z)
                 })
                 .collect();
@@ -189,7 +204,7 @@ pub fn build(ex: &mut Interner, shape: &Shape) -> Spec {
     Spec {
         outputs,
         inputs,
-        exp_uses,
+        uses,
     }
 }
 

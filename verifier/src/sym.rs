@@ -89,7 +89,7 @@ pub struct Run<'p> {
     pub words: Vec<Vec<Word>>,
     pub tally: OpTally,
     made: FxMap<ExprId, Made>,
-    exp_uses: FxMap<ExprId, u32>,
+    uses: FxMap<ExprId, u32>,
     pub sink: Sink,
     /// `x[h][i][c]` by (PE, address), for messages.
     input_names: FxMap<(u32, Addr), String>,
@@ -101,7 +101,7 @@ impl<'p> Run<'p> {
         style: Style,
         programs: &'p [Program],
         words: Vec<Vec<Word>>,
-        exp_uses: FxMap<ExprId, u32>,
+        uses: FxMap<ExprId, u32>,
         sink: Sink,
         input_names: FxMap<(u32, Addr), String>,
     ) -> Self {
@@ -113,7 +113,7 @@ impl<'p> Run<'p> {
             words,
             tally: OpTally::default(),
             made: FxMap::default(),
-            exp_uses,
+            uses,
             sink,
             input_names,
         }
@@ -177,10 +177,7 @@ impl<'p> Run<'p> {
         let (pe, cycle) = self.cur;
         let flags = self.ex.flags(id);
         if flags & NEEDED != 0 {
-            let allowed = match kind {
-                OpKind::Exp => self.exp_uses.get(&id).copied().unwrap_or(1),
-                _ => 1,
-            };
+            let allowed = self.uses.get(&id).copied().unwrap_or(1);
             let m = self.made.entry(id).or_insert(Made {
                 pe,
                 cycle,
@@ -204,7 +201,7 @@ impl<'p> Run<'p> {
                         )
                     } else {
                         format!(
-                            "computes {} for the {times}th time, but only {allowed} rows use it",
+                            "computes {} for the {times}th time, but only {allowed} scores or rows use it",
                             ex.pretty(id, style)
                         )
                     },
@@ -212,20 +209,30 @@ impl<'p> Run<'p> {
             }
         } else {
             let (ex, style, programs) = (&self.ex, &self.style, self.programs);
-            let (inv, why) = if flags & MASKED != 0 {
-                (
-                    Invariant::Masked,
-                    "which involves a score the causal mask removes",
-                )
+            let inv = if flags & MASKED != 0 {
+                Invariant::Masked
             } else {
-                (Invariant::Unnecessary, "which is not part of any output")
+                Invariant::Unnecessary
             };
-            self.sink.report(inv, || Violation {
-                invariant: inv,
-                pe: Some(pe),
-                cycle: Some(cycle),
-                instruction: bundle_text(programs, pe, cycle),
-                message: format!("computes {}, {why}", ex.pretty(id, style)),
+            self.sink.report(inv, || {
+                let why = if inv == Invariant::Unnecessary {
+                    "which is not part of any output".to_string()
+                } else {
+                    match masked_origin(ex, id) {
+                        o if o == id => "which the causal mask removes".to_string(),
+                        o => format!(
+                            "which is built from {}, which the causal mask removes",
+                            ex.pretty(o, style)
+                        ),
+                    }
+                };
+                Violation {
+                    invariant: inv,
+                    pe: Some(pe),
+                    cycle: Some(cycle),
+                    instruction: bundle_text(programs, pe, cycle),
+                    message: format!("computes {}, {why}", ex.pretty(id, style)),
+                }
             });
         }
     }
@@ -283,6 +290,24 @@ impl<'p> Run<'p> {
                     self.dropped(pe as u32, addr as Addr, w, None);
                 }
             }
+        }
+    }
+}
+
+/// The innermost masked subexpression of `id` along its masked operands: the masked product,
+/// score, denominator or weight that the taint came from.
+fn masked_origin(ex: &Interner, mut id: ExprId) -> ExprId {
+    let masked = |o: &ExprId| ex.flags(*o) & MASKED != 0;
+    loop {
+        let next = match ex.node(id) {
+            Node::Mul(a, b) | Node::Div(a, b) => [a, b].into_iter().find(masked),
+            Node::Exp(a, _) => Some(a).filter(masked),
+            Node::Sum { .. } => ex.sum_terms(id).iter().copied().find(masked),
+            Node::Input { .. } | Node::Chain { .. } => None,
+        };
+        match next {
+            Some(o) => id = o,
+            None => return id,
         }
     }
 }

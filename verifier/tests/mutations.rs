@@ -289,6 +289,7 @@ fn verifier_rejects_every_wrong_mutant() {
     let mut rng = StdRng::seed_from_u64(0x5eed);
     let (mut total, mut neutral, mut wrong, mut stricter) = (0, 0, 0, 0);
     let mut kinds: std::collections::BTreeMap<&str, (u32, u32)> = Default::default();
+    let mut why_stricter: std::collections::BTreeMap<&str, u32> = Default::default();
     for (src, pes) in &bases {
         let c = build(src, *pes, Choice::Auto).expect("base case compiles");
         assert!(verifier::verify(&c.programs, &c.manifest).is_ok());
@@ -319,6 +320,12 @@ fn verifier_rejects_every_wrong_mutant() {
                 (false, true) => {
                     stricter += 1;
                     entry.1 += 1;
+                    for inv in report.counts.keys() {
+                        *why_stricter.entry(inv.name()).or_default() += 1;
+                    }
+                    if std::env::var_os("MUTANT_DEBUG").is_some() {
+                        println!("--- {kind}, numerically correct, rejected:\n{report}");
+                    }
                 }
             }
             // Something was reported, and the report renders.
@@ -333,6 +340,7 @@ fn verifier_rejects_every_wrong_mutant() {
     for (k, (n, rejected)) in &kinds {
         println!("  {k:28} {n:4} mutants, {rejected:4} rejected");
     }
+    println!("invariants violated by the numerically correct rejected mutants: {why_stricter:?}");
     assert!(total >= 1000);
     assert!(wrong > total / 2, "most mutants should be wrong");
 }

@@ -95,10 +95,14 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
     // Forwarding lists in priority classes, concatenated at the end.
     const CLASSES: usize = 5;
     let (fw_q, fw_k, fw_sum, fw_v, fw_y) = (0, 1, 2, 3, 4);
-    let mut forward: Vec<Vec<Vec<Val>>> = vec![vec![Vec::new(); CLASSES]; m as usize];
-    let route = |forward: &mut Vec<Vec<Vec<Val>>>, class: usize, v: Val, from: u32, to: u32| {
-        for pe in path(from, to, m).filter(|&pe| pe != to) {
-            forward[pe as usize][class].push(v);
+    // forward[pe][class] holds (hops from the value's origin, sequence, value): a PE must send
+    // values in the order they reach it, or its link waits on a word still on its way.
+    let mut forward: Vec<Vec<Vec<(u32, usize, Val)>>> = vec![vec![Vec::new(); CLASSES]; m as usize];
+    let mut seq = 0usize;
+    let mut route = |forward: &mut Vec<Vec<Vec<(u32, usize, Val)>>>, class: usize, v: Val, from: u32, to: u32| {
+        for (hops, pe) in path(from, to, m).filter(|&pe| pe != to).enumerate() {
+            forward[pe as usize][class].push((hops as u32, seq, v));
+            seq += 1;
         }
     };
 
@@ -182,9 +186,9 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
         }
 
         // Phase 2: exponent-accumulate along each row's parts, then divide where the exps are.
-        // Per PE the order is: [split-row heads] [whole rows] [row continuations], then phase 3
-        // of whole rows, then the divisions that wait for a sum coming round the ring, then phase
-        // 3 of split rows — so nothing that waits for another PE sits in front of ready work.
+        // Per PE the order is: [split-row heads] [whole rows] [row continuations], then the
+        // divisions that wait for a sum coming round the ring, then phase 3 of split-row heads,
+        // whole rows and continuations: work others wait for comes as early as it can.
         let scale = p.scale as f32;
         let mut weight: HashMap<(u32, u32), Val> = HashMap::new();
         // lists[pe][k]: k = 0 split heads, 1 whole rows, 2 continuations, 3 late divisions.
@@ -210,7 +214,8 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                     exps.push((part.pe, col, e));
                 }
                 if i + 1 < rp.parts.len() {
-                    forward[part.pe as usize][fw_sum].push(running.expect("a part holds a column"));
+                    let s = running.expect("a part holds a column");
+                    route(&mut forward, fw_sum, s, part.pe, part.pe + 1);
                 }
             }
             let sum = running.expect("every row has a score");
@@ -231,14 +236,15 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
         // Phase 3: y[a][c] accumulates on each part in turn, the partial row handed forward.
         let mut y_in: HashMap<(u32, u32), Val> = HashMap::new();
         for pe in 0..m {
-            // rank 0: whole rows, 1: split-row heads, 2: middle parts, 3: final parts.
+            // rank 0: split-row heads (their partial y is awaited downstream), 1: whole rows,
+            // 2: middle parts, 3: final parts.
             let mut mine: Vec<(u8, u32, u32)> = Vec::new();
             for a in 0..n {
                 let rp = plan(h, a);
                 for (i, part) in rp.parts.iter().enumerate().filter(|(_, pt)| pt.pe == pe) {
                     let rank = match (rp.parts.len() == 1, i == 0, i + 1 == rp.parts.len()) {
-                        (true, _, _) => 0,
-                        (false, true, _) => 1,
+                        (true, _, _) => 1,
+                        (false, true, _) => 0,
                         (false, false, false) => 2,
                         (false, false, true) => 3,
                     };
@@ -252,13 +258,10 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
             list.extend(whole);
             list.extend(conts);
             let mut y: std::collections::BTreeMap<(u32, u32), Val> = Default::default();
-            let mut late = Some(late);
-            for &(rank, a, col) in &mine {
-                if rank > 0 {
-                    if let Some(l) = late.take() {
-                        list.extend(l);
-                    }
-                }
+            // Divisions that wait for a sum from round the ring come first: they feed the
+            // split-row heads.
+            list.extend(late);
+            for &(_, a, col) in &mine {
                 for c in 0..d {
                     let out = b.computed();
                     let acc = y.get(&(a, c)).copied().or_else(|| y_in.get(&(a, c)).copied());
@@ -272,9 +275,6 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                     y.insert((a, c), out);
                 }
             }
-            if let Some(l) = late.take() {
-                list.extend(l);
-            }
             // Hand partial rows to the next part; keep finished rows as outputs.
             for ((a, c), val) in y {
                 if is_final_part(plan(h, a), pe) {
@@ -286,7 +286,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                     };
                     b.output(element, pe, val);
                 } else {
-                    forward[pe as usize][fw_y].push(val);
+                    route(&mut forward, fw_y, val, pe, pe + 1);
                     y_in.insert((a, c), val);
                 }
             }
@@ -297,7 +297,18 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
         list.sort();
         list.dedup();
     }
-    let forward: Vec<Vec<Val>> = forward.into_iter().map(|classes| classes.concat()).collect();
+    let forward: Vec<Vec<Val>> = forward
+        .into_iter()
+        .map(|classes| {
+            classes
+                .into_iter()
+                .flat_map(|mut list| {
+                    list.sort_by_key(|&(hops, seq, _)| (hops, seq));
+                    list.into_iter().map(|(_, _, v)| v)
+                })
+                .collect()
+        })
+        .collect();
     let flow = Flow {
         tasks,
         forward,

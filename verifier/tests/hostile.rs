@@ -1,0 +1,175 @@
+//! Inconsistent or hostile programs and manifests give violations, never a panic.
+
+mod common;
+
+use common::{build, source};
+use compiler::passes::select::Choice;
+use verifier::{verify, Invariant};
+
+fn base() -> compiler::Compiled {
+    build(&source(4, 4, 1, false, true), 2, Choice::Auto).unwrap()
+}
+
+fn rejected_for(programs: &[isa::Program], m: &compiler::manifest::Manifest, inv: Invariant) {
+    let r = verify(programs, m);
+    assert!(!r.is_ok());
+    assert!(
+        r.counts.get(&inv).copied().unwrap_or(0) > 0,
+        "expected a {inv} violation:\n{r}"
+    );
+    let _ = r.to_string();
+    let _ = r.to_json();
+}
+
+#[test]
+fn malformed_manifests_and_programs() {
+    let c = base();
+    let (p, m) = (&c.programs, &c.manifest);
+
+    rejected_for(&[], m, Invariant::Setup);
+    let mut reversed = p.clone();
+    reversed.reverse();
+    rejected_for(&reversed, m, Invariant::Setup);
+
+    let mut m2 = m.clone();
+    m2.pes = 0;
+    rejected_for(p, &m2, Invariant::Manifest);
+
+    let mut m2 = m.clone();
+    m2.mem_words.clear();
+    rejected_for(p, &m2, Invariant::Manifest);
+
+    let mut m2 = m.clone();
+    m2.inputs.get_mut("q").unwrap().addr.pop();
+    rejected_for(p, &m2, Invariant::Manifest);
+
+    let mut m2 = m.clone();
+    m2.outputs.clear();
+    rejected_for(p, &m2, Invariant::Manifest);
+
+    let mut m2 = m.clone();
+    m2.layer.tokens = u32::MAX;
+    m2.layer.dim = u32::MAX;
+    m2.layer.heads = u32::MAX;
+    rejected_for(p, &m2, Invariant::Manifest);
+
+    let mut m2 = m.clone();
+    m2.layer.scale = f64::INFINITY;
+    rejected_for(p, &m2, Invariant::Manifest);
+
+    let mut m2 = m.clone();
+    m2.layer.qkv = "weird".into();
+    rejected_for(p, &m2, Invariant::Manifest);
+
+    let mut m2 = m.clone();
+    m2.necessary_ops += 1;
+    rejected_for(p, &m2, Invariant::Manifest);
+
+    let mut m2 = m.clone();
+    m2.ops.phase2_exp += 1;
+    rejected_for(p, &m2, Invariant::OpCount);
+
+    // Two inputs in one word, two outputs in one word.
+    let mut m2 = m.clone();
+    let q = m2.inputs.get_mut("q").unwrap();
+    q.pe[1] = q.pe[0];
+    q.addr[1] = q.addr[0];
+    rejected_for(p, &m2, Invariant::Placement);
+    let mut m2 = m.clone();
+    let y = m2.outputs.get_mut("y").unwrap();
+    y.pe[1] = y.pe[0];
+    y.addr[1] = y.addr[0];
+    rejected_for(p, &m2, Invariant::Placement);
+
+    // An output read from an input word.
+    let mut m2 = m.clone();
+    let (qp, qa) = (m2.inputs["q"].pe[0], m2.inputs["q"].addr[0]);
+    let y = m2.outputs.get_mut("y").unwrap();
+    y.pe[0] = qp;
+    y.addr[0] = qa;
+    rejected_for(p, &m2, Invariant::Placement);
+
+    // Programs far too short for the work, with a manifest that agrees on the cycle count.
+    let mut short = p.clone();
+    for prog in &mut short {
+        prog.bundles.truncate(3);
+    }
+    let mut m2 = m.clone();
+    m2.cycles = 3;
+    rejected_for(&short, &m2, Invariant::OpCount);
+}
+
+#[test]
+fn faults_are_located() {
+    let c = base();
+    let mut p = c.programs.clone();
+    // Read a word nobody wrote, in the first bundle of PE 1.
+    p[1].bundles[0].op = isa::Op::Mul {
+        a: p[1].mem_words - 1,
+        b: p[1].mem_words - 1,
+        dst: None,
+    };
+    let r = verify(&p, &c.manifest);
+    let v = r
+        .violations
+        .iter()
+        .find(|v| v.invariant == Invariant::Fault)
+        .unwrap_or_else(|| panic!("no fault reported:\n{r}"));
+    assert_eq!((v.pe, v.cycle), (Some(1), Some(0)), "{r}");
+    assert!(v.instruction.as_deref().unwrap().starts_with("mul"), "{r}");
+    assert!(v.message.contains("uninitialized"), "{r}");
+
+    // An address past the declared memory.
+    let mut p = c.programs.clone();
+    p[0].bundles[2].op = isa::Op::Exp {
+        a: p[0].mem_words + 5,
+        scale: 1.0,
+        dst: None,
+    };
+    let r = verify(&p, &c.manifest);
+    assert!(r.counts.contains_key(&Invariant::Fault), "{r}");
+}
+
+#[test]
+fn wrong_outputs_show_expected_and_found() {
+    let c = build(&source(3, 3, 1, false, false), 3, Choice::Auto).unwrap();
+    let mut m = c.manifest.clone();
+    // Swap where two output elements are read from: both are then wrong.
+    let y = m.outputs.get_mut("y").unwrap();
+    y.pe.swap(0, 4);
+    y.addr.swap(0, 4);
+    let r = verify(&c.programs, &m);
+    let outs: Vec<_> = r
+        .violations
+        .iter()
+        .filter(|v| v.invariant == Invariant::Output)
+        .collect();
+    assert_eq!(outs.len(), 2, "{r}");
+    assert!(outs[0].message.contains("expected:"), "{r}");
+    assert!(outs[0].message.contains("found:"), "{r}");
+    assert!(outs[0].message.contains('Σ'), "{r}");
+}
+
+#[test]
+fn masked_work_is_named() {
+    // The same shape without and with a causal mask: the unmasked program computes every score,
+    // so run against the causal manifest its extra work must be reported as masked.
+    let full = build(&source(3, 3, 1, false, false), 3, Choice::Baseline).unwrap();
+    let causal = build(&source(3, 3, 1, false, true), 3, Choice::Baseline).unwrap();
+    let mut m = full.manifest.clone();
+    m.layer.mask = "causal".into();
+    m.necessary_ops = causal.manifest.necessary_ops;
+    m.lower_bound = causal.manifest.lower_bound;
+    let r = verify(&full.programs, &m);
+    assert!(
+        r.counts.get(&Invariant::Masked).copied().unwrap_or(0) > 0,
+        "{r}"
+    );
+    let v = r
+        .violations
+        .iter()
+        .find(|v| v.invariant == Invariant::Masked)
+        .unwrap();
+    assert!(v.pe.is_some() && v.cycle.is_some() && v.instruction.is_some());
+    assert!(v.message.contains("mask"), "{r}");
+}
