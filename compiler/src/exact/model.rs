@@ -235,6 +235,7 @@ impl Model {
             id
         };
 
+        let mut weights: HashMap<(u32, u32, u32), ValueId> = HashMap::new();
         for head in 0..h {
             // Phase 1: one chain per distinct score.
             for a in 0..n {
@@ -329,6 +330,7 @@ impl Model {
                         di + na + 1,
                     );
                     m.ops[div].produces = Some(w);
+                    weights.insert((head, a, b), w);
                 }
             }
             // Phase 3: one chain per output element.
@@ -343,11 +345,7 @@ impl Model {
                         col: c,
                     });
                     for b in Self::row(p, a) {
-                        let w = m
-                            .values
-                            .iter()
-                            .rposition(|v| v.kind == ValueKind::Weight { head, a, b })
-                            .expect("phase 2 made every weight");
+                        let w = weights[&(head, a, b)];
                         let v = input(&mut m, Tensor::V, head, b, c);
                         new_op(
                             &mut m,

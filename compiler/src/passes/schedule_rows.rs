@@ -25,13 +25,7 @@ use std::collections::HashMap;
 pub const NAME: &str = "schedule-rows";
 pub const DESCRIPTION: &str = "row-ownership dataflow: rows cut evenly over the PEs, k/v rows travel (any n, d, m)";
 
-pub fn unsupported(p: &Problem, _pes: u32) -> Option<String> {
-    if p.symmetric && !p.causal {
-        return Some(
-            "the row dataflow would compute both w'[a][b] and w'[b][a] for q = k; this layer needs the symmetric schedule"
-                .into(),
-        );
-    }
+pub fn unsupported(_p: &Problem, _pes: u32) -> Option<String> {
     None
 }
 
@@ -93,8 +87,8 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
     let mut tasks: Vec<Vec<Task>> = vec![Vec::new(); m as usize];
     let mut preloaded: Vec<Vec<Val>> = vec![Vec::new(); m as usize];
     // Forwarding lists in priority classes, concatenated at the end.
-    const CLASSES: usize = 5;
-    let (fw_q, fw_k, fw_sum, fw_v, fw_y) = (0, 1, 2, 3, 4);
+    const CLASSES: usize = 6;
+    let (fw_q, fw_k, fw_mirror, fw_sum, fw_v, fw_y) = (0, 1, 2, 3, 4, 5);
     // forward[pe][class] holds (hops from the value's origin, sequence, value): a PE must send
     // values in the order they reach it, or its link waits on a word still on its way.
     let mut forward: Vec<Vec<Vec<(u32, usize, Val)>>> = vec![vec![Vec::new(); CLASSES]; m as usize];
@@ -158,16 +152,37 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
         // Order in which column rows reach a PE: its own first, then by distance back home.
         let arrival = |pe: u32, col: u32| (pe + m - plan(h, col).first()) % m;
 
-        // Phase 1: every score whole on the PE that holds it.
+        // Phase 1: every score whole on the PE that holds it. With q = k (no mask) each pair
+        // {a, b} is computed once, by the holder of (a, b) or of (b, a) alternately by the
+        // parity of a + b, so every PE computes half of the pairs it shares with each other PE
+        // (balanced work), and the value is sent on to the other holder.
+        let mut unit_pe: HashMap<(u32, u32), u32> = HashMap::new();
+        for a in 0..n {
+            for part in &plan(h, a).parts {
+                unit_pe.extend(part.cols.iter().map(|&c| ((a, c), part.pe)));
+            }
+        }
+        let computes = |a: u32, col: u32| -> bool {
+            if !p.symmetric || p.causal || a == col {
+                return true;
+            }
+            if (a + col) % 2 == 0 {
+                a > col
+            } else {
+                a < col
+            }
+        };
         let mut score: HashMap<(u32, u32), Val> = HashMap::new();
         for pe in 0..m {
             let mut mine: Vec<(u32, u32)> = Vec::new();
             for a in 0..n {
                 for part in plan(h, a).parts.iter().filter(|pt| pt.pe == pe) {
-                    mine.extend(part.cols.iter().map(|&c| (a, c)));
+                    mine.extend(part.cols.iter().map(|&c| (a, c)).filter(|&(a, c)| computes(a, c)));
                 }
             }
-            mine.sort_by_key(|&(a, c)| (arrival(pe, c), c, a));
+            // Within what the arrived rows allow, scores another PE waits for go first.
+            let kept_here = |a: u32, c: u32| !p.symmetric || p.causal || unit_pe.get(&(c, a)) == Some(&pe);
+            mine.sort_by_key(|&(a, c)| (arrival(pe, c), kept_here(a, c), c, a));
             for (a, col) in mine {
                 let mut acc = None;
                 for c in 0..d {
@@ -182,6 +197,18 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                     acc = Some(out);
                 }
                 score.insert((a, col), acc.expect("dim >= 1"));
+            }
+        }
+        for a in 0..n {
+            for col in 0..n {
+                if unit_pe.contains_key(&(a, col)) && !computes(a, col) {
+                    let v = score[&(col, a)];
+                    score.insert((a, col), v);
+                    let (from, to) = (unit_pe[&(col, a)], unit_pe[&(a, col)]);
+                    if from != to {
+                        route(&mut forward, fw_mirror, v, from, to);
+                    }
+                }
             }
         }
 
