@@ -25,6 +25,7 @@ fn compile(src: &str, pes: u32) -> (compiler::Compiled, f64) {
         pes,
         schedule: Choice::Auto,
         dump_after: None,
+        mem_limit: None,
     };
     let t = Instant::now();
     let c = compiler::compile(layer, &opts).expect("compiles");

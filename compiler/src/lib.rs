@@ -16,6 +16,7 @@ pub mod schedule;
 
 use manifest::{LayerInfo, Manifest, PeFiles, Placement};
 use passes::select::{Algorithm, Choice, Refusal};
+
 use passes::{analyze, codegen, lower, select};
 use std::collections::BTreeMap;
 
@@ -29,6 +30,8 @@ pub struct Options {
     pub schedule: Choice,
     /// Name of a pass whose result to render into [`Compiled::dump`].
     pub dump_after: Option<String>,
+    /// Largest memory, in words per PE, a schedule may use (`--mem`).
+    pub mem_limit: Option<u32>,
 }
 
 /// Everything a compile produces; the CLI decides what to write.
@@ -88,9 +91,10 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         let names: Vec<String> = candidates.iter().map(|a| a.to_string()).collect();
         dump = Some(format!("candidates: {}", names.join("; ")));
     }
-    // Every candidate is scheduled and the one with the fewest cycles kept (the first on a tie,
-    // so the most specialised algorithm wins ties).
-    let mut best: Option<(Algorithm, schedule::RingSchedule)> = None;
+    // Every candidate is scheduled and emitted, and the one with the fewest cycles among those
+    // within the memory limit kept; ties go to less memory, then to the more specialised one.
+    let mut tried: Vec<manifest::CandidateInfo> = Vec::new();
+    let mut best: Option<(Algorithm, schedule::RingSchedule, codegen::Emitted)> = None;
     for alg in candidates {
         let s = alg
             .schedule(&problem, opts.pes)
@@ -98,15 +102,36 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         if wants(alg.pass_name()) {
             dump = Some(s.to_string());
         }
-        if best.as_ref().is_none_or(|(_, b)| s.cycles() < b.cycles()) {
-            best = Some((alg, s));
+        let e = codegen::run(&s).map_err(|e| CompileError::Internal(e.to_string()))?;
+        let max_mem = max_words(&e);
+        let fits = opts.mem_limit.is_none_or(|limit| max_mem <= limit);
+        tried.push(manifest::CandidateInfo {
+            schedule: s.algorithm.to_string(),
+            cycles: s.cycles() as u64,
+            max_mem_words: max_mem,
+            fits,
+        });
+        let key = (s.cycles(), max_mem);
+        if fits && best.as_ref().is_none_or(|(_, b, be)| key < (b.cycles(), max_words(be))) {
+            best = Some((alg, s, e));
         }
     }
-    let (algorithm, schedule) = best.expect("select returns at least one candidate");
+    let Some((algorithm, schedule, emitted)) = best else {
+        let smallest = tried.iter().min_by_key(|c| c.max_mem_words).expect("at least one candidate");
+        return Err(CompileError::Refused(Refusal {
+            culprit: select::Culprit::Memory,
+            message: format!(
+                "no schedule fits in {} words per PE (the smallest, {}, needs {})",
+                opts.mem_limit.unwrap_or(0),
+                smallest.schedule,
+                smallest.max_mem_words
+            ),
+            note: "raise --mem, or use more PEs".into(),
+        }));
+    };
     if wants(CHOSEN_SCHEDULE) {
         dump = Some(schedule.to_string());
     }
-    let emitted = codegen::run(&schedule).map_err(|e| CompileError::Internal(e.to_string()))?;
     if wants(codegen::NAME) {
         dump = Some(
             emitted
@@ -117,7 +142,21 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
                 .join("\n"),
         );
     }
-    let manifest = build_manifest(layer, &problem, opts.pes, &schedule, &emitted);
+    let reason = if tried.len() == 1 {
+        "the only schedule that applies (or the one forced with --schedule)".to_string()
+    } else {
+        format!(
+            "fewest cycles among {} candidates{}",
+            tried.len(),
+            if opts.mem_limit.is_some() { " within the memory limit" } else { "" }
+        )
+    };
+    let selection = manifest::Selection {
+        chosen: schedule.algorithm.to_string(),
+        reason,
+        candidates: tried,
+    };
+    let manifest = build_manifest(layer, &problem, opts.pes, &schedule, &emitted, selection);
     Ok(Compiled {
         programs: emitted.programs,
         manifest,
@@ -126,12 +165,17 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     })
 }
 
+fn max_words(e: &codegen::Emitted) -> u32 {
+    e.programs.iter().map(|p| p.mem_words).max().unwrap_or(0)
+}
+
 fn build_manifest(
     layer: &lang::Layer,
     problem: &problem::Problem,
     pes: u32,
     schedule: &schedule::RingSchedule,
     emitted: &codegen::Emitted,
+    selection: manifest::Selection,
 ) -> Manifest {
     let (h, n, d) = (
         problem.heads as usize,
@@ -176,6 +220,7 @@ fn build_manifest(
         cycles: schedule.cycles() as u64,
         lower_bound: problem.lower_bound(pes),
         schedule: schedule.algorithm.into(),
+        selection,
         necessary_ops: problem.necessary_ops(),
         ops: schedule.ops.into(),
         mem_words: emitted.programs.iter().map(|p| p.mem_words).collect(),
@@ -189,4 +234,18 @@ fn build_manifest(
         inputs,
         outputs,
     }
+}
+
+/// Codegen and manifest for a schedule made outside the pass pipeline (the exact scheduler's):
+/// the same tail [`compile`] runs on the schedule it picks.
+pub fn finish(
+    layer: &lang::Layer,
+    problem: &problem::Problem,
+    pes: u32,
+    schedule: &schedule::RingSchedule,
+    selection: manifest::Selection,
+) -> Result<(Vec<isa::Program>, Manifest), CompileError> {
+    let emitted = codegen::run(schedule).map_err(|e| CompileError::Internal(e.to_string()))?;
+    let manifest = build_manifest(layer, problem, pes, schedule, &emitted, selection);
+    Ok((emitted.programs, manifest))
 }

@@ -20,6 +20,8 @@ pub struct Manifest {
     pub cycles: u64,
     pub lower_bound: u64,
     pub schedule: String,
+    /// Which schedules were considered and why this one was chosen.
+    pub selection: Selection,
     pub necessary_ops: u64,
     pub ops: OpCountsInfo,
     /// Memory words used by each PE's program.
@@ -27,6 +29,25 @@ pub struct Manifest {
     pub files: Vec<PeFiles>,
     pub inputs: BTreeMap<String, Placement>,
     pub outputs: BTreeMap<String, Placement>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Selection {
+    pub chosen: String,
+    pub reason: String,
+    pub candidates: Vec<CandidateInfo>,
+}
+
+/// One schedule the compiler built for this layer, with its exact cycle count.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CandidateInfo {
+    pub schedule: String,
+    pub cycles: u64,
+    pub max_mem_words: u32,
+    /// Within the `--mem` limit (always true without one).
+    pub fits: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

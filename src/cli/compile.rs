@@ -28,6 +28,9 @@ pub struct CompileArgs {
     /// Compile only the layer with this name (a file may hold several)
     #[arg(long, value_name = "NAME")]
     pub layer: Option<String>,
+    /// Largest memory per PE, in words: choose a schedule that fits or fail
+    #[arg(long = "mem", value_name = "WORDS")]
+    pub mem: Option<u32>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +91,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             pes,
             schedule: args.schedule,
             dump_after: dump_after.clone(),
+            mem_limit: args.mem,
         };
         let compiled =
             compiler::compile(layer, &opts).map_err(|e| explain(e, layer, &name, &source))?;
@@ -116,14 +120,15 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
         if !printing {
             let m = &compiled.manifest;
             eprintln!(
-                "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}), {} words/PE max",
+                "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}), {} words/PE max ({})",
                 layer.name,
                 compiled.algorithm,
                 pes,
                 m.cycles,
                 m.lower_bound,
                 m.cycles as f64 / m.lower_bound.max(1) as f64,
-                m.mem_words.iter().max().unwrap_or(&0)
+                m.mem_words.iter().max().unwrap_or(&0),
+                m.selection.reason
             );
         }
     }
@@ -146,7 +151,7 @@ fn explain(e: CompileError, layer: &lang::Layer, name: &str, source: &str) -> St
         Culprit::Dim => Some(lang::Field::Dim),
         Culprit::Qkv => Some(lang::Field::Qkv),
         Culprit::Mask => Some(lang::Field::Mask),
-        Culprit::Pes => None,
+        Culprit::Pes | Culprit::Memory => None,
     };
     let Some(field) = field else {
         return format!("{}\n  = note: {}", r.message, r.note);

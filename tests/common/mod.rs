@@ -31,6 +31,7 @@ pub fn compile_src(src: &str, pes: u32, schedule: Choice) -> Compiled {
         pes,
         schedule,
         dump_after: None,
+        mem_limit: None,
     };
     compile(&layer, &opts).unwrap_or_else(|e| panic!("compile failed: {e}"))
 }

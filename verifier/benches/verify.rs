@@ -100,6 +100,7 @@ fn main() {
             pes: c.pes,
             schedule: c.schedule,
             dump_after: None,
+            mem_limit: None,
         };
         let compiled = match compiler::compile(layer, &opts) {
             Ok(x) => x,

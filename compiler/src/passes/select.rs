@@ -94,6 +94,8 @@ pub enum Culprit {
     Qkv,
     Mask,
     Pes,
+    /// The `--mem` limit.
+    Memory,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -27,6 +27,7 @@ pub fn build(src: &str, pes: u32, schedule: Choice) -> Option<Compiled> {
         pes,
         schedule,
         dump_after: None,
+        mem_limit: None,
     };
     match compile(layer, &opts) {
         Ok(c) => Some(c),
