@@ -1,0 +1,426 @@
+//! The search over cycle budgets: one SAT call per budget `T`, each on a fresh encoding (windows
+//! depend on `T`), under one deadline for the whole search.
+
+use super::decode::{self, decode};
+use super::encode::{encode, EncodeOptions, Encoding};
+use super::model::Model;
+use crate::manifest::{CandidateInfo, Manifest, Selection};
+use crate::passes::{analyze, lower};
+use crate::problem::Problem;
+use crate::schedule::RingSchedule;
+use crate::{CompileError, Options as CompileOptions};
+use std::time::{Duration, Instant};
+
+/// Encodings beyond this many `(item, PE, cycle)` triples are refused rather than built: the
+/// solver would not finish and the machine might run out of memory first.
+pub const MAX_ENCODING_SIZE: u128 = 40_000_000;
+
+/// In which order budgets are tried.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Strategy {
+    /// From the lower bound up: the first satisfiable budget is optimal.
+    #[default]
+    Up,
+    /// From just below the best known schedule down: every answer improves the schedule, the
+    /// first unsatisfiable one proves the last.
+    Down,
+    /// Bisection between the lower bound and the best known schedule.
+    Bisect,
+}
+
+impl Strategy {
+    pub const NAMES: [&'static str; 3] = ["up", "down", "bisect"];
+
+    pub fn parse(s: &str) -> Option<Strategy> {
+        match s {
+            "up" => Some(Strategy::Up),
+            "down" => Some(Strategy::Down),
+            "bisect" => Some(Strategy::Bisect),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Largest budget to try.
+    pub max_cycles: Option<u64>,
+    /// Wall-clock limit for the whole search, encoding included.
+    pub time_limit: Option<Duration>,
+    pub strategy: Strategy,
+    pub symmetry_breaking: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_cycles: None,
+            time_limit: None,
+            strategy: Strategy::Up,
+            symmetry_breaking: true,
+        }
+    }
+}
+
+/// What the solver said about one budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Sat,
+    Unsat,
+    /// Stopped by the deadline.
+    Unknown,
+}
+
+impl Verdict {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Sat => "sat",
+            Verdict::Unsat => "unsat",
+            Verdict::Unknown => "unknown",
+        }
+    }
+}
+
+/// One SAT call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attempt {
+    /// The budget: every op runs in a cycle below `t`.
+    pub t: u64,
+    pub verdict: Verdict,
+    /// Encoding plus solving.
+    pub seconds: f64,
+    pub variables: u64,
+    pub clauses: u64,
+}
+
+/// Where the reported schedule came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Sat,
+    /// `compiler::compile`'s schedule: SAT found nothing better (or proved it optimal).
+    Heuristic,
+}
+
+impl Source {
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Sat => "sat",
+            Source::Heuristic => "heuristic",
+        }
+    }
+}
+
+/// The result of a search.
+pub struct Outcome {
+    pub programs: Vec<isa::Program>,
+    pub manifest: Manifest,
+    /// The decoded SAT schedule, when that is what is reported.
+    pub schedule: Option<RingSchedule>,
+    pub cycles: u64,
+    /// `cycles` equals the lower bound, or the budget `cycles − 1` is unsatisfiable.
+    pub proved_optimal: bool,
+    pub lower_bound: u64,
+    /// No schedule has fewer cycles than this: the lower bound raised by every unsatisfiable
+    /// budget.
+    pub proven_bound: u64,
+    pub heuristic_cycles: Option<u64>,
+    pub source: Source,
+    pub attempts: Vec<Attempt>,
+    /// The time limit cut the search short.
+    pub timed_out: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExactError {
+    /// The heuristic compile failed for a reason that also stops the exact search.
+    Compile(CompileError),
+    /// The instance is too large to encode.
+    TooLarge(String),
+    /// Nothing was found within the limits and there is no heuristic schedule to fall back on.
+    NoSchedule(String),
+    /// A bug: a model that does not decode, or a schedule codegen refuses.
+    Internal(String),
+}
+
+impl std::fmt::Display for ExactError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExactError::Compile(e) => write!(f, "{e}"),
+            ExactError::TooLarge(s) | ExactError::NoSchedule(s) => write!(f, "{s}"),
+            ExactError::Internal(s) => write!(f, "internal error in the exact scheduler: {s}"),
+        }
+    }
+}
+
+/// Terminates the solver at a deadline.
+struct Deadline(Option<Instant>);
+
+impl cadical::Callbacks for Deadline {
+    fn terminate(&mut self) -> bool {
+        self.0.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
+/// The problem the compiler derives from `layer`.
+pub fn problem_of(layer: &lang::Layer) -> Result<Problem, ExactError> {
+    let graph = lower::run(layer);
+    analyze::run(&graph)
+        .map(|f| f.problem)
+        .map_err(|e| ExactError::Internal(e.0))
+}
+
+/// Builds the encoding for budget `t`, refusing sizes beyond [`MAX_ENCODING_SIZE`].
+pub fn encoding(
+    problem: &Problem,
+    pes: u32,
+    t: u64,
+    symmetry_breaking: bool,
+) -> Result<Encoding, ExactError> {
+    let size = Model::size_estimate(problem, pes, t);
+    if size > MAX_ENCODING_SIZE {
+        return Err(ExactError::TooLarge(format!(
+            "the exact scheduler handles small layers only: {} tokens, dim {}, {} head(s) on {pes} \
+             PEs for {t} cycles would need about {size} variables (limit {MAX_ENCODING_SIZE})",
+            problem.tokens, problem.dim, problem.heads
+        )));
+    }
+    let model = Model::build(problem, pes, t as i64);
+    Ok(encode(model, EncodeOptions { symmetry_breaking }))
+}
+
+/// Decides budget `t`; on SAT also returns the decoded schedule.
+pub fn solve_budget(
+    problem: &Problem,
+    pes: u32,
+    t: u64,
+    deadline: Option<Instant>,
+    symmetry_breaking: bool,
+) -> Result<(Attempt, Option<RingSchedule>), ExactError> {
+    let start = Instant::now();
+    let enc = encoding(problem, pes, t, symmetry_breaking)?;
+    let (variables, clauses) = (enc.variables(), enc.clauses());
+    let mut solver: cadical::Solver<Deadline> = cadical::Solver::new();
+    solver.reserve(enc.cnf.vars);
+    for clause in enc.cnf.clauses.split(|&l| l == 0) {
+        if !clause.is_empty() {
+            solver.add_clause(clause.iter().copied());
+        }
+    }
+    solver.set_callbacks(Some(Deadline(deadline)));
+    let verdict = if deadline.is_some_and(|d| Instant::now() >= d) {
+        Verdict::Unknown
+    } else {
+        match solver.solve() {
+            Some(true) => Verdict::Sat,
+            Some(false) => Verdict::Unsat,
+            None => Verdict::Unknown,
+        }
+    };
+    let schedule = if verdict == Verdict::Sat {
+        let s = decode(&enc, |lit| solver.value(lit).unwrap_or(false))
+            .map_err(ExactError::Internal)?;
+        Some(s)
+    } else {
+        None
+    };
+    let attempt = Attempt {
+        t,
+        verdict,
+        seconds: start.elapsed().as_secs_f64(),
+        variables,
+        clauses,
+    };
+    Ok((attempt, schedule))
+}
+
+/// Finds a schedule with the fewest cycles for `layer` on `pes` PEs, with a proof when the limits
+/// allow. Falls back on `compiler::compile`'s schedule when SAT finds nothing better.
+pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome, ExactError> {
+    let started = Instant::now();
+    let deadline = opts.time_limit.map(|d| started + d);
+    if pes == 0 {
+        return Err(ExactError::Compile(CompileError::Internal(
+            "a ring needs at least one PE".into(),
+        )));
+    }
+    let problem = problem_of(layer)?;
+    let lb = problem.lower_bound(pes);
+    let copts = CompileOptions {
+        pes,
+        ..Default::default()
+    };
+    let heuristic = crate::compile(layer, &copts).ok();
+    let heuristic_cycles = heuristic.as_ref().map(|c| c.manifest.cycles);
+    // Every op in sequence on one PE is always a schedule, so this budget is always enough.
+    let serial = problem.necessary_ops().max(1);
+    let known = heuristic_cycles.unwrap_or(serial + 1);
+    let cap = opts.max_cycles.unwrap_or(u64::MAX).min(known.saturating_sub(1));
+
+    let mut attempts = Vec::new();
+    let mut best: Option<RingSchedule> = None;
+    let mut best_cycles = known;
+    let mut proven = lb;
+    let mut timed_out = false;
+    let run = |t: u64,
+                   attempts: &mut Vec<Attempt>,
+                   best: &mut Option<RingSchedule>,
+                   best_cycles: &mut u64,
+                   proven: &mut u64|
+     -> Result<Verdict, ExactError> {
+        let (attempt, schedule) =
+            solve_budget(&problem, pes, t, deadline, opts.symmetry_breaking)?;
+        let verdict = attempt.verdict;
+        attempts.push(attempt);
+        match verdict {
+            Verdict::Sat => {
+                let s = schedule.expect("SAT decodes");
+                let c = s.cycles() as u64;
+                if c < *best_cycles {
+                    *best_cycles = c;
+                    *best = Some(s);
+                }
+            }
+            Verdict::Unsat => *proven = (*proven).max(t + 1),
+            Verdict::Unknown => {}
+        }
+        Ok(verdict)
+    };
+
+    if lb <= cap {
+        match opts.strategy {
+            Strategy::Up => {
+                let mut t = lb;
+                while t <= cap && t < best_cycles {
+                    match run(t, &mut attempts, &mut best, &mut best_cycles, &mut proven)? {
+                        Verdict::Unsat => t += 1,
+                        Verdict::Sat => break,
+                        Verdict::Unknown => {
+                            timed_out = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            Strategy::Down => {
+                let mut t = cap;
+                while t >= proven && t < best_cycles {
+                    match run(t, &mut attempts, &mut best, &mut best_cycles, &mut proven)? {
+                        Verdict::Sat => t = best_cycles.saturating_sub(1).min(cap),
+                        Verdict::Unsat => break,
+                        Verdict::Unknown => {
+                            timed_out = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            Strategy::Bisect => {
+                let mut hi = cap + 1;
+                while proven < hi.min(best_cycles) {
+                    let top = hi.min(best_cycles);
+                    let t = proven + (top - proven) / 2;
+                    match run(t, &mut attempts, &mut best, &mut best_cycles, &mut proven)? {
+                        Verdict::Sat | Verdict::Unsat => {}
+                        Verdict::Unknown => {
+                            timed_out = true;
+                            break;
+                        }
+                    }
+                    hi = hi.min(best_cycles);
+                }
+            }
+        }
+    }
+
+    let proved_optimal = proven >= best_cycles;
+    let candidates: Vec<CandidateInfo> = heuristic
+        .as_ref()
+        .map(|c| CandidateInfo {
+            schedule: c.manifest.schedule.clone(),
+            cycles: c.manifest.cycles,
+            max_mem_words: c.manifest.mem_words.iter().copied().max().unwrap_or(0),
+            fits: true,
+        })
+        .into_iter()
+        .collect();
+    match best {
+        Some(schedule) => {
+            let reason = if proved_optimal {
+                format!(
+                    "SAT: fewest cycles possible in the exact model (a budget of {} cycles is {})",
+                    best_cycles.saturating_sub(1),
+                    if best_cycles == lb {
+                        "below the lower bound"
+                    } else {
+                        "unsatisfiable"
+                    }
+                )
+            } else {
+                "SAT: best schedule found within the limits (not proved optimal)".into()
+            };
+            let mut candidates = candidates;
+            candidates.push(CandidateInfo {
+                schedule: decode::NAME.into(),
+                cycles: best_cycles,
+                max_mem_words: 0,
+                fits: true,
+            });
+            let selection = Selection {
+                chosen: decode::NAME.into(),
+                reason,
+                candidates,
+            };
+            let (programs, manifest) = crate::finish(layer, &problem, pes, &schedule, selection)
+                .map_err(|e| ExactError::Internal(e.to_string()))?;
+            let max_mem = programs.iter().map(|p| p.mem_words).max().unwrap_or(0);
+            let mut manifest = manifest;
+            if let Some(c) = manifest.selection.candidates.last_mut() {
+                c.max_mem_words = max_mem;
+            }
+            Ok(Outcome {
+                programs,
+                manifest,
+                schedule: Some(schedule),
+                cycles: best_cycles,
+                proved_optimal,
+                lower_bound: lb,
+                proven_bound: proven.min(best_cycles),
+                heuristic_cycles,
+                source: Source::Sat,
+                attempts,
+                timed_out,
+            })
+        }
+        None => {
+            let Some(c) = heuristic else {
+                return Err(ExactError::NoSchedule(format!(
+                    "no schedule found within {} cycles{}, and the heuristic schedulers do not \
+                     apply to this layer",
+                    cap,
+                    if timed_out { " before the time limit" } else { "" }
+                )));
+            };
+            let mut manifest = c.manifest;
+            if proved_optimal {
+                manifest.selection.reason = format!(
+                    "{}; proved optimal by SAT (a budget of {} cycles is unsatisfiable)",
+                    manifest.selection.reason,
+                    best_cycles.saturating_sub(1)
+                );
+            }
+            Ok(Outcome {
+                programs: c.programs,
+                manifest,
+                schedule: None,
+                cycles: best_cycles,
+                proved_optimal,
+                lower_bound: lb,
+                proven_bound: proven.min(best_cycles),
+                heuristic_cycles,
+                source: Source::Heuristic,
+                attempts,
+                timed_out,
+            })
+        }
+    }
+}
