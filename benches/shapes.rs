@@ -1,0 +1,86 @@
+//! Realistic layer shapes: cycles, lower bound, cycles/LB, the chosen dataflow, memory per PE,
+//! compile time and output size, plus the best paper algorithm where one applies.
+//!
+//! Run: `cargo bench --bench shapes` (add `-- --quick` for the n = 64 rows only).
+
+use compiler::passes::select::Choice;
+use std::time::Instant;
+
+/// Layers above this many necessary operations are left out: their programs run to hundreds of
+/// megabytes and the table is about ratios, which the smaller shapes already show.
+const MAX_OPS: u64 = 6_000_000;
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let ns: &[u32] = if quick { &[64] } else { &[64, 128, 256] };
+    println!("| n | d | m | heads | scheme | cycles | LB | cycles/LB | chosen | best paper algo | max mem words/PE | compile s | output MB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut log_sum = 0.0;
+    let mut count = 0;
+    let mut worst_plenty: f64 = 0.0;
+    let mut skipped = 0;
+    for &n in ns {
+        for d in [32u32, 64, 128] {
+            for m in [4u32, 6, 8, 12] {
+                for heads in [1u32, 4] {
+                    for (scheme, extra) in [("separate", ""), ("shared", "qkv = shared;"), ("causal", "mask = causal;")] {
+                        let src = format!("layer t {{ tokens = {n}; dim = {d}; heads = {heads}; {extra} }}");
+                        let parsed = lang::parse(0, &src);
+                        let layer = &parsed.layers[0];
+                        let causal = scheme == "causal";
+                        let (n64, d64, h64) = (u64::from(n), u64::from(d), u64::from(heads));
+                        let w = if causal { n64 * (n64 + 1) / 2 } else { n64 * n64 };
+                        let distinct = if scheme == "shared" { n64 * (n64 + 1) / 2 } else { w };
+                        if h64 * (d64 * distinct + 2 * w + d64 * w) > MAX_OPS {
+                            skipped += 1;
+                            continue;
+                        }
+                        let opts = compiler::Options {
+                            pes: m,
+                            schedule: Choice::Auto,
+                            dump_after: None,
+                            mem_limit: None,
+                        };
+                        let t = Instant::now();
+                        let c = compiler::compile(layer, &opts).expect("compiles");
+                        let secs = t.elapsed().as_secs_f64();
+                        let bytes: usize = c
+                            .programs
+                            .iter()
+                            .map(|p| isa::encode(p).len() + p.to_string().len())
+                            .sum::<usize>()
+                            + c.manifest.to_json().len();
+                        let man = &c.manifest;
+                        let ratio = man.cycles as f64 / man.lower_bound as f64;
+                        log_sum += ratio.ln();
+                        count += 1;
+                        if n >= 4 * m {
+                            worst_plenty = worst_plenty.max(ratio);
+                        }
+                        let paper = man
+                            .selection
+                            .candidates
+                            .iter()
+                            .filter(|c| c.schedule != "schedule-rows")
+                            .map(|c| c.cycles)
+                            .min()
+                            .map_or("n/a".to_string(), |c| c.to_string());
+                        println!(
+                            "| {n} | {d} | {m} | {heads} | {scheme} | {} | {} | {ratio:.4} | {} | {paper} | {} | {secs:.2} | {:.1} |",
+                            man.cycles,
+                            man.lower_bound,
+                            man.schedule,
+                            man.mem_words.iter().max().unwrap_or(&0),
+                            bytes as f64 / 1e6
+                        );
+                    }
+                }
+            }
+        }
+    }
+    println!();
+    println!(
+        "{count} shapes; geometric mean of cycles/LB: {:.4}; worst cycles/LB with n >= 4m: {worst_plenty:.4}; {skipped} shapes above {MAX_OPS} operations left out",
+        (log_sum / f64::from(count)).exp()
+    );
+}
