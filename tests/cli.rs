@@ -176,13 +176,16 @@ fn zero_pes() {
 }
 
 #[test]
-fn pes_not_dividing_tokens_points_at_the_field() {
+fn forced_baseline_on_pes_not_dividing_tokens_points_at_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("l.attn");
     std::fs::write(&file, "layer t {\n  tokens = 6;\n  dim = 6;\n}\n").unwrap();
-    let o = attnc(&[s(&file), "--pes", "4", "-o", s(&dir.path().join("o"))]);
+    let o = attnc(&[s(&file), "--pes", "4", "--schedule", "baseline", "-o", s(&dir.path().join("o"))]);
     assert_clean_failure(&o, "l.attn:2:");
     assert!(text(&o).contains("tokens"));
+    // Under `auto` the row dataflow takes the same layer.
+    let o = attnc(&[s(&file), "--pes", "4", "-o", s(&dir.path().join("o"))]);
+    assert!(o.status.success(), "{}", text(&o));
 }
 
 #[test]
@@ -315,4 +318,12 @@ fn forced_schedule_that_does_not_apply() {
         "/tmp/never",
     ]);
     assert_clean_failure(&o, "mask = causal");
+}
+
+#[test]
+fn memory_limit_too_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = attnc(&["examples/encoder.attn", "--pes", "2", "--mem", "10", "-o", s(&dir.path().join("o"))]);
+    assert_clean_failure(&o, "no schedule fits in 10 words");
+    assert!(!dir.path().join("o").exists());
 }

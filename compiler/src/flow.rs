@@ -8,7 +8,8 @@
 //! says, so the simulated timeline *is* the schedule and its length is the exact cycle count.
 
 use crate::schedule::{Builder, Val, Work};
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
 
 /// How far past a blocked task (or send) the scheduler looks for ready work.
 pub const WINDOW: usize = 48;
@@ -33,7 +34,7 @@ pub struct Flow {
 pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
     let m = flow.tasks.len();
     // avail[p][v] = first cycle at which v can be read on p.
-    let mut avail: Vec<HashMap<Val, usize>> = vec![HashMap::new(); m];
+    let mut avail: Vec<HashMap<Val, usize>> = vec![HashMap::default(); m];
     for (p, vals) in flow.preloaded.iter().enumerate() {
         for &v in vals {
             avail[p].insert(v, 0);
@@ -52,12 +53,12 @@ pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
             if let Some(pos) = pending[p]
                 .iter()
                 .take(WINDOW)
-                .position(|&i| flow.tasks[p][i].work.reads().iter().all(ready))
+                .position(|&i| flow.tasks[p][i].work.reads().all(|v| ready(&v)))
             {
                 let i = pending[p].remove(pos).expect("position is in range");
                 let task = flow.tasks[p][i];
                 b.work(p as u32, t, task.phase, task.work);
-                produced.extend(task.work.writes().into_iter().map(|v| (p, v)));
+                produced.extend(task.work.writes().map(|v| (p, v)));
                 progressed = true;
             }
             if let Some(pos) = to_send[p].iter().take(WINDOW).position(|&i| ready(&flow.forward[p][i])) {

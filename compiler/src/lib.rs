@@ -40,6 +40,8 @@ pub struct Compiled {
     pub manifest: Manifest,
     pub algorithm: Algorithm,
     pub dump: Option<String>,
+    /// Wall time of each pass run, in order (`--time-passes`).
+    pub timings: Vec<(String, f64)>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -75,8 +77,15 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     assert!(opts.pes > 0, "the CLI rejects --pes 0");
     let mut dump = None;
     let wants = |name: &str| opts.dump_after.as_deref() == Some(name);
+    let mut timings: Vec<(String, f64)> = Vec::new();
+    let mut clock = std::time::Instant::now();
+    let mut lap = |name: &str, timings: &mut Vec<(String, f64)>| {
+        timings.push((name.to_string(), clock.elapsed().as_secs_f64()));
+        clock = std::time::Instant::now();
+    };
 
     let graph = lower::run(layer);
+    lap(lower::NAME, &mut timings);
     if wants(lower::NAME) {
         dump = Some(graph.to_string());
     }
@@ -85,6 +94,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         dump = Some(facts.to_string());
     }
     let problem = facts.problem;
+    lap(analyze::NAME, &mut timings);
     let candidates =
         select::run(&problem, opts.pes, opts.schedule).map_err(CompileError::Refused)?;
     if wants(select::NAME) {
@@ -99,10 +109,12 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         let s = alg
             .schedule(&problem, opts.pes)
             .map_err(|e| CompileError::Internal(format!("{}: {e}", alg.pass_name())))?;
+        lap(alg.pass_name(), &mut timings);
         if wants(alg.pass_name()) {
             dump = Some(s.to_string());
         }
         let e = codegen::run(&s).map_err(|e| CompileError::Internal(e.to_string()))?;
+        lap(&format!("{} ({})", codegen::NAME, alg.pass_name()), &mut timings);
         let max_mem = max_words(&e);
         let fits = opts.mem_limit.is_none_or(|limit| max_mem <= limit);
         tried.push(manifest::CandidateInfo {
@@ -157,11 +169,13 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         candidates: tried,
     };
     let manifest = build_manifest(layer, &problem, opts.pes, &schedule, &emitted, selection);
+    lap("manifest", &mut timings);
     Ok(Compiled {
         programs: emitted.programs,
         manifest,
         algorithm,
         dump,
+        timings,
     })
 }
 

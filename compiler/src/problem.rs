@@ -74,7 +74,7 @@ impl Problem {
 /// Input values of one layer, created on demand at the PE a placement function names.
 pub struct Inputs {
     problem: Problem,
-    vals: std::collections::HashMap<Element, Val>,
+    vals: rustc_hash::FxHashMap<Element, Val>,
 }
 
 impl Inputs {

@@ -46,22 +46,24 @@ pub enum Work {
 
 impl Work {
     /// Values read by the work, in operand order.
-    pub fn reads(&self) -> Vec<Val> {
-        match *self {
-            Work::Mac { a, b, acc, .. } => [Some(a), Some(b), acc].into_iter().flatten().collect(),
-            Work::Exp { x, acc, .. } => [Some(x), acc].into_iter().flatten().collect(),
-            Work::Div { num, den, .. } => vec![num, den],
-        }
+    pub fn reads(&self) -> impl Iterator<Item = Val> {
+        let ops = match *self {
+            Work::Mac { a, b, acc, .. } => [Some(a), Some(b), acc],
+            Work::Exp { x, acc, .. } => [Some(x), acc, None],
+            Work::Div { num, den, .. } => [Some(num), Some(den), None],
+        };
+        ops.into_iter().flatten()
     }
 
     /// Values produced by the work: the op result (if it is a value of its own) and the
     /// accumulate result.
-    pub fn writes(&self) -> Vec<Val> {
-        match *self {
-            Work::Mac { out, .. } => vec![out],
-            Work::Exp { e, sum, .. } => vec![e, sum],
-            Work::Div { out, .. } => vec![out],
-        }
+    pub fn writes(&self) -> impl Iterator<Item = Val> {
+        let outs = match *self {
+            Work::Mac { out, .. } => [Some(out), None],
+            Work::Exp { e, sum, .. } => [Some(e), Some(sum)],
+            Work::Div { out, .. } => [Some(out), None],
+        };
+        outs.into_iter().flatten()
     }
 
     pub fn phase_kind(&self) -> OpKind {

@@ -28,6 +28,9 @@ pub struct CompileArgs {
     /// Compile only the layer with this name (a file may hold several)
     #[arg(long, value_name = "NAME")]
     pub layer: Option<String>,
+    /// Print how long each pass took (to stderr)
+    #[arg(long)]
+    pub time_passes: bool,
     /// Largest memory per PE, in words: choose a schedule that fits or fail
     #[arg(long = "mem", value_name = "WORDS")]
     pub mem: Option<u32>,
@@ -95,6 +98,11 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
         };
         let compiled =
             compiler::compile(layer, &opts).map_err(|e| explain(e, layer, &name, &source))?;
+        if args.time_passes {
+            for (pass, secs) in &compiled.timings {
+                eprintln!("time: {secs:9.4}s  {pass}");
+            }
+        }
         if let Some(d) = &compiled.dump {
             println!("{d}");
         }

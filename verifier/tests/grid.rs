@@ -61,6 +61,27 @@ fn grid_of_shapes_and_schedules() {
 }
 
 #[test]
+fn general_shapes() {
+    // d ≠ n and rings that do not divide the sizes, wherever the compiler accepts them.
+    let mut proved = 0;
+    for (n, d) in [(5, 3), (7, 8), (6, 4), (9, 2), (10, 16), (3, 1), (1, 5)] {
+        for m in [1, 2, 3, 4, 8, 11] {
+            for heads in [1, 2] {
+                for shared in [false, true] {
+                    for causal in [false, true] {
+                        let src = source(n, d, heads, shared, causal);
+                        for schedule in [Choice::Auto, Choice::Baseline] {
+                            proved += usize::from(assert_proved(&src, m, schedule));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    println!("proved {proved} general-shape programs");
+}
+
+#[test]
 fn paper_instances() {
     let shared = [(3, 3), (4, 4), (5, 5), (6, 3), (6, 6), (15, 5), (15, 15)];
     for (n, m) in shared {

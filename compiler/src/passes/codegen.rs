@@ -11,7 +11,8 @@
 use crate::schedule::{Element, RingSchedule, Slot, Val, ValInfo, Work};
 use isa::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BinaryHeap;
 
 pub const NAME: &str = "codegen";
 pub const DESCRIPTION: &str =
@@ -36,42 +37,52 @@ struct Life {
     /// Kept to the end: an output, or a preloaded input (which must have a home).
     pinned: bool,
     addr: Addr,
+    /// The previous lifetime of the same value on this PE (`NONE` if none): values that come
+    /// back to a PE are rare and short-listed, so a chain beats a vector per value.
+    prev: u32,
 }
+
+const NONE: u32 = u32::MAX;
 
 /// Lifetimes on one PE, indexed by value for lookups at a cycle.
 #[derive(Default)]
 struct PeLives {
     lives: Vec<Life>,
-    by_val: HashMap<Val, Vec<usize>>,
+    latest: HashMap<Val, u32>,
 }
 
 impl PeLives {
     fn start(&mut self, val: Val, start: usize, pinned: bool) {
-        self.by_val.entry(val).or_default().push(self.lives.len());
+        let idx = self.lives.len() as u32;
+        let prev = self.latest.insert(val, idx).unwrap_or(NONE);
         self.lives.push(Life {
             start,
             end: None,
             pinned,
             addr: Addr::MAX,
+            prev,
         });
+    }
+
+    /// Lifetimes of `val` on this PE, latest first.
+    fn chain(&self, val: Val) -> impl Iterator<Item = usize> + '_ {
+        let mut next = self.latest.get(&val).copied().unwrap_or(NONE);
+        std::iter::from_fn(move || {
+            (next != NONE).then(|| {
+                let i = next as usize;
+                next = self.lives[i].prev;
+                i
+            })
+        })
     }
 
     /// The lifetime of `val` holding at `cycle`: the latest one started at or before it.
     fn at(&self, val: Val, cycle: usize) -> Option<usize> {
-        self.by_val
-            .get(&val)?
-            .iter()
-            .rev()
-            .copied()
-            .find(|&i| self.lives[i].start <= cycle)
+        self.chain(val).find(|&i| self.lives[i].start <= cycle)
     }
 
     fn starting(&self, val: Val, cycle: usize) -> Option<&Life> {
-        self.by_val
-            .get(&val)?
-            .iter()
-            .map(|&i| &self.lives[i])
-            .find(|l| l.start == cycle)
+        self.chain(val).map(|i| &self.lives[i]).find(|l| l.start == cycle)
     }
 
     fn stored(&self, val: Val, cycle: usize) -> Option<Addr> {

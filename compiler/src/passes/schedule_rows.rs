@@ -20,7 +20,7 @@ use crate::flow::{self, Flow, Task};
 use crate::ir::Tensor;
 use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, Element, RingSchedule, Val, Work};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 pub const NAME: &str = "schedule-rows";
 pub const DESCRIPTION: &str = "row-ownership dataflow: rows cut evenly over the PEs, k/v rows travel (any n, d, m)";
@@ -120,9 +120,9 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
         };
 
         // Inputs: every row of q, k, v preloaded on its own row's first PE.
-        let mut qv: HashMap<(u32, u32), Val> = HashMap::new();
-        let mut kv: HashMap<(u32, u32), Val> = HashMap::new();
-        let mut vv: HashMap<(u32, u32), Val> = HashMap::new();
+        let mut qv: HashMap<(u32, u32), Val> = HashMap::default();
+        let mut kv: HashMap<(u32, u32), Val> = HashMap::default();
+        let mut vv: HashMap<(u32, u32), Val> = HashMap::default();
         for r in 0..n {
             let home = plan(h, r).first();
             let far_q = plan(h, r).last();
@@ -156,7 +156,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
         // {a, b} is computed once, by the holder of (a, b) or of (b, a) alternately by the
         // parity of a + b, so every PE computes half of the pairs it shares with each other PE
         // (balanced work), and the value is sent on to the other holder.
-        let mut unit_pe: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut unit_pe: HashMap<(u32, u32), u32> = HashMap::default();
         for a in 0..n {
             for part in &plan(h, a).parts {
                 unit_pe.extend(part.cols.iter().map(|&c| ((a, c), part.pe)));
@@ -172,7 +172,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                 a < col
             }
         };
-        let mut score: HashMap<(u32, u32), Val> = HashMap::new();
+        let mut score: HashMap<(u32, u32), Val> = HashMap::default();
         for pe in 0..m {
             let mut mine: Vec<(u32, u32)> = Vec::new();
             for a in 0..n {
@@ -217,7 +217,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
         // divisions that wait for a sum coming round the ring, then phase 3 of split-row heads,
         // whole rows and continuations: work others wait for comes as early as it can.
         let scale = p.scale as f32;
-        let mut weight: HashMap<(u32, u32), Val> = HashMap::new();
+        let mut weight: HashMap<(u32, u32), Val> = HashMap::default();
         // lists[pe][k]: k = 0 split heads, 1 whole rows, 2 continuations, 3 late divisions.
         let mut lists: Vec<[Vec<Task>; 4]> = vec![Default::default(); m as usize];
         for a in 0..n {
@@ -261,7 +261,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
         }
 
         // Phase 3: y[a][c] accumulates on each part in turn, the partial row handed forward.
-        let mut y_in: HashMap<(u32, u32), Val> = HashMap::new();
+        let mut y_in: HashMap<(u32, u32), Val> = HashMap::default();
         for pe in 0..m {
             // rank 0: split-row heads (their partial y is awaited downstream), 1: whole rows,
             // 2: middle parts, 3: final parts.
