@@ -327,3 +327,13 @@ fn memory_limit_too_small() {
     assert_clean_failure(&o, "no schedule fits in 10 words");
     assert!(!dir.path().join("o").exists());
 }
+
+#[test]
+fn layer_too_large_to_emit() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.attn");
+    std::fs::write(&file, "layer gpt2 {\n  tokens = 1024;\n  dim = 64;\n  heads = 12;\n}\n").unwrap();
+    let o = attnc(&[s(&file), "--pes", "8", "-o", s(&dir.path().join("o"))]);
+    assert_clean_failure(&o, "big.attn:2:");
+    assert!(text(&o).contains("GB"), "{}", text(&o));
+}

@@ -20,6 +20,10 @@ use passes::select::{Algorithm, Choice, Refusal};
 use passes::{analyze, codegen, lower, select};
 use std::collections::BTreeMap;
 
+/// Largest layer, in necessary operations, that `compile` takes: beyond it the emitted files
+/// (32-byte bundles, one per PE per cycle, plus their text form) run to gigabytes.
+pub const MAX_OPS: u64 = 30_000_000;
+
 /// `--dump-after` name for the schedule that won selection, whichever pass made it.
 pub const CHOSEN_SCHEDULE: &str = "schedule";
 
@@ -95,6 +99,17 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     }
     let problem = facts.problem;
     lap(analyze::NAME, &mut timings);
+    if problem.necessary_ops() > MAX_OPS {
+        return Err(CompileError::Refused(Refusal {
+            culprit: select::Culprit::Tokens,
+            message: format!(
+                "this layer needs {} operations; the microcode (one bundle per PE per cycle) would take about {} GB",
+                problem.necessary_ops(),
+                problem.necessary_ops() * 64 / 1_000_000_000
+            ),
+            note: format!("attnc emits layers of up to {MAX_OPS} operations; compile fewer heads or tokens per layer"),
+        }));
+    }
     let candidates =
         select::run(&problem, opts.pes, opts.schedule).map_err(CompileError::Refused)?;
     if wants(select::NAME) {

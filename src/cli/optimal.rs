@@ -1,13 +1,192 @@
-//! `attnc optimal`: exact schedules by SAT (placeholder until the encoder lands).
+//! `attnc optimal`: search for a provably optimal schedule with a SAT solver and write it like
+//! `attnc compile` does.
 
+use super::outdir::{self, Files};
+use compiler::exact::{self, Outcome, Strategy};
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
 pub struct OptimalArgs {
     /// The layer description (.attn)
     pub file: PathBuf,
+    /// Number of PEs in the ring
+    #[arg(long, value_name = "M")]
+    pub pes: Option<u32>,
+    /// Output directory (replaced atomically; written only when everything succeeded)
+    #[arg(short = 'o', long = "out", value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Schedule only the layer with this name (required when the file holds several)
+    #[arg(long, value_name = "NAME")]
+    pub layer: Option<String>,
+    /// Largest cycle budget to try
+    #[arg(long, value_name = "T")]
+    pub max_cycles: Option<u64>,
+    /// Stop searching after this many seconds and keep the best schedule found
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub time_limit: Option<Duration>,
+    /// Order of budgets: up (from the lower bound), down (from the heuristic schedule), bisect
+    #[arg(long, default_value = "up", value_parser = parse_strategy)]
+    pub search: Strategy,
+    /// Keep schedules that differ only by a symmetry (slower; for checking the encoding)
+    #[arg(long)]
+    pub no_symmetry_breaking: bool,
+    /// Print one JSON object instead of text
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(_args: &OptimalArgs) -> Result<(), String> {
-    Err("the exact scheduler is not built yet".into())
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("expected a number of seconds, got `{s}`"))?;
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("expected a non-negative number of seconds, got `{s}`"))
+}
+
+fn parse_strategy(s: &str) -> Result<Strategy, String> {
+    Strategy::parse(s).ok_or_else(|| format!("expected one of: {}", Strategy::NAMES.join(", ")))
+}
+
+pub fn run(args: &OptimalArgs) -> Result<(), String> {
+    let bytes = std::fs::read(&args.file)
+        .map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
+    let name = args.file.display().to_string();
+    let parsed = lang::parse_bytes(0, &bytes);
+    let source = String::from_utf8_lossy(&bytes).into_owned();
+    if !parsed.diagnostics.is_empty() {
+        eprint!("{}", lang::render(&name, &source, &parsed.diagnostics));
+    }
+    if lang::has_errors(&parsed.diagnostics) {
+        return Err(format!("{name}: could not compile due to the errors above"));
+    }
+    let mut layers = parsed.layers;
+    if let Some(wanted) = &args.layer {
+        layers.retain(|l| &l.name == wanted);
+        if layers.is_empty() {
+            return Err(format!("{name}: no layer named `{wanted}`"));
+        }
+    }
+    let layer = match layers.as_slice() {
+        [one] => one,
+        [] => return Err(format!("{name}: the file holds no layer")),
+        _ => {
+            let names: Vec<&str> = layers.iter().map(|l| l.name.as_str()).collect();
+            return Err(format!(
+                "{name}: holds several layers ({}); pick one with --layer NAME",
+                names.join(", ")
+            ));
+        }
+    };
+    let Some(pes) = args.pes else {
+        return Err("missing --pes M (the number of PEs in the ring)".into());
+    };
+    if pes == 0 {
+        return Err("--pes must be at least 1".into());
+    }
+    let Some(out) = &args.out else {
+        return Err("missing -o DIR (where to write the microcode)".into());
+    };
+
+    let opts = exact::Options {
+        max_cycles: args.max_cycles,
+        time_limit: args.time_limit,
+        strategy: args.search,
+        symmetry_breaking: !args.no_symmetry_breaking,
+    };
+    if !args.json {
+        eprintln!(
+            "{}: searching on {pes} PEs (lower bound {})",
+            layer.name,
+            exact::problem_of(layer)
+                .map(|p| p.lower_bound(pes))
+                .map_err(|e| e.to_string())?
+        );
+    }
+    let outcome = exact::optimal(layer, pes, &opts).map_err(|e| format!("{name}: {e}"))?;
+
+    let mut files: Files = Vec::new();
+    for p in &outcome.programs {
+        files.push((PathBuf::from(format!("pe{}.s", p.pe)), p.to_string().into_bytes()));
+        files.push((PathBuf::from(format!("pe{}.bin", p.pe)), isa::encode(p)));
+    }
+    files.push((
+        PathBuf::from("manifest.json"),
+        outcome.manifest.to_json().into_bytes(),
+    ));
+    outdir::write_atomically(out, &files)?;
+
+    if args.json {
+        println!("{}", to_json(&outcome, &layer.name, pes, out));
+    } else {
+        for a in &outcome.attempts {
+            eprintln!(
+                "  T = {:>5}: {:7} {:9.3} s  ({} variables, {} clauses)",
+                a.t,
+                a.verdict.name(),
+                a.seconds,
+                a.variables,
+                a.clauses
+            );
+        }
+        let proof = if outcome.proved_optimal {
+            if outcome.cycles == outcome.lower_bound {
+                "optimal: equals the lower bound".to_string()
+            } else {
+                format!("optimal: {} cycles is unsatisfiable", outcome.cycles - 1)
+            }
+        } else {
+            format!(
+                "not proved optimal (no schedule has fewer than {} cycles{})",
+                outcome.proven_bound,
+                if outcome.timed_out {
+                    "; the time limit stopped the search"
+                } else {
+                    ""
+                }
+            )
+        };
+        println!(
+            "{}: {} cycles on {pes} PEs ({}), lower bound {}, heuristic {}, schedule from {}",
+            layer.name,
+            outcome.cycles,
+            proof,
+            outcome.lower_bound,
+            outcome
+                .heuristic_cycles
+                .map_or("none".to_string(), |c| c.to_string()),
+            outcome.source.name()
+        );
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+fn to_json(o: &Outcome, layer: &str, pes: u32, out: &std::path::Path) -> serde_json::Value {
+    let attempts: Vec<serde_json::Value> = o
+        .attempts
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "t": a.t,
+                "result": a.verdict.name(),
+                "seconds": a.seconds,
+                "variables": a.variables,
+                "clauses": a.clauses,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "layer": layer,
+        "pes": pes,
+        "cycles": o.cycles,
+        "proved_optimal": o.proved_optimal,
+        "lower_bound": o.lower_bound,
+        "proven_bound": o.proven_bound,
+        "heuristic_cycles": o.heuristic_cycles,
+        "source": o.source.name(),
+        "timed_out": o.timed_out,
+        "attempts": attempts,
+        "out": out.display().to_string(),
+    })
 }

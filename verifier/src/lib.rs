@@ -44,10 +44,16 @@
 //! * `duplicate-op` — no product (phase 1 or phase 3) or quotient is computed twice; for a shared
 //!   layer this means each distinct phase-1 product `x_a[c]·x_b[c]` is computed once. An
 //!   exponential may be computed once per row whose denominator uses it (twice for `exp(s·x_a·x_b)`,
-//!   `a ≠ b`, in a shared unmasked layer, since rows `a` and `b` both need it).
+//!   `a ≠ b`, in a shared unmasked layer, since rows `a` and `b` both need it). One declared
+//!   exception: if a shared unmasked layer's manifest claims more phase-1 products than necessary
+//!   (`ops.phase1_mac`; the baseline schedule, paper Algorithm 1, does not exploit `q = k`), a
+//!   product may be computed once per score that sums it (twice for `a ≠ b`), unless
+//!   [`Options::exact_ops`] is set.
 //! * `op-count` — executed `mul` (phase 1: product of two inputs; phase 3: the rest), `exp` and
 //!   `div` counts equal the necessary counts of DESIGN.md §4 per kind (and so their total equals
-//!   `manifest.necessary_ops`), and equal the manifest's `ops` claims.
+//!   `manifest.necessary_ops`), and equal the manifest's `ops` claims. Under the exception above
+//!   the phase-1 count must equal the claim instead, and [`Report::redundant_ops`] says how many
+//!   operations were beyond the necessary.
 //! * `lost-value` — a word written by a PE's own op or acc slot is read before it is overwritten
 //!   or the run ends, unless it is an output element's final word.
 //! * `unread-transfer` — likewise for a word received over the ring.

@@ -84,7 +84,13 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
 
     let mut b = Builder::new(NAME, pes);
     let mut inputs = Inputs::new(*p);
-    let mut tasks: Vec<Vec<Task>> = vec![Vec::new(); m as usize];
+    // Tasks of all heads, per PE, in buckets taken in order at the end: phase 1; phase 2 split-row
+    // heads, whole rows, continuations, divisions waiting for a sum from round the ring; phase 3
+    // split-row heads, whole rows, middle parts, final parts. Bucketing by kind rather than by
+    // head keeps a PE that holds the tail of one head and the start of the next from making the
+    // next PE wait for work queued behind a whole head.
+    const BUCKETS: usize = 9;
+    let mut tasks: Vec<[Vec<Task>; BUCKETS]> = vec![Default::default(); m as usize];
     let mut preloaded: Vec<Vec<Val>> = vec![Vec::new(); m as usize];
     // Forwarding lists in priority classes, concatenated at the end.
     const CLASSES: usize = 6;
@@ -193,7 +199,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                         acc,
                         out,
                     };
-                    tasks[pe as usize].push(Task { work, phase: 1 });
+                    tasks[pe as usize][0].push(Task { work, phase: 1 });
                     acc = Some(out);
                 }
                 score.insert((a, col), acc.expect("dim >= 1"));
@@ -218,8 +224,6 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
         // whole rows and continuations: work others wait for comes as early as it can.
         let scale = p.scale as f32;
         let mut weight: HashMap<(u32, u32), Val> = HashMap::default();
-        // lists[pe][k]: k = 0 split heads, 1 whole rows, 2 continuations, 3 late divisions.
-        let mut lists: Vec<[Vec<Task>; 4]> = vec![Default::default(); m as usize];
         for a in 0..n {
             let rp = plan(h, a);
             let split = rp.parts.len() > 1;
@@ -236,7 +240,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                         e,
                         sum,
                     };
-                    lists[part.pe as usize][k].push(Task { work, phase: 2 });
+                    tasks[part.pe as usize][1 + k].push(Task { work, phase: 2 });
                     running = Some(sum);
                     exps.push((part.pe, col, e));
                 }
@@ -255,7 +259,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                 let w = b.computed();
                 let work = Work::Div { num: e, den: sum, out: w };
                 let k = if !split { 1 } else if pe == last { 2 } else { 3 };
-                lists[pe as usize][k].push(Task { work, phase: 2 });
+                tasks[pe as usize][1 + k].push(Task { work, phase: 2 });
                 weight.insert((a, col), w);
             }
         }
@@ -279,16 +283,8 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                 }
             }
             mine.sort_by_key(|&(rank, a, col)| (rank, arrival(pe, col), col, a));
-            let [heads_, whole, conts, late] = std::mem::take(&mut lists[pe as usize]);
-            let list = &mut tasks[pe as usize];
-            list.extend(heads_);
-            list.extend(whole);
-            list.extend(conts);
             let mut y: std::collections::BTreeMap<(u32, u32), Val> = Default::default();
-            // Divisions that wait for a sum from round the ring come first: they feed the
-            // split-row heads.
-            list.extend(late);
-            for &(_, a, col) in &mine {
+            for &(rank, a, col) in &mine {
                 for c in 0..d {
                     let out = b.computed();
                     let acc = y.get(&(a, c)).copied().or_else(|| y_in.get(&(a, c)).copied());
@@ -298,7 +294,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                         acc,
                         out,
                     };
-                    list.push(Task { work, phase: 3 });
+                    tasks[pe as usize][5 + rank as usize].push(Task { work, phase: 3 });
                     y.insert((a, c), out);
                 }
             }
@@ -336,6 +332,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                 .collect()
         })
         .collect();
+    let tasks = tasks.into_iter().map(|buckets| buckets.concat()).collect();
     let flow = Flow {
         tasks,
         forward,

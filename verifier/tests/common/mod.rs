@@ -16,6 +16,12 @@ pub fn source(tokens: u32, dim: u32, heads: u32, shared: bool, causal: bool) -> 
 
 /// Compiles the single layer in `src`; `None` when the scheduler refuses the combination.
 pub fn build(src: &str, pes: u32, schedule: Choice) -> Option<Compiled> {
+    try_build(src, pes, schedule)
+        .unwrap_or_else(|e| panic!("{src} on {pes} PEs with {schedule:?}: {e}"))
+}
+
+/// Like [`build`], but an internal compiler error is returned rather than a panic.
+pub fn try_build(src: &str, pes: u32, schedule: Choice) -> Result<Option<Compiled>, CompileError> {
     let parsed = lang::parse(0, src);
     assert!(
         parsed.diagnostics.is_empty(),
@@ -30,8 +36,8 @@ pub fn build(src: &str, pes: u32, schedule: Choice) -> Option<Compiled> {
         mem_limit: None,
     };
     match compile(layer, &opts) {
-        Ok(c) => Some(c),
-        Err(CompileError::Refused(_)) => None,
-        Err(e) => panic!("{src} on {pes} PEs with {schedule:?}: {e}"),
+        Ok(c) => Ok(Some(c)),
+        Err(CompileError::Refused(_)) => Ok(None),
+        Err(e) => Err(e),
     }
 }
