@@ -23,14 +23,28 @@ fn main() {
         for d in [32u32, 64, 128] {
             for m in [4u32, 6, 8, 12] {
                 for heads in [1u32, 4] {
-                    for (scheme, extra) in [("separate", ""), ("shared", "qkv = shared;"), ("causal", "mask = causal;")] {
-                        let src = format!("layer t {{ tokens = {n}; dim = {d}; heads = {heads}; {extra} }}");
+                    for (scheme, extra) in [
+                        ("separate", ""),
+                        ("shared", "qkv = shared;"),
+                        ("causal", "mask = causal;"),
+                    ] {
+                        let src = format!(
+                            "layer t {{ tokens = {n}; dim = {d}; heads = {heads}; {extra} }}"
+                        );
                         let parsed = lang::parse(0, &src);
                         let layer = &parsed.layers[0];
                         let causal = scheme == "causal";
                         let (n64, d64, h64) = (u64::from(n), u64::from(d), u64::from(heads));
-                        let w = if causal { n64 * (n64 + 1) / 2 } else { n64 * n64 };
-                        let distinct = if scheme == "shared" { n64 * (n64 + 1) / 2 } else { w };
+                        let w = if causal {
+                            n64 * (n64 + 1) / 2
+                        } else {
+                            n64 * n64
+                        };
+                        let distinct = if scheme == "shared" {
+                            n64 * (n64 + 1) / 2
+                        } else {
+                            w
+                        };
                         if h64 * (d64 * distinct + 2 * w + d64 * w) > MAX_OPS {
                             skipped += 1;
                             continue;

@@ -180,7 +180,15 @@ fn forced_baseline_on_pes_not_dividing_tokens_points_at_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("l.attn");
     std::fs::write(&file, "layer t {\n  tokens = 6;\n  dim = 6;\n}\n").unwrap();
-    let o = attnc(&[s(&file), "--pes", "4", "--schedule", "baseline", "-o", s(&dir.path().join("o"))]);
+    let o = attnc(&[
+        s(&file),
+        "--pes",
+        "4",
+        "--schedule",
+        "baseline",
+        "-o",
+        s(&dir.path().join("o")),
+    ]);
     assert_clean_failure(&o, "l.attn:2:");
     assert!(text(&o).contains("tokens"));
     // Under `auto` the row dataflow takes the same layer.
@@ -323,7 +331,15 @@ fn forced_schedule_that_does_not_apply() {
 #[test]
 fn memory_limit_too_small() {
     let dir = tempfile::tempdir().unwrap();
-    let o = attnc(&["examples/encoder.attn", "--pes", "2", "--mem", "10", "-o", s(&dir.path().join("o"))]);
+    let o = attnc(&[
+        "examples/encoder.attn",
+        "--pes",
+        "2",
+        "--mem",
+        "10",
+        "-o",
+        s(&dir.path().join("o")),
+    ]);
     assert_clean_failure(&o, "no schedule fits in 10 words");
     assert!(!dir.path().join("o").exists());
 }
@@ -332,8 +348,66 @@ fn memory_limit_too_small() {
 fn layer_too_large_to_emit() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("big.attn");
-    std::fs::write(&file, "layer gpt2 {\n  tokens = 1024;\n  dim = 64;\n  heads = 12;\n}\n").unwrap();
+    std::fs::write(
+        &file,
+        "layer gpt2 {\n  tokens = 1024;\n  dim = 64;\n  heads = 12;\n}\n",
+    )
+    .unwrap();
     let o = attnc(&[s(&file), "--pes", "8", "-o", s(&dir.path().join("o"))]);
     assert_clean_failure(&o, "big.attn:2:");
     assert!(text(&o).contains("GB"), "{}", text(&o));
+}
+
+#[test]
+fn verify_proves_emitted_code_and_rejects_a_tampered_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = compiled(
+        dir.path(),
+        "layer t { tokens = 4; dim = 4; mask = causal; }",
+        "2",
+    );
+    let o = attnc(&["verify", s(&out)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("proved: for all inputs"), "{}", text(&o));
+    // Swap two multiplications' operands for a different column: still runs, wrong result.
+    for pe in 0..2 {
+        std::fs::remove_file(out.join(format!("pe{pe}.bin"))).unwrap();
+    }
+    let asm = out.join("pe0.s");
+    let good = std::fs::read_to_string(&asm).unwrap();
+    let line = good.lines().position(|l| l.starts_with("mul ")).unwrap();
+    let mut lines: Vec<String> = good.lines().map(String::from).collect();
+    let (first, rest) = lines[line].split_once(',').unwrap();
+    let a: &str = first.trim_start_matches("mul ");
+    lines[line] = format!(
+        "mul {a},{}",
+        rest.replacen(rest.split('|').next().unwrap(), &format!(" {a} "), 1)
+    );
+    std::fs::write(&asm, lines.join("\n") + "\n").unwrap();
+    let o = attnc(&["verify", s(&out)]);
+    assert_clean_failure(&o, "verification failed");
+}
+
+#[test]
+fn compile_reports_verification() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = attnc(&[
+        "examples/encoder.attn",
+        "--pes",
+        "2",
+        "-o",
+        s(&dir.path().join("o")),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("verified"), "{}", text(&o));
+    let o = attnc(&[
+        "examples/encoder.attn",
+        "--pes",
+        "2",
+        "--no-verify",
+        "-o",
+        s(&dir.path().join("o")),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("verified"), "{}", text(&o));
 }

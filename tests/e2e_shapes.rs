@@ -16,19 +16,38 @@ fn check(n: u32, d: u32, m: u32, heads: u32, shared: bool, causal: bool) {
     let what = format!("n={n} d={d} m={m} heads={heads} shared={shared} causal={causal}");
     let c = compile_src(&src, m, Choice::Auto);
     let r = run_emitted(&c, u64::from(n * 7919 + d * 31 + m));
-    assert!(r.max_abs_err <= TOL, "{what}: max_abs_err {}", r.max_abs_err);
-    assert!(r.cycles >= c.manifest.lower_bound, "{what}: below the lower bound");
+    assert!(
+        r.max_abs_err <= TOL,
+        "{what}: max_abs_err {}",
+        r.max_abs_err
+    );
+    assert!(
+        r.cycles >= c.manifest.lower_bound,
+        "{what}: below the lower bound"
+    );
     let (n, d, h) = (u64::from(n), u64::from(d), u64::from(heads));
     let weights = if causal { n * (n + 1) / 2 } else { n * n };
-    let distinct = if shared && !causal { n * (n + 1) / 2 } else { weights };
+    let distinct = if shared && !causal {
+        n * (n + 1) / 2
+    } else {
+        weights
+    };
     let ops = c.manifest.ops;
     assert_eq!(
-        (ops.phase1_mac, ops.phase2_exp, ops.phase2_div, ops.phase3_mac),
+        (
+            ops.phase1_mac,
+            ops.phase2_exp,
+            ops.phase2_div,
+            ops.phase3_mac
+        ),
         (h * d * distinct, h * weights, h * weights, h * d * weights),
         "{what}: operation counts"
     );
     let executed: u64 = r.stats.per_pe.iter().map(|p| p.mul + p.exp + p.div).sum();
-    assert_eq!(executed, c.manifest.necessary_ops, "{what}: executed operations");
+    assert_eq!(
+        executed, c.manifest.necessary_ops,
+        "{what}: executed operations"
+    );
 }
 
 #[test]
@@ -36,7 +55,8 @@ fn every_small_shape() {
     for n in 1..=8u32 {
         for m in 1..=n + 2 {
             for d in 1..=2 * n {
-                for (shared, causal) in [(false, false), (true, false), (false, true), (true, true)] {
+                for (shared, causal) in [(false, false), (true, false), (false, true), (true, true)]
+                {
                     check(n, d, m, 1 + (n + m + d) % 3, shared, causal);
                 }
             }
@@ -49,7 +69,8 @@ fn larger_shapes_sampled() {
     for n in 9..=16u32 {
         for m in [1, 2, 3, n - 1, n, n + 1, n + 2] {
             for d in [1, n - 1, n, 2 * n] {
-                for (shared, causal) in [(false, false), (true, false), (false, true), (true, true)] {
+                for (shared, causal) in [(false, false), (true, false), (false, true), (true, true)]
+                {
                     check(n, d, m, 1 + (n + m) % 2, shared, causal);
                 }
             }
@@ -60,7 +81,13 @@ fn larger_shapes_sampled() {
 #[test]
 fn rows_dataflow_is_near_the_lower_bound_when_rows_are_plenty() {
     // n ≥ 4m: within 5% of the lower bound for every scheme (the target).
-    for (n, d, m) in [(32, 8, 4), (24, 5, 6), (40, 16, 8), (48, 12, 12), (33, 7, 5)] {
+    for (n, d, m) in [
+        (32, 8, 4),
+        (24, 5, 6),
+        (40, 16, 8),
+        (48, 12, 12),
+        (33, 7, 5),
+    ] {
         for (shared, causal) in [(false, false), (true, false), (false, true), (true, true)] {
             let src = format!(
                 "layer t {{ tokens = {n}; dim = {d}; qkv = {}; mask = {}; }}",
@@ -69,7 +96,10 @@ fn rows_dataflow_is_near_the_lower_bound_when_rows_are_plenty() {
             );
             let c = compile_src(&src, m, Choice::Auto);
             let ratio = c.manifest.cycles as f64 / c.manifest.lower_bound as f64;
-            assert!(ratio <= 1.05, "n={n} d={d} m={m} shared={shared} causal={causal}: cycles/LB {ratio:.3}");
+            assert!(
+                ratio <= 1.05,
+                "n={n} d={d} m={m} shared={shared} causal={causal}: cycles/LB {ratio:.3}"
+            );
         }
     }
 }

@@ -40,8 +40,13 @@ pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
             avail[p].insert(v, 0);
         }
     }
-    let mut pending: Vec<VecDeque<usize>> = flow.tasks.iter().map(|t| (0..t.len()).collect()).collect();
-    let mut to_send: Vec<VecDeque<usize>> = flow.forward.iter().map(|f| (0..f.len()).collect()).collect();
+    let mut pending: Vec<VecDeque<usize>> =
+        flow.tasks.iter().map(|t| (0..t.len()).collect()).collect();
+    let mut to_send: Vec<VecDeque<usize>> = flow
+        .forward
+        .iter()
+        .map(|f| (0..f.len()).collect())
+        .collect();
     let mut t = 0usize;
     let mut idle = 0;
     while pending.iter().any(|q| !q.is_empty()) || to_send.iter().any(|q| !q.is_empty()) {
@@ -61,7 +66,11 @@ pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
                 produced.extend(task.work.writes().map(|v| (p, v)));
                 progressed = true;
             }
-            if let Some(pos) = to_send[p].iter().take(WINDOW).position(|&i| ready(&flow.forward[p][i])) {
+            if let Some(pos) = to_send[p]
+                .iter()
+                .take(WINDOW)
+                .position(|&i| ready(&flow.forward[p][i]))
+            {
                 let i = to_send[p].remove(pos).expect("position is in range");
                 let v = flow.forward[p][i];
                 b.send(p as u32, t, v);
@@ -86,7 +95,10 @@ pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
                 }))
                 .take(4)
                 .collect();
-            return Err(format!("dataflow deadlock at cycle {t}: {}", stuck.join("; ")));
+            return Err(format!(
+                "dataflow deadlock at cycle {t}: {}",
+                stuck.join("; ")
+            ));
         }
     }
     Ok(t)

@@ -129,7 +129,10 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
             dump = Some(s.to_string());
         }
         let e = codegen::run(&s).map_err(|e| CompileError::Internal(e.to_string()))?;
-        lap(&format!("{} ({})", codegen::NAME, alg.pass_name()), &mut timings);
+        lap(
+            &format!("{} ({})", codegen::NAME, alg.pass_name()),
+            &mut timings,
+        );
         let max_mem = max_words(&e);
         let fits = opts.mem_limit.is_none_or(|limit| max_mem <= limit);
         tried.push(manifest::CandidateInfo {
@@ -139,12 +142,19 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
             fits,
         });
         let key = (s.cycles(), max_mem);
-        if fits && best.as_ref().is_none_or(|(_, b, be)| key < (b.cycles(), max_words(be))) {
+        if fits
+            && best
+                .as_ref()
+                .is_none_or(|(_, b, be)| key < (b.cycles(), max_words(be)))
+        {
             best = Some((alg, s, e));
         }
     }
     let Some((algorithm, schedule, emitted)) = best else {
-        let smallest = tried.iter().min_by_key(|c| c.max_mem_words).expect("at least one candidate");
+        let smallest = tried
+            .iter()
+            .min_by_key(|c| c.max_mem_words)
+            .expect("at least one candidate");
         return Err(CompileError::Refused(Refusal {
             culprit: select::Culprit::Memory,
             message: format!(
@@ -175,7 +185,11 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         format!(
             "fewest cycles among {} candidates{}",
             tried.len(),
-            if opts.mem_limit.is_some() { " within the memory limit" } else { "" }
+            if opts.mem_limit.is_some() {
+                " within the memory limit"
+            } else {
+                ""
+            }
         )
     };
     let selection = manifest::Selection {

@@ -28,6 +28,13 @@ pub struct CompileArgs {
     /// Compile only the layer with this name (a file may hold several)
     #[arg(long, value_name = "NAME")]
     pub layer: Option<String>,
+    /// Prove the emitted programs with the symbolic verifier before writing them (default: on for
+    /// layers of up to 1M operations, where it takes well under a second)
+    #[arg(long, overrides_with = "no_verify")]
+    pub verify: bool,
+    /// Skip the symbolic verification before writing
+    #[arg(long, overrides_with = "verify")]
+    pub no_verify: bool,
     /// Print how long each pass took (to stderr)
     #[arg(long)]
     pub time_passes: bool,
@@ -44,6 +51,9 @@ pub enum Emit {
     Asm,
     Manifest,
 }
+
+/// Up to this many operations `compile` runs the verifier unless told not to.
+const VERIFY_BY_DEFAULT_OPS: u64 = 1_000_000;
 
 fn parse_choice(s: &str) -> Result<Choice, String> {
     Choice::parse(s).ok_or_else(|| format!("expected one of: {}", Choice::NAMES.join(", ")))
@@ -106,6 +116,25 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
         if let Some(d) = &compiled.dump {
             println!("{d}");
         }
+        let m = &compiled.manifest;
+        let verify = args.verify || (!args.no_verify && m.necessary_ops <= VERIFY_BY_DEFAULT_OPS);
+        if verify {
+            let t = std::time::Instant::now();
+            let opts = verifier::Options {
+                exact_ops: m.schedule != "schedule-baseline",
+                ..Default::default()
+            };
+            let report = verifier::verify_with(&compiled.programs, m, &opts);
+            if !report.is_ok() {
+                return Err(format!(
+                    "internal compiler error: the emitted programs for `{}` failed verification (nothing written):\n{report}",
+                    layer.name
+                ));
+            }
+            if args.time_passes {
+                eprintln!("time: {:9.4}s  verify", t.elapsed().as_secs_f64());
+            }
+        }
         if args.emit == Some(Emit::Manifest) {
             println!("{}", compiled.manifest.to_json());
         }
@@ -126,9 +155,8 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             compiled.manifest.to_json().into_bytes(),
         ));
         if !printing {
-            let m = &compiled.manifest;
             eprintln!(
-                "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}), {} words/PE max ({})",
+                "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}), {} words/PE max ({}){}",
                 layer.name,
                 compiled.algorithm,
                 pes,
@@ -136,7 +164,8 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
                 m.lower_bound,
                 m.cycles as f64 / m.lower_bound.max(1) as f64,
                 m.mem_words.iter().max().unwrap_or(&0),
-                m.selection.reason
+                m.selection.reason,
+                if verify { "; verified" } else { "" }
             );
         }
     }

@@ -31,6 +31,10 @@ pub struct OptimalArgs {
     /// Keep schedules that differ only by a symmetry (slower; for checking the encoding)
     #[arg(long)]
     pub no_symmetry_breaking: bool,
+    /// Solve with SAT even where the heuristic schedule already meets the lower bound, and write
+    /// the SAT schedule
+    #[arg(long)]
+    pub sat_only: bool,
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
@@ -93,6 +97,7 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
         time_limit: args.time_limit,
         strategy: args.search,
         symmetry_breaking: !args.no_symmetry_breaking,
+        sat_only: args.sat_only,
     };
     if !args.json {
         eprintln!(
@@ -107,7 +112,10 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
 
     let mut files: Files = Vec::new();
     for p in &outcome.programs {
-        files.push((PathBuf::from(format!("pe{}.s", p.pe)), p.to_string().into_bytes()));
+        files.push((
+            PathBuf::from(format!("pe{}.s", p.pe)),
+            p.to_string().into_bytes(),
+        ));
         files.push((PathBuf::from(format!("pe{}.bin", p.pe)), isa::encode(p)));
     }
     files.push((

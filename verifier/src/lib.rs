@@ -55,7 +55,9 @@
 //!   the phase-1 count must equal the claim instead, and [`Report::redundant_ops`] says how many
 //!   operations were beyond the necessary.
 //! * `lost-value` — a word written by a PE's own op or acc slot is read before it is overwritten
-//!   or the run ends, unless it is an output element's final word.
+//!   or the run ends, unless it is an output element's final word; and no op or acc result is
+//!   dropped on the spot (an op with neither destination nor acc, an acc with neither
+//!   destination nor `send acc`).
 //! * `unread-transfer` — likewise for a word received over the ring.
 //! * `unused-input` — every preloaded input word is read before it is overwritten or the run ends.
 //!

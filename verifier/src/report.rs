@@ -262,10 +262,15 @@ impl fmt::Display for Report {
         }
         let names: Vec<&str> = self.checked.iter().map(|i| i.name()).collect();
         writeln!(f, "invariants checked: {}", names.join(", "))?;
+        let secs = s.time.as_secs_f64();
+        let time = if secs < 1.0 {
+            format!("{:.2} ms", secs * 1e3)
+        } else {
+            format!("{secs:.3} s")
+        };
         write!(
             f,
-            "time: {:.3} s; {} expressions ({} sum terms); {} cycles; ops: mul {} + {}, exp {}, div {}, add {}",
-            s.time.as_secs_f64(),
+            "time: {time}; {} expressions ({} sum terms); {} cycles; ops: mul {} + {}, exp {}, div {}, add {}",
             s.expressions,
             s.sum_terms,
             s.cycles,

@@ -3,7 +3,7 @@
 
 use crate::expr::{ExprId, FxMap, Interner, Node, Style, MASKED, NEEDED};
 use crate::report::{Invariant, OpTally, Violation};
-use isa::{Acc, Addr, Domain, Observer, Op, Program};
+use isa::{Acc, Addr, Domain, Observer, Op, Program, Xfer, XferSrc};
 use std::cell::RefCell;
 
 /// What a memory word last received.
@@ -20,13 +20,18 @@ pub enum Origin {
 #[derive(Clone, Copy, Debug)]
 pub struct Word {
     pub origin: Origin,
-    /// Cycle of the last write (meaningless for `Empty` and `Input`).
-    pub cycle: u64,
+    /// Cycle of the last write (meaningless for `Empty` and `Input`). 32 bits keep a word's state
+    /// as small as the machine's own word, since both are allocated per declared memory word.
+    cycle: u32,
     /// Read since the last write.
     pub read: bool,
 }
 
 impl Word {
+    pub fn cycle(&self) -> u64 {
+        u64::from(self.cycle)
+    }
+
     const EMPTY: Word = Word {
         origin: Origin::Empty,
         cycle: 0,
@@ -137,11 +142,11 @@ impl<'p> Run<'p> {
     pub fn writer_text(&self, pe: u32, addr: Addr) -> Option<(u64, String)> {
         let w = self.words.get(pe as usize)?.get(addr as usize)?;
         match w.origin {
-            Origin::Computed => Some((w.cycle, bundle_text(self.programs, pe, w.cycle)?)),
+            Origin::Computed => Some((w.cycle(), bundle_text(self.programs, pe, w.cycle())?)),
             Origin::Received => {
                 let from = self.predecessor(pe);
-                let b = bundle_text(self.programs, from, w.cycle)?;
-                Some((w.cycle, format!("PE {from}: {b}")))
+                let b = bundle_text(self.programs, from, w.cycle())?;
+                Some((w.cycle(), format!("PE {from}: {b}")))
             }
             Origin::Empty | Origin::Input => None,
         }
@@ -159,7 +164,51 @@ impl<'p> Run<'p> {
         bundle_text(self.programs, pe, cycle)
     }
 
+    /// A result that the bundle neither stores nor passes on is lost the moment it is made.
+    fn check_result_kept(&mut self, acc: bool) {
+        let (pe, cycle) = self.cur;
+        let Some(b) = self
+            .programs
+            .get(pe as usize)
+            .and_then(|p| p.bundles.get(usize::try_from(cycle).ok()?))
+        else {
+            return;
+        };
+        let lost = if acc {
+            matches!(b.acc, Acc::Add { dst: None, .. })
+                && !matches!(
+                    b.xfer,
+                    Xfer::Send {
+                        src: XferSrc::Acc,
+                        ..
+                    }
+                )
+        } else {
+            let op_dst = match b.op {
+                Op::Mul { dst, .. } | Op::Exp { dst, .. } | Op::Div { dst, .. } => dst,
+                Op::Nop => return,
+            };
+            op_dst.is_none() && matches!(b.acc, Acc::Nop)
+        };
+        if lost {
+            let text = b.to_string();
+            let what = if acc {
+                "the acc result is neither written nor sent"
+            } else {
+                "the op result is neither written nor accumulated"
+            };
+            self.sink.report(Invariant::LostValue, || Violation {
+                invariant: Invariant::LostValue,
+                pe: Some(pe),
+                cycle: Some(cycle),
+                instruction: Some(text),
+                message: what.to_string(),
+            });
+        }
+    }
+
     fn op(&mut self, kind: OpKind, id: ExprId) {
+        self.check_result_kept(false);
         match kind {
             OpKind::Mul => {
                 let phase1 = matches!(self.ex.node(id), Node::Mul(a, b)
@@ -263,8 +312,8 @@ impl<'p> Run<'p> {
             Origin::Computed => self.sink.report(Invariant::LostValue, || Violation {
                 invariant: Invariant::LostValue,
                 pe: Some(pe),
-                cycle: Some(w.cycle),
-                instruction: bundle_text(programs, pe, w.cycle),
+                cycle: Some(w.cycle()),
+                instruction: bundle_text(programs, pe, w.cycle()),
                 message: format!("the value written to m{addr} here {fate}"),
             }),
             Origin::Received => {
@@ -272,8 +321,8 @@ impl<'p> Run<'p> {
                 self.sink.report(Invariant::UnreadTransfer, || Violation {
                     invariant: Invariant::UnreadTransfer,
                     pe: Some(pe),
-                    cycle: Some(w.cycle),
-                    instruction: bundle_text(programs, from, w.cycle)
+                    cycle: Some(w.cycle()),
+                    instruction: bundle_text(programs, from, w.cycle())
                         .map(|b| format!("PE {from}: {b}")),
                     message: format!("the word PE {from} sent to m{addr} in this cycle {fate}"),
                 })
@@ -350,6 +399,7 @@ impl Domain for Sym<'_, '_> {
     fn add(&mut self, a: &ExprId, b: &ExprId) -> ExprId {
         let mut r = self.0.borrow_mut();
         r.tally.add += 1;
+        r.check_result_kept(true);
         r.ex.add(*a, *b)
     }
 }
@@ -413,7 +463,7 @@ impl Observer for Watch<'_, '_> {
             } else {
                 Origin::Received
             },
-            cycle,
+            cycle: u32::try_from(cycle).unwrap_or(u32::MAX),
             read: false,
         };
     }

@@ -186,7 +186,9 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
         let mut work: Vec<u32> = Vec::new();
         for &(p, t) in &readers[v] {
             if avail[p as usize] > t {
-                return Err(format!("value {v} is read on PE {p} at cycle {t} before it is there"));
+                return Err(format!(
+                    "value {v} is read on PE {p} at cycle {t} before it is there"
+                ));
             }
             if !needed[p as usize] {
                 needed[p as usize] = true;
@@ -211,7 +213,11 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
             let &o = chain_order[x]
                 .last()
                 .ok_or_else(|| format!("output chain {x} has no op"))?;
-            b.output(element, place[o].0, op_out[o].expect("chain ops have outputs"));
+            b.output(
+                element,
+                place[o].0,
+                op_out[o].expect("chain ops have outputs"),
+            );
         }
     }
     let mut booked = HashSet::new();

@@ -81,6 +81,41 @@ impl Cnf {
         self.clause(&[-lits[k - 1], -(s + k as i32 - 2)]);
     }
 
+    /// At most `k` of `lits` (sequential counter: `s[i][j]` = at least `j + 1` of the first
+    /// `i + 1` are true).
+    pub fn at_most(&mut self, lits: &[i32], k: usize) {
+        let lits: Vec<i32> = lits.iter().copied().filter(|&l| l != FALSE).collect();
+        if k >= lits.len() {
+            return;
+        }
+        if k == 0 {
+            for &l in &lits {
+                self.clause(&[-l]);
+            }
+            return;
+        }
+        if k == 1 {
+            self.at_most_one(&lits);
+            return;
+        }
+        let n = lits.len();
+        let s = self.block((n * k) as i64);
+        let r = |i: usize, j: usize| s + (i * k + j) as i32;
+        for i in 0..n {
+            let x = lits[i];
+            self.clause(&[-x, r(i, 0)]);
+            if i > 0 {
+                for j in 0..k {
+                    self.clause(&[-r(i - 1, j), r(i, j)]);
+                }
+                for j in 1..k {
+                    self.clause(&[-x, -r(i - 1, j - 1), r(i, j)]);
+                }
+                self.clause(&[-x, -r(i - 1, k - 1)]);
+            }
+        }
+    }
+
     pub fn exactly_one(&mut self, lits: &[i32]) {
         self.clause(lits);
         self.at_most_one(lits);
@@ -208,6 +243,7 @@ impl Encoding {
 #[derive(Clone, Copy, Debug)]
 pub struct EncodeOptions {
     pub symmetry_breaking: bool,
+    pub slack_limit: bool,
 }
 
 pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
@@ -318,7 +354,11 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
         }
         let reads: Vec<ValueId> = {
             let mut seen = HashSet::new();
-            op.reads.iter().copied().filter(|v| seen.insert(*v)).collect()
+            op.reads
+                .iter()
+                .copied()
+                .filter(|v| seen.insert(*v))
+                .collect()
         };
         for p in 0..m {
             for t in op.lo..=op.hi {
@@ -343,7 +383,17 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
             Producer::Chain(x) => last[x].at(p, t),
         }
     };
+    let mut readers: Vec<Vec<OpId>> = vec![Vec::new(); model.values.len()];
+    for (o, op) in model.ops.iter().enumerate() {
+        for &v in &op.reads {
+            if !readers[v].contains(&o) {
+                readers[v].push(o);
+            }
+        }
+    }
     for (v, val) in model.values.iter().enumerate() {
+        // `used[p][t]`: PE p reads or forwards v in some cycle from t on.
+        let used = Grid::new(&mut cnf, m, val.lo, val.hi, FALSE);
         for p in 0..m {
             for t in val.lo..=val.hi {
                 let came = if links {
@@ -355,13 +405,17 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                     Producer::Input if t == val.lo => pre[v][p as usize],
                     _ => FALSE,
                 };
-                cnf.clause(&[
-                    -have[v].at(p, t),
-                    have[v].at(p, t - 1),
-                    came,
-                    producers(v, p, t - 1),
-                    loaded,
-                ]);
+                let made = producers(v, p, t - 1);
+                let (here, before) = (have[v].at(p, t), have[v].at(p, t - 1));
+                cnf.clause(&[-here, before, came, made, loaded]);
+                // Presence is exact and lasting (memory is not the constraint here), so the
+                // solver reasons about arrivals rather than about which copies to forget.
+                for x in [before, came, made, loaded] {
+                    cnf.clause(&[-x, here]);
+                }
+                let mut c = vec![-used.at(p, t), used.at(p, t + 1), send[v].at(p, t)];
+                c.extend(readers[v].iter().map(|&o| run[o].at(p, t)));
+                cnf.clause(&c);
             }
             if links {
                 for t in val.send_lo()..val.hi {
@@ -369,7 +423,12 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                         Producer::Chain(x) => last[x].at(p, t),
                         _ => FALSE,
                     };
-                    cnf.clause(&[-send[v].at(p, t), have[v].at(p, t), acc_made]);
+                    let x = send[v].at(p, t);
+                    cnf.clause(&[-x, have[v].at(p, t), acc_made]);
+                    // Sending a word the next PE already holds, or will never use, only takes
+                    // the link from a transfer that matters.
+                    cnf.clause(&[-x, -have[v].at(next(p), t)]);
+                    cnf.clause(&[-x, used.at(next(p), t + 1)]);
                 }
             }
         }
@@ -377,12 +436,9 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
             cnf.exactly_one(&pre[v]);
             // A preload where nothing reads the element only feeds the link; preloading it at
             // the first reader instead frees those transfers, so only readers are considered.
-            let readers: Vec<OpId> = (0..model.ops.len())
-                .filter(|&o| model.ops[o].reads.contains(&v))
-                .collect();
             for p in 0..m as usize {
                 let mut c = vec![-pre[v][p]];
-                c.extend(readers.iter().map(|&o| on[o][p]));
+                c.extend(readers[v].iter().map(|&o| on[o][p]));
                 cnf.clause(&c);
             }
         }
@@ -459,6 +515,20 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
     }
     for lits in &slot {
         cnf.at_most_one(lits);
+    }
+    // Redundant but decisive for tight budgets: the op slots left empty cannot exceed the slack
+    // m·T − #ops. Without it the solver learns this pigeonhole fact slowly, if at all.
+    let slack = (i64::from(m) * horizon - model.ops.len() as i64).max(0) as usize;
+    if opts.slack_limit && slack < slot.len() {
+        let mut idle = Vec::with_capacity(slot.len());
+        for lits in &slot {
+            let i = cnf.var();
+            let mut c = lits.clone();
+            c.push(i);
+            cnf.clause(&c);
+            idle.push(i);
+        }
+        cnf.at_most(&idle, slack);
     }
     if links {
         let mut link: Vec<Vec<i32>> = vec![Vec::new(); slot.len()];

@@ -255,11 +255,7 @@ impl Model {
                     let ch = new_chain(&mut m);
                     let score = new_value(
                         &mut m,
-                        ValueKind::Score {
-                            head,
-                            a: ka,
-                            b: kb,
-                        },
+                        ValueKind::Score { head, a: ka, b: kb },
                         Producer::Chain(ch),
                         di,
                     );

@@ -49,6 +49,9 @@ pub struct Options {
     pub time_limit: Option<Duration>,
     pub strategy: Strategy,
     pub symmetry_breaking: bool,
+    /// Search and report a SAT schedule even when the heuristic schedule is as good (it then
+    /// bounds nothing and serves only as the fallback).
+    pub sat_only: bool,
 }
 
 impl Default for Options {
@@ -58,6 +61,7 @@ impl Default for Options {
             time_limit: None,
             strategy: Strategy::Up,
             symmetry_breaking: true,
+            sat_only: false,
         }
     }
 }
@@ -185,7 +189,14 @@ pub fn encoding(
         )));
     }
     let model = Model::build(problem, pes, t as i64);
-    Ok(encode(model, EncodeOptions { symmetry_breaking }))
+    let slack_limit = std::env::var("ATTNC_NO_SLACK").is_err();
+    Ok(encode(
+        model,
+        EncodeOptions {
+            symmetry_breaking,
+            slack_limit,
+        },
+    ))
 }
 
 /// Decides budget `t`; on SAT also returns the decoded schedule.
@@ -199,11 +210,18 @@ pub fn solve_budget(
     let start = Instant::now();
     let enc = encoding(problem, pes, t, symmetry_breaking)?;
     let (variables, clauses) = (enc.variables(), enc.clauses());
-    let mut solver: cadical::Solver<Deadline> = cadical::Solver::new();
+    let config = std::env::var("ATTNC_CONFIG").unwrap_or_else(|_| "default".into());
+    let flip = if std::env::var("ATTNC_FLIP").is_ok() {
+        -1
+    } else {
+        1
+    };
+    let mut solver: cadical::Solver<Deadline> =
+        cadical::Solver::with_config(&config).map_err(|e| ExactError::Internal(e.msg))?;
     solver.reserve(enc.cnf.vars);
     for clause in enc.cnf.clauses.split(|&l| l == 0) {
         if !clause.is_empty() {
-            solver.add_clause(clause.iter().copied());
+            solver.add_clause(clause.iter().map(|&l| l * flip));
         }
     }
     solver.set_callbacks(Some(Deadline(deadline)));
@@ -217,7 +235,7 @@ pub fn solve_budget(
         }
     };
     let schedule = if verdict == Verdict::Sat {
-        let s = decode(&enc, |lit| solver.value(lit).unwrap_or(false))
+        let s = decode(&enc, |lit| solver.value(lit * flip).unwrap_or(false))
             .map_err(ExactError::Internal)?;
         Some(s)
     } else {
@@ -253,8 +271,14 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
     let heuristic_cycles = heuristic.as_ref().map(|c| c.manifest.cycles);
     // Every op in sequence on one PE is always a schedule, so this budget is always enough.
     let serial = problem.necessary_ops().max(1);
-    let known = heuristic_cycles.unwrap_or(serial + 1);
-    let cap = opts.max_cycles.unwrap_or(u64::MAX).min(known.saturating_sub(1));
+    let known = match heuristic_cycles {
+        Some(c) if !opts.sat_only => c,
+        _ => serial + 1,
+    };
+    let cap = opts
+        .max_cycles
+        .unwrap_or(u64::MAX)
+        .min(known.saturating_sub(1));
 
     let mut attempts = Vec::new();
     let mut best: Option<RingSchedule> = None;
@@ -262,13 +286,12 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
     let mut proven = lb;
     let mut timed_out = false;
     let run = |t: u64,
-                   attempts: &mut Vec<Attempt>,
-                   best: &mut Option<RingSchedule>,
-                   best_cycles: &mut u64,
-                   proven: &mut u64|
+               attempts: &mut Vec<Attempt>,
+               best: &mut Option<RingSchedule>,
+               best_cycles: &mut u64,
+               proven: &mut u64|
      -> Result<Verdict, ExactError> {
-        let (attempt, schedule) =
-            solve_budget(&problem, pes, t, deadline, opts.symmetry_breaking)?;
+        let (attempt, schedule) = solve_budget(&problem, pes, t, deadline, opts.symmetry_breaking)?;
         let verdict = attempt.verdict;
         attempts.push(attempt);
         match verdict {
@@ -332,6 +355,9 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
         }
     }
 
+    if best.is_none() {
+        best_cycles = best_cycles.min(heuristic_cycles.unwrap_or(u64::MAX));
+    }
     let proved_optimal = proven >= best_cycles;
     let candidates: Vec<CandidateInfo> = heuristic
         .as_ref()
@@ -397,7 +423,11 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
                     "no schedule found within {} cycles{}, and the heuristic schedulers do not \
                      apply to this layer",
                     cap,
-                    if timed_out { " before the time limit" } else { "" }
+                    if timed_out {
+                        " before the time limit"
+                    } else {
+                        ""
+                    }
                 )));
             };
             let mut manifest = c.manifest;

@@ -10,8 +10,8 @@
 
 use crate::schedule::{Element, RingSchedule, Slot, Val, ValInfo, Work};
 use isa::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc};
-use std::cmp::Reverse;
 use rustc_hash::FxHashMap as HashMap;
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 pub const NAME: &str = "codegen";
@@ -82,7 +82,9 @@ impl PeLives {
     }
 
     fn starting(&self, val: Val, cycle: usize) -> Option<&Life> {
-        self.chain(val).map(|i| &self.lives[i]).find(|l| l.start == cycle)
+        self.chain(val)
+            .map(|i| &self.lives[i])
+            .find(|l| l.start == cycle)
     }
 
     fn stored(&self, val: Val, cycle: usize) -> Option<Addr> {

@@ -1,8 +1,8 @@
 //! `schedule-rows`: the row-ownership dataflow ("ring attention"), for any `n`, `d`, `m`.
 //!
 //! The unmasked scores of all heads, row after row, are cut into `m` contiguous, equal shares;
-//! PE `p` takes share `p`. A row therefore lives on one PE, or on a run of consecutive PEs
-//! `first..=last` when a cut falls inside it. Each PE computes its scores whole (all `d` products
+//! PE `p` takes share `p`. A row therefore lives on one PE, or on a run of increasing PEs
+//! `first..=last` when a cut falls inside it (PEs with an empty share only pass values on). Each PE computes its scores whole (all `d` products
 //! locally), so phase 1 moves input rows, not partial sums: `q`/`k`/`v` rows are preloaded on the
 //! first PE of their own row and travel forward as far as the last PE that needs them. Softmax is
 //! local except on a cut row, whose running sum hops `first → … → last` and whose finished sum then
@@ -23,7 +23,8 @@ use crate::schedule::{Builder, Element, RingSchedule, Val, Work};
 use rustc_hash::FxHashMap as HashMap;
 
 pub const NAME: &str = "schedule-rows";
-pub const DESCRIPTION: &str = "row-ownership dataflow: rows cut evenly over the PEs, k/v rows travel (any n, d, m)";
+pub const DESCRIPTION: &str =
+    "row-ownership dataflow: rows cut evenly over the PEs, k/v rows travel (any n, d, m)";
 
 pub fn unsupported(_p: &Problem, _pes: u32) -> Option<String> {
     None
@@ -56,14 +57,41 @@ fn path(from: u32, to: u32, m: u32) -> impl Iterator<Item = u32> {
     (0..=hops).map(move |i| (from + i) % m)
 }
 
+/// When scores are few per PE, handing partial sums between PEs costs more than it saves, so
+/// small layers also try sharing the work among fewer PEs (the rest only pass values on) and keep
+/// the fastest.
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
+    let scores = u64::from(p.heads) * (0..p.tokens).map(|a| u64::from(columns(p, a))).sum::<u64>();
+    if scores >= 4 * u64::from(pes) {
+        return run_on(p, pes, pes);
+    }
+    let mut best: Option<RingSchedule> = None;
+    for active in 1..=pes {
+        let s = run_on(p, pes, active)?;
+        if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
+            best = Some(s);
+        }
+    }
+    Ok(best.expect("pes >= 1"))
+}
+
+fn columns(p: &Problem, a: u32) -> u32 {
+    if p.causal {
+        a + 1
+    } else {
+        p.tokens
+    }
+}
+
+/// The dataflow with the scores shared among PEs `0..active`.
+fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, String> {
     let m = pes;
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
-    let cols_of = |a: u32| if p.causal { a + 1 } else { n };
+    let cols_of = |a: u32| columns(p, a);
 
-    // Cut the concatenated rows into m equal shares.
+    // Cut the concatenated rows into `active` equal shares.
     let total: u64 = u64::from(heads) * (0..n).map(|a| u64::from(cols_of(a))).sum::<u64>();
-    let owner = |unit: u64| ((unit * u64::from(m)) / total.max(1)) as u32;
+    let owner = |unit: u64| ((unit * u64::from(active)) / total.max(1)) as u32;
     let mut plans: Vec<RowPlan> = Vec::with_capacity((heads * n) as usize);
     let mut unit = 0u64;
     for _h in 0..heads {
@@ -99,7 +127,11 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
     // values in the order they reach it, or its link waits on a word still on its way.
     let mut forward: Vec<Vec<Vec<(u32, usize, Val)>>> = vec![vec![Vec::new(); CLASSES]; m as usize];
     let mut seq = 0usize;
-    let mut route = |forward: &mut Vec<Vec<Vec<(u32, usize, Val)>>>, class: usize, v: Val, from: u32, to: u32| {
+    let mut route = |forward: &mut Vec<Vec<Vec<(u32, usize, Val)>>>,
+                     class: usize,
+                     v: Val,
+                     from: u32,
+                     to: u32| {
         for (hops, pe) in path(from, to, m).filter(|&pe| pe != to).enumerate() {
             forward[pe as usize][class].push((hops as u32, seq, v));
             seq += 1;
@@ -144,7 +176,13 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
             }
             // With q = k = v one value plays every role: route it once, as far as any role needs.
             let shared = p.symmetric && p.shared_values;
-            let far = |a: u32, b2: u32| if (a + m - home) % m >= (b2 + m - home) % m { a } else { b2 };
+            let far = |a: u32, b2: u32| {
+                if (a + m - home) % m >= (b2 + m - home) % m {
+                    a
+                } else {
+                    b2
+                }
+            };
             for c in 0..d {
                 if shared {
                     route(&mut forward, fw_q, qv[&(r, c)], home, far(far_q, far_kv));
@@ -183,11 +221,17 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
             let mut mine: Vec<(u32, u32)> = Vec::new();
             for a in 0..n {
                 for part in plan(h, a).parts.iter().filter(|pt| pt.pe == pe) {
-                    mine.extend(part.cols.iter().map(|&c| (a, c)).filter(|&(a, c)| computes(a, c)));
+                    mine.extend(
+                        part.cols
+                            .iter()
+                            .map(|&c| (a, c))
+                            .filter(|&(a, c)| computes(a, c)),
+                    );
                 }
             }
             // Within what the arrived rows allow, scores another PE waits for go first.
-            let kept_here = |a: u32, c: u32| !p.symmetric || p.causal || unit_pe.get(&(c, a)) == Some(&pe);
+            let kept_here =
+                |a: u32, c: u32| !p.symmetric || p.causal || unit_pe.get(&(c, a)) == Some(&pe);
             mine.sort_by_key(|&(a, c)| (arrival(pe, c), kept_here(a, c), c, a));
             for (a, col) in mine {
                 let mut acc = None;
@@ -230,7 +274,13 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
             let mut running: Option<Val> = None;
             let mut exps: Vec<(u32, u32, Val)> = Vec::new();
             for (i, part) in rp.parts.iter().enumerate() {
-                let k = if !split { 1 } else if i == 0 { 0 } else { 2 };
+                let k = if !split {
+                    1
+                } else if i == 0 {
+                    0
+                } else {
+                    2
+                };
                 for &col in &part.cols {
                     let (e, sum) = (b.computed(), b.computed());
                     let work = Work::Exp {
@@ -246,19 +296,32 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                 }
                 if i + 1 < rp.parts.len() {
                     let s = running.expect("a part holds a column");
-                    route(&mut forward, fw_sum, s, part.pe, part.pe + 1);
+                    // PEs between two parts (holding no score of this row) just pass it on.
+                    route(&mut forward, fw_sum, s, part.pe, rp.parts[i + 1].pe);
                 }
             }
             let sum = running.expect("every row has a score");
             let last = rp.last();
             if split {
-                // The finished sum goes on around the ring to the row's other PEs.
-                route(&mut forward, fw_sum, sum, last, (last + m - 1) % m);
+                // The finished sum goes on around the ring to the row's other PEs, ending at
+                // the part before the last.
+                let before_last = rp.parts[rp.parts.len() - 2].pe;
+                route(&mut forward, fw_sum, sum, last, before_last);
             }
             for (pe, col, e) in exps {
                 let w = b.computed();
-                let work = Work::Div { num: e, den: sum, out: w };
-                let k = if !split { 1 } else if pe == last { 2 } else { 3 };
+                let work = Work::Div {
+                    num: e,
+                    den: sum,
+                    out: w,
+                };
+                let k = if !split {
+                    1
+                } else if pe == last {
+                    2
+                } else {
+                    3
+                };
                 tasks[pe as usize][1 + k].push(Task { work, phase: 2 });
                 weight.insert((a, col), w);
             }
@@ -287,7 +350,10 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
             for &(rank, a, col) in &mine {
                 for c in 0..d {
                     let out = b.computed();
-                    let acc = y.get(&(a, c)).copied().or_else(|| y_in.get(&(a, c)).copied());
+                    let acc = y
+                        .get(&(a, c))
+                        .copied()
+                        .or_else(|| y_in.get(&(a, c)).copied());
                     let work = Work::Mac {
                         a: weight[&(a, col)],
                         b: vv[&(col, c)],
@@ -309,7 +375,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
                     };
                     b.output(element, pe, val);
                 } else {
-                    route(&mut forward, fw_y, val, pe, pe + 1);
+                    route(&mut forward, fw_y, val, pe, next_part(plan(h, a), pe));
                     y_in.insert((a, c), val);
                 }
             }
@@ -342,8 +408,18 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
     Ok(b.finish())
 }
 
-/// Parts of a row are on consecutive PEs in increasing order (cuts are contiguous), so the part on
-/// `pe` is the final one exactly when `pe` is the row's last PE.
+/// The PE holding the part of the row after the one on `pe`.
+fn next_part(rp: &RowPlan, pe: u32) -> u32 {
+    let i = rp
+        .parts
+        .iter()
+        .position(|pt| pt.pe == pe)
+        .expect("pe holds a part");
+    rp.parts[i + 1].pe
+}
+
+/// Parts of a row are on increasing PEs (cuts are contiguous; with more PEs than scores some PEs
+/// hold none and sit between parts), so the part on `pe` is final when it is the last part.
 fn is_final_part(rp: &RowPlan, pe: u32) -> bool {
     rp.parts.last().is_some_and(|pt| pt.pe == pe)
 }
