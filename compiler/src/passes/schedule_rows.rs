@@ -30,6 +30,9 @@ pub fn unsupported(_p: &Problem, _pes: u32) -> Option<String> {
     None
 }
 
+/// Per PE, per priority class: `(hops from origin, sequence, value)` to send on.
+type Forwarding = Vec<Vec<Vec<(u32, usize, Val)>>>;
+
 /// The part of row `(h, a)` that one PE holds: columns `b` in `cols`.
 #[derive(Clone, Debug)]
 struct Part {
@@ -125,13 +128,9 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, String> {
     let (fw_q, fw_k, fw_mirror, fw_sum, fw_v, fw_y) = (0, 1, 2, 3, 4, 5);
     // forward[pe][class] holds (hops from the value's origin, sequence, value): a PE must send
     // values in the order they reach it, or its link waits on a word still on its way.
-    let mut forward: Vec<Vec<Vec<(u32, usize, Val)>>> = vec![vec![Vec::new(); CLASSES]; m as usize];
+    let mut forward: Forwarding = vec![vec![Vec::new(); CLASSES]; m as usize];
     let mut seq = 0usize;
-    let mut route = |forward: &mut Vec<Vec<Vec<(u32, usize, Val)>>>,
-                     class: usize,
-                     v: Val,
-                     from: u32,
-                     to: u32| {
+    let mut route = |forward: &mut Forwarding, class: usize, v: Val, from: u32, to: u32| {
         for (hops, pe) in path(from, to, m).filter(|&pe| pe != to).enumerate() {
             forward[pe as usize][class].push((hops as u32, seq, v));
             seq += 1;
@@ -210,7 +209,7 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, String> {
             if !p.symmetric || p.causal || a == col {
                 return true;
             }
-            if (a + col) % 2 == 0 {
+            if (a + col).is_multiple_of(2) {
                 a > col
             } else {
                 a < col
