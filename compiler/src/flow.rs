@@ -3,15 +3,17 @@
 //!
 //! Each PE has a task list and each link a forwarding list, both in a preferred order. Every
 //! cycle, each PE runs the first task among its next [`WINDOW`] pending ones whose operands are on
-//! the PE, and each link sends the first forwardable value among its next [`WINDOW`] pending ones.
-//! A value computed or received in cycle `t` is usable from cycle `t + 1`, exactly as the ISA
-//! says, so the simulated timeline *is* the schedule and its length is the exact cycle count.
+//! the PE, and each link sends, of the values on its list that are already on the PE, the one
+//! earliest in the list — a value still on its way never holds up one that is here. A value
+//! computed or received in cycle `t` is usable from cycle `t + 1`, exactly as the ISA says, so
+//! the simulated timeline *is* the schedule and its length is the exact cycle count.
 
 use crate::schedule::{Builder, Val, Work};
 use rustc_hash::FxHashMap as HashMap;
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
-/// How far past a blocked task (or send) the scheduler looks for ready work.
+/// How far past a blocked task the scheduler looks for ready work.
 pub const WINDOW: usize = 48;
 
 /// One PE's arithmetic task and the phase it counts in (1, 2 or 3).
@@ -24,7 +26,7 @@ pub struct Task {
 /// The plan for a whole ring.
 pub struct Flow {
     pub tasks: Vec<Vec<Task>>,
-    /// `forward[p]`: values PE `p` sends to PE `p + 1`, in preferred order.
+    /// `forward[p]`: values PE `p` sends to PE `p + 1`, in preferred order (each at most once).
     pub forward: Vec<Vec<Val>>,
     /// Values present before cycle 0 (preloaded inputs), per PE.
     pub preloaded: Vec<Vec<Val>>,
@@ -35,51 +37,63 @@ pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
     let m = flow.tasks.len();
     // avail[p][v] = first cycle at which v can be read on p.
     let mut avail: Vec<HashMap<Val, usize>> = vec![HashMap::default(); m];
+    // Where each value sits in each PE's forwarding list, and the listed values already present.
+    let listed: Vec<HashMap<Val, usize>> = flow
+        .forward
+        .iter()
+        .map(|f| f.iter().enumerate().map(|(i, &v)| (v, i)).collect())
+        .collect();
+    let mut ready: Vec<BinaryHeap<Reverse<usize>>> = vec![BinaryHeap::new(); m];
+    let arrive = |avail: &mut Vec<HashMap<Val, usize>>,
+                      ready: &mut Vec<BinaryHeap<Reverse<usize>>>,
+                      p: usize,
+                      v: Val,
+                      at: usize| {
+        if avail[p].get(&v).is_none_or(|&old| at < old) {
+            let fresh = avail[p].insert(v, at).is_none();
+            if fresh {
+                if let Some(&i) = listed[p].get(&v) {
+                    ready[p].push(Reverse(i));
+                }
+            }
+        }
+    };
     for (p, vals) in flow.preloaded.iter().enumerate() {
         for &v in vals {
-            avail[p].insert(v, 0);
+            arrive(&mut avail, &mut ready, p, v, 0);
         }
     }
     let mut pending: Vec<VecDeque<usize>> =
         flow.tasks.iter().map(|t| (0..t.len()).collect()).collect();
-    let mut to_send: Vec<VecDeque<usize>> = flow
-        .forward
-        .iter()
-        .map(|f| (0..f.len()).collect())
-        .collect();
+    let mut unsent: usize = flow.forward.iter().map(Vec::len).sum();
     let mut t = 0usize;
     let mut idle = 0;
-    while pending.iter().any(|q| !q.is_empty()) || to_send.iter().any(|q| !q.is_empty()) {
+    while pending.iter().any(|q| !q.is_empty()) || unsent > 0 {
         let mut progressed = false;
-        let mut arrivals: Vec<(usize, Val)> = Vec::new();
-        let mut produced: Vec<(usize, Val)> = Vec::new();
+        let mut events: Vec<(usize, Val)> = Vec::new();
         for p in 0..m {
-            let ready = |v: &Val| avail[p].get(v).is_some_and(|&at| at <= t);
+            let here = |v: Val| avail[p].get(&v).is_some_and(|&at| at <= t);
             if let Some(pos) = pending[p]
                 .iter()
                 .take(WINDOW)
-                .position(|&i| flow.tasks[p][i].work.reads().all(|v| ready(&v)))
+                .position(|&i| flow.tasks[p][i].work.reads().all(here))
             {
                 let i = pending[p].remove(pos).expect("position is in range");
                 let task = flow.tasks[p][i];
                 b.work(p as u32, t, task.phase, task.work);
-                produced.extend(task.work.writes().map(|v| (p, v)));
+                events.extend(task.work.writes().map(|v| (p, v)));
                 progressed = true;
             }
-            if let Some(pos) = to_send[p]
-                .iter()
-                .take(WINDOW)
-                .position(|&i| ready(&flow.forward[p][i]))
-            {
-                let i = to_send[p].remove(pos).expect("position is in range");
+            if let Some(Reverse(i)) = ready[p].pop() {
                 let v = flow.forward[p][i];
                 b.send(p as u32, t, v);
-                arrivals.push(((p + 1) % m, v));
+                events.push(((p + 1) % m, v));
+                unsent -= 1;
                 progressed = true;
             }
         }
-        for (p, v) in produced.into_iter().chain(arrivals) {
-            avail[p].entry(v).or_insert(t + 1);
+        for (p, v) in events {
+            arrive(&mut avail, &mut ready, p, v, t + 1);
         }
         t += 1;
         idle = if progressed { 0 } else { idle + 1 };
@@ -89,14 +103,10 @@ pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
                     let i = *pending[p].front()?;
                     Some(format!("PE {p} waits to run {}", flow.tasks[p][i].work))
                 })
-                .chain((0..m).filter_map(|p| {
-                    let i = *to_send[p].front()?;
-                    Some(format!("PE {p} waits to send {}", flow.forward[p][i]))
-                }))
                 .take(4)
                 .collect();
             return Err(format!(
-                "dataflow deadlock at cycle {t}: {}",
+                "dataflow deadlock at cycle {t} ({unsent} values never reached the PE that forwards them): {}",
                 stuck.join("; ")
             ));
         }
