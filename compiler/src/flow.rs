@@ -32,29 +32,27 @@ pub struct Flow {
     pub preloaded: Vec<Vec<Val>>,
 }
 
+/// Per PE: the first cycle each value can be read there.
+type Avail = Vec<HashMap<Val, usize>>;
+/// Per PE: positions in its forwarding list of values that are present and not yet sent.
+type Ready = Vec<BinaryHeap<Reverse<usize>>>;
+
 /// Runs the plan; returns the number of cycles or, if some task can never run, a description.
 pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
     let m = flow.tasks.len();
     // avail[p][v] = first cycle at which v can be read on p.
-    let mut avail: Vec<HashMap<Val, usize>> = vec![HashMap::default(); m];
+    let mut avail: Avail = vec![HashMap::default(); m];
     // Where each value sits in each PE's forwarding list, and the listed values already present.
     let listed: Vec<HashMap<Val, usize>> = flow
         .forward
         .iter()
         .map(|f| f.iter().enumerate().map(|(i, &v)| (v, i)).collect())
         .collect();
-    let mut ready: Vec<BinaryHeap<Reverse<usize>>> = vec![BinaryHeap::new(); m];
-    let arrive = |avail: &mut Vec<HashMap<Val, usize>>,
-                      ready: &mut Vec<BinaryHeap<Reverse<usize>>>,
-                      p: usize,
-                      v: Val,
-                      at: usize| {
-        if avail[p].get(&v).is_none_or(|&old| at < old) {
-            let fresh = avail[p].insert(v, at).is_none();
-            if fresh {
-                if let Some(&i) = listed[p].get(&v) {
-                    ready[p].push(Reverse(i));
-                }
+    let mut ready: Ready = vec![BinaryHeap::new(); m];
+    let arrive = |avail: &mut Avail, ready: &mut Ready, p: usize, v: Val, at: usize| {
+        if avail[p].get(&v).is_none_or(|&old| at < old) && avail[p].insert(v, at).is_none() {
+            if let Some(&i) = listed[p].get(&v) {
+                ready[p].push(Reverse(i));
             }
         }
     };

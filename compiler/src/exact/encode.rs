@@ -519,7 +519,9 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
     // Redundant but decisive for tight budgets: the op slots left empty cannot exceed the slack
     // m·T − #ops. Without it the solver learns this pigeonhole fact slowly, if at all.
     let slack = (i64::from(m) * horizon - model.ops.len() as i64).max(0) as usize;
-    if opts.slack_limit && slack < slot.len() {
+    // A counter over many idle slots with a large bound propagates little and slows the solver
+    // down, so only tight budgets get it.
+    if opts.slack_limit && slack <= m as usize && slack < slot.len() {
         let mut idle = Vec::with_capacity(slot.len());
         for lits in &slot {
             let i = cnf.var();
