@@ -410,8 +410,10 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                 cnf.clause(&[-here, before, came, made, loaded]);
                 // Presence is exact and lasting (memory is not the constraint here), so the
                 // solver reasons about arrivals rather than about which copies to forget.
+                if std::env::var("X_NOEXACT").is_err() {
                 for x in [before, came, made, loaded] {
                     cnf.clause(&[-x, here]);
+                }
                 }
                 let mut c = vec![-used.at(p, t), used.at(p, t + 1), send[v].at(p, t)];
                 c.extend(readers[v].iter().map(|&o| run[o].at(p, t)));
@@ -427,12 +429,21 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                     cnf.clause(&[-x, have[v].at(p, t), acc_made]);
                     // Sending a word the next PE already holds, or will never use, only takes
                     // the link from a transfer that matters.
+                    if std::env::var("X_NOREDUND").is_err() {
                     cnf.clause(&[-x, -have[v].at(next(p), t)]);
+                    }
+                    if std::env::var("X_NOUSED").is_err() {
                     cnf.clause(&[-x, used.at(next(p), t + 1)]);
+                    }
                 }
             }
         }
         if val.producer == Producer::Input {
+            if std::env::var("X_COLS").is_ok() {
+                if let super::model::ValueKind::Input(e) = val.kind {
+                    cnf.clause(&[pre[v][(e.col % m) as usize]]);
+                }
+            }
             cnf.exactly_one(&pre[v]);
             // A preload where nothing reads the element only feeds the link; preloading it at
             // the first reader instead frees those transfers, so only readers are considered.
@@ -463,7 +474,9 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
             // Ops of one chain in one cycle would each start a partial sum of their own.
             cnf.at_most_one(&b);
             let toks: Vec<i32> = (0..m).map(|p| tok[x].at(p, t)).collect();
+            if std::env::var("X_NOTOKAMO").is_err() {
             cnf.at_most_one(&toks);
+            }
             cnf.clause(&[-started[x].at(t), started[x].at(t + 1)]);
             for p in 0..m {
                 let (bz, tk, ts) = (busy[x].at(p, t), tok[x].at(p, t), tsend[x].at(p, t));

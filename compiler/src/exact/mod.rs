@@ -13,6 +13,7 @@
 
 pub mod decode;
 pub mod encode;
+pub mod hint;
 pub mod model;
 pub mod search;
 

@@ -63,7 +63,7 @@ impl Value {
 }
 
 /// Which phase an op belongs to (and so which `Work` it becomes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpKind {
     /// Phase 1: `acc + q[a][c]·k[b][c]`.
     Mac1,

@@ -251,6 +251,37 @@ pub fn solve_budget(
     Ok((attempt, schedule))
 }
 
+/// Is `schedule` (of `cycles` cycles or fewer) a model of the encoding for budget `cycles`, once
+/// the solver completes the transfers and preloads? Fixes only where and when every op runs.
+/// A schedule that runs correctly must pass, so this checks the encoding against the heuristic
+/// schedulers.
+pub fn admits(
+    problem: &Problem,
+    pes: u32,
+    cycles: u64,
+    schedule: &RingSchedule,
+    deadline: Option<Instant>,
+) -> Result<Verdict, ExactError> {
+    let enc = encoding(problem, pes, cycles, false)?;
+    let placed = super::hint::placement(&enc.model, schedule).map_err(ExactError::Internal)?;
+    let mut solver: cadical::Solver<Deadline> = cadical::Solver::new();
+    for clause in enc.cnf.clauses.split(|&l| l == 0) {
+        if !clause.is_empty() {
+            solver.add_clause(clause.iter().copied());
+        }
+    }
+    solver.set_callbacks(Some(Deadline(deadline)));
+    let assumptions: Vec<i32> = placed
+        .iter()
+        .map(|&(o, p, t)| enc.run[o].at(p, t))
+        .collect();
+    Ok(match solver.solve_with(assumptions) {
+        Some(true) => Verdict::Sat,
+        Some(false) => Verdict::Unsat,
+        None => Verdict::Unknown,
+    })
+}
+
 /// Finds a schedule with the fewest cycles for `layer` on `pes` PEs, with a proof when the limits
 /// allow. Falls back on `compiler::compile`'s schedule when SAT finds nothing better.
 pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome, ExactError> {
