@@ -65,6 +65,17 @@ impl Problem {
         self.necessary_ops().div_ceil(u64::from(pes))
     }
 
+    /// The chain schedules (the paper's and ours) need `m | tokens` and `m | dim`; says which
+    /// fails, naming `who`.
+    pub fn ring_divides_shape(&self, pes: u32, who: &str) -> Option<String> {
+        [("tokens", self.tokens), ("dim", self.dim)]
+            .into_iter()
+            .find(|(_, v)| !v.is_multiple_of(pes))
+            .map(|(field, v)| {
+                format!("{who} needs the number of PEs to divide `{field}` ({v} is not a multiple of {pes})")
+            })
+    }
+
     /// Element count of one input or output tensor.
     pub fn tensor_len(&self) -> usize {
         self.heads as usize * self.tokens as usize * self.dim as usize

@@ -28,19 +28,7 @@ pub const DESCRIPTION: &str =
 
 /// Why the baseline cannot schedule a shape.
 pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
-    if !p.tokens.is_multiple_of(pes) {
-        return Some(format!(
-            "the baseline schedule needs the number of PEs to divide `tokens` ({} is not a multiple of {pes})",
-            p.tokens
-        ));
-    }
-    if !p.dim.is_multiple_of(pes) {
-        return Some(format!(
-            "the baseline schedule needs the number of PEs to divide `dim` ({} is not a multiple of {pes})",
-            p.dim
-        ));
-    }
-    None
+    p.ring_divides_shape(pes, "the baseline schedule")
 }
 
 /// Cycles of one head.

@@ -19,19 +19,7 @@ pub const DESCRIPTION: &str =
 
 /// The pair schedules' shape constraints.
 pub fn check_shape(p: &Problem, pes: u32) -> Option<String> {
-    if !p.tokens.is_multiple_of(pes) {
-        return Some(format!(
-            "this schedule needs the number of PEs to divide `tokens` ({} is not a multiple of {pes})",
-            p.tokens
-        ));
-    }
-    if !p.dim.is_multiple_of(pes) {
-        return Some(format!(
-            "this schedule needs the number of PEs to divide `dim` ({} is not a multiple of {pes})",
-            p.dim
-        ));
-    }
-    None
+    p.ring_divides_shape(pes, "this schedule")
 }
 
 pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
