@@ -31,6 +31,12 @@ pub struct OptimalArgs {
     /// Keep schedules that differ only by a symmetry (slower; for checking the encoding)
     #[arg(long)]
     pub no_symmetry_breaking: bool,
+    /// Keep schedules that a local change improves (slower; for checking the encoding)
+    #[arg(long)]
+    pub no_dominance: bool,
+    /// Skip the large-neighbourhood search that shortens the heuristic schedule first
+    #[arg(long)]
+    pub no_improve: bool,
     /// Solve with SAT even where the heuristic schedule already meets the lower bound, and write
     /// the SAT schedule
     #[arg(long)]
@@ -98,6 +104,8 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
         strategy: args.search,
         symmetry_breaking: !args.no_symmetry_breaking,
         sat_only: args.sat_only,
+        dominance: !args.no_dominance,
+        improve: !args.no_improve,
     };
     if !args.json {
         eprintln!(
@@ -127,6 +135,12 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
     if args.json {
         println!("{}", to_json(&outcome, &layer.name, pes, out));
     } else {
+        for s in &outcome.improvements {
+            eprintln!(
+                "  improved to {} cycles after {:.3} s (neighbourhood search)",
+                s.cycles, s.seconds
+            );
+        }
         for a in &outcome.attempts {
             eprintln!(
                 "  T = {:>5}: {:7} {:9.3} s  ({} variables, {} clauses)",
@@ -195,6 +209,10 @@ fn to_json(o: &Outcome, layer: &str, pes: u32, out: &std::path::Path) -> serde_j
         "source": o.source.name(),
         "timed_out": o.timed_out,
         "attempts": attempts,
+        "improvements": o.improvements.iter().map(|s| serde_json::json!({
+            "cycles": s.cycles,
+            "seconds": s.seconds,
+        })).collect::<Vec<_>>(),
         "out": out.display().to_string(),
     })
 }

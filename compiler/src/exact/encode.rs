@@ -2,6 +2,10 @@
 //! chains. docs/exact.md describes the variables and constraints; the comments here say why a
 //! constraint has the form it has.
 
+// Index loops mirror the constraint formulas (literal i, PE p, cycle t) more plainly than
+// iterator chains would.
+#![allow(clippy::needless_range_loop)]
+
 use super::model::{ChainId, Model, OpId, Producer, ValueId};
 use std::collections::HashSet;
 
@@ -227,6 +231,8 @@ pub struct Encoding {
     /// `last[x][p][t]`: the last op of chain `x` runs on PE `p` in cycle `t`, so its finished sum
     /// is made there then.
     pub last: Vec<Grid>,
+    /// `idle[p][t]`: PE `p` runs no op in cycle `t`.
+    pub idle: Grid,
 }
 
 impl Encoding {
@@ -244,6 +250,7 @@ impl Encoding {
 pub struct EncodeOptions {
     pub symmetry_breaking: bool,
     pub slack_limit: bool,
+    pub dominance: bool,
 }
 
 pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
@@ -369,7 +376,9 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                 cnf.clause(&[-x, -before]);
                 cnf.clause(&[-on[o][p as usize], -by, before, x]);
                 for &v in &reads {
-                    cnf.clause(&[-x, have[v].at(p, t)]);
+                    if std::env::var("X_NOHAVE").is_err() {
+                        cnf.clause(&[-x, have[v].at(p, t)]);
+                    }
                 }
             }
         }
@@ -391,7 +400,52 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
             }
         }
     }
+    // `ends[x][p]`: chain x finishes on PE p.
+    let ends: Vec<Vec<i32>> = model
+        .chains
+        .iter()
+        .enumerate()
+        .map(|(x, ch)| {
+            if ch.result.is_none() {
+                return Vec::new();
+            }
+            let e: Vec<i32> = (0..m).map(|_| cnf.var()).collect();
+            for p in 0..m {
+                let mut c = vec![-e[p as usize]];
+                for t in ch.lo..=ch.hi {
+                    let l = last[x].at(p, t);
+                    c.push(l);
+                    cnf.clause(&[-l, e[p as usize]]);
+                }
+                cnf.clause(&c);
+            }
+            cnf.exactly_one(&e);
+            e
+        })
+        .collect();
     for (v, val) in model.values.iter().enumerate() {
+        // Implied, for propagation: a value k PEs downstream of everywhere it can come from
+        // was k PEs upstream k cycles earlier.
+        let home = |p: u32| -> i32 {
+            match val.producer {
+                Producer::Input => pre[v][p as usize],
+                Producer::Op(o) => on[o][p as usize],
+                Producer::Chain(x) => ends[x][p as usize],
+            }
+        };
+        if links {
+            for p in 0..m {
+                for t in val.lo..=val.hi {
+                    let mut c = vec![-have[v].at(p, t)];
+                    for k in 1..m {
+                        c.push(home((p + m - (k - 1)) % m));
+                        let mut d = c.clone();
+                        d.push(have[v].at((p + m - k) % m, t - i64::from(k)));
+                        cnf.clause(&d);
+                    }
+                }
+            }
+        }
         // `used[p][t]`: PE p reads or forwards v in some cycle from t on.
         let used = Grid::new(&mut cnf, m, val.lo, val.hi, FALSE);
         for p in 0..m {
@@ -411,9 +465,9 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                 // Presence is exact and lasting (memory is not the constraint here), so the
                 // solver reasons about arrivals rather than about which copies to forget.
                 if std::env::var("X_NOEXACT").is_err() {
-                for x in [before, came, made, loaded] {
-                    cnf.clause(&[-x, here]);
-                }
+                    for x in [before, came, made, loaded] {
+                        cnf.clause(&[-x, here]);
+                    }
                 }
                 let mut c = vec![-used.at(p, t), used.at(p, t + 1), send[v].at(p, t)];
                 c.extend(readers[v].iter().map(|&o| run[o].at(p, t)));
@@ -430,10 +484,10 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                     // Sending a word the next PE already holds, or will never use, only takes
                     // the link from a transfer that matters.
                     if std::env::var("X_NOREDUND").is_err() {
-                    cnf.clause(&[-x, -have[v].at(next(p), t)]);
+                        cnf.clause(&[-x, -have[v].at(next(p), t)]);
                     }
                     if std::env::var("X_NOUSED").is_err() {
-                    cnf.clause(&[-x, used.at(next(p), t + 1)]);
+                        cnf.clause(&[-x, used.at(next(p), t + 1)]);
                     }
                 }
             }
@@ -475,7 +529,7 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
             cnf.at_most_one(&b);
             let toks: Vec<i32> = (0..m).map(|p| tok[x].at(p, t)).collect();
             if std::env::var("X_NOTOKAMO").is_err() {
-            cnf.at_most_one(&toks);
+                cnf.at_most_one(&toks);
             }
             cnf.clause(&[-started[x].at(t), started[x].at(t + 1)]);
             for p in 0..m {
@@ -526,24 +580,62 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
             }
         }
     }
-    for lits in &slot {
-        cnf.at_most_one(lits);
-    }
-    // Redundant but decisive for tight budgets: the op slots left empty cannot exceed the slack
-    // m·T − #ops. Without it the solver learns this pigeonhole fact slowly, if at all.
-    let slack = (i64::from(m) * horizon - model.ops.len() as i64).max(0) as usize;
-    // A counter over many idle slots with a large bound propagates little and slows the solver
-    // down, so only tight budgets get it.
-    if opts.slack_limit && slack <= m as usize && slack < slot.len() {
-        let mut idle = Vec::with_capacity(slot.len());
-        for lits in &slot {
-            let i = cnf.var();
+    // `idle[p][t]` / `quiet[p][t]`: PE p's op slot / link does nothing in cycle t (exactly).
+    let idle = Grid::new(&mut cnf, m, 0, horizon - 1, FALSE);
+    let quiet = Grid::new(&mut cnf, m, 0, horizon - 1, FALSE);
+    for p in 0..m {
+        for t in 0..horizon {
+            let lits = &slot[at(p, t)];
+            cnf.at_most_one(lits);
+            let i = idle.at(p, t);
             let mut c = lits.clone();
             c.push(i);
             cnf.clause(&c);
-            idle.push(i);
+            for &l in lits {
+                cnf.clause(&[-l, -i]);
+            }
         }
-        cnf.at_most(&idle, slack);
+    }
+    // Redundant but decisive for tight budgets: the op slots left empty cannot exceed the slack
+    // m·T − #ops. Without it the solver learns this pigeonhole fact slowly, if at all. A counter
+    // with a large bound propagates little and slows the solver down, so only tight budgets get
+    // it.
+    let slack = (i64::from(m) * horizon - model.ops.len() as i64).max(0) as usize;
+    if opts.slack_limit && slack <= m as usize {
+        let all: Vec<i32> = (0..m)
+            .flat_map(|p| (0..horizon).map(move |t| (p, t)))
+            .map(|(p, t)| idle.at(p, t))
+            .collect();
+        cnf.at_most(&all, slack);
+    }
+    if std::env::var("X_LOAD").is_ok() {
+        // Per-PE load, on the placement variables: at most T ops per PE, and at most as many
+        // ops whose windows lie within [a, b] as there are cycles in it.
+        let mut los: Vec<i64> = model.ops.iter().map(|o| o.lo).collect();
+        let mut his: Vec<i64> = model.ops.iter().map(|o| o.hi).collect();
+        los.sort();
+        los.dedup();
+        his.sort();
+        his.dedup();
+        for &a in &los {
+            for &b in &his {
+                let inside: Vec<usize> = (0..model.ops.len())
+                    .filter(|&o| model.ops[o].lo >= a && model.ops[o].hi <= b)
+                    .collect();
+                let room = (b - a + 1).max(0) as usize;
+                if inside.len() > room && (room as i64) < horizon {
+                    for p in 0..m as usize {
+                        let lits: Vec<i32> = inside.iter().map(|&o| on[o][p]).collect();
+                        cnf.at_most(&lits, room);
+                    }
+                } else if inside.len() > room && std::env::var("X_LOADALL").is_ok() {
+                    for p in 0..m as usize {
+                        let lits: Vec<i32> = inside.iter().map(|&o| on[o][p]).collect();
+                        cnf.at_most(&lits, room);
+                    }
+                }
+            }
+        }
     }
     if links {
         let mut link: Vec<Vec<i32>> = vec![Vec::new(); slot.len()];
@@ -561,8 +653,18 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                 }
             }
         }
-        for lits in &link {
-            cnf.at_most_one(lits);
+        for p in 0..m {
+            for t in 0..horizon {
+                let lits = &link[at(p, t)];
+                cnf.at_most_one(lits);
+                let q = quiet.at(p, t);
+                let mut c = lits.clone();
+                c.push(q);
+                cnf.clause(&c);
+                for &l in lits {
+                    cnf.clause(&[-l, -q]);
+                }
+            }
         }
     }
 
@@ -581,11 +683,72 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
         started,
         fin,
         last,
+        idle,
     };
     if opts.symmetry_breaking {
         break_symmetry(&mut enc);
     }
+    if opts.dominance {
+        dominance(&mut enc, idle, quiet);
+    }
     enc
+}
+
+/// Rules out schedules that an obvious local change turns into one at least as good: an op
+/// that could have run a cycle earlier on the same PE (its slot was idle and everything it
+/// reads, its partial sum included, was already there), or a transfer that could have left a
+/// cycle earlier (the link was quiet and the word was there). Each change moves something
+/// earlier and keeps every other op and transfer, so repeating them ends; a schedule where
+/// none applies exists among the optimal ones (docs/exact.md).
+fn dominance(enc: &mut Encoding, idle: Grid, quiet: Grid) {
+    let m = enc.model.pes;
+    let prev = |p: u32| (p + m - 1) % m;
+    for (o, op) in enc.model.ops.iter().enumerate() {
+        for p in 0..m {
+            for t in op.lo + 1..=op.hi {
+                let mut base = vec![-enc.run[o].at(p, t), -idle.at(p, t - 1)];
+                base.extend(op.reads.iter().map(|&v| -enc.have[v].at(p, t - 1)));
+                match op.chain {
+                    Some(x) => {
+                        let mut c = base.clone();
+                        c.push(-enc.tok[x].at(p, t - 1));
+                        enc.cnf.clause(&c);
+                        base.push(enc.started[x].at(t));
+                        enc.cnf.clause(&base);
+                    }
+                    None => enc.cnf.clause(&base),
+                }
+            }
+        }
+    }
+    if m == 1 {
+        return;
+    }
+    for (v, val) in enc.model.values.iter().enumerate() {
+        for p in 0..m {
+            for t in val.send_lo() + 1..val.hi {
+                let s = enc.send[v].at(p, t);
+                let q = quiet.at(p, t - 1);
+                enc.cnf.clause(&[-s, -q, -enc.have[v].at(p, t - 1)]);
+                if let Producer::Chain(x) = val.producer {
+                    enc.cnf.clause(&[-s, -q, -enc.last[x].at(p, t - 1)]);
+                }
+            }
+        }
+    }
+    for (x, ch) in enc.model.chains.iter().enumerate() {
+        for p in 0..m {
+            for t in ch.lo + 1..ch.hi {
+                enc.cnf.clause(&[
+                    -enc.tsend[x].at(p, t),
+                    enc.busy[x].at(p, t),
+                    -quiet.at(p, t - 1),
+                    enc.tsend[x].at(prev(p), t - 1),
+                    -enc.tok[x].at(p, t),
+                ]);
+            }
+        }
+    }
 }
 
 /// Chain `x` starts no later than chain `y`.

@@ -40,7 +40,11 @@ pub fn placement(model: &Model, schedule: &RingSchedule) -> Result<Vec<(OpId, u3
             if c != cb {
                 continue;
             }
-            let (a, b) = if p.causal && rb > ra { (rb, ra) } else { (ra, rb) };
+            let (a, b) = if p.causal && rb > ra {
+                (rb, ra)
+            } else {
+                (ra, rb)
+            };
             let key = Model::score_key(p, h, a, b);
             score_of.insert(o, key);
             let id = index
@@ -69,7 +73,7 @@ pub fn placement(model: &Model, schedule: &RingSchedule) -> Result<Vec<(OpId, u3
     let mut row_of_chain: HashMap<Val, (u32, u32)> = HashMap::new();
     for &(_, _, x, _, sum) in &exps {
         let &(h, a, b) = score_of.get(&x).ok_or("an EXP reads no score")?;
-        if a == b || !(p.symmetric && !p.causal) {
+        if a == b || !p.symmetric || p.causal {
             row_of_chain.insert(root(sum), (h, a));
         }
     }

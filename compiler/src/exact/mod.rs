@@ -14,6 +14,7 @@
 pub mod decode;
 pub mod encode;
 pub mod hint;
+pub mod improve;
 pub mod model;
 pub mod search;
 

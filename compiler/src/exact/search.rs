@@ -3,8 +3,10 @@
 
 use super::decode::{self, decode};
 use super::encode::{encode, EncodeOptions, Encoding};
+use super::improve::{self, Step};
 use super::model::Model;
 use crate::manifest::{CandidateInfo, Manifest, Selection};
+use crate::passes::select::{self, Choice};
 use crate::passes::{analyze, lower};
 use crate::problem::Problem;
 use crate::schedule::RingSchedule;
@@ -52,6 +54,11 @@ pub struct Options {
     /// Search and report a SAT schedule even when the heuristic schedule is as good (it then
     /// bounds nothing and serves only as the fallback).
     pub sat_only: bool,
+    /// Rule out schedules a local change improves (see [`super::encode`]); off only to check
+    /// that the rules keep the optimum.
+    pub dominance: bool,
+    /// Shorten the heuristic schedule by large-neighbourhood search before the full search.
+    pub improve: bool,
 }
 
 impl Default for Options {
@@ -62,6 +69,8 @@ impl Default for Options {
             strategy: Strategy::Up,
             symmetry_breaking: true,
             sat_only: false,
+            dominance: true,
+            improve: true,
         }
     }
 }
@@ -130,6 +139,8 @@ pub struct Outcome {
     pub heuristic_cycles: Option<u64>,
     pub source: Source,
     pub attempts: Vec<Attempt>,
+    /// Shortenings of the heuristic schedule by large-neighbourhood search.
+    pub improvements: Vec<Step>,
     /// The time limit cut the search short.
     pub timed_out: bool,
 }
@@ -157,7 +168,7 @@ impl std::fmt::Display for ExactError {
 }
 
 /// Terminates the solver at a deadline.
-struct Deadline(Option<Instant>);
+pub(crate) struct Deadline(pub(crate) Option<Instant>);
 
 impl cadical::Callbacks for Deadline {
     fn terminate(&mut self) -> bool {
@@ -178,7 +189,7 @@ pub fn encoding(
     problem: &Problem,
     pes: u32,
     t: u64,
-    symmetry_breaking: bool,
+    opts: EncodeOptions,
 ) -> Result<Encoding, ExactError> {
     let size = Model::size_estimate(problem, pes, t);
     if size > MAX_ENCODING_SIZE {
@@ -189,14 +200,7 @@ pub fn encoding(
         )));
     }
     let model = Model::build(problem, pes, t as i64);
-    let slack_limit = std::env::var("ATTNC_NO_SLACK").is_err();
-    Ok(encode(
-        model,
-        EncodeOptions {
-            symmetry_breaking,
-            slack_limit,
-        },
-    ))
+    Ok(encode(model, opts))
 }
 
 /// Decides budget `t`; on SAT also returns the decoded schedule.
@@ -205,10 +209,30 @@ pub fn solve_budget(
     pes: u32,
     t: u64,
     deadline: Option<Instant>,
-    symmetry_breaking: bool,
+    opts: &Options,
 ) -> Result<(Attempt, Option<RingSchedule>), ExactError> {
     let start = Instant::now();
-    let enc = encoding(problem, pes, t, symmetry_breaking)?;
+    if problem.necessary_ops() > u64::from(pes).saturating_mul(t) {
+        // Fewer op slots than ops: infeasible by counting, no solver needed.
+        let attempt = Attempt {
+            t,
+            verdict: Verdict::Unsat,
+            seconds: start.elapsed().as_secs_f64(),
+            variables: 0,
+            clauses: 0,
+        };
+        return Ok((attempt, None));
+    }
+    let enc = encoding(
+        problem,
+        pes,
+        t,
+        EncodeOptions {
+            symmetry_breaking: opts.symmetry_breaking,
+            slack_limit: std::env::var("ATTNC_NO_SLACK").is_err(),
+            dominance: opts.dominance && std::env::var("X_NODOM").is_err(),
+        },
+    )?;
     let (variables, clauses) = (enc.variables(), enc.clauses());
     let config = std::env::var("ATTNC_CONFIG").unwrap_or_else(|_| "default".into());
     let flip = if std::env::var("ATTNC_FLIP").is_ok() {
@@ -225,6 +249,12 @@ pub fn solve_budget(
         }
     }
     solver.set_callbacks(Some(Deadline(deadline)));
+    if std::env::var("X_TIME").is_ok() {
+        eprintln!(
+            "T={t}: encoded in {:.3} s: {variables} vars {clauses} clauses",
+            start.elapsed().as_secs_f64()
+        );
+    }
     let verdict = if deadline.is_some_and(|d| Instant::now() >= d) {
         Verdict::Unknown
     } else {
@@ -251,6 +281,15 @@ pub fn solve_budget(
     Ok((attempt, schedule))
 }
 
+/// The best schedule the heuristic passes make, as `compile` would pick it (fewest cycles).
+fn heuristic_schedule(problem: &Problem, pes: u32) -> Option<RingSchedule> {
+    let candidates = select::run(problem, pes, Choice::Auto).ok()?;
+    candidates
+        .iter()
+        .filter_map(|a| a.schedule(problem, pes).ok())
+        .min_by_key(RingSchedule::cycles)
+}
+
 /// Is `schedule` (of `cycles` cycles or fewer) a model of the encoding for budget `cycles`, once
 /// the solver completes the transfers and preloads? Fixes only where and when every op runs.
 /// A schedule that runs correctly must pass, so this checks the encoding against the heuristic
@@ -262,7 +301,13 @@ pub fn admits(
     schedule: &RingSchedule,
     deadline: Option<Instant>,
 ) -> Result<Verdict, ExactError> {
-    let enc = encoding(problem, pes, cycles, false)?;
+    // Only the machine's rules: the heuristics' schedules need not be in normal form.
+    let plain = EncodeOptions {
+        symmetry_breaking: false,
+        slack_limit: false,
+        dominance: false,
+    };
+    let enc = encoding(problem, pes, cycles, plain)?;
     let placed = super::hint::placement(&enc.model, schedule).map_err(ExactError::Internal)?;
     let mut solver: cadical::Solver<Deadline> = cadical::Solver::new();
     for clause in enc.cnf.clauses.split(|&l| l == 0) {
@@ -306,14 +351,28 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
         Some(c) if !opts.sat_only => c,
         _ => serial + 1,
     };
+    let mut best: Option<RingSchedule> = None;
+    let mut best_cycles = known;
+    let mut improvements = Vec::new();
+    if opts.improve && !opts.sat_only && lb < known {
+        if let Some(start) = heuristic_schedule(&problem, pes) {
+            // Half the time limit at most (a minute without one): the rest is for the proof.
+            let budget = opts.time_limit.map_or(Duration::from_secs(60), |l| l / 2);
+            let until = deadline.map_or(started + budget, |d| d.min(started + budget));
+            let (found, steps) = improve::improve(&problem, pes, &start, lb, Some(until))?;
+            improvements = steps;
+            if let Some(s) = found {
+                best_cycles = s.cycles() as u64;
+                best = Some(s);
+            }
+        }
+    }
     let cap = opts
         .max_cycles
         .unwrap_or(u64::MAX)
-        .min(known.saturating_sub(1));
+        .min(best_cycles.saturating_sub(1));
 
     let mut attempts = Vec::new();
-    let mut best: Option<RingSchedule> = None;
-    let mut best_cycles = known;
     let mut proven = lb;
     let mut timed_out = false;
     let run = |t: u64,
@@ -322,7 +381,7 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
                best_cycles: &mut u64,
                proven: &mut u64|
      -> Result<Verdict, ExactError> {
-        let (attempt, schedule) = solve_budget(&problem, pes, t, deadline, opts.symmetry_breaking)?;
+        let (attempt, schedule) = solve_budget(&problem, pes, t, deadline, opts)?;
         let verdict = attempt.verdict;
         attempts.push(attempt);
         match verdict {
@@ -445,6 +504,7 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
                 heuristic_cycles,
                 source: Source::Sat,
                 attempts,
+                improvements: improvements.clone(),
                 timed_out,
             })
         }
@@ -480,6 +540,7 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
                 heuristic_cycles,
                 source: Source::Heuristic,
                 attempts,
+                improvements: improvements.clone(),
                 timed_out,
             })
         }

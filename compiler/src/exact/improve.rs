@@ -1,0 +1,200 @@
+//! Large-neighbourhood search: shortens a known schedule by re-solving windows of it with the
+//! rest held in place. It proves nothing, but finds good schedules long before the full search
+//! does, which then only has to prove them.
+//!
+//! Two moves, both on the machine's rules only (no symmetry breaking or dominance, which a
+//! fixed part need not respect), solved incrementally under assumptions so that what one window
+//! teaches the solver carries over to the next:
+//!
+//! * *compress*: to save a cycle, every op before a window keeps its PE and cycle, every op after
+//!   it keeps its PE one cycle earlier, and the solver fits the window's ops into one cycle
+//!   less, re-routing every transfer and choosing the preloads anew;
+//! * *drain*: when no window compresses, empty one more PE's op slot in the last cycle, with the
+//!   ops before a window fixed and the window (which reaches the end) free. Once the last cycle
+//!   is empty the schedule is a cycle shorter. This gives the search a gradient where
+//!   compression alone finds none.
+
+use super::decode::decode;
+use super::encode::{EncodeOptions, Encoding};
+use super::hint;
+use super::search::{encoding, Deadline, ExactError};
+use crate::problem::Problem;
+use crate::schedule::RingSchedule;
+use std::time::Instant;
+
+/// One shortening found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub cycles: u64,
+    /// Since the improvement started.
+    pub seconds: f64,
+}
+
+/// Window widths tried, narrowest first: narrow windows are quick to refute.
+const WIDTHS: [i64; 8] = [4, 6, 9, 13, 18, 25, 35, 50];
+
+struct Solver {
+    enc: Encoding,
+    sat: cadical::Solver<Deadline>,
+}
+
+impl Solver {
+    fn new(
+        problem: &Problem,
+        pes: u32,
+        t: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Self, ExactError> {
+        let opts = EncodeOptions {
+            symmetry_breaking: false,
+            slack_limit: true,
+            dominance: false,
+        };
+        let enc = encoding(problem, pes, t, opts)?;
+        let mut sat: cadical::Solver<Deadline> = cadical::Solver::new();
+        for clause in enc.cnf.clauses.split(|&l| l == 0) {
+            if !clause.is_empty() {
+                sat.add_clause(clause.iter().copied());
+            }
+        }
+        sat.set_callbacks(Some(Deadline(deadline)));
+        Ok(Solver { enc, sat })
+    }
+
+    /// `Ok(None)`: refuted; `Err(None)`: out of time.
+    fn solve(&mut self, assumptions: Vec<i32>) -> Result<Option<RingSchedule>, Option<ExactError>> {
+        let t = Instant::now();
+        let r = self.sat.solve_with(assumptions);
+        if std::env::var("X_LNS").is_ok() {
+            eprintln!("    lns T={} {:?} {:.2}s", self.enc.model.cycles, r, t.elapsed().as_secs_f64());
+        }
+        match r {
+            Some(true) => {
+                let sat = &self.sat;
+                decode(&self.enc, |lit| sat.value(lit).unwrap_or(false))
+                    .map(Some)
+                    .map_err(|e| Some(ExactError::Internal(e)))
+            }
+            Some(false) => Ok(None),
+            None => Err(None),
+        }
+    }
+}
+
+/// Shortens `start` while windows of it can be compressed or drained, stopping at `floor`
+/// cycles or the deadline. Returns the shortest schedule found (if shorter than `start`) and
+/// every step.
+pub fn improve(
+    problem: &Problem,
+    pes: u32,
+    start: &RingSchedule,
+    floor: u64,
+    deadline: Option<Instant>,
+) -> Result<(Option<RingSchedule>, Vec<Step>), ExactError> {
+    let began = Instant::now();
+    let mut current = start.clone();
+    let mut improved = false;
+    let mut steps = Vec::new();
+    let out_of_time = || deadline.is_some_and(|d| Instant::now() >= d);
+    'levels: loop {
+        let c = current.cycles() as u64;
+        if c <= floor.max(1) || out_of_time() {
+            break;
+        }
+        // Windows beyond half the schedule are nearly the full problem, the exact search's job.
+        let widest = (c as i64 / 2).max(6);
+        let widths: Vec<i64> = WIDTHS.iter().copied().filter(|&w| w <= widest).collect();
+
+        // Compress: the same schedule in one cycle less, a window at a time.
+        let mut shorter = Solver::new(problem, pes, c - 1, deadline)?;
+        let Ok(placed) = hint::placement(&shorter.enc.model, &current) else {
+            // A schedule the model does not describe op by op cannot be a starting point.
+            break;
+        };
+        let ci = c as i64;
+        for &width in &widths {
+            let stride = (width / 2).max(1);
+            let mut t0 = 0;
+            loop {
+                let t1 = (t0 + width).min(ci);
+                let assumptions: Vec<i32> = placed
+                    .iter()
+                    .filter_map(|&(o, p, at)| {
+                        if at < t0 {
+                            Some(shorter.enc.run[o].at(p, at))
+                        } else if at >= t1 {
+                            Some(shorter.enc.run[o].at(p, at - 1))
+                        } else {
+                            None
+                        }
+                    })
+                    .collect();
+                match shorter.solve(assumptions) {
+                    Ok(Some(s)) => {
+                        steps.push(Step {
+                            cycles: s.cycles() as u64,
+                            seconds: began.elapsed().as_secs_f64(),
+                        });
+                        current = s;
+                        improved = true;
+                        continue 'levels;
+                    }
+                    Ok(None) => {}
+                    Err(None) => break 'levels,
+                    Err(Some(e)) => return Err(e),
+                }
+                if t1 >= ci {
+                    break;
+                }
+                t0 += stride;
+            }
+        }
+        drop(shorter);
+
+        // Drain: same length, one more idle op slot in the last cycle, until it is empty.
+        let mut same = Solver::new(problem, pes, c, deadline)?;
+        'drain: loop {
+            let Ok(placed) = hint::placement(&same.enc.model, &current) else {
+                break 'levels;
+            };
+            let last = current.cycles() as i64 - 1;
+            if last + 1 < c as i64 {
+                steps.push(Step {
+                    cycles: current.cycles() as u64,
+                    seconds: began.elapsed().as_secs_f64(),
+                });
+                improved = true;
+                continue 'levels;
+            }
+            let busy: Vec<u32> = (0..pes)
+                .filter(|&p| current.slots[p as usize][last as usize].work.is_some())
+                .collect();
+            for &victim in &busy {
+                for &width in &widths {
+                    let t0 = (last + 1 - width).max(0);
+                    let mut assumptions: Vec<i32> = placed
+                        .iter()
+                        .filter(|&&(_, _, at)| at < t0)
+                        .map(|&(o, p, at)| same.enc.run[o].at(p, at))
+                        .collect();
+                    assumptions.extend(
+                        (0..pes)
+                            .filter(|p| *p == victim || !busy.contains(p))
+                            .map(|p| same.enc.idle.at(p, last)),
+                    );
+                    match same.solve(assumptions) {
+                        Ok(Some(s)) => {
+                            current = s;
+                            continue 'drain;
+                        }
+                        Ok(None) => {}
+                        Err(None) => break 'levels,
+                        Err(Some(e)) => return Err(e),
+                    }
+                }
+            }
+            break 'levels;
+        }
+    }
+    Ok((improved.then_some(current), steps))
+}
