@@ -12,7 +12,9 @@
 //! * *drain*: when no window compresses, empty one more PE's op slot in the last cycle, with the
 //!   ops before a window fixed and the window (which reaches the end) free. Once the last cycle
 //!   is empty the schedule is a cycle shorter. This gives the search a gradient where
-//!   compression alone finds none.
+//!   compression alone finds none;
+//! * *perturb*: when neither helps, move one op of a random window elsewhere at the same length
+//!   and try again from there.
 
 use super::decode::decode;
 use super::encode::{EncodeOptions, Encoding};
@@ -32,6 +34,21 @@ pub struct Step {
 
 /// Window widths tried, narrowest first: narrow windows are quick to refute.
 const WIDTHS: [i64; 8] = [4, 6, 9, 13, 18, 25, 35, 50];
+
+/// Random restarts per schedule length before giving up.
+const PERTURBATIONS: usize = 200;
+
+/// A small deterministic generator: runs are reproducible.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
 
 struct Solver {
     enc: Encoding,
@@ -66,7 +83,12 @@ impl Solver {
         let t = Instant::now();
         let r = self.sat.solve_with(assumptions);
         if std::env::var("X_LNS").is_ok() {
-            eprintln!("    lns T={} {:?} {:.2}s", self.enc.model.cycles, r, t.elapsed().as_secs_f64());
+            eprintln!(
+                "    lns T={} {:?} {:.2}s",
+                self.enc.model.cycles,
+                r,
+                t.elapsed().as_secs_f64()
+            );
         }
         match r {
             Some(true) => {
@@ -96,6 +118,7 @@ pub fn improve(
     let mut improved = false;
     let mut steps = Vec::new();
     let out_of_time = || deadline.is_some_and(|d| Instant::now() >= d);
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     'levels: loop {
         let c = current.cycles() as u64;
         if c <= floor.max(1) || out_of_time() {
@@ -193,8 +216,45 @@ pub fn improve(
                     }
                 }
             }
-            break 'levels;
+            break 'drain;
         }
+
+        // Perturb: the same length, with one op of a random window forced elsewhere, so that
+        // the next compress and drain start from a different schedule.
+        let Ok(placed) = hint::placement(&same.enc.model, &current) else {
+            break 'levels;
+        };
+        for _ in 0..PERTURBATIONS {
+            if out_of_time() {
+                break 'levels;
+            }
+            let width = widths[(rng.next() % widths.len() as u64) as usize];
+            let t0 = (rng.next() % c) as i64;
+            let inside: Vec<&(usize, u32, i64)> = placed
+                .iter()
+                .filter(|&&(_, _, at)| at >= t0 && at < t0 + width)
+                .collect();
+            if inside.is_empty() {
+                continue;
+            }
+            let &&(o, p, at) = &inside[(rng.next() % inside.len() as u64) as usize];
+            let mut assumptions: Vec<i32> = placed
+                .iter()
+                .filter(|&&(_, _, x)| x < t0 || x >= t0 + width)
+                .map(|&(o, p, x)| same.enc.run[o].at(p, x))
+                .collect();
+            assumptions.push(-same.enc.run[o].at(p, at));
+            match same.solve(assumptions) {
+                Ok(Some(s)) => {
+                    current = s;
+                    continue 'levels;
+                }
+                Ok(None) => {}
+                Err(None) => break 'levels,
+                Err(Some(e)) => return Err(e),
+            }
+        }
+        break;
     }
     Ok((improved.then_some(current), steps))
 }
