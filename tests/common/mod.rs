@@ -57,6 +57,13 @@ pub fn run_emitted(c: &Compiled, seed: u64) -> RunResult {
         .collect();
     let manifest = compiler::manifest::Manifest::from_json(&c.manifest.to_json())
         .expect("manifest round trip");
+    // Every program the tests compile is also proved correct for all inputs.
+    let opts = verifier::Options {
+        exact_ops: manifest.schedule != "schedule-baseline",
+        ..Default::default()
+    };
+    let report = verifier::verify_with(&programs, &manifest, &opts);
+    assert!(report.is_ok(), "verification failed:\n{report}");
     let inputs = compiler::exec::random_inputs(&manifest, seed);
     let out = compiler::exec::execute(
         isa::F32Domain,

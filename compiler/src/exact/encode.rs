@@ -376,9 +376,7 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                 cnf.clause(&[-x, -before]);
                 cnf.clause(&[-on[o][p as usize], -by, before, x]);
                 for &v in &reads {
-                    if std::env::var("X_NOHAVE").is_err() {
-                        cnf.clause(&[-x, have[v].at(p, t)]);
-                    }
+                    cnf.clause(&[-x, have[v].at(p, t)]);
                 }
             }
         }
@@ -464,10 +462,8 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                 cnf.clause(&[-here, before, came, made, loaded]);
                 // Presence is exact and lasting (memory is not the constraint here), so the
                 // solver reasons about arrivals rather than about which copies to forget.
-                if std::env::var("X_NOEXACT").is_err() {
-                    for x in [before, came, made, loaded] {
-                        cnf.clause(&[-x, here]);
-                    }
+                for x in [before, came, made, loaded] {
+                    cnf.clause(&[-x, here]);
                 }
                 let mut c = vec![-used.at(p, t), used.at(p, t + 1), send[v].at(p, t)];
                 c.extend(readers[v].iter().map(|&o| run[o].at(p, t)));
@@ -483,21 +479,12 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                     cnf.clause(&[-x, have[v].at(p, t), acc_made]);
                     // Sending a word the next PE already holds, or will never use, only takes
                     // the link from a transfer that matters.
-                    if std::env::var("X_NOREDUND").is_err() {
-                        cnf.clause(&[-x, -have[v].at(next(p), t)]);
-                    }
-                    if std::env::var("X_NOUSED").is_err() {
-                        cnf.clause(&[-x, used.at(next(p), t + 1)]);
-                    }
+                    cnf.clause(&[-x, -have[v].at(next(p), t)]);
+                    cnf.clause(&[-x, used.at(next(p), t + 1)]);
                 }
             }
         }
         if val.producer == Producer::Input {
-            if std::env::var("X_COLS").is_ok() {
-                if let super::model::ValueKind::Input(e) = val.kind {
-                    cnf.clause(&[pre[v][(e.col % m) as usize]]);
-                }
-            }
             cnf.exactly_one(&pre[v]);
             // A preload where nothing reads the element only feeds the link; preloading it at
             // the first reader instead frees those transfers, so only readers are considered.
@@ -528,9 +515,7 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
             // Ops of one chain in one cycle would each start a partial sum of their own.
             cnf.at_most_one(&b);
             let toks: Vec<i32> = (0..m).map(|p| tok[x].at(p, t)).collect();
-            if std::env::var("X_NOTOKAMO").is_err() {
-                cnf.at_most_one(&toks);
-            }
+            cnf.at_most_one(&toks);
             cnf.clause(&[-started[x].at(t), started[x].at(t + 1)]);
             for p in 0..m {
                 let (bz, tk, ts) = (busy[x].at(p, t), tok[x].at(p, t), tsend[x].at(p, t));
@@ -607,35 +592,6 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
             .map(|(p, t)| idle.at(p, t))
             .collect();
         cnf.at_most(&all, slack);
-    }
-    if std::env::var("X_LOAD").is_ok() {
-        // Per-PE load, on the placement variables: at most T ops per PE, and at most as many
-        // ops whose windows lie within [a, b] as there are cycles in it.
-        let mut los: Vec<i64> = model.ops.iter().map(|o| o.lo).collect();
-        let mut his: Vec<i64> = model.ops.iter().map(|o| o.hi).collect();
-        los.sort();
-        los.dedup();
-        his.sort();
-        his.dedup();
-        for &a in &los {
-            for &b in &his {
-                let inside: Vec<usize> = (0..model.ops.len())
-                    .filter(|&o| model.ops[o].lo >= a && model.ops[o].hi <= b)
-                    .collect();
-                let room = (b - a + 1).max(0) as usize;
-                if inside.len() > room && (room as i64) < horizon {
-                    for p in 0..m as usize {
-                        let lits: Vec<i32> = inside.iter().map(|&o| on[o][p]).collect();
-                        cnf.at_most(&lits, room);
-                    }
-                } else if inside.len() > room && std::env::var("X_LOADALL").is_ok() {
-                    for p in 0..m as usize {
-                        let lits: Vec<i32> = inside.iter().map(|&o| on[o][p]).collect();
-                        cnf.at_most(&lits, room);
-                    }
-                }
-            }
-        }
     }
     if links {
         let mut link: Vec<Vec<i32>> = vec![Vec::new(); slot.len()];

@@ -80,17 +80,7 @@ impl Solver {
 
     /// `Ok(None)`: refuted; `Err(None)`: out of time.
     fn solve(&mut self, assumptions: Vec<i32>) -> Result<Option<RingSchedule>, Option<ExactError>> {
-        let t = Instant::now();
-        let r = self.sat.solve_with(assumptions);
-        if std::env::var("X_LNS").is_ok() {
-            eprintln!(
-                "    lns T={} {:?} {:.2}s",
-                self.enc.model.cycles,
-                r,
-                t.elapsed().as_secs_f64()
-            );
-        }
-        match r {
+        match self.sat.solve_with(assumptions) {
             Some(true) => {
                 let sat = &self.sat;
                 decode(&self.enc, |lit| sat.value(lit).unwrap_or(false))

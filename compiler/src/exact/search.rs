@@ -229,32 +229,19 @@ pub fn solve_budget(
         t,
         EncodeOptions {
             symmetry_breaking: opts.symmetry_breaking,
-            slack_limit: std::env::var("ATTNC_NO_SLACK").is_err(),
-            dominance: opts.dominance && std::env::var("X_NODOM").is_err(),
+            slack_limit: true,
+            dominance: opts.dominance,
         },
     )?;
     let (variables, clauses) = (enc.variables(), enc.clauses());
-    let config = std::env::var("ATTNC_CONFIG").unwrap_or_else(|_| "default".into());
-    let flip = if std::env::var("ATTNC_FLIP").is_ok() {
-        -1
-    } else {
-        1
-    };
-    let mut solver: cadical::Solver<Deadline> =
-        cadical::Solver::with_config(&config).map_err(|e| ExactError::Internal(e.msg))?;
+    let mut solver: cadical::Solver<Deadline> = cadical::Solver::new();
     solver.reserve(enc.cnf.vars);
     for clause in enc.cnf.clauses.split(|&l| l == 0) {
         if !clause.is_empty() {
-            solver.add_clause(clause.iter().map(|&l| l * flip));
+            solver.add_clause(clause.iter().copied());
         }
     }
     solver.set_callbacks(Some(Deadline(deadline)));
-    if std::env::var("X_TIME").is_ok() {
-        eprintln!(
-            "T={t}: encoded in {:.3} s: {variables} vars {clauses} clauses",
-            start.elapsed().as_secs_f64()
-        );
-    }
     let verdict = if deadline.is_some_and(|d| Instant::now() >= d) {
         Verdict::Unknown
     } else {
@@ -265,8 +252,8 @@ pub fn solve_budget(
         }
     };
     let schedule = if verdict == Verdict::Sat {
-        let s = decode(&enc, |lit| solver.value(lit * flip).unwrap_or(false))
-            .map_err(ExactError::Internal)?;
+        let s =
+            decode(&enc, |lit| solver.value(lit).unwrap_or(false)).map_err(ExactError::Internal)?;
         Some(s)
     } else {
         None
