@@ -25,8 +25,8 @@ pub struct OptimalArgs {
     /// Stop searching after this many seconds and keep the best schedule found
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub time_limit: Option<Duration>,
-    /// Order of budgets: up (from the lower bound), down (from the heuristic schedule), bisect
-    #[arg(long, default_value = "up", value_parser = parse_strategy)]
+    /// Order of budgets: down (from the best schedule known), up (from the lower bound), bisect
+    #[arg(long, default_value = "down", value_parser = parse_strategy)]
     pub search: Strategy,
     /// Keep schedules that differ only by a symmetry (slower; for checking the encoding)
     #[arg(long)]
@@ -151,6 +151,9 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
                 a.clauses
             );
         }
+        if let Some(msg) = &outcome.too_large {
+            eprintln!("  note: {msg}");
+        }
         let proof = if outcome.proved_optimal {
             if outcome.cycles == outcome.lower_bound {
                 "optimal: equals the lower bound".to_string()
@@ -208,6 +211,7 @@ fn to_json(o: &Outcome, layer: &str, pes: u32, out: &std::path::Path) -> serde_j
         "heuristic_cycles": o.heuristic_cycles,
         "source": o.source.name(),
         "timed_out": o.timed_out,
+        "too_large": o.too_large,
         "attempts": attempts,
         "improvements": o.improvements.iter().map(|s| serde_json::json!({
             "cycles": s.cycles,

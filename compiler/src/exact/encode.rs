@@ -431,6 +431,9 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                 Producer::Chain(x) => ends[x][p as usize],
             }
         };
+        // An accumulate result can leave in the cycle it is made, before it is in memory, so
+        // its upstream copy is only known to be there a cycle later.
+        let acc_sent = i64::from(matches!(val.producer, Producer::Chain(_)));
         if links {
             for p in 0..m {
                 for t in val.lo..=val.hi {
@@ -438,7 +441,7 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                     for k in 1..m {
                         c.push(home((p + m - (k - 1)) % m));
                         let mut d = c.clone();
-                        d.push(have[v].at((p + m - k) % m, t - i64::from(k)));
+                        d.push(have[v].at((p + m - k) % m, t - i64::from(k) + acc_sent));
                         cnf.clause(&d);
                     }
                 }

@@ -15,16 +15,17 @@ use std::time::{Duration, Instant};
 
 /// Encodings beyond this many `(item, PE, cycle)` triples are refused rather than built: the
 /// solver would not finish and the machine might run out of memory first.
-pub const MAX_ENCODING_SIZE: u128 = 40_000_000;
+pub const MAX_ENCODING_SIZE: u128 = 10_000_000;
 
 /// In which order budgets are tried.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Strategy {
     /// From the lower bound up: the first satisfiable budget is optimal.
-    #[default]
     Up,
     /// From just below the best known schedule down: every answer improves the schedule, the
-    /// first unsatisfiable one proves the last.
+    /// first unsatisfiable one proves the last. The default: the neighbourhood search usually
+    /// leaves the best schedule at or near the optimum, so one refutation often settles it.
+    #[default]
     Down,
     /// Bisection between the lower bound and the best known schedule.
     Bisect,
@@ -66,7 +67,7 @@ impl Default for Options {
         Options {
             max_cycles: None,
             time_limit: None,
-            strategy: Strategy::Up,
+            strategy: Strategy::Down,
             symmetry_breaking: true,
             sat_only: false,
             dominance: true,
@@ -143,6 +144,8 @@ pub struct Outcome {
     pub improvements: Vec<Step>,
     /// The time limit cut the search short.
     pub timed_out: bool,
+    /// Why budgets were left untried: the encoding would be too large.
+    pub too_large: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -268,15 +271,6 @@ pub fn solve_budget(
     Ok((attempt, schedule))
 }
 
-/// The best schedule the heuristic passes make, as `compile` would pick it (fewest cycles).
-fn heuristic_schedule(problem: &Problem, pes: u32) -> Option<RingSchedule> {
-    let candidates = select::run(problem, pes, Choice::Auto).ok()?;
-    candidates
-        .iter()
-        .filter_map(|a| a.schedule(problem, pes).ok())
-        .min_by_key(RingSchedule::cycles)
-}
-
 /// Is `schedule` (of `cycles` cycles or fewer) a model of the encoding for budget `cycles`, once
 /// the solver completes the transfers and preloads? Fixes only where and when every op runs.
 /// A schedule that runs correctly must pass, so this checks the encoding against the heuristic
@@ -314,6 +308,17 @@ pub fn admits(
     })
 }
 
+/// The best heuristic schedule that runs only the necessary ops (the model's ops), as a start
+/// for the neighbourhood search.
+fn heuristic_start(problem: &Problem, pes: u32) -> Option<RingSchedule> {
+    let candidates = select::run(problem, pes, Choice::Auto).ok()?;
+    candidates
+        .iter()
+        .filter_map(|a| a.schedule(problem, pes).ok())
+        .filter(|s| s.ops.total() == problem.necessary_ops())
+        .min_by_key(RingSchedule::cycles)
+}
+
 /// Finds a schedule with the fewest cycles for `layer` on `pes` PEs, with a proof when the limits
 /// allow. Falls back on `compiler::compile`'s schedule when SAT finds nothing better.
 pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome, ExactError> {
@@ -335,22 +340,29 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
     // Every op in sequence on one PE is always a schedule, so this budget is always enough.
     let serial = problem.necessary_ops().max(1);
     let known = match heuristic_cycles {
-        Some(c) if !opts.sat_only => c,
-        _ => serial + 1,
+        Some(c) if opts.sat_only => c + 1,
+        Some(c) => c,
+        None => serial + 1,
     };
     let mut best: Option<RingSchedule> = None;
     let mut best_cycles = known;
     let mut improvements = Vec::new();
+    let mut too_large = None;
     if opts.improve && !opts.sat_only && lb < known {
-        if let Some(start) = heuristic_schedule(&problem, pes) {
+        if let Some(start) = heuristic_start(&problem, pes) {
             // Half the time limit at most (a minute without one): the rest is for the proof.
             let budget = opts.time_limit.map_or(Duration::from_secs(60), |l| l / 2);
             let until = deadline.map_or(started + budget, |d| d.min(started + budget));
-            let (found, steps) = improve::improve(&problem, pes, &start, lb, Some(until))?;
-            improvements = steps;
-            if let Some(s) = found {
-                best_cycles = s.cycles() as u64;
-                best = Some(s);
+            match improve::improve(&problem, pes, &start, lb, Some(until)) {
+                Ok((found, steps)) => {
+                    improvements = steps;
+                    if let Some(s) = found {
+                        best_cycles = s.cycles() as u64;
+                        best = Some(s);
+                    }
+                }
+                Err(ExactError::TooLarge(msg)) => too_large = Some(msg),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -366,9 +378,16 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
                attempts: &mut Vec<Attempt>,
                best: &mut Option<RingSchedule>,
                best_cycles: &mut u64,
-               proven: &mut u64|
+               proven: &mut u64,
+               too_large: &mut Option<String>|
      -> Result<Verdict, ExactError> {
-        let (attempt, schedule) = solve_budget(&problem, pes, t, deadline, opts)?;
+        let (attempt, schedule) = match solve_budget(&problem, pes, t, deadline, opts) {
+            Err(ExactError::TooLarge(msg)) => {
+                *too_large = Some(msg);
+                return Ok(Verdict::Unknown);
+            }
+            other => other?,
+        };
         let verdict = attempt.verdict;
         attempts.push(attempt);
         match verdict {
@@ -391,11 +410,18 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
             Strategy::Up => {
                 let mut t = lb;
                 while t <= cap && t < best_cycles {
-                    match run(t, &mut attempts, &mut best, &mut best_cycles, &mut proven)? {
+                    match run(
+                        t,
+                        &mut attempts,
+                        &mut best,
+                        &mut best_cycles,
+                        &mut proven,
+                        &mut too_large,
+                    )? {
                         Verdict::Unsat => t += 1,
                         Verdict::Sat => break,
                         Verdict::Unknown => {
-                            timed_out = true;
+                            timed_out = too_large.is_none();
                             break;
                         }
                     }
@@ -404,11 +430,18 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
             Strategy::Down => {
                 let mut t = cap;
                 while t >= proven && t < best_cycles {
-                    match run(t, &mut attempts, &mut best, &mut best_cycles, &mut proven)? {
+                    match run(
+                        t,
+                        &mut attempts,
+                        &mut best,
+                        &mut best_cycles,
+                        &mut proven,
+                        &mut too_large,
+                    )? {
                         Verdict::Sat => t = best_cycles.saturating_sub(1).min(cap),
                         Verdict::Unsat => break,
                         Verdict::Unknown => {
-                            timed_out = true;
+                            timed_out = too_large.is_none();
                             break;
                         }
                     }
@@ -419,10 +452,17 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
                 while proven < hi.min(best_cycles) {
                     let top = hi.min(best_cycles);
                     let t = proven + (top - proven) / 2;
-                    match run(t, &mut attempts, &mut best, &mut best_cycles, &mut proven)? {
+                    match run(
+                        t,
+                        &mut attempts,
+                        &mut best,
+                        &mut best_cycles,
+                        &mut proven,
+                        &mut too_large,
+                    )? {
                         Verdict::Sat | Verdict::Unsat => {}
                         Verdict::Unknown => {
-                            timed_out = true;
+                            timed_out = too_large.is_none();
                             break;
                         }
                     }
@@ -435,6 +475,7 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
     if best.is_none() {
         best_cycles = best_cycles.min(heuristic_cycles.unwrap_or(u64::MAX));
     }
+    timed_out |= deadline.is_some_and(|d| Instant::now() >= d);
     let proved_optimal = proven >= best_cycles;
     let candidates: Vec<CandidateInfo> = heuristic
         .as_ref()
@@ -491,12 +532,16 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
                 heuristic_cycles,
                 source: Source::Sat,
                 attempts,
-                improvements: improvements.clone(),
+                improvements,
                 timed_out,
+                too_large,
             })
         }
         None => {
             let Some(c) = heuristic else {
+                if let Some(msg) = too_large {
+                    return Err(ExactError::TooLarge(msg));
+                }
                 return Err(ExactError::NoSchedule(format!(
                     "no schedule found within {} cycles{}, and the heuristic schedulers do not \
                      apply to this layer",
@@ -527,8 +572,9 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
                 heuristic_cycles,
                 source: Source::Heuristic,
                 attempts,
-                improvements: improvements.clone(),
+                improvements,
                 timed_out,
+                too_large,
             })
         }
     }
