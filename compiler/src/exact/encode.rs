@@ -43,16 +43,14 @@ impl Cnf {
     }
 
     /// Adds a clause, dropping false literals and skipping clauses that are already true.
+    /// (Repeated literals are left to the solver, which removes them.)
     pub fn clause(&mut self, lits: &[i32]) {
         if lits.contains(&TRUE) {
             return;
         }
         let start = self.clauses.len();
-        for &l in lits {
-            if l != FALSE && !self.clauses[start..].contains(&l) {
-                self.clauses.push(l);
-            }
-        }
+        self.clauses
+            .extend(lits.iter().copied().filter(|&l| l != FALSE));
         if self.clauses.len() == start {
             // Every literal was false: the formula is unsatisfiable.
             self.clauses.push(FALSE);
@@ -245,7 +243,8 @@ impl Encoding {
     }
 }
 
-/// Options that change the encoding but not its solutions up to symmetry.
+/// What goes into the CNF beyond the machine's rules: each keeps at least one optimal schedule
+/// (docs/exact.md), and each can be left out to check that.
 #[derive(Clone, Copy, Debug)]
 pub struct EncodeOptions {
     pub symmetry_breaking: bool,

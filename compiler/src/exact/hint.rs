@@ -3,6 +3,7 @@
 //! must satisfy it) and to seed the search.
 
 use super::model::{Model, OpId, OpKind};
+use crate::ir::Tensor;
 use crate::schedule::{RingSchedule, Val, ValInfo, Work};
 use std::collections::HashMap;
 
@@ -10,9 +11,11 @@ use std::collections::HashMap;
 pub fn placement(model: &Model, schedule: &RingSchedule) -> Result<Vec<(OpId, u32, i64)>, String> {
     let p = &model.problem;
     let mut input: HashMap<Val, (u32, u32, u32)> = HashMap::new();
+    let mut is_k: HashMap<Val, bool> = HashMap::new();
     for (v, info) in schedule.vals.iter() {
         if let ValInfo::Input { element, .. } = info {
             input.insert(v, (element.head, element.row, element.col));
+            is_k.insert(v, element.tensor == Tensor::K);
         }
     }
     let mut index: HashMap<(OpKind, u32, u32, u32, u32), OpId> = HashMap::new();
@@ -34,6 +37,12 @@ pub fn placement(model: &Model, schedule: &RingSchedule) -> Result<Vec<(OpId, u3
     let mut out = Vec::new();
     for &(pe, t, w) in &works {
         if let Work::Mac { a, b, out: o, .. } = w {
+            // Operand order is the pass's choice; the k operand names the score's column.
+            let (a, b) = if is_k.get(&a) == Some(&true) {
+                (b, a)
+            } else {
+                (a, b)
+            };
             let (Some(&(h, ra, c)), Some(&(_, rb, cb))) = (input.get(&a), input.get(&b)) else {
                 continue;
             };
@@ -103,6 +112,11 @@ pub fn placement(model: &Model, schedule: &RingSchedule) -> Result<Vec<(OpId, u3
     }
     for &(pe, t, w) in &works {
         if let Work::Mac { a, b, .. } = w {
+            let (a, b) = if weight_of.contains_key(&b) {
+                (b, a)
+            } else {
+                (a, b)
+            };
             let (Some(&(h, ra, rb)), Some(&(_, vb, c))) = (weight_of.get(&a), input.get(&b)) else {
                 continue;
             };

@@ -22,6 +22,8 @@ use super::hint;
 use super::search::{encoding, Deadline, ExactError};
 use crate::problem::Problem;
 use crate::schedule::RingSchedule;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// One shortening found.
@@ -109,6 +111,7 @@ pub fn improve(
     let mut steps = Vec::new();
     let out_of_time = || deadline.is_some_and(|d| Instant::now() >= d);
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut solvers: HashMap<u64, Solver> = HashMap::new();
     'levels: loop {
         let c = current.cycles() as u64;
         if c <= floor.max(1) || out_of_time() {
@@ -119,7 +122,17 @@ pub fn improve(
         let widths: Vec<i64> = WIDTHS.iter().copied().filter(|&w| w <= widest).collect();
 
         // Compress: the same schedule in one cycle less, a window at a time.
-        let mut shorter = Solver::new(problem, pes, c - 1, deadline)?;
+        // Solvers are kept per length: perturbing and draining revisit the same lengths, and an
+        // incremental solver keeps what it learnt.
+        solvers.retain(|&t, _| t + 1 >= c);
+        for t in [c - 1, c] {
+            if let Entry::Vacant(slot) = solvers.entry(t) {
+                slot.insert(Solver::new(problem, pes, t, deadline)?);
+            }
+        }
+        let [Some(shorter), Some(same)] = solvers.get_disjoint_mut([&(c - 1), &c]) else {
+            return Err(ExactError::Internal("neighbourhood solvers missing".into()));
+        };
         let Ok(placed) = hint::placement(&shorter.enc.model, &current) else {
             // A schedule the model does not describe op by op cannot be a starting point.
             break;
@@ -162,10 +175,8 @@ pub fn improve(
                 t0 += stride;
             }
         }
-        drop(shorter);
 
         // Drain: same length, one more idle op slot in the last cycle, until it is empty.
-        let mut same = Solver::new(problem, pes, c, deadline)?;
         'drain: loop {
             let Ok(placed) = hint::placement(&same.enc.model, &current) else {
                 break 'levels;

@@ -350,8 +350,12 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
     let mut too_large = None;
     if opts.improve && !opts.sat_only && lb < known {
         if let Some(start) = heuristic_start(&problem, pes) {
-            // Half the time limit at most (a minute without one): the rest is for the proof.
-            let budget = opts.time_limit.map_or(Duration::from_secs(60), |l| l / 2);
+            // Three quarters of the time limit at most (a minute without one): on layers where it
+            // matters the full search rarely settles a budget, and a shorter schedule found here
+            // is the one it has to refute below.
+            let budget = opts
+                .time_limit
+                .map_or(Duration::from_secs(60), |l| l * 3 / 4);
             let until = deadline.map_or(started + budget, |d| d.min(started + budget));
             match improve::improve(&problem, pes, &start, lb, Some(until)) {
                 Ok((found, steps)) => {
