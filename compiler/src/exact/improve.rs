@@ -2,7 +2,7 @@
 //! rest held in place. It proves nothing, but finds good schedules long before the full search
 //! does, which then only has to prove them.
 //!
-//! Two moves, both on the machine's rules only (no symmetry breaking or dominance, which a
+//! Moves, all on the machine's rules only (no symmetry breaking or dominance, which a
 //! fixed part need not respect), solved incrementally under assumptions so that what one window
 //! teaches the solver carries over to the next:
 //!
@@ -13,8 +13,13 @@
 //!   ops before a window fixed and the window (which reaches the end) free. Once the last cycle
 //!   is empty the schedule is a cycle shorter. This gives the search a gradient where
 //!   compression alone finds none;
+//! * *re-place*: one cycle less with every op on its PE but at any cycle, then with the ops of
+//!   one or two rows also free to change PE;
 //! * *perturb*: when neither helps, move one op of a random window elsewhere at the same length
 //!   and try again from there.
+//!
+//! Every move gives up after a number of conflicts that doubles each time the search comes back
+//! to the same length, so hard windows do not starve easy ones.
 
 use super::decode::decode;
 use super::encode::{EncodeOptions, Encoding};
@@ -36,6 +41,14 @@ pub struct Step {
 
 /// Window widths tried, narrowest first: narrow windows are quick to refute.
 const WIDTHS: [i64; 8] = [4, 6, 9, 13, 18, 25, 35, 50];
+
+/// Conflicts a compress window may take before it counts as failed, on the first pass at a
+/// length (doubled on each later pass): most windows are refuted in far fewer, and the few hard
+/// ones would otherwise eat the whole budget before the easy ones elsewhere are tried.
+const WINDOW_CONFLICTS: i32 = 15_000;
+
+/// Conflicts a re-placing move may take before it counts as failed.
+const REPLACE_CONFLICTS: i32 = 20_000;
 
 /// Random restarts per schedule length before giving up.
 const PERTURBATIONS: usize = 200;
@@ -80,9 +93,29 @@ impl Solver {
         Ok(Solver { enc, sat })
     }
 
-    /// `Ok(None)`: refuted; `Err(None)`: out of time.
-    fn solve(&mut self, assumptions: Vec<i32>) -> Result<Option<RingSchedule>, Option<ExactError>> {
-        match self.sat.solve_with(assumptions) {
+    fn out_of_time(&mut self) -> bool {
+        self.sat
+            .get_callbacks()
+            .is_some_and(|d| d.0.is_some_and(|d| Instant::now() >= d))
+    }
+
+    /// `Ok(None)`: refuted, or given up after `conflicts` conflicts (a neighbourhood move may
+    /// fail for either reason); `Err(None)`: out of time.
+    fn solve_limited(
+        &mut self,
+        assumptions: Vec<i32>,
+        conflicts: Option<i32>,
+    ) -> Result<Option<RingSchedule>, Option<ExactError>> {
+        if let Some(limit) = conflicts {
+            self.sat
+                .set_limit("conflicts", limit)
+                .map_err(|e| Some(ExactError::Internal(format!("{e:?}"))))?;
+        }
+        let answer = self.sat.solve_with(assumptions);
+        if answer.is_none() && conflicts.is_some() && !self.out_of_time() {
+            return Ok(None);
+        }
+        match answer {
             Some(true) => {
                 let sat = &self.sat;
                 decode(&self.enc, |lit| sat.value(lit).unwrap_or(false))
@@ -112,6 +145,7 @@ pub fn improve(
     let out_of_time = || deadline.is_some_and(|d| Instant::now() >= d);
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     let mut solvers: HashMap<u64, Solver> = HashMap::new();
+    let mut rounds: HashMap<u64, u32> = HashMap::new();
     'levels: loop {
         let c = current.cycles() as u64;
         if c <= floor.max(1) || out_of_time() {
@@ -120,6 +154,11 @@ pub fn improve(
         // Windows beyond half the schedule are nearly the full problem, the exact search's job.
         let widest = (c as i64 / 2).max(6);
         let widths: Vec<i64> = WIDTHS.iter().copied().filter(|&w| w <= widest).collect();
+        // Each return to the same length (after a drain or a perturbation) lets the windows
+        // search longer: cheap first, the hard windows only once the cheap ones are exhausted.
+        let round = rounds.entry(c).or_insert(0u32);
+        let window_conflicts = WINDOW_CONFLICTS.saturating_mul(1 << (*round).min(6));
+        *round += 1;
 
         // Compress: the same schedule in one cycle less, a window at a time.
         // Solvers are kept per length: perturbing and draining revisit the same lengths, and an
@@ -155,7 +194,7 @@ pub fn improve(
                         }
                     })
                     .collect();
-                match shorter.solve(assumptions) {
+                match shorter.solve_limited(assumptions, Some(window_conflicts)) {
                     Ok(Some(s)) => {
                         steps.push(Step {
                             cycles: s.cycles() as u64,
@@ -173,6 +212,52 @@ pub fn improve(
                     break;
                 }
                 t0 += stride;
+            }
+        }
+
+        // Re-place: one cycle less with every op on its PE but at any cycle, then the same with
+        // the ops of one row (or of two) free to move to any PE. Time windows cut the schedule
+        // across all rows; these cut it along the dataflow instead, which is where causal
+        // layers' slack hides (a row's phase 2 waits for its own scores only).
+        let rows: Vec<(u32, u32)> = {
+            let mut r: Vec<(u32, u32)> = shorter
+                .enc
+                .model
+                .ops
+                .iter()
+                .map(|o| (o.head, o.a))
+                .collect();
+            r.sort_unstable();
+            r.dedup();
+            r
+        };
+        let mut groups: Vec<Vec<(u32, u32)>> = vec![Vec::new()];
+        groups.extend(rows.iter().map(|&r| vec![r]));
+        for (i, &r) in rows.iter().enumerate() {
+            groups.extend(rows[i + 1..].iter().map(|&s| vec![r, s]));
+        }
+        for free in &groups {
+            let assumptions: Vec<i32> = placed
+                .iter()
+                .filter(|&&(o, _, _)| {
+                    let op = &shorter.enc.model.ops[o];
+                    !free.contains(&(op.head, op.a))
+                })
+                .map(|&(o, p, _)| shorter.enc.on[o][p as usize])
+                .collect();
+            match shorter.solve_limited(assumptions, Some(REPLACE_CONFLICTS)) {
+                Ok(Some(s)) => {
+                    steps.push(Step {
+                        cycles: s.cycles() as u64,
+                        seconds: began.elapsed().as_secs_f64(),
+                    });
+                    current = s;
+                    improved = true;
+                    continue 'levels;
+                }
+                Ok(None) => {}
+                Err(None) => break 'levels,
+                Err(Some(e)) => return Err(e),
             }
         }
 
@@ -206,7 +291,7 @@ pub fn improve(
                             .filter(|p| *p == victim || !busy.contains(p))
                             .map(|p| same.enc.idle.at(p, last)),
                     );
-                    match same.solve(assumptions) {
+                    match same.solve_limited(assumptions, Some(window_conflicts)) {
                         Ok(Some(s)) => {
                             current = s;
                             continue 'drain;
@@ -245,7 +330,7 @@ pub fn improve(
                 .map(|&(o, p, x)| same.enc.run[o].at(p, x))
                 .collect();
             assumptions.push(-same.enc.run[o].at(p, at));
-            match same.solve(assumptions) {
+            match same.solve_limited(assumptions, Some(window_conflicts)) {
                 Ok(Some(s)) => {
                     current = s;
                     continue 'levels;
