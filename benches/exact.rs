@@ -4,9 +4,11 @@
 //! against the reference and proved by the symbolic verifier.
 //!
 //! Run: `cargo bench --bench exact`. Environment: `ATTNC_EXACT_LIMIT` (seconds per instance,
-//! default 120), `ATTNC_EXACT_ONLY` (e.g. `causal:4:4,shared:6:6` to run only those).
+//! default 120), `ATTNC_EXACT_ONLY` (e.g. `causal:4:4,shared:6:6` to run only those),
+//! `ATTNC_EXACT_LONG=1` to add the long runs: a search up from the lower bound with no
+//! neighbourhood search, 20 minutes for n = 4 and 70 for causal n = 5.
 
-use compiler::exact::{self, Options, Outcome};
+use compiler::exact::{self, Options, Outcome, Strategy};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -15,6 +17,8 @@ struct Instance {
     n: u32,
     m: u32,
     paper_es: &'static str,
+    /// A long run: search up from the lower bound, this many seconds.
+    long: Option<f64>,
 }
 
 fn layer(scheme: &str, n: u32) -> lang::Layer {
@@ -52,13 +56,19 @@ fn main() {
     let only: Option<Vec<String>> = std::env::var("ATTNC_EXACT_ONLY")
         .ok()
         .map(|s| s.split(',').map(str::to_string).collect());
+    let long_runs = std::env::var_os("ATTNC_EXACT_LONG").is_some();
     let i = |scheme, n, m, paper_es| Instance {
         scheme,
         n,
         m,
         paper_es,
+        long: None,
     };
-    let instances = [
+    let long = |scheme, n, m, paper_es, seconds| Instance {
+        long: Some(seconds),
+        ..i(scheme, n, m, paper_es)
+    };
+    let mut instances = vec![
         i("shared", 3, 3, "21"),
         i("shared", 4, 4, "35"),
         i("shared", 5, 5, "50"),
@@ -70,12 +80,19 @@ fn main() {
         i("causal", 6, 3, "84* (TO)"),
         i("causal", 6, 6, "42* (TO)"),
     ];
+    if long_runs {
+        instances.extend([
+            long("shared", 4, 4, "35", 1200.0),
+            long("causal", 4, 4, "26 (25 unsat)", 1200.0),
+            long("causal", 5, 5, "36* (TO)", 4200.0),
+        ]);
+    }
     println!("Exact schedules, d = n, scale 1, time limit {limit} s per instance.");
     println!();
     println!(
-        "| scheme | n | m | LB | paper ES | attnc heuristic | exact | proved optimal | no schedule below | from | seconds | SAT calls | verified | max abs err |"
+        "| scheme | n | m | LB | paper ES | attnc heuristic | exact | proved optimal | no schedule below | search | from | seconds | SAT calls | verified | max abs err |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut bad = 0;
     for x in &instances {
         let key = format!("{}:{}:{}", x.scheme, x.n, x.m);
@@ -83,16 +100,29 @@ fn main() {
             continue;
         }
         let l = layer(x.scheme, x.n);
-        let opts = Options {
-            time_limit: Some(Duration::from_secs_f64(limit)),
-            ..Options::default()
+        let opts = match x.long {
+            None => Options {
+                time_limit: Some(Duration::from_secs_f64(limit)),
+                ..Options::default()
+            },
+            Some(seconds) => Options {
+                time_limit: Some(Duration::from_secs_f64(seconds)),
+                strategy: Strategy::Up,
+                improve: false,
+                sat_only: true,
+                ..Options::default()
+            },
+        };
+        let search = match x.long {
+            None => format!("default, {limit} s"),
+            Some(seconds) => format!("up, no LNS, {seconds} s"),
         };
         let start = Instant::now();
         let o = match exact::optimal(&l, x.m, &opts) {
             Ok(o) => o,
             Err(e) => {
                 println!(
-                    "| {} | {} | {} | | {} | | error: {e} | | | | | | | |",
+                    "| {} | {} | {} | | {} | | error: {e} | | | {search} | | | | | |",
                     x.scheme, x.n, x.m, x.paper_es
                 );
                 bad += 1;
@@ -111,7 +141,7 @@ fn main() {
             .map(|a| format!("{}:{}", a.t, a.verdict.name()))
             .collect();
         println!(
-            "| {} | {} | {} | {} | {} | {} | **{}** | {} | {} | {} | {:.1} | {} | {} | {:.1e} |",
+            "| {} | {} | {} | {} | {} | {} | **{}** | {} | {} | {} | {} | {:.1} | {} | {} | {:.1e} |",
             x.scheme,
             x.n,
             x.m,
@@ -122,6 +152,7 @@ fn main() {
             o.cycles,
             if o.proved_optimal { "yes" } else { "no" },
             o.proven_bound,
+            search,
             o.source.name(),
             secs,
             if calls.is_empty() {

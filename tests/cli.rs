@@ -411,3 +411,84 @@ fn compile_reports_verification() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(!text(&o).contains("verified"), "{}", text(&o));
 }
+
+/// The acceptance runs of `attnc optimal`: causal and shared n = m = 3 proved optimal (both at
+/// the lower bound, which the paper's own search does not reach for the causal one), written
+/// like `compile` writes, and the programs pass `run` and `verify`.
+#[test]
+fn optimal_proves_small_layers_and_writes_runnable_verified_programs() {
+    for (src, cycles) in [
+        (
+            "layer c { tokens = 3; dim = 3; scale = 1; mask = causal; }",
+            16,
+        ),
+        (
+            "layer s { tokens = 3; dim = 3; scale = 1; qkv = shared; }",
+            21,
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("layer.attn");
+        std::fs::write(&file, src).unwrap();
+        let out = dir.path().join("out");
+        let o = attnc(&[
+            "optimal",
+            s(&file),
+            "--pes",
+            "3",
+            "-o",
+            s(&out),
+            "--sat-only",
+            "--time-limit",
+            "60",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["proved_optimal"], true, "{v}");
+        assert_eq!(v["cycles"].as_u64(), Some(cycles), "{v}");
+        assert!(
+            v["attempts"].as_array().is_some_and(|a| !a.is_empty()),
+            "{v}"
+        );
+        let o = attnc(&["run", s(&out), "--json"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["cycles"].as_u64(), Some(cycles));
+        assert!(r["max_abs_err"].as_f64().unwrap() <= 1e-4);
+        let o = attnc(&["verify", s(&out)]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+}
+
+#[test]
+fn optimal_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("layer.attn");
+    std::fs::write(&file, "layer c { tokens = 3; dim = 3; mask = causal; }").unwrap();
+    let out = dir.path().join("out");
+    let o = attnc(&["optimal", s(&file), "-o", s(&out)]);
+    assert_clean_failure(&o, "--pes");
+    let o = attnc(&[
+        "optimal",
+        s(&file),
+        "--pes",
+        "3",
+        "-o",
+        s(&out),
+        "--search",
+        "sideways",
+    ]);
+    assert_clean_failure(&o, "up, down, bisect");
+    let o = attnc(&[
+        "optimal",
+        s(&file),
+        "--pes",
+        "3",
+        "-o",
+        s(&out),
+        "--time-limit=-1",
+    ]);
+    assert_clean_failure(&o, "non-negative");
+    assert!(!out.exists());
+}
