@@ -1,6 +1,7 @@
 //! `attnc compile`: read a layer file, compile it, write the output directory.
 
 use super::outdir::{self, Files};
+use super::source::{self, Source};
 use codespan_reporting::diagnostic::{Diagnostic, Label};
 use compiler::passes::select::{Choice, Culprit};
 use compiler::{CompileError, Options};
@@ -60,24 +61,11 @@ fn parse_choice(s: &str) -> Result<Choice, String> {
 }
 
 pub fn run(args: &CompileArgs) -> Result<(), String> {
-    let bytes = std::fs::read(&args.file)
-        .map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
-    let name = args.file.display().to_string();
-    let parsed = lang::parse_bytes(0, &bytes);
-    let source = String::from_utf8_lossy(&bytes).into_owned();
-    if !parsed.diagnostics.is_empty() {
-        eprint!("{}", lang::render(&name, &source, &parsed.diagnostics));
-    }
-    if lang::has_errors(&parsed.diagnostics) {
-        return Err(format!("{name}: could not compile due to the errors above"));
-    }
-    let mut layers = parsed.layers;
-    if let Some(wanted) = &args.layer {
-        layers.retain(|l| &l.name == wanted);
-        if layers.is_empty() {
-            return Err(format!("{name}: no layer named `{wanted}`"));
-        }
-    }
+    let Source {
+        name,
+        text: source,
+        layers,
+    } = source::read_layers(&args.file, args.layer.as_deref())?;
 
     let dump_after = match args.emit {
         Some(Emit::Ir) => Some("lower".to_string()),
@@ -87,12 +75,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
         Some(Emit::Manifest) | None => args.dump_after.clone(),
     };
     let printing = args.emit.is_some() || args.dump_after.is_some();
-    let Some(pes) = args.pes else {
-        return Err("missing --pes M (the number of PEs in the ring)".into());
-    };
-    if pes == 0 {
-        return Err("--pes must be at least 1".into());
-    }
+    let pes = source::ring_size(args.pes)?;
     if args.out.is_none() && !printing {
         return Err("missing -o DIR (where to write the microcode)".into());
     }
@@ -120,17 +103,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
         let verify = args.verify || (!args.no_verify && m.necessary_ops <= VERIFY_BY_DEFAULT_OPS);
         if verify {
             let t = std::time::Instant::now();
-            let opts = verifier::Options {
-                exact_ops: m.schedule != "schedule-baseline",
-                ..Default::default()
-            };
-            let report = verifier::verify_with(&compiled.programs, m, &opts);
-            if !report.is_ok() {
-                return Err(format!(
-                    "internal compiler error: the emitted programs for `{}` failed verification (nothing written):\n{report}",
-                    layer.name
-                ));
-            }
+            source::verify(&compiled.programs, m, &layer.name)?;
             if args.time_passes {
                 eprintln!("time: {:9.4}s  verify", t.elapsed().as_secs_f64());
             }
@@ -138,22 +111,8 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
         if args.emit == Some(Emit::Manifest) {
             println!("{}", compiled.manifest.to_json());
         }
-        let sub = if several {
-            PathBuf::from(&layer.name)
-        } else {
-            PathBuf::new()
-        };
-        for p in &compiled.programs {
-            files.push((
-                sub.join(format!("pe{}.s", p.pe)),
-                p.to_string().into_bytes(),
-            ));
-            files.push((sub.join(format!("pe{}.bin", p.pe)), isa::encode(p)));
-        }
-        files.push((
-            sub.join("manifest.json"),
-            compiled.manifest.to_json().into_bytes(),
-        ));
+        let sub = source::layer_subdir(several, &layer.name);
+        source::push_program_files(&mut files, &sub, &compiled.programs, m);
         if !printing {
             eprintln!(
                 "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}), {} words/PE max ({}){}",

@@ -6,4 +6,5 @@ pub mod npy;
 pub mod optimal;
 pub mod outdir;
 pub mod run;
+pub mod source;
 pub mod verify;

@@ -2,8 +2,9 @@
 //! `attnc compile` does.
 
 use super::outdir::{self, Files};
+use super::source::{self, Source};
 use compiler::exact::{self, Outcome, Strategy};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
@@ -59,24 +60,7 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
 }
 
 pub fn run(args: &OptimalArgs) -> Result<(), String> {
-    let bytes = std::fs::read(&args.file)
-        .map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
-    let name = args.file.display().to_string();
-    let parsed = lang::parse_bytes(0, &bytes);
-    let source = String::from_utf8_lossy(&bytes).into_owned();
-    if !parsed.diagnostics.is_empty() {
-        eprint!("{}", lang::render(&name, &source, &parsed.diagnostics));
-    }
-    if lang::has_errors(&parsed.diagnostics) {
-        return Err(format!("{name}: could not compile due to the errors above"));
-    }
-    let mut layers = parsed.layers;
-    if let Some(wanted) = &args.layer {
-        layers.retain(|l| &l.name == wanted);
-        if layers.is_empty() {
-            return Err(format!("{name}: no layer named `{wanted}`"));
-        }
-    }
+    let Source { name, layers, .. } = source::read_layers(&args.file, args.layer.as_deref())?;
     let layer = match layers.as_slice() {
         [one] => one,
         [] => return Err(format!("{name}: the file holds no layer")),
@@ -88,12 +72,7 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
             ));
         }
     };
-    let Some(pes) = args.pes else {
-        return Err("missing --pes M (the number of PEs in the ring)".into());
-    };
-    if pes == 0 {
-        return Err("--pes must be at least 1".into());
-    }
+    let pes = source::ring_size(args.pes)?;
     let Some(out) = &args.out else {
         return Err("missing -o DIR (where to write the microcode)".into());
     };
@@ -118,18 +97,15 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
     }
     let outcome = exact::optimal(layer, pes, &opts).map_err(|e| format!("{name}: {e}"))?;
 
+    // The solver is not trusted: what it found is proved like every compiled program.
+    source::verify(&outcome.programs, &outcome.manifest, &layer.name)?;
     let mut files: Files = Vec::new();
-    for p in &outcome.programs {
-        files.push((
-            PathBuf::from(format!("pe{}.s", p.pe)),
-            p.to_string().into_bytes(),
-        ));
-        files.push((PathBuf::from(format!("pe{}.bin", p.pe)), isa::encode(p)));
-    }
-    files.push((
-        PathBuf::from("manifest.json"),
-        outcome.manifest.to_json().into_bytes(),
-    ));
+    source::push_program_files(
+        &mut files,
+        Path::new(""),
+        &outcome.programs,
+        &outcome.manifest,
+    );
     outdir::write_atomically(out, &files)?;
 
     if args.json {
