@@ -138,7 +138,7 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
             }
         } else {
             format!(
-                "not proved optimal (no schedule has fewer than {} cycles{})",
+                "not proved optimal: no schedule has fewer than {} cycles{}",
                 outcome.proven_bound,
                 if outcome.timed_out {
                     "; the time limit stopped the search"
@@ -148,17 +148,17 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
             )
         };
         println!(
-            "{}: {} cycles on {pes} PEs ({}), lower bound {}, heuristic {}, schedule from {}",
+            "{}: {} cycles on {pes} PEs, lower bound {}, heuristic {}, schedule from {} — {}",
             layer.name,
             outcome.cycles,
-            proof,
             outcome.lower_bound,
             outcome
                 .heuristic_cycles
                 .map_or("none".to_string(), |c| c.to_string()),
-            outcome.source.name()
+            outcome.source.name(),
+            proof
         );
-        eprintln!("wrote {}", out.display());
+        eprintln!("wrote {} (verified)", out.display());
     }
     Ok(())
 }
