@@ -34,6 +34,13 @@ enum Cmd {
 const SUBCOMMANDS: [&str; 6] = ["compile", "run", "verify", "optimal", "passes", "help"];
 
 fn main() -> ExitCode {
+    // Printing into a closed pipe (`attnc verify DIR | head -1`) ends the process quietly, as
+    // for any Unix filter, instead of panicking in `println!`.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of a signal before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // `attnc FILE ...` means `attnc compile FILE ...`.
     if let Some(first) = args.get(1).and_then(|a| a.to_str()) {

@@ -492,3 +492,20 @@ fn optimal_bad_input() {
     assert_clean_failure(&o, "non-negative");
     assert!(!out.exists());
 }
+
+#[test]
+fn closed_stdout_is_not_a_panic() {
+    // `attnc verify DIR | head -1`: the reader goes away before attnc is done printing.
+    let dir = tempfile::tempdir().unwrap();
+    let out = compiled(dir.path(), LAYER, "2");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_attnc"))
+        .args(["verify", s(&out)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+}
