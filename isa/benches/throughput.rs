@@ -1,13 +1,10 @@
-//! Interpreter speed on a large, fully busy ring. Ignored by default; run
-//! with `cargo test --release -p isa --test throughput -- --ignored --nocapture`.
+//! Interpreter speed on a large, fully busy ring: `cargo bench -p isa --bench throughput`.
 
 use std::time::Instant;
 
 use isa::{Acc, AccSrc, Bundle, F32Domain, Machine, NoObserver, Op, Program, Xfer, XferSrc};
 
-#[test]
-#[ignore]
-fn large_ring() {
+fn main() {
     for (pes, len) in [(8u32, 1_000_000usize), (64, 200_000)] {
         let mem = 64u32;
         // Every slot busy every cycle: the worst case per bundle.
