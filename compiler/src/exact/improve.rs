@@ -47,7 +47,7 @@ const WIDTHS: [i64; 8] = [4, 6, 9, 13, 18, 25, 35, 50];
 /// ones would otherwise eat the whole budget before the easy ones elsewhere are tried.
 const WINDOW_CONFLICTS: i32 = 15_000;
 
-/// Conflicts a re-placing move may take before it counts as failed.
+/// Conflicts a re-placing move may take before it counts as failed (doubled likewise).
 const REPLACE_CONFLICTS: i32 = 20_000;
 
 /// Random restarts per schedule length before giving up.
@@ -157,7 +157,9 @@ pub fn improve(
         // Each return to the same length (after a drain or a perturbation) lets the windows
         // search longer: cheap first, the hard windows only once the cheap ones are exhausted.
         let round = rounds.entry(c).or_insert(0u32);
-        let window_conflicts = WINDOW_CONFLICTS.saturating_mul(1 << (*round).min(6));
+        let factor = 1i32 << (*round).min(6);
+        let window_conflicts = WINDOW_CONFLICTS.saturating_mul(factor);
+        let replace_conflicts = REPLACE_CONFLICTS.saturating_mul(factor);
         *round += 1;
 
         // Compress: the same schedule in one cycle less, a window at a time.
@@ -245,7 +247,7 @@ pub fn improve(
                 })
                 .map(|&(o, p, _)| shorter.enc.on[o][p as usize])
                 .collect();
-            match shorter.solve_limited(assumptions, Some(REPLACE_CONFLICTS)) {
+            match shorter.solve_limited(assumptions, Some(replace_conflicts)) {
                 Ok(Some(s)) => {
                     steps.push(Step {
                         cycles: s.cycles() as u64,
