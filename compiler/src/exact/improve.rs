@@ -178,13 +178,17 @@ pub fn improve(
             // A schedule the model does not describe op by op cannot be a starting point.
             break;
         };
+        // One cycle less: every move is a set of assumptions on the shorter length's solver,
+        // tried in order, the first satisfiable one taken.
+        let mut moves: Vec<(Vec<i32>, i32)> = Vec::new();
+        // Compress: ops before a window keep PE and cycle, ops after it keep PE a cycle earlier.
         let ci = c as i64;
         for &width in &widths {
             let stride = (width / 2).max(1);
             let mut t0 = 0;
             loop {
                 let t1 = (t0 + width).min(ci);
-                let assumptions: Vec<i32> = placed
+                let assumptions = placed
                     .iter()
                     .filter_map(|&(o, p, at)| {
                         if at < t0 {
@@ -196,31 +200,17 @@ pub fn improve(
                         }
                     })
                     .collect();
-                match shorter.solve_limited(assumptions, Some(window_conflicts)) {
-                    Ok(Some(s)) => {
-                        steps.push(Step {
-                            cycles: s.cycles() as u64,
-                            seconds: began.elapsed().as_secs_f64(),
-                        });
-                        current = s;
-                        improved = true;
-                        continue 'levels;
-                    }
-                    Ok(None) => {}
-                    Err(None) => break 'levels,
-                    Err(Some(e)) => return Err(e),
-                }
+                moves.push((assumptions, window_conflicts));
                 if t1 >= ci {
                     break;
                 }
                 t0 += stride;
             }
         }
-
-        // Re-place: one cycle less with every op on its PE but at any cycle, then the same with
-        // the ops of one row (or of two) free to move to any PE. Time windows cut the schedule
-        // across all rows; these cut it along the dataflow instead, which is where causal
-        // layers' slack hides (a row's phase 2 waits for its own scores only).
+        // Re-place: every op on its PE but at any cycle, then the same with the ops of one row
+        // (or of two) free to move to any PE. Time windows cut the schedule across all rows;
+        // these cut it along the dataflow instead, which is where causal layers' slack hides
+        // (a row's phase 2 waits for its own scores only).
         let rows: Vec<(u32, u32)> = {
             let mut r: Vec<(u32, u32)> = shorter
                 .enc
@@ -239,7 +229,7 @@ pub fn improve(
             groups.extend(rows[i + 1..].iter().map(|&s| vec![r, s]));
         }
         for free in &groups {
-            let assumptions: Vec<i32> = placed
+            let assumptions = placed
                 .iter()
                 .filter(|&&(o, _, _)| {
                     let op = &shorter.enc.model.ops[o];
@@ -247,7 +237,10 @@ pub fn improve(
                 })
                 .map(|&(o, p, _)| shorter.enc.on[o][p as usize])
                 .collect();
-            match shorter.solve_limited(assumptions, Some(replace_conflicts)) {
+            moves.push((assumptions, replace_conflicts));
+        }
+        for (assumptions, conflicts) in moves {
+            match shorter.solve_limited(assumptions, Some(conflicts)) {
                 Ok(Some(s)) => {
                     steps.push(Step {
                         cycles: s.cycles() as u64,
