@@ -5,14 +5,15 @@
 
 pub mod chains;
 pub mod exact;
-pub mod exec;
 pub mod flow;
 pub mod ir;
-pub mod manifest;
 pub mod passes;
 pub mod problem;
-pub mod reference;
 pub mod schedule;
+
+// The manifest and execution live in the runtime crate (the verifier uses them without the
+// compiler); re-exported because a compile produces a manifest.
+pub use runtime::{exec, manifest, reference};
 
 use manifest::{LayerInfo, Manifest, PeFiles, Placement};
 use passes::select::{Algorithm, Choice, Refusal};

@@ -45,24 +45,26 @@ impl Problem {
         !self.causal || j <= i
     }
 
-    /// Operations the scheme needs (DESIGN.md §4): distinct weights in phase 1, unmasked weights
-    /// everywhere. Summed over heads.
+    /// The layer as the runtime's counting sees it.
+    pub fn shape(&self) -> runtime::layer::Shape {
+        runtime::layer::Shape {
+            heads: self.heads,
+            tokens: self.tokens,
+            dim: self.dim,
+            shared: self.symmetric,
+            causal: self.causal,
+        }
+    }
+
+    /// Operations the scheme needs (docs/scheduling.md): distinct weights in phase 1, unmasked
+    /// weights everywhere, summed over heads. Saturates instead of wrapping on absurd sizes.
     pub fn necessary_ops(&self) -> u64 {
-        let n = u64::from(self.tokens);
-        let d = u64::from(self.dim);
-        let h = u64::from(self.heads);
-        let weights = if self.causal { n * (n + 1) / 2 } else { n * n };
-        let distinct = if self.symmetric && !self.causal {
-            n * (n + 1) / 2
-        } else {
-            weights
-        };
-        h * (d * distinct + 2 * weights + d * weights)
+        self.shape().necessary().map_or(u64::MAX, |n| n.total())
     }
 
     /// `ceil(necessary ops / m)`.
     pub fn lower_bound(&self, pes: u32) -> u64 {
-        self.necessary_ops().div_ceil(u64::from(pes))
+        self.necessary_ops().div_ceil(u64::from(pes.max(1)))
     }
 
     /// The chain schedules (the paper's and ours) need `m | tokens` and `m | dim`; says which

@@ -108,6 +108,17 @@ pub struct OpCounts {
     pub phase3_mac: u64,
 }
 
+impl From<OpCounts> for runtime::manifest::OpCountsInfo {
+    fn from(o: OpCounts) -> Self {
+        runtime::manifest::OpCountsInfo {
+            phase1_mac: o.phase1_mac,
+            phase2_exp: o.phase2_exp,
+            phase2_div: o.phase2_div,
+            phase3_mac: o.phase3_mac,
+        }
+    }
+}
+
 impl OpCounts {
     pub fn total(&self) -> u64 {
         self.phase1_mac + self.phase2_exp + self.phase2_div + self.phase3_mac

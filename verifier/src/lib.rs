@@ -1,12 +1,12 @@
 //! Symbolic verifier for attnc's emitted microcode.
 //!
 //! [`verify`] runs the per-PE programs on the ISA's own interpreter ([`isa::Machine`], driven by
-//! [`compiler::exec::execute`], the path `attnc run` uses) over a symbolic domain: every word holds
+//! [`runtime::exec::execute`], the path `attnc run` uses) over a symbolic domain: every word holds
 //! an interned expression over the input elements instead of a number. Products are commutative
 //! (operands sorted) and sums are flattened multisets of terms (sorted term lists), so every
 //! summation order and every data movement yields the same canonical expression, and nothing else
 //! does. At the end each output element's expression id is compared with the attention formula
-//! (DESIGN.md §3) built in the same interner:
+//! (docs/scheduling.md) built in the same interner:
 //!
 //! ```text
 //! y[h][i][c] = Σ_j  ( exp(s·Σ_c' q[h][i][c']·k[h][j][c']) / Σ_j' exp(s·Σ_c' q[h][i][c']·k[h][j'][c']) ) · v[h][j][c]
@@ -25,8 +25,8 @@
 //! * `manifest` — the layer fields are supported (`qkv` shared/separate, `mask` causal/none,
 //!   non-zero sizes), inputs are exactly `x` (shared) or `q`, `k`, `v` (separate), the only
 //!   output is `y`, every placement has `heads·tokens·dim` entries inside the ring and memories,
-//!   and `necessary_ops` and `lower_bound` equal DESIGN.md §4's counts.
-//! * `setup` — the programs are the ones the manifest describes ([`compiler::exec::check_programs`]:
+//!   and `necessary_ops` and `lower_bound` equal the counts of docs/scheduling.md.
+//! * `setup` — the programs are the ones the manifest describes ([`runtime::exec::check_programs`]:
 //!   PE numbering, `mem_words`, `cycles` = longest program).
 //! * `placement` — no two input elements share a word; no two output elements share a word; every
 //!   output word was last written by the programs (not left holding a preload, not unwritten).
@@ -50,7 +50,7 @@
 //!   product may be computed once per score that sums it (twice for `a ≠ b`), unless
 //!   [`Options::exact_ops`] is set.
 //! * `op-count` — executed `mul` (phase 1: product of two inputs; phase 3: the rest), `exp` and
-//!   `div` counts equal the necessary counts of DESIGN.md §4 per kind (and so their total equals
+//!   `div` counts equal the necessary counts of docs/scheduling.md per kind (and so their total equals
 //!   `manifest.necessary_ops`), and equal the manifest's `ops` claims. Under the exception above
 //!   the phase-1 count must equal the claim instead, and [`Report::redundant_ops`] says how many
 //!   operations were beyond the necessary.
@@ -74,7 +74,8 @@ pub use expr::{ExprId, Interner, Style, Tensor};
 pub use report::{Invariant, OpTally, Report, Stats, Violation};
 pub use spec::{Necessary, Shape};
 
-use compiler::manifest::Manifest;
+use runtime::exec::ExecError;
+use runtime::manifest::Manifest;
 use expr::FxMap;
 use isa::Program;
 use std::cell::RefCell;
@@ -328,8 +329,8 @@ impl Verification {
     fn run(&mut self, programs: &[Program], m: &Manifest, opts: &Options) {
         let Some(shape) = self.shape(m) else { return };
         self.check(Invariant::Setup);
-        if let Err(e) = compiler::exec::check_programs(programs, m) {
-            self.fail(Invariant::Setup, e.0);
+        if let Err(e) = runtime::exec::check_programs(programs, m) {
+            self.fail(Invariant::Setup, e.to_string());
             return;
         }
         // The specification grows with the necessary work; a program shorter than that work
@@ -422,7 +423,7 @@ impl Verification {
         ] {
             self.check(inv);
         }
-        let result = compiler::exec::execute(
+        let result = runtime::exec::execute(
             Sym(&state),
             programs.to_vec(),
             m,
@@ -461,31 +462,30 @@ impl Verification {
                 }
                 true
             }
-            Err(e) => match parse_fault(&e.0) {
-                Some((pe, cycle, bundle, kind)) => {
-                    self.stats.cycles = cycle;
-                    let instruction = sym::bundle_text(programs, pe, cycle).or(Some(bundle));
-                    run.sink.report(Invariant::Fault, || Violation {
-                        invariant: Invariant::Fault,
-                        pe: Some(pe),
-                        cycle: Some(cycle),
-                        instruction,
-                        message: kind,
-                    });
-                    false
-                }
-                // The run finished but an output word was never written; the placement check
-                // below names every such word.
-                None if e.0.starts_with("output `") => {
-                    self.stats.cycles = m.cycles;
-                    true
-                }
-                None => {
-                    run.sink
-                        .report(Invariant::Setup, || plain(Invariant::Setup, e.0));
-                    false
-                }
-            },
+            Err(ExecError::Fault(fault)) => {
+                self.stats.cycles = fault.cycle;
+                let instruction = sym::bundle_text(programs, fault.pe, fault.cycle)
+                    .or_else(|| Some(fault.bundle.to_string()));
+                run.sink.report(Invariant::Fault, || Violation {
+                    invariant: Invariant::Fault,
+                    pe: Some(fault.pe),
+                    cycle: Some(fault.cycle),
+                    instruction,
+                    message: fault.kind.to_string(),
+                });
+                false
+            }
+            // The run finished but an output word was never written; the placement check below
+            // names every such word.
+            Err(ExecError::Unwritten { .. }) => {
+                self.stats.cycles = m.cycles;
+                true
+            }
+            Err(e) => {
+                run.sink
+                    .report(Invariant::Setup, || plain(Invariant::Setup, e.to_string()));
+                false
+            }
         };
 
         if completed {
@@ -603,20 +603,4 @@ fn element_name(shape: &Shape, i: usize) -> String {
         return format!("[{i}]");
     }
     format!("[{}][{}][{}]", i / (n * d), i / d % n, i % d)
-}
-
-/// Splits the machine's fault text, `PE p, cycle c (bundle b: TEXT): KIND` (docs/isa.md), into
-/// its parts; `execute` passes faults on only as text.
-fn parse_fault(s: &str) -> Option<(u32, u64, String, String)> {
-    let rest = s.strip_prefix("PE ")?;
-    let (pe, rest) = rest.split_once(", cycle ")?;
-    let (cycle, rest) = rest.split_once(" (bundle ")?;
-    let (_, rest) = rest.split_once(": ")?;
-    let (bundle, kind) = rest.split_once("): ")?;
-    Some((
-        pe.parse().ok()?,
-        cycle.parse().ok()?,
-        bundle.to_string(),
-        kind.to_string(),
-    ))
 }

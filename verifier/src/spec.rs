@@ -17,60 +17,33 @@ pub struct Shape {
     pub scale: f32,
 }
 
-/// Operation counts a correct program performs, summed over heads (DESIGN.md §4).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Necessary {
-    pub phase1_mul: u64,
-    pub exp: u64,
-    pub div: u64,
-    pub phase3_mul: u64,
-}
-
-impl Necessary {
-    pub fn total(&self) -> u64 {
-        self.phase1_mul + self.exp + self.div + self.phase3_mul
-    }
-}
+pub use runtime::layer::Necessary;
 
 impl Shape {
-    /// Elements of one tensor; `None` on overflow.
-    pub fn tensor_len(&self) -> Option<usize> {
-        (self.heads as usize)
-            .checked_mul(self.tokens as usize)?
-            .checked_mul(self.dim as usize)
+    /// The layer as the shared counting sees it.
+    pub fn counting(&self) -> runtime::layer::Shape {
+        runtime::layer::Shape {
+            heads: self.heads,
+            tokens: self.tokens,
+            dim: self.dim,
+            shared: self.shared,
+            causal: self.causal,
+        }
     }
 
-    /// `None` on overflow, which no real layer reaches.
+    /// Elements of one tensor; `None` on overflow.
+    pub fn tensor_len(&self) -> Option<usize> {
+        self.counting().tensor_len()
+    }
+
+    /// The necessary operations (one definition for compiler, manifest and verifier); `None` on
+    /// overflow, which no real layer reaches.
     pub fn necessary(&self) -> Option<Necessary> {
-        let (h, n, d) = (
-            u64::from(self.heads),
-            u64::from(self.tokens),
-            u64::from(self.dim),
-        );
-        let pairs = n.checked_mul(n + 1)? / 2;
-        let weights = if self.causal {
-            pairs
-        } else {
-            n.checked_mul(n)?
-        };
-        // For a shared layer q_i·k_j = q_j·k_i, so only unordered pairs are distinct; under a
-        // causal mask each unmasked weight already is one unordered pair.
-        let distinct = if self.shared && !self.causal {
-            pairs
-        } else {
-            weights
-        };
-        let hd = h.checked_mul(d)?;
-        Some(Necessary {
-            phase1_mul: hd.checked_mul(distinct)?,
-            exp: h.checked_mul(weights)?,
-            div: h.checked_mul(weights)?,
-            phase3_mul: hd.checked_mul(weights)?,
-        })
+        self.counting().necessary()
     }
 
     fn unmasked(&self, i: u32, j: u32) -> bool {
-        !self.causal || j <= i
+        self.counting().unmasked(i, j)
     }
 }
 

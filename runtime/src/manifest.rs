@@ -3,7 +3,6 @@
 //! Versioned by [`FORMAT_VERSION`]; readers refuse other versions. Placement arrays are flat in C
 //! order over `shape`, so element `[h][i][c]` of a tensor is at index `(h·tokens + i)·dim + c`.
 
-use crate::schedule::OpCounts;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -71,17 +70,6 @@ pub struct OpCountsInfo {
     pub phase2_exp: u64,
     pub phase2_div: u64,
     pub phase3_mac: u64,
-}
-
-impl From<OpCounts> for OpCountsInfo {
-    fn from(o: OpCounts) -> Self {
-        OpCountsInfo {
-            phase1_mac: o.phase1_mac,
-            phase2_exp: o.phase2_exp,
-            phase2_div: o.phase2_div,
-            phase3_mac: o.phase3_mac,
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

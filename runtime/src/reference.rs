@@ -1,5 +1,5 @@
 //! The f64 reference every emitted program is checked against: naive attention exactly as
-//! DESIGN.md §3 states it, written independently of the schedulers (no shared code with them).
+//! docs/scheduling.md states it, written independently of the schedulers (no shared code with them).
 
 /// Layer parameters the reference needs.
 #[derive(Clone, Copy, Debug)]

@@ -1,5 +1,6 @@
 //! The verifier proves everything the compiler emits.
 
+#[path = "verifier_common/mod.rs"]
 mod common;
 
 use common::{build, source, try_build};

@@ -1,5 +1,6 @@
 //! Inconsistent or hostile programs and manifests give violations, never a panic.
 
+#[path = "verifier_common/mod.rs"]
 mod common;
 
 use common::{build, source};

@@ -1,0 +1,249 @@
+//! Loading emitted programs into the ISA's machine per the manifest, running them, and reading the
+//! outputs back. Generic over the value domain, so numbers and symbolic values take the same path.
+
+use crate::manifest::Manifest;
+use isa::{Domain, Machine, Observer, Program, RunStats};
+use std::collections::BTreeMap;
+
+/// Why a directory could not be run. Faults stay typed so a checker (the verifier) can locate
+/// them without parsing text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecError {
+    /// The programs are not the ones the manifest describes.
+    Setup(SetupError),
+    /// An input tensor is unknown, missing or of the wrong size.
+    Input(String),
+    /// The machine refused the programs or a preload.
+    Load(isa::LoadError),
+    /// Preloading an element of `tensor` failed.
+    Preload { tensor: String, error: isa::LoadError },
+    /// The machine faulted while running.
+    Fault(isa::Fault),
+    /// The run finished but an output word was never written.
+    Unwritten {
+        tensor: String,
+        index: usize,
+        pe: u32,
+        addr: u32,
+    },
+}
+
+/// A mismatch between the programs and the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetupError {
+    ProgramCount { manifest: u32, given: usize },
+    Identity { index: usize, pe: u32, pes: u32, manifest_pes: u32 },
+    MemWords { pe: usize, program: u32, manifest: u32 },
+    Cycles { manifest: u64, longest: u64 },
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SetupError::ProgramCount { manifest, given } => write!(
+                f,
+                "manifest says {manifest} PEs but {given} programs were given"
+            ),
+            SetupError::Identity {
+                index,
+                pe,
+                pes,
+                manifest_pes,
+            } => write!(
+                f,
+                "program {index} says it is PE {pe} of {pes}, the manifest expects PE {index} of {manifest_pes}"
+            ),
+            SetupError::MemWords {
+                pe,
+                program,
+                manifest,
+            } => write!(
+                f,
+                "PE {pe}: program declares {program} memory words, the manifest {manifest}"
+            ),
+            SetupError::Cycles { manifest, longest } => write!(
+                f,
+                "manifest says {manifest} cycles but the longest program has {longest} bundles"
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for ExecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExecError::Setup(e) => write!(f, "{e}"),
+            ExecError::Input(s) => f.write_str(s),
+            ExecError::Load(e) => write!(f, "{e}"),
+            ExecError::Preload { tensor, error } => write!(f, "preloading `{tensor}`: {error}"),
+            ExecError::Fault(e) => write!(f, "{e}"),
+            ExecError::Unwritten {
+                tensor,
+                index,
+                pe,
+                addr,
+            } => write!(
+                f,
+                "output `{tensor}` element {index} (PE {pe}, m{addr}) was never written"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ExecError {}
+
+/// The outputs of one run, flat in the manifest's C order, and the machine's statistics.
+pub struct Outcome<V> {
+    pub outputs: BTreeMap<String, Vec<V>>,
+    pub stats: RunStats,
+}
+
+/// Preloads `inputs` (one flat array per input tensor the manifest names), runs to the end and
+/// reads every output element from where the manifest says it is.
+pub fn execute<D: Domain>(
+    domain: D,
+    programs: Vec<Program>,
+    manifest: &Manifest,
+    inputs: &BTreeMap<String, Vec<D::Value>>,
+    observer: &mut impl Observer,
+) -> Result<Outcome<D::Value>, ExecError> {
+    check_programs(&programs, manifest).map_err(ExecError::Setup)?;
+    for name in inputs.keys() {
+        if !manifest.inputs.contains_key(name) {
+            return Err(ExecError::Input(format!(
+                "this layer takes no input named `{name}` (it takes: {})",
+                manifest
+                    .inputs
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    let mut machine = Machine::new(domain, programs).map_err(ExecError::Load)?;
+    for (name, placement) in &manifest.inputs {
+        let values = inputs
+            .get(name)
+            .ok_or_else(|| ExecError::Input(format!("missing input `{name}`")))?;
+        if values.len() != placement.pe.len() {
+            return Err(ExecError::Input(format!(
+                "input `{name}` has {} elements, the layer needs {}",
+                values.len(),
+                placement.pe.len()
+            )));
+        }
+        for ((&pe, &addr), v) in placement.pe.iter().zip(&placement.addr).zip(values) {
+            machine
+                .preload(pe, addr, v.clone())
+                .map_err(|error| ExecError::Preload {
+                    tensor: name.clone(),
+                    error,
+                })?;
+        }
+    }
+    let stats = machine
+        .run(observer)
+        .map_err(ExecError::Fault)?;
+    let mut outputs = BTreeMap::new();
+    for (name, placement) in &manifest.outputs {
+        let mut vals = Vec::with_capacity(placement.pe.len());
+        for (i, (&pe, &addr)) in placement.pe.iter().zip(&placement.addr).enumerate() {
+            let v = machine
+                .read(pe, addr)
+                .ok_or_else(|| ExecError::Unwritten {
+                    tensor: name.clone(),
+                    index: i,
+                    pe,
+                    addr,
+                })?;
+            vals.push(v.clone());
+        }
+        outputs.insert(name.clone(), vals);
+    }
+    Ok(Outcome { outputs, stats })
+}
+
+/// The programs must be the ones the manifest describes.
+pub fn check_programs(programs: &[Program], manifest: &Manifest) -> Result<(), SetupError> {
+    if programs.len() != manifest.pes as usize {
+        return Err(SetupError::ProgramCount {
+            manifest: manifest.pes,
+            given: programs.len(),
+        });
+    }
+    for (i, p) in programs.iter().enumerate() {
+        if p.pe as usize != i || p.pes != manifest.pes {
+            return Err(SetupError::Identity {
+                index: i,
+                pe: p.pe,
+                pes: p.pes,
+                manifest_pes: manifest.pes,
+            });
+        }
+        let declared = manifest.mem_words.get(i).copied().unwrap_or(0);
+        if p.mem_words != declared {
+            return Err(SetupError::MemWords {
+                pe: i,
+                program: p.mem_words,
+                manifest: declared,
+            });
+        }
+    }
+    let longest = programs.iter().map(|p| p.bundles.len()).max().unwrap_or(0) as u64;
+    if longest != manifest.cycles {
+        return Err(SetupError::Cycles {
+            manifest: manifest.cycles,
+            longest,
+        });
+    }
+    Ok(())
+}
+
+/// Seeded standard-normal inputs for every input tensor the manifest names.
+pub fn random_inputs(manifest: &Manifest, seed: u64) -> BTreeMap<String, Vec<f32>> {
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, StandardNormal};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    manifest
+        .inputs
+        .iter()
+        .map(|(name, p)| {
+            let vals = (0..p.pe.len())
+                .map(|_| StandardNormal.sample(&mut rng))
+                .collect();
+            (name.clone(), vals)
+        })
+        .collect()
+}
+
+/// The reference output `y` for `inputs` under the manifest's layer.
+pub fn reference_output(
+    manifest: &Manifest,
+    inputs: &BTreeMap<String, Vec<f32>>,
+) -> Option<Vec<f64>> {
+    let l = &manifest.layer;
+    let layer = crate::reference::RefLayer {
+        heads: l.heads as usize,
+        tokens: l.tokens as usize,
+        dim: l.dim as usize,
+        scale: l.scale,
+        causal: l.mask == "causal",
+    };
+    let get = |a: &str, b: &str| inputs.get(a).or_else(|| inputs.get(b));
+    let q = get("q", "x")?;
+    let k = get("k", "x")?;
+    let v = get("v", "x")?;
+    Some(crate::reference::attention(&layer, q, k, v))
+}
+
+/// Largest absolute difference between an f32 result and the f64 reference.
+pub fn max_abs_err(got: &[f32], want: &[f64]) -> f64 {
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| (f64::from(g) - w).abs())
+        .fold(
+            0.0,
+            |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) },
+        )
+}

@@ -1,0 +1,127 @@
+//! What a layer computes, reduced to what counting work needs: the operations a correct program
+//! must perform and the lower bound they imply. The compiler, the manifest checks and the verifier
+//! all take their counts from here, so the three can never disagree.
+
+/// Sizes and structure of one layer (all heads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub heads: u32,
+    pub tokens: u32,
+    pub dim: u32,
+    /// q = k = v = x: scores are symmetric, so only unordered pairs are distinct products.
+    pub shared: bool,
+    /// Only `j <= i` take part in row `i`.
+    pub causal: bool,
+}
+
+/// Operation counts a correct program performs, summed over heads (docs/scheduling.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Necessary {
+    pub phase1_mul: u64,
+    pub exp: u64,
+    pub div: u64,
+    pub phase3_mul: u64,
+}
+
+impl Necessary {
+    pub fn total(&self) -> u64 {
+        self.phase1_mul + self.exp + self.div + self.phase3_mul
+    }
+}
+
+impl Shape {
+    /// Elements of one `[heads, tokens, dim]` tensor; `None` on overflow.
+    pub fn tensor_len(&self) -> Option<usize> {
+        (self.heads as usize)
+            .checked_mul(self.tokens as usize)?
+            .checked_mul(self.dim as usize)
+    }
+
+    /// Unmasked weights of one head: `n²`, or `n(n+1)/2` under a causal mask.
+    pub fn weights_per_head(&self) -> Option<u64> {
+        let n = u64::from(self.tokens);
+        if self.causal {
+            Some(n.checked_mul(n + 1)? / 2)
+        } else {
+            n.checked_mul(n)
+        }
+    }
+
+    /// The necessary operations; `None` on overflow, which no real layer reaches.
+    pub fn necessary(&self) -> Option<Necessary> {
+        let (h, n, d) = (
+            u64::from(self.heads),
+            u64::from(self.tokens),
+            u64::from(self.dim),
+        );
+        let weights = self.weights_per_head()?;
+        // For a shared layer q_i·k_j = q_j·k_i, so only unordered pairs are distinct; under a
+        // causal mask each unmasked weight already is one unordered pair.
+        let distinct = if self.shared && !self.causal {
+            n.checked_mul(n + 1)? / 2
+        } else {
+            weights
+        };
+        let hd = h.checked_mul(d)?;
+        Some(Necessary {
+            phase1_mul: hd.checked_mul(distinct)?,
+            exp: h.checked_mul(weights)?,
+            div: h.checked_mul(weights)?,
+            phase3_mul: hd.checked_mul(weights)?,
+        })
+    }
+
+    /// `ceil(necessary ops / pes)`; `None` on overflow or for an empty ring.
+    pub fn lower_bound(&self, pes: u32) -> Option<u64> {
+        if pes == 0 {
+            return None;
+        }
+        Some(self.necessary()?.total().div_ceil(u64::from(pes)))
+    }
+
+    /// Is score `(i, j)` taking part?
+    pub fn unmasked(&self, i: u32, j: u32) -> bool {
+        !self.causal || j <= i
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(n: u32, d: u32, shared: bool, causal: bool) -> Shape {
+        Shape {
+            heads: 1,
+            tokens: n,
+            dim: d,
+            shared,
+            causal,
+        }
+    }
+
+    #[test]
+    fn counts_follow_the_paper_formulas() {
+        // Separate, unmasked, n = d = 3: 27 + 9 + 9 + 27 = 72 (the paper's 2dn² + 2n²).
+        assert_eq!(shape(3, 3, false, false).necessary().unwrap().total(), 72);
+        // Shared, n = d = 3: phase 1 only needs the 6 unordered pairs, 18 products.
+        let s = shape(3, 3, true, false).necessary().unwrap();
+        assert_eq!((s.phase1_mul, s.exp, s.phase3_mul), (18, 9, 27));
+        // Causal, n = d = 4: 10 unmasked weights; 40 + 10 + 10 + 40 = 100, LB on 4 PEs 25.
+        let c = shape(4, 4, false, true);
+        assert_eq!(c.necessary().unwrap().total(), 100);
+        assert_eq!(c.lower_bound(4), Some(25));
+    }
+
+    #[test]
+    fn overflow_is_none_not_a_wrap() {
+        let huge = Shape {
+            heads: u32::MAX,
+            tokens: u32::MAX,
+            dim: u32::MAX,
+            shared: false,
+            causal: false,
+        };
+        assert_eq!(huge.necessary(), None);
+        assert_eq!(shape(2, 2, false, false).lower_bound(0), None);
+    }
+}
