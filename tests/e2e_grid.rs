@@ -81,7 +81,7 @@ fn causal_baseline_touches_no_masked_element() {
         assert_eq!(ops.phase2_div, 2 * tri);
         assert_eq!(ops.phase3_mac, 2 * d64 * tri);
         let r = run_emitted(&c, 3);
-        let executed: u64 = r.stats.per_pe.iter().map(|p| p.mul + p.exp + p.div).sum();
+        let executed: u64 = r.stats.per_pe.iter().map(|p| p.total_ops()).sum();
         assert_eq!(
             executed,
             ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac
@@ -146,8 +146,7 @@ fn auto_grid_beats_paper_formulas_with_necessary_ops_only() {
                         assert_eq!(ops.phase2_exp, h64 * weights, "{what}: exps");
                         assert_eq!(ops.phase2_div, h64 * weights, "{what}: divs");
                         assert_eq!(ops.phase3_mac, h64 * d * weights, "{what}: phase 3");
-                        let executed: u64 =
-                            r.stats.per_pe.iter().map(|p| p.mul + p.exp + p.div).sum();
+                        let executed: u64 = r.stats.per_pe.iter().map(|p| p.total_ops()).sum();
                         assert_eq!(
                             executed,
                             ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac

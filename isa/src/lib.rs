@@ -17,9 +17,12 @@ pub mod machine;
 pub mod text;
 
 pub use binary::{decode, encode, DecodeError};
-pub use inst::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc, FORMAT_VERSION};
+pub use inst::{
+    Acc, AccSrc, Addr, Arith, Bundle, Op, OpInfo, OpKind, Program, Xfer, XferSrc, FORMAT_VERSION,
+    OPS,
+};
 pub use machine::{
-    Domain, F32Domain, Fault, FaultKind, LoadError, Machine, NoObserver, Observer, PeStats,
-    RunStats,
+    f32_max, Domain, F32Domain, Fault, FaultKind, LoadError, Machine, NoObserver, Observer,
+    PeStats, RunStats,
 };
 pub use text::{parse, ParseError};
