@@ -147,8 +147,8 @@ fn wrong_outputs_show_expected_and_found() {
 fn masked_work_is_named() {
     // The same shape without and with a causal mask: the unmasked program computes every score,
     // so run against the causal manifest its extra work must be reported as masked.
-    let full = build(&source(3, 3, 1, false, false), 3, Choice::Baseline).unwrap();
-    let causal = build(&source(3, 3, 1, false, true), 3, Choice::Baseline).unwrap();
+    let full = build(&source(3, 3, 1, false, false), 3, Choice::Named("baseline")).unwrap();
+    let causal = build(&source(3, 3, 1, false, true), 3, Choice::Named("baseline")).unwrap();
     let mut m = full.manifest.clone();
     m.layer.mask = "causal".into();
     m.necessary_ops = causal.manifest.necessary_ops;
