@@ -95,7 +95,23 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
                 .map_err(|e| e.to_string())?
         );
     }
-    let outcome = exact::optimal(layer, pes, &opts).map_err(|e| format!("{name}: {e}"))?;
+    let outcome = {
+        let bar = super::progress::Progress::spinner("searching", args.json);
+        let started = std::time::Instant::now();
+        let mut report = |p: exact::search::Progress| {
+            let stage = p.budget.map_or("shortening the heuristic schedule".to_string(), |t| {
+                format!("trying T = {t}")
+            });
+            bar.set_message(format!(
+                "{stage}; best {} cycles, none below {} ({:.0} s)",
+                p.best,
+                p.proven,
+                started.elapsed().as_secs_f64()
+            ));
+        };
+        exact::search::optimal_with_progress(layer, pes, &opts, &mut report)
+            .map_err(|e| format!("{name}: {e}"))?
+    };
 
     // The solver is not trusted: what it found is proved like every compiled program.
     source::verify(&outcome.programs, &outcome.manifest, &layer.name)?;
