@@ -117,6 +117,21 @@ fn every_manifest_validates_against_the_published_schema() {
             let json: Value = serde_json::from_str(&c.manifest.to_json()).unwrap();
             assert_valid(&v, &json, &src);
             checked += 1;
+            // docs/manifest.md: no two placed elements (of any input or output) share a word.
+            let mut seen = std::collections::HashSet::new();
+            for p in c.manifest.inputs.values().chain(c.manifest.outputs.values()) {
+                for w in p.pe.iter().zip(&p.addr) {
+                    assert!(seen.insert(w), "{src} {choice:?}: word {w:?} placed twice");
+                }
+            }
+            // docs/manifest.md promises that preloaded input words keep their values.
+            let walk = timeline::walk(&c.programs, &c.manifest, |_, _| {}).unwrap();
+            for p in c.manifest.inputs.values() {
+                for (&pe, &addr) in p.pe.iter().zip(&p.addr) {
+                    let bits = walk.per_pe[pe as usize].written[addr as usize];
+                    assert_eq!(bits, 0, "{src} {choice:?}: input word PE {pe} m{addr} overwritten");
+                }
+            }
         }
     }
     assert!(checked >= GRID.len() * 2, "only {checked} manifests checked");

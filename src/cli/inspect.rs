@@ -16,7 +16,8 @@ pub struct InspectArgs {
 }
 
 /// Buffers found by lineage, in the order they are listed: (tag, name).
-const LINEAGE_BUFFERS: [(Tag, &str); 6] = [
+const LINEAGE_BUFFERS: [(Tag, &str); 7] = [
+    (Tag::Input, "input_copies"),
     (Tag::Score, "scores"),
     (Tag::Exp, "exp"),
     (Tag::ExpSum, "sums"),
