@@ -119,7 +119,12 @@ fn every_manifest_validates_against_the_published_schema() {
             checked += 1;
             // docs/manifest.md: no two placed elements (of any input or output) share a word.
             let mut seen = std::collections::HashSet::new();
-            for p in c.manifest.inputs.values().chain(c.manifest.outputs.values()) {
+            for p in c
+                .manifest
+                .inputs
+                .values()
+                .chain(c.manifest.outputs.values())
+            {
                 for w in p.pe.iter().zip(&p.addr) {
                     assert!(seen.insert(w), "{src} {choice:?}: word {w:?} placed twice");
                 }
@@ -129,15 +134,25 @@ fn every_manifest_validates_against_the_published_schema() {
             for p in c.manifest.inputs.values() {
                 for (&pe, &addr) in p.pe.iter().zip(&p.addr) {
                     let bits = walk.per_pe[pe as usize].written[addr as usize];
-                    assert_eq!(bits, 0, "{src} {choice:?}: input word PE {pe} m{addr} overwritten");
+                    assert_eq!(
+                        bits, 0,
+                        "{src} {choice:?}: input word PE {pe} m{addr} overwritten"
+                    );
                 }
             }
         }
     }
-    assert!(checked >= GRID.len() * 2, "only {checked} manifests checked");
+    assert!(
+        checked >= GRID.len() * 2,
+        "only {checked} manifests checked"
+    );
 
     // The schema is closed and typed: what it accepts is what attnc writes, nothing looser.
-    let c = common::compile_src(&common::layer_src(4, 4, 1, false, false), 2, Default::default());
+    let c = common::compile_src(
+        &common::layer_src(4, 4, 1, false, false),
+        2,
+        Default::default(),
+    );
     let good: Value = serde_json::from_str(&c.manifest.to_json()).unwrap();
     let mut bad = good.clone();
     bad.as_object_mut().unwrap().remove("cycles");
@@ -209,7 +224,11 @@ fn worst_error_with_perturbed_exp(ulps: i64) -> f64 {
         (8, 64, 1, false, false, 3),
     ];
     for (i, (n, d, h, shared, causal, pes)) in layers.into_iter().enumerate() {
-        let c = common::compile_src(&common::layer_src(n, d, h, shared, causal), pes, Default::default());
+        let c = common::compile_src(
+            &common::layer_src(n, d, h, shared, causal),
+            pes,
+            Default::default(),
+        );
         for seed in 0..3 {
             let inputs = compiler::exec::random_inputs(&c.manifest, seed);
             let dom = PerturbedExp {
@@ -217,8 +236,14 @@ fn worst_error_with_perturbed_exp(ulps: i64) -> f64 {
                 ulps,
                 calls: 0,
             };
-            let out = compiler::exec::execute(dom, c.programs.clone(), &c.manifest, &inputs, &mut isa::NoObserver)
-                .unwrap();
+            let out = compiler::exec::execute(
+                dom,
+                c.programs.clone(),
+                &c.manifest,
+                &inputs,
+                &mut isa::NoObserver,
+            )
+            .unwrap();
             let want = compiler::exec::reference_output(&c.manifest, &inputs).unwrap();
             worst = worst.max(compiler::exec::max_abs_err(&out.outputs["y"], &want));
         }
@@ -237,7 +262,10 @@ fn outputs_stay_within_tolerance_for_an_exp_within_the_documented_bound() {
     let beyond = worst_error_with_perturbed_exp(1 << 17);
     assert!(beyond > 1e-4, "a 2^17-ulp exp still gave {beyond:e}");
     let exact = worst_error_with_perturbed_exp(0);
-    assert!(within > exact, "16-ulp perturbation changed nothing ({within:e})");
+    assert!(
+        within > exact,
+        "16-ulp perturbation changed nothing ({within:e})"
+    );
 }
 
 #[test]
@@ -313,7 +341,11 @@ fn crc32_iso_hdlc(bytes: &[u8]) -> u32 {
 #[test]
 fn binary_checksum_is_crc32_iso_hdlc_of_everything_before_it() {
     assert_eq!(crc32_iso_hdlc(b"123456789"), 0xCBF4_3926);
-    let c = common::compile_src(&common::layer_src(4, 4, 1, false, true), 3, Default::default());
+    let c = common::compile_src(
+        &common::layer_src(4, 4, 1, false, true),
+        3,
+        Default::default(),
+    );
     for p in &c.programs {
         let bytes = isa::encode(p);
         let (body, tail) = bytes.split_at(bytes.len() - 4);
@@ -322,10 +354,15 @@ fn binary_checksum_is_crc32_iso_hdlc_of_everything_before_it() {
 }
 
 /// Checks the trace's structure and returns, per PE and slot, the slot-cycles per class key.
-fn check_trace(trace: &Value, pes: u64, cycles: u64) -> Vec<[std::collections::BTreeMap<String, u64>; 3]> {
+fn check_trace(
+    trace: &Value,
+    pes: u64,
+    cycles: u64,
+) -> Vec<[std::collections::BTreeMap<String, u64>; 3]> {
     let events = trace["traceEvents"].as_array().expect("traceEvents array");
     let mut names = std::collections::BTreeSet::new();
-    let mut tracks: std::collections::BTreeMap<(u64, u64), Vec<(u64, u64, &Value)>> = Default::default();
+    let mut tracks: std::collections::BTreeMap<(u64, u64), Vec<(u64, u64, &Value)>> =
+        Default::default();
     for e in events {
         let ph = e["ph"].as_str().expect("ph");
         let pid = e["pid"].as_u64().expect("integer pid");
@@ -351,7 +388,10 @@ fn check_trace(trace: &Value, pes: u64, cycles: u64) -> Vec<[std::collections::B
         }
     }
     for p in 0..pes {
-        assert!(names.contains(&format!("PE {p}")), "PE {p} missing from {names:?}");
+        assert!(
+            names.contains(&format!("PE {p}")),
+            "PE {p} missing from {names:?}"
+        );
     }
     let mut out = vec![<[std::collections::BTreeMap<String, u64>; 3]>::default(); pes as usize];
     for ((pid, tid), mut slices) in tracks {
@@ -370,7 +410,11 @@ fn check_trace(trace: &Value, pes: u64, cycles: u64) -> Vec<[std::collections::B
                         *counts.entry(k.clone()).or_default() += v.as_u64().unwrap();
                     }
                 }
-                None => *counts.entry(e["cat"].as_str().unwrap().to_string()).or_default() += dur,
+                None => {
+                    *counts
+                        .entry(e["cat"].as_str().unwrap().to_string())
+                        .or_default() += dur
+                }
             }
         }
         assert_eq!(t, cycles, "PE {pid} slot {tid} does not cover the run");
@@ -382,7 +426,13 @@ fn check_trace(trace: &Value, pes: u64, cycles: u64) -> Vec<[std::collections::B
 fn readme_example_trace_opens_as_chrome_trace_events() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    ok(&[s(&repo("examples/gpt_head.attn")), "--pes", "4", "-o", s(&out)]);
+    ok(&[
+        s(&repo("examples/gpt_head.attn")),
+        "--pes",
+        "4",
+        "-o",
+        s(&out),
+    ]);
     let manifest = read_json(&out.join("manifest.json"));
     let cycles = manifest["cycles"].as_u64().unwrap();
     let ops = &manifest["ops"];
@@ -395,10 +445,16 @@ fn readme_example_trace_opens_as_chrome_trace_events() {
         }
         ok(&args);
         let trace = read_json(&trace_path);
-        assert_eq!(trace["otherData"]["cycles_per_bin"].as_u64().unwrap() == 1, exact);
+        assert_eq!(
+            trace["otherData"]["cycles_per_bin"].as_u64().unwrap() == 1,
+            exact
+        );
         let counts = check_trace(&trace, 4, cycles);
         let busy = |m: &std::collections::BTreeMap<String, u64>| {
-            m.iter().filter(|(k, _)| *k != "idle").map(|(_, v)| v).sum::<u64>()
+            m.iter()
+                .filter(|(k, _)| *k != "idle")
+                .map(|(_, v)| v)
+                .sum::<u64>()
         };
         let mut by_phase = std::collections::BTreeMap::<String, u64>::new();
         for (p, slots) in counts.iter().enumerate() {
@@ -411,12 +467,18 @@ fn readme_example_trace_opens_as_chrome_trace_events() {
             }
         }
         // Phases found by lineage agree with the compiler's own operation counts.
-        assert_eq!(by_phase.get("qk").copied().unwrap_or(0), ops["phase1_mac"].as_u64().unwrap());
+        assert_eq!(
+            by_phase.get("qk").copied().unwrap_or(0),
+            ops["phase1_mac"].as_u64().unwrap()
+        );
         assert_eq!(
             by_phase.get("softmax").copied().unwrap_or(0),
             ops["phase2_exp"].as_u64().unwrap() + ops["phase2_div"].as_u64().unwrap()
         );
-        assert_eq!(by_phase.get("av").copied().unwrap_or(0), ops["phase3_mac"].as_u64().unwrap());
+        assert_eq!(
+            by_phase.get("av").copied().unwrap_or(0),
+            ops["phase3_mac"].as_u64().unwrap()
+        );
         assert!(!by_phase.contains_key("other"), "{by_phase:?}");
     }
 }
@@ -426,7 +488,12 @@ fn inspect_trace_and_show_work_on_every_grid_directory() {
     let tmp = tempfile::tempdir().unwrap();
     let v = schema();
     for (i, (n, d, h, shared, causal, pes)) in GRID.into_iter().enumerate() {
-        let dir = compile_dir(tmp.path(), i, &common::layer_src(n, d, h, shared, causal), pes);
+        let dir = compile_dir(
+            tmp.path(),
+            i,
+            &common::layer_src(n, d, h, shared, causal),
+            pes,
+        );
         let manifest = read_json(&dir.join("manifest.json"));
         assert_valid(&v, &manifest, &format!("grid {i}"));
         let cycles = manifest["cycles"].as_u64().unwrap();
@@ -453,10 +520,19 @@ fn inspect_trace_and_show_work_on_every_grid_directory() {
             qk += r["ops"]["qk"].as_u64().unwrap();
             // Every input word the manifest places on this PE is in the memory map.
             for (name, place) in manifest["inputs"].as_object().unwrap() {
-                let here = place["pe"].as_array().unwrap().iter().filter(|x| x.as_u64() == Some(p as u64)).count();
+                let here = place["pe"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|x| x.as_u64() == Some(p as u64))
+                    .count();
                 let listed: u64 = r["memory"][name]
                     .as_array()
-                    .map(|rs| rs.iter().map(|r| r[1].as_u64().unwrap() - r[0].as_u64().unwrap() + 1).sum())
+                    .map(|rs| {
+                        rs.iter()
+                            .map(|r| r[1].as_u64().unwrap() - r[0].as_u64().unwrap() + 1)
+                            .sum()
+                    })
                     .unwrap_or(0);
                 assert_eq!(listed, here as u64, "grid {i} PE {p} {name}");
             }
@@ -479,15 +555,26 @@ fn inspect_trace_and_show_work_on_every_grid_directory() {
             }
         }
         let all = texts.join("\n");
-        assert!(all.contains(&format!("{cycles} cycles on {pes} PEs")), "{all}");
-        assert!(all.contains("cycles/LB") && all.contains("time (cycles)") && all.contains("idle"), "{all}");
+        assert!(
+            all.contains(&format!("{cycles} cycles on {pes} PEs")),
+            "{all}"
+        );
+        assert!(
+            all.contains("cycles/LB") && all.contains("time (cycles)") && all.contains("idle"),
+            "{all}"
+        );
     }
 }
 
 #[test]
 fn a_large_layer_trace_is_aggregated_and_small() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = compile_dir(tmp.path(), 0, &common::layer_src(64, 32, 2, false, false), 64);
+    let dir = compile_dir(
+        tmp.path(),
+        0,
+        &common::layer_src(64, 32, 2, false, false),
+        64,
+    );
     let manifest = read_json(&dir.join("manifest.json"));
     let cycles = manifest["cycles"].as_u64().unwrap();
     let trace_path = tmp.path().join("t.json");
@@ -499,7 +586,11 @@ fn a_large_layer_trace_is_aggregated_and_small() {
     let counts = check_trace(&trace, 64, cycles);
     let work = program_counts(&dir, 64);
     for (p, slots) in counts.iter().enumerate() {
-        let busy: u64 = slots[0].iter().filter(|(k, _)| *k != "idle").map(|(_, v)| v).sum();
+        let busy: u64 = slots[0]
+            .iter()
+            .filter(|(k, _)| *k != "idle")
+            .map(|(_, v)| v)
+            .sum();
         assert_eq!(busy, work[p].0, "aggregation lost work on PE {p}");
     }
     let svg_path = tmp.path().join("u.svg");
@@ -512,6 +603,10 @@ fn piped_runs_print_no_progress() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = compile_dir(tmp.path(), 0, &common::layer_src(8, 8, 1, false, false), 2);
     let o = ok(&["run", s(&dir), "--json"]);
-    assert!(o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let _: Value = serde_json::from_slice(&o.stdout).expect("stdout is one JSON object");
 }

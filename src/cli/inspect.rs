@@ -66,12 +66,11 @@ fn memory_map(
     let placed = |tensors: &BTreeMap<String, compiler::manifest::Placement>,
                   map: &mut Vec<(String, Vec<(u32, u32)>)>| {
         for (name, p) in tensors {
-            let addrs = p
-                .pe
-                .iter()
-                .zip(&p.addr)
-                .filter(|(&q, _)| q == pe)
-                .map(|(_, &a)| a);
+            let addrs =
+                p.pe.iter()
+                    .zip(&p.addr)
+                    .filter(|(&q, _)| q == pe)
+                    .map(|(_, &a)| a);
             let r = ranges(addrs);
             if !r.is_empty() {
                 map.push((name.clone(), r));
@@ -108,7 +107,11 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
     })
     .map_err(|e| format!("{}: {e}", args.dir.display()))?;
     drop(bar);
-    let size = |name: &str| std::fs::metadata(args.dir.join(name)).ok().map(|md| md.len());
+    let size = |name: &str| {
+        std::fs::metadata(args.dir.join(name))
+            .ok()
+            .map(|md| md.len())
+    };
     let mut rows = Vec::new();
     for (pe, sum) in walk.per_pe.iter().enumerate() {
         let f = &m.files[pe];
@@ -120,11 +123,15 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
             .iter()
             .map(|c| (c.key().to_string(), json!(sum.link[*c as usize])))
             .collect();
-        let memory: serde_json::Map<String, serde_json::Value> =
-            memory_map(pe as u32, m, sum)
-                .into_iter()
-                .map(|(name, r)| (name, json!(r.iter().map(|&(a, b)| [a, b]).collect::<Vec<_>>())))
-                .collect();
+        let memory: serde_json::Map<String, serde_json::Value> = memory_map(pe as u32, m, sum)
+            .into_iter()
+            .map(|(name, r)| {
+                (
+                    name,
+                    json!(r.iter().map(|&(a, b)| [a, b]).collect::<Vec<_>>()),
+                )
+            })
+            .collect();
         let written = sum.written.iter().filter(|&&b| b != 0).count();
         rows.push(json!({
             "pe": pe,
@@ -183,14 +190,20 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
             num(&r["link_received"]),
         );
     }
-    println!("memory map (inclusive word ranges; q/k/v/x and y from the manifest, the rest by lineage):");
+    println!(
+        "memory map (inclusive word ranges; q/k/v/x and y from the manifest, the rest by lineage):"
+    );
     for (pe, sum) in walk.per_pe.iter().enumerate() {
         let map = memory_map(pe as u32, m, sum);
         let parts: Vec<String> = map
             .iter()
             .map(|(name, r)| format!("{name} {}", ranges_text(r)))
             .collect();
-        println!("  PE {pe} ({} words): {}", m.mem_words[pe], parts.join("; "));
+        println!(
+            "  PE {pe} ({} words): {}",
+            m.mem_words[pe],
+            parts.join("; ")
+        );
     }
     Ok(())
 }

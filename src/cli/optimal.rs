@@ -99,9 +99,11 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
         let bar = super::progress::Progress::spinner("searching", args.json);
         let started = std::time::Instant::now();
         let mut report = |p: exact::search::Progress| {
-            let stage = p.budget.map_or("shortening the heuristic schedule".to_string(), |t| {
-                format!("trying T = {t}")
-            });
+            let stage = p
+                .budget
+                .map_or("shortening the heuristic schedule".to_string(), |t| {
+                    format!("trying T = {t}")
+                });
             bar.set_message(format!(
                 "{stage}; best {} cycles, none below {} ({:.0} s)",
                 p.best,

@@ -20,7 +20,8 @@ impl Progress {
             return Progress(None);
         }
         let pb = ProgressBar::new(len);
-        let template = format!("{{msg}} [{{bar:40}}] {{pos}}/{{len}} {unit} ({{elapsed}}, eta {{eta}})");
+        let template =
+            format!("{{msg}} [{{bar:40}}] {{pos}}/{{len}} {unit} ({{elapsed}}, eta {{eta}})");
         if let Ok(style) = ProgressStyle::with_template(&template) {
             pb.set_style(style.progress_chars("=> "));
         }

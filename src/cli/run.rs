@@ -64,7 +64,13 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
         };
         exec::execute(isa::F32Domain, loaded.programs, m, &inputs, &mut obs)
     } else {
-        exec::execute(isa::F32Domain, loaded.programs, m, &inputs, &mut isa::NoObserver)
+        exec::execute(
+            isa::F32Domain,
+            loaded.programs,
+            m,
+            &inputs,
+            &mut isa::NoObserver,
+        )
     }
     .map_err(|e| format!("{}: {e}", args.dir.display()))?;
     drop(bar);

@@ -23,7 +23,13 @@ const PLOT_W: f64 = 900.0;
 const LEFT: f64 = 70.0;
 const TOP: f64 = 70.0;
 /// Classes an op slot can have, in legend order.
-const LEGEND: [Class; 5] = [Class::Qk, Class::Softmax, Class::Av, Class::Other, Class::Idle];
+const LEGEND: [Class; 5] = [
+    Class::Qk,
+    Class::Softmax,
+    Class::Av,
+    Class::Other,
+    Class::Idle,
+];
 
 fn hex((r, g, b): (u8, u8, u8)) -> String {
     format!("#{r:02x}{g:02x}{b:02x}")
@@ -175,12 +181,10 @@ pub fn render(g: &Grid, m: &compiler::manifest::Manifest) -> Document {
         axes = axes.add(text(LEFT - 8.0, y + 4.0, 11.0, "end", format!("{pe}")));
         pe += pe_step.max(g.pes_per_bin);
     }
-    axes = axes.add(
-        text(0.0, 0.0, 12.0, "middle", "PE").set(
-            "transform",
-            format!("translate(18,{}) rotate(-90)", TOP + plot_h / 2.0),
-        ),
-    );
+    axes = axes.add(text(0.0, 0.0, 12.0, "middle", "PE").set(
+        "transform",
+        format!("translate(18,{}) rotate(-90)", TOP + plot_h / 2.0),
+    ));
     axes = axes
         .add(text(LEFT, 24.0, 15.0, "start", title).set("font-weight", "bold"))
         .add(text(LEFT, 44.0, 11.0, "start", subtitle));

@@ -1,5 +1,5 @@
 //! `attnc run DIR --trace FILE.json`: the run as Chrome trace-event JSON (Perfetto,
-//! chrome://tracing). Layout and aggregation are described in docs/trace.md.
+//! chrome://tracing). Layout and aggregation are described in docs/timelines.md.
 
 use super::progress::Progress;
 use compiler::manifest::Manifest;
@@ -87,7 +87,11 @@ pub fn write(
         "cycles_per_bin": grid.width,
         "pes_per_process": grid.pes_per_bin,
     });
-    write!(out, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{other}}}\n").map_err(io)?;
+    write!(
+        out,
+        "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{other}}}\n"
+    )
+    .map_err(io)?;
     let file = out.into_inner().map_err(|e| io(e.into_error()))?;
     let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
     Ok(TraceSummary {
@@ -112,7 +116,9 @@ fn events(g: &Grid, m: &Manifest) -> Vec<serde_json::Value> {
         ev.push(json!({"ph":"M","name":"process_name","pid":pid,"args":{"name":name}}));
         ev.push(json!({"ph":"M","name":"process_sort_index","pid":pid,"args":{"sort_index":row}}));
         for (tid, slot) in timeline::SLOTS.iter().enumerate() {
-            ev.push(json!({"ph":"M","name":"thread_name","pid":pid,"tid":tid,"args":{"name":slot}}));
+            ev.push(
+                json!({"ph":"M","name":"thread_name","pid":pid,"tid":tid,"args":{"name":slot}}),
+            );
             ev.push(json!({"ph":"M","name":"thread_sort_index","pid":pid,"tid":tid,"args":{"sort_index":tid}}));
         }
     }

@@ -87,7 +87,8 @@ pub fn walk(
 ) -> Result<Walk, String> {
     compiler::exec::check_programs(programs, manifest).map_err(|e| e.to_string())?;
     let pes = programs.len();
-    let mut m = Machine::new(lineage::LineageDomain, programs.to_vec()).map_err(|e| e.to_string())?;
+    let mut m =
+        Machine::new(lineage::LineageDomain, programs.to_vec()).map_err(|e| e.to_string())?;
     for (name, p) in &manifest.inputs {
         for (&pe, &addr) in p.pe.iter().zip(&p.addr) {
             m.preload(pe, addr, Tag::Input)
@@ -107,7 +108,11 @@ pub fn walk(
     let mut writes = Writes::default();
     for t in 0..cycles {
         for (p, prog) in programs.iter().enumerate() {
-            let b = prog.bundles.get(t as usize).copied().unwrap_or(isa::Bundle::NOP);
+            let b = prog
+                .bundles
+                .get(t as usize)
+                .copied()
+                .unwrap_or(isa::Bundle::NOP);
             slots[p] = classify(&m, p as u32, &b);
         }
         writes.0.clear();
@@ -186,7 +191,13 @@ pub struct Grid {
 }
 
 impl Grid {
-    pub fn new(pes: u32, cycles: u64, max_pe_bins: usize, max_time_bins: usize, slots: usize) -> Grid {
+    pub fn new(
+        pes: u32,
+        cycles: u64,
+        max_pe_bins: usize,
+        max_time_bins: usize,
+        slots: usize,
+    ) -> Grid {
         let pes_per_bin = pes.max(1).div_ceil(max_pe_bins.max(1) as u32);
         let pe_bins = pes.max(1).div_ceil(pes_per_bin) as usize;
         let width = cycles.max(1).div_ceil(max_time_bins.max(1) as u64);
@@ -261,7 +272,10 @@ mod tests {
     #[test]
     fn grid_bins_cover_every_cycle_once() {
         let mut g = Grid::new(5, 23, 2, 4, 3);
-        assert_eq!((g.pes_per_bin, g.pe_bins, g.width, g.time_bins), (3, 2, 6, 4));
+        assert_eq!(
+            (g.pes_per_bin, g.pe_bins, g.width, g.time_bins),
+            (3, 2, 6, 4)
+        );
         let slots = vec![[Class::Qk, Class::Idle, Class::Input]; 5];
         for t in 0..23 {
             g.add(t, &slots);

@@ -405,11 +405,11 @@ pub fn optimal_with_progress(
     let mut proven = lb;
     let mut timed_out = false;
     let mut run = |t: u64,
-               attempts: &mut Vec<Attempt>,
-               best: &mut Option<RingSchedule>,
-               best_cycles: &mut u64,
-               proven: &mut u64,
-               too_large: &mut Option<String>|
+                   attempts: &mut Vec<Attempt>,
+                   best: &mut Option<RingSchedule>,
+                   best_cycles: &mut u64,
+                   proven: &mut u64,
+                   too_large: &mut Option<String>|
      -> Result<Verdict, ExactError> {
         progress(Progress {
             budget: Some(t),
