@@ -353,6 +353,9 @@ fn binary_checksum_is_crc32_iso_hdlc_of_everything_before_it() {
     }
 }
 
+/// The slices of one (process, thread): (ts, dur, event).
+type Track<'a> = Vec<(u64, u64, &'a Value)>;
+
 /// Checks the trace's structure and returns, per PE and slot, the slot-cycles per class key.
 fn check_trace(
     trace: &Value,
@@ -361,8 +364,7 @@ fn check_trace(
 ) -> Vec<[std::collections::BTreeMap<String, u64>; 3]> {
     let events = trace["traceEvents"].as_array().expect("traceEvents array");
     let mut names = std::collections::BTreeSet::new();
-    let mut tracks: std::collections::BTreeMap<(u64, u64), Vec<(u64, u64, &Value)>> =
-        Default::default();
+    let mut tracks: std::collections::BTreeMap<(u64, u64), Track> = Default::default();
     for e in events {
         let ph = e["ph"].as_str().expect("ph");
         let pid = e["pid"].as_u64().expect("integer pid");

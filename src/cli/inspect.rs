@@ -101,7 +101,7 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
     let m = &loaded.manifest;
     let bar = super::progress::Progress::bar(m.cycles, "cycles", args.json);
     let walk = timeline::walk(&loaded.programs, m, |t, _| {
-        if t % 4096 == 0 {
+        if t.is_multiple_of(4096) {
             bar.set_position(t);
         }
     })

@@ -79,7 +79,7 @@ impl isa::Observer for CycleObserver<'_> {
     fn on_write(&mut self, _pe: u32, cycle: u64, _addr: isa::Addr) {
         if cycle != self.last {
             self.last = cycle;
-            if cycle % 4096 == 0 {
+            if cycle.is_multiple_of(4096) {
                 self.progress.set_position(cycle);
             }
         }

@@ -233,7 +233,7 @@ pub fn run(args: &ShowArgs) -> Result<(), String> {
     let bar = super::progress::Progress::bar(m.cycles, "cycles", false);
     timeline::walk(&loaded.programs, m, |t, slots| {
         grid.add(t, slots);
-        if t % 4096 == 0 {
+        if t.is_multiple_of(4096) {
             bar.set_position(t);
         }
     })

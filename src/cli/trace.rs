@@ -60,7 +60,7 @@ pub fn write(
     let bar = Progress::bar(manifest.cycles, "cycles (trace)", quiet);
     timeline::walk(programs, manifest, |t, slots| {
         grid.add(t, slots);
-        if t % 4096 == 0 {
+        if t.is_multiple_of(4096) {
             bar.set_position(t);
         }
     })?;
