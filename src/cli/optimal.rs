@@ -97,7 +97,6 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
     }
     let outcome = {
         let bar = super::progress::Progress::spinner("searching", args.json);
-        let started = std::time::Instant::now();
         let mut report = |p: exact::search::Progress| {
             let stage = p
                 .budget
@@ -105,10 +104,8 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
                     format!("trying T = {t}")
                 });
             bar.set_message(format!(
-                "{stage}; best {} cycles, none below {} ({:.0} s)",
-                p.best,
-                p.proven,
-                started.elapsed().as_secs_f64()
+                "{stage}; best {} cycles, none below {}",
+                p.best, p.proven
             ));
         };
         exact::search::optimal_with_progress(layer, pes, &opts, &mut report)
