@@ -97,7 +97,7 @@ fn causal_baseline_touches_no_masked_element() {
     }
 }
 
-/// The paper's formula for the scheme the layer has (DESIGN.md §4), one head, d = n, m | n.
+/// The paper's formula for the scheme the layer has (docs/paper.md), one head, d = n, m | n.
 fn paper_formula(n: u64, m: u64, shared: bool, causal: bool) -> u64 {
     let base = (2 * n * n * n + 2 * n * n) / m;
     if causal {
@@ -137,7 +137,7 @@ fn auto_grid_beats_paper_formulas_with_necessary_ops_only() {
                             "{what}: {} cycles > paper's {paper}",
                             r.cycles
                         );
-                        // Exactly the necessary operations (DESIGN.md §4), by phase.
+                        // Exactly the necessary operations (docs/paper.md), by phase.
                         let d = n64;
                         let weights = if causal {
                             n64 * (n64 + 1) / 2

@@ -89,8 +89,12 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             dump_after: dump_after.clone(),
             mem_limit: args.mem,
         };
-        let compiled =
-            compiler::compile(layer, &opts).map_err(|e| explain(e, layer, &name, &source))?;
+        let compiled = {
+            let _spinner =
+                super::progress::Progress::spinner(&format!("compiling {}", layer.name), printing);
+            compiler::compile(layer, &opts)
+        }
+        .map_err(|e| explain(e, layer, &name, &source))?;
         if args.time_passes {
             for (pass, secs) in &compiled.timings {
                 eprintln!("time: {secs:9.4}s  {pass}");

@@ -95,7 +95,22 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
                 .map_err(|e| e.to_string())?
         );
     }
-    let outcome = exact::optimal(layer, pes, &opts).map_err(|e| format!("{name}: {e}"))?;
+    let outcome = {
+        let bar = super::progress::Progress::spinner("searching", args.json);
+        let mut report = |p: exact::search::Progress| {
+            let stage = p
+                .budget
+                .map_or("shortening the heuristic schedule".to_string(), |t| {
+                    format!("trying T = {t}")
+                });
+            bar.set_message(format!(
+                "{stage}; best {} cycles, none below {}",
+                p.best, p.proven
+            ));
+        };
+        exact::search::optimal_with_progress(layer, pes, &opts, &mut report)
+            .map_err(|e| format!("{name}: {e}"))?
+    };
 
     // The solver is not trusted: what it found is proved like every compiled program.
     // The exact model places exactly the necessary operations.

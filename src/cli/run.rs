@@ -24,6 +24,12 @@ pub struct RunArgs {
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
+    /// Also write the run's timeline as Chrome trace-event JSON (Perfetto, chrome://tracing)
+    #[arg(long, value_name = "FILE.json")]
+    pub trace: Option<PathBuf>,
+    /// Aggregate the trace into bins of at least this many cycles (default: exact when small)
+    #[arg(long, value_name = "CYCLES", requires = "trace")]
+    pub trace_bin: Option<u64>,
 }
 
 pub fn run(args: &RunArgs) -> Result<(), String> {
@@ -34,14 +40,40 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     } else {
         read_inputs(&args.inputs, m)?
     };
-    let outcome = exec::execute(
-        isa::F32Domain,
-        loaded.programs,
-        m,
-        &inputs,
-        &mut isa::NoObserver,
-    )
+    if let Some(path) = &args.trace {
+        let t = super::trace::write(path, &loaded.programs, m, args.trace_bin, args.json)
+            .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+        if !args.json {
+            eprintln!(
+                "trace: {} ({} events, {:.1} MB, {} cycle(s) per slice bin, {} PE(s) per process)",
+                path.display(),
+                t.events,
+                t.bytes as f64 / 1e6,
+                t.cycles_per_bin,
+                t.pes_per_process
+            );
+        }
+    }
+    // Only a long run gets a bar: a short one would just flicker.
+    let long = m.cycles.saturating_mul(u64::from(m.pes)) > 5_000_000;
+    let bar = super::progress::Progress::bar(m.cycles, "cycles", args.json || !long);
+    let outcome = if bar.is_active() {
+        let mut obs = super::progress::CycleObserver {
+            progress: &bar,
+            last: 0,
+        };
+        exec::execute(isa::F32Domain, loaded.programs, m, &inputs, &mut obs)
+    } else {
+        exec::execute(
+            isa::F32Domain,
+            loaded.programs,
+            m,
+            &inputs,
+            &mut isa::NoObserver,
+        )
+    }
     .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+    drop(bar);
     let y = &outcome.outputs["y"];
     let reference = exec::reference_output(m, &inputs);
     let err = reference.as_ref().map(|r| exec::max_abs_err(y, r));

@@ -322,6 +322,27 @@ fn heuristic_start(problem: &Problem, pes: u32) -> Option<RingSchedule> {
 /// Finds a schedule with the fewest cycles for `layer` on `pes` PEs, with a proof when the limits
 /// allow. Falls back on `compiler::compile`'s schedule when SAT finds nothing better.
 pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome, ExactError> {
+    optimal_with_progress(layer, pes, opts, &mut |_| {})
+}
+
+/// Where a running search is, for a progress display.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// The budget about to be decided; `None` while the heuristic schedule is being shortened.
+    pub budget: Option<u64>,
+    /// Cycles of the best schedule known so far.
+    pub best: u64,
+    /// No schedule has fewer cycles than this (the lower bound or a refuted budget + 1).
+    pub proven: u64,
+}
+
+/// [`optimal`], calling `progress` before each stage of the search.
+pub fn optimal_with_progress(
+    layer: &lang::Layer,
+    pes: u32,
+    opts: &Options,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Outcome, ExactError> {
     let started = Instant::now();
     let deadline = opts.time_limit.map(|d| started + d);
     if pes == 0 {
@@ -350,6 +371,11 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
     let mut too_large = None;
     if opts.improve && !opts.sat_only && lb < known {
         if let Some(start) = heuristic_start(&problem, pes) {
+            progress(Progress {
+                budget: None,
+                best: best_cycles,
+                proven: lb,
+            });
             // Three quarters of the time limit at most (a minute without one): on layers where it
             // matters the full search rarely settles a budget, and a shorter schedule found here
             // is the one it has to refute below.
@@ -378,13 +404,18 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
     let mut attempts = Vec::new();
     let mut proven = lb;
     let mut timed_out = false;
-    let run = |t: u64,
-               attempts: &mut Vec<Attempt>,
-               best: &mut Option<RingSchedule>,
-               best_cycles: &mut u64,
-               proven: &mut u64,
-               too_large: &mut Option<String>|
+    let mut run = |t: u64,
+                   attempts: &mut Vec<Attempt>,
+                   best: &mut Option<RingSchedule>,
+                   best_cycles: &mut u64,
+                   proven: &mut u64,
+                   too_large: &mut Option<String>|
      -> Result<Verdict, ExactError> {
+        progress(Progress {
+            budget: Some(t),
+            best: *best_cycles,
+            proven: *proven,
+        });
         let (attempt, schedule) = match solve_budget(&problem, pes, t, deadline, opts) {
             Err(ExactError::TooLarge(msg)) => {
                 *too_large = Some(msg);
