@@ -26,6 +26,11 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     if !p.symmetric {
         return Some("the symmetric schedule needs q = k (`qkv = shared`)".into());
     }
+    if p.causal {
+        // Every weight of the symmetric schedule is unmasked: on a causal layer it would
+        // compute the wrong attention.
+        return Some("the symmetric schedule does not apply the causal mask".into());
+    }
     check_shape(p, pes)
 }
 

@@ -155,6 +155,11 @@ pub fn run(p: &Problem, pes: u32, choice: Choice) -> Result<Vec<Algorithm>, Refu
                     note: "`--schedule symmetric` applies only to layers with `qkv = shared`"
                         .into(),
                 },
+                Algorithm::Symmetric if p.causal => Refusal {
+                    culprit: Culprit::Mask,
+                    message: why,
+                    note: "for a layer with `mask = causal` use `--schedule causal`".into(),
+                },
                 Algorithm::Causal if !p.causal => Refusal {
                     culprit: Culprit::Mask,
                     message: why,
