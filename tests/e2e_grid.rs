@@ -232,7 +232,7 @@ fn multi_head_interleaving_never_costs_more_and_sometimes_less() {
 /// baseline need the ring to divide tokens and dim, the symmetric one `qkv = shared` without a
 /// mask, the causal one `mask = causal`; the row dataflow takes any shape.
 fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: bool) -> bool {
-    let divides = n % m == 0 && d % m == 0;
+    let divides = n.is_multiple_of(m) && d.is_multiple_of(m);
     match choice {
         Choice::Rows => true,
         Choice::Baseline => divides,
