@@ -281,6 +281,27 @@ fn mutate(rng: &mut StdRng, programs: &mut [Program], m: &mut Manifest) -> &'sta
     kind
 }
 
+/// Every name `mutate` can return, and the name of a double mutation.
+const KINDS: [&str; 17] = [
+    "acc",
+    "bundle to nop",
+    "copy bundle to another PE",
+    "delete bundle",
+    "duplicate bundle",
+    "exp scale",
+    "manifest cycles",
+    "manifest layer",
+    "manifest placement addr",
+    "manifest placement pe",
+    "mem_words",
+    "op destination",
+    "op operand",
+    "opcode",
+    "send",
+    "swap bundles",
+    "two mutations",
+];
+
 #[test]
 fn verifier_rejects_every_wrong_mutant() {
     let bases = [
@@ -344,6 +365,15 @@ fn verifier_rejects_every_wrong_mutant() {
         println!("  {k:28} {n:4} mutants, {rejected:4} rejected");
     }
     println!("invariants violated by the numerically correct rejected mutants: {why_stricter:?}");
-    assert!(total >= 1000);
+    // Every kind of mutation was drawn and caught at least once: a mutator that silently stops
+    // producing one kind (or a verifier that stops rejecting it) fails here.
+    for kind in KINDS {
+        let (drawn, rejected) = kinds.get(kind).copied().unwrap_or_default();
+        assert!(
+            drawn > 0 && rejected > 0,
+            "{kind}: {drawn} mutants, {rejected} rejected"
+        );
+    }
+    assert_eq!(kinds.len(), KINDS.len(), "kinds drawn: {kinds:?}");
     assert!(wrong > total / 2, "most mutants should be wrong");
 }

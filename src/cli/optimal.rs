@@ -26,6 +26,10 @@ pub struct OptimalArgs {
     /// Stop searching after this many seconds and keep the best schedule found
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub time_limit: Option<Duration>,
+    /// Give up on each cycle budget after this many SAT conflicts, and end the neighbourhood
+    /// search after as many; unlike --time-limit, the result is the same on any machine
+    #[arg(long, value_name = "N")]
+    pub conflict_limit: Option<u64>,
     /// Order of budgets: down (from the best schedule known), up (from the lower bound), bisect
     #[arg(long, default_value = "down", value_parser = parse_strategy)]
     pub search: Strategy,
@@ -80,6 +84,7 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
     let opts = exact::Options {
         max_cycles: args.max_cycles,
         time_limit: args.time_limit,
+        conflict_limit: args.conflict_limit,
         strategy: args.search,
         symmetry_breaking: !args.no_symmetry_breaking,
         sat_only: args.sat_only,

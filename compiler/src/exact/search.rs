@@ -50,6 +50,12 @@ pub struct Options {
     pub max_cycles: Option<u64>,
     /// Wall-clock limit for the whole search, encoding included.
     pub time_limit: Option<Duration>,
+    /// Work limit that does not depend on the machine's speed: each budget's SAT call gives up
+    /// after this many conflicts (its verdict is then unknown), and the neighbourhood search
+    /// stops once the conflict allowances of its moves add up to this many. Without a
+    /// `time_limit` it also replaces the neighbourhood search's default wall-clock share, so
+    /// the outcome is the same on every machine.
+    pub conflict_limit: Option<u64>,
     pub strategy: Strategy,
     pub symmetry_breaking: bool,
     /// Search and report a SAT schedule even when the heuristic schedule is as good (it then
@@ -67,6 +73,7 @@ impl Default for Options {
         Options {
             max_cycles: None,
             time_limit: None,
+            conflict_limit: None,
             strategy: Strategy::Down,
             symmetry_breaking: true,
             sat_only: false,
@@ -81,7 +88,7 @@ impl Default for Options {
 pub enum Verdict {
     Sat,
     Unsat,
-    /// Stopped by the deadline.
+    /// Stopped by the deadline or the conflict limit.
     Unknown,
 }
 
@@ -245,6 +252,12 @@ pub fn solve_budget(
         }
     }
     solver.set_callbacks(Some(Deadline(deadline)));
+    if let Some(limit) = opts.conflict_limit {
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        solver
+            .set_limit("conflicts", limit)
+            .map_err(|e| ExactError::Internal(format!("{e:?}")))?;
+    }
     let verdict = if deadline.is_some_and(|d| Instant::now() >= d) {
         Verdict::Unknown
     } else {
@@ -379,11 +392,13 @@ pub fn optimal_with_progress(
             // Three quarters of the time limit at most (a minute without one): on layers where it
             // matters the full search rarely settles a budget, and a shorter schedule found here
             // is the one it has to refute below.
-            let budget = opts
-                .time_limit
-                .map_or(Duration::from_secs(60), |l| l * 3 / 4);
-            let until = deadline.map_or(started + budget, |d| d.min(started + budget));
-            match improve::improve(&problem, pes, &start, lb, Some(until)) {
+            let until = match (opts.time_limit, opts.conflict_limit) {
+                (Some(limit), _) => Some(started + limit * 3 / 4),
+                // The conflict limit bounds the work instead, deterministically.
+                (None, Some(_)) => None,
+                (None, None) => Some(started + Duration::from_secs(60)),
+            };
+            match improve::improve(&problem, pes, &start, lb, until, opts.conflict_limit) {
                 Ok((found, steps)) => {
                     improvements = steps;
                     if let Some(s) = found {
