@@ -33,12 +33,6 @@ impl Tensor {
             Tensor::Y => "y",
         }
     }
-
-    pub fn from_name(name: &str) -> Option<Tensor> {
-        [Tensor::Q, Tensor::K, Tensor::V, Tensor::X, Tensor::Y]
-            .into_iter()
-            .find(|t| t.name() == name)
-    }
 }
 
 /// The mask applied to the score matrix before softmax.
@@ -79,21 +73,6 @@ pub struct Graph {
 }
 
 impl Graph {
-    /// Input tensors the layer takes, in a stable order.
-    pub fn input_tensors(&self) -> Vec<Tensor> {
-        let mut ts: Vec<Tensor> = self
-            .nodes
-            .values()
-            .filter_map(|n| match n {
-                NodeData::Input { tensor, .. } => Some(*tensor),
-                _ => None,
-            })
-            .collect();
-        ts.sort();
-        ts.dedup();
-        ts
-    }
-
     /// The `Input` node of `tensor` for `head`.
     pub fn input(&self, tensor: Tensor, head: u32) -> Option<Node> {
         self.nodes.iter().find_map(|(id, n)| match n {

@@ -13,8 +13,9 @@
 //! Timing comes from [`crate::flow`]'s cycle-by-cycle list scheduler, so the cycle count is exact
 //! and includes every wait for data. Work per PE is within one score (`2d + 2` ops) of the average;
 //! the link carries each input row at most once per hop, which hides behind compute when the rows
-//! per PE are many (n ≥ m). A layer with q = k = v and no mask is not taken: computing `w'[a][b]`
-//! and `w'[b][a]` separately would do unnecessary work.
+//! per PE are many (n ≥ m). It takes every layer; on q = k = v without a mask it computes each
+//! distinct score once (the pair `{a, b}` by one of its two holders, alternating by the parity
+//! of `a + b`, and sent on to the other), so it never does unnecessary work.
 
 use crate::flow::{self, Flow, Task};
 use crate::ir::Tensor;
