@@ -4,6 +4,7 @@
 //! does no IO: the CLI reads files, calls [`compile`], and writes what it returns.
 
 pub mod chains;
+#[cfg(feature = "exact")]
 pub mod exact;
 pub mod flow;
 pub mod ir;
