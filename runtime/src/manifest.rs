@@ -61,6 +61,30 @@ pub struct LayerInfo {
     /// `"causal"` or `"none"`.
     pub mask: String,
     pub scale: f64,
+    /// `"safe"` or `"plain"` (see [`crate::layer::Softmax`]). Written only for `safe`, so a
+    /// plain layer's manifest is the one attnc wrote before the field existed, and a manifest
+    /// without it (any older one) reads as plain.
+    #[serde(default = "plain", skip_serializing_if = "is_plain")]
+    pub softmax: String,
+}
+
+fn plain() -> String {
+    crate::layer::Softmax::Plain.name().into()
+}
+
+fn is_plain(s: &str) -> bool {
+    s == crate::layer::Softmax::Plain.name()
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl LayerInfo {
+    /// The formulation, or `None` for a name this reader does not know (refused on read).
+    pub fn softmax(&self) -> Option<crate::layer::Softmax> {
+        crate::layer::Softmax::from_name(&self.softmax)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +94,9 @@ pub struct OpCountsInfo {
     pub phase2_exp: u64,
     pub phase2_div: u64,
     pub phase3_mac: u64,
+    /// Row maxima of a safe softmax; absent (0) for a plain one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub phase2_max: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -136,6 +163,12 @@ impl Manifest {
         let err = |s: String| Err(ManifestError(s));
         if self.pes == 0 {
             return err("pes is 0".into());
+        }
+        if self.layer.softmax().is_none() {
+            return err(format!(
+                "layer.softmax is \"{}\"; expected \"safe\" or \"plain\"",
+                self.layer.softmax
+            ));
         }
         if self.mem_words.len() != self.pes as usize || self.files.len() != self.pes as usize {
             return err(format!(

@@ -60,7 +60,9 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
 }
 
 pub fn run(args: &OptimalArgs) -> Result<(), String> {
-    let Source { name, layers, .. } = source::read_layers(&args.file, args.layer.as_deref())?;
+    let Source {
+        name, layers, text, ..
+    } = source::read_layers(&args.file, args.layer.as_deref())?;
     let layer = match layers.as_slice() {
         [one] => one,
         [] => return Err(format!("{name}: the file holds no layer")),
@@ -95,7 +97,13 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
                 .map_err(|e| e.to_string())?
         );
     }
-    let outcome = exact::optimal(layer, pes, &opts).map_err(|e| format!("{name}: {e}"))?;
+    let outcome = exact::optimal(layer, pes, &opts).map_err(|e| match e {
+        // A refusal names a field of the layer: show it there, as `compile` does.
+        exact::ExactError::Compile(c @ compiler::CompileError::Refused(_)) => {
+            super::compile::explain(c, layer, &name, &text)
+        }
+        e => format!("{name}: {e}"),
+    })?;
 
     // The solver is not trusted: what it found is proved like every compiled program.
     source::verify(&outcome.programs, &outcome.manifest, &layer.name)?;

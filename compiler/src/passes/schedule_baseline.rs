@@ -29,6 +29,7 @@ pub const DESCRIPTION: &str =
 /// Why the baseline cannot schedule a shape.
 pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     p.ring_divides_shape(pes, "the baseline schedule")
+        .or_else(|| p.needs_plain("the baseline schedule"))
 }
 
 /// Cycles of one head.
@@ -111,6 +112,7 @@ fn head(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usize) {
                         2,
                         Work::Exp {
                             x,
+                            bias: None,
                             scale,
                             acc,
                             e,

@@ -26,7 +26,7 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     if !p.causal {
         return Some("the causal schedule needs `mask = causal`".into());
     }
-    check_shape(p, pes)
+    check_shape(p, pes).or_else(|| p.needs_plain("the causal schedule"))
 }
 
 /// One chain per pair `a ≥ b` of every head, finishing on PE `(a + b + h) mod m`: the rotation by

@@ -26,7 +26,7 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     if !p.symmetric {
         return Some("the symmetric schedule needs q = k (`qkv = shared`)".into());
     }
-    check_shape(p, pes)
+    check_shape(p, pes).or_else(|| p.needs_plain("the symmetric schedule"))
 }
 
 /// Heads are scheduled together, as in the causal schedule.

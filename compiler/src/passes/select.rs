@@ -55,6 +55,21 @@ impl Algorithm {
         }
     }
 
+    /// The chain schedules implement the paper's formulation of softmax only.
+    pub fn plain_only(self) -> bool {
+        !matches!(self, Algorithm::Rows)
+    }
+
+    /// The `--schedule` value that forces it.
+    pub fn choice_name(self) -> &'static str {
+        match self {
+            Algorithm::Baseline => "baseline",
+            Algorithm::Symmetric => "symmetric",
+            Algorithm::Causal => "causal",
+            Algorithm::Rows => "rows",
+        }
+    }
+
     pub fn pass_name(self) -> &'static str {
         match self {
             Algorithm::Baseline => schedule_baseline::NAME,
@@ -93,6 +108,8 @@ pub enum Culprit {
     Dim,
     Qkv,
     Mask,
+    /// The `softmax` field: the schedule cannot form the softmax as asked.
+    Softmax,
     Pes,
     /// The `--mem` limit.
     Memory,
@@ -160,6 +177,20 @@ pub fn run(p: &Problem, pes: u32, choice: Choice) -> Result<Vec<Algorithm>, Refu
                     message: why,
                     note: "`--schedule causal` applies only to layers with `mask = causal`".into(),
                 },
+                // Structure and shape are checked first, so this is the only reason left.
+                _ if alg.plain_only()
+                    && p.safe()
+                    && p.ring_divides_shape(pes, "").is_none() =>
+                {
+                    Refusal {
+                        culprit: Culprit::Softmax,
+                        message: why,
+                        note: format!(
+                            "add `softmax = plain;` to the layer to use `--schedule {}`, or use `--schedule rows`, which computes the safe form",
+                            alg.choice_name()
+                        ),
+                    }
+                }
                 _ => shape_refusal(p, pes, why),
             }),
         };
