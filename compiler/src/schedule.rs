@@ -265,11 +265,7 @@ impl std::fmt::Display for Work {
                 acc: s,
                 e,
                 sum,
-            } => write!(
-                f,
-                "{e} = exp({scale:?}*({x}-{m})), {sum} = {}{e}",
-                acc(s)
-            ),
+            } => write!(f, "{e} = exp({scale:?}*({x}-{m})), {sum} = {}{e}", acc(s)),
             Work::Div { num, den, out } => write!(f, "{out} = {num}/{den}"),
             Work::Max { a, b, out } => write!(f, "{out} = max({a}, {b})"),
         }

@@ -216,3 +216,88 @@ impl Manifest {
 fn safe_name(s: &str) -> bool {
     !s.is_empty() && !s.contains(['/', '\\']) && s != "." && s != ".."
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(softmax: &str, max_ops: u64) -> Manifest {
+        let place = || Placement {
+            shape: vec![1, 1, 1],
+            pe: vec![0],
+            addr: vec![0],
+        };
+        Manifest {
+            format: FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            layer: LayerInfo {
+                name: "l".into(),
+                tokens: 1,
+                dim: 1,
+                heads: 1,
+                qkv: "shared".into(),
+                mask: "none".into(),
+                scale: 1.0,
+                softmax: softmax.into(),
+            },
+            pes: 1,
+            cycles: 1,
+            lower_bound: 1,
+            schedule: "s".into(),
+            selection: Selection {
+                chosen: "s".into(),
+                reason: "r".into(),
+                candidates: Vec::new(),
+            },
+            necessary_ops: 4,
+            ops: OpCountsInfo {
+                phase1_mac: 1,
+                phase2_exp: 1,
+                phase2_div: 1,
+                phase3_mac: 1,
+                phase2_max: max_ops,
+            },
+            mem_words: vec![1],
+            files: vec![PeFiles {
+                pe: 0,
+                text: "pe0.s".into(),
+                binary: "pe0.bin".into(),
+            }],
+            inputs: [("x".to_string(), place())].into(),
+            outputs: [("y".to_string(), place())].into(),
+        }
+    }
+
+    #[test]
+    fn plain_is_written_as_before_and_an_absent_field_reads_as_plain() {
+        let json = manifest("plain", 0).to_json();
+        assert!(!json.contains("softmax"), "{json}");
+        assert!(!json.contains("phase2_max"), "{json}");
+        let back = Manifest::from_json(&json).unwrap();
+        assert_eq!(back.layer.softmax(), Some(crate::layer::Softmax::Plain));
+        assert_eq!(back.ops.phase2_max, 0);
+    }
+
+    #[test]
+    fn safe_is_recorded_and_round_trips() {
+        let json = manifest("safe", 3).to_json();
+        assert!(json.contains("\"softmax\": \"safe\""), "{json}");
+        assert!(json.contains("\"phase2_max\": 3"), "{json}");
+        let back = Manifest::from_json(&json).unwrap();
+        assert_eq!(back, manifest("safe", 3));
+    }
+
+    #[test]
+    fn unknown_formulation_and_unknown_fields_are_refused() {
+        let json = manifest("safe", 0)
+            .to_json()
+            .replace("\"safe\"", "\"fast\"");
+        let e = Manifest::from_json(&json).unwrap_err();
+        assert!(e.0.contains("layer.softmax is \"fast\""), "{e}");
+        let json = manifest("safe", 0)
+            .to_json()
+            .replace("\"softmax\"", "\"softmax\": \"safe\", \"online\"");
+        let e = Manifest::from_json(&json).unwrap_err();
+        assert!(e.0.contains("unknown field"), "{e}");
+    }
+}

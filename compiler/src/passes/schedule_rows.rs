@@ -480,7 +480,8 @@ impl<R: FnMut(&mut Forwarding, usize, Val, u32, u32)> SafeRow<'_, R> {
     fn row(&mut self, a: u32, rp: &RowPlan) {
         let k = rp.parts.len();
         let score = self.score;
-        let scores = |part: &Part| -> Vec<Val> { part.cols.iter().map(|&c| score[&(a, c)]).collect() };
+        let scores =
+            |part: &Part| -> Vec<Val> { part.cols.iter().map(|&c| score[&(a, c)]).collect() };
         let mut running: Option<Val> = None;
         for (i, part) in rp.parts.iter().enumerate() {
             let bucket = if k == 1 {
@@ -495,7 +496,15 @@ impl<R: FnMut(&mut Forwarding, usize, Val, u32, u32)> SafeRow<'_, R> {
                 None => local,
                 Some(prev) => {
                     let out = self.b.computed();
-                    self.push(part.pe, bucket, Work::Max { a: prev, b: local, out });
+                    self.push(
+                        part.pe,
+                        bucket,
+                        Work::Max {
+                            a: prev,
+                            b: local,
+                            out,
+                        },
+                    );
                     out
                 }
             };
@@ -556,7 +565,15 @@ impl<R: FnMut(&mut Forwarding, usize, Val, u32, u32)> SafeRow<'_, R> {
             } else {
                 SAFE_WAITING_DIV
             };
-            self.push(pe, bucket, Work::Div { num: e, den, out: w });
+            self.push(
+                pe,
+                bucket,
+                Work::Div {
+                    num: e,
+                    den,
+                    out: w,
+                },
+            );
             self.weight.insert((a, col), w);
         }
         if k == 1 {
