@@ -217,6 +217,8 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, String> {
             }
         };
         let mut score: HashMap<(u32, u32), Val> = HashMap::default();
+        // Mirrored scores and their route (computing PE, holder), for the safe form's routing.
+        let mut mirrored: HashMap<Val, (u32, u32)> = HashMap::default();
         for pe in 0..m {
             let mut mine: Vec<(u32, u32)> = Vec::new();
             for a in 0..n {
@@ -257,6 +259,7 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, String> {
                     let (from, to) = (unit_pe[&(col, a)], unit_pe[&(a, col)]);
                     if from != to {
                         route(&mut forward, fw_mirror, v, from, to);
+                        mirrored.insert(v, (from, to));
                     }
                 }
             }
@@ -281,8 +284,10 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, String> {
                     forward: &mut forward,
                     route: &mut route,
                     score: &score,
+                    mirrored: &mirrored,
                     weight: &mut weight,
                     scale,
+                    pes: m,
                 };
                 ctx.row(a, rp);
             }
@@ -449,8 +454,10 @@ struct SafeRow<'a, R: FnMut(&mut Forwarding, usize, Val, u32, u32)> {
     forward: &'a mut Forwarding,
     route: &'a mut R,
     score: &'a HashMap<(u32, u32), Val>,
+    mirrored: &'a HashMap<Val, (u32, u32)>,
     weight: &'a mut HashMap<(u32, u32), Val>,
     scale: f32,
+    pes: u32,
 }
 
 /// Forwarding class of partial maxima and sums (the same as the plain form's sums).
@@ -509,7 +516,17 @@ impl<R: FnMut(&mut Forwarding, usize, Val, u32, u32)> SafeRow<'_, R> {
                 }
             };
             if i + 1 < k {
-                (self.route)(self.forward, FW_SUM, here, part.pe, rp.parts[i + 1].pe);
+                let next = rp.parts[i + 1].pe;
+                // A one-column first part passes on its score itself. If that score is a mirrored
+                // one whose route already runs through the next part, it gets there anyway, and
+                // listing it twice on one link would have the link wait for it forever.
+                let m = self.pes;
+                let on_its_way = self.mirrored.get(&here).is_some_and(|&(from, to)| {
+                    (next + m - from) % m < (to + m - from) % m
+                });
+                if !on_its_way {
+                    (self.route)(self.forward, FW_SUM, here, part.pe, next);
+                }
             }
             running = Some(here);
         }
