@@ -521,9 +521,10 @@ impl<R: FnMut(&mut Forwarding, usize, Val, u32, u32)> SafeRow<'_, R> {
                 // one whose route already runs through the next part, it gets there anyway, and
                 // listing it twice on one link would have the link wait for it forever.
                 let m = self.pes;
-                let on_its_way = self.mirrored.get(&here).is_some_and(|&(from, to)| {
-                    (next + m - from) % m < (to + m - from) % m
-                });
+                let on_its_way = self
+                    .mirrored
+                    .get(&here)
+                    .is_some_and(|&(from, to)| (next + m - from) % m < (to + m - from) % m);
                 if !on_its_way {
                     (self.route)(self.forward, FW_SUM, here, part.pe, next);
                 }
