@@ -119,7 +119,7 @@ fn paper_instances() {
 #[test]
 fn examples_directory_layers() {
     for file in ["paper.attn", "encoder.attn", "gpt_head.attn"] {
-        let path = format!("{}/../examples/{file}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!("{}/examples/{file}", env!("CARGO_MANIFEST_DIR"));
         let src = std::fs::read_to_string(&path).unwrap();
         let parsed = lang::parse(0, &src);
         for layer in &parsed.layers {
