@@ -191,7 +191,7 @@ fn paper_tables_at_or_below_the_paper() {
     for (is_causal, table) in [(false, &shared[..]), (true, &causal[..])] {
         for &(n, m, paper) in table {
             let src = format!(
-                "layer t {{ tokens = {n}; dim = {n}; scale = 1; {} }}",
+                "layer t {{ tokens = {n}; dim = {n}; scale = 1; softmax = plain; {} }}",
                 if is_causal {
                     "mask = causal;"
                 } else {

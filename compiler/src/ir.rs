@@ -53,8 +53,13 @@ pub enum NodeData {
         rhs: Node,
         mask: MaskKind,
     },
-    /// Row softmax of `exp(scale · w')`.
-    Softmax { scores: Node, scale: f64 },
+    /// Row softmax of `scale · w'`, formed as `form` says (with or without the row maximum
+    /// subtracted).
+    Softmax {
+        scores: Node,
+        scale: f64,
+        form: runtime::layer::Softmax,
+    },
     /// `y_i = Σ_j w[i][j] · values_j`.
     WeightedSum { weights: Node, values: Node },
     /// The head's slice of the output tensor `y`.
@@ -120,7 +125,17 @@ impl fmt::Display for Graph {
                     };
                     format!("scores {lhs}, {rhs}{m}")
                 }
-                NodeData::Softmax { scores, scale } => format!("softmax {scores}, scale={scale}"),
+                // Printed only when safe, so a plain layer's dump is what it always was.
+                NodeData::Softmax {
+                    scores,
+                    scale,
+                    form,
+                } => match form {
+                    runtime::layer::Softmax::Plain => format!("softmax {scores}, scale={scale}"),
+                    runtime::layer::Softmax::Safe => {
+                        format!("softmax {scores}, scale={scale}, max-subtracted")
+                    }
+                },
                 NodeData::WeightedSum { weights, values } => {
                     format!("weighted_sum {weights}, {values}")
                 }

@@ -279,6 +279,7 @@ fn build_manifest(
             .into(),
             mask: if problem.causal { "causal" } else { "none" }.into(),
             scale: problem.scale,
+            softmax: problem.softmax.name().into(),
         },
         pes,
         cycles: schedule.cycles() as u64,

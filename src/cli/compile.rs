@@ -147,7 +147,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
 }
 
 /// Turns a compile error into a rendered diagnostic pointing at the field to blame.
-fn explain(e: CompileError, layer: &lang::Layer, name: &str, source: &str) -> String {
+pub(crate) fn explain(e: CompileError, layer: &lang::Layer, name: &str, source: &str) -> String {
     let CompileError::Refused(r) = &e else {
         return e.to_string();
     };
@@ -156,6 +156,7 @@ fn explain(e: CompileError, layer: &lang::Layer, name: &str, source: &str) -> St
         Culprit::Dim => Some(lang::Field::Dim),
         Culprit::Qkv => Some(lang::Field::Qkv),
         Culprit::Mask => Some(lang::Field::Mask),
+        Culprit::Softmax => Some(lang::Field::Softmax),
         Culprit::Pes | Culprit::Memory => None,
     };
     let Some(field) = field else {

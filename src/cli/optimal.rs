@@ -64,7 +64,9 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
 }
 
 pub fn run(args: &OptimalArgs) -> Result<(), String> {
-    let Source { name, layers, .. } = source::read_layers(&args.file, args.layer.as_deref())?;
+    let Source {
+        name, layers, text, ..
+    } = source::read_layers(&args.file, args.layer.as_deref())?;
     let layer = match layers.as_slice() {
         [one] => one,
         [] => return Err(format!("{name}: the file holds no layer")),
@@ -113,8 +115,15 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
                 p.best, p.proven
             ));
         };
-        exact::search::optimal_with_progress(layer, pes, &opts, &mut report)
-            .map_err(|e| format!("{name}: {e}"))?
+        exact::search::optimal_with_progress(layer, pes, &opts, &mut report).map_err(|e| {
+            match e {
+                // A refusal names a field of the layer: show it there, as `compile` does.
+                exact::ExactError::Compile(c @ compiler::CompileError::Refused(_)) => {
+                    super::compile::explain(c, layer, &name, &text)
+                }
+                e => format!("{name}: {e}"),
+            }
+        })?
     };
 
     // The solver is not trusted: what it found is proved like every compiled program.

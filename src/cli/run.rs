@@ -77,6 +77,7 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     let y = &outcome.outputs["y"];
     let reference = exec::reference_output(m, &inputs);
     let err = reference.as_ref().map(|r| exec::max_abs_err(y, r));
+    let overflow = non_finite(y);
     if let Some(path) = &args.output {
         let (h, n, d) = (
             m.layer.heads as u64,
@@ -118,6 +119,8 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             "seed": args.seed,
             "max_abs_err": err,
             "tolerance": args.tolerance,
+            "non_finite": overflow.map_or(0, |(count, _)| count),
+            "first_non_finite": overflow.map(|(_, first)| first),
         });
         println!("{obj}");
     } else {
@@ -143,6 +146,9 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             println!("max_abs_err: {e:.3e} (tolerance {:.0e})", args.tolerance);
         }
     }
+    if let Some((count, first)) = overflow {
+        return Err(overflow_message(m, y, count, first));
+    }
     match err {
         Some(e) if e.is_nan() || e > args.tolerance => Err(format!(
             "MISMATCH: max_abs_err {e:.3e} exceeds tolerance {:.0e}",
@@ -150,6 +156,37 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
         )),
         _ => Ok(()),
     }
+}
+
+/// How many outputs are NaN or infinite, and the flat index of the first.
+fn non_finite(y: &[f32]) -> Option<(usize, usize)> {
+    let first = y.iter().position(|v| !v.is_finite())?;
+    Some((y[first..].iter().filter(|v| !v.is_finite()).count(), first))
+}
+
+/// A non-finite output is an overflow, not a rounding difference: say so, where, and what to do.
+fn overflow_message(
+    m: &compiler::manifest::Manifest,
+    y: &[f32],
+    count: usize,
+    first: usize,
+) -> String {
+    let (n, d) = (m.layer.tokens as usize, m.layer.dim as usize);
+    let at = if n > 0 && d > 0 {
+        format!("y[{}][{}][{}]", first / (n * d), first / d % n, first % d)
+    } else {
+        format!("y[{first}]")
+    };
+    let hint = if m.layer.softmax() == Some(runtime::layer::Softmax::Plain) {
+        "; this layer uses `softmax = plain`, whose exp(scale·score) overflows f32 once a scaled score passes about 88.7 (compile with `softmax = safe`, the default, to subtract each row's maximum)"
+    } else {
+        ""
+    };
+    format!(
+        "OVERFLOW: {count} of {} outputs are NaN or infinite, the first {at} = {}{hint}",
+        y.len(),
+        y[first]
+    )
 }
 
 fn read_inputs(

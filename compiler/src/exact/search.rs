@@ -364,6 +364,16 @@ pub fn optimal_with_progress(
         )));
     }
     let problem = problem_of(layer)?;
+    if let Some(why) = problem.needs_plain("the exact scheduler") {
+        // The model (docs/exact.md) knows the paper's operations only: no row maximum.
+        return Err(ExactError::Compile(CompileError::Refused(
+            crate::passes::select::Refusal {
+                culprit: crate::passes::select::Culprit::Softmax,
+                message: why,
+                note: "add `softmax = plain;` to the layer for `attnc optimal`; `attnc compile` schedules the safe form".into(),
+            },
+        )));
+    }
     let lb = problem.lower_bound(pes);
     let copts = CompileOptions {
         pes,

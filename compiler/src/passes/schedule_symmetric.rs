@@ -15,7 +15,7 @@
 
 use super::schedule_causal::{check_shape, empty_rows, pair_chains};
 use crate::chains;
-use crate::passes::select::{shape_refusal, Culprit, Refusal};
+use crate::passes::select::{chain_refusal, Culprit, Refusal};
 use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, RingSchedule, ScheduleError};
 use crate::scheduler::Scheduler;
@@ -33,7 +33,7 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
         // compute the wrong attention.
         return Some("the symmetric schedule does not apply the causal mask".into());
     }
-    check_shape(p, pes)
+    check_shape(p, pes).or_else(|| p.needs_plain("the symmetric schedule"))
 }
 
 /// Heads are scheduled together, as in the causal schedule.
@@ -68,7 +68,7 @@ impl Scheduler for Symmetric {
                 note: "for a layer with `mask = causal` use `--schedule causal`".into(),
             }
         } else {
-            shape_refusal(p, pes, why)
+            chain_refusal(p, pes, "symmetric", why)
         })
     }
     fn tried_by_auto(&self, p: &Problem) -> bool {
