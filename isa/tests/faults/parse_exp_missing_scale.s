@@ -1,5 +1,5 @@
 ; exp takes an operand and a scale.
-; parse-error: line 7:7: expected `,` between the operand and the scale, found end of line
+; parse-error: line 7:7: expected `,` between the operands and the scale, found end of line
 .format 1
 .pe 0
 .pes 1
