@@ -2,9 +2,10 @@
 
 pub mod compile;
 pub mod load;
-pub mod npy;
 pub mod optimal;
 pub mod outdir;
 pub mod run;
 pub mod source;
 pub mod verify;
+
+pub use attnc::npy;
