@@ -19,10 +19,10 @@ pub struct RunArgs {
     /// Seed for the random standard-normal inputs drawn when no --input is given
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Absolute tolerance: an element passes when |y - ref| <= TOLERANCE + RTOL·|ref|
+    /// Absolute tolerance: an element passes when |y - ref| <= TOLERANCE + RTOL·max|ref|
     #[arg(long, default_value = "1e-4", value_parser = rundir::parse_tolerance)]
     pub tolerance: f64,
-    /// Relative tolerance (see --tolerance); covers outputs of large magnitude
+    /// Relative tolerance, a fraction of the largest |reference| element (see --tolerance)
     #[arg(long, value_name = "RTOL", default_value = "1e-5", value_parser = rundir::parse_tolerance)]
     pub rtol: f64,
     /// Print one JSON object instead of text
@@ -112,7 +112,7 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             m.mem_words.iter().max().unwrap_or(&0)
         );
         println!(
-            "max_abs_err: {err:.3e} (tolerance {:.0e} + {:.0e}·|ref|)",
+            "max_abs_err: {err:.3e} (tolerance {:.0e} + {:.0e}·max|ref|)",
             args.tolerance, args.rtol
         );
     }
@@ -121,7 +121,7 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
         Some((i, got, want)) => {
             let (n, d) = (m.layer.tokens as usize, m.layer.dim as usize);
             Err(format!(
-                "MISMATCH: y[{}, {}, {}] is {got:e}, the reference {want:e}: |error| {:.3e} exceeds {:.0e} + {:.0e}·|ref| (max_abs_err {err:.3e})",
+                "MISMATCH: y[{}, {}, {}] is {got:e}, the reference {want:e}: |error| {:.3e} exceeds {:.0e} + {:.0e}·max|ref| (max_abs_err {err:.3e})",
                 i / (n * d),
                 i % (n * d) / d,
                 i % d,
