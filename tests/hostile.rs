@@ -571,3 +571,31 @@ fn large_values_pass_under_the_relative_tolerance() {
     let o = attnc_in(dir.path(), &strict);
     assert_clean_failure(&o, "MISMATCH");
 }
+
+#[test]
+fn run_output_never_overwrites_an_existing_file() {
+    let dir = compiled_dir(SMALL, "2");
+    std::fs::write(dir.path().join("y.npy"), "precious").unwrap();
+    let o = run_untouched(dir.path(), None, &["run", "out", "--output", "y.npy"]);
+    assert_clean_failure(
+        &o,
+        "--output y.npy already exists; refusing to overwrite it",
+    );
+    let o = attnc_in(dir.path(), &["run", "out", "--output", "fresh.npy"]);
+    assert_success(&o);
+    let (shape, _) =
+        attnc::npy::read_f32(&std::fs::read(dir.path().join("fresh.npy")).unwrap(), 16).unwrap();
+    assert_eq!(shape, [1, 4, 4]);
+}
+
+#[test]
+fn layer_near_the_old_operation_limit_is_refused_before_scheduling() {
+    // 14 heads of 128 tokens, dim 64: 29.8M operations, which used to take 5 GB and minutes.
+    let dir = setup("layer big { tokens = 128; dim = 64; heads = 14; }\n");
+    let o = run_untouched(dir.path(), None, &["a.attn", "--pes", "8", "-o", "out"]);
+    assert_clean_failure(
+        &o,
+        "this layer needs 29818880 operations; compiling it would take about 9.5 GB of memory",
+    );
+    assert_clean_failure(&o, "attnc emits layers of up to 6000000 operations");
+}

@@ -71,7 +71,17 @@ pub fn write_atomically(dir: &Path, files: &Files) -> Result<(), String> {
                 dir.display()
             ));
         }
-        fs::remove_dir_all(&old).ok();
+        // Checked once more: a file written into the directory after the check above moved
+        // aside with it and must not be deleted.
+        if owned(&old, true).is_ok() {
+            fs::remove_dir_all(&old).ok();
+        } else {
+            eprintln!(
+                "warning: {} changed while being replaced; its previous contents are kept in {}",
+                dir.display(),
+                old.display()
+            );
+        }
     } else if let Err(e) = fs::rename(&staged, dir) {
         return fail(format!(
             "cannot move the output into {}: {e}",

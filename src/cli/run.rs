@@ -13,7 +13,7 @@ pub struct RunArgs {
     /// An input tensor, NAME=FILE.npy (float32, C order, [heads, tokens, dim]); repeatable
     #[arg(long = "input", value_name = "NAME=FILE")]
     pub inputs: Vec<String>,
-    /// Write the output tensor y here (.npy, float32, [heads, tokens, dim])
+    /// Write the output tensor y here (.npy, float32, [heads, tokens, dim]); must not exist yet
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Seed for the random standard-normal inputs drawn when no --input is given
@@ -63,8 +63,7 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             m.layer.tokens as u64,
             m.layer.dim as u64,
         );
-        std::fs::write(path, npy::write_f32(&[h, n, d], y))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        write_new(path, &npy::write_f32(&[h, n, d], y))?;
     }
     let stats = &outcome.stats;
     let total = |f: fn(&isa::PeStats) -> u64| stats.per_pe.iter().map(f).sum::<u64>();
@@ -131,6 +130,32 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             ))
         }
     }
+}
+
+/// Creates `path` with `bytes`, refusing to overwrite anything already there: attnc cannot prove
+/// an existing file is one it wrote. A failed write removes the file it created.
+fn write_new(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                format!(
+                    "--output {} already exists; refusing to overwrite it (remove it or choose another name)",
+                    path.display()
+                )
+            } else {
+                format!("cannot create {}: {e}", path.display())
+            }
+        })?;
+    if let Err(e) = f.write_all(bytes).and_then(|()| f.sync_all()) {
+        drop(f);
+        std::fs::remove_file(path).ok();
+        return Err(format!("cannot write {}: {e}", path.display()));
+    }
+    Ok(())
 }
 
 fn read_inputs(
