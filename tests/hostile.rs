@@ -265,7 +265,10 @@ fn optimal_time_limits_out_of_range() {
         let args = ["optimal", "a.attn", "--pes", "2", "-o", "o", &flag];
         let o = run_untouched(dir.path(), None, &args);
         assert_clean_failure(&o, "--time-limit");
-        assert_clean_failure(&o, "expected a number of seconds from 0 to 1000000");
+        assert_clean_failure(
+            &o,
+            "expected a non-negative number of seconds, at most 1000000",
+        );
     }
 }
 

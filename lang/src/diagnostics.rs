@@ -659,6 +659,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn long_lines_are_cut_around_the_label_with_real_positions() {
+        // Line 2 is 10000 bytes long; the label sits at byte 6000 of it.
+        let line = format!("{}@{}", "é".repeat(3000), " ".repeat(3999));
+        let source = format!("first\n{line}\nlast\n");
+        let at = 6 + 6000;
+        let d = error(STRAY_CHARACTERS, "stray")
+            .with_labels(vec![Label::primary(0, at..at + 1).with_message("here")]);
+        let out = render("f", &source, &[d]);
+        // Column counts characters: 3000 `é` come before the `@`.
+        assert!(out.contains("f:2:3001"), "{out}");
+        assert!(out.contains("2 │ …éé"), "{out}");
+        assert!(out.contains("@     "), "{out}");
+        assert!(out.len() < 1000, "{} bytes:\n{out}", out.len());
+    }
+
+    #[test]
+    fn only_the_first_diagnostics_are_rendered() {
+        let source = "@".repeat(200);
+        let diags: Vec<_> = (0..200)
+            .map(|i| {
+                error(STRAY_CHARACTERS, "stray").with_labels(vec![Label::primary(0, i..i + 1)])
+            })
+            .collect();
+        let out = render("f", &source, &diags);
+        assert_eq!(out.matches("error[E0002]").count(), MAX_RENDERED);
+        assert!(out
+            .ends_with("note: 150 more diagnostics not shown (only the first 50 are rendered)\n"));
+    }
+
+    #[test]
     fn clamp_keeps_spans_inside_and_on_char_boundaries() {
         let s = "aé b";
         assert_eq!(clamp(s, &(2..2)), 1..1);

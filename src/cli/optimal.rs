@@ -53,7 +53,7 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
         .map_err(|_| format!("expected a number of seconds, got `{s}`"))?;
     if !(0.0..=attnc::limits::MAX_TIME_LIMIT_SECS).contains(&secs) {
         return Err(format!(
-            "expected a number of seconds from 0 to {}, got `{s}`",
+            "expected a non-negative number of seconds, at most {}, got `{s}`",
             attnc::limits::MAX_TIME_LIMIT_SECS
         ));
     }
