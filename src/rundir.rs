@@ -235,7 +235,11 @@ pub fn compare(got: &[f32], want: &[f64], atol: f64, rtol: f64) -> Comparison {
         let e = if e.is_nan() { f64::INFINITY } else { e };
         max_abs_err = max_abs_err.max(e);
         // Written so that a NaN anywhere (or a NaN bound) counts as outside.
-        if !(e <= bound) && worst.is_none() {
+        let inside = matches!(
+            e.partial_cmp(&bound),
+            Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
+        );
+        if !inside && worst.is_none() {
             worst = Some((i, g, w));
         }
     }
