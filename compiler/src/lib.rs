@@ -25,9 +25,13 @@ use scheduler::Scheduler;
 use passes::{analyze, codegen, lower, select};
 use std::collections::BTreeMap;
 
-/// Largest layer, in necessary operations, that `compile` takes: beyond it the emitted files
-/// (32-byte bundles, one per PE per cycle, plus their text form) run to gigabytes.
-pub const MAX_OPS: u64 = 30_000_000;
+/// Largest layer, in necessary operations, that `compile` takes. Compiling holds every
+/// candidate's schedule and programs at once: about 320 bytes per operation at peak (measured:
+/// 2.0 GB for 6.4M operations on 8 PEs), so this keeps a compile under about 2 GB.
+pub const MAX_OPS: u64 = 6_000_000;
+
+/// Peak compile memory per necessary operation, in bytes, for the refusal message.
+const PEAK_BYTES_PER_OP: u64 = 320;
 
 /// `--dump-after` name for the schedule that won selection, whichever pass made it.
 pub const CHOSEN_SCHEDULE: &str = "schedule";
@@ -115,9 +119,9 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         return Err(CompileError::Refused(Refusal {
             culprit: select::Culprit::Tokens,
             message: format!(
-                "this layer needs {} operations; the microcode (one bundle per PE per cycle) would take about {} GB",
+                "this layer needs {} operations; compiling it would take about {:.1} GB of memory",
                 problem.necessary_ops(),
-                problem.necessary_ops() * 64 / 1_000_000_000
+                (problem.necessary_ops().saturating_mul(PEAK_BYTES_PER_OP)) as f64 / 1e9
             ),
             note: format!("attnc emits layers of up to {MAX_OPS} operations; compile fewer heads or tokens per layer"),
         }));

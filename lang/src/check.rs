@@ -16,6 +16,8 @@ use crate::{Diagnostic, Field, FileId, Layer, Mask, Qkv, Softmax, Span};
 pub const MAX_TOKENS: u64 = 65536;
 pub const MAX_DIM: u64 = 65536;
 pub const MAX_HEADS: u64 = 1024;
+/// Largest `scale·√dim`: just below ln(f32::MAX) ≈ 88.72, where exp overflows in f32.
+pub const MAX_SCALED_SCORE: f64 = 88.0;
 
 /// Check a parsed file. `stray` are the lexer's runs of unrecognised
 /// characters, reported here so that all diagnostics come from one place.
@@ -212,6 +214,19 @@ impl Checker {
             return None;
         }
         let dim = values.dim?;
+        if let (Some(scale), Some(span)) = (
+            values.scale,
+            field_spans.iter().find(|(f, _)| *f == Field::Scale),
+        ) {
+            // The schedules compute exp(scale·q·k) in f32 without subtracting a maximum; with
+            // unit-variance inputs q·k has standard deviation √dim, so beyond this a typical
+            // score already overflows exp.
+            if scale * f64::from(dim).sqrt() > MAX_SCALED_SCORE {
+                self.diags
+                    .push(diag::scale_overflows(file, span.1.clone(), scale, dim));
+                return None;
+            }
+        }
         Some(Layer {
             name: l.name.text.to_string(),
             name_span: l.name.span.clone(),
@@ -292,7 +307,9 @@ impl Checker {
         // become infinity and are rejected below.
         let magnitude = text.parse::<f64>().unwrap_or(f64::NAN);
         let value = if v.negative { -magnitude } else { magnitude };
-        if value > 0.0 && value.is_finite() {
+        // The microcode carries the scale as an f32, so that is the value that must be usable.
+        let single = value as f32;
+        if value > 0.0 && value.is_finite() && single.is_finite() && single > 0.0 {
             return Some(value);
         }
         self.diags.push(diag::bad_scale(

@@ -17,7 +17,7 @@
 //! | E0009 | An integer literal too large to represent (more than 64 bits). |
 //! | E0010 | A size of zero. |
 //! | E0011 | A size above its limit (tokens, dim ≤ 65536; heads ≤ 1024). |
-//! | E0012 | `scale` that is not a positive, finite number. |
+//! | E0012 | `scale` that is not a positive number finite as a 32-bit float, or so large that exp(scale·√dim) overflows a 32-bit float. |
 //! | E0013 | Two layers with the same name in one file. |
 //! | E0014 | A file without any layer block. |
 //! | E0015 | A missing `;` after a field's value. |
@@ -287,11 +287,38 @@ pub fn size_limit(
     ])
 }
 
+/// A scale so large that exp(scale·score) overflows f32 for typical scores.
+pub fn scale_overflows(file: FileId, span: Span, scale: f64, dim: u32) -> Diagnostic<FileId> {
+    error(
+        BAD_SCALE,
+        format!("`scale` {scale} makes exp overflow for typical scores"),
+    )
+    .with_labels(vec![Label::primary(file, span).with_message(format!(
+        "scale·√dim = {:.4e}, more than {}",
+        scale * f64::from(dim).sqrt(),
+        crate::check::MAX_SCALED_SCORE
+    ))])
+    .with_notes(vec![
+        format!("note: with unit-variance inputs a score q·k has standard deviation √dim = {:.3}, and exp(scale·score) overflows a 32-bit float beyond 88.7", f64::from(dim).sqrt()),
+        "help: omit `scale` to use the default 1/sqrt(dim)".into(),
+    ])
+}
+
 pub fn bad_scale(file: FileId, span: Span, text: &str, value: f64) -> Diagnostic<FileId> {
     let (why, note) = if value.is_nan() || value.is_infinite() {
         (
             "is not a finite number",
             "note: the literal is out of range for a 64-bit float",
+        )
+    } else if value > 0.0 && (value as f32).is_infinite() {
+        (
+            "is not a finite 32-bit float",
+            "note: the microcode stores the scale as a 32-bit float, whose largest value is about 3.4e38",
+        )
+    } else if value > 0.0 && value as f32 == 0.0 {
+        (
+            "rounds to zero as a 32-bit float",
+            "note: the microcode stores the scale as a 32-bit float, whose smallest positive value is about 1.4e-45",
         )
     } else if value == 0.0 && text.bytes().any(|b| (b'1'..=b'9').contains(&b)) {
         (
@@ -384,15 +411,28 @@ pub fn has_errors(diags: &[Diagnostic<FileId>]) -> bool {
     diags.iter().any(|d| d.severity >= Severity::Error)
 }
 
+/// At most this many diagnostics are rendered; the rest are counted in one closing line, so a
+/// file of garbage cannot produce an unbounded amount of text.
+pub const MAX_RENDERED: usize = 50;
+
+/// Lines longer than this (in bytes) are shown only around the labels, with `…` marking what is
+/// left out.
+const LONG_LINE: usize = 240;
+/// Bytes kept on each side of a label on a long line.
+const CONTEXT: usize = 80;
+
 /// Render as codespan-reporting does, without colour. Every label is taken
 /// to refer to `source`, whatever its file id; spans are clamped into the
 /// source and onto character boundaries so a mismatched source (such as a
-/// lossy conversion) cannot make rendering fail.
+/// lossy conversion) cannot make rendering fail. Only the first
+/// [`MAX_RENDERED`] diagnostics are rendered, and long lines only around the
+/// labels, so the text is bounded whatever the input.
 pub fn render(name: &str, source: &str, diagnostics: &[Diagnostic<FileId>]) -> String {
     let file = SimpleFile::new(name, source);
     let config = Config::default();
     let mut out = String::new();
-    for diag in diagnostics {
+    let mut line_starts: Option<Vec<usize>> = None;
+    for diag in diagnostics.iter().take(MAX_RENDERED) {
         let single: Diagnostic<()> = Diagnostic {
             severity: diag.severity,
             code: diag.code.clone(),
@@ -409,13 +449,195 @@ pub fn render(name: &str, source: &str, diagnostics: &[Diagnostic<FileId>]) -> S
                 .collect(),
             notes: diag.notes.clone(),
         };
-        if term::emit_to_string(&mut out, &config, &file, &single).is_err() {
+        let starts = line_starts.get_or_insert_with(|| {
+            codespan_reporting::files::line_starts(source).collect::<Vec<_>>()
+        });
+        let emitted = match Window::around(name, source, starts, &single) {
+            None => term::emit_to_string(&mut out, &config, &file, &single),
+            Some((window, windowed)) => term::emit_to_string(&mut out, &config, &window, &windowed),
+        };
+        if emitted.is_err() {
             // Unreachable with clamped spans; still, never lose the message.
             let code = diag.code.as_deref().unwrap_or("");
             let _ = writeln!(out, "{:?}[{code}]: {}\n", diag.severity, diag.message);
         }
     }
+    if diagnostics.len() > MAX_RENDERED {
+        let _ = writeln!(
+            out,
+            "note: {} more diagnostics not shown (only the first {MAX_RENDERED} are rendered)",
+            diagnostics.len() - MAX_RENDERED
+        );
+    }
     out
+}
+
+/// The lines a diagnostic's labels touch, each cut down to the neighbourhood of its labels,
+/// presented to codespan-reporting with their real line and column numbers.
+struct Window {
+    name: String,
+    text: String,
+    /// Byte offset in `text` of each shown line.
+    starts: Vec<usize>,
+    /// Real (0-based) line index of each shown line.
+    lines: Vec<usize>,
+    /// Characters of the real line hidden before each shown line's first character.
+    skipped_chars: Vec<usize>,
+}
+
+impl Window {
+    /// `None` when every touched line is short: then the whole source renders as it is.
+    fn around(
+        name: &str,
+        source: &str,
+        starts: &[usize],
+        diag: &Diagnostic<()>,
+    ) -> Option<(Window, Diagnostic<()>)> {
+        let line_of = |b: usize| starts.partition_point(|&s| s <= b).saturating_sub(1);
+        let line_end = |l: usize| {
+            let end = starts.get(l + 1).copied().unwrap_or(source.len());
+            let text = &source[starts[l]..end];
+            starts[l] + text.trim_end_matches(['\n', '\r']).len()
+        };
+        let mut touched: Vec<usize> = diag
+            .labels
+            .iter()
+            .flat_map(|l| {
+                [
+                    line_of(l.range.start),
+                    line_of(l.range.end.max(l.range.start)),
+                ]
+            })
+            .collect();
+        touched.sort_unstable();
+        touched.dedup();
+        if touched
+            .iter()
+            .all(|&l| line_end(l) - starts[l] <= LONG_LINE)
+        {
+            return None;
+        }
+        let mut w = Window {
+            name: name.to_string(),
+            text: String::new(),
+            starts: Vec::new(),
+            lines: Vec::new(),
+            skipped_chars: Vec::new(),
+        };
+        // Per shown line: real window [from, to) and where it starts in `text`, for mapping.
+        let mut spans: Vec<(usize, usize, usize, usize)> = Vec::new();
+        for &l in &touched {
+            let (ls, le) = (starts[l], line_end(l));
+            let marks = diag
+                .labels
+                .iter()
+                .flat_map(|lab| [lab.range.start, lab.range.end]);
+            let on_line: Vec<usize> = marks.filter(|&b| b >= ls && b <= le).collect();
+            let lo = on_line.iter().copied().min().unwrap_or(ls);
+            let hi = on_line.iter().copied().max().unwrap_or(ls);
+            let hi = hi.min(lo + 2 * CONTEXT);
+            let mut from = lo.saturating_sub(CONTEXT).max(ls);
+            let mut to = (hi + CONTEXT).min(le);
+            while !source.is_char_boundary(from) {
+                from -= 1;
+            }
+            while !source.is_char_boundary(to) {
+                to += 1;
+            }
+            let start = w.text.len();
+            let mut skipped = source[ls..from].chars().count();
+            if from > ls {
+                w.text.push('…');
+                skipped -= 1;
+            }
+            let body = w.text.len();
+            w.text.push_str(&source[from..to]);
+            if to < le {
+                w.text.push('…');
+            }
+            w.text.push('\n');
+            w.starts.push(start);
+            w.lines.push(l);
+            w.skipped_chars.push(skipped);
+            spans.push((ls, from, to, body));
+        }
+        let map = |b: usize| {
+            let i = touched
+                .partition_point(|&l| starts[l] <= b)
+                .saturating_sub(1);
+            let (_, from, to, body) = spans[i];
+            body + b.clamp(from, to) - from
+        };
+        let mut windowed = diag.clone();
+        for lab in &mut windowed.labels {
+            let (s, e) = (
+                map(lab.range.start),
+                map(lab.range.end.max(lab.range.start)),
+            );
+            lab.range = s..e;
+        }
+        Some((w, windowed))
+    }
+}
+
+impl<'a> codespan_reporting::files::Files<'a> for Window {
+    type FileId = ();
+    type Name = &'a str;
+    type Source = &'a str;
+
+    fn name(&'a self, (): ()) -> Result<&'a str, codespan_reporting::files::Error> {
+        Ok(&self.name)
+    }
+    fn source(&'a self, (): ()) -> Result<&'a str, codespan_reporting::files::Error> {
+        Ok(&self.text)
+    }
+    fn line_index(
+        &'a self,
+        (): (),
+        byte: usize,
+    ) -> Result<usize, codespan_reporting::files::Error> {
+        Ok(self
+            .starts
+            .partition_point(|&s| s <= byte)
+            .saturating_sub(1))
+    }
+    fn line_range(
+        &'a self,
+        (): (),
+        line: usize,
+    ) -> Result<std::ops::Range<usize>, codespan_reporting::files::Error> {
+        let start =
+            *self
+                .starts
+                .get(line)
+                .ok_or(codespan_reporting::files::Error::LineTooLarge {
+                    given: line,
+                    max: self.starts.len().saturating_sub(1),
+                })?;
+        let end = self
+            .starts
+            .get(line + 1)
+            .copied()
+            .unwrap_or(self.text.len());
+        Ok(start..end)
+    }
+    fn line_number(
+        &'a self,
+        (): (),
+        line: usize,
+    ) -> Result<usize, codespan_reporting::files::Error> {
+        Ok(self.lines.get(line).map_or(line, |&l| l) + 1)
+    }
+    fn column_number(
+        &'a self,
+        (): (),
+        line: usize,
+        byte: usize,
+    ) -> Result<usize, codespan_reporting::files::Error> {
+        let range = self.line_range((), line)?;
+        let col = codespan_reporting::files::column_index(&self.text, range, byte);
+        Ok(self.skipped_chars.get(line).copied().unwrap_or(0) + col + 1)
+    }
 }
 
 fn clamp(source: &str, range: &Span) -> Span {
@@ -437,6 +659,36 @@ fn clamp(source: &str, range: &Span) -> Span {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_lines_are_cut_around_the_label_with_real_positions() {
+        // Line 2 is 10000 bytes long; the label sits at byte 6000 of it.
+        let line = format!("{}@{}", "é".repeat(3000), " ".repeat(3999));
+        let source = format!("first\n{line}\nlast\n");
+        let at = 6 + 6000;
+        let d = error(STRAY_CHARACTERS, "stray")
+            .with_labels(vec![Label::primary(0, at..at + 1).with_message("here")]);
+        let out = render("f", &source, &[d]);
+        // Column counts characters: 3000 `é` come before the `@`.
+        assert!(out.contains("f:2:3001"), "{out}");
+        assert!(out.contains("2 │ …éé"), "{out}");
+        assert!(out.contains("@     "), "{out}");
+        assert!(out.len() < 1000, "{} bytes:\n{out}", out.len());
+    }
+
+    #[test]
+    fn only_the_first_diagnostics_are_rendered() {
+        let source = "@".repeat(200);
+        let diags: Vec<_> = (0..200)
+            .map(|i| {
+                error(STRAY_CHARACTERS, "stray").with_labels(vec![Label::primary(0, i..i + 1)])
+            })
+            .collect();
+        let out = render("f", &source, &diags);
+        assert_eq!(out.matches("error[E0002]").count(), MAX_RENDERED);
+        assert!(out
+            .ends_with("note: 150 more diagnostics not shown (only the first 50 are rendered)\n"));
+    }
 
     #[test]
     fn clamp_keeps_spans_inside_and_on_char_boundaries() {

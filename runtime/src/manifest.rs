@@ -181,11 +181,36 @@ impl Manifest {
                 return err(format!("bad file entry for PE {i}"));
             }
         }
+        if !["shared", "separate"].contains(&self.layer.qkv.as_str()) {
+            return err(format!(
+                "layer qkv is \"{}\", expected \"shared\" or \"separate\"",
+                self.layer.qkv
+            ));
+        }
+        if !["causal", "none"].contains(&self.layer.mask.as_str()) {
+            return err(format!(
+                "layer mask is \"{}\", expected \"causal\" or \"none\"",
+                self.layer.mask
+            ));
+        }
+        let scale32 = self.layer.scale as f32;
+        if !(self.layer.scale > 0.0 && scale32.is_finite() && scale32 > 0.0) {
+            return err(format!(
+                "layer scale {} is not a positive number finite as a 32-bit float",
+                self.layer.scale
+            ));
+        }
         let (h, n, d) = (
             self.layer.heads as usize,
             self.layer.tokens as usize,
             self.layer.dim as usize,
         );
+        // Checked: a hostile manifest's sizes may multiply past usize.
+        let Some(len) = h.checked_mul(n).and_then(|hn| hn.checked_mul(d)) else {
+            return err(format!(
+                "layer heads·tokens·dim = {h}·{n}·{d} is too large to count"
+            ));
+        };
         for (name, p) in self.inputs.iter().chain(&self.outputs) {
             if p.shape != [h, n, d] {
                 return err(format!(
@@ -193,7 +218,6 @@ impl Manifest {
                     p.shape
                 ));
             }
-            let len = h * n * d;
             if p.pe.len() != len || p.addr.len() != len {
                 return err(format!("tensor {name}: placement needs {len} entries"));
             }

@@ -79,7 +79,15 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
     if args.out.is_none() && !printing {
         return Err("missing -o DIR (where to write the microcode)".into());
     }
+    // Refuse a target attnc may not replace before spending time on compiling (checked again
+    // when writing).
+    if let Some(out) = &args.out {
+        outdir::check_target(out)?;
+    }
 
+    for layer in &layers {
+        source::check_ring(layer, pes)?;
+    }
     let several = layers.len() > 1;
     let mut files: Files = Vec::new();
     for layer in &layers {

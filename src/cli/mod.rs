@@ -3,7 +3,6 @@
 pub mod compile;
 pub mod inspect;
 pub mod load;
-pub mod npy;
 pub mod optimal;
 pub mod outdir;
 pub mod progress;
@@ -12,3 +11,5 @@ pub mod show;
 pub mod source;
 pub mod trace;
 pub mod verify;
+
+pub use attnc::npy;

@@ -55,6 +55,12 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .parse()
         .map_err(|_| format!("expected a number of seconds, got `{s}`"))?;
+    if !(0.0..=attnc::limits::MAX_TIME_LIMIT_SECS).contains(&secs) {
+        return Err(format!(
+            "expected a non-negative number of seconds, at most {}, got `{s}`",
+            attnc::limits::MAX_TIME_LIMIT_SECS
+        ));
+    }
     Duration::try_from_secs_f64(secs)
         .map_err(|_| format!("expected a non-negative number of seconds, got `{s}`"))
 }
@@ -63,7 +69,14 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
     Strategy::parse(s).ok_or_else(|| format!("expected one of: {}", Strategy::NAMES.join(", ")))
 }
 
+/// Time kept back from the search for verifying and writing the result, so that the whole
+/// command stays within `--time-limit`: a tenth of the limit, at most a second.
+fn reserve(limit: Duration) -> Duration {
+    (limit / 10).min(Duration::from_secs(1))
+}
+
 pub fn run(args: &OptimalArgs) -> Result<(), String> {
+    let started = std::time::Instant::now();
     let Source {
         name, layers, text, ..
     } = source::read_layers(&args.file, args.layer.as_deref())?;
@@ -82,10 +95,16 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
     let Some(out) = &args.out else {
         return Err("missing -o DIR (where to write the microcode)".into());
     };
+    outdir::check_target(out)?;
+    source::check_ring(layer, pes)?;
 
     let opts = exact::Options {
         max_cycles: args.max_cycles,
-        time_limit: args.time_limit,
+        // The limit covers the whole command: what parsing took and the reserve for
+        // verification and writing come off the search's share.
+        time_limit: args
+            .time_limit
+            .map(|l| l.saturating_sub(started.elapsed() + reserve(l))),
         conflict_limit: args.conflict_limit,
         strategy: args.search,
         symmetry_breaking: !args.no_symmetry_breaking,

@@ -1,6 +1,7 @@
 //! `attnc run`: execute an emitted directory in the cycle-level interpreter.
 
 use super::{load, npy};
+use attnc::rundir;
 use compiler::exec;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -12,15 +13,18 @@ pub struct RunArgs {
     /// An input tensor, NAME=FILE.npy (float32, C order, [heads, tokens, dim]); repeatable
     #[arg(long = "input", value_name = "NAME=FILE")]
     pub inputs: Vec<String>,
-    /// Write the output tensor y here (.npy, float32, [heads, tokens, dim])
+    /// Write the output tensor y here (.npy, float32, [heads, tokens, dim]); must not exist yet
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Seed for the random standard-normal inputs drawn when no --input is given
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Largest acceptable |y - reference| before the run counts as a mismatch
-    #[arg(long, default_value_t = 1e-4)]
+    /// Absolute tolerance: an element passes when |y - ref| <= TOLERANCE + RTOL·max|ref|
+    #[arg(long, default_value = "1e-4", value_parser = rundir::parse_tolerance)]
     pub tolerance: f64,
+    /// Relative tolerance, a fraction of the largest |reference| element (see --tolerance)
+    #[arg(long, value_name = "RTOL", default_value = "1e-5", value_parser = rundir::parse_tolerance)]
+    pub rtol: f64,
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
@@ -75,8 +79,16 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     .map_err(|e| format!("{}: {e}", args.dir.display()))?;
     drop(bar);
     let y = &outcome.outputs["y"];
-    let reference = exec::reference_output(m, &inputs);
-    let err = reference.as_ref().map(|r| exec::max_abs_err(y, r));
+    // `load` checked that the inputs are the ones the layer's qkv implies, so there always is a
+    // reference; its absence would be a bug, not a pass.
+    let reference = exec::reference_output(m, &inputs).ok_or_else(|| {
+        format!(
+            "{}: no reference for this layer's inputs",
+            args.dir.display()
+        )
+    })?;
+    let cmp = rundir::compare(y, &reference, args.tolerance, args.rtol);
+    let err = cmp.max_abs_err;
     let overflow = non_finite(y);
     if let Some(path) = &args.output {
         let (h, n, d) = (
@@ -84,8 +96,7 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             m.layer.tokens as u64,
             m.layer.dim as u64,
         );
-        std::fs::write(path, npy::write_f32(&[h, n, d], y))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        write_new(path, &npy::write_f32(&[h, n, d], y))?;
     }
     let stats = &outcome.stats;
     let total = |f: &dyn Fn(&isa::PeStats) -> u64| stats.per_pe.iter().map(f).sum::<u64>();
@@ -117,10 +128,14 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             "program_source": loaded.source,
             "inputs": if args.inputs.is_empty() { "random" } else { "files" },
             "seed": args.seed,
-            "max_abs_err": err,
+            // JSON has no infinity or NaN; a non-finite error is the string "inf" (NaN outputs
+            // count as infinite error), never null.
+            "max_abs_err": if err.is_finite() { serde_json::json!(err) } else { serde_json::json!("inf") },
             "tolerance": args.tolerance,
             "non_finite": overflow.map_or(0, |(count, _)| count),
             "first_non_finite": overflow.map(|(_, first)| first),
+            "rtol": args.rtol,
+            "pass": cmp.pass(),
         });
         println!("{obj}");
     } else {
@@ -142,20 +157,55 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             "mem_words: max {} per PE",
             m.mem_words.iter().max().unwrap_or(&0)
         );
-        if let Some(e) = err {
-            println!("max_abs_err: {e:.3e} (tolerance {:.0e})", args.tolerance);
-        }
+        println!(
+            "max_abs_err: {err:.3e} (tolerance {:.0e} + {:.0e}·max|ref|)",
+            args.tolerance, args.rtol
+        );
     }
     if let Some((count, first)) = overflow {
         return Err(overflow_message(m, y, count, first));
     }
-    match err {
-        Some(e) if e.is_nan() || e > args.tolerance => Err(format!(
-            "MISMATCH: max_abs_err {e:.3e} exceeds tolerance {:.0e}",
-            args.tolerance
-        )),
-        _ => Ok(()),
+    match cmp.worst {
+        None => Ok(()),
+        Some((i, got, want)) => {
+            let (n, d) = (m.layer.tokens as usize, m.layer.dim as usize);
+            Err(format!(
+                "MISMATCH: y[{}, {}, {}] is {got:e}, the reference {want:e}: |error| {:.3e} exceeds {:.0e} + {:.0e}·max|ref| (max_abs_err {err:.3e})",
+                i / (n * d),
+                i % (n * d) / d,
+                i % d,
+                (f64::from(got) - want).abs(),
+                args.tolerance,
+                args.rtol
+            ))
+        }
     }
+}
+
+/// Creates `path` with `bytes`, refusing to overwrite anything already there: attnc cannot prove
+/// an existing file is one it wrote. A failed write removes the file it created.
+fn write_new(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                format!(
+                    "--output {} already exists; refusing to overwrite it (remove it or choose another name)",
+                    path.display()
+                )
+            } else {
+                format!("cannot create {}: {e}", path.display())
+            }
+        })?;
+    if let Err(e) = f.write_all(bytes).and_then(|()| f.sync_all()) {
+        drop(f);
+        std::fs::remove_file(path).ok();
+        return Err(format!("cannot write {}: {e}", path.display()));
+    }
+    Ok(())
 }
 
 /// How many outputs are NaN or infinite, and the flat index of the first.
@@ -206,9 +256,22 @@ fn read_inputs(
                 names.join(", ")
             ));
         }
+        let elems = m.inputs[name].pe.len() as u64;
+        // Header plus data: anything larger is refused before it is read.
+        let max_bytes = 12 + attnc::limits::MAX_NPY_HEADER_BYTES + 4 * elems;
+        let size = std::fs::metadata(file)
+            .map_err(|e| format!("cannot read {file}: {e}"))?
+            .len();
+        if size > max_bytes {
+            return Err(format!(
+                "{file}: {size} bytes, more than a .npy of the {elems} float32 elements of `{name}` can take"
+            ));
+        }
         let bytes = std::fs::read(file).map_err(|e| format!("cannot read {file}: {e}"))?;
-        let (shape, data) = npy::read_f32(&bytes).map_err(|e| format!("{file}: {e}"))?;
+        let (shape, data) = npy::read_f32(&bytes, elems).map_err(|e| format!("{file}: {e}"))?;
         npy::check_shape(name, &shape, m.layer.heads, m.layer.tokens, m.layer.dim)
+            .map_err(|e| format!("{file}: {e}"))?;
+        npy::check_finite(name, &data, m.layer.tokens, m.layer.dim)
             .map_err(|e| format!("{file}: {e}"))?;
         if inputs.insert(name.to_string(), data).is_some() {
             return Err(format!("input `{name}` given twice"));

@@ -179,6 +179,13 @@ pub fn improve(
         // Solvers are kept per length: perturbing and draining revisit the same lengths, and an
         // incremental solver keeps what it learnt.
         solvers.retain(|&t, _| t + 1 >= c);
+        let missing: Vec<u64> = [c - 1, c]
+            .into_iter()
+            .filter(|t| !solvers.contains_key(t))
+            .collect();
+        if super::search::no_time_to_build(problem, pes, &missing, deadline) {
+            break;
+        }
         for t in [c - 1, c] {
             if let Entry::Vacant(slot) = solvers.entry(t) {
                 slot.insert(Solver::new(problem, pes, t, deadline)?);

@@ -194,6 +194,30 @@ pub fn problem_of(layer: &lang::Layer) -> Result<Problem, ExactError> {
         .map_err(|e| ExactError::Internal(e.0))
 }
 
+/// Seconds per unit of [`Model::size_estimate`] to build an encoding, hand it to CaDiCaL and free
+/// it again (measured on a loaded 2-core machine: 4 s for 376000 units, rounded up). None of
+/// that can be interrupted, so a budget whose encoding would not even be built by the deadline
+/// is not started.
+const BUILD_SECS_PER_UNIT: f64 = 1.2e-5;
+
+/// Whether encodings for the budgets `ts` could not be built before `deadline`.
+pub(crate) fn no_time_to_build(
+    problem: &Problem,
+    pes: u32,
+    ts: &[u64],
+    deadline: Option<Instant>,
+) -> bool {
+    let Some(d) = deadline else {
+        return false;
+    };
+    let units: u128 = ts
+        .iter()
+        .map(|&t| Model::size_estimate(problem, pes, t))
+        .sum();
+    let left = d.saturating_duration_since(Instant::now()).as_secs_f64();
+    units as f64 * BUILD_SECS_PER_UNIT > left
+}
+
 /// Builds the encoding for budget `t`, refusing sizes beyond [`MAX_ENCODING_SIZE`].
 pub fn encoding(
     problem: &Problem,
@@ -227,6 +251,16 @@ pub fn solve_budget(
         let attempt = Attempt {
             t,
             verdict: Verdict::Unsat,
+            seconds: start.elapsed().as_secs_f64(),
+            variables: 0,
+            clauses: 0,
+        };
+        return Ok((attempt, None));
+    }
+    if no_time_to_build(problem, pes, &[t], deadline) {
+        let attempt = Attempt {
+            t,
+            verdict: Verdict::Unknown,
             seconds: start.elapsed().as_secs_f64(),
             variables: 0,
             clauses: 0,

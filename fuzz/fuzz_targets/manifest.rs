@@ -1,0 +1,22 @@
+//! Manifests: any text parses and validates or is refused, and what passes `run`'s checks has
+//! sizes that agree with each other (so loading cannot index out of bounds or over-allocate).
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(m) = compiler::manifest::Manifest::from_json(text) else {
+        return;
+    };
+    if attnc::rundir::check_manifest(&m).is_ok() {
+        let len = (m.layer.heads as usize) * (m.layer.tokens as usize) * (m.layer.dim as usize);
+        for p in m.inputs.values().chain(m.outputs.values()) {
+            assert_eq!(p.pe.len(), len);
+        }
+        // Serialising and parsing again gives the same manifest.
+        let again = compiler::manifest::Manifest::from_json(&m.to_json()).expect("round trip");
+        assert_eq!(again, m);
+    }
+});

@@ -1,0 +1,20 @@
+//! Limits decided before any memory is reserved. docs/robustness.md lists them with the reasons.
+
+/// Largest ring `--pes` accepts. Rings of a thousand PEs and more are in scope; beyond this the
+/// per-PE tables alone outgrow any layer attnc can compile.
+pub const MAX_PES: u32 = 65_536;
+
+/// Largest `optimal --time-limit`, in seconds (about 11.6 days): far beyond any useful search,
+/// and small enough that adding it to the current time can never overflow.
+pub const MAX_TIME_LIMIT_SECS: f64 = 1_000_000.0;
+
+/// Largest `manifest.json` `run` and `verify` read. The largest layer attnc compiles has a
+/// manifest of a few MB; placement arrays of a full-size layer stay far below this.
+pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+
+/// Largest program file (`pe<N>.bin` or `pe<N>.s`) `run` and `verify` read. A PE of the largest
+/// layer attnc compiles runs a few million bundles: about 100 MB of binary, 200 MB of text.
+pub const MAX_PROGRAM_BYTES: u64 = 1 << 30;
+
+/// Largest `.npy` header accepted (numpy itself reads at most 10000 bytes by default).
+pub const MAX_NPY_HEADER_BYTES: u64 = 1 << 16;
