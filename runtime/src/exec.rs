@@ -16,7 +16,10 @@ pub enum ExecError {
     /// The machine refused the programs or a preload.
     Load(isa::LoadError),
     /// Preloading an element of `tensor` failed.
-    Preload { tensor: String, error: isa::LoadError },
+    Preload {
+        tensor: String,
+        error: isa::LoadError,
+    },
     /// The machine faulted while running.
     Fault(isa::Fault),
     /// The run finished but an output word was never written.
@@ -31,10 +34,25 @@ pub enum ExecError {
 /// A mismatch between the programs and the manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SetupError {
-    ProgramCount { manifest: u32, given: usize },
-    Identity { index: usize, pe: u32, pes: u32, manifest_pes: u32 },
-    MemWords { pe: usize, program: u32, manifest: u32 },
-    Cycles { manifest: u64, longest: u64 },
+    ProgramCount {
+        manifest: u32,
+        given: usize,
+    },
+    Identity {
+        index: usize,
+        pe: u32,
+        pes: u32,
+        manifest_pes: u32,
+    },
+    MemWords {
+        pe: usize,
+        program: u32,
+        manifest: u32,
+    },
+    Cycles {
+        manifest: u64,
+        longest: u64,
+    },
 }
 
 impl std::fmt::Display for SetupError {
@@ -142,21 +160,17 @@ pub fn execute<D: Domain>(
                 })?;
         }
     }
-    let stats = machine
-        .run(observer)
-        .map_err(ExecError::Fault)?;
+    let stats = machine.run(observer).map_err(ExecError::Fault)?;
     let mut outputs = BTreeMap::new();
     for (name, placement) in &manifest.outputs {
         let mut vals = Vec::with_capacity(placement.pe.len());
         for (i, (&pe, &addr)) in placement.pe.iter().zip(&placement.addr).enumerate() {
-            let v = machine
-                .read(pe, addr)
-                .ok_or_else(|| ExecError::Unwritten {
-                    tensor: name.clone(),
-                    index: i,
-                    pe,
-                    addr,
-                })?;
+            let v = machine.read(pe, addr).ok_or_else(|| ExecError::Unwritten {
+                tensor: name.clone(),
+                index: i,
+                pe,
+                addr,
+            })?;
             vals.push(v.clone());
         }
         outputs.insert(name.clone(), vals);

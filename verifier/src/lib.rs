@@ -74,10 +74,10 @@ pub use expr::{ExprId, Interner, Style, Tensor};
 pub use report::{Invariant, OpTally, Report, Stats, Violation};
 pub use spec::{Necessary, Shape};
 
-use runtime::exec::ExecError;
-use runtime::manifest::Manifest;
 use expr::FxMap;
 use isa::Program;
+use runtime::exec::ExecError;
+use runtime::manifest::Manifest;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::time::Instant;
