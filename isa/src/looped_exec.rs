@@ -130,6 +130,10 @@ pub struct LoopMachine<D: Domain> {
     stats: Vec<PeStats>,
     scratch: Vec<Option<Bundle>>,
     bulk: u64,
+    /// Per PE, every word below this address is initialized. Words never
+    /// become uninitialized again, so the mark only moves up; it spares
+    /// the bulk planner most initialization scans.
+    init_mark: Vec<usize>,
 }
 
 fn count(s: &mut PeStats, b: &Bundle) {
@@ -175,6 +179,7 @@ impl<D: Domain> LoopMachine<D> {
             stats: vec![PeStats::default(); n],
             scratch: vec![None; n],
             bulk: 0,
+            init_mark: vec![0; n],
         })
     }
 
@@ -375,6 +380,12 @@ impl LoopMachine<F32Domain> {
         }
         let w64 = i64::from(w);
         let mems = self.m.mems();
+        for (p, mark) in self.init_mark.iter_mut().enumerate() {
+            let mem = &mems[p];
+            while *mark < mem.len() && mem[*mark].is_some() {
+                *mark += 1;
+            }
+        }
         for p in 0..n {
             let Some(plan) = &plans[p] else { continue };
             let b = &plan.bundle;
@@ -404,8 +415,10 @@ impl LoopMachine<F32Domain> {
                     if span.1 >= size {
                         return None;
                     }
-                    for t in 0..w64 {
-                        mem[pr.at(t)]?;
+                    if span.1 as usize >= self.init_mark[p] {
+                        for t in 0..w64 {
+                            mem[pr.at(t)]?;
+                        }
                     }
                     reads.push((k, span));
                 }
@@ -456,10 +469,18 @@ impl LoopMachine<F32Domain> {
         let n = plans.len();
         let w64 = i64::from(w);
         let mems = self.m.mems_mut();
+        let mut dots = Vec::new();
         for (p, plan) in plans.iter().enumerate() {
             let Some(plan) = plan else { continue };
+            if let Some(d) = unit_dot(plan) {
+                dots.push((p, d));
+                continue;
+            }
             let next = if p + 1 == n { 0 } else { p + 1 };
             run_plan(mems, p, next, plan, w64);
+        }
+        for group in dots.chunks(DOT_GROUP) {
+            dot_group(mems, group, w as usize);
         }
         for (p, plan) in plans.iter().enumerate() {
             if let Some(plan) = plan {
@@ -482,6 +503,54 @@ impl LoopMachine<F32Domain> {
         }
         self.m.advance(u64::from(w));
         self.bulk += u64::from(w);
+    }
+}
+
+/// PEs whose dot products run interleaved: independent addition chains
+/// hide the latency of each f32 add without reordering any one sum.
+const DOT_GROUP: usize = 8;
+
+/// `(a, b, s)` start addresses if the plan is `mul m[a+t], m[b+t] | add mS
+/// -> mS`, the inner loop of every dot product.
+fn unit_dot(plan: &Plan) -> Option<(usize, usize, usize)> {
+    let pr = plan.progs;
+    match (plan.bundle.op, plan.register, plan.bundle.xfer) {
+        (Op::Mul { dst: None, .. }, true, Xfer::Nop) => {
+            let (a, b, s) = (pr[0]?, pr[1]?, pr[3]?);
+            (a.stride == 1 && b.stride == 1).then(|| (a.at(0), b.at(0), s.at(0)))
+        }
+        _ => None,
+    }
+}
+
+fn dot_group(mems: &mut [Vec<Option<f32>>], group: &[(usize, (usize, usize, usize))], w: usize) {
+    let mut regs = [0f32; DOT_GROUP];
+    {
+        let mut xa: [&[Option<f32>]; DOT_GROUP] = [&[]; DOT_GROUP];
+        let mut xb: [&[Option<f32>]; DOT_GROUP] = [&[]; DOT_GROUP];
+        for (j, &(p, (a, b, s))) in group.iter().enumerate() {
+            let mem = &mems[p];
+            xa[j] = &mem[a..a + w];
+            xb[j] = &mem[b..b + w];
+            regs[j] = get(mem, s);
+        }
+        let g = group.len();
+        if g == DOT_GROUP {
+            for t in 0..w {
+                for j in 0..DOT_GROUP {
+                    regs[j] += xa[j][t].unwrap_or(0.0) * xb[j][t].unwrap_or(0.0);
+                }
+            }
+        } else {
+            for t in 0..w {
+                for j in 0..g {
+                    regs[j] += xa[j][t].unwrap_or(0.0) * xb[j][t].unwrap_or(0.0);
+                }
+            }
+        }
+    }
+    for (j, &(p, (_, _, s))) in group.iter().enumerate() {
+        mems[p][s] = Some(regs[j]);
     }
 }
 
