@@ -1,0 +1,206 @@
+//! The stream schedule: its loop programs run natively (cycle by cycle and
+//! in bulk) and flattened, against the f64 reference; predicted cycles and
+//! operation counts against what the interpreter counts.
+
+use compiler::passes::schedule_stream::{self, Stream};
+use compiler::problem::Problem;
+use isa::{F32Domain, LoopMachine, Machine, NoObserver, RunStats};
+use runtime::reference::{attention, RefLayer};
+
+fn problem(n: u32, d: u32, h: u32, shared: bool, causal: bool) -> Problem {
+    Problem {
+        tokens: n,
+        dim: d,
+        heads: h,
+        scale: 1.0 / f64::from(d).sqrt(),
+        symmetric: shared,
+        shared_values: shared,
+        causal,
+    }
+}
+
+/// Deterministic inputs in about [-2, 2].
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+enum Mode {
+    Step,
+    Bulk,
+    Flat,
+}
+
+fn run(p: &Problem, m: u32, st: &Stream, mode: Mode) -> (Vec<f32>, Vec<f64>, RunStats) {
+    let (n, d, h) = (p.tokens, p.dim, p.heads);
+    let len = (n * d * h) as usize;
+    let names: Vec<String> = st.inputs.keys().cloned().collect();
+    let tensors: Vec<Vec<f32>> = names
+        .iter()
+        .enumerate()
+        .map(|(i, _)| data(len, 7 + i as u64))
+        .collect();
+    let get = |name: &str| {
+        let i = names.iter().position(|x| x == name).expect("tensor");
+        &tensors[i]
+    };
+    let mut pre = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let lay = st.inputs[name];
+        for hh in 0..h {
+            for t in 0..n {
+                for c in 0..d {
+                    let (pe, a) = lay.locate(m, hh, t, c);
+                    pre.push((pe, a, tensors[i][((hh * n + t) * d + c) as usize]));
+                }
+            }
+        }
+    }
+    let (q, k, v) = if p.symmetric {
+        (get("x"), get("x"), get("x"))
+    } else {
+        (get("q"), get("k"), get("v"))
+    };
+    let want = attention(
+        &RefLayer {
+            heads: h as usize,
+            tokens: n as usize,
+            dim: d as usize,
+            scale: p.scale,
+            causal: p.causal,
+        },
+        q,
+        k,
+        v,
+    );
+    let read_y = |read: &dyn Fn(u32, u32) -> Option<f32>| {
+        let mut y = vec![f32::NAN; len];
+        for hh in 0..h {
+            for t in 0..n {
+                for c in 0..d {
+                    let (pe, a) = st.output.locate(m, hh, t, c);
+                    y[((hh * n + t) * d + c) as usize] = read(pe, a).expect("y written");
+                }
+            }
+        }
+        y
+    };
+    match mode {
+        Mode::Flat => {
+            let flat = st
+                .programs
+                .iter()
+                .map(|p| p.flatten(1 << 24).unwrap())
+                .collect();
+            let mut mach = Machine::new(F32Domain, flat).unwrap();
+            for &(pe, a, x) in &pre {
+                mach.preload(pe, a, x).unwrap();
+            }
+            let stats = mach.run(&mut NoObserver).unwrap();
+            (read_y(&|pe, a| mach.read(pe, a).copied()), want, stats)
+        }
+        Mode::Step | Mode::Bulk => {
+            let mut mach = LoopMachine::new(F32Domain, st.programs.clone()).unwrap();
+            for &(pe, a, x) in &pre {
+                mach.preload(pe, a, x).unwrap();
+            }
+            let stats = if matches!(mode, Mode::Bulk) {
+                mach.run_fast().unwrap()
+            } else {
+                mach.run(&mut NoObserver).unwrap()
+            };
+            (read_y(&|pe, a| mach.read(pe, a).copied()), want, stats)
+        }
+    }
+}
+
+fn check(n: u32, d: u32, h: u32, m: u32, shared: bool, causal: bool) {
+    let p = problem(n, d, h, shared, causal);
+    let st = schedule_stream::run(&p, m).unwrap_or_else(|e| panic!("{e}"));
+    for prog in &st.programs {
+        assert_eq!(
+            prog.cycles(),
+            st.cycles,
+            "every PE runs the predicted length"
+        );
+    }
+    let (y, want, stats) = run(&p, m, &st, Mode::Bulk);
+    let err = y
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (f64::from(*a) - b).abs())
+        .fold(0.0, f64::max);
+    assert!(err <= 1e-4, "n={n} d={d} h={h} m={m}: max abs err {err}");
+    assert_eq!(stats.cycles, st.cycles);
+    let total = |s: &RunStats| -> (u64, u64, u64) {
+        s.per_pe.iter().fold((0, 0, 0), |acc, x| {
+            (acc.0 + x.mul, acc.1 + x.exp, acc.2 + x.div)
+        })
+    };
+    let (mul, exp, div) = total(&stats);
+    assert_eq!(mul, st.ops.phase1_mac + st.ops.phase3_mac);
+    assert_eq!(exp, st.ops.phase2_exp);
+    assert_eq!(div, st.ops.phase2_div);
+    // Every PE busy every cycle: the schedule has no idle slot.
+    assert_eq!(mul + exp + div, st.cycles * u64::from(m));
+    // Bit-identical across the three ways of running.
+    if st.cycles * u64::from(m) < 3_000_000 {
+        let (y2, _, s2) = run(&p, m, &st, Mode::Step);
+        let (y3, _, s3) = run(&p, m, &st, Mode::Flat);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&y2), bits(&y));
+        assert_eq!(bits(&y3), bits(&y));
+        assert_eq!(s2, stats);
+        assert_eq!(s3, stats);
+    }
+}
+
+#[test]
+fn non_causal_separate() {
+    check(4, 2, 1, 2, false, false);
+    check(8, 3, 2, 4, false, false);
+    check(12, 4, 2, 3, false, false);
+    check(16, 8, 1, 8, false, false);
+}
+
+#[test]
+fn non_causal_shared() {
+    check(4, 2, 1, 2, true, false);
+    check(8, 4, 2, 4, true, false);
+    check(9, 3, 1, 3, true, false);
+}
+
+#[test]
+fn causal_separate() {
+    check(8, 2, 1, 2, false, true);
+    check(16, 4, 2, 4, false, true);
+    check(24, 3, 1, 3, false, true);
+    check(32, 8, 2, 2, false, true);
+    check(8, 1, 1, 1, false, true);
+}
+
+#[test]
+fn causal_shared() {
+    check(8, 2, 1, 2, true, true);
+    check(16, 4, 2, 4, true, true);
+}
+
+#[test]
+fn larger_layer_in_bulk() {
+    check(256, 32, 2, 8, false, true);
+    check(128, 16, 3, 4, false, false);
+}
+
+#[test]
+fn refuses_what_it_cannot_do() {
+    assert!(schedule_stream::unsupported(&problem(6, 2, 1, false, true), 2).is_some());
+    assert!(schedule_stream::unsupported(&problem(2, 2, 1, false, false), 2).is_some());
+    assert!(schedule_stream::unsupported(&problem(8, 2, 1, false, true), 2).is_none());
+}
