@@ -25,7 +25,7 @@ fn main() {
             pes: 17,
             qkv: "separate",
             mask: "causal",
-            schedule: Choice::Causal,
+            schedule: Choice::Named("causal"),
             paper: "8.35 s",
         },
         Case {
@@ -34,7 +34,7 @@ fn main() {
             pes: 5,
             qkv: "shared",
             mask: "none",
-            schedule: Choice::Symmetric,
+            schedule: Choice::Named("symmetric"),
             paper: "14.45 s",
         },
         Case {
@@ -43,7 +43,7 @@ fn main() {
             pes: 5,
             qkv: "separate",
             mask: "none",
-            schedule: Choice::Baseline,
+            schedule: Choice::Named("baseline"),
             paper: "27.38 s",
         },
         Case {
@@ -52,7 +52,7 @@ fn main() {
             pes: 17,
             qkv: "separate",
             mask: "none",
-            schedule: Choice::Baseline,
+            schedule: Choice::Named("baseline"),
             paper: "timeout (1 h)",
         },
         Case {
@@ -61,7 +61,7 @@ fn main() {
             pes: 8,
             qkv: "separate",
             mask: "none",
-            schedule: Choice::Baseline,
+            schedule: Choice::Named("baseline"),
             paper: "-",
         },
         Case {
@@ -70,7 +70,7 @@ fn main() {
             pes: 8,
             qkv: "shared",
             mask: "none",
-            schedule: Choice::Symmetric,
+            schedule: Choice::Named("symmetric"),
             paper: "-",
         },
         Case {
@@ -79,7 +79,7 @@ fn main() {
             pes: 8,
             qkv: "separate",
             mask: "causal",
-            schedule: Choice::Causal,
+            schedule: Choice::Named("causal"),
             paper: "-",
         },
     ];

@@ -55,7 +55,7 @@ fn main() -> ExitCode {
         Cmd::Verify(a) => cli::verify::run(a),
         Cmd::Optimal(a) => cli::optimal::run(a),
         Cmd::Passes => {
-            for (name, desc) in compiler::passes::PASSES {
+            for (name, desc) in compiler::passes::list() {
                 println!("{name:20} {desc}");
             }
             Ok(())

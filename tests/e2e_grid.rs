@@ -18,7 +18,7 @@ fn baseline_grid_matches_reference_and_cycle_formula() {
                     for causal in [false, true] {
                         let d = n;
                         let src = layer_src(n, d, heads, shared, causal);
-                        let c = compile_src(&src, m, Choice::Baseline);
+                        let c = compile_src(&src, m, Choice::Named("baseline"));
                         let r = run_emitted(&c, u64::from(n * 100 + m));
                         let (n64, d64, h64, m64) = (n as u64, d as u64, heads as u64, m as u64);
                         let formula = h64 * (2 * d64 * n64 * n64 + 2 * n64 * n64) / m64;
@@ -61,7 +61,11 @@ fn paper_algorithm_1_column() {
         (15, 15, 480),
         (17, 17, 612),
     ] {
-        let c = compile_src(&layer_src(n, n, 1, false, false), m, Choice::Baseline);
+        let c = compile_src(
+            &layer_src(n, n, 1, false, false),
+            m,
+            Choice::Named("baseline"),
+        );
         let r = run_emitted(&c, 7);
         assert_eq!(r.cycles, want, "n={n} m={m}");
         assert!(r.max_abs_err <= TOL, "n={n} m={m}: {}", r.max_abs_err);
@@ -71,7 +75,11 @@ fn paper_algorithm_1_column() {
 #[test]
 fn causal_baseline_touches_no_masked_element() {
     for (n, m) in [(4, 2), (6, 3), (5, 5)] {
-        let c = compile_src(&layer_src(n, n, 2, false, true), m, Choice::Baseline);
+        let c = compile_src(
+            &layer_src(n, n, 2, false, true),
+            m,
+            Choice::Named("baseline"),
+        );
         let n64 = n as u64;
         let d64 = n64;
         let tri = n64 * (n64 + 1) / 2;
@@ -81,7 +89,7 @@ fn causal_baseline_touches_no_masked_element() {
         assert_eq!(ops.phase2_div, 2 * tri);
         assert_eq!(ops.phase3_mac, 2 * d64 * tri);
         let r = run_emitted(&c, 3);
-        let executed: u64 = r.stats.per_pe.iter().map(|p| p.mul + p.exp + p.div).sum();
+        let executed: u64 = r.stats.per_pe.iter().map(|p| p.total_ops()).sum();
         assert_eq!(
             executed,
             ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac
@@ -146,8 +154,7 @@ fn auto_grid_beats_paper_formulas_with_necessary_ops_only() {
                         assert_eq!(ops.phase2_exp, h64 * weights, "{what}: exps");
                         assert_eq!(ops.phase2_div, h64 * weights, "{what}: divs");
                         assert_eq!(ops.phase3_mac, h64 * d * weights, "{what}: phase 3");
-                        let executed: u64 =
-                            r.stats.per_pe.iter().map(|p| p.mul + p.exp + p.div).sum();
+                        let executed: u64 = r.stats.per_pe.iter().map(|p| p.total_ops()).sum();
                         assert_eq!(
                             executed,
                             ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac

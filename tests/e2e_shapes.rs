@@ -43,7 +43,7 @@ fn check(n: u32, d: u32, m: u32, heads: u32, shared: bool, causal: bool) {
         (h * d * distinct, h * weights, h * weights, h * d * weights),
         "{what}: operation counts"
     );
-    let executed: u64 = r.stats.per_pe.iter().map(|p| p.mul + p.exp + p.div).sum();
+    let executed: u64 = r.stats.per_pe.iter().map(|p| p.total_ops()).sum();
     assert_eq!(
         executed, c.manifest.necessary_ops,
         "{what}: executed operations"

@@ -15,11 +15,10 @@ fn assert_proved(src: &str, pes: u32, schedule: Choice) -> bool {
 }
 
 fn assert_compiled_proved(src: &str, pes: u32, schedule: Choice, c: &compiler::Compiled) {
-    // Only the baseline may do more than the necessary work (it does not exploit q = k); every
-    // other schedule must compute each distinct product once.
-    let baseline = c.manifest.schedule == "schedule-baseline";
+    // Only a scheduler that declares redundant work (the baseline does not exploit q = k) may do
+    // more than the necessary work; every other must compute each distinct product once.
     let opts = verifier::Options {
-        exact_ops: !baseline,
+        exact_ops: c.scheduler.necessary_only(),
         ..Default::default()
     };
     let report = verifier::verify_with(&c.programs, &c.manifest, &opts);
@@ -30,7 +29,8 @@ fn assert_compiled_proved(src: &str, pes: u32, schedule: Choice, c: &compiler::C
     );
     assert!(report.proved.is_some());
     let l = &c.manifest.layer;
-    let may_be_redundant = baseline && l.qkv == "shared" && l.mask == "none" && l.tokens > 1;
+    let may_be_redundant =
+        !c.scheduler.necessary_only() && l.qkv == "shared" && l.mask == "none" && l.tokens > 1;
     assert_eq!(
         report.redundant_ops > 0,
         may_be_redundant,
@@ -49,7 +49,7 @@ fn grid_of_shapes_and_schedules() {
                 for shared in [false, true] {
                     for causal in [false, true] {
                         let src = source(n, n, heads, shared, causal);
-                        for schedule in [Choice::Auto, Choice::Baseline] {
+                        for schedule in [Choice::Auto, Choice::Named("baseline")] {
                             if assert_proved(&src, m, schedule) {
                                 proved += 1;
                             } else {
@@ -75,7 +75,7 @@ fn general_shapes() {
                 for shared in [false, true] {
                     for causal in [false, true] {
                         let src = source(n, d, heads, shared, causal);
-                        for schedule in [Choice::Auto, Choice::Baseline] {
+                        for schedule in [Choice::Auto, Choice::Named("baseline")] {
                             // Compiler bugs are the compiler's tests' business; here they only
                             // must not hide what the verifier says about everything else.
                             match try_build(&src, m, schedule) {
@@ -103,13 +103,21 @@ fn general_shapes() {
 fn paper_instances() {
     let shared = [(3, 3), (4, 4), (5, 5), (6, 3), (6, 6), (15, 5), (15, 15)];
     for (n, m) in shared {
-        for schedule in [Choice::Auto, Choice::Symmetric, Choice::Baseline] {
+        for schedule in [
+            Choice::Auto,
+            Choice::Named("symmetric"),
+            Choice::Named("baseline"),
+        ] {
             let src = source(n, n, 1, true, false);
             assert!(assert_proved(&src, m, schedule), "{src} refused on {m} PEs");
         }
     }
     for (n, m) in shared.into_iter().chain([(17, 17)]) {
-        for schedule in [Choice::Auto, Choice::Causal, Choice::Baseline] {
+        for schedule in [
+            Choice::Auto,
+            Choice::Named("causal"),
+            Choice::Named("baseline"),
+        ] {
             let src = source(n, n, 1, false, true);
             assert!(assert_proved(&src, m, schedule), "{src} refused on {m} PEs");
         }

@@ -105,11 +105,7 @@ fn faults_are_located() {
     let c = base();
     let mut p = c.programs.clone();
     // Read a word nobody wrote, in the first bundle of PE 1.
-    p[1].bundles[0].op = isa::Op::Mul {
-        a: p[1].mem_words - 1,
-        b: p[1].mem_words - 1,
-        dst: None,
-    };
+    p[1].bundles[0].op = isa::Op::mul(p[1].mem_words - 1, p[1].mem_words - 1, None);
     let r = verify(&p, &c.manifest);
     let v = r
         .violations
@@ -122,11 +118,7 @@ fn faults_are_located() {
 
     // An address past the declared memory.
     let mut p = c.programs.clone();
-    p[0].bundles[2].op = isa::Op::Exp {
-        a: p[0].mem_words + 5,
-        scale: 1.0,
-        dst: None,
-    };
+    p[0].bundles[2].op = isa::Op::exp(p[0].mem_words + 5, 1.0, None);
     let r = verify(&p, &c.manifest);
     assert!(r.counts.contains_key(&Invariant::Fault), "{r}");
 }
@@ -155,8 +147,8 @@ fn wrong_outputs_show_expected_and_found() {
 fn masked_work_is_named() {
     // The same shape without and with a causal mask: the unmasked program computes every score,
     // so run against the causal manifest its extra work must be reported as masked.
-    let full = build(&source(3, 3, 1, false, false), 3, Choice::Baseline).unwrap();
-    let causal = build(&source(3, 3, 1, false, true), 3, Choice::Baseline).unwrap();
+    let full = build(&source(3, 3, 1, false, false), 3, Choice::Named("baseline")).unwrap();
+    let causal = build(&source(3, 3, 1, false, true), 3, Choice::Named("baseline")).unwrap();
     let mut m = full.manifest.clone();
     m.layer.mask = "causal".into();
     m.necessary_ops = causal.manifest.necessary_ops;

@@ -8,7 +8,7 @@ use common::{build, source};
 use compiler::exec;
 use compiler::manifest::Manifest;
 use compiler::passes::select::Choice;
-use isa::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc};
+use isa::{Acc, AccSrc, Addr, Bundle, Op, OpKind, Program, Xfer, XferSrc};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -58,39 +58,38 @@ fn mutate_bundle(rng: &mut StdRng, b: &mut Bundle, mem: u32, scale: f32) -> &'st
     match rng.random_range(0..9) {
         0 => {
             b.op = match b.op {
-                Op::Nop => Op::Mul {
-                    a: addr(rng, mem),
-                    b: addr(rng, mem),
-                    dst: some_addr(rng, mem),
-                },
-                Op::Mul { a, b, dst } => match rng.random_range(0..3) {
-                    0 => Op::Div { a, b, dst },
-                    1 => Op::Exp { a, scale, dst },
-                    _ => Op::Nop,
-                },
-                Op::Div { a, b, dst } => match rng.random_range(0..3) {
-                    0 => Op::Mul { a, b, dst },
-                    1 => Op::Div { a: b, b: a, dst },
-                    _ => Op::Exp { a, scale, dst },
-                },
-                Op::Exp { a, dst, .. } => match rng.random_range(0..2) {
-                    0 => Op::Mul { a, b: a, dst },
-                    _ => Op::Div { a, b: a, dst },
-                },
+                Op::Nop => Op::mul(addr(rng, mem), addr(rng, mem), some_addr(rng, mem)),
+                Op::Arith(x) => {
+                    // Any other kind of the table on the same operands (the second operand is
+                    // the first for a kind that had only one), or no op at all.
+                    let b2 = if x.kind.info().reads == 2 { x.b } else { x.a };
+                    let others: Vec<OpKind> =
+                        OpKind::ALL.into_iter().filter(|&k| k != x.kind).collect();
+                    if rng.random_range(0..4) == 0 {
+                        Op::Nop
+                    } else {
+                        match others[rng.random_range(0..others.len())] {
+                            OpKind::Mul => Op::mul(x.a, b2, x.dst),
+                            OpKind::Div => Op::div(b2, x.a, x.dst),
+                            OpKind::Max => Op::max(x.a, b2, x.dst),
+                            OpKind::Exp => Op::exp(x.a, scale, x.dst),
+                            OpKind::Expd => Op::expd(x.a, b2, scale, x.dst),
+                        }
+                    }
+                }
             };
             "opcode"
         }
         1 | 2 => {
             let new = addr(rng, mem);
             match &mut b.op {
-                Op::Mul { a, b, .. } | Op::Div { a, b, .. } => {
-                    if rng.random_bool(0.5) {
-                        *a = new;
+                Op::Arith(x) => {
+                    if x.kind.info().reads == 2 && rng.random_bool(0.5) {
+                        x.b = new;
                     } else {
-                        *b = new;
+                        x.a = new;
                     }
                 }
-                Op::Exp { a, .. } => *a = new,
                 Op::Nop => return mutate_bundle(rng, b, mem, scale),
             }
             "op operand"
@@ -98,14 +97,17 @@ fn mutate_bundle(rng: &mut StdRng, b: &mut Bundle, mem: u32, scale: f32) -> &'st
         3 => {
             let new = some_addr(rng, mem);
             match &mut b.op {
-                Op::Mul { dst, .. } | Op::Div { dst, .. } | Op::Exp { dst, .. } => *dst = new,
+                Op::Arith(x) => x.dst = new,
                 Op::Nop => return mutate_bundle(rng, b, mem, scale),
             }
             "op destination"
         }
         4 => {
-            if let Op::Exp { scale: s, .. } = &mut b.op {
-                *s *= 2.0;
+            if let Op::Arith(x) = &mut b.op {
+                if !x.kind.info().imm {
+                    return mutate_bundle(rng, b, mem, scale);
+                }
+                x.imm *= 2.0;
                 "exp scale"
             } else {
                 mutate_bundle(rng, b, mem, scale)

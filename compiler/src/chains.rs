@@ -14,6 +14,9 @@ use crate::ir::Tensor;
 use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, Element, Val, Work};
 
+/// The name these building blocks report their inconsistencies under.
+const WHO: &str = "chains";
+
 /// One phase-1 chain: `w'[a][b] = Σ_c q[a][c]·k[b][c]` of one head, finishing on PE `end`.
 #[derive(Clone, Copy, Debug)]
 pub struct ScoreChain {
@@ -87,7 +90,15 @@ pub fn phase1(
             scores[idx] = acc;
         }
     }
-    let scores = scores.into_iter().map(|s| s.expect("d >= 1")).collect();
+    let scores = scores
+        .into_iter()
+        .map(|s| {
+            s.unwrap_or_else(|| {
+                b.bug(WHO, "a score chain with no product (dim 0)");
+                Val::from_u32(0)
+            })
+        })
+        .collect();
     (scores, t0 + ws.len() * d as usize)
 }
 
@@ -173,12 +184,18 @@ pub fn phase2(b: &mut Builder, p: &Problem, t0: usize, rows: &[Row]) -> (Vec<Row
         .collect();
     for blk in &blocks {
         for &r in blk {
-            let den = sums[r].expect("every row has at least one score");
+            let Some(den) = sums[r] else {
+                b.bug(WHO, "a softmax row with no score");
+                continue;
+            };
             let last = walks[r].iter().rposition(Option::is_some).unwrap_or(0);
             for (j, step) in walks[r].iter().enumerate().take(last + 1) {
                 let pe = ((rows[r].start as usize + j) % m) as u32;
                 if let Some(i) = *step {
-                    let num = exps[r][i].expect("step 1 made it");
+                    let Some(num) = exps[r][i] else {
+                        b.bug(WHO, "a weight whose exponential was never made");
+                        continue;
+                    };
                     let w = b.computed();
                     b.work(pe, t + j, 2, Work::Div { num, den, out: w });
                     out[r].scores.push((rows[r].scores[i].0, w, pe));
@@ -256,7 +273,10 @@ pub fn phase3(b: &mut Builder, inputs: &mut Inputs, p: &Problem, t0: usize, rows
     for h in 0..p.heads {
         for a in 0..n as u32 {
             for c in 0..d {
-                let y = ys[at(h, a, c)].expect("every output row has at least one weight");
+                let Some(y) = ys[at(h, a, c)] else {
+                    b.bug(WHO, "an output row with no weight");
+                    continue;
+                };
                 let element = Element {
                     tensor: Tensor::Y,
                     head: h,

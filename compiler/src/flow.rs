@@ -76,7 +76,9 @@ pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
                 .take(WINDOW)
                 .position(|&i| flow.tasks[p][i].work.reads().all(here))
             {
-                let i = pending[p].remove(pos).expect("position is in range");
+                let Some(i) = pending[p].remove(pos) else {
+                    break;
+                };
                 let task = flow.tasks[p][i];
                 b.work(p as u32, t, task.phase, task.work);
                 events.extend(task.work.writes().map(|v| (p, v)));

@@ -10,13 +10,16 @@ pub mod ir;
 pub mod passes;
 pub mod problem;
 pub mod schedule;
+pub mod scheduler;
+pub mod validate;
 
 // The manifest and execution live in the runtime crate (the verifier uses them without the
 // compiler); re-exported because a compile produces a manifest.
 pub use runtime::{exec, manifest, reference};
 
 use manifest::{LayerInfo, Manifest, PeFiles, Placement};
-use passes::select::{Algorithm, Choice, Refusal};
+use passes::select::{Choice, Refusal};
+use scheduler::Scheduler;
 
 use passes::{analyze, codegen, lower, select};
 use std::collections::BTreeMap;
@@ -43,7 +46,8 @@ pub struct Options {
 pub struct Compiled {
     pub programs: Vec<isa::Program>,
     pub manifest: Manifest,
-    pub algorithm: Algorithm,
+    /// The scheduler whose schedule was kept.
+    pub scheduler: &'static dyn Scheduler,
     pub dump: Option<String>,
     /// Wall time of each pass run, in order (`--time-passes`).
     pub timings: Vec<(String, f64)>,
@@ -64,7 +68,7 @@ impl std::fmt::Display for CompileError {
         match self {
             CompileError::Refused(r) => write!(f, "{}", r.message),
             CompileError::UnknownPass(p) => {
-                let names: Vec<&str> = passes::PASSES.iter().map(|(n, _)| *n).collect();
+                let names: Vec<&str> = passes::list().iter().map(|(n, _)| *n).collect();
                 write!(f, "unknown pass `{p}` (passes: {})", names.join(", "))
             }
             CompileError::Internal(s) => write!(f, "internal compiler error: {s}"),
@@ -75,11 +79,17 @@ impl std::fmt::Display for CompileError {
 /// Compiles one checked layer for a ring of `opts.pes` PEs.
 pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileError> {
     if let Some(p) = &opts.dump_after {
-        if p != CHOSEN_SCHEDULE && !passes::PASSES.iter().any(|(n, _)| n == p) {
+        if p != CHOSEN_SCHEDULE && !passes::list().iter().any(|(n, _)| n == p) {
             return Err(CompileError::UnknownPass(p.clone()));
         }
     }
-    assert!(opts.pes > 0, "the CLI rejects --pes 0");
+    if opts.pes == 0 {
+        return Err(CompileError::Refused(Refusal {
+            culprit: select::Culprit::Pes,
+            message: "a ring needs at least one PE".into(),
+            note: "pass `--pes 1` or more".into(),
+        }));
+    }
     let mut dump = None;
     let wants = |name: &str| opts.dump_after.as_deref() == Some(name);
     let mut timings: Vec<(String, f64)> = Vec::new();
@@ -114,26 +124,35 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     let candidates =
         select::run(&problem, opts.pes, opts.schedule).map_err(CompileError::Refused)?;
     if wants(select::NAME) {
-        let names: Vec<String> = candidates.iter().map(|a| a.to_string()).collect();
+        let names: Vec<&str> = candidates.iter().map(|a| a.title()).collect();
         dump = Some(format!("candidates: {}", names.join("; ")));
     }
     // Every candidate is scheduled and emitted, and the one with the fewest cycles among those
     // within the memory limit kept; ties go to less memory, then to the more specialised one.
     let mut tried: Vec<manifest::CandidateInfo> = Vec::new();
-    let mut best: Option<(Algorithm, schedule::RingSchedule, codegen::Emitted)> = None;
+    type Best = (
+        &'static dyn Scheduler,
+        schedule::RingSchedule,
+        codegen::Emitted,
+    );
+    let mut best: Option<Best> = None;
     for alg in candidates {
-        let s = alg
-            .schedule(&problem, opts.pes)
-            .map_err(|e| CompileError::Internal(format!("{}: {e}", alg.pass_name())))?;
-        lap(alg.pass_name(), &mut timings);
-        if wants(alg.pass_name()) {
+        let internal = |errors: Vec<schedule::ScheduleError>| {
+            CompileError::Internal(format!(
+                "{}: {}",
+                alg.pass(),
+                schedule::render_errors(&errors)
+            ))
+        };
+        let s = alg.schedule(&problem, opts.pes).map_err(internal)?;
+        // The contract with codegen: a schedule that validates can always be emitted.
+        validate::validate(&s).map_err(internal)?;
+        lap(alg.pass(), &mut timings);
+        if wants(alg.pass()) {
             dump = Some(s.to_string());
         }
         let e = codegen::run(&s).map_err(|e| CompileError::Internal(e.to_string()))?;
-        lap(
-            &format!("{} ({})", codegen::NAME, alg.pass_name()),
-            &mut timings,
-        );
+        lap(&format!("{} ({})", codegen::NAME, alg.pass()), &mut timings);
         let max_mem = max_words(&e);
         let fits = opts.mem_limit.is_none_or(|limit| max_mem <= limit);
         tried.push(manifest::CandidateInfo {
@@ -151,7 +170,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
             best = Some((alg, s, e));
         }
     }
-    let Some((algorithm, schedule, emitted)) = best else {
+    let Some((chosen, schedule, emitted)) = best else {
         let smallest = tried
             .iter()
             .min_by_key(|c| c.max_mem_words)
@@ -203,7 +222,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     Ok(Compiled {
         programs: emitted.programs,
         manifest,
-        algorithm,
+        scheduler: chosen,
         dump,
         timings,
     })
@@ -289,6 +308,13 @@ pub fn finish(
     schedule: &schedule::RingSchedule,
     selection: manifest::Selection,
 ) -> Result<(Vec<isa::Program>, Manifest), CompileError> {
+    validate::validate(schedule).map_err(|errors| {
+        CompileError::Internal(format!(
+            "{}: {}",
+            schedule.algorithm,
+            schedule::render_errors(&errors)
+        ))
+    })?;
     let emitted = codegen::run(schedule).map_err(|e| CompileError::Internal(e.to_string()))?;
     let manifest = build_manifest(layer, problem, pes, schedule, &emitted, selection);
     Ok((emitted.programs, manifest))

@@ -82,10 +82,43 @@ pub enum OpKind {
     Div,
 }
 
+/// Which of the three phases of attention an operation belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    /// Scores `q·k`.
+    Scores,
+    /// The softmax: exponentials, row sums, maxima, divisions.
+    Softmax,
+    /// The weighted sum of values.
+    Values,
+}
+
+impl Phase {
+    /// The paper's phase number, 1 to 3.
+    pub fn number(self) -> u8 {
+        match self {
+            Phase::Scores => 1,
+            Phase::Softmax => 2,
+            Phase::Values => 3,
+        }
+    }
+
+    pub fn from_number(n: u8) -> Option<Phase> {
+        match n {
+            1 => Some(Phase::Scores),
+            2 => Some(Phase::Softmax),
+            3 => Some(Phase::Values),
+            _ => None,
+        }
+    }
+}
+
 /// One PE's bundle in one cycle, before storage is decided.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Slot {
     pub work: Option<Work>,
+    /// The phase of `work`, kept so no later stage has to infer it.
+    pub phase: Option<Phase>,
     /// A value sent to the next PE; it is resident there from the next cycle on.
     pub send: Option<Val>,
 }
@@ -120,6 +153,16 @@ impl From<OpCounts> for runtime::manifest::OpCountsInfo {
 }
 
 impl OpCounts {
+    /// Counts one operation of `kind` in `phase` (a pair [`fits`] accepts).
+    pub fn count(&mut self, phase: Phase, kind: OpKind) {
+        match (phase, kind) {
+            (Phase::Scores, _) => self.phase1_mac += 1,
+            (Phase::Values, _) => self.phase3_mac += 1,
+            (_, OpKind::Exp) => self.phase2_exp += 1,
+            (_, _) => self.phase2_div += 1,
+        }
+    }
+
     pub fn total(&self) -> u64 {
         self.phase1_mac + self.phase2_exp + self.phase2_div + self.phase3_mac
     }
@@ -145,12 +188,89 @@ impl RingSchedule {
     }
 }
 
+/// Why a schedule is not a valid program for the ring: always a bug in the pass that made it,
+/// reported as an internal error naming the place, never a panic.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScheduleError {
+    /// Two operations, or two sends, in one slot.
+    DoubleBooked {
+        pe: u32,
+        cycle: usize,
+        slot: &'static str,
+    },
+    /// A work item that cannot belong to the phase it was booked in.
+    PhaseMismatch { pe: u32, cycle: usize, phase: u8 },
+    /// A PE outside the ring.
+    NoSuchPe { pe: u32, pes: u32 },
+    /// A PE reads or sends a value that is not on it in that cycle.
+    NotPresent { pe: u32, cycle: usize, val: Val },
+    /// A value named that no input or work produces.
+    UnknownValue { val: Val },
+    /// An output element is not on its PE after the last cycle, or is listed twice.
+    Output {
+        pe: u32,
+        val: Val,
+        reason: &'static str,
+    },
+    /// PEs have programs of different lengths.
+    Ragged,
+    /// The operation counts the schedule claims differ from what its slots hold.
+    Counts { claimed: OpCounts, found: OpCounts },
+    /// A pass found its own bookkeeping inconsistent.
+    Internal { pass: &'static str, what: String },
+}
+
+impl std::fmt::Display for ScheduleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScheduleError::DoubleBooked { pe, cycle, slot } => {
+                write!(f, "PE {pe}, cycle {cycle}: {slot} slot booked twice")
+            }
+            ScheduleError::PhaseMismatch { pe, cycle, phase } => write!(
+                f,
+                "PE {pe}, cycle {cycle}: work booked in phase {phase}, which cannot hold it"
+            ),
+            ScheduleError::NoSuchPe { pe, pes } => {
+                write!(f, "PE {pe} named on a ring of {pes} PEs")
+            }
+            ScheduleError::NotPresent { pe, cycle, val } => {
+                write!(
+                    f,
+                    "PE {pe}, cycle {cycle}: {val} is read but is not on this PE"
+                )
+            }
+            ScheduleError::UnknownValue { val } => write!(f, "{val} is never produced"),
+            ScheduleError::Output { pe, val, reason } => {
+                write!(f, "output {val} on PE {pe}: {reason}")
+            }
+            ScheduleError::Ragged => f.write_str("PEs have schedules of different lengths"),
+            ScheduleError::Counts { claimed, found } => write!(
+                f,
+                "operation counts claimed {claimed:?} but the slots hold {found:?}"
+            ),
+            ScheduleError::Internal { pass, what } => write!(f, "{pass}: {what}"),
+        }
+    }
+}
+
+/// Every error of one schedule, for an internal-error report.
+pub fn render_errors(errors: &[ScheduleError]) -> String {
+    const SHOWN: usize = 10;
+    let mut out: Vec<String> = errors.iter().take(SHOWN).map(|e| e.to_string()).collect();
+    if errors.len() > SHOWN {
+        out.push(format!("... and {} more", errors.len() - SHOWN));
+    }
+    out.join("; ")
+}
+
 /// Builds a [`RingSchedule`], refusing to double-book a slot.
 ///
-/// Double booking is a bug in a scheduling pass, not a user error, so it panics with the place it
-/// happened; the test grid runs every pass over many shapes to keep it from happening.
+/// A booking mistake is a bug in a scheduling pass, not a user error: the builder records it
+/// and [`Builder::finish`] returns every one, located, so the compiler reports an internal error
+/// instead of panicking.
 pub struct Builder {
     sched: RingSchedule,
+    errors: Vec<ScheduleError>,
 }
 
 impl Builder {
@@ -164,7 +284,16 @@ impl Builder {
                 outputs: Vec::new(),
                 ops: OpCounts::default(),
             },
+            errors: Vec::new(),
         }
+    }
+
+    /// Records a pass's own inconsistency (what would otherwise be an `expect`).
+    pub fn bug(&mut self, pass: &'static str, what: impl Into<String>) {
+        self.errors.push(ScheduleError::Internal {
+            pass,
+            what: what.into(),
+        });
     }
 
     pub fn pes(&self) -> u32 {
@@ -179,30 +308,39 @@ impl Builder {
         self.sched.vals.push(ValInfo::Computed)
     }
 
-    fn slot(&mut self, pe: u32, cycle: usize) -> &mut Slot {
-        let row = &mut self.sched.slots[pe as usize];
+    fn slot(&mut self, pe: u32, cycle: usize) -> Option<&mut Slot> {
+        let pes = self.sched.pes;
+        let Some(row) = self.sched.slots.get_mut(pe as usize) else {
+            self.errors.push(ScheduleError::NoSuchPe { pe, pes });
+            return None;
+        };
         if row.len() <= cycle {
             row.resize(cycle + 1, Slot::default());
         }
-        &mut row[cycle]
+        Some(&mut row[cycle])
     }
 
-    /// Puts `work` on `pe` at `cycle`; `phase` (1, 2 or 3) only feeds the operation counts.
+    /// Puts `work` on `pe` at `cycle`, as part of `phase` (1, 2 or 3).
     pub fn work(&mut self, pe: u32, cycle: usize, phase: u8, work: Work) {
-        let slot = self.slot(pe, cycle);
-        assert!(
-            slot.work.is_none(),
-            "scheduler bug: op slot of PE {pe} at cycle {cycle} booked twice"
-        );
-        slot.work = Some(work);
-        let ops = &mut self.sched.ops;
-        match (phase, work.phase_kind()) {
-            (1, OpKind::Mac) => ops.phase1_mac += 1,
-            (3, OpKind::Mac) => ops.phase3_mac += 1,
-            (_, OpKind::Exp) => ops.phase2_exp += 1,
-            (_, OpKind::Div) => ops.phase2_div += 1,
-            (p, k) => panic!("scheduler bug: {k:?} counted in phase {p}"),
+        let Some(ph) = Phase::from_number(phase).filter(|&ph| fits(ph, work.phase_kind())) else {
+            self.errors
+                .push(ScheduleError::PhaseMismatch { pe, cycle, phase });
+            return;
+        };
+        let Some(slot) = self.slot(pe, cycle) else {
+            return;
+        };
+        if slot.work.is_some() {
+            self.errors.push(ScheduleError::DoubleBooked {
+                pe,
+                cycle,
+                slot: "op",
+            });
+            return;
         }
+        slot.work = Some(work);
+        slot.phase = Some(ph);
+        self.sched.ops.count(ph, work.phase_kind());
     }
 
     /// Sends `val` from `pe` to the next PE at `cycle`. On a one-PE ring the value is already
@@ -211,11 +349,17 @@ impl Builder {
         if self.sched.pes == 1 {
             return;
         }
-        let slot = self.slot(pe, cycle);
-        assert!(
-            slot.send.is_none(),
-            "scheduler bug: link of PE {pe} at cycle {cycle} booked twice"
-        );
+        let Some(slot) = self.slot(pe, cycle) else {
+            return;
+        };
+        if slot.send.is_some() {
+            self.errors.push(ScheduleError::DoubleBooked {
+                pe,
+                cycle,
+                slot: "link",
+            });
+            return;
+        }
         slot.send = Some(val);
     }
 
@@ -223,14 +367,25 @@ impl Builder {
         self.sched.outputs.push((element, pe, val));
     }
 
-    /// Pads every PE to the same length and returns the schedule.
-    pub fn finish(mut self) -> RingSchedule {
+    /// Pads every PE to the same length and returns the schedule, or every booking error.
+    pub fn finish(mut self) -> Result<RingSchedule, Vec<ScheduleError>> {
+        if !self.errors.is_empty() {
+            return Err(self.errors);
+        }
         let len = self.sched.slots.iter().map(Vec::len).max().unwrap_or(0);
         for row in &mut self.sched.slots {
             row.resize(len, Slot::default());
         }
-        self.sched
+        Ok(self.sched)
     }
+}
+
+/// Can work of `kind` be part of `phase`?
+fn fits(phase: Phase, kind: OpKind) -> bool {
+    matches!(
+        (phase, kind),
+        (Phase::Scores | Phase::Values, OpKind::Mac) | (Phase::Softmax, OpKind::Exp | OpKind::Div)
+    )
 }
 
 impl std::fmt::Display for Work {

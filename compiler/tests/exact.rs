@@ -152,7 +152,8 @@ fn heuristic_schedules_satisfy_the_encoding() {
             assert_eq!(
                 v,
                 Verdict::Sat,
-                "{text} on {pes} PEs, {alg}, {} cycles",
+                "{text} on {pes} PEs, {}, {} cycles",
+                alg.title(),
                 s.cycles()
             );
         }

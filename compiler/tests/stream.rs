@@ -4,7 +4,7 @@
 
 use compiler::passes::schedule_stream::{self, Stream};
 use compiler::problem::Problem;
-use isa::{F32Domain, LoopMachine, Machine, NoObserver, RunStats};
+use isa::{F32Domain, LoopMachine, Machine, NoObserver, OpKind, RunStats};
 use runtime::reference::{attention, RefLayer};
 
 fn problem(n: u32, d: u32, h: u32, shared: bool, causal: bool) -> Problem {
@@ -141,7 +141,11 @@ fn check(n: u32, d: u32, h: u32, m: u32, shared: bool, causal: bool) {
     assert_eq!(stats.cycles, st.cycles);
     let total = |s: &RunStats| -> (u64, u64, u64) {
         s.per_pe.iter().fold((0, 0, 0), |acc, x| {
-            (acc.0 + x.mul, acc.1 + x.exp, acc.2 + x.div)
+            (
+                acc.0 + x.count(OpKind::Mul),
+                acc.1 + x.count(OpKind::Exp),
+                acc.2 + x.count(OpKind::Div),
+            )
         })
     };
     let (mul, exp, div) = total(&stats);

@@ -24,11 +24,7 @@ fn program(pe: u32, pes: u32, rows: u32, keys: u32, len: u32) -> LoopProgram {
     };
     let mac = LBundle {
         bundle: Bundle {
-            op: Op::Mul {
-                a: q,
-                b: k,
-                dst: None,
-            },
+            op: Op::mul(q, k, None),
             acc: Acc::Add {
                 src: AccSrc::Mem(s),
                 dst: Some(s),

@@ -12,11 +12,7 @@ fn main() {
             .map(|i| {
                 let i = i as u32;
                 Bundle {
-                    op: Op::Mul {
-                        a: i % 32,
-                        b: (i + 1) % 32,
-                        dst: Some(32 + i % 16),
-                    },
+                    op: Op::mul(i % 32, (i + 1) % 32, Some(32 + i % 16)),
                     acc: Acc::Add {
                         src: AccSrc::Mem(63),
                         dst: Some(48 + i % 8),

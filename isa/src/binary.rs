@@ -8,20 +8,59 @@
 
 use std::fmt;
 
-use crate::inst::{Acc, AccSrc, Bundle, Op, Program, Xfer, XferSrc, FORMAT_VERSION};
+use crate::inst::{Acc, AccSrc, Arith, Bundle, Op, OpKind, Program, Xfer, XferSrc, FORMAT_VERSION};
 
 pub const MAGIC: [u8; 8] = *b"ATNCISA\0";
 /// Bytes before the first bundle.
 pub const HEADER_BYTES: usize = 28;
-/// Bytes per bundle record.
+/// Bytes per bundle record in format version 1.
 pub const BUNDLE_BYTES: usize = 32;
+/// Bytes per bundle record in format version 2 (one more word: the op immediate).
+pub const BUNDLE_BYTES_V2: usize = 36;
 /// Bytes of the trailing checksum.
 pub const CHECKSUM_BYTES: usize = 4;
 
 const OP_NOP: u8 = 0;
-const OP_MUL: u8 = 1;
-const OP_EXP: u8 = 2;
-const OP_DIV: u8 = 3;
+
+/// Where each field of a bundle record sits, per format version. Version 1 has no word for the
+/// immediate: its only immediate-taking kind (`exp`) reads one operand, so the scale sits in the
+/// unused `op_b` word. Version 2 gives the immediate a word of its own, after `op_b`.
+#[derive(Clone, Copy)]
+struct Layout {
+    record: usize,
+    /// Word index of the immediate; `None` when it shares `op_b`.
+    imm: Option<usize>,
+}
+
+impl Layout {
+    fn of(version: u16) -> Layout {
+        if version == 1 {
+            Layout {
+                record: BUNDLE_BYTES,
+                imm: None,
+            }
+        } else {
+            Layout {
+                record: BUNDLE_BYTES_V2,
+                imm: Some(2),
+            }
+        }
+    }
+
+    /// Word index of the fields after the op operands: op_dst, acc_src, acc_dst, xfer_src,
+    /// xfer_dst.
+    fn tail(&self) -> usize {
+        if self.imm.is_some() {
+            3
+        } else {
+            2
+        }
+    }
+
+    fn words(&self) -> usize {
+        (self.record - 4) / 4
+    }
+}
 
 const F_OP_DST: u8 = 1 << 0;
 const F_ACC: u8 = 1 << 1;
@@ -57,7 +96,7 @@ impl fmt::Display for DecodeError {
             DecodeError::BadMagic => f.write_str("not an attnc ISA binary (bad magic)"),
             DecodeError::UnsupportedVersion(version) => write!(
                 f,
-                "unsupported format version {version} (this decoder reads version {FORMAT_VERSION})"
+                "unsupported format version {version} (this decoder reads versions 1 to {FORMAT_VERSION})"
             ),
             DecodeError::Truncated => f.write_str("truncated input"),
             DecodeError::ChecksumMismatch => f.write_str("checksum mismatch (corrupted input)"),
@@ -83,78 +122,71 @@ impl std::error::Error for DecodeError {}
 /// count.
 pub fn encode(p: &Program) -> Vec<u8> {
     let count = u32::try_from(p.bundles.len()).expect("more than u32::MAX bundles");
+    let version = p.format_version();
+    let layout = Layout::of(version);
     let mut out =
-        Vec::with_capacity(HEADER_BYTES + BUNDLE_BYTES * p.bundles.len() + CHECKSUM_BYTES);
+        Vec::with_capacity(HEADER_BYTES + layout.record * p.bundles.len() + CHECKSUM_BYTES);
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&0u16.to_le_bytes());
     for field in [p.pe, p.pes, p.mem_words, count] {
         out.extend_from_slice(&field.to_le_bytes());
     }
+    let mut rec = [0u8; BUNDLE_BYTES_V2];
     for b in &p.bundles {
-        out.extend_from_slice(&encode_bundle(b));
+        encode_bundle(b, layout, &mut rec);
+        out.extend_from_slice(&rec[..layout.record]);
     }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
 }
 
-fn encode_bundle(b: &Bundle) -> [u8; BUNDLE_BYTES] {
+fn encode_bundle(b: &Bundle, layout: Layout, rec: &mut [u8; BUNDLE_BYTES_V2]) {
     let mut kind = OP_NOP;
     let mut flags = 0u8;
-    // op_a, op_b, op_dst, acc_src, acc_dst, xfer_src, xfer_dst
-    let mut w = [0u32; 7];
-    let op_dst = match b.op {
-        Op::Nop => None,
-        Op::Mul { a, b, dst } => {
-            kind = OP_MUL;
-            w[0] = a;
-            w[1] = b;
-            dst
+    let mut w = [0u32; 8];
+    let t = layout.tail();
+    if let Op::Arith(x) = b.op {
+        let info = x.kind.info();
+        kind = info.code;
+        w[0] = x.a;
+        if info.reads == 2 {
+            w[1] = x.b;
         }
-        Op::Div { a, b, dst } => {
-            kind = OP_DIV;
-            w[0] = a;
-            w[1] = b;
-            dst
+        if info.imm {
+            w[layout.imm.unwrap_or(1)] = x.imm.to_bits();
         }
-        Op::Exp { a, scale, dst } => {
-            kind = OP_EXP;
-            w[0] = a;
-            w[1] = scale.to_bits();
-            dst
+        if let Some(d) = x.dst {
+            flags |= F_OP_DST;
+            w[t] = d;
         }
-    };
-    if let Some(d) = op_dst {
-        flags |= F_OP_DST;
-        w[2] = d;
     }
     if let Acc::Add { src, dst } = b.acc {
         flags |= F_ACC;
         match src {
-            AccSrc::Mem(s) => w[3] = s,
+            AccSrc::Mem(s) => w[t + 1] = s,
             AccSrc::Zero => flags |= F_ACC_ZERO,
         }
         if let Some(d) = dst {
             flags |= F_ACC_DST;
-            w[4] = d;
+            w[t + 2] = d;
         }
     }
     if let Xfer::Send { src, dst } = b.xfer {
         flags |= F_XFER;
         match src {
-            XferSrc::Mem(s) => w[5] = s,
+            XferSrc::Mem(s) => w[t + 3] = s,
             XferSrc::Acc => flags |= F_XFER_ACC,
         }
-        w[6] = dst;
+        w[t + 4] = dst;
     }
-    let mut rec = [0u8; BUNDLE_BYTES];
+    rec.fill(0);
     rec[0] = kind;
     rec[1] = flags;
-    for (i, field) in w.iter().enumerate() {
+    for (i, field) in w.iter().take(layout.words()).enumerate() {
         rec[4 + 4 * i..8 + 4 * i].copy_from_slice(&field.to_le_bytes());
     }
-    rec
 }
 
 /// Decodes a program, accepting only the canonical encoding.
@@ -174,9 +206,10 @@ pub fn decode(bytes: &[u8]) -> Result<Program, DecodeError> {
         return Err(DecodeError::BadMagic);
     }
     let version = u16_at(bytes, 8).ok_or(DecodeError::Truncated)?;
-    if version != FORMAT_VERSION {
+    if version == 0 || version > FORMAT_VERSION {
         return Err(DecodeError::UnsupportedVersion(version));
     }
+    let layout = Layout::of(version);
     if bytes.len() < HEADER_BYTES {
         return Err(DecodeError::Truncated);
     }
@@ -185,7 +218,7 @@ pub fn decode(bytes: &[u8]) -> Result<Program, DecodeError> {
         [12, 16, 20, 24].map(|at| u32_at(bytes, at).unwrap_or_default());
     // u64 so that a huge count cannot overflow on 32-bit hosts.
     let expected =
-        HEADER_BYTES as u64 + BUNDLE_BYTES as u64 * u64::from(count) + CHECKSUM_BYTES as u64;
+        HEADER_BYTES as u64 + layout.record as u64 * u64::from(count) + CHECKSUM_BYTES as u64;
     let len = bytes.len() as u64;
     if len < expected {
         return Err(DecodeError::Truncated);
@@ -204,18 +237,30 @@ pub fn decode(bytes: &[u8]) -> Result<Program, DecodeError> {
         });
     }
     let bundles = bytes[HEADER_BYTES..body_end]
-        .chunks_exact(BUNDLE_BYTES)
+        .chunks_exact(layout.record)
         .enumerate()
         .map(|(index, rec)| {
-            decode_bundle(rec).map_err(|reason| DecodeError::InvalidBundle { index, reason })
+            decode_bundle(rec, version, layout)
+                .map_err(|reason| DecodeError::InvalidBundle { index, reason })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Program {
+    let program = Program {
         pe,
         pes,
         mem_words,
         bundles,
-    })
+    };
+    // One encoding per program: a program expressible in an older version must be stored in it.
+    if program.format_version() != version {
+        return Err(DecodeError::InvalidHeader {
+            reason: format!(
+                "format version {version}, but the program uses only version-{} operations (it must be stored as version {})",
+                program.format_version(),
+                program.format_version()
+            ),
+        });
+    }
+    Ok(program)
 }
 
 fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
@@ -228,11 +273,21 @@ fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
-fn decode_bundle(rec: &[u8]) -> Result<Bundle, String> {
+fn decode_bundle(rec: &[u8], version: u16, layout: Layout) -> Result<Bundle, String> {
     let kind = rec[0];
     let flags = rec[1];
-    let w: [u32; 7] = std::array::from_fn(|i| u32_at(rec, 4 + 4 * i).unwrap_or_default());
-    let [op_a, op_b, op_dst, acc_src, acc_dst, xfer_src, xfer_dst] = w;
+    let w: [u32; 8] = std::array::from_fn(|i| {
+        if i < layout.words() {
+            u32_at(rec, 4 + 4 * i).unwrap_or_default()
+        } else {
+            0
+        }
+    });
+    let t = layout.tail();
+    let (op_a, op_b) = (w[0], w[1]);
+    let op_imm = layout.imm.map_or(0, |i| w[i]);
+    let [op_dst, acc_src, acc_dst, xfer_src, xfer_dst] =
+        [w[t], w[t + 1], w[t + 2], w[t + 3], w[t + 4]];
     let has = |bit: u8| flags & bit != 0;
     // `name` must be zero because the flags or kind say it is unused.
     let unused = |name: &str, field: u32| -> Result<(), String> {
@@ -257,38 +312,46 @@ fn decode_bundle(rec: &[u8]) -> Result<Bundle, String> {
             unused("op_dst", op_dst).map(|()| None)
         }
     };
-    let op = match kind {
-        OP_NOP => {
-            if has(F_OP_DST) {
-                return Err("op is nop but the op-dst flag is set".into());
-            }
-            unused("op_a", op_a)?;
-            unused("op_b", op_b)?;
-            unused("op_dst", op_dst)?;
-            Op::Nop
+    let op = if kind == OP_NOP {
+        if has(F_OP_DST) {
+            return Err("op is nop but the op-dst flag is set".into());
         }
-        OP_MUL => Op::Mul {
-            a: op_a,
-            b: op_b,
-            dst: dst()?,
-        },
-        OP_DIV => Op::Div {
-            a: op_a,
-            b: op_b,
-            dst: dst()?,
-        },
-        OP_EXP => {
-            let scale = f32::from_bits(op_b);
-            if !scale.is_finite() {
-                return Err(format!("exp scale {scale} is not finite"));
+        unused("op_a", op_a)?;
+        unused("op_b", op_b)?;
+        unused("op_imm", op_imm)?;
+        unused("op_dst", op_dst)?;
+        Op::Nop
+    } else {
+        let k = OpKind::from_code(kind)
+            .filter(|k| k.info().since <= version)
+            .ok_or_else(|| format!("unknown op kind {kind} in format version {version}"))?;
+        let info = k.info();
+        // In version 1 the immediate of a one-operand kind sits in `op_b`.
+        let (b, imm_bits) = match (info.reads, info.imm, layout.imm) {
+            (1, true, None) => (0, op_b),
+            (1, _, _) => {
+                unused("op_b", op_b)?;
+                (0, op_imm)
             }
-            Op::Exp {
-                a: op_a,
-                scale,
-                dst: dst()?,
+            (_, _, _) => (op_b, op_imm),
+        };
+        let imm = if info.imm {
+            let imm = f32::from_bits(imm_bits);
+            if !imm.is_finite() {
+                return Err(format!("{} scale {imm} is not finite", info.mnemonic));
             }
-        }
-        kind => return Err(format!("unknown op kind {kind}")),
+            imm
+        } else {
+            unused("op_imm", imm_bits)?;
+            0.0
+        };
+        Op::Arith(Arith {
+            kind: k,
+            a: op_a,
+            b,
+            imm,
+            dst: dst()?,
+        })
     };
 
     let acc = if has(F_ACC) {
@@ -332,4 +395,20 @@ fn decode_bundle(rec: &[u8]) -> Result<Bundle, String> {
     };
 
     Ok(Bundle { op, acc, xfer })
+}
+
+/// The version-2 record of one bundle, for containers that embed bundle records (the loop
+/// format): one definition of how a bundle's slots are encoded.
+pub fn encode_record(b: &Bundle) -> [u8; BUNDLE_BYTES_V2] {
+    let mut rec = [0u8; BUNDLE_BYTES_V2];
+    encode_bundle(b, Layout::of(2), &mut rec);
+    rec
+}
+
+/// Decodes a version-2 record of [`BUNDLE_BYTES_V2`] bytes, with every canonicality check.
+pub fn decode_record(rec: &[u8]) -> Result<Bundle, String> {
+    if rec.len() != BUNDLE_BYTES_V2 {
+        return Err(format!("a bundle record is {BUNDLE_BYTES_V2} bytes"));
+    }
+    decode_bundle(rec, 2, Layout::of(2))
 }

@@ -21,7 +21,10 @@ pub mod machine;
 pub mod text;
 
 pub use binary::{decode, encode, DecodeError};
-pub use inst::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc, FORMAT_VERSION};
+pub use inst::{
+    Acc, AccSrc, Addr, Arith, Bundle, Op, OpInfo, OpKind, Program, Xfer, XferSrc, FORMAT_VERSION,
+    OPS,
+};
 pub use looped::{
     Cmp, Field, FlattenError, LBundle, Loop, LoopError, LoopProgram, Node, Pred, Slot, Term,
     LOOP_FORMAT_VERSION, MAX_LOOP_DEPTH,
@@ -30,7 +33,7 @@ pub use looped_binary::{decode_any, decode_looped, encode_looped};
 pub use looped_exec::{LoopLoadError, LoopMachine};
 pub use looped_text::{parse_any, parse_looped, AnyProgram};
 pub use machine::{
-    Domain, F32Domain, Fault, FaultKind, LoadError, Machine, NoObserver, Observer, PeStats,
-    RunStats,
+    f32_max, Domain, F32Domain, Fault, FaultKind, LoadError, Machine, NoObserver, Observer,
+    PeStats, RunStats,
 };
 pub use text::{parse, ParseError};

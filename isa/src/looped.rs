@@ -1,21 +1,22 @@
-//! Format 2: programs as trees of zero-overhead hardware loops over bundles
+//! Format 3: programs as trees of zero-overhead hardware loops over bundles
 //! whose addresses are affine in the enclosing loop indices.
 //!
-//! A format-2 program means exactly the format-1 program [`LoopProgram::flatten`]
+//! A format-3 program means exactly the flat program [`LoopProgram::flatten`]
 //! produces: each cycle executes one instance of a body bundle with its
 //! addresses evaluated at the current loop indices and its predicated-off
 //! slots turned into `nop`. Everything about execution (reads at the start of
-//! the cycle, commit order, faults) is therefore the format-1 semantics; this
+//! the cycle, commit order, faults) is therefore the flat semantics; this
 //! module only adds how a bundle instance is obtained. Timing is static: a
 //! loop of `count` iterations over a body of `k` cycles takes `count · k`
 //! cycles, so [`LoopProgram::cycles`] needs no run.
 
 use std::fmt;
 
-use crate::inst::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc};
+use crate::inst::{Acc, AccSrc, Addr, Arith, Bundle, Op, Program, Xfer, XferSrc};
 
-/// Version number of the loop formats (text `.format 2`, binary version 2).
-pub const LOOP_FORMAT_VERSION: u16 = 2;
+/// Version number of the loop formats (text `.format 3`, binary version 3),
+/// after the flat formats 1 and 2.
+pub const LOOP_FORMAT_VERSION: u16 = 3;
 /// Deepest allowed loop nesting. Eight levels cover heads × ring steps ×
 /// rows × blocks × columns with room to spare while keeping an index vector
 /// in one cache line.
@@ -74,16 +75,13 @@ pub fn field(b: &Bundle, f: Field) -> Option<Addr> {
     match f {
         Field::OpA => match b.op {
             Op::Nop => None,
-            Op::Mul { a, .. } | Op::Exp { a, .. } | Op::Div { a, .. } => Some(a),
+            Op::Arith(x) => Some(x.a),
         },
         Field::OpB => match b.op {
-            Op::Mul { b, .. } | Op::Div { b, .. } => Some(b),
-            Op::Nop | Op::Exp { .. } => None,
+            Op::Arith(x) if x.kind.info().reads == 2 => Some(x.b),
+            _ => None,
         },
-        Field::OpDst => match b.op {
-            Op::Nop => None,
-            Op::Mul { dst, .. } | Op::Exp { dst, .. } | Op::Div { dst, .. } => dst,
-        },
+        Field::OpDst => b.op.dst(),
         Field::AccSrc => match b.acc {
             Acc::Add {
                 src: AccSrc::Mem(s),
@@ -113,22 +111,23 @@ pub fn field(b: &Bundle, f: Field) -> Option<Addr> {
 /// unused.
 pub fn set_field(b: &mut Bundle, f: Field, v: Addr) {
     match f {
-        Field::OpA => match &mut b.op {
-            Op::Nop => {}
-            Op::Mul { a, .. } | Op::Exp { a, .. } | Op::Div { a, .. } => *a = v,
-        },
-        Field::OpB => match &mut b.op {
-            Op::Mul { b, .. } | Op::Div { b, .. } => *b = v,
-            Op::Nop | Op::Exp { .. } => {}
-        },
-        Field::OpDst => match &mut b.op {
-            Op::Nop => {}
-            Op::Mul { dst, .. } | Op::Exp { dst, .. } | Op::Div { dst, .. } => {
-                if let Some(d) = dst {
-                    *d = v;
+        Field::OpA => {
+            if let Op::Arith(x) = &mut b.op {
+                x.a = v;
+            }
+        }
+        Field::OpB => {
+            if let Op::Arith(x) = &mut b.op {
+                if x.kind.info().reads == 2 {
+                    x.b = v;
                 }
             }
-        },
+        }
+        Field::OpDst => {
+            if let Op::Arith(Arith { dst: Some(d), .. }) = &mut b.op {
+                *d = v;
+            }
+        }
         Field::AccSrc => {
             if let Acc::Add {
                 src: AccSrc::Mem(s),
@@ -263,7 +262,7 @@ impl LBundle {
         a
     }
 
-    /// The format-1 bundle this template executes at loop indices `idx`.
+    /// The flat bundle this template executes at loop indices `idx`.
     /// Addresses are in range of `Addr` for every `idx` inside the loop
     /// bounds of a validated program.
     pub fn instance(&self, idx: &[u32]) -> Bundle {
@@ -303,7 +302,7 @@ pub enum Node {
     Loop(Loop),
 }
 
-/// The microcode of one PE in format 2.
+/// The microcode of one PE in format 3.
 #[derive(Clone, PartialEq, Debug)]
 pub struct LoopProgram {
     pub pe: u32,
@@ -354,7 +353,7 @@ impl fmt::Display for FlattenError {
 impl std::error::Error for FlattenError {}
 
 impl LoopProgram {
-    /// A format-1 program as a loop program with no loops.
+    /// A flat program as a loop program with no loops.
     pub fn from_flat(p: &Program) -> LoopProgram {
         LoopProgram {
             pe: p.pe,
@@ -368,7 +367,7 @@ impl LoopProgram {
         }
     }
 
-    /// Checks every rule of the format (see docs/isa.md, format 2) and
+    /// Checks every rule of the format (see docs/isa.md, format 3) and
     /// returns the run length in cycles.
     pub fn validate(&self) -> Result<u64, LoopError> {
         let mut counter = 0usize;
@@ -397,7 +396,7 @@ impl LoopProgram {
         count(&self.body)
     }
 
-    /// The equivalent format-1 program: one bundle per cycle. This is the
+    /// The equivalent flat program: one bundle per cycle. This is the
     /// definition of what a loop program means, kept deliberately naive (a
     /// recursive expansion, sharing no code with the loop interpreter) so
     /// that it can serve as a test oracle. Refuses programs longer than
@@ -491,9 +490,9 @@ fn validate_body(
 }
 
 fn validate_bundle(b: &LBundle, bounds: &[u32]) -> Result<(), String> {
-    if let Op::Exp { scale, .. } = b.bundle.op {
-        if !scale.is_finite() {
-            return Err(format!("scale {scale} is not finite"));
+    if let Op::Arith(x) = b.bundle.op {
+        if x.kind.info().imm && !x.imm.is_finite() {
+            return Err(format!("scale {} is not finite", x.imm));
         }
     }
     for w in b.terms.windows(2) {

@@ -1,13 +1,15 @@
-//! Binary form of format 2: the format-1 header layout with version 2, a
+//! Binary form of format 3: the flat formats' header layout with version 3, a
 //! stream of variable-length records (loop open, loop close, bundle), and a
-//! CRC-32. Bundle records embed the 32-byte format-1 bundle encoding, so
+//! CRC-32. Bundle records embed the 36-byte version-2 bundle record, so
 //! there is one definition of how a bundle's slots are encoded.
 //!
 //! Canonical like format 1: every reserved byte is zero and terms and
 //! predicates are in their sorted order, so `encode(decode(b)?) == b`.
 
-use crate::binary::{self, DecodeError, BUNDLE_BYTES, CHECKSUM_BYTES, HEADER_BYTES, MAGIC};
-use crate::inst::{Bundle, Program};
+use crate::binary::{
+    self, decode_record, encode_record, DecodeError, BUNDLE_BYTES_V2, CHECKSUM_BYTES, HEADER_BYTES,
+    MAGIC,
+};
 use crate::looped::{
     Cmp, Field, LBundle, Loop, LoopProgram, Node, Pred, Slot, Term, LOOP_FORMAT_VERSION,
     MAX_LOOP_DEPTH,
@@ -21,38 +23,6 @@ const TAG_BUNDLE: u8 = 3;
 const TERM_BYTES: usize = 12;
 /// Bytes of one predicate: slot, level, cmp, reserved, value u32.
 const PRED_BYTES: usize = 8;
-
-/// The 32-byte format-1 record of one bundle, obtained through the public
-/// format-1 encoder so both formats share one bundle layout.
-fn bundle_record(b: &Bundle) -> [u8; BUNDLE_BYTES] {
-    let bytes = binary::encode(&Program {
-        pe: 0,
-        pes: 1,
-        mem_words: 0,
-        bundles: vec![*b],
-    });
-    let mut rec = [0u8; BUNDLE_BYTES];
-    rec.copy_from_slice(&bytes[HEADER_BYTES..HEADER_BYTES + BUNDLE_BYTES]);
-    rec
-}
-
-fn decode_record(rec: &[u8]) -> Result<Bundle, String> {
-    let mut bytes = Vec::with_capacity(HEADER_BYTES + BUNDLE_BYTES + CHECKSUM_BYTES);
-    bytes.extend_from_slice(&MAGIC);
-    bytes.extend_from_slice(&1u16.to_le_bytes());
-    bytes.extend_from_slice(&0u16.to_le_bytes());
-    for v in [0u32, 1, 0, 1] {
-        bytes.extend_from_slice(&v.to_le_bytes());
-    }
-    bytes.extend_from_slice(rec);
-    let crc = crc32fast::hash(&bytes);
-    bytes.extend_from_slice(&crc.to_le_bytes());
-    match binary::decode(&bytes) {
-        Ok(p) => p.bundles.first().copied().ok_or_else(|| "empty".into()),
-        Err(DecodeError::InvalidBundle { reason, .. }) => Err(reason),
-        Err(e) => Err(e.to_string()),
-    }
-}
 
 /// Encodes a loop program. Panics only if the record stream exceeds 4 GiB.
 pub fn encode_looped(p: &LoopProgram) -> Vec<u8> {
@@ -73,7 +43,7 @@ pub fn encode_looped(p: &LoopProgram) -> Vec<u8> {
                         b.preds.len().min(255) as u8,
                         0,
                     ]);
-                    out.extend_from_slice(&bundle_record(&b.bundle));
+                    out.extend_from_slice(&encode_record(&b.bundle));
                     for t in b.terms.iter().take(255) {
                         out.extend_from_slice(&[t.field.code(), t.level, 0, 0]);
                         out.extend_from_slice(&t.stride.to_le_bytes());
@@ -115,7 +85,7 @@ pub fn decode_any(bytes: &[u8]) -> Result<AnyProgram, DecodeError> {
     binary::decode(bytes).map(AnyProgram::Flat)
 }
 
-/// Decodes a format-2 binary and validates the program. `InvalidBundle`'s
+/// Decodes a format-3 binary and validates the program. `InvalidBundle`'s
 /// `index` is the byte offset of the offending record in the stream.
 pub fn decode_looped(bytes: &[u8]) -> Result<LoopProgram, DecodeError> {
     if bytes.len() < MAGIC.len() {
@@ -198,14 +168,14 @@ pub fn decode_looped(bytes: &[u8]) -> Result<LoopProgram, DecodeError> {
                     return Err(bad("non-zero reserved byte in a bundle record".into()));
                 }
                 let (nt, np) = (usize::from(head[1]), usize::from(head[2]));
-                let size = 4 + BUNDLE_BYTES + nt * TERM_BYTES + np * PRED_BYTES;
+                let size = 4 + BUNDLE_BYTES_V2 + nt * TERM_BYTES + np * PRED_BYTES;
                 let rec = recs
                     .get(at..at + size)
                     .ok_or_else(|| bad("bundle record cut off".into()))?;
-                let bundle = decode_record(&rec[4..4 + BUNDLE_BYTES]).map_err(&bad)?;
+                let bundle = decode_record(&rec[4..4 + BUNDLE_BYTES_V2]).map_err(&bad)?;
                 let mut terms = Vec::with_capacity(nt);
                 for k in 0..nt {
-                    let t = &rec[4 + BUNDLE_BYTES + k * TERM_BYTES..][..TERM_BYTES];
+                    let t = &rec[4 + BUNDLE_BYTES_V2 + k * TERM_BYTES..][..TERM_BYTES];
                     let field = Field::from_code(t[0])
                         .ok_or_else(|| bad(format!("unknown address field {}", t[0])))?;
                     if t[2] != 0 || t[3] != 0 {
@@ -220,8 +190,8 @@ pub fn decode_looped(bytes: &[u8]) -> Result<LoopProgram, DecodeError> {
                 }
                 let mut preds = Vec::with_capacity(np);
                 for k in 0..np {
-                    let p =
-                        &rec[4 + BUNDLE_BYTES + nt * TERM_BYTES + k * PRED_BYTES..][..PRED_BYTES];
+                    let p = &rec[4 + BUNDLE_BYTES_V2 + nt * TERM_BYTES + k * PRED_BYTES..]
+                        [..PRED_BYTES];
                     let slot = *Slot::ALL
                         .get(usize::from(p[0]))
                         .ok_or_else(|| bad(format!("unknown predicate slot {}", p[0])))?;

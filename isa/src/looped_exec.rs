@@ -1,7 +1,7 @@
-//! The native loop interpreter: executes format-2 programs without
+//! The native loop interpreter: executes format-3 programs without
 //! flattening them.
 //!
-//! Every cycle goes through the format-1 machine's issue/commit code
+//! Every cycle goes through the flat machine's issue/commit code
 //! ([`Machine`]) with the bundle instance the loop cursor yields, so the
 //! semantics and fault order are those of the flattened program by
 //! construction. For `f32`, [`LoopMachine::run_fast`] additionally executes
@@ -10,7 +10,7 @@
 //! fault and that no word written in the stretch is read or written by
 //! another slot in it; otherwise it steps one cycle and tries again.
 
-use crate::inst::{Acc, AccSrc, Addr, Bundle, Op, Xfer, XferSrc};
+use crate::inst::{Acc, AccSrc, Addr, Arith, Bundle, Op, OpKind, Xfer, XferSrc};
 use crate::looped::{field, Field, LBundle, LoopError, LoopProgram, Node, MAX_LOOP_DEPTH};
 use crate::machine::{
     Domain, F32Domain, Fault, LoadError, Machine, NoObserver, Observer, PeStats, RunStats,
@@ -137,11 +137,8 @@ pub struct LoopMachine<D: Domain> {
 }
 
 fn count(s: &mut PeStats, b: &Bundle) {
-    match b.op {
-        Op::Nop => {}
-        Op::Mul { .. } => s.mul += 1,
-        Op::Exp { .. } => s.exp += 1,
-        Op::Div { .. } => s.div += 1,
+    if let Some(k) = b.op.kind() {
+        s.ops[k.index()] += 1;
     }
     s.busy += u64::from(!matches!(b.op, Op::Nop));
     s.add += u64::from(matches!(b.acc, Acc::Add { .. }));
@@ -488,9 +485,9 @@ impl LoopMachine<F32Domain> {
                 let mut one = PeStats::default();
                 count(&mut one, &plan.bundle);
                 let k = u64::from(w);
-                s.mul += one.mul * k;
-                s.exp += one.exp * k;
-                s.div += one.div * k;
+                for (x, y) in s.ops.iter_mut().zip(one.ops) {
+                    *x += y * k;
+                }
                 s.add += one.add * k;
                 s.send += one.send * k;
                 s.busy += one.busy * k;
@@ -515,7 +512,15 @@ const DOT_GROUP: usize = 8;
 fn unit_dot(plan: &Plan) -> Option<(usize, usize, usize)> {
     let pr = plan.progs;
     match (plan.bundle.op, plan.register, plan.bundle.xfer) {
-        (Op::Mul { dst: None, .. }, true, Xfer::Nop) => {
+        (
+            Op::Arith(Arith {
+                kind: OpKind::Mul,
+                dst: None,
+                ..
+            }),
+            true,
+            Xfer::Nop,
+        ) => {
             let (a, b, s) = (pr[0]?, pr[1]?, pr[3]?);
             (a.stride == 1 && b.stride == 1).then(|| (a.at(0), b.at(0), s.at(0)))
         }
@@ -567,7 +572,16 @@ fn run_plan(mems: &mut [Vec<Option<f32>>], p: usize, next: usize, plan: &Plan, w
     let b = plan.bundle;
     let pr = plan.progs;
     // Fast kernel: a dot product into a register word.
-    if let (Op::Mul { dst: None, .. }, true, Xfer::Nop) = (b.op, plan.register, b.xfer) {
+    if let (
+        Op::Arith(Arith {
+            kind: OpKind::Mul,
+            dst: None,
+            ..
+        }),
+        true,
+        Xfer::Nop,
+    ) = (b.op, plan.register, b.xfer)
+    {
         if let (Some(a), Some(bb), Some(s)) = (pr[0], pr[1], pr[3]) {
             let mem = &mut mems[p];
             let mut reg = get(mem, s.at(0));
@@ -593,15 +607,13 @@ fn run_plan(mems: &mut [Vec<Option<f32>>], p: usize, next: usize, plan: &Plan, w
     };
     for t in 0..w {
         let mem = &mems[p];
+        // The numeric domain's own arithmetic, so results are bit-identical.
         let r = match b.op {
             Op::Nop => None,
-            Op::Mul { .. } => pr[0]
-                .zip(pr[1])
-                .map(|(a, c)| get(mem, a.at(t)) * get(mem, c.at(t))),
-            Op::Exp { scale, .. } => pr[0].map(|a| (scale * get(mem, a.at(t))).exp()),
-            Op::Div { .. } => pr[0]
-                .zip(pr[1])
-                .map(|(a, c)| get(mem, a.at(t)) / get(mem, c.at(t))),
+            Op::Arith(x) => pr[0].map(|a| {
+                let y = pr[1].map(|c| get(mem, c.at(t)));
+                F32Domain.op(x.kind, &get(mem, a.at(t)), y.as_ref(), x.imm)
+            }),
         };
         let acc = match (b.acc, r) {
             (

@@ -1,10 +1,10 @@
-//! Text form of format 2: `loop N {` … `}` blocks around format-1 bundle
+//! Text form of format 3: `loop N {` … `}` blocks around format-1 bundle
 //! lines whose addresses may be affine (`m[B + S*iK - S*(iK % W)]`) and whose
 //! slots may end in a predicate (`if iK == V && …`).
 //!
-//! A bundle line is parsed by rewriting it into a format-1 line of the same
+//! A bundle line is parsed by rewriting it into a flat bundle line of the same
 //! character length (each affine address becomes `mB` padded with spaces,
-//! each predicate becomes spaces) and handing that to the format-1 bundle
+//! each predicate becomes spaces) and handing that to the flat bundle
 //! parser, so the two formats cannot disagree about slots and mnemonics and
 //! error columns stay those of the original line.
 
@@ -31,7 +31,7 @@ fn perr(line: usize, src: &str, byte: usize, message: impl Into<String>) -> Pars
 
 impl fmt::Display for LBundle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Print the format-1 bundle, then splice the affine addresses and
+        // Print the flat bundle, then splice the affine addresses and
         // the predicates into it. Address tokens appear in `Field` order.
         let flat = self.bundle.to_string();
         let fields: Vec<Field> = Field::ALL
@@ -134,7 +134,7 @@ impl fmt::Display for LoopProgram {
 }
 
 impl LoopProgram {
-    /// The canonical text form (docs/isa.md, format 2).
+    /// The canonical text form (docs/isa.md, format 3).
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         let _ = write!(s, "{self}");
@@ -157,7 +157,7 @@ pub enum AnyProgram {
 }
 
 impl AnyProgram {
-    /// The program as a loop program (a format-1 program has no loops).
+    /// The program as a loop program (a flat program has no loops).
     pub fn into_looped(self) -> LoopProgram {
         match self {
             AnyProgram::Flat(p) => LoopProgram::from_flat(&p),
@@ -188,7 +188,7 @@ struct Header {
     mem: Option<(u32, usize)>,
 }
 
-/// Parses a format-2 program and validates it (every error carries a line).
+/// Parses a format-3 program and validates it (every error carries a line).
 pub fn parse_looped(text: &str) -> Result<LoopProgram, ParseError> {
     let mut h = Header::default();
     let mut started = false;
@@ -337,7 +337,7 @@ fn directive(
                     line,
                     src,
                     start,
-                    format!("this is a format-2 reader; `.format {v}` is not 2"),
+                    format!("this is a format-3 reader; `.format {v}` is not 3"),
                 ));
             }
             h.format = Some(line);

@@ -7,34 +7,53 @@
 
 use std::fmt;
 
-use crate::inst::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc};
+use crate::inst::{Acc, AccSrc, Addr, Bundle, Op, OpKind, Program, Xfer, XferSrc, OPS};
 
 /// The values held in memory and the arithmetic on them.
 pub trait Domain {
     type Value: Clone;
-    fn mul(&mut self, a: &Self::Value, b: &Self::Value) -> Self::Value;
-    /// `exp(scale * a)`.
-    fn exp(&mut self, a: &Self::Value, scale: f32) -> Self::Value;
-    fn div(&mut self, a: &Self::Value, b: &Self::Value) -> Self::Value;
+    /// The op slot: `kind` on its operands. `b` is `Some` exactly for the kinds that read two
+    /// operands and `imm` is the immediate of the kinds that take one (0 otherwise), per
+    /// [`crate::OPS`].
+    fn op(
+        &mut self,
+        kind: OpKind,
+        a: &Self::Value,
+        b: Option<&Self::Value>,
+        imm: f32,
+    ) -> Self::Value;
     /// The accumulator: `a` is the addend read from memory, `b` the op
     /// result.
     fn add(&mut self, a: &Self::Value, b: &Self::Value) -> Self::Value;
 }
 
-/// Plain f32 arithmetic, rounding exactly where the hardware would.
+/// Plain f32 arithmetic, rounding exactly where the hardware would (docs/isa.md gives each
+/// kind's rounding steps).
 #[derive(Clone, Copy, Default, Debug)]
 pub struct F32Domain;
 
+/// `max` as the ISA defines it: a NaN operand yields the other operand, and of two equal
+/// operands (including `-0` and `+0`) the first.
+pub fn f32_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b > a {
+        b
+    } else {
+        a
+    }
+}
+
 impl Domain for F32Domain {
     type Value = f32;
-    fn mul(&mut self, a: &f32, b: &f32) -> f32 {
-        a * b
-    }
-    fn exp(&mut self, a: &f32, scale: f32) -> f32 {
-        (scale * a).exp()
-    }
-    fn div(&mut self, a: &f32, b: &f32) -> f32 {
-        a / b
+    #[inline]
+    fn op(&mut self, kind: OpKind, a: &f32, b: Option<&f32>, imm: f32) -> f32 {
+        let b = b.copied().unwrap_or(0.0);
+        match kind {
+            OpKind::Mul => a * b,
+            OpKind::Exp => (imm * a).exp(),
+            OpKind::Div => a / b,
+            OpKind::Max => f32_max(*a, b),
+            OpKind::Expd => (imm * (a - b)).exp(),
+        }
     }
     fn add(&mut self, a: &f32, b: &f32) -> f32 {
         a + b
@@ -209,9 +228,8 @@ impl std::error::Error for LoadError {}
 /// Work done by one PE.
 #[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
 pub struct PeStats {
-    pub mul: u64,
-    pub exp: u64,
-    pub div: u64,
+    /// Executed ops by kind, indexed by [`OpKind::index`].
+    pub ops: [u64; OPS.len()],
     pub add: u64,
     pub send: u64,
     /// Cycles whose op slot was not `nop`.
@@ -219,12 +237,19 @@ pub struct PeStats {
 }
 
 impl PeStats {
-    fn count(&mut self, b: &Bundle) {
-        match b.op {
-            Op::Nop => {}
-            Op::Mul { .. } => self.mul += 1,
-            Op::Exp { .. } => self.exp += 1,
-            Op::Div { .. } => self.div += 1,
+    /// Executed ops of `kind`.
+    pub fn count(&self, kind: OpKind) -> u64 {
+        self.ops[kind.index()]
+    }
+
+    /// Executed ops of every kind.
+    pub fn total_ops(&self) -> u64 {
+        self.ops.iter().sum()
+    }
+
+    fn tally(&mut self, b: &Bundle) {
+        if let Some(k) = b.op.kind() {
+            self.ops[k.index()] += 1;
         }
         self.busy += u64::from(!matches!(b.op, Op::Nop));
         self.add += u64::from(matches!(b.acc, Acc::Add { .. }));
@@ -506,7 +531,7 @@ impl<D: Domain> Machine<D> {
             .map(|prog| {
                 let mut s = PeStats::default();
                 for b in &prog[..done.min(prog.len())] {
-                    s.count(b);
+                    s.tally(b);
                 }
                 s
             })
@@ -518,13 +543,13 @@ impl<D: Domain> Machine<D> {
     }
 }
 
-/// Where an op's operands come from, borrowed from memory so that nothing
-/// is cloned before it is known the bundle will not fault.
-enum Operands<'m, T> {
-    None,
-    Mul(&'m T, &'m T),
-    Exp(&'m T, f32),
-    Div(&'m T, &'m T),
+/// An op's operands, borrowed from memory so that nothing is cloned before
+/// it is known the bundle will not fault.
+struct Operands<'m, T> {
+    kind: OpKind,
+    a: &'m T,
+    b: Option<&'m T>,
+    imm: f32,
 }
 
 #[inline]
@@ -584,17 +609,23 @@ fn issue<D: Domain, O: Observer + ?Sized>(
     }
 
     let (operands, op_dst) = match b.op {
-        Op::Nop => (Operands::None, None),
-        Op::Mul { a, b, dst } => {
-            let x = read(mem, pe, cycle, a, obs)?;
-            let y = read(mem, pe, cycle, b, obs)?;
-            (Operands::Mul(x, y), dst)
-        }
-        Op::Exp { a, scale, dst } => (Operands::Exp(read(mem, pe, cycle, a, obs)?, scale), dst),
-        Op::Div { a, b, dst } => {
-            let x = read(mem, pe, cycle, a, obs)?;
-            let y = read(mem, pe, cycle, b, obs)?;
-            (Operands::Div(x, y), dst)
+        Op::Nop => (None, None),
+        Op::Arith(x) => {
+            let a = read(mem, pe, cycle, x.a, obs)?;
+            let b = if x.kind.info().reads == 2 {
+                Some(read(mem, pe, cycle, x.b, obs)?)
+            } else {
+                None
+            };
+            (
+                Some(Operands {
+                    kind: x.kind,
+                    a,
+                    b,
+                    imm: x.imm,
+                }),
+                x.dst,
+            )
         }
     };
     let (addend, acc_dst) = match b.acc {
@@ -627,12 +658,7 @@ fn issue<D: Domain, O: Observer + ?Sized>(
         check_dst(&mems[next], Some(dst))?;
     }
 
-    let result = match operands {
-        Operands::None => None,
-        Operands::Mul(x, y) => Some(domain.mul(x, y)),
-        Operands::Exp(x, scale) => Some(domain.exp(x, scale)),
-        Operands::Div(x, y) => Some(domain.div(x, y)),
-    };
+    let result = operands.map(|o| domain.op(o.kind, o.a, o.b, o.imm));
     let pend = &mut pending[p];
     let mut acc_out = None;
     if let Some(r) = result {

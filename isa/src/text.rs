@@ -8,7 +8,9 @@
 use std::fmt::{self, Write as _};
 use std::str::FromStr;
 
-use crate::inst::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc, FORMAT_VERSION};
+use crate::inst::{
+    Acc, AccSrc, Addr, Arith, Bundle, Op, OpKind, Program, Xfer, XferSrc, FORMAT_VERSION, OPS,
+};
 
 /// First line of every printed program; only for humans, the parser skips it
 /// like any other comment.
@@ -16,23 +18,19 @@ const HEADER_COMMENT: &str = "; attnc ring microcode";
 
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let dst = match *self {
-            Op::Nop => return f.write_str("nop"),
-            Op::Mul { a, b, dst } => {
-                write!(f, "mul m{a}, m{b}")?;
-                dst
-            }
-            // `{:?}` is the shortest text that parses back to the same bits.
-            Op::Exp { a, scale, dst } => {
-                write!(f, "exp m{a}, {scale:?}")?;
-                dst
-            }
-            Op::Div { a, b, dst } => {
-                write!(f, "div m{a}, m{b}")?;
-                dst
-            }
+        let Op::Arith(x) = self else {
+            return f.write_str("nop");
         };
-        write_dst(f, dst)
+        let info = x.kind.info();
+        write!(f, "{} m{}", info.mnemonic, x.a)?;
+        if info.reads == 2 {
+            write!(f, ", m{}", x.b)?;
+        }
+        if info.imm {
+            // `{:?}` is the shortest text that parses back to the same bits.
+            write!(f, ", {:?}", x.imm)?;
+        }
+        write_dst(f, x.dst)
     }
 }
 
@@ -91,7 +89,7 @@ impl fmt::Display for Bundle {
 impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{HEADER_COMMENT}")?;
-        writeln!(f, ".format {FORMAT_VERSION}")?;
+        writeln!(f, ".format {}", self.format_version())?;
         writeln!(f, ".pe {}", self.pe)?;
         writeln!(f, ".pes {}", self.pes)?;
         writeln!(f, ".mem {}", self.mem_words)?;
@@ -175,7 +173,7 @@ pub fn parse(text: &str) -> Result<Program, ParseError> {
     let mut header = Header::default();
     let mut bundles = Vec::new();
     // Set once the first bundle has been seen; directives are then closed.
-    let mut fields: Option<(u32, u32, u32)> = None;
+    let mut fields: Option<(u16, u32, u32, u32)> = None;
     let mut last_line = 0;
     for (i, src) in text.lines().enumerate() {
         let line = i + 1;
@@ -195,13 +193,29 @@ pub fn parse(text: &str) -> Result<Program, ParseError> {
             }
             header.directive(line, src, code.len())?;
         } else {
-            if fields.is_none() {
-                fields = Some(header.complete(line)?);
+            let version = match fields {
+                Some(f) => f.0,
+                None => fields.insert(header.complete(line)?).0,
+            };
+            let b = parse_bundle(line, src, code.len())?;
+            if let Some(k) = b.op.kind() {
+                if k.info().since > version {
+                    return Err(ParseError::at(
+                        line,
+                        src,
+                        start,
+                        format!(
+                            "`{}` needs `.format {}` or later (this file declares `.format {version}`)",
+                            k.mnemonic(),
+                            k.info().since
+                        ),
+                    ));
+                }
             }
-            bundles.push(parse_bundle(line, src, code.len())?);
+            bundles.push(b);
         }
     }
-    let (pe, pes, mem_words) = match fields {
+    let (_, pe, pes, mem_words) = match fields {
         Some(f) => f,
         None => header.complete(last_line + 1)?,
     };
@@ -224,7 +238,7 @@ fn strip_comment(src: &str) -> &str {
 /// duplicate can point at the original.
 #[derive(Default)]
 struct Header {
-    format: Option<usize>,
+    format: Option<(u16, usize)>,
     pe: Option<(u32, usize)>,
     pes: Option<(u32, usize)>,
     mem: Option<(u32, usize)>,
@@ -249,16 +263,16 @@ impl Header {
         c.expect_end("after the directive's value")?;
         let slot = match name {
             ".format" => {
-                if value != u32::from(FORMAT_VERSION) {
+                if value == 0 || value > u32::from(FORMAT_VERSION) {
                     return Err(ParseError::at(
                         line,
                         src,
                         val_at,
-                        format!("unsupported format version {value} (this assembler reads version {FORMAT_VERSION})"),
+                        format!("unsupported format version {value} (this assembler reads versions 1 to {FORMAT_VERSION})"),
                     ));
                 }
-                return match self.format.replace(line) {
-                    Some(prev) => Err(duplicate(line, src, name_at, name, prev)),
+                return match self.format.replace((value as u16, line)) {
+                    Some((_, prev)) => Err(duplicate(line, src, name_at, name, prev)),
                     None => Ok(()),
                 };
             }
@@ -282,17 +296,17 @@ impl Header {
 
     /// Checks that every directive was given; `line` is where the first
     /// bundle (or the end of input) was reached without them.
-    fn complete(&self, line: usize) -> Result<(u32, u32, u32), ParseError> {
+    fn complete(&self, line: usize) -> Result<(u16, u32, u32, u32), ParseError> {
         let missing = |name: &str| ParseError {
             line,
             col: 1,
             message: format!("missing `{name}` directive (required before the first bundle)"),
         };
-        self.format.ok_or_else(|| missing(".format"))?;
+        let (version, _) = self.format.ok_or_else(|| missing(".format"))?;
         let (pe, _) = self.pe.ok_or_else(|| missing(".pe"))?;
         let (pes, _) = self.pes.ok_or_else(|| missing(".pes"))?;
         let (mem, _) = self.mem.ok_or_else(|| missing(".mem"))?;
-        Ok((pe, pes, mem))
+        Ok((version, pe, pes, mem))
     }
 }
 
@@ -532,48 +546,59 @@ fn parse_bundle(line: usize, src: &str, end: usize) -> Result<Bundle, ParseError
 
 fn parse_op(c: &mut Cursor<'_>) -> Result<Op, ParseError> {
     let (at, m) = c.mnemonic("op")?;
-    let op = match m {
-        "nop" => return Ok(Op::Nop),
-        "mul" | "div" => {
-            let a = c.addr("the first operand address")?;
-            c.expect(Tok::Comma, "`,` between the operands")?;
-            let b = c.addr("the second operand address")?;
-            let dst = c.dst()?;
-            if m == "mul" {
-                Op::Mul { a, b, dst }
-            } else {
-                Op::Div { a, b, dst }
-            }
-        }
-        "exp" => {
-            let a = c.addr("the operand address")?;
-            c.expect(Tok::Comma, "`,` between the operand and the scale")?;
-            let (s_at, s) = c.expect_word("the scale (a decimal number)")?;
-            // Rust's float syntax also admits `inf` and `NaN`, hence the
-            // separate finiteness check.
-            let scale: f32 = s
-                .parse()
-                .map_err(|_| c.err(s_at, format!("bad scale `{s}` (expected a decimal number)")))?;
-            if !scale.is_finite() {
-                return Err(c.err(s_at, format!("scale `{s}` is not a finite f32")));
-            }
-            let dst = c.dst()?;
-            Op::Exp { a, scale, dst }
-        }
-        "add" | "send" => {
-            return Err(c.err(
+    if m == "nop" {
+        return Ok(Op::Nop);
+    }
+    let Some(kind) = OpKind::from_mnemonic(m) else {
+        let known: Vec<&str> = OPS.iter().map(|o| o.mnemonic).collect();
+        return Err(if m == "add" || m == "send" {
+            c.err(
                 at,
                 format!("`{m}` is not an op; the op slot comes first (write `nop | {m} ...`)"),
-            ))
-        }
-        _ => {
-            return Err(c.err(
+            )
+        } else {
+            c.err(
                 at,
-                format!("unknown op mnemonic `{m}` (expected nop, mul, exp or div)"),
-            ))
-        }
+                format!(
+                    "unknown op mnemonic `{m}` (expected nop, {})",
+                    known.join(", ")
+                ),
+            )
+        });
     };
-    Ok(op)
+    let info = kind.info();
+    let two = info.reads == 2;
+    let a = c.addr(if two {
+        "the first operand address"
+    } else {
+        "the operand address"
+    })?;
+    let mut b = 0;
+    if two {
+        c.expect(Tok::Comma, "`,` between the operands")?;
+        b = c.addr("the second operand address")?;
+    }
+    let mut imm: f32 = 0.0;
+    if info.imm {
+        c.expect(Tok::Comma, "`,` between the operands and the scale")?;
+        let (s_at, s) = c.expect_word("the scale (a decimal number)")?;
+        // Rust's float syntax also admits `inf` and `NaN`, hence the
+        // separate finiteness check.
+        imm = s
+            .parse()
+            .map_err(|_| c.err(s_at, format!("bad scale `{s}` (expected a decimal number)")))?;
+        if !imm.is_finite() {
+            return Err(c.err(s_at, format!("scale `{s}` is not a finite f32")));
+        }
+    }
+    let dst = c.dst()?;
+    Ok(Op::Arith(Arith {
+        kind,
+        a,
+        b,
+        imm,
+        dst,
+    }))
 }
 
 fn parse_acc(c: &mut Cursor<'_>) -> Result<Acc, ParseError> {
@@ -644,14 +669,7 @@ nop
         let b: Bundle = "  mul m3,m7->m1|add 0->m2 |nop ; hi".parse().unwrap();
         assert_eq!(b.to_string(), "mul m3, m7 -> m1 | add 0 -> m2");
         let b: Bundle = "exp m1, -1e-5->m2".parse().unwrap();
-        assert_eq!(
-            b.op,
-            Op::Exp {
-                a: 1,
-                scale: -1e-5,
-                dst: Some(2)
-            }
-        );
+        assert_eq!(b.op, Op::exp(1, -1e-5, Some(2)));
         let b: Bundle = "nop | nop | nop".parse().unwrap();
         assert_eq!(b, Bundle::NOP);
         assert_eq!(b.to_string(), "nop");

@@ -29,9 +29,11 @@ fn scale() -> impl Strategy<Value = f32> {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         Just(Op::Nop),
-        (addr(), addr(), dst()).prop_map(|(a, b, dst)| Op::Mul { a, b, dst }),
-        (addr(), scale(), dst()).prop_map(|(a, scale, dst)| Op::Exp { a, scale, dst }),
-        (addr(), addr(), dst()).prop_map(|(a, b, dst)| Op::Div { a, b, dst }),
+        (addr(), addr(), dst()).prop_map(|(a, b, dst)| Op::mul(a, b, dst)),
+        (addr(), scale(), dst()).prop_map(|(a, scale, dst)| Op::exp(a, scale, dst)),
+        (addr(), addr(), dst()).prop_map(|(a, b, dst)| Op::div(a, b, dst)),
+        (addr(), addr(), dst()).prop_map(|(a, b, dst)| Op::max(a, b, dst)),
+        (addr(), addr(), scale(), dst()).prop_map(|(a, b, s, dst)| Op::expd(a, b, s, dst)),
     ]
 }
 
@@ -219,12 +221,12 @@ fn wrong_magic_version_and_trailing_bytes() {
     assert_eq!(decode(b"ELF"), Err(DecodeError::BadMagic));
 
     let mut b = good.clone();
-    b[8..10].copy_from_slice(&2u16.to_le_bytes());
+    b[8..10].copy_from_slice(&3u16.to_le_bytes());
     fix_crc(&mut b);
-    assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(2)));
+    assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(3)));
     assert_eq!(
         decode(&b).unwrap_err().to_string(),
-        "unsupported format version 2 (this decoder reads version 1)"
+        "unsupported format version 3 (this decoder reads versions 1 to 2)"
     );
 
     let mut b = good.clone();
@@ -364,8 +366,8 @@ fn malformed_bundles_are_reported_with_position() {
 fn malformed_headers_are_reported() {
     let err = |t: &str| parse(t).unwrap_err().to_string();
     assert_eq!(
-        err(".format 2\n"),
-        "line 1:9: unsupported format version 2 (this assembler reads version 1)"
+        err(".format 3\n"),
+        "line 1:9: unsupported format version 3 (this assembler reads versions 1 to 2)"
     );
     assert_eq!(
         err("; c\n.format 1\n.pe 0\n.pes 1\nnop\n"),
@@ -396,4 +398,66 @@ fn comments_blank_lines_and_empty_programs() {
         p.to_text(),
         "; attnc ring microcode\n.format 1\n.pe 1\n.pes 2\n.mem 3\n"
     );
+}
+
+/// A program using a format-2 kind (`max`, `expd`) is written as version 2 in both forms, and
+/// each form reads back to the same program.
+#[test]
+fn format_2_kinds_round_trip_in_version_2() {
+    let text = "; attnc ring microcode
+.format 2
+.pe 0
+.pes 1
+.mem 4
+max m0, m1 -> m2
+expd m0, m2, 0.125 -> m3 | add 0 -> m1
+";
+    let p = parse(text).unwrap();
+    assert_eq!(p.format_version(), 2);
+    assert_eq!(p.to_text(), text);
+    let bytes = encode(&p);
+    assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 2);
+    assert_eq!(bytes.len(), 28 + 2 * 36 + 4);
+    assert_eq!(decode(&bytes).unwrap(), p);
+}
+
+/// One encoding per program: version 2 is refused for a program that version 1 can hold, and a
+/// version-1 file cannot name a version-2 kind.
+#[test]
+fn versions_are_canonical() {
+    let p = small();
+    assert_eq!(p.format_version(), 1);
+    let v1 = encode(&p);
+    // Re-lay the same bundles out as version 2 by hand: 36-byte records, immediate in word 2.
+    let mut v2 = v1[..28].to_vec();
+    v2[8..10].copy_from_slice(&2u16.to_le_bytes());
+    for rec in v1[28..v1.len() - 4].chunks_exact(32) {
+        let exp = rec[0] == 2;
+        let words: Vec<&[u8]> = rec[4..].chunks_exact(4).collect();
+        v2.extend_from_slice(&rec[..4]);
+        v2.extend_from_slice(words[0]);
+        v2.extend_from_slice(if exp { &[0; 4] } else { words[1] });
+        v2.extend_from_slice(if exp { words[1] } else { &[0; 4] });
+        for w in &words[2..] {
+            v2.extend_from_slice(w);
+        }
+    }
+    let crc = crc32fast::hash(&v2);
+    v2.extend_from_slice(&crc.to_le_bytes());
+    let e = decode(&v2).unwrap_err().to_string();
+    assert!(e.contains("must be stored as version 1"), "{e}");
+
+    let e = parse(".format 1\n.pe 0\n.pes 1\n.mem 3\nmax m0, m1\n")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "line 5:1: `max` needs `.format 2` or later (this file declares `.format 1`)"
+    );
+    // Version 1 records have no kind 4 or 5.
+    let mut b = v1.clone();
+    b[28] = 4;
+    fix_crc(&mut b);
+    let e = decode(&b).unwrap_err().to_string();
+    assert!(e.contains("unknown op kind 4 in format version 1"), "{e}");
 }

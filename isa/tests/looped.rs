@@ -5,7 +5,7 @@
 use isa::{
     decode_any, decode_looped, encode_looped, parse_any, parse_looped, Acc, AccSrc, AnyProgram,
     Bundle, Cmp, F32Domain, Fault, Field, LBundle, Loop, LoopMachine, LoopProgram, Machine,
-    NoObserver, Node, Op, Pred, RunStats, Slot, Term, Xfer, XferSrc, MAX_LOOP_DEPTH,
+    NoObserver, Node, Op, OpKind, Pred, RunStats, Slot, Term, Xfer, XferSrc, MAX_LOOP_DEPTH,
 };
 use proptest::prelude::*;
 
@@ -44,23 +44,31 @@ impl Gen {
     }
 
     fn bundle(&self, r: &mut Rng, depth: usize) -> LBundle {
-        let op = match r.below(5) {
+        let scale = [0.5f32, -0.25, 1.0][r.below(3) as usize];
+        let op = match r.below(7) {
             0 => Op::Nop,
-            1 | 2 => Op::Mul {
-                a: self.addr(r),
-                b: self.addr(r),
-                dst: r.chance(40).then(|| self.addr(r)),
-            },
-            3 => Op::Exp {
-                a: self.addr(r),
-                scale: [0.5f32, -0.25, 1.0][r.below(3) as usize],
-                dst: r.chance(50).then(|| self.addr(r)),
-            },
-            _ => Op::Div {
-                a: self.addr(r),
-                b: self.addr(r),
-                dst: r.chance(50).then(|| self.addr(r)),
-            },
+            1 | 2 => Op::mul(
+                self.addr(r),
+                self.addr(r),
+                r.chance(40).then(|| self.addr(r)),
+            ),
+            3 => Op::exp(self.addr(r), scale, r.chance(50).then(|| self.addr(r))),
+            4 => Op::max(
+                self.addr(r),
+                self.addr(r),
+                r.chance(50).then(|| self.addr(r)),
+            ),
+            5 => Op::expd(
+                self.addr(r),
+                self.addr(r),
+                scale,
+                r.chance(50).then(|| self.addr(r)),
+            ),
+            _ => Op::div(
+                self.addr(r),
+                self.addr(r),
+                r.chance(50).then(|| self.addr(r)),
+            ),
         };
         let acc = if op == Op::Nop && !r.chance(self.wild) {
             Acc::Nop
@@ -343,7 +351,7 @@ fn bulk_path_runs_and_agrees_on_many_random_rings() {
     }
     println!("bulk cycles {bulk} in {with_bulk} cases, {faults} faulting cases");
     assert!(
-        bulk > 4_000 && with_bulk > 60,
+        bulk > 2_000 && with_bulk > 50,
         "bulk cycles {bulk} in {with_bulk} cases"
     );
     assert!(faults > 20, "faulting cases {faults}");
@@ -353,11 +361,7 @@ fn dot_ring(pes: u32, n: u32) -> (Vec<LoopProgram>, Vec<(u32, u32, f32)>) {
     // m[2n] += m[i] * m[n + i] for i < n, then send the sum on.
     let mac = LBundle {
         bundle: Bundle {
-            op: Op::Mul {
-                a: 0,
-                b: n,
-                dst: None,
-            },
+            op: Op::mul(0, n, None),
             acc: Acc::Add {
                 src: AccSrc::Mem(2 * n),
                 dst: Some(2 * n),
@@ -423,7 +427,7 @@ fn dot_products_run_in_bulk_and_match_the_reference() {
     assert_eq!(bulk, 50);
     let (mut m, stats) = isa::looped_exec::run_f32(c.progs.clone(), &c.preloads).unwrap();
     assert_eq!(stats.cycles, 51);
-    assert_eq!(stats.per_pe[0].mul, 50);
+    assert_eq!(stats.per_pe[0].count(OpKind::Mul), 50);
     for pe in 0..3u32 {
         // f64 reference of the sum PE pe - 1 computed and sent here.
         let src = (pe + 2) % 3;
@@ -443,7 +447,7 @@ fn dot_products_run_in_bulk_and_match_the_reference() {
 fn canonical_text_example() {
     let text = "\
 ; attnc ring microcode
-.format 2
+.format 3
 .pe 0
 .pes 2
 .mem 40
@@ -483,7 +487,7 @@ exp m30, 0.5 -> m31
 
 #[test]
 fn loose_affine_spellings_parse() {
-    let text = ".format 2\n.pe 0\n.pes 1\n.mem 9\nloop 2 {\nmul m[i0],m[ 3 + 2 * i0 ]->m[8-i0] if i0==1\n}\n";
+    let text = ".format 3\n.pe 0\n.pes 1\n.mem 9\nloop 2 {\nmul m[i0],m[ 3 + 2 * i0 ]->m[8-i0] if i0==1\n}\n";
     let p = parse_looped(text).unwrap();
     let f = p.flatten(10).unwrap();
     assert_eq!(f.bundles[0].to_string(), "nop");
@@ -491,7 +495,7 @@ fn loose_affine_spellings_parse() {
 }
 
 fn err(text: &str) -> String {
-    let full = format!(".format 2\n.pe 0\n.pes 1\n.mem 8\n{text}");
+    let full = format!(".format 3\n.pe 0\n.pes 1\n.mem 8\n{text}");
     parse_looped(&full).unwrap_err().to_string()
 }
 
@@ -515,10 +519,8 @@ fn malformed_text_is_rejected_with_a_line() {
         err("loop 4 {\nnop | nop | send m1 -> m2 if i0 ~ 1\n}\n").contains("expected a predicate")
     );
     assert!(err("loop 4 {\nmul m1, m1 | nop if i0 == 1\n}\n").contains("nop"));
-    assert_eq!(
-        err("loop 4 {\nmux m[0 + 1*i0], m1\n}\n"),
-        "line 6:1: unknown op mnemonic `mux` (expected nop, mul, exp or div)"
-    );
+    assert!(err("loop 4 {\nmux m[0 + 1*i0], m1\n}\n")
+        .starts_with("line 6:1: unknown op mnemonic `mux`"));
     let deep =
         "loop 2 {\n".repeat(MAX_LOOP_DEPTH + 1) + "nop\n" + &"}\n".repeat(MAX_LOOP_DEPTH + 1);
     assert!(err(&deep).contains("nested deeper"));
@@ -526,7 +528,7 @@ fn malformed_text_is_rejected_with_a_line() {
     assert!(err(&long).contains("overflows 64 bits"));
     // The largest trip count is fine, and the length is known without running.
     let p = parse_looped(
-        ".format 2\n.pe 0\n.pes 1\n.mem 1\nloop 4294967295 {\nloop 4294967295 {\nnop\n}\n}\n",
+        ".format 3\n.pe 0\n.pes 1\n.mem 1\nloop 4294967295 {\nloop 4294967295 {\nnop\n}\n}\n",
     )
     .unwrap();
     assert_eq!(p.cycles(), 4294967295u64 * 4294967295);
@@ -534,7 +536,7 @@ fn malformed_text_is_rejected_with_a_line() {
 
 #[test]
 fn malformed_binary_is_rejected() {
-    let p = parse_looped(".format 2\n.pe 1\n.pes 2\n.mem 8\nloop 3 {\nmul m[0 + 1*i0], m4 | add 0 | send acc -> m[4 + 1*i0] if i0 >= 1\n}\n").unwrap();
+    let p = parse_looped(".format 3\n.pe 1\n.pes 2\n.mem 8\nloop 3 {\nmul m[0 + 1*i0], m4 | add 0 | send acc -> m[4 + 1*i0] if i0 >= 1\n}\n").unwrap();
     let good = encode_looped(&p);
     assert_eq!(decode_looped(&good).unwrap(), p);
     for cut in 0..good.len() {

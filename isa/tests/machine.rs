@@ -3,7 +3,7 @@
 
 use isa::{
     parse, Addr, Bundle, F32Domain, FaultKind, LoadError, Machine, NoObserver, Observer, Op,
-    Program, RunStats,
+    OpKind, Program, RunStats,
 };
 
 fn prog(pe: u32, pes: u32, mem: u32, body: &str) -> Program {
@@ -72,7 +72,14 @@ fn partial_sums_travel_around_the_ring() {
     assert_eq!(stats.cycles, 3);
     for s in &stats.per_pe {
         assert_eq!(
-            (s.mul, s.exp, s.div, s.add, s.send, s.busy),
+            (
+                s.count(OpKind::Mul),
+                s.count(OpKind::Exp),
+                s.count(OpKind::Div),
+                s.add,
+                s.send,
+                s.busy
+            ),
             (3, 0, 0, 3, 2, 3)
         );
     }
@@ -170,7 +177,16 @@ fn exp_div_and_a_single_pe_sending_to_itself() {
     assert_eq!(m.read(0, 6), Some(&4.0));
     assert_eq!(stats.cycles, 3);
     let s = stats.per_pe[0];
-    assert_eq!((s.exp, s.div, s.add, s.send, s.busy), (1, 1, 2, 2, 2));
+    assert_eq!(
+        (
+            s.count(OpKind::Exp),
+            s.count(OpKind::Div),
+            s.add,
+            s.send,
+            s.busy
+        ),
+        (1, 1, 2, 2, 2)
+    );
     assert!((stats.utilization() - 2.0 / 3.0).abs() < 1e-12);
 }
 
@@ -349,21 +365,14 @@ fn a_fault_stops_the_machine_for_good() {
     let f = m.step(&mut NoObserver).unwrap_err();
     assert_eq!(f.cycle, 1);
     assert_eq!(f.bundle_index, 1);
-    assert_eq!(
-        f.bundle.op,
-        Op::Mul {
-            a: 3,
-            b: 0,
-            dst: None
-        }
-    );
+    assert_eq!(f.bundle.op, Op::mul(3, 0, None));
     assert_eq!(m.step(&mut NoObserver).unwrap_err(), f);
     assert_eq!(m.fault(), Some(&f));
     assert_eq!(m.read(0, 1), Some(&4.0));
     assert_eq!(m.read(0, 2), None);
     assert_eq!(m.preload(0, 3, 1.0), Err(LoadError::AlreadyStarted));
     let RunStats { cycles, per_pe } = m.stats();
-    assert_eq!((cycles, per_pe[0].mul), (1, 1));
+    assert_eq!((cycles, per_pe[0].count(OpKind::Mul)), (1, 1));
 }
 
 #[test]
@@ -432,4 +441,37 @@ fn empty_programs_run_zero_cycles() {
     assert_eq!(stats.cycles, 0);
     assert_eq!(stats.utilization(), 0.0);
     assert_eq!(Bundle::NOP.to_string(), "nop");
+}
+
+/// `max` and `expd` as docs/isa.md defines them: a shifted exponential stays finite where the
+/// plain one overflows, and the maximum takes the first operand on ties and skips a NaN.
+#[test]
+fn max_and_shifted_exp() {
+    let p = parse(
+        ".format 2\n.pe 0\n.pes 1\n.mem 8\n\
+         max m0, m1 -> m2\n\
+         expd m0, m2, 0.5 -> m3 | add 0 -> m4\n\
+         expd m1, m2, 0.5 | add m4 -> m4\n\
+         exp m0, 0.5 -> m5\n\
+         max m6, m0 -> m7\n",
+    )
+    .unwrap();
+    // Scores far beyond exp's f32 range.
+    let mut m = machine(vec![p], &[(0, 0, 400.0), (0, 1, 398.0), (0, 6, f32::NAN)]);
+    let stats = m.run(&mut NoObserver).unwrap();
+    assert_eq!(m.read(0, 2), Some(&400.0));
+    assert_eq!(m.read(0, 3), Some(&1.0));
+    let want = 1.0 + (-1.0f64).exp();
+    assert!((f64::from(*m.read(0, 4).unwrap()) - want).abs() < 1e-6);
+    assert_eq!(m.read(0, 5), Some(&f32::INFINITY));
+    assert_eq!(m.read(0, 7), Some(&400.0));
+    assert_eq!(
+        (
+            stats.per_pe[0].count(OpKind::Max),
+            stats.per_pe[0].count(OpKind::Expd)
+        ),
+        (2, 2)
+    );
+    assert_eq!(isa::f32_max(-0.0, 0.0).to_bits(), (-0.0f32).to_bits());
+    assert_eq!(isa::f32_max(1.0, f32::NAN), 1.0);
 }

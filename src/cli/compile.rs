@@ -57,7 +57,7 @@ pub enum Emit {
 const VERIFY_BY_DEFAULT_OPS: u64 = 1_000_000;
 
 fn parse_choice(s: &str) -> Result<Choice, String> {
-    Choice::parse(s).ok_or_else(|| format!("expected one of: {}", Choice::NAMES.join(", ")))
+    Choice::parse(s).ok_or_else(|| format!("expected one of: {}", Choice::names().join(", ")))
 }
 
 pub fn run(args: &CompileArgs) -> Result<(), String> {
@@ -103,7 +103,12 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
         let verify = args.verify || (!args.no_verify && m.necessary_ops <= VERIFY_BY_DEFAULT_OPS);
         if verify {
             let t = std::time::Instant::now();
-            source::verify(&compiled.programs, m, &layer.name)?;
+            source::verify(
+                &compiled.programs,
+                m,
+                &layer.name,
+                compiled.scheduler.necessary_only(),
+            )?;
             if args.time_passes {
                 eprintln!("time: {:9.4}s  verify", t.elapsed().as_secs_f64());
             }
@@ -117,7 +122,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             eprintln!(
                 "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}), {} words/PE max ({}){}",
                 layer.name,
-                compiled.algorithm,
+                compiled.scheduler.title(),
                 pes,
                 m.cycles,
                 m.lower_bound,

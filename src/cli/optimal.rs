@@ -98,7 +98,8 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
     let outcome = exact::optimal(layer, pes, &opts).map_err(|e| format!("{name}: {e}"))?;
 
     // The solver is not trusted: what it found is proved like every compiled program.
-    source::verify(&outcome.programs, &outcome.manifest, &layer.name)?;
+    // The exact model places exactly the necessary operations.
+    source::verify(&outcome.programs, &outcome.manifest, &layer.name, true)?;
     let mut files: Files = Vec::new();
     source::push_program_files(
         &mut files,

@@ -55,9 +55,23 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     let stats = &outcome.stats;
-    let total = |f: fn(&isa::PeStats) -> u64| stats.per_pe.iter().map(f).sum::<u64>();
+    let total = |f: &dyn Fn(&isa::PeStats) -> u64| stats.per_pe.iter().map(f).sum::<u64>();
+    // Every op kind of the table; kinds newer than format 1 only once a program used them, so
+    // the summary of a format-1 program reads as it always has.
+    let by_kind: Vec<(&str, u64)> = isa::OPS
+        .iter()
+        .map(|o| (o.mnemonic, total(&|p| p.count(o.kind)), o.since))
+        .filter(|&(_, n, since)| since == 1 || n > 0)
+        .map(|(m, n, _)| (m, n))
+        .collect();
     let ratio = stats.cycles as f64 / m.lower_bound.max(1) as f64;
     if args.json {
+        let mut ops_json: serde_json::Map<String, serde_json::Value> = by_kind
+            .iter()
+            .map(|&(m, n)| (m.to_string(), n.into()))
+            .collect();
+        ops_json.insert("add".into(), total(&|p| p.add).into());
+        ops_json.insert("send".into(), total(&|p| p.send).into());
         let obj = serde_json::json!({
             "cycles": stats.cycles,
             "lower_bound": m.lower_bound,
@@ -65,8 +79,7 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             "utilization": stats.utilization(),
             "schedule": m.schedule,
             "pes": m.pes,
-            "ops": { "mul": total(|p| p.mul), "exp": total(|p| p.exp), "div": total(|p| p.div),
-                     "add": total(|p| p.add), "send": total(|p| p.send) },
+            "ops": ops_json,
             "mem_words": m.mem_words,
             "program_source": loaded.source,
             "inputs": if args.inputs.is_empty() { "random" } else { "files" },
@@ -82,13 +95,12 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
         );
         println!("cycles: {}", stats.cycles);
         println!("lower_bound: {} (cycles/LB {:.4})", m.lower_bound, ratio);
+        let kinds: Vec<String> = by_kind.iter().map(|(m, n)| format!("{m} {n}")).collect();
         println!(
-            "ops: mul {} exp {} div {} add {} send {}",
-            total(|p| p.mul),
-            total(|p| p.exp),
-            total(|p| p.div),
-            total(|p| p.add),
-            total(|p| p.send)
+            "ops: {} add {} send {}",
+            kinds.join(" "),
+            total(&|p| p.add),
+            total(&|p| p.send)
         );
         println!("utilization: {:.4}", stats.utilization());
         println!(

@@ -59,6 +59,10 @@ pub enum Node {
     /// `exp(scale · a)`; the scale is kept as f32 bits so that only the exact immediate matches.
     Exp(ExprId, u32),
     Div(ExprId, ExprId),
+    /// `max(a, b)`, operands sorted (the maximum is commutative).
+    Max(ExprId, ExprId),
+    /// `exp(scale · (a − b))`, scale as f32 bits.
+    Expd(ExprId, ExprId, u32),
     /// A canonical sum of at least two terms: `len` sorted term ids at `start` in the term pool.
     /// No term is itself a sum.
     Sum {
@@ -227,6 +231,17 @@ impl Interner {
         self.intern(Node::Div(a, b), &[a, b])
     }
 
+    pub fn max(&mut self, a: ExprId, b: ExprId) -> ExprId {
+        let (a, b) = (self.canonical(a), self.canonical(b));
+        let (a, b) = if a <= b { (a, b) } else { (b, a) };
+        self.intern(Node::Max(a, b), &[a, b])
+    }
+
+    pub fn expd(&mut self, a: ExprId, b: ExprId, scale: f32) -> ExprId {
+        let (a, b) = (self.canonical(a), self.canonical(b));
+        self.intern(Node::Expd(a, b, scale.to_bits()), &[a, b])
+    }
+
     /// `a + b` as the accumulator builds it: O(1), not canonical.
     pub fn add(&mut self, a: ExprId, b: ExprId) -> ExprId {
         if let Node::Chain { .. } | Node::Sum { .. } = self.node(b) {
@@ -351,6 +366,20 @@ impl Interner {
                 out.push_str(" / ");
                 self.write(b, style, depth - 1, out);
                 out.push(')');
+            }
+            Node::Max(a, b) => {
+                out.push_str("max(");
+                self.write(a, style, depth - 1, out);
+                out.push_str(", ");
+                self.write(b, style, depth - 1, out);
+                out.push(')');
+            }
+            Node::Expd(a, b, bits) => {
+                let _ = write!(out, "exp({:?}·(", f32::from_bits(bits));
+                self.write(a, style, depth - 1, out);
+                out.push_str(" − ");
+                self.write(b, style, depth - 1, out);
+                out.push_str("))");
             }
             Node::Sum { .. } | Node::Chain { .. } => {
                 let mut terms = Vec::new();

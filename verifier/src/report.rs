@@ -135,12 +135,14 @@ pub struct OpTally {
     pub div: u64,
     /// Every other `mul` (phase 3: weight times value).
     pub phase3_mul: u64,
+    /// `max` (the row maximum of a safe softmax).
+    pub max: u64,
     pub add: u64,
 }
 
 impl OpTally {
     pub fn total(&self) -> u64 {
-        self.phase1_mul + self.exp + self.div + self.phase3_mul
+        self.phase1_mul + self.exp + self.div + self.phase3_mul + self.max
     }
 }
 

@@ -189,7 +189,9 @@ fn mark_needed(ex: &mut Interner, roots: &[ExprId]) {
         }
         ex.set_flag(id, NEEDED);
         match ex.node(id) {
-            Node::Mul(a, b) | Node::Div(a, b) => stack.extend([a, b]),
+            Node::Mul(a, b) | Node::Div(a, b) | Node::Max(a, b) | Node::Expd(a, b, _) => {
+                stack.extend([a, b])
+            }
             Node::Exp(a, _) => stack.push(a),
             Node::Sum { .. } => stack.extend_from_slice(ex.sum_terms(id)),
             Node::Input { .. } | Node::Chain { .. } => {}

@@ -75,6 +75,7 @@ enum OpKind {
     Mul,
     Exp,
     Div,
+    Max,
 }
 
 /// Where an op result was first computed, and how often.
@@ -184,10 +185,10 @@ impl<'p> Run<'p> {
                     }
                 )
         } else {
-            let op_dst = match b.op {
-                Op::Mul { dst, .. } | Op::Exp { dst, .. } | Op::Div { dst, .. } => dst,
-                Op::Nop => return,
-            };
+            if b.op == Op::Nop {
+                return;
+            }
+            let op_dst = b.op.dst();
             op_dst.is_none() && matches!(b.acc, Acc::Nop)
         };
         if lost {
@@ -222,6 +223,7 @@ impl<'p> Run<'p> {
             }
             OpKind::Exp => self.tally.exp += 1,
             OpKind::Div => self.tally.div += 1,
+            OpKind::Max => self.tally.max += 1,
         }
         let (pe, cycle) = self.cur;
         let flags = self.ex.flags(id);
@@ -349,7 +351,9 @@ fn masked_origin(ex: &Interner, mut id: ExprId) -> ExprId {
     let masked = |o: &ExprId| ex.flags(*o) & MASKED != 0;
     loop {
         let next = match ex.node(id) {
-            Node::Mul(a, b) | Node::Div(a, b) => [a, b].into_iter().find(masked),
+            Node::Mul(a, b) | Node::Div(a, b) | Node::Max(a, b) | Node::Expd(a, b, _) => {
+                [a, b].into_iter().find(masked)
+            }
             Node::Exp(a, _) => Some(a).filter(masked),
             Node::Sum { .. } => ex.sum_terms(id).iter().copied().find(masked),
             Node::Input { .. } | Node::Chain { .. } => None,
@@ -375,24 +379,18 @@ pub struct Sym<'a, 'p>(pub &'a RefCell<Run<'p>>);
 impl Domain for Sym<'_, '_> {
     type Value = ExprId;
 
-    fn mul(&mut self, a: &ExprId, b: &ExprId) -> ExprId {
+    fn op(&mut self, kind: isa::OpKind, a: &ExprId, b: Option<&ExprId>, imm: f32) -> ExprId {
         let mut r = self.0.borrow_mut();
-        let id = r.ex.mul(*a, *b);
-        r.op(OpKind::Mul, id);
-        id
-    }
-
-    fn exp(&mut self, a: &ExprId, scale: f32) -> ExprId {
-        let mut r = self.0.borrow_mut();
-        let id = r.ex.exp(*a, scale);
-        r.op(OpKind::Exp, id);
-        id
-    }
-
-    fn div(&mut self, a: &ExprId, b: &ExprId) -> ExprId {
-        let mut r = self.0.borrow_mut();
-        let id = r.ex.div(*a, *b);
-        r.op(OpKind::Div, id);
+        let (id, tally) = match (kind, b) {
+            (isa::OpKind::Mul, Some(b)) => (r.ex.mul(*a, *b), OpKind::Mul),
+            (isa::OpKind::Exp, _) => (r.ex.exp(*a, imm), OpKind::Exp),
+            (isa::OpKind::Div, Some(b)) => (r.ex.div(*a, *b), OpKind::Div),
+            (isa::OpKind::Max, Some(b)) => (r.ex.max(*a, *b), OpKind::Max),
+            (isa::OpKind::Expd, Some(b)) => (r.ex.expd(*a, *b, imm), OpKind::Exp),
+            // The machine passes `b` for exactly the kinds that read two operands.
+            (_, None) => (*a, OpKind::Max),
+        };
+        r.op(tally, id);
         id
     }
 
@@ -429,10 +427,7 @@ impl Observer for Watch<'_, '_> {
             .get(pe as usize)
             .and_then(|p| p.bundles.get(usize::try_from(cycle).ok()?))
             .is_some_and(|b| {
-                let op_dst = match b.op {
-                    Op::Mul { dst, .. } | Op::Exp { dst, .. } | Op::Div { dst, .. } => dst,
-                    Op::Nop => None,
-                };
+                let op_dst = b.op.dst();
                 let acc_dst = match b.acc {
                     Acc::Add { dst, .. } => dst,
                     Acc::Nop => None,

@@ -227,5 +227,6 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
         }
         b.send(p, t as usize, v);
     }
-    Ok(b.finish())
+    b.finish()
+        .map_err(|errors| crate::schedule::render_errors(&errors))
 }

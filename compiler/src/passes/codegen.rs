@@ -273,11 +273,7 @@ fn bundle(
     let (op, acc) = match slot.work {
         None => (Op::Nop, Acc::Nop),
         Some(Work::Mac { a, b, acc, out }) => (
-            Op::Mul {
-                a: addr(a)?,
-                b: addr(b)?,
-                dst: None,
-            },
+            Op::mul(addr(a)?, addr(b)?, None),
             Acc::Add {
                 src: acc_src(acc)?,
                 dst: dst(out),
@@ -290,24 +286,13 @@ fn bundle(
             e,
             sum,
         }) => (
-            Op::Exp {
-                a: addr(x)?,
-                scale,
-                dst: dst(e),
-            },
+            Op::exp(addr(x)?, scale, dst(e)),
             Acc::Add {
                 src: acc_src(acc)?,
                 dst: dst(sum),
             },
         ),
-        Some(Work::Div { num, den, out }) => (
-            Op::Div {
-                a: addr(num)?,
-                b: addr(den)?,
-                dst: dst(out),
-            },
-            Acc::Nop,
-        ),
+        Some(Work::Div { num, den, out }) => (Op::div(addr(num)?, addr(den)?, dst(out)), Acc::Nop),
     };
     let xfer = match slot.send {
         None => Xfer::Nop,

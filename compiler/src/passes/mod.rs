@@ -11,13 +11,18 @@ pub mod schedule_symmetric;
 pub mod select;
 
 /// `(name, description)` of every pass, in pipeline order; the names `--dump-after` accepts.
-pub const PASSES: [(&str, &str); 8] = [
-    (lower::NAME, lower::DESCRIPTION),
-    (analyze::NAME, analyze::DESCRIPTION),
-    (select::NAME, select::DESCRIPTION),
-    (schedule_baseline::NAME, schedule_baseline::DESCRIPTION),
-    (schedule_symmetric::NAME, schedule_symmetric::DESCRIPTION),
-    (schedule_causal::NAME, schedule_causal::DESCRIPTION),
-    (schedule_rows::NAME, schedule_rows::DESCRIPTION),
-    (codegen::NAME, codegen::DESCRIPTION),
-];
+/// The scheduling passes come from the registry ([`crate::scheduler::SCHEDULERS`]).
+pub fn list() -> Vec<(&'static str, &'static str)> {
+    let mut v = vec![
+        (lower::NAME, lower::DESCRIPTION),
+        (analyze::NAME, analyze::DESCRIPTION),
+        (select::NAME, select::DESCRIPTION),
+    ];
+    v.extend(
+        crate::scheduler::SCHEDULERS
+            .iter()
+            .map(|s| (s.pass(), s.description())),
+    );
+    v.push((codegen::NAME, codegen::DESCRIPTION));
+    v
+}

@@ -19,8 +19,10 @@
 //! paper's Algo 1 figure while no masked element is touched.
 
 use crate::ir::Tensor;
+use crate::passes::select::{shape_refusal, Refusal};
 use crate::problem::{Inputs, Problem};
-use crate::schedule::{Builder, Element, RingSchedule, Val, Work};
+use crate::schedule::{Builder, Element, RingSchedule, ScheduleError, Val, Work};
+use crate::scheduler::Scheduler;
 
 pub const NAME: &str = "schedule-baseline";
 pub const DESCRIPTION: &str =
@@ -37,7 +39,35 @@ pub fn head_cycles(p: &Problem, pes: u32) -> usize {
     (2 * d * n * n + 2 * n * n) / m
 }
 
-pub fn run(p: &Problem, pes: u32) -> RingSchedule {
+/// The registry's handle on this pass.
+pub struct Baseline;
+
+impl Scheduler for Baseline {
+    fn name(&self) -> &'static str {
+        "baseline"
+    }
+    fn pass(&self) -> &'static str {
+        NAME
+    }
+    fn description(&self) -> &'static str {
+        DESCRIPTION
+    }
+    fn title(&self) -> &'static str {
+        "baseline (paper Algorithm 1)"
+    }
+    fn refusal(&self, p: &Problem, pes: u32) -> Option<Refusal> {
+        unsupported(p, pes).map(|why| shape_refusal(p, pes, why))
+    }
+    fn necessary_only(&self) -> bool {
+        // On q = k it computes x_a·x_b for both scores (a, b) and (b, a), as the paper does.
+        false
+    }
+    fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+        run(p, pes)
+    }
+}
+
+pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     let mut b = Builder::new(NAME, pes);
     let mut inputs = Inputs::new(*p);
     for h in 0..p.heads {
@@ -143,7 +173,10 @@ fn head(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usize) {
             for pe in 0..m {
                 let a = blk * m + rot(pe as isize - j as isize);
                 let bcol = rot(pe as isize + 1) + m * (j / m);
-                let den = sums[a].expect("every row has an unmasked diagonal");
+                let Some(den) = sums[a] else {
+                    b.bug(NAME, "a row without its unmasked diagonal");
+                    continue;
+                };
                 if let Some(num) = exps[a][bcol] {
                     let out = b.computed();
                     b.work(pe as u32, t, 2, Work::Div { num, den, out });
@@ -190,7 +223,10 @@ fn head(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usize) {
     }
     for (a, row) in ys.iter().enumerate() {
         for (c, y) in row.iter().enumerate() {
-            let y = y.expect("every output row has at least its diagonal term");
+            let Some(y) = *y else {
+                b.bug(NAME, "an output row without its diagonal term");
+                continue;
+            };
             let element = Element {
                 tensor: Tensor::Y,
                 head: h,

@@ -10,8 +10,10 @@
 //! phase 2 instead of the paper's 90). Phase 3 sends each unmasked weight along `d` PEs.
 
 use crate::chains::{self, Row, ScoreChain};
+use crate::passes::select::{shape_refusal, Culprit, Refusal};
 use crate::problem::{Inputs, Problem};
-use crate::schedule::{Builder, RingSchedule};
+use crate::schedule::{Builder, RingSchedule, ScheduleError};
+use crate::scheduler::Scheduler;
 
 pub const NAME: &str = "schedule-causal";
 pub const DESCRIPTION: &str =
@@ -65,7 +67,40 @@ pub fn empty_rows(p: &Problem, m: u32) -> Vec<Row> {
 
 /// Heads are scheduled together: each phase packs the work of all heads, so one head's idle
 /// slots carry another's.
-pub fn run(p: &Problem, pes: u32) -> RingSchedule {
+/// The registry's handle on this pass.
+pub struct Causal;
+
+impl Scheduler for Causal {
+    fn name(&self) -> &'static str {
+        "causal"
+    }
+    fn pass(&self) -> &'static str {
+        NAME
+    }
+    fn description(&self) -> &'static str {
+        DESCRIPTION
+    }
+    fn title(&self) -> &'static str {
+        "causal (paper Algorithm 3, improved)"
+    }
+    fn refusal(&self, p: &Problem, pes: u32) -> Option<Refusal> {
+        let why = unsupported(p, pes)?;
+        Some(if p.causal {
+            shape_refusal(p, pes, why)
+        } else {
+            Refusal {
+                culprit: Culprit::Mask,
+                message: why,
+                note: "`--schedule causal` applies only to layers with `mask = causal`".into(),
+            }
+        })
+    }
+    fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+        run(p, pes)
+    }
+}
+
+pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     let mut b = Builder::new(NAME, pes);
     let mut inputs = Inputs::new(*p);
     let pairs = pair_chains(p, pes);

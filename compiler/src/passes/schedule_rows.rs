@@ -18,16 +18,38 @@
 
 use crate::flow::{self, Flow, Task};
 use crate::ir::Tensor;
+use crate::passes::select::Refusal;
 use crate::problem::{Inputs, Problem};
-use crate::schedule::{Builder, Element, RingSchedule, Val, Work};
+use crate::schedule::{Builder, Element, RingSchedule, ScheduleError, Val, Work};
+use crate::scheduler::Scheduler;
 use rustc_hash::FxHashMap as HashMap;
 
 pub const NAME: &str = "schedule-rows";
 pub const DESCRIPTION: &str =
     "row-ownership dataflow: rows cut evenly over the PEs, k/v rows travel (any n, d, m)";
 
-pub fn unsupported(_p: &Problem, _pes: u32) -> Option<String> {
-    None
+/// The registry's handle on this pass.
+pub struct Rows;
+
+impl Scheduler for Rows {
+    fn name(&self) -> &'static str {
+        "rows"
+    }
+    fn pass(&self) -> &'static str {
+        NAME
+    }
+    fn description(&self) -> &'static str {
+        DESCRIPTION
+    }
+    fn title(&self) -> &'static str {
+        "rows (row-ownership dataflow)"
+    }
+    fn refusal(&self, _p: &Problem, _pes: u32) -> Option<Refusal> {
+        None
+    }
+    fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+        run(p, pes)
+    }
 }
 
 /// Per PE, per priority class: `(hops from origin, sequence, value)` to send on.
@@ -63,7 +85,7 @@ fn path(from: u32, to: u32, m: u32) -> impl Iterator<Item = u32> {
 /// When scores are few per PE, handing partial sums between PEs costs more than it saves, so
 /// small layers also try sharing the work among fewer PEs (the rest only pass values on) and keep
 /// the fastest.
-pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
+pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     let scores = u64::from(p.heads) * (0..p.tokens).map(|a| u64::from(columns(p, a))).sum::<u64>();
     if scores >= 4 * u64::from(pes) {
         return run_on(p, pes, pes);
@@ -75,7 +97,12 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, String> {
             best = Some(s);
         }
     }
-    Ok(best.expect("pes >= 1"))
+    best.ok_or_else(|| {
+        vec![ScheduleError::Internal {
+            pass: NAME,
+            what: "no PE to schedule on".into(),
+        }]
+    })
 }
 
 fn columns(p: &Problem, a: u32) -> u32 {
@@ -87,7 +114,7 @@ fn columns(p: &Problem, a: u32) -> u32 {
 }
 
 /// The dataflow with the scores shared among PEs `0..active`.
-fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, String> {
+fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     let m = pes;
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let cols_of = |a: u32| columns(p, a);
@@ -245,7 +272,12 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, String> {
                     tasks[pe as usize][0].push(Task { work, phase: 1 });
                     acc = Some(out);
                 }
-                score.insert((a, col), acc.expect("dim >= 1"));
+                match acc {
+                    Some(acc) => {
+                        score.insert((a, col), acc);
+                    }
+                    None => b.bug(NAME, "a score with no product (dim 0)"),
+                }
             }
         }
         for a in 0..n {
@@ -294,12 +326,18 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, String> {
                     exps.push((part.pe, col, e));
                 }
                 if i + 1 < rp.parts.len() {
-                    let s = running.expect("a part holds a column");
+                    let Some(s) = running else {
+                        b.bug(NAME, "a row part with no column");
+                        continue;
+                    };
                     // PEs between two parts (holding no score of this row) just pass it on.
                     route(&mut forward, fw_sum, s, part.pe, rp.parts[i + 1].pe);
                 }
             }
-            let sum = running.expect("every row has a score");
+            let Some(sum) = running else {
+                b.bug(NAME, "a row with no score");
+                continue;
+            };
             let last = rp.last();
             if split {
                 // The finished sum goes on around the ring to the row's other PEs, ending at
@@ -374,7 +412,10 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, String> {
                     };
                     b.output(element, pe, val);
                 } else {
-                    route(&mut forward, fw_y, val, pe, next_part(plan(h, a), pe));
+                    match next_part(plan(h, a), pe) {
+                        Some(to) => route(&mut forward, fw_y, val, pe, to),
+                        None => b.bug(NAME, "a partial output row with no next part"),
+                    }
                     y_in.insert((a, c), val);
                 }
             }
@@ -403,18 +444,16 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, String> {
         forward,
         preloaded,
     };
-    flow::simulate(&mut b, &flow)?;
-    Ok(b.finish())
+    if let Err(why) = flow::simulate(&mut b, &flow) {
+        b.bug(NAME, why);
+    }
+    b.finish()
 }
 
 /// The PE holding the part of the row after the one on `pe`.
-fn next_part(rp: &RowPlan, pe: u32) -> u32 {
-    let i = rp
-        .parts
-        .iter()
-        .position(|pt| pt.pe == pe)
-        .expect("pe holds a part");
-    rp.parts[i + 1].pe
+fn next_part(rp: &RowPlan, pe: u32) -> Option<u32> {
+    let i = rp.parts.iter().position(|pt| pt.pe == pe)?;
+    Some(rp.parts.get(i + 1)?.pe)
 }
 
 /// Parts of a row are on increasing PEs (cuts are contiguous; with more PEs than scores some PEs

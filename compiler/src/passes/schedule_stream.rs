@@ -159,11 +159,7 @@ impl B {
         }
     }
     fn mul(mut self, a: Ad, b: Ad, dst: Option<Ad>) -> B {
-        self.op = Op::Mul {
-            a: 0,
-            b: 0,
-            dst: dst.as_ref().map(|_| 0),
-        };
+        self.op = Op::mul(0, 0, dst.as_ref().map(|_| 0));
         self.fields.push((Field::OpA, a));
         self.fields.push((Field::OpB, b));
         if let Some(d) = dst {
@@ -172,22 +168,14 @@ impl B {
         self
     }
     fn div(mut self, a: Ad, b: Ad, dst: Ad) -> B {
-        self.op = Op::Div {
-            a: 0,
-            b: 0,
-            dst: Some(0),
-        };
+        self.op = Op::div(0, 0, Some(0));
         self.fields.push((Field::OpA, a));
         self.fields.push((Field::OpB, b));
         self.fields.push((Field::OpDst, dst));
         self
     }
     fn exp(mut self, a: Ad, scale: f32, dst: Ad) -> B {
-        self.op = Op::Exp {
-            a: 0,
-            scale,
-            dst: Some(0),
-        };
+        self.op = Op::exp(0, scale, Some(0));
         self.fields.push((Field::OpA, a));
         self.fields.push((Field::OpDst, dst));
         self

@@ -15,8 +15,10 @@
 
 use super::schedule_causal::{check_shape, empty_rows, pair_chains};
 use crate::chains;
+use crate::passes::select::{shape_refusal, Culprit, Refusal};
 use crate::problem::{Inputs, Problem};
-use crate::schedule::{Builder, RingSchedule};
+use crate::schedule::{Builder, RingSchedule, ScheduleError};
+use crate::scheduler::Scheduler;
 
 pub const NAME: &str = "schedule-symmetric";
 pub const DESCRIPTION: &str =
@@ -30,7 +32,45 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
 }
 
 /// Heads are scheduled together, as in the causal schedule.
-pub fn run(p: &Problem, pes: u32) -> RingSchedule {
+/// The registry's handle on this pass.
+pub struct Symmetric;
+
+impl Scheduler for Symmetric {
+    fn name(&self) -> &'static str {
+        "symmetric"
+    }
+    fn pass(&self) -> &'static str {
+        NAME
+    }
+    fn description(&self) -> &'static str {
+        DESCRIPTION
+    }
+    fn title(&self) -> &'static str {
+        "symmetric (paper Algorithm 2, improved)"
+    }
+    fn refusal(&self, p: &Problem, pes: u32) -> Option<Refusal> {
+        let why = unsupported(p, pes)?;
+        Some(if p.symmetric {
+            shape_refusal(p, pes, why)
+        } else {
+            Refusal {
+                culprit: Culprit::Qkv,
+                message: why,
+                note: "`--schedule symmetric` applies only to layers with `qkv = shared`".into(),
+            }
+        })
+    }
+    fn tried_by_auto(&self, p: &Problem) -> bool {
+        // Under a causal mask every unmasked score is already one unordered pair: the causal
+        // schedule covers the layer.
+        !p.causal
+    }
+    fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+        run(p, pes)
+    }
+}
+
+pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     let mut b = Builder::new(NAME, pes);
     let mut inputs = Inputs::new(*p);
     let pairs = pair_chains(p, pes);

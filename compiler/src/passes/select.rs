@@ -1,88 +1,34 @@
 //! `select`: picks the scheduling algorithm from the analysis facts (never from the DSL text), or
 //! checks that a forced choice applies to the layer.
 
-use crate::passes::{schedule_baseline, schedule_causal, schedule_rows, schedule_symmetric};
 use crate::problem::Problem;
-use crate::schedule::RingSchedule;
-use std::fmt;
+use crate::scheduler::{self, Scheduler, SCHEDULERS};
 
 pub const NAME: &str = "select";
 pub const DESCRIPTION: &str = "choose the scheduling algorithms that apply, from the facts";
 
-/// What the user asked for with `--schedule`.
+/// What the user asked for with `--schedule`: `auto`, or one scheduler of the registry by its
+/// name.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Choice {
     #[default]
     Auto,
-    Baseline,
-    Symmetric,
-    Causal,
-    Rows,
+    Named(&'static str),
 }
 
 impl Choice {
-    pub const NAMES: [&'static str; 5] = ["auto", "baseline", "symmetric", "causal", "rows"];
+    /// Every value `--schedule` accepts, `auto` first.
+    pub fn names() -> Vec<&'static str> {
+        std::iter::once("auto")
+            .chain(SCHEDULERS.iter().map(|s| s.name()))
+            .collect()
+    }
 
     pub fn parse(s: &str) -> Option<Choice> {
-        match s {
-            "auto" => Some(Choice::Auto),
-            "baseline" => Some(Choice::Baseline),
-            "symmetric" => Some(Choice::Symmetric),
-            "causal" => Some(Choice::Causal),
-            "rows" => Some(Choice::Rows),
-            _ => None,
+        if s == "auto" {
+            return Some(Choice::Auto);
         }
-    }
-}
-
-/// A scheduling algorithm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Algorithm {
-    Baseline,
-    Symmetric,
-    Causal,
-    Rows,
-}
-
-impl Algorithm {
-    /// Why the algorithm cannot schedule this layer on `pes` PEs, if it cannot.
-    pub fn unsupported(self, p: &Problem, pes: u32) -> Option<String> {
-        match self {
-            Algorithm::Baseline => schedule_baseline::unsupported(p, pes),
-            Algorithm::Symmetric => schedule_symmetric::unsupported(p, pes),
-            Algorithm::Causal => schedule_causal::unsupported(p, pes),
-            Algorithm::Rows => schedule_rows::unsupported(p, pes),
-        }
-    }
-
-    pub fn pass_name(self) -> &'static str {
-        match self {
-            Algorithm::Baseline => schedule_baseline::NAME,
-            Algorithm::Symmetric => schedule_symmetric::NAME,
-            Algorithm::Causal => schedule_causal::NAME,
-            Algorithm::Rows => schedule_rows::NAME,
-        }
-    }
-
-    /// Runs the algorithm's scheduling pass; an error is a scheduler bug.
-    pub fn schedule(self, p: &Problem, pes: u32) -> Result<RingSchedule, String> {
-        match self {
-            Algorithm::Baseline => Ok(schedule_baseline::run(p, pes)),
-            Algorithm::Symmetric => Ok(schedule_symmetric::run(p, pes)),
-            Algorithm::Causal => Ok(schedule_causal::run(p, pes)),
-            Algorithm::Rows => schedule_rows::run(p, pes),
-        }
-    }
-}
-
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Algorithm::Baseline => write!(f, "baseline (paper Algorithm 1)"),
-            Algorithm::Symmetric => write!(f, "symmetric (paper Algorithm 2, improved)"),
-            Algorithm::Causal => write!(f, "causal (paper Algorithm 3, improved)"),
-            Algorithm::Rows => write!(f, "rows (row-ownership dataflow)"),
-        }
+        scheduler::by_name(s).map(|sch| Choice::Named(sch.name()))
     }
 }
 
@@ -105,22 +51,8 @@ pub struct Refusal {
     pub note: String,
 }
 
-/// The candidates for a layer, best first by the facts: a mask removes the most work, then
-/// symmetry; the baseline always applies where its shape constraints hold.
-fn candidates(p: &Problem) -> Vec<Algorithm> {
-    let mut v = Vec::new();
-    if p.causal {
-        v.push(Algorithm::Causal);
-    }
-    if p.symmetric && !p.causal {
-        v.push(Algorithm::Symmetric);
-    }
-    v.push(Algorithm::Rows);
-    v.push(Algorithm::Baseline);
-    v
-}
-
-fn shape_refusal(p: &Problem, pes: u32, why: String) -> Refusal {
+/// A refusal for a shape a pair schedule cannot divide over the ring: blames tokens or dim.
+pub fn shape_refusal(p: &Problem, pes: u32, why: String) -> Refusal {
     let culprit = if !p.tokens.is_multiple_of(pes) {
         Culprit::Tokens
     } else {
@@ -136,43 +68,40 @@ fn shape_refusal(p: &Problem, pes: u32, why: String) -> Refusal {
     }
 }
 
-/// Picks the algorithms to try (several under `auto`; the caller keeps the fastest).
-pub fn run(p: &Problem, pes: u32, choice: Choice) -> Result<Vec<Algorithm>, Refusal> {
-    let forced = match choice {
-        Choice::Auto => None,
-        Choice::Baseline => Some(Algorithm::Baseline),
-        Choice::Symmetric => Some(Algorithm::Symmetric),
-        Choice::Causal => Some(Algorithm::Causal),
-        Choice::Rows => Some(Algorithm::Rows),
-    };
-    if let Some(alg) = forced {
-        return match alg.unsupported(p, pes) {
-            None => Ok(vec![alg]),
-            Some(why) => Err(match alg {
-                Algorithm::Symmetric if !p.symmetric => Refusal {
-                    culprit: Culprit::Qkv,
-                    message: why,
-                    note: "`--schedule symmetric` applies only to layers with `qkv = shared`"
-                        .into(),
-                },
-                Algorithm::Causal if !p.causal => Refusal {
-                    culprit: Culprit::Mask,
-                    message: why,
-                    note: "`--schedule causal` applies only to layers with `mask = causal`".into(),
-                },
-                _ => shape_refusal(p, pes, why),
-            }),
+/// Picks the schedulers to try (several under `auto`; the caller keeps the fastest).
+pub fn run(p: &Problem, pes: u32, choice: Choice) -> Result<Vec<&'static dyn Scheduler>, Refusal> {
+    if let Choice::Named(name) = choice {
+        let Some(sch) = scheduler::by_name(name) else {
+            return Err(Refusal {
+                culprit: Culprit::Pes,
+                message: format!("no scheduler is named `{name}`"),
+                note: format!("`--schedule` takes one of: {}", Choice::names().join(", ")),
+            });
+        };
+        return match sch.refusal(p, pes) {
+            None => Ok(vec![sch]),
+            Some(r) => Err(r),
         };
     }
-    let all = candidates(p);
-    let ok: Vec<Algorithm> = all
+    let tried: Vec<&'static dyn Scheduler> = SCHEDULERS
         .iter()
         .copied()
-        .filter(|a| a.unsupported(p, pes).is_none())
+        .filter(|s| s.tried_by_auto(p))
+        .collect();
+    let ok: Vec<&'static dyn Scheduler> = tried
+        .iter()
+        .copied()
+        .filter(|s| s.refusal(p, pes).is_none())
         .collect();
     if ok.is_empty() {
-        let why = all[0].unsupported(p, pes).unwrap_or_default();
-        return Err(shape_refusal(p, pes, why));
+        return Err(tried
+            .first()
+            .and_then(|s| s.refusal(p, pes))
+            .unwrap_or_else(|| Refusal {
+                culprit: Culprit::Pes,
+                message: "no scheduler applies to this layer".into(),
+                note: String::new(),
+            }));
     }
     Ok(ok)
 }
