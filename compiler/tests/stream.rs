@@ -122,8 +122,13 @@ fn run(p: &Problem, m: u32, st: &Stream, mode: Mode) -> (Vec<f32>, Vec<f64>, Run
 }
 
 fn check(n: u32, d: u32, h: u32, m: u32, shared: bool, causal: bool) {
+    check_one(n, d, h, m, shared, causal, false);
+    check_one(n, d, h, m, shared, causal, true);
+}
+
+fn check_one(n: u32, d: u32, h: u32, m: u32, shared: bool, causal: bool, safe: bool) {
     let p = problem(n, d, h, shared, causal);
-    let st = schedule_stream::run(&p, m).unwrap_or_else(|e| panic!("{e}"));
+    let st = schedule_stream::run(&p, m, safe).unwrap_or_else(|e| panic!("{e}"));
     for prog in &st.programs {
         assert_eq!(
             prog.cycles(),
@@ -149,11 +154,25 @@ fn check(n: u32, d: u32, h: u32, m: u32, shared: bool, causal: bool) {
         })
     };
     let (mul, exp, div) = total(&stats);
-    assert_eq!(mul, st.ops.phase1_mac + st.ops.phase3_mac);
-    assert_eq!(exp, st.ops.phase2_exp);
+    let kind = |k: OpKind| stats.per_pe.iter().map(|x| x.count(k)).sum::<u64>();
+    let (max, expd) = (kind(OpKind::Max), kind(OpKind::Expd));
+    // The static count from the loop structure is what runs.
+    assert_eq!(mul + exp + div + max + expd, st.total_ops);
     assert_eq!(div, st.ops.phase2_div);
+    if safe {
+        // Exponentials of scores become shifted ones; the extra multiplies
+        // are the rescaling of l and y.
+        assert_eq!(exp, 0);
+        assert!(expd >= st.ops.phase2_exp);
+        assert!(max > 0);
+        assert!(mul >= st.ops.phase1_mac + st.ops.phase3_mac);
+    } else {
+        assert_eq!(mul, st.ops.phase1_mac + st.ops.phase3_mac);
+        assert_eq!(exp, st.ops.phase2_exp);
+        assert_eq!(max + expd, 0);
+    }
     // Every PE busy every cycle: the schedule has no idle slot.
-    assert_eq!(mul + exp + div, st.cycles * u64::from(m));
+    assert_eq!(st.total_ops, st.cycles * u64::from(m));
     // Bit-identical across the three ways of running.
     if st.cycles * u64::from(m) < 3_000_000 {
         let (y2, _, s2) = run(&p, m, &st, Mode::Step);

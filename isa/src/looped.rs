@@ -580,3 +580,74 @@ fn validate_bundle(b: &LBundle, bounds: &[u32]) -> Result<(), String> {
     }
     Ok(())
 }
+
+impl LoopProgram {
+    /// Executed ops by kind (indexed by `OpKind::index`), computed from the
+    /// loop structure without running: a template counts once per iteration
+    /// of its enclosing loops in which its op-slot predicates hold.
+    pub fn op_counts(&self) -> [u64; crate::inst::OPS.len()] {
+        let mut out = [0u64; crate::inst::OPS.len()];
+        let mut bounds = Vec::new();
+        count_ops(&self.body, &mut bounds, &mut out);
+        out
+    }
+}
+
+fn count_ops(nodes: &[Node], bounds: &mut Vec<u32>, out: &mut [u64]) {
+    for n in nodes {
+        match n {
+            Node::Loop(l) => {
+                bounds.push(l.count);
+                count_ops(&l.body, bounds, out);
+                bounds.pop();
+            }
+            Node::Bundle(b) => {
+                let Some(k) = b.bundle.op.kind() else {
+                    continue;
+                };
+                let mut times = 1u64;
+                for (level, &bound) in bounds.iter().enumerate() {
+                    let preds: Vec<&Pred> = b
+                        .preds
+                        .iter()
+                        .filter(|p| p.slot == Slot::Op && usize::from(p.level) == level)
+                        .collect();
+                    let hits = if preds.is_empty() {
+                        u64::from(bound)
+                    } else {
+                        // Conjunctions of comparisons with constants: an
+                        // interval minus at most a few points, counted
+                        // directly over the interval's ends.
+                        let mut lo = 0u64;
+                        let mut hi = u64::from(bound);
+                        let mut eqs = Vec::new();
+                        let mut nes = Vec::new();
+                        for p in &preds {
+                            let v = u64::from(p.value);
+                            match p.cmp {
+                                Cmp::Lt => hi = hi.min(v),
+                                Cmp::Ge => lo = lo.max(v),
+                                Cmp::Eq => eqs.push(v),
+                                Cmp::Ne => nes.push(v),
+                            }
+                        }
+                        if let Some(&e) = eqs.first() {
+                            if eqs.iter().all(|&x| x == e) && e >= lo && e < hi {
+                                lo = e;
+                                hi = e + 1;
+                            } else {
+                                hi = lo;
+                            }
+                        }
+                        nes.sort_unstable();
+                        nes.dedup();
+                        let span = hi.saturating_sub(lo);
+                        span - nes.iter().filter(|&&x| x >= lo && x < hi).count() as u64
+                    };
+                    times = times.saturating_mul(hits);
+                }
+                out[k.index()] = out[k.index()].saturating_add(times);
+            }
+        }
+    }
+}

@@ -79,7 +79,12 @@ pub struct Stream {
     pub inputs: BTreeMap<String, Layout>,
     pub output: Layout,
     pub cycles: u64,
+    /// The plain formulation's operations (what the softmax needs without
+    /// the running maximum).
     pub ops: crate::schedule::OpCounts,
+    /// Every operation the programs execute, running maxima and rescaling
+    /// included: the necessary count of the formulation emitted.
+    pub total_ops: u64,
 }
 
 /// Why the stream schedule does not apply, if it does not.
@@ -169,6 +174,20 @@ impl B {
     }
     fn div(mut self, a: Ad, b: Ad, dst: Ad) -> B {
         self.op = Op::div(0, 0, Some(0));
+        self.fields.push((Field::OpA, a));
+        self.fields.push((Field::OpB, b));
+        self.fields.push((Field::OpDst, dst));
+        self
+    }
+    fn max(mut self, a: Ad, b: Ad, dst: Ad) -> B {
+        self.op = Op::max(0, 0, Some(0));
+        self.fields.push((Field::OpA, a));
+        self.fields.push((Field::OpB, b));
+        self.fields.push((Field::OpDst, dst));
+        self
+    }
+    fn expd(mut self, a: Ad, b: Ad, scale: f32, dst: Ad) -> B {
+        self.op = Op::expd(0, 0, scale, Some(0));
         self.fields.push((Field::OpA, a));
         self.fields.push((Field::OpB, b));
         self.fields.push((Field::OpDst, dst));
@@ -273,6 +292,12 @@ struct Map {
     buf: [u32; 2],
     s: u32,
     l: u32,
+    /// Running row maxima, two slots of `rows` words (safe softmax): a
+    /// round reads the old maximum from one and writes the new one to the
+    /// other, so no copy is ever needed.
+    mx: u32,
+    /// The rescale factor of the current round.
+    f: u32,
     words: u32,
 }
 
@@ -288,6 +313,9 @@ struct Work {
     first: bool,
     /// Words of the block this work's score loops forward, and where.
     send: Option<(Ad, Ad, u32)>,
+    /// Safe softmax: base of the max slot holding the old maximum (written
+    /// by a first round) and of the one receiving the new maximum.
+    slots: Option<(Ad, Ad)>,
 }
 
 struct Ctx<'a> {
@@ -387,29 +415,57 @@ impl Ctx<'_> {
                 .build()],
         ));
         body.extend(lp(w.keys, score));
-        // Exponentials, summed into l[a].
         let e = |off: i64| s.clone().plus(off).t(lb, 1);
+        // Safe softmax: the row maximum so far, and for a later round the
+        // factor exp(s·(m_old − m_new)) that rescales l and y.
+        let mut shift = None;
+        if let Some((old, new)) = &w.slots {
+            let mo = row(old.clone(), 1);
+            let mn = row(new.clone(), 1);
+            let f = ad(m.f);
+            if w.first {
+                if w.keys >= 2 {
+                    body.push(
+                        B::new()
+                            .max(s.clone(), s.clone().plus(1), mo.clone())
+                            .build(),
+                    );
+                    body.extend(lp(
+                        w.keys - 2,
+                        vec![B::new().max(mo.clone(), e(2), mo.clone()).build()],
+                    ));
+                } else {
+                    body.push(B::new().max(s.clone(), s.clone(), mo.clone()).build());
+                }
+                shift = Some(mo);
+            } else {
+                body.push(B::new().max(mo.clone(), s.clone(), mn.clone()).build());
+                body.extend(lp(
+                    w.keys - 1,
+                    vec![B::new().max(mn.clone(), e(1), mn.clone()).build()],
+                ));
+                body.push(B::new().expd(mo, mn.clone(), self.scale, f.clone()).build());
+                body.push(B::new().mul(l.clone(), f.clone(), Some(l.clone())).build());
+                let yc = y.clone().t(lb, 1);
+                body.extend(lp(m.d, vec![B::new().mul(yc.clone(), f, Some(yc)).build()]));
+                shift = Some(mn);
+            }
+        }
+        // Exponentials, summed into l[a].
+        let ex = |x: Ad| match &shift {
+            Some(mx) => B::new().expd(x.clone(), mx.clone(), self.scale, x),
+            None => B::new().exp(x.clone(), self.scale, x),
+        };
         if w.first {
-            body.push(
-                B::new()
-                    .exp(s.clone(), self.scale, s.clone())
-                    .add(None, l.clone())
-                    .build(),
-            );
+            body.push(ex(s.clone()).add(None, l.clone()).build());
             body.extend(lp(
                 w.keys - 1,
-                vec![B::new()
-                    .exp(e(1), self.scale, e(1))
-                    .add(Some(l.clone()), l.clone())
-                    .build()],
+                vec![ex(e(1)).add(Some(l.clone()), l.clone()).build()],
             ));
         } else {
             body.extend(lp(
                 w.keys,
-                vec![B::new()
-                    .exp(e(0), self.scale, e(0))
-                    .add(Some(l.clone()), l.clone())
-                    .build()],
+                vec![ex(e(0)).add(Some(l.clone()), l.clone()).build()],
             ));
         }
         // Weighted values: y[a][c] += Σ_b e[b]·v[b][c]; columns outside,
@@ -447,12 +503,9 @@ impl Ctx<'_> {
     }
 }
 
-/// Cycles of one step of work of `rows × keys` scores.
-fn work_cycles(rows: u64, keys: u64, d: u64) -> u64 {
-    rows * keys * (2 * d + 1)
-}
-
-pub fn run(p: &Problem, pes: u32) -> Result<Stream, String> {
+/// Builds the stream schedule; `safe` subtracts a running row maximum
+/// (online softmax with rescaling) instead of exponentiating raw scores.
+pub fn run(p: &Problem, pes: u32, safe: bool) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, pes) {
         return Err(why);
     }
@@ -460,7 +513,6 @@ pub fn run(p: &Problem, pes: u32) -> Result<Stream, String> {
     let shared = p.symmetric;
     let causal = p.causal;
     let rows = n / m;
-    let c = rows / 2;
     let hd = rows * d;
     let block = if shared { hd } else { 2 * hd };
     let too_big = || format!("{NAME}: the layer does not fit in 32-bit addresses");
@@ -477,6 +529,8 @@ pub fn run(p: &Problem, pes: u32) -> Result<Stream, String> {
     let buf1 = buf0 + block;
     let s = buf1 + block;
     let l = s + rows;
+    let mx = l + rows;
+    let f = mx + 2 * rows;
     let map = Map {
         d,
         rows,
@@ -488,21 +542,21 @@ pub fn run(p: &Problem, pes: u32) -> Result<Stream, String> {
         buf: [buf0, buf1],
         s,
         l,
-        words: l + rows,
+        mx,
+        f,
+        words: if safe { f + 1 } else { l + rows },
     };
     let scale = p.scale as f32;
     let programs = (0..m)
-        .map(|pe| program(&map, pe, m, heads, causal, scale))
-        .collect();
-    let per_head = if causal {
-        let (c, d) = (u64::from(c), u64::from(d));
-        let step0: u64 = (0..2 * c).map(|r| work_cycles(1, r + 1, d)).sum();
-        step0 + (u64::from(m) - 1) * work_cycles(2 * c, c, d) + 2 * c * d
-    } else {
-        let (r, d) = (u64::from(rows), u64::from(d));
-        u64::from(m) * work_cycles(r, r, d) + r * d
-    };
-    let cycles = per_head * u64::from(heads);
+        .map(|pe| program(&map, pe, m, heads, causal, scale, safe))
+        .collect::<Vec<_>>();
+    // Static: every PE's length follows from its loops; they are equal by
+    // construction, which the tests check.
+    let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
+    let total_ops: u64 = programs
+        .iter()
+        .map(|p| p.op_counts().iter().sum::<u64>())
+        .sum();
     let weights = if causal {
         u64::from(n) * (u64::from(n) + 1) / 2
     } else {
@@ -535,10 +589,19 @@ pub fn run(p: &Problem, pes: u32) -> Result<Stream, String> {
         output: lay(y, hd),
         cycles,
         ops,
+        total_ops,
     })
 }
 
-fn program(map: &Map, pe: u32, m: u32, heads: u32, causal: bool, scale: f32) -> LoopProgram {
+fn program(
+    map: &Map,
+    pe: u32,
+    m: u32,
+    heads: u32,
+    causal: bool,
+    scale: f32,
+    safe: bool,
+) -> LoopProgram {
     let d = i64::from(map.d);
     let block = i64::from(map.block);
     let ctx = |depth: u8| Ctx {
@@ -560,6 +623,16 @@ fn program(map: &Map, pe: u32, m: u32, heads: u32, causal: bool, scale: f32) -> 
         ad(start).wrap(level, stride, 2)
     };
     let own = ad(map.kv).t(0, block);
+    let rows_i = i64::from(map.rows);
+    // Step s writes the new row maximum to slot s % 2 and reads the old one
+    // from the other (step 0 only writes slot 0).
+    let slot_at = |first: u32, level: u8, ahead: u32| {
+        let par = (first + ahead) % 2;
+        let start = map.mx + par * map.rows;
+        let stride = if par == 0 { rows_i } else { -rows_i };
+        ad(start).wrap(level, stride, 2)
+    };
+    let slot0 = safe.then(|| (ad(map.mx), ad(map.mx)));
     let mut head = Vec::new();
     let last_send = |s_first: u32, count: u32| -> Vec<Pred> {
         // Steps s_first + i with s < m − 1 forward their block.
@@ -601,6 +674,7 @@ fn program(map: &Map, pe: u32, m: u32, heads: u32, causal: bool, scale: f32) -> 
                 kb: own.clone(),
                 first: true,
                 send,
+                slots: slot0.clone(),
             }));
         }
     } else {
@@ -612,42 +686,93 @@ fn program(map: &Map, pe: u32, m: u32, heads: u32, causal: bool, scale: f32) -> 
             kb: own.clone(),
             first: true,
             send: send0,
+            slots: slot0.clone(),
         }));
     }
-    // Later steps: (first step, count, rows r0/rows, keys k0/keys).
-    let mut phases: Vec<(u32, u32, u32, u32, u32, u32)> = Vec::new();
+    // Later steps. Without a mask: all rows against the whole block. With
+    // one: steps 1..=pe take all rows against the block's first chunk, later
+    // steps the second chunk's rows against both chunks, as two rounds of
+    // one chunk each so that both kinds of step cost the same (rescaling
+    // included) and the PEs stay in lockstep.
+    struct Phase {
+        first: u32,
+        count: u32,
+        r0: u32,
+        rows: u32,
+        /// (first key, keys, which round) per round.
+        rounds: Vec<(u32, u32)>,
+    }
+    let mut phases = Vec::new();
     if causal {
         let c = map.rows / 2;
-        // Steps 1..=pe: all rows against the first chunk.
-        phases.push((1, pe, 0, 2 * c, 0, c));
-        // Steps pe+1..m: second-chunk rows against all keys.
-        phases.push((pe + 1, m - 1 - pe, c, c, 0, 2 * c));
+        phases.push(Phase {
+            first: 1,
+            count: pe,
+            r0: 0,
+            rows: 2 * c,
+            rounds: vec![(0, c)],
+        });
+        phases.push(Phase {
+            first: pe + 1,
+            count: m - 1 - pe,
+            r0: c,
+            rows: c,
+            rounds: vec![(0, c), (c, c)],
+        });
     } else {
-        phases.push((1, m - 1, 0, map.rows, 0, map.rows));
+        phases.push(Phase {
+            first: 1,
+            count: m - 1,
+            r0: 0,
+            rows: map.rows,
+            rounds: vec![(0, map.rows)],
+        });
     }
-    for (first, count, r0, rows, k0, keys) in phases {
-        if count == 0 {
+    for ph in phases {
+        if ph.count == 0 {
             continue;
         }
-        let kb = buf_at(first, 1, 0);
-        let dst = buf_at(first, 1, 1);
-        let preds = last_send(first, count);
+        let kb = buf_at(ph.first, 1, 0);
+        let dst = buf_at(ph.first, 1, 1);
+        let preds = last_send(ph.first, ph.count);
         // A step that never forwards (only the last) gets no send at all.
-        let forwards = first < m - 1;
-        let send = forwards.then(|| (kb.clone(), dst, map.block));
-        let mut inner = ctx(2).block(&Work {
-            r0,
-            rows,
-            k0,
-            keys,
-            kb,
-            first: false,
-            send,
-        });
+        let forwards = ph.first < m - 1;
+        let n_rounds = ph.rounds.len() as u32;
+        let per_round = map.block / n_rounds;
+        let mut inner = Vec::new();
+        for (k, &(k0, keys)) in ph.rounds.iter().enumerate() {
+            let off = i64::from(per_round) * k as i64;
+            let send = forwards.then(|| (kb.clone().plus(off), dst.clone().plus(off), per_round));
+            let slots = safe.then(|| {
+                if n_rounds == 1 {
+                    (slot_at(ph.first, 1, 1), slot_at(ph.first, 1, 0))
+                } else {
+                    // Rounds within a step swap the slots back and forth;
+                    // the step leaves the maximum where it found it.
+                    let cur = ad(map.mx + ((ph.first + 1) % 2) * map.rows);
+                    let other = ad(map.mx + (ph.first % 2) * map.rows);
+                    if k % 2 == 0 {
+                        (cur, other)
+                    } else {
+                        (other, cur)
+                    }
+                }
+            });
+            inner.extend(ctx(2).block(&Work {
+                r0: ph.r0,
+                rows: ph.rows,
+                k0,
+                keys,
+                kb: kb.clone(),
+                first: false,
+                send,
+                slots,
+            }));
+        }
         if !preds.is_empty() {
             add_xfer_preds(&mut inner, &preds);
         }
-        head.extend(lp(count, inner));
+        head.extend(lp(ph.count, inner));
     }
     // Deferred normalisation.
     let rows = map.rows;
