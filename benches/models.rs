@@ -27,13 +27,69 @@ struct Model {
 }
 
 const MODELS: [Model; 7] = [
-    Model { name: "BERT-base", n: 512, d: 64, h: 12, causal: false, m: 8, run: true },
-    Model { name: "GPT-2 small", n: 1024, d: 64, h: 12, causal: true, m: 16, run: true },
-    Model { name: "GPT-2 small", n: 1024, d: 64, h: 12, causal: true, m: 64, run: false },
-    Model { name: "Llama-2-7B", n: 4096, d: 128, h: 32, causal: true, m: 64, run: false },
-    Model { name: "Llama-2-7B", n: 4096, d: 128, h: 32, causal: true, m: 256, run: false },
-    Model { name: "8k context", n: 8192, d: 128, h: 32, causal: true, m: 1024, run: false },
-    Model { name: "GPT-2 small, 1 head", n: 1024, d: 64, h: 1, causal: true, m: 16, run: true },
+    Model {
+        name: "BERT-base",
+        n: 512,
+        d: 64,
+        h: 12,
+        causal: false,
+        m: 8,
+        run: true,
+    },
+    Model {
+        name: "GPT-2 small",
+        n: 1024,
+        d: 64,
+        h: 12,
+        causal: true,
+        m: 16,
+        run: true,
+    },
+    Model {
+        name: "GPT-2 small",
+        n: 1024,
+        d: 64,
+        h: 12,
+        causal: true,
+        m: 64,
+        run: false,
+    },
+    Model {
+        name: "Llama-2-7B",
+        n: 4096,
+        d: 128,
+        h: 32,
+        causal: true,
+        m: 64,
+        run: false,
+    },
+    Model {
+        name: "Llama-2-7B",
+        n: 4096,
+        d: 128,
+        h: 32,
+        causal: true,
+        m: 256,
+        run: false,
+    },
+    Model {
+        name: "8k context",
+        n: 8192,
+        d: 128,
+        h: 32,
+        causal: true,
+        m: 1024,
+        run: false,
+    },
+    Model {
+        name: "GPT-2 small, 1 head",
+        n: 1024,
+        d: 64,
+        h: 1,
+        causal: true,
+        m: 16,
+        run: true,
+    },
 ];
 
 fn peak_rss_mb() -> f64 {
@@ -54,7 +110,9 @@ fn data(len: usize, seed: u64) -> Vec<f32> {
         s ^= s << 17;
         (s >> 40) as f32 / (1u64 << 24) as f32
     };
-    (0..len).map(|_| (0..4).map(|_| u()).sum::<f32>() * 1.732 - 3.464).collect()
+    (0..len)
+        .map(|_| (0..4).map(|_| u()).sum::<f32>() * 1.732 - 3.464)
+        .collect()
 }
 
 fn one(i: usize) {
@@ -167,7 +225,14 @@ fn main() {
             .expect("child runs");
         print!("{}", String::from_utf8_lossy(&out.stdout));
         if !out.status.success() {
-            println!("| {} | failed: {} |", MODELS[i].name, String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or(""));
+            println!(
+                "| {} | failed: {} |",
+                MODELS[i].name,
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            );
         }
     }
 }

@@ -227,3 +227,28 @@ fn refuses_what_it_cannot_do() {
     assert!(schedule_stream::unsupported(&problem(2, 2, 1, false, false), 2).is_some());
     assert!(schedule_stream::unsupported(&problem(8, 2, 1, false, true), 2).is_none());
 }
+
+#[test]
+fn safe_formulation_survives_scores_that_overflow_exp() {
+    // Scores around ±400 overflow exp in f32; subtracting the running
+    // maximum keeps every exponential in (0, 1]. The plain formulation is
+    // run too, to show the inputs really are out of its range.
+    let (n, d, h, m) = (16u32, 4u32, 1u32, 4u32);
+    let mut p = problem(n, d, h, false, true);
+    p.scale = 25.0;
+    let safe = schedule_stream::run(&p, m, true).unwrap();
+    let plain = schedule_stream::run(&p, m, false).unwrap();
+    let (y, want, _) = run(&p, m, &safe, Mode::Bulk);
+    assert!(want.iter().all(|w| w.is_finite()));
+    let err = y
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (f64::from(*a) - b).abs())
+        .fold(0.0, f64::max);
+    assert!(err <= 1e-4, "safe: max abs err {err}");
+    let (y_plain, _, _) = run(&p, m, &plain, Mode::Bulk);
+    assert!(
+        y_plain.iter().any(|v| !v.is_finite()),
+        "plain did not overflow"
+    );
+}
