@@ -218,7 +218,7 @@ fn main() {
     println!("| layer | n | d | heads | mask | m | cycles | LB (plain) | cycles/LB (formulation) | cycles/LB (plain) | max pe bytes | mem words/PE | compile s | peak RSS MB | run |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let exe = std::env::current_exe().expect("own path");
-    for i in 0..MODELS.len() {
+    for (i, model) in MODELS.iter().enumerate() {
         let out = Command::new(&exe)
             .args(["--one", &i.to_string()])
             .output()
@@ -227,7 +227,7 @@ fn main() {
         if !out.status.success() {
             println!(
                 "| {} | failed: {} |",
-                MODELS[i].name,
+                model.name,
                 String::from_utf8_lossy(&out.stderr)
                     .lines()
                     .last()

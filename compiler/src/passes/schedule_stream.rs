@@ -91,7 +91,7 @@ pub struct Stream {
 pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     let (n, m) = (p.tokens, pes);
     let per = if p.causal { 4 } else { 2 };
-    if n % (per / 2 * m) != 0 || n < per * m {
+    if !n.is_multiple_of(per / 2 * m) || n < per * m {
         return Some(format!(
             "{NAME} needs `tokens` to be a multiple of {} and at least {} on {m} PEs ({n} is not)",
             per / 2 * m,
@@ -615,7 +615,7 @@ fn program(
     // + i) % 2).
     let buf_at = |first: u32, level: u8, target_offset: u32| {
         let start = map.buf[((first + target_offset) % 2) as usize];
-        let stride = if (first + target_offset) % 2 == 0 {
+        let stride = if (first + target_offset).is_multiple_of(2) {
             block
         } else {
             -block
