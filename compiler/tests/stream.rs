@@ -252,3 +252,125 @@ fn safe_formulation_survives_scores_that_overflow_exp() {
         "plain did not overflow"
     );
 }
+
+/// Every way of nudging one loop count, stride or base address of the
+/// compact programs by one, skipping strides of one-iteration loops (which
+/// cannot change anything).
+fn mutants(progs: &[isa::LoopProgram]) -> Vec<(String, Vec<isa::LoopProgram>)> {
+    use isa::{Field, Node};
+    fn walk(
+        nodes: &mut Vec<Node>,
+        bounds: &mut Vec<u32>,
+        path: &mut Vec<usize>,
+        out: &mut Vec<(Vec<usize>, String, usize)>,
+    ) {
+        for (i, n) in nodes.iter_mut().enumerate() {
+            path.push(i);
+            match n {
+                Node::Loop(l) => {
+                    out.push((path.clone(), "count".into(), 0));
+                    bounds.push(l.count);
+                    walk(&mut l.body, bounds, path, out);
+                    bounds.pop();
+                }
+                Node::Bundle(b) => {
+                    for (k, t) in b.terms.iter().enumerate() {
+                        if bounds[usize::from(t.level)] > 1 {
+                            out.push((path.clone(), "stride".into(), k));
+                        }
+                    }
+                    for (k, f) in Field::ALL.iter().enumerate() {
+                        if isa::looped::field(&b.bundle, *f).is_some() {
+                            out.push((path.clone(), "base".into(), k));
+                        }
+                    }
+                }
+            }
+            path.pop();
+        }
+    }
+    fn at<'a>(nodes: &'a mut [Node], path: &[usize]) -> &'a mut Node {
+        let n = &mut nodes[path[0]];
+        if path.len() == 1 {
+            return n;
+        }
+        match n {
+            Node::Loop(l) => at(&mut l.body, &path[1..]),
+            Node::Bundle(_) => unreachable!("paths go through loops"),
+        }
+    }
+    let mut out = Vec::new();
+    for pe in 0..progs.len() {
+        let mut sites = Vec::new();
+        let mut body = progs[pe].body.clone();
+        walk(&mut body, &mut Vec::new(), &mut Vec::new(), &mut sites);
+        for (path, what, k) in sites {
+            for delta in [-1i64, 1] {
+                let mut ps = progs.to_vec();
+                let before = ps.clone();
+                let node = at(&mut ps[pe].body, &path);
+                match (node, what.as_str()) {
+                    (Node::Loop(l), "count") => {
+                        l.count = (i64::from(l.count) + delta).max(0) as u32
+                    }
+                    (Node::Bundle(b), "stride") => b.terms[k].stride += delta as i32,
+                    (Node::Bundle(b), "base") => {
+                        let f = Field::ALL[k];
+                        let v = isa::looped::field(&b.bundle, f).unwrap_or(0);
+                        isa::looped::set_field(
+                            &mut b.bundle,
+                            f,
+                            (i64::from(v) + delta).max(0) as u32,
+                        );
+                    }
+                    _ => continue,
+                }
+                // A base of 0 cannot go lower; that is no mutation.
+                if ps != before {
+                    out.push((format!("PE {pe} {what} {k} at {path:?} {delta:+}"), ps));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_mutated_count_stride_or_base_is_caught() {
+    // Plain formulation without a mask: with a running maximum, moving a
+    // `max` operand only shifts every exponent of a row by one constant
+    // (the same softmax), and under a causal mask the first token's single
+    // weight is 1 whatever its score; such mutants are equivalent, not
+    // missed.
+    let p = problem(8, 2, 2, false, false);
+    let m = 2;
+    let st = schedule_stream::run(&p, m, false).unwrap();
+    let (_, want, _) = run(&p, m, &st, Mode::Bulk);
+    let list = mutants(&st.programs);
+    assert!(list.len() > 200, "{} mutants", list.len());
+    let mut survivors = Vec::new();
+    for (name, progs) in list {
+        if progs.iter().any(|p| p.validate().is_err()) {
+            continue;
+        }
+        let cycles = progs.iter().map(|p| p.cycles()).max().unwrap_or(0);
+        if cycles != st.cycles {
+            continue;
+        }
+        let mutant = Stream {
+            programs: progs,
+            ..st.clone()
+        };
+        let caught = std::panic::catch_unwind(|| {
+            let (y, _, _) = run(&p, m, &mutant, Mode::Bulk);
+            y.iter()
+                .zip(&want)
+                .any(|(a, b)| !((f64::from(*a) - b).abs() <= 1e-4))
+        })
+        .unwrap_or(true);
+        if !caught {
+            survivors.push(name);
+        }
+    }
+    assert!(survivors.is_empty(), "undetected mutants: {survivors:#?}");
+}
