@@ -27,7 +27,9 @@ fn layer(scheme: &str, n: u32) -> lang::Layer {
     } else {
         "mask = causal;"
     };
-    let src = format!("layer {scheme}_n{n} {{ tokens = {n}; dim = {n}; scale = 1; {q} }}");
+    let src = format!(
+        "layer {scheme}_n{n} {{ tokens = {n}; dim = {n}; scale = 1; softmax = plain; {q} }}"
+    );
     let parsed = lang::parse(0, &src);
     assert!(!lang::has_errors(&parsed.diagnostics), "{src}");
     parsed.layers.into_iter().next().expect("one layer")

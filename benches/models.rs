@@ -125,6 +125,7 @@ fn one(i: usize) {
         symmetric: false,
         shared_values: false,
         causal: md.causal,
+        softmax: runtime::layer::Softmax::Safe,
     };
     let t = Instant::now();
     let st = schedule_stream::run(&p, md.m, true).expect("stream schedule applies");

@@ -84,7 +84,7 @@ fn main() {
             "mask = causal;"
         };
         let src = format!(
-            "layer t {{ tokens = {}; dim = {}; scale = 1; {q} }}",
+            "layer t {{ tokens = {}; dim = {}; scale = 1; softmax = plain; {q} }}",
             x.n, x.n
         );
         let (c, ms) = compile(&src, x.m);

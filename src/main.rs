@@ -27,11 +27,17 @@ enum Cmd {
     Verify(cli::verify::VerifyArgs),
     /// Search for a provably optimal schedule with a SAT solver (small layers)
     Optimal(cli::optimal::OptimalArgs),
+    /// Per-PE summary of an emitted directory: program size, work by phase, link traffic, memory map
+    Inspect(cli::inspect::InspectArgs),
+    /// Draw a PE × time utilisation picture (SVG) of an emitted directory, coloured by phase
+    Show(cli::show::ShowArgs),
     /// List the compiler's passes (names for --dump-after)
     Passes,
 }
 
-const SUBCOMMANDS: [&str; 6] = ["compile", "run", "verify", "optimal", "passes", "help"];
+const SUBCOMMANDS: [&str; 8] = [
+    "compile", "run", "verify", "optimal", "inspect", "show", "passes", "help",
+];
 
 fn main() -> ExitCode {
     // Printing into a closed pipe (`attnc verify DIR | head -1`) ends the process quietly, as
@@ -54,6 +60,8 @@ fn main() -> ExitCode {
         Cmd::Run(a) => cli::run::run(a),
         Cmd::Verify(a) => cli::verify::run(a),
         Cmd::Optimal(a) => cli::optimal::run(a),
+        Cmd::Inspect(a) => cli::inspect::run(a),
+        Cmd::Show(a) => cli::show::run(a),
         Cmd::Passes => {
             for (name, desc) in compiler::passes::list() {
                 println!("{name:20} {desc}");

@@ -97,7 +97,7 @@ fn causal_baseline_touches_no_masked_element() {
     }
 }
 
-/// The paper's formula for the scheme the layer has (DESIGN.md §4), one head, d = n, m | n.
+/// The paper's formula for the scheme the layer has (docs/paper.md), one head, d = n, m | n.
 fn paper_formula(n: u64, m: u64, shared: bool, causal: bool) -> u64 {
     let base = (2 * n * n * n + 2 * n * n) / m;
     if causal {
@@ -137,7 +137,7 @@ fn auto_grid_beats_paper_formulas_with_necessary_ops_only() {
                             "{what}: {} cycles > paper's {paper}",
                             r.cycles
                         );
-                        // Exactly the necessary operations (DESIGN.md §4), by phase.
+                        // Exactly the necessary operations (docs/paper.md), by phase.
                         let d = n64;
                         let weights = if causal {
                             n64 * (n64 + 1) / 2
@@ -191,7 +191,7 @@ fn paper_tables_at_or_below_the_paper() {
     for (is_causal, table) in [(false, &shared[..]), (true, &causal[..])] {
         for &(n, m, paper) in table {
             let src = format!(
-                "layer t {{ tokens = {n}; dim = {n}; scale = 1; {} }}",
+                "layer t {{ tokens = {n}; dim = {n}; scale = 1; softmax = plain; {} }}",
                 if is_causal {
                     "mask = causal;"
                 } else {
@@ -232,4 +232,104 @@ fn multi_head_interleaving_never_costs_more_and_sometimes_less() {
         }
     }
     assert!(strictly_less > 0, "interleaving heads never helped");
+}
+
+/// Whether `--schedule` may force `choice` on this layer and ring, restated from the schedulers'
+/// documented requirements rather than asked of the compiler: the pair schedules and the
+/// baseline need the ring to divide tokens and dim, the symmetric one `qkv = shared` without a
+/// mask, the causal one `mask = causal`; the row dataflow takes any shape.
+fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: bool) -> bool {
+    let divides = n.is_multiple_of(m) && d.is_multiple_of(m);
+    match choice {
+        Choice::Named("rows") | Choice::Auto => true,
+        Choice::Named("baseline") => divides,
+        Choice::Named("symmetric") => shared && !causal && divides,
+        Choice::Named("causal") => causal && divides,
+        Choice::Named(other) => panic!("no documented requirements for scheduler `{other}`"),
+    }
+}
+
+/// Every scheduler, forced wherever it applies, over small layers of every kind (d ≠ n and rings
+/// that do not divide the sizes included): it must be the one used, its programs must be proved
+/// by the verifier and match the f64 reference, and `auto` must be no slower than any scheduler
+/// it considers. Where a scheduler does not apply, forcing it must be refused rather than fall
+/// back on another. Unlike the `auto` grids, this keeps every scheduler tested whatever the
+/// cost model prefers.
+#[test]
+fn every_scheduler_forced_where_it_applies() {
+    let forced = [
+        (Choice::Named("baseline"), "schedule-baseline"),
+        (Choice::Named("symmetric"), "schedule-symmetric"),
+        (Choice::Named("causal"), "schedule-causal"),
+        (Choice::Named("rows"), "schedule-rows"),
+    ];
+    // A scheduler added to the registry must be added here too, with its requirements.
+    let registered: Vec<&str> = compiler::scheduler::SCHEDULERS
+        .iter()
+        .map(|s| s.pass())
+        .collect();
+    for pass in &registered {
+        assert!(
+            forced.iter().any(|(_, p)| p == pass),
+            "{pass} is not forced by this grid"
+        );
+    }
+    let mut used = [0u32; 4];
+    for n in 1..=8u32 {
+        let mut dims = vec![1, 2, 4, n];
+        dims.sort_unstable();
+        dims.dedup();
+        for d in dims {
+            for m in 1..=n + 1 {
+                for heads in 1..=2u32 {
+                    for shared in [false, true] {
+                        for causal in [false, true] {
+                            let src = layer_src(n, d, heads, shared, causal);
+                            let what = format!(
+                                "n={n} d={d} m={m} heads={heads} shared={shared} causal={causal}"
+                            );
+                            let auto = compile_src(&src, m, Choice::Auto).manifest.cycles;
+                            for (k, &(choice, pass)) in forced.iter().enumerate() {
+                                let layer = parse_one(&src);
+                                let opts = compiler::Options {
+                                    pes: m,
+                                    schedule: choice,
+                                    dump_after: None,
+                                    mem_limit: None,
+                                };
+                                let result = compiler::compile(&layer, &opts);
+                                if !forced_applies(choice, n, d, m, shared, causal) {
+                                    assert!(
+                                        matches!(result, Err(compiler::CompileError::Refused(_))),
+                                        "{what}: {pass} forced should be refused"
+                                    );
+                                    continue;
+                                }
+                                let c = result.unwrap_or_else(|e| {
+                                    panic!("{what}: {pass} forced was not compiled: {e}")
+                                });
+                                assert_eq!(c.manifest.schedule, pass, "{what}");
+                                let r = run_emitted(&c, u64::from(n * 100 + d * 10 + m));
+                                assert!(
+                                    r.max_abs_err <= TOL,
+                                    "{what}, {pass}: max_abs_err {}",
+                                    r.max_abs_err
+                                );
+                                assert_eq!(r.cycles, c.manifest.cycles, "{what}, {pass}");
+                                assert!(r.cycles >= c.manifest.lower_bound, "{what}, {pass}");
+                                assert!(
+                                    auto <= r.cycles,
+                                    "{what}: auto took {auto} cycles, {pass} {}",
+                                    r.cycles
+                                );
+                                used[k] += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Every scheduler ran on a good part of the grid (the counts follow from the grid alone).
+    assert_eq!(used, [384, 96, 192, 1328], "programs per scheduler");
 }

@@ -41,8 +41,8 @@ fn assert_compiled_proved(src: &str, pes: u32, schedule: Choice, c: &compiler::C
 
 #[test]
 fn grid_of_shapes_and_schedules() {
-    let mut proved = 0;
-    let mut refused = 0;
+    // d = n and m | n: both `auto` and the baseline apply to every combination, so each must
+    // compile and be proved.
     for n in (1..=8).chain([12, 15, 16]) {
         for m in (1..=n).filter(|m| n % m == 0) {
             for heads in 1..=3 {
@@ -50,25 +50,23 @@ fn grid_of_shapes_and_schedules() {
                     for causal in [false, true] {
                         let src = source(n, n, heads, shared, causal);
                         for schedule in [Choice::Auto, Choice::Named("baseline")] {
-                            if assert_proved(&src, m, schedule) {
-                                proved += 1;
-                            } else {
-                                refused += 1;
-                            }
+                            assert!(
+                                assert_proved(&src, m, schedule),
+                                "{src} on {m} PEs ({schedule:?}) was refused"
+                            );
                         }
                     }
                 }
             }
         }
     }
-    println!("proved {proved} programs; the scheduler refused {refused} combinations");
-    assert!(proved > 500, "only {proved} programs compiled");
 }
 
 #[test]
 fn general_shapes() {
-    // d ≠ n and rings that do not divide the sizes, wherever the compiler accepts them.
-    let (mut proved, mut internal) = (0, 0);
+    // d ≠ n and rings that do not divide the sizes. `auto` always has the row dataflow to fall
+    // back on; the baseline applies exactly when the ring divides tokens and dim. An internal
+    // compiler error fails the test like a failed proof does.
     for (n, d) in [(5, 3), (7, 8), (6, 4), (9, 2), (10, 16), (3, 1), (1, 5)] {
         for m in [1, 2, 3, 4, 8, 11] {
             for heads in [1, 2] {
@@ -76,18 +74,16 @@ fn general_shapes() {
                     for causal in [false, true] {
                         let src = source(n, d, heads, shared, causal);
                         for schedule in [Choice::Auto, Choice::Named("baseline")] {
-                            // Compiler bugs are the compiler's tests' business; here they only
-                            // must not hide what the verifier says about everything else.
+                            let applies = schedule == Choice::Auto || (n % m == 0 && d % m == 0);
                             match try_build(&src, m, schedule) {
                                 Ok(Some(c)) => {
+                                    assert!(applies, "{src} on {m} PEs: {schedule:?} accepted");
                                     assert_compiled_proved(&src, m, schedule, &c);
-                                    proved += 1;
                                 }
-                                Ok(None) => {}
-                                Err(e) => {
-                                    println!("not compiled: {src} on {m} PEs ({schedule:?}): {e}");
-                                    internal += 1;
+                                Ok(None) => {
+                                    assert!(!applies, "{src} on {m} PEs: {schedule:?} refused")
                                 }
+                                Err(e) => panic!("{src} on {m} PEs ({schedule:?}): {e}"),
                             }
                         }
                     }
@@ -95,8 +91,6 @@ fn general_shapes() {
             }
         }
     }
-    println!("proved {proved} general-shape programs ({internal} did not compile)");
-    assert!(proved > 100);
 }
 
 #[test]
@@ -127,7 +121,7 @@ fn paper_instances() {
 #[test]
 fn examples_directory_layers() {
     for file in ["paper.attn", "encoder.attn", "gpt_head.attn"] {
-        let path = format!("{}/../examples/{file}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!("{}/examples/{file}", env!("CARGO_MANIFEST_DIR"));
         let src = std::fs::read_to_string(&path).unwrap();
         let parsed = lang::parse(0, &src);
         for layer in &parsed.layers {

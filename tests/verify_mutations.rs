@@ -4,7 +4,7 @@
 #[path = "verifier_common/mod.rs"]
 mod common;
 
-use common::{build, source};
+use common::{build, safe_source, source};
 use compiler::exec;
 use compiler::manifest::Manifest;
 use compiler::passes::select::Choice;
@@ -281,13 +281,36 @@ fn mutate(rng: &mut StdRng, programs: &mut [Program], m: &mut Manifest) -> &'sta
     kind
 }
 
+/// Every name `mutate` can return, and the name of a double mutation.
+const KINDS: [&str; 17] = [
+    "acc",
+    "bundle to nop",
+    "copy bundle to another PE",
+    "delete bundle",
+    "duplicate bundle",
+    "exp scale",
+    "manifest cycles",
+    "manifest layer",
+    "manifest placement addr",
+    "manifest placement pe",
+    "mem_words",
+    "op destination",
+    "op operand",
+    "opcode",
+    "send",
+    "swap bundles",
+    "two mutations",
+];
+
 #[test]
 fn verifier_rejects_every_wrong_mutant() {
     let bases = [
+        (safe_source(4, 4, 1, true, false), 2),
+        (safe_source(3, 3, 1, false, true), 3),
+        (safe_source(4, 4, 2, false, false), 4),
+        (safe_source(4, 4, 1, true, true), 2),
+        // The paper's formulation, whose programs use neither `max` nor `expd`.
         (source(4, 4, 1, true, false), 2),
-        (source(3, 3, 1, false, true), 3),
-        (source(4, 4, 2, false, false), 4),
-        (source(4, 4, 1, true, true), 2),
     ];
     let mut rng = StdRng::seed_from_u64(0x5eed);
     let (mut total, mut neutral, mut wrong, mut stricter) = (0, 0, 0, 0);
@@ -344,6 +367,79 @@ fn verifier_rejects_every_wrong_mutant() {
         println!("  {k:28} {n:4} mutants, {rejected:4} rejected");
     }
     println!("invariants violated by the numerically correct rejected mutants: {why_stricter:?}");
-    assert!(total >= 1000);
+    // Every kind of mutation was drawn and caught at least once: a mutator that silently stops
+    // producing one kind (or a verifier that stops rejecting it) fails here.
+    for kind in KINDS {
+        let (drawn, rejected) = kinds.get(kind).copied().unwrap_or_default();
+        assert!(
+            drawn > 0 && rejected > 0,
+            "{kind}: {drawn} mutants, {rejected} rejected"
+        );
+    }
+    assert_eq!(kinds.len(), KINDS.len(), "kinds drawn: {kinds:?}");
     assert!(wrong > total / 2, "most mutants should be wrong");
+}
+
+/// The flat index of the first bundle of PE `pe` whose op is `kind`, with that op.
+fn find_op(programs: &[Program], kind: OpKind) -> Option<(usize, usize, isa::Arith)> {
+    programs.iter().enumerate().find_map(|(pe, p)| {
+        p.bundles.iter().enumerate().find_map(|(i, b)| match b.op {
+            Op::Arith(x) if x.kind == kind => Some((pe, i, x)),
+            _ => None,
+        })
+    })
+}
+
+/// The safe form's own failure modes: a maximum that misses a score, an exponential that drops
+/// the subtracted maximum, and a bias that is not the row's maximum. Over the reals the first and
+/// the last still give the right weights (softmax is shift invariant), so only the verifier's
+/// insistence on the exact maximum catches them; that is what keeps the exponents at most 0.
+#[test]
+fn wrong_max_and_dropped_bias_are_caught() {
+    for (src, pes) in [
+        (safe_source(5, 3, 1, false, false), 2),
+        (safe_source(4, 4, 2, true, true), 3),
+    ] {
+        let c = build(&src, pes, Choice::Auto).expect("compiles");
+        assert!(verifier::verify(&c.programs, &c.manifest).is_ok());
+
+        // max(a, b) -> max(a, a): the row maximum misses the score in b.
+        let (pe, i, x) = find_op(&c.programs, OpKind::Max).expect("a safe program has max ops");
+        let mut programs = c.programs.clone();
+        programs[pe].bundles[i].op = Op::max(x.a, x.a, x.dst);
+        let report = verifier::verify(&programs, &c.manifest);
+        assert!(
+            !report.is_ok(),
+            "a max missing a score was accepted ({src})"
+        );
+
+        // expd(a, M, s) -> exp(a, s): the bias is dropped.
+        let (pe, i, x) = find_op(&c.programs, OpKind::Expd).expect("a safe program has expd ops");
+        let mut programs = c.programs.clone();
+        programs[pe].bundles[i].op = Op::exp(x.a, x.imm, x.dst);
+        let report = verifier::verify(&programs, &c.manifest);
+        assert!(!report.is_ok(), "a dropped bias was accepted ({src})");
+        assert!(
+            report.counts.contains_key(&verifier::Invariant::Output),
+            "{report}"
+        );
+
+        // expd(a, M, s) -> expd(a, a, s): a bias that is not the maximum (in a row of more than
+        // one score, so that the score is not itself the maximum).
+        let (pe, i, x) = c
+            .programs
+            .iter()
+            .enumerate()
+            .find_map(|(pe, p)| {
+                p.bundles.iter().enumerate().find_map(|(i, b)| match b.op {
+                    Op::Arith(x) if x.kind == OpKind::Expd && x.a != x.b => Some((pe, i, x)),
+                    _ => None,
+                })
+            })
+            .expect("a row of several scores");
+        let mut programs = c.programs.clone();
+        programs[pe].bundles[i].op = Op::expd(x.a, x.a, x.imm, x.dst);
+        let report = verifier::verify(&programs, &c.manifest);
+        assert!(!report.is_ok(), "a wrong bias was accepted ({src})");
+    }
 }

@@ -160,6 +160,7 @@ pub fn phase2(b: &mut Builder, p: &Problem, t0: usize, rows: &[Row]) -> (Vec<Row
                         2,
                         Work::Exp {
                             x,
+                            bias: None,
                             scale,
                             acc,
                             e,

@@ -33,12 +33,6 @@ impl Tensor {
             Tensor::Y => "y",
         }
     }
-
-    pub fn from_name(name: &str) -> Option<Tensor> {
-        [Tensor::Q, Tensor::K, Tensor::V, Tensor::X, Tensor::Y]
-            .into_iter()
-            .find(|t| t.name() == name)
-    }
 }
 
 /// The mask applied to the score matrix before softmax.
@@ -59,8 +53,13 @@ pub enum NodeData {
         rhs: Node,
         mask: MaskKind,
     },
-    /// Row softmax of `exp(scale · w')`.
-    Softmax { scores: Node, scale: f64 },
+    /// Row softmax of `scale · w'`, formed as `form` says (with or without the row maximum
+    /// subtracted).
+    Softmax {
+        scores: Node,
+        scale: f64,
+        form: runtime::layer::Softmax,
+    },
     /// `y_i = Σ_j w[i][j] · values_j`.
     WeightedSum { weights: Node, values: Node },
     /// The head's slice of the output tensor `y`.
@@ -79,21 +78,6 @@ pub struct Graph {
 }
 
 impl Graph {
-    /// Input tensors the layer takes, in a stable order.
-    pub fn input_tensors(&self) -> Vec<Tensor> {
-        let mut ts: Vec<Tensor> = self
-            .nodes
-            .values()
-            .filter_map(|n| match n {
-                NodeData::Input { tensor, .. } => Some(*tensor),
-                _ => None,
-            })
-            .collect();
-        ts.sort();
-        ts.dedup();
-        ts
-    }
-
     /// The `Input` node of `tensor` for `head`.
     pub fn input(&self, tensor: Tensor, head: u32) -> Option<Node> {
         self.nodes.iter().find_map(|(id, n)| match n {
@@ -141,7 +125,17 @@ impl fmt::Display for Graph {
                     };
                     format!("scores {lhs}, {rhs}{m}")
                 }
-                NodeData::Softmax { scores, scale } => format!("softmax {scores}, scale={scale}"),
+                // Printed only when safe, so a plain layer's dump is what it always was.
+                NodeData::Softmax {
+                    scores,
+                    scale,
+                    form,
+                } => match form {
+                    runtime::layer::Softmax::Plain => format!("softmax {scores}, scale={scale}"),
+                    runtime::layer::Softmax::Safe => {
+                        format!("softmax {scores}, scale={scale}, max-subtracted")
+                    }
+                },
                 NodeData::WeightedSum { weights, values } => {
                     format!("weighted_sum {weights}, {values}")
                 }

@@ -4,6 +4,7 @@
 //! does no IO: the CLI reads files, calls [`compile`], and writes what it returns.
 
 pub mod chains;
+#[cfg(feature = "exact")]
 pub mod exact;
 pub mod flow;
 pub mod ir;
@@ -278,6 +279,7 @@ fn build_manifest(
             .into(),
             mask: if problem.causal { "causal" } else { "none" }.into(),
             scale: problem.scale,
+            softmax: problem.softmax.name().into(),
         },
         pes,
         cycles: schedule.cycles() as u64,

@@ -2,9 +2,10 @@
 
 use crate::ir::Tensor;
 use crate::schedule::{Builder, Element, Val};
+use runtime::layer::Softmax;
 
 /// The scheduling problem for one layer: sizes plus the facts the analysis found.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, PartialEq)]
 pub struct Problem {
     pub tokens: u32,
     pub dim: u32,
@@ -16,6 +17,27 @@ pub struct Problem {
     pub shared_values: bool,
     /// Elements with `j > i` are masked out of every phase.
     pub causal: bool,
+    /// How the row softmax is formed.
+    pub softmax: Softmax,
+}
+
+// By hand so that `--emit facts` of a plain layer prints what it printed before the formulation
+// existed; a safe one says so.
+impl std::fmt::Debug for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = f.debug_struct("Problem");
+        s.field("tokens", &self.tokens)
+            .field("dim", &self.dim)
+            .field("heads", &self.heads)
+            .field("scale", &self.scale)
+            .field("symmetric", &self.symmetric)
+            .field("shared_values", &self.shared_values)
+            .field("causal", &self.causal);
+        if self.softmax == Softmax::Safe {
+            s.field("softmax", &self.softmax);
+        }
+        s.finish()
+    }
 }
 
 impl Problem {
@@ -53,7 +75,20 @@ impl Problem {
             dim: self.dim,
             shared: self.symmetric,
             causal: self.causal,
+            softmax: self.softmax,
         }
+    }
+
+    /// The row maximum is subtracted before exponentiating.
+    pub fn safe(&self) -> bool {
+        self.softmax == Softmax::Safe
+    }
+
+    /// Chain schedules that only know the paper's formulation say so, naming `who`.
+    pub fn needs_plain(&self, who: &str) -> Option<String> {
+        self.safe().then(|| {
+            format!("{who} computes the paper's softmax without subtracting the row maximum, so it cannot schedule `softmax = safe`")
+        })
     }
 
     /// Operations the scheme needs (docs/scheduling.md): distinct weights in phase 1, unmasked

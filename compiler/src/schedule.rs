@@ -32,9 +32,12 @@ pub enum Work {
         acc: Option<Val>,
         out: Val,
     },
-    /// `e = exp(scale·x)`, `sum = acc + e` (`sum = e` without `acc`).
+    /// `e = exp(scale·(x − bias))` (`exp(scale·x)` without `bias`), `sum = acc + e` (`sum = e`
+    /// without `acc`).
     Exp {
         x: Val,
+        /// The row maximum a safe softmax subtracts.
+        bias: Option<Val>,
         scale: f32,
         acc: Option<Val>,
         e: Val,
@@ -42,6 +45,8 @@ pub enum Work {
     },
     /// `out = num / den`.
     Div { num: Val, den: Val, out: Val },
+    /// `out = max(a, b)`: one step of a row maximum (safe softmax).
+    Max { a: Val, b: Val, out: Val },
 }
 
 impl Work {
@@ -49,8 +54,9 @@ impl Work {
     pub fn reads(&self) -> impl Iterator<Item = Val> {
         let ops = match *self {
             Work::Mac { a, b, acc, .. } => [Some(a), Some(b), acc],
-            Work::Exp { x, acc, .. } => [Some(x), acc, None],
+            Work::Exp { x, bias, acc, .. } => [Some(x), bias, acc],
             Work::Div { num, den, .. } => [Some(num), Some(den), None],
+            Work::Max { a, b, .. } => [Some(a), Some(b), None],
         };
         ops.into_iter().flatten()
     }
@@ -61,7 +67,7 @@ impl Work {
         let outs = match *self {
             Work::Mac { out, .. } => [Some(out), None],
             Work::Exp { e, sum, .. } => [Some(e), Some(sum)],
-            Work::Div { out, .. } => [Some(out), None],
+            Work::Div { out, .. } | Work::Max { out, .. } => [Some(out), None],
         };
         outs.into_iter().flatten()
     }
@@ -71,6 +77,7 @@ impl Work {
             Work::Mac { .. } => OpKind::Mac,
             Work::Exp { .. } => OpKind::Exp,
             Work::Div { .. } => OpKind::Div,
+            Work::Max { .. } => OpKind::Max,
         }
     }
 }
@@ -80,6 +87,7 @@ pub enum OpKind {
     Mac,
     Exp,
     Div,
+    Max,
 }
 
 /// Which of the three phases of attention an operation belongs to.
@@ -139,6 +147,8 @@ pub struct OpCounts {
     pub phase2_exp: u64,
     pub phase2_div: u64,
     pub phase3_mac: u64,
+    /// Row maxima (safe softmax only).
+    pub phase2_max: u64,
 }
 
 impl From<OpCounts> for runtime::manifest::OpCountsInfo {
@@ -148,6 +158,7 @@ impl From<OpCounts> for runtime::manifest::OpCountsInfo {
             phase2_exp: o.phase2_exp,
             phase2_div: o.phase2_div,
             phase3_mac: o.phase3_mac,
+            phase2_max: o.phase2_max,
         }
     }
 }
@@ -159,12 +170,13 @@ impl OpCounts {
             (Phase::Scores, _) => self.phase1_mac += 1,
             (Phase::Values, _) => self.phase3_mac += 1,
             (_, OpKind::Exp) => self.phase2_exp += 1,
+            (_, OpKind::Max) => self.phase2_max += 1,
             (_, _) => self.phase2_div += 1,
         }
     }
 
     pub fn total(&self) -> u64 {
-        self.phase1_mac + self.phase2_exp + self.phase2_div + self.phase3_mac
+        self.phase1_mac + self.phase2_exp + self.phase2_div + self.phase3_mac + self.phase2_max
     }
 }
 
@@ -384,7 +396,8 @@ impl Builder {
 fn fits(phase: Phase, kind: OpKind) -> bool {
     matches!(
         (phase, kind),
-        (Phase::Scores | Phase::Values, OpKind::Mac) | (Phase::Softmax, OpKind::Exp | OpKind::Div)
+        (Phase::Scores | Phase::Values, OpKind::Mac)
+            | (Phase::Softmax, OpKind::Exp | OpKind::Div | OpKind::Max)
     )
 }
 
@@ -395,12 +408,22 @@ impl std::fmt::Display for Work {
             Work::Mac { a, b, acc: s, out } => write!(f, "{out} = {}{a}*{b}", acc(s)),
             Work::Exp {
                 x,
+                bias: None,
                 scale,
                 acc: s,
                 e,
                 sum,
             } => write!(f, "{e} = exp({scale:?}*{x}), {sum} = {}{e}", acc(s)),
+            Work::Exp {
+                x,
+                bias: Some(m),
+                scale,
+                acc: s,
+                e,
+                sum,
+            } => write!(f, "{e} = exp({scale:?}*({x}-{m})), {sum} = {}{e}", acc(s)),
             Work::Div { num, den, out } => write!(f, "{out} = {num}/{den}"),
+            Work::Max { a, b, out } => write!(f, "{out} = max({a}, {b})"),
         }
     }
 }

@@ -29,7 +29,7 @@ fn acc_result(work: &Work) -> Option<Val> {
     match *work {
         Work::Mac { out, .. } => Some(out),
         Work::Exp { sum, .. } => Some(sum),
-        Work::Div { .. } => None,
+        Work::Div { .. } | Work::Max { .. } => None,
     }
 }
 

@@ -16,6 +16,7 @@ fn problem(n: u32, d: u32, h: u32, shared: bool, causal: bool) -> Problem {
         symmetric: shared,
         shared_values: shared,
         causal,
+        softmax: runtime::layer::Softmax::Safe,
     }
 }
 

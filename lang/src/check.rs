@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use crate::ast::{BodyItem, Close, File, Found, Item, LayerAst, SyntaxError, Value, ValueKind};
 use crate::diagnostics as diag;
-use crate::{Diagnostic, Field, FileId, Layer, Mask, Qkv, Span};
+use crate::{Diagnostic, Field, FileId, Layer, Mask, Qkv, Softmax, Span};
 
 /// Upper bounds on sizes. They are far beyond anything the target can run
 /// but keep arithmetic on sizes (products, buffer lengths) well inside `u64`
@@ -86,6 +86,7 @@ struct Values {
     qkv: Option<Qkv>,
     mask: Option<Mask>,
     scale: Option<f64>,
+    softmax: Option<Softmax>,
 }
 
 impl Checker {
@@ -170,6 +171,14 @@ impl Checker {
                     self.choice(field, v, &[("none", Mask::None), ("causal", Mask::Causal)]),
                 ),
                 Field::Scale => set(&mut values.scale, self.scale(v)),
+                Field::Softmax => set(
+                    &mut values.softmax,
+                    self.choice(
+                        field,
+                        v,
+                        &[("safe", Softmax::Safe), ("plain", Softmax::Plain)],
+                    ),
+                ),
             };
             if ok {
                 field_spans.push((field, v.span.clone()));
@@ -214,6 +223,7 @@ impl Checker {
             mask: values.mask.unwrap_or(Mask::None),
             scale: values.scale.unwrap_or(1.0 / f64::from(dim).sqrt()),
             scale_given: values.scale.is_some(),
+            softmax: values.softmax.unwrap_or_default(),
             field_spans,
         })
     }

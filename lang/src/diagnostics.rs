@@ -191,6 +191,7 @@ pub fn accepted(field: Field) -> &'static str {
         Field::Qkv => "`shared` or `separate`",
         Field::Mask => "`causal` or `none`",
         Field::Scale => "a positive number",
+        Field::Softmax => "`safe` or `plain`",
     }
 }
 
@@ -202,6 +203,7 @@ pub fn wrong_kind(file: FileId, field: Field, span: Span, found: &str) -> Diagno
         Field::Qkv => "shared",
         Field::Mask => "causal",
         Field::Scale => "0.25",
+        Field::Softmax => "plain",
     };
     error(
         WRONG_KIND,

@@ -10,6 +10,7 @@
 //!     qkv    = shared;    // shared | separate (default)
 //!     mask   = causal;    // causal | none (default)
 //!     scale  = 0.25;      // optional, default 1/sqrt(dim)
+//!     softmax = safe;     // safe (default) | plain
 //! }
 //! ```
 //!
@@ -66,6 +67,27 @@ pub enum Mask {
     Causal,
 }
 
+/// How the row softmax is formed. Both are the same function over the reals; they differ in
+/// which f32 inputs they survive.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Softmax {
+    /// `exp(s·(w' − max_row w'))`: every exponent is at most 0, so no finite input overflows.
+    #[default]
+    Safe,
+    /// `exp(s·w')` as in the paper: one operation fewer per score, overflows once `s·w'` passes
+    /// about 88.7 in f32.
+    Plain,
+}
+
+impl Softmax {
+    pub fn name(self) -> &'static str {
+        match self {
+            Softmax::Safe => "safe",
+            Softmax::Plain => "plain",
+        }
+    }
+}
+
 /// The fields a layer block may set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Field {
@@ -75,16 +97,18 @@ pub enum Field {
     Qkv,
     Mask,
     Scale,
+    Softmax,
 }
 
 impl Field {
-    pub const ALL: [Field; 6] = [
+    pub const ALL: [Field; 7] = [
         Field::Tokens,
         Field::Dim,
         Field::Heads,
         Field::Qkv,
         Field::Mask,
         Field::Scale,
+        Field::Softmax,
     ];
 
     /// The name as written in source.
@@ -96,6 +120,7 @@ impl Field {
             Field::Qkv => "qkv",
             Field::Mask => "mask",
             Field::Scale => "scale",
+            Field::Softmax => "softmax",
         }
     }
 
@@ -125,6 +150,7 @@ pub struct Layer {
     /// The given value, or 1/sqrt(dim) by default.
     pub scale: f64,
     pub scale_given: bool,
+    pub softmax: Softmax,
     /// Span of each written field's value (including a leading `-`), in
     /// source order, so later stages can point diagnostics at it.
     pub field_spans: Vec<(Field, Span)>,

@@ -146,7 +146,7 @@ fn e0003_unknown_field_lists_known_fields() {
             4 │     width = 3;
               │     ^^^^^ unknown field
               │
-              = note: the known fields are `tokens`, `dim`, `heads`, `qkv`, `mask`, `scale`
+              = note: the known fields are `tokens`, `dim`, `heads`, `qkv`, `mask`, `scale`, `softmax`
 
         "#]],
     );
@@ -266,6 +266,48 @@ fn e0007_invalid_choice() {
               │           ^^^^^ expected `shared` or `separate`
               │
               = help: did you mean `shared`?
+
+        "#]],
+    );
+}
+
+#[test]
+fn e0007_softmax_choices() {
+    check(
+        "layer a {\n    tokens = 16;\n    dim = 16;\n    softmax = plane;\n}\nlayer b {\n    tokens = 16;\n    dim = 16;\n    softmax = 1;\n}\n",
+        expect![[r#"
+            error[E0007]: `plane` is not a valid value for `softmax`
+              ┌─ layer.attn:4:15
+              │
+            4 │     softmax = plane;
+              │               ^^^^^ expected `safe` or `plain`
+              │
+              = help: did you mean `plain`?
+
+            error[E0006]: expected `safe` or `plain` for `softmax`, found `1`
+              ┌─ layer.attn:9:15
+              │
+            9 │     softmax = 1;
+              │               ^ expected `safe` or `plain`
+              │
+              = help: for example `softmax = plain;`
+
+        "#]],
+    );
+}
+
+#[test]
+fn softmax_field_misspelt_gets_a_suggestion() {
+    check(
+        "layer a {\n    tokens = 16;\n    dim = 16;\n    softmx = plain;\n}\n",
+        expect![[r#"
+            error[E0003]: unknown field `softmx`
+              ┌─ layer.attn:4:5
+              │
+            4 │     softmx = plain;
+              │     ^^^^^^ unknown field
+              │
+              = help: did you mean `softmax`?
 
         "#]],
     );
@@ -565,7 +607,7 @@ fn e0003_keyword_used_as_field() {
             4 │     layer = 2;
               │     ^^^^^ unknown field
               │
-              = note: the known fields are `tokens`, `dim`, `heads`, `qkv`, `mask`, `scale`
+              = note: the known fields are `tokens`, `dim`, `heads`, `qkv`, `mask`, `scale`, `softmax`
 
         "#]],
     );

@@ -174,3 +174,26 @@ fn crlf_tabs_and_bom() {
     let src = "\u{feff}layer\ta {\r\n\ttokens = 2;\r\n\tdim = 2;\r\n}\r\n";
     assert_eq!(parse_ok(src)[0].tokens, 2);
 }
+
+#[test]
+fn softmax_defaults_to_safe_and_takes_plain() {
+    let src = "layer a { tokens = 4; dim = 4; }\nlayer b { tokens = 4; dim = 4; softmax = plain; }\nlayer c { tokens = 4; dim = 4; softmax = safe; }\n";
+    let parsed = lang::parse(0, src);
+    assert!(parsed.diagnostics.is_empty(), "{:?}", parsed.diagnostics);
+    let forms: Vec<lang::Softmax> = parsed.layers.iter().map(|l| l.softmax).collect();
+    assert_eq!(
+        forms,
+        [
+            lang::Softmax::Safe,
+            lang::Softmax::Plain,
+            lang::Softmax::Safe
+        ]
+    );
+    let b = &parsed.layers[1];
+    assert_eq!(&src[b.field_span(Field::Softmax)], "plain");
+    // Left to its default, the field points at the layer's name.
+    assert_eq!(
+        parsed.layers[0].field_span(Field::Softmax),
+        parsed.layers[0].name_span
+    );
+}

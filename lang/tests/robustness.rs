@@ -152,19 +152,18 @@ proptest! {
 }
 
 #[test]
-fn large_inputs_stay_fast() {
-    // Long runs of one token must not recurse deeply or go quadratic in the
-    // parser. (Rendering is left out: codespan prints the whole source line
-    // for every diagnostic, so one-line inputs with thousands of errors are
-    // inherently quadratic to render.)
+fn large_inputs_do_not_recurse_deeply() {
+    // Long runs of one token must not recurse deeply in the parser: that would overflow the
+    // test thread's stack and fail here. (Going quadratic would show as this test taking
+    // minutes; it is not timed, since no test may depend on the machine's speed. Rendering is
+    // left out: codespan prints the whole source line for every diagnostic, so one-line inputs
+    // with thousands of errors are inherently quadratic to render.)
     let braces = "{".repeat(200_000);
     let layers = "layer a {\n".repeat(50_000);
     let fields = format!("layer a {{\n{}}}", "tokens = 1;\n".repeat(50_000));
     let soup = "= ; } - 1.5 tokens layer { ".repeat(20_000);
     for src in [braces, layers, fields, soup] {
-        let start = std::time::Instant::now();
         let parsed = lang::parse(0, &src);
         assert!(lang::has_errors(&parsed.diagnostics));
-        assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
     }
 }

@@ -12,6 +12,36 @@ pub struct Shape {
     pub shared: bool,
     /// Only `j <= i` take part in row `i`.
     pub causal: bool,
+    pub softmax: Softmax,
+}
+
+/// How a row's softmax is formed; the two need different operations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Softmax {
+    /// `exp(s·(w' − M))` with `M` the exact row maximum of the unmasked scores: one `max` per
+    /// unmasked score but the first of its row, and the bias rides in the exponential (`expd`).
+    #[default]
+    Safe,
+    /// `exp(s·w')`, the paper's formulation.
+    Plain,
+}
+
+impl Softmax {
+    /// The manifest's and the layer language's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Softmax::Safe => "safe",
+            Softmax::Plain => "plain",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Softmax> {
+        match s {
+            "safe" => Some(Softmax::Safe),
+            "plain" => Some(Softmax::Plain),
+            _ => None,
+        }
+    }
 }
 
 /// Operation counts a correct program performs, summed over heads (docs/scheduling.md).
@@ -21,11 +51,13 @@ pub struct Necessary {
     pub exp: u64,
     pub div: u64,
     pub phase3_mul: u64,
+    /// Row maxima of the safe softmax; 0 for the plain one.
+    pub max: u64,
 }
 
 impl Necessary {
     pub fn total(&self) -> u64 {
-        self.phase1_mul + self.exp + self.div + self.phase3_mul
+        self.phase1_mul + self.exp + self.div + self.phase3_mul + self.max
     }
 }
 
@@ -63,7 +95,14 @@ impl Shape {
             weights
         };
         let hd = h.checked_mul(d)?;
+        // A row's maximum over k unmasked scores takes k - 1 two-operand maxima, and every row
+        // has at least one score (its diagonal), so a head needs weights - n of them.
+        let max = match self.softmax {
+            Softmax::Safe => h.checked_mul(weights - n)?,
+            Softmax::Plain => 0,
+        };
         Some(Necessary {
+            max,
             phase1_mul: hd.checked_mul(distinct)?,
             exp: h.checked_mul(weights)?,
             div: h.checked_mul(weights)?,
@@ -96,7 +135,32 @@ mod tests {
             dim: d,
             shared,
             causal,
+            softmax: Softmax::Plain,
         }
+    }
+
+    #[test]
+    fn safe_softmax_adds_one_max_per_score_but_the_first_of_each_row() {
+        let safe = |n, shared, causal| Shape {
+            softmax: Softmax::Safe,
+            ..shape(n, 4, shared, causal)
+        };
+        // n = 4 unmasked: 4 rows of 4 scores, 3 maxima each.
+        assert_eq!(safe(4, false, false).necessary().unwrap().max, 12);
+        // Shared: every row still takes its own maximum over n scores.
+        assert_eq!(safe(4, true, false).necessary().unwrap().max, 12);
+        // Causal n = 4: rows of 1, 2, 3, 4 scores need 0 + 1 + 2 + 3.
+        assert_eq!(safe(4, false, true).necessary().unwrap().max, 6);
+        let plain = shape(4, 4, false, true).necessary().unwrap();
+        let with_max = safe(4, false, true).necessary().unwrap();
+        assert_eq!(with_max.total(), plain.total() + 6);
+        assert_eq!(plain.max, 0);
+        // Three heads, n = 5 unmasked: 3 · 5 · 4.
+        let three = Shape {
+            heads: 3,
+            ..safe(5, false, false)
+        };
+        assert_eq!(three.necessary().unwrap().max, 60);
     }
 
     #[test]
@@ -120,6 +184,7 @@ mod tests {
             dim: u32::MAX,
             shared: false,
             causal: false,
+            softmax: Softmax::Safe,
         };
         assert_eq!(huge.necessary(), None);
         assert_eq!(shape(2, 2, false, false).lower_bound(0), None);

@@ -61,6 +61,30 @@ pub struct LayerInfo {
     /// `"causal"` or `"none"`.
     pub mask: String,
     pub scale: f64,
+    /// `"safe"` or `"plain"` (see [`crate::layer::Softmax`]). Written only for `safe`, so a
+    /// plain layer's manifest is the one attnc wrote before the field existed, and a manifest
+    /// without it (any older one) reads as plain.
+    #[serde(default = "plain", skip_serializing_if = "is_plain")]
+    pub softmax: String,
+}
+
+fn plain() -> String {
+    crate::layer::Softmax::Plain.name().into()
+}
+
+fn is_plain(s: &str) -> bool {
+    s == crate::layer::Softmax::Plain.name()
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl LayerInfo {
+    /// The formulation, or `None` for a name this reader does not know (refused on read).
+    pub fn softmax(&self) -> Option<crate::layer::Softmax> {
+        crate::layer::Softmax::from_name(&self.softmax)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +94,9 @@ pub struct OpCountsInfo {
     pub phase2_exp: u64,
     pub phase2_div: u64,
     pub phase3_mac: u64,
+    /// Row maxima of a safe softmax; absent (0) for a plain one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub phase2_max: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -137,6 +164,12 @@ impl Manifest {
         if self.pes == 0 {
             return err("pes is 0".into());
         }
+        if self.layer.softmax().is_none() {
+            return err(format!(
+                "layer.softmax is \"{}\"; expected \"safe\" or \"plain\"",
+                self.layer.softmax
+            ));
+        }
         if self.mem_words.len() != self.pes as usize || self.files.len() != self.pes as usize {
             return err(format!(
                 "expected {} entries in mem_words and files",
@@ -182,4 +215,89 @@ impl Manifest {
 /// File names in a manifest must stay inside the output directory.
 fn safe_name(s: &str) -> bool {
     !s.is_empty() && !s.contains(['/', '\\']) && s != "." && s != ".."
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(softmax: &str, max_ops: u64) -> Manifest {
+        let place = || Placement {
+            shape: vec![1, 1, 1],
+            pe: vec![0],
+            addr: vec![0],
+        };
+        Manifest {
+            format: FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            layer: LayerInfo {
+                name: "l".into(),
+                tokens: 1,
+                dim: 1,
+                heads: 1,
+                qkv: "shared".into(),
+                mask: "none".into(),
+                scale: 1.0,
+                softmax: softmax.into(),
+            },
+            pes: 1,
+            cycles: 1,
+            lower_bound: 1,
+            schedule: "s".into(),
+            selection: Selection {
+                chosen: "s".into(),
+                reason: "r".into(),
+                candidates: Vec::new(),
+            },
+            necessary_ops: 4,
+            ops: OpCountsInfo {
+                phase1_mac: 1,
+                phase2_exp: 1,
+                phase2_div: 1,
+                phase3_mac: 1,
+                phase2_max: max_ops,
+            },
+            mem_words: vec![1],
+            files: vec![PeFiles {
+                pe: 0,
+                text: "pe0.s".into(),
+                binary: "pe0.bin".into(),
+            }],
+            inputs: [("x".to_string(), place())].into(),
+            outputs: [("y".to_string(), place())].into(),
+        }
+    }
+
+    #[test]
+    fn plain_is_written_as_before_and_an_absent_field_reads_as_plain() {
+        let json = manifest("plain", 0).to_json();
+        assert!(!json.contains("softmax"), "{json}");
+        assert!(!json.contains("phase2_max"), "{json}");
+        let back = Manifest::from_json(&json).unwrap();
+        assert_eq!(back.layer.softmax(), Some(crate::layer::Softmax::Plain));
+        assert_eq!(back.ops.phase2_max, 0);
+    }
+
+    #[test]
+    fn safe_is_recorded_and_round_trips() {
+        let json = manifest("safe", 3).to_json();
+        assert!(json.contains("\"softmax\": \"safe\""), "{json}");
+        assert!(json.contains("\"phase2_max\": 3"), "{json}");
+        let back = Manifest::from_json(&json).unwrap();
+        assert_eq!(back, manifest("safe", 3));
+    }
+
+    #[test]
+    fn unknown_formulation_and_unknown_fields_are_refused() {
+        let json = manifest("safe", 0)
+            .to_json()
+            .replace("\"safe\"", "\"fast\"");
+        let e = Manifest::from_json(&json).unwrap_err();
+        assert!(e.0.contains("layer.softmax is \"fast\""), "{e}");
+        let json = manifest("safe", 0)
+            .to_json()
+            .replace("\"softmax\"", "\"softmax\": \"safe\", \"online\"");
+        let e = Manifest::from_json(&json).unwrap_err();
+        assert!(e.0.contains("unknown field"), "{e}");
+    }
 }

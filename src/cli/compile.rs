@@ -89,8 +89,12 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             dump_after: dump_after.clone(),
             mem_limit: args.mem,
         };
-        let compiled =
-            compiler::compile(layer, &opts).map_err(|e| explain(e, layer, &name, &source))?;
+        let compiled = {
+            let _spinner =
+                super::progress::Progress::spinner(&format!("compiling {}", layer.name), printing);
+            compiler::compile(layer, &opts)
+        }
+        .map_err(|e| explain(e, layer, &name, &source))?;
         if args.time_passes {
             for (pass, secs) in &compiled.timings {
                 eprintln!("time: {secs:9.4}s  {pass}");
@@ -143,7 +147,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
 }
 
 /// Turns a compile error into a rendered diagnostic pointing at the field to blame.
-fn explain(e: CompileError, layer: &lang::Layer, name: &str, source: &str) -> String {
+pub(crate) fn explain(e: CompileError, layer: &lang::Layer, name: &str, source: &str) -> String {
     let CompileError::Refused(r) = &e else {
         return e.to_string();
     };
@@ -152,6 +156,7 @@ fn explain(e: CompileError, layer: &lang::Layer, name: &str, source: &str) -> St
         Culprit::Dim => Some(lang::Field::Dim),
         Culprit::Qkv => Some(lang::Field::Qkv),
         Culprit::Mask => Some(lang::Field::Mask),
+        Culprit::Softmax => Some(lang::Field::Softmax),
         Culprit::Pes | Culprit::Memory => None,
     };
     let Some(field) = field else {

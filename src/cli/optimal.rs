@@ -26,6 +26,10 @@ pub struct OptimalArgs {
     /// Stop searching after this many seconds and keep the best schedule found
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub time_limit: Option<Duration>,
+    /// Give up on each cycle budget after this many SAT conflicts, and end the neighbourhood
+    /// search after as many; unlike --time-limit, the result is the same on any machine
+    #[arg(long, value_name = "N")]
+    pub conflict_limit: Option<u64>,
     /// Order of budgets: down (from the best schedule known), up (from the lower bound), bisect
     #[arg(long, default_value = "down", value_parser = parse_strategy)]
     pub search: Strategy,
@@ -60,7 +64,9 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
 }
 
 pub fn run(args: &OptimalArgs) -> Result<(), String> {
-    let Source { name, layers, .. } = source::read_layers(&args.file, args.layer.as_deref())?;
+    let Source {
+        name, layers, text, ..
+    } = source::read_layers(&args.file, args.layer.as_deref())?;
     let layer = match layers.as_slice() {
         [one] => one,
         [] => return Err(format!("{name}: the file holds no layer")),
@@ -80,6 +86,7 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
     let opts = exact::Options {
         max_cycles: args.max_cycles,
         time_limit: args.time_limit,
+        conflict_limit: args.conflict_limit,
         strategy: args.search,
         symmetry_breaking: !args.no_symmetry_breaking,
         sat_only: args.sat_only,
@@ -95,7 +102,29 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
                 .map_err(|e| e.to_string())?
         );
     }
-    let outcome = exact::optimal(layer, pes, &opts).map_err(|e| format!("{name}: {e}"))?;
+    let outcome = {
+        let bar = super::progress::Progress::spinner("searching", args.json);
+        let mut report = |p: exact::search::Progress| {
+            let stage = p
+                .budget
+                .map_or("shortening the heuristic schedule".to_string(), |t| {
+                    format!("trying T = {t}")
+                });
+            bar.set_message(format!(
+                "{stage}; best {} cycles, none below {}",
+                p.best, p.proven
+            ));
+        };
+        exact::search::optimal_with_progress(layer, pes, &opts, &mut report).map_err(|e| {
+            match e {
+                // A refusal names a field of the layer: show it there, as `compile` does.
+                exact::ExactError::Compile(c @ compiler::CompileError::Refused(_)) => {
+                    super::compile::explain(c, layer, &name, &text)
+                }
+                e => format!("{name}: {e}"),
+            }
+        })?
+    };
 
     // The solver is not trusted: what it found is proved like every compiled program.
     // The exact model places exactly the necessary operations.

@@ -24,6 +24,12 @@ pub struct RunArgs {
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
+    /// Also write the run's timeline as Chrome trace-event JSON (Perfetto, chrome://tracing)
+    #[arg(long, value_name = "FILE.json")]
+    pub trace: Option<PathBuf>,
+    /// Aggregate the trace into bins of at least this many cycles (default: exact when small)
+    #[arg(long, value_name = "CYCLES", requires = "trace")]
+    pub trace_bin: Option<u64>,
 }
 
 pub fn run(args: &RunArgs) -> Result<(), String> {
@@ -34,17 +40,44 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     } else {
         read_inputs(&args.inputs, m)?
     };
-    let outcome = exec::execute(
-        isa::F32Domain,
-        loaded.programs,
-        m,
-        &inputs,
-        &mut isa::NoObserver,
-    )
+    if let Some(path) = &args.trace {
+        let t = super::trace::write(path, &loaded.programs, m, args.trace_bin, args.json)
+            .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+        if !args.json {
+            eprintln!(
+                "trace: {} ({} events, {:.1} MB, {} cycle(s) per slice bin, {} PE(s) per process)",
+                path.display(),
+                t.events,
+                t.bytes as f64 / 1e6,
+                t.cycles_per_bin,
+                t.pes_per_process
+            );
+        }
+    }
+    // Only a long run gets a bar: a short one would just flicker.
+    let long = m.cycles.saturating_mul(u64::from(m.pes)) > 5_000_000;
+    let bar = super::progress::Progress::bar(m.cycles, "cycles", args.json || !long);
+    let outcome = if bar.is_active() {
+        let mut obs = super::progress::CycleObserver {
+            progress: &bar,
+            last: 0,
+        };
+        exec::execute(isa::F32Domain, loaded.programs, m, &inputs, &mut obs)
+    } else {
+        exec::execute(
+            isa::F32Domain,
+            loaded.programs,
+            m,
+            &inputs,
+            &mut isa::NoObserver,
+        )
+    }
     .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+    drop(bar);
     let y = &outcome.outputs["y"];
     let reference = exec::reference_output(m, &inputs);
     let err = reference.as_ref().map(|r| exec::max_abs_err(y, r));
+    let overflow = non_finite(y);
     if let Some(path) = &args.output {
         let (h, n, d) = (
             m.layer.heads as u64,
@@ -86,6 +119,8 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             "seed": args.seed,
             "max_abs_err": err,
             "tolerance": args.tolerance,
+            "non_finite": overflow.map_or(0, |(count, _)| count),
+            "first_non_finite": overflow.map(|(_, first)| first),
         });
         println!("{obj}");
     } else {
@@ -111,6 +146,9 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             println!("max_abs_err: {e:.3e} (tolerance {:.0e})", args.tolerance);
         }
     }
+    if let Some((count, first)) = overflow {
+        return Err(overflow_message(m, y, count, first));
+    }
     match err {
         Some(e) if e.is_nan() || e > args.tolerance => Err(format!(
             "MISMATCH: max_abs_err {e:.3e} exceeds tolerance {:.0e}",
@@ -118,6 +156,37 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
         )),
         _ => Ok(()),
     }
+}
+
+/// How many outputs are NaN or infinite, and the flat index of the first.
+fn non_finite(y: &[f32]) -> Option<(usize, usize)> {
+    let first = y.iter().position(|v| !v.is_finite())?;
+    Some((y[first..].iter().filter(|v| !v.is_finite()).count(), first))
+}
+
+/// A non-finite output is an overflow, not a rounding difference: say so, where, and what to do.
+fn overflow_message(
+    m: &compiler::manifest::Manifest,
+    y: &[f32],
+    count: usize,
+    first: usize,
+) -> String {
+    let (n, d) = (m.layer.tokens as usize, m.layer.dim as usize);
+    let at = if n > 0 && d > 0 {
+        format!("y[{}][{}][{}]", first / (n * d), first / d % n, first % d)
+    } else {
+        format!("y[{first}]")
+    };
+    let hint = if m.layer.softmax() == Some(runtime::layer::Softmax::Plain) {
+        "; this layer uses `softmax = plain`, whose exp(scale·score) overflows f32 once a scaled score passes about 88.7 (compile with `softmax = safe`, the default, to subtract each row's maximum)"
+    } else {
+        ""
+    };
+    format!(
+        "OVERFLOW: {count} of {} outputs are NaN or infinite, the first {at} = {}{hint}",
+        y.len(),
+        y[first]
+    )
 }
 
 fn read_inputs(

@@ -5,10 +5,11 @@
 use compiler::passes::select::Choice;
 use compiler::{compile, Compiled, Options};
 
-/// Builds the DSL text of one layer.
+/// Builds the DSL text of one layer, in the paper's formulation (`softmax = plain`), which every
+/// schedule implements; tests/softmax.rs covers the safe one.
 pub fn layer_src(n: u32, d: u32, heads: u32, shared: bool, causal: bool) -> String {
     format!(
-        "layer t {{ tokens = {n}; dim = {d}; heads = {heads}; qkv = {}; mask = {}; }}",
+        "layer t {{ tokens = {n}; dim = {d}; heads = {heads}; qkv = {}; mask = {}; softmax = plain; }}",
         if shared { "shared" } else { "separate" },
         if causal { "causal" } else { "none" }
     )

@@ -5,13 +5,18 @@
 use compiler::passes::select::Choice;
 use compiler::{compile, CompileError, Compiled, Options};
 
-/// The `.attn` source of one layer.
+/// The `.attn` source of one layer, in the paper's formulation (every schedule implements it).
 pub fn source(tokens: u32, dim: u32, heads: u32, shared: bool, causal: bool) -> String {
     format!(
-        "layer t {{ tokens = {tokens}; dim = {dim}; heads = {heads}; qkv = {}; mask = {}; }}",
+        "layer t {{ tokens = {tokens}; dim = {dim}; heads = {heads}; qkv = {}; mask = {}; softmax = plain; }}",
         if shared { "shared" } else { "separate" },
         if causal { "causal" } else { "none" }
     )
+}
+
+/// The same layer with the default, safe softmax.
+pub fn safe_source(tokens: u32, dim: u32, heads: u32, shared: bool, causal: bool) -> String {
+    source(tokens, dim, heads, shared, causal).replace(" softmax = plain;", "")
 }
 
 /// Compiles the single layer in `src`; `None` when the scheduler refuses the combination.

@@ -59,8 +59,13 @@ pub enum Node {
     /// `exp(scale · a)`; the scale is kept as f32 bits so that only the exact immediate matches.
     Exp(ExprId, u32),
     Div(ExprId, ExprId),
-    /// `max(a, b)`, operands sorted (the maximum is commutative).
-    Max(ExprId, ExprId),
+    /// The maximum of a set of at least two values: `len` sorted, distinct ids at `start` in the
+    /// term pool, none itself a maximum. `max` is exact, associative, commutative and idempotent,
+    /// so every order and grouping of a row maximum reaches this one node.
+    Max {
+        start: u32,
+        len: u32,
+    },
     /// `exp(scale · (a − b))`, scale as f32 bits.
     Expd(ExprId, ExprId, u32),
     /// A canonical sum of at least two terms: `len` sorted term ids at `start` in the term pool.
@@ -124,6 +129,7 @@ pub struct Interner {
     terms: Vec<ExprId>,
     index: FxMap<Node, ExprId>,
     sums: FxMap<Box<[ExprId]>, ExprId>,
+    maxes: FxMap<Box<[ExprId]>, ExprId>,
     /// Canonical form of chains already canonicalized: a denominator is used by a whole row of
     /// divisions, and walking it each time would make that quadratic.
     canon: FxMap<ExprId, ExprId>,
@@ -144,6 +150,7 @@ impl Interner {
             terms: Vec::new(),
             index: FxMap::default(),
             sums: FxMap::default(),
+            maxes: FxMap::default(),
             canon: FxMap::default(),
             scratch: Vec::new(),
         }
@@ -172,6 +179,14 @@ impl Interner {
 
     pub fn set_flag(&mut self, id: ExprId, flag: u8) {
         self.flags[id as usize] |= flag;
+    }
+
+    /// The sorted, distinct arguments of a maximum; empty for anything else.
+    pub fn max_terms(&self, id: ExprId) -> &[ExprId] {
+        match self.node(id) {
+            Node::Max { start, len } => &self.terms[start as usize..(start + len) as usize],
+            _ => &[],
+        }
     }
 
     /// The sorted terms of a canonical sum; empty for anything else.
@@ -233,8 +248,39 @@ impl Interner {
 
     pub fn max(&mut self, a: ExprId, b: ExprId) -> ExprId {
         let (a, b) = (self.canonical(a), self.canonical(b));
-        let (a, b) = if a <= b { (a, b) } else { (b, a) };
-        self.intern(Node::Max(a, b), &[a, b])
+        self.max_of(&[a, b])
+    }
+
+    /// The canonical maximum of `args` (any order, nested maxima flattened, repeats dropped); a
+    /// single distinct argument is itself.
+    pub fn max_of(&mut self, args: &[ExprId]) -> ExprId {
+        let mut all: Vec<ExprId> = Vec::with_capacity(args.len());
+        for &x in args {
+            match self.node(x) {
+                Node::Max { .. } => all.extend_from_slice(self.max_terms(x)),
+                _ => all.push(x),
+            }
+        }
+        all.sort_unstable();
+        all.dedup();
+        if all.len() == 1 {
+            return all[0];
+        }
+        if let Some(&id) = self.maxes.get(&*all) {
+            return id;
+        }
+        let taint = all.iter().fold(0, |f, &t| f | (self.flags(t) & MASKED));
+        let start = self.terms.len() as u32;
+        self.terms.extend_from_slice(&all);
+        let id = self.push(
+            Node::Max {
+                start,
+                len: all.len() as u32,
+            },
+            taint,
+        );
+        self.maxes.insert(all.into_boxed_slice(), id);
+        id
     }
 
     pub fn expd(&mut self, a: ExprId, b: ExprId, scale: f32) -> ExprId {
@@ -367,11 +413,18 @@ impl Interner {
                 self.write(b, style, depth - 1, out);
                 out.push(')');
             }
-            Node::Max(a, b) => {
-                out.push_str("max(");
-                self.write(a, style, depth - 1, out);
-                out.push_str(", ");
-                self.write(b, style, depth - 1, out);
+            Node::Max { .. } => {
+                let terms = self.max_terms(id);
+                let _ = write!(out, "max[{}](", terms.len());
+                for (i, &t) in terms.iter().take(style.width).enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    self.write(t, style, depth - 1, out);
+                }
+                if terms.len() > style.width {
+                    out.push_str(", …");
+                }
                 out.push(')');
             }
             Node::Expd(a, b, bits) => {
@@ -458,6 +511,50 @@ impl Interner {
                     }
                     (e, f) = (a1, a2);
                     path.push("in the exponent".into());
+                }
+                (Node::Expd(a1, b1, s1), Node::Expd(a2, b2, s2)) => {
+                    if s1 != s2 {
+                        path.push(format!(
+                            "exp scale is {:?}, expected {:?}",
+                            f32::from_bits(s2),
+                            f32::from_bits(s1)
+                        ));
+                    }
+                    if b1 != b2 {
+                        (e, f) = (b1, b2);
+                        path.push("in the subtracted row maximum".into());
+                    } else if a1 != a2 {
+                        (e, f) = (a1, a2);
+                        path.push("in the exponent".into());
+                    } else {
+                        return path.join(" › ");
+                    }
+                }
+                (Node::Expd(..), Node::Exp(..)) => {
+                    path.push("the exponential lacks the subtracted row maximum (exp where expd is expected)".into());
+                    break;
+                }
+                (Node::Max { .. }, Node::Max { .. }) => {
+                    let (missing, extra) = multiset_diff(self.max_terms(e), self.max_terms(f));
+                    let short = Style {
+                        depth: style.depth.saturating_sub(1).max(1),
+                        ..*style
+                    };
+                    let list = |ts: &[ExprId]| {
+                        ts.iter()
+                            .take(style.width)
+                            .map(|&t| self.pretty(t, &short))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    };
+                    path.push(format!(
+                        "the maximum misses {} score(s) ({}) and has {} extra ({})",
+                        missing.len(),
+                        list(&missing),
+                        extra.len(),
+                        list(&extra)
+                    ));
+                    return path.join(" › ");
                 }
                 (Node::Sum { .. }, Node::Sum { .. }) => {
                     let (missing, extra) = multiset_diff(self.sum_terms(e), self.sum_terms(f));
@@ -602,6 +699,34 @@ mod tests {
         assert_eq!(ex.sum(&[a]), a);
         // Scale bits matter.
         assert_ne!(ex.exp(a, 0.5), ex.exp(a, 0.25));
+    }
+
+    #[test]
+    fn maxima_are_flat_sets() {
+        let mut ex = Interner::new();
+        let v: Vec<_> = (0..4).map(|c| ex.input(Tensor::Q, 0, 0, c)).collect();
+        // Every grouping and order of the same arguments is one node.
+        let left = {
+            let ab = ex.max(v[0], v[1]);
+            let abc = ex.max(ab, v[2]);
+            ex.max(abc, v[3])
+        };
+        let right = {
+            let dc = ex.max(v[3], v[2]);
+            let ba = ex.max(v[1], v[0]);
+            ex.max(dc, ba)
+        };
+        assert_eq!(left, right);
+        assert_eq!(left, ex.max_of(&v));
+        assert_eq!(ex.max_terms(left), &v[..]);
+        // A missing argument is a different node; a repeated one is not.
+        let three = ex.max_of(&v[..3]);
+        assert_ne!(three, left);
+        assert_eq!(ex.max(three, v[2]), three);
+        assert_eq!(ex.max_of(&[v[1]]), v[1]);
+        // The bias is an operand of its own: exp(s·(a − M)) is neither exp(s·a) nor another M.
+        assert_ne!(ex.expd(v[0], left, 0.5), ex.expd(v[0], three, 0.5));
+        assert_ne!(ex.expd(v[0], left, 0.5), ex.exp(v[0], 0.5));
     }
 
     #[test]

@@ -223,6 +223,30 @@ impl Verification {
                 format!("layer.scale {} is not a finite f32", l.scale),
             );
         }
+        let softmax = match l.softmax() {
+            Some(s) => s,
+            None => {
+                self.fail(
+                    Invariant::Manifest,
+                    format!(
+                        "layer.softmax is `{}`; expected `safe` or `plain`",
+                        l.softmax
+                    ),
+                );
+                runtime::layer::Softmax::Plain
+            }
+        };
+        // Subtracting the maximum bounds the exponents only when the scale is positive (the
+        // layer language allows no other); the proof's claim would be false otherwise.
+        if softmax == runtime::layer::Softmax::Safe && scale.is_finite() && scale <= 0.0 {
+            self.fail(
+                Invariant::Manifest,
+                format!(
+                    "layer.scale {} is not positive, so the row maximum does not bound a safe softmax's exponents",
+                    l.scale
+                ),
+            );
+        }
         let shape = Shape {
             heads: l.heads,
             tokens: l.tokens,
@@ -230,6 +254,7 @@ impl Verification {
             shared,
             causal,
             scale,
+            softmax,
         };
         let want: &[&str] = if shared { &["x"] } else { &["k", "q", "v"] };
         let have: Vec<&str> = m.inputs.keys().map(String::as_str).collect();
@@ -296,13 +321,14 @@ impl Verification {
                     self.fail(
                         Invariant::Manifest,
                         format!(
-                            "necessary_ops is {}, but the layer needs {} (phase-1 mul {}, exp {}, div {}, phase-3 mul {})",
+                            "necessary_ops is {}, but the layer needs {} (phase-1 mul {}, exp {}, div {}, phase-3 mul {}, max {})",
                             m.necessary_ops,
                             need.total(),
                             need.phase1_mul,
                             need.exp,
                             need.div,
-                            need.phase3_mul
+                            need.phase3_mul,
+                            need.max
                         ),
                     );
                 }
@@ -410,7 +436,14 @@ impl Verification {
         };
         let sink = std::mem::replace(&mut self.sink, Sink::new(0));
         let state = RefCell::new(Run::new(
-            ex, style, programs, words, spec.uses, sink, inputs_at,
+            ex,
+            style,
+            programs,
+            words,
+            spec.uses,
+            spec.row_maxima,
+            sink,
+            inputs_at,
         ));
         for inv in [
             Invariant::Fault,
@@ -514,9 +547,14 @@ impl Verification {
         self.stats.expressions = run.ex.len();
         self.stats.sum_terms = run.ex.term_pool_len();
         self.stats.output_elements = spec.outputs.len();
+        let max = if need.max > 0 {
+            format!(", max {}", need.max)
+        } else {
+            String::new()
+        };
         let work = if run.tally.total() == need.total() {
             format!(
-                "with exactly the {} necessary operations (mul {} + {}, exp {}, div {})",
+                "with exactly the {} necessary operations (mul {} + {}, exp {}, div {}{max})",
                 need.total(),
                 need.phase1_mul,
                 need.phase3_mul,
@@ -537,8 +575,14 @@ impl Verification {
             )
         };
         self.sink = run.sink;
+        let softmax = match shape.softmax {
+            runtime::layer::Softmax::Safe => {
+                ", softmax = safe: exp(s·(w' − M)) with M exactly each row's maximum"
+            }
+            runtime::layer::Softmax::Plain => "",
+        };
         self.proved = Some(format!(
-            "for all inputs, y = attention({}, mask = {}, scale = {:?}) for {} head(s) × {} tokens × dim {}, on {} PEs in {} cycles, {work}",
+            "for all inputs, y = attention({}, mask = {}, scale = {:?}{softmax}) for {} head(s) × {} tokens × dim {}, on {} PEs in {} cycles, {work}",
             if shape.shared { "q = k = v = x" } else { "q, k, v" },
             m.layer.mask,
             shape.scale,
@@ -566,6 +610,7 @@ impl Verification {
                 m.ops.phase1_mac,
             ),
             ("exp", got.exp, need.exp, m.ops.phase2_exp),
+            ("max", got.max, need.max, m.ops.phase2_max),
             ("div", got.div, need.div, m.ops.phase2_div),
             (
                 "phase-3 mul",

@@ -15,6 +15,7 @@ pub struct Shape {
     pub causal: bool,
     /// The `exp` immediate every exponential must carry.
     pub scale: f32,
+    pub softmax: runtime::layer::Softmax,
 }
 
 pub use runtime::layer::Necessary;
@@ -28,7 +29,12 @@ impl Shape {
             dim: self.dim,
             shared: self.shared,
             causal: self.causal,
+            softmax: self.softmax,
         }
+    }
+
+    fn safe(&self) -> bool {
+        self.softmax == runtime::layer::Softmax::Safe
     }
 
     /// Elements of one tensor; `None` on overflow.
@@ -56,6 +62,10 @@ pub struct Spec {
     /// `exp(s·x_i·x_j)` serves rows `i` and `j`, so it may be computed once per row; with
     /// `per_score_products`, a phase-1 product may be computed once per score that sums it.
     pub uses: FxMap<ExprId, u32>,
+    /// Safe softmax: for every unmasked score, the rows' maxima it belongs to (two in a shared
+    /// layer, where `x_i·x_j` is a score of rows `i` and `j`). A partial maximum a program builds
+    /// on the way is legitimate exactly when its arguments all belong to one of these.
+    pub row_maxima: FxMap<ExprId, Vec<ExprId>>,
 }
 
 /// Builds the specification into `ex`, marks every node it needs [`NEEDED`], and under a causal
@@ -92,6 +102,7 @@ pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool) -> Spec
 
     let mut outputs = Vec::with_capacity(shape.tensor_len().unwrap_or(0));
     let mut uses: FxMap<ExprId, u32> = FxMap::default();
+    let mut row_maxima: FxMap<ExprId, Vec<ExprId>> = FxMap::default();
     let mut terms = Vec::new();
     let score = |ex: &mut Interner, terms: &mut Vec<ExprId>, head: u32, i: u32, j: u32| {
         terms.clear();
@@ -117,14 +128,28 @@ pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool) -> Spec
     for head in 0..h {
         for i in 0..n {
             let js: Vec<u32> = (0..n).filter(|&j| shape.unmasked(i, j)).collect();
-            let exps: Vec<ExprId> = js
+            let scores: Vec<ExprId> = js
                 .iter()
                 .map(|&j| {
                     let s = score(ex, &mut terms, head, i, j);
                     count_products(&mut uses, ex, s);
-                    ex.exp(s, shape.scale)
+                    s
                 })
                 .collect();
+            // Safe: exp(s·(w' − M)) with M exactly the row's maximum. Over the reals any M gives
+            // the same weights; requiring this one is what keeps every exponent at most 0.
+            let exps: Vec<ExprId> = if shape.safe() {
+                let top = ex.max_of(&scores);
+                for &s in &scores {
+                    row_maxima.entry(s).or_default().push(top);
+                }
+                scores
+                    .iter()
+                    .map(|&s| ex.expd(s, top, shape.scale))
+                    .collect()
+            } else {
+                scores.iter().map(|&s| ex.exp(s, shape.scale)).collect()
+            };
             let z = ex.sum(&exps);
             let weights: Vec<ExprId> = exps
                 .iter()
@@ -151,9 +176,19 @@ pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool) -> Spec
             for i in 0..n {
                 let mut all = Vec::with_capacity(n as usize);
                 let mut masked = Vec::new();
+                let row: Vec<ExprId> = (0..n).map(|j| score(ex, &mut terms, head, i, j)).collect();
+                // Safe: the true maximum (unmasked scores); a maximum over the whole row is built
+                // too, so that it is marked as masked work.
+                let top = shape.safe().then(|| {
+                    ex.max_of(&row);
+                    ex.max_of(&row[..=i as usize])
+                });
                 for j in 0..n {
-                    let s = score(ex, &mut terms, head, i, j);
-                    let e = ex.exp(s, shape.scale);
+                    let s = row[j as usize];
+                    let e = match top {
+                        Some(top) => ex.expd(s, top, shape.scale),
+                        None => ex.exp(s, shape.scale),
+                    };
                     all.push(e);
                     if !shape.unmasked(i, j) {
                         masked.push(e);
@@ -178,6 +213,7 @@ pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool) -> Spec
         outputs,
         inputs,
         uses,
+        row_maxima,
     }
 }
 
@@ -189,11 +225,10 @@ fn mark_needed(ex: &mut Interner, roots: &[ExprId]) {
         }
         ex.set_flag(id, NEEDED);
         match ex.node(id) {
-            Node::Mul(a, b) | Node::Div(a, b) | Node::Max(a, b) | Node::Expd(a, b, _) => {
-                stack.extend([a, b])
-            }
+            Node::Mul(a, b) | Node::Div(a, b) | Node::Expd(a, b, _) => stack.extend([a, b]),
             Node::Exp(a, _) => stack.push(a),
             Node::Sum { .. } => stack.extend_from_slice(ex.sum_terms(id)),
+            Node::Max { .. } => stack.extend_from_slice(ex.max_terms(id)),
             Node::Input { .. } | Node::Chain { .. } => {}
         }
     }

@@ -96,6 +96,8 @@ pub struct Run<'p> {
     pub tally: OpTally,
     made: FxMap<ExprId, Made>,
     uses: FxMap<ExprId, u32>,
+    /// Per unmasked score, the row maxima it belongs to (safe softmax; see `spec::Spec`).
+    row_maxima: FxMap<ExprId, Vec<ExprId>>,
     pub sink: Sink,
     /// `x[h][i][c]` by (PE, address), for messages.
     input_names: FxMap<(u32, Addr), String>,
@@ -108,6 +110,7 @@ impl<'p> Run<'p> {
         programs: &'p [Program],
         words: Vec<Vec<Word>>,
         uses: FxMap<ExprId, u32>,
+        row_maxima: FxMap<ExprId, Vec<ExprId>>,
         sink: Sink,
         input_names: FxMap<(u32, Addr), String>,
     ) -> Self {
@@ -120,6 +123,7 @@ impl<'p> Run<'p> {
             tally: OpTally::default(),
             made: FxMap::default(),
             uses,
+            row_maxima,
             sink,
             input_names,
         }
@@ -227,7 +231,10 @@ impl<'p> Run<'p> {
         }
         let (pe, cycle) = self.cur;
         let flags = self.ex.flags(id);
-        if flags & NEEDED != 0 {
+        // A partial row maximum is not itself part of any output, but it is the necessary way
+        // there: accepted (once) when all its arguments are scores of one row.
+        let partial_max = kind == OpKind::Max && flags & MASKED == 0 && self.within_a_row(id);
+        if flags & NEEDED != 0 || partial_max {
             let allowed = self.uses.get(&id).copied().unwrap_or(1);
             let m = self.made.entry(id).or_insert(Made {
                 pe,
@@ -286,6 +293,20 @@ impl<'p> Run<'p> {
                 }
             });
         }
+    }
+
+    /// Whether the maximum `id` takes only scores of one row (all of a row's maximum's arguments).
+    fn within_a_row(&self, id: ExprId) -> bool {
+        let args = self.ex.max_terms(id);
+        let Some(first) = args.first() else {
+            return false;
+        };
+        self.row_maxima.get(first).is_some_and(|rows| {
+            rows.iter().any(|&top| {
+                let all = self.ex.max_terms(top);
+                args.iter().all(|a| all.binary_search(a).is_ok())
+            })
+        })
     }
 
     /// Reports the value in `w` of PE `pe` being dropped unread at `when` (a cycle and the
@@ -351,9 +372,10 @@ fn masked_origin(ex: &Interner, mut id: ExprId) -> ExprId {
     let masked = |o: &ExprId| ex.flags(*o) & MASKED != 0;
     loop {
         let next = match ex.node(id) {
-            Node::Mul(a, b) | Node::Div(a, b) | Node::Max(a, b) | Node::Expd(a, b, _) => {
+            Node::Mul(a, b) | Node::Div(a, b) | Node::Expd(a, b, _) => {
                 [a, b].into_iter().find(masked)
             }
+            Node::Max { .. } => ex.max_terms(id).iter().copied().find(masked),
             Node::Exp(a, _) => Some(a).filter(masked),
             Node::Sum { .. } => ex.sum_terms(id).iter().copied().find(masked),
             Node::Input { .. } | Node::Chain { .. } => None,

@@ -99,6 +99,7 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
                 2,
                 Work::Exp {
                     x: r(0),
+                    bias: None,
                     scale,
                     acc: op_acc[o],
                     e: val(op.produces.expect("EXP keeps its exponent")),

@@ -100,12 +100,23 @@ impl Solver {
     }
 
     /// `Ok(None)`: refuted, or given up after `conflicts` conflicts (a neighbourhood move may
-    /// fail for either reason); `Err(None)`: out of time.
+    /// fail for either reason); `Err(None)`: out of time, or `allowance` (conflicts left to the
+    /// whole search, when limited) cannot pay for `conflicts`.
     fn solve_limited(
         &mut self,
         assumptions: Vec<i32>,
         conflicts: Option<i32>,
+        allowance: &mut Option<u64>,
     ) -> Result<Option<RingSchedule>, Option<ExactError>> {
+        if let (Some(left), Some(limit)) = (allowance.as_mut(), conflicts) {
+            // Charged in full whatever the move uses: the solver does not report its count,
+            // and a deterministic upper bound is what the limit is for.
+            let cost = u64::try_from(limit).unwrap_or(0);
+            if *left < cost {
+                return Err(None);
+            }
+            *left -= cost;
+        }
         if let Some(limit) = conflicts {
             self.sat
                 .set_limit("conflicts", limit)
@@ -129,15 +140,17 @@ impl Solver {
 }
 
 /// Shortens `start` while windows of it can be compressed or drained, stopping at `floor`
-/// cycles or the deadline. Returns the shortest schedule found (if shorter than `start`) and
-/// every step.
+/// cycles, the deadline, or once the moves' conflict allowances would exceed `conflict_limit`.
+/// Returns the shortest schedule found (if shorter than `start`) and every step.
 pub fn improve(
     problem: &Problem,
     pes: u32,
     start: &RingSchedule,
     floor: u64,
     deadline: Option<Instant>,
+    conflict_limit: Option<u64>,
 ) -> Result<(Option<RingSchedule>, Vec<Step>), ExactError> {
+    let mut allowance = conflict_limit;
     let began = Instant::now();
     let mut current = start.clone();
     let mut improved = false;
@@ -240,7 +253,7 @@ pub fn improve(
             moves.push((assumptions, replace_conflicts));
         }
         for (assumptions, conflicts) in moves {
-            match shorter.solve_limited(assumptions, Some(conflicts)) {
+            match shorter.solve_limited(assumptions, Some(conflicts), &mut allowance) {
                 Ok(Some(s)) => {
                     steps.push(Step {
                         cycles: s.cycles() as u64,
@@ -286,7 +299,7 @@ pub fn improve(
                             .filter(|p| *p == victim || !busy.contains(p))
                             .map(|p| same.enc.idle.at(p, last)),
                     );
-                    match same.solve_limited(assumptions, Some(window_conflicts)) {
+                    match same.solve_limited(assumptions, Some(window_conflicts), &mut allowance) {
                         Ok(Some(s)) => {
                             current = s;
                             continue 'drain;
@@ -325,7 +338,7 @@ pub fn improve(
                 .map(|&(o, p, x)| same.enc.run[o].at(p, x))
                 .collect();
             assumptions.push(-same.enc.run[o].at(p, at));
-            match same.solve_limited(assumptions, Some(window_conflicts)) {
+            match same.solve_limited(assumptions, Some(window_conflicts), &mut allowance) {
                 Ok(Some(s)) => {
                     current = s;
                     continue 'levels;

@@ -50,6 +50,12 @@ pub struct Options {
     pub max_cycles: Option<u64>,
     /// Wall-clock limit for the whole search, encoding included.
     pub time_limit: Option<Duration>,
+    /// Work limit that does not depend on the machine's speed: each budget's SAT call gives up
+    /// after this many conflicts (its verdict is then unknown), and the neighbourhood search
+    /// stops once the conflict allowances of its moves add up to this many. Without a
+    /// `time_limit` it also replaces the neighbourhood search's default wall-clock share, so
+    /// the outcome is the same on every machine.
+    pub conflict_limit: Option<u64>,
     pub strategy: Strategy,
     pub symmetry_breaking: bool,
     /// Search and report a SAT schedule even when the heuristic schedule is as good (it then
@@ -67,6 +73,7 @@ impl Default for Options {
         Options {
             max_cycles: None,
             time_limit: None,
+            conflict_limit: None,
             strategy: Strategy::Down,
             symmetry_breaking: true,
             sat_only: false,
@@ -81,7 +88,7 @@ impl Default for Options {
 pub enum Verdict {
     Sat,
     Unsat,
-    /// Stopped by the deadline.
+    /// Stopped by the deadline or the conflict limit.
     Unknown,
 }
 
@@ -245,6 +252,12 @@ pub fn solve_budget(
         }
     }
     solver.set_callbacks(Some(Deadline(deadline)));
+    if let Some(limit) = opts.conflict_limit {
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        solver
+            .set_limit("conflicts", limit)
+            .map_err(|e| ExactError::Internal(format!("{e:?}")))?;
+    }
     let verdict = if deadline.is_some_and(|d| Instant::now() >= d) {
         Verdict::Unknown
     } else {
@@ -322,6 +335,27 @@ fn heuristic_start(problem: &Problem, pes: u32) -> Option<RingSchedule> {
 /// Finds a schedule with the fewest cycles for `layer` on `pes` PEs, with a proof when the limits
 /// allow. Falls back on `compiler::compile`'s schedule when SAT finds nothing better.
 pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome, ExactError> {
+    optimal_with_progress(layer, pes, opts, &mut |_| {})
+}
+
+/// Where a running search is, for a progress display.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// The budget about to be decided; `None` while the heuristic schedule is being shortened.
+    pub budget: Option<u64>,
+    /// Cycles of the best schedule known so far.
+    pub best: u64,
+    /// No schedule has fewer cycles than this (the lower bound or a refuted budget + 1).
+    pub proven: u64,
+}
+
+/// [`optimal`], calling `progress` before each stage of the search.
+pub fn optimal_with_progress(
+    layer: &lang::Layer,
+    pes: u32,
+    opts: &Options,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Outcome, ExactError> {
     let started = Instant::now();
     let deadline = opts.time_limit.map(|d| started + d);
     if pes == 0 {
@@ -330,6 +364,16 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
         )));
     }
     let problem = problem_of(layer)?;
+    if let Some(why) = problem.needs_plain("the exact scheduler") {
+        // The model (docs/exact.md) knows the paper's operations only: no row maximum.
+        return Err(ExactError::Compile(CompileError::Refused(
+            crate::passes::select::Refusal {
+                culprit: crate::passes::select::Culprit::Softmax,
+                message: why,
+                note: "add `softmax = plain;` to the layer for `attnc optimal`; `attnc compile` schedules the safe form".into(),
+            },
+        )));
+    }
     let lb = problem.lower_bound(pes);
     let copts = CompileOptions {
         pes,
@@ -350,14 +394,21 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
     let mut too_large = None;
     if opts.improve && !opts.sat_only && lb < known {
         if let Some(start) = heuristic_start(&problem, pes) {
+            progress(Progress {
+                budget: None,
+                best: best_cycles,
+                proven: lb,
+            });
             // Three quarters of the time limit at most (a minute without one): on layers where it
             // matters the full search rarely settles a budget, and a shorter schedule found here
             // is the one it has to refute below.
-            let budget = opts
-                .time_limit
-                .map_or(Duration::from_secs(60), |l| l * 3 / 4);
-            let until = deadline.map_or(started + budget, |d| d.min(started + budget));
-            match improve::improve(&problem, pes, &start, lb, Some(until)) {
+            let until = match (opts.time_limit, opts.conflict_limit) {
+                (Some(limit), _) => Some(started + limit * 3 / 4),
+                // The conflict limit bounds the work instead, deterministically.
+                (None, Some(_)) => None,
+                (None, None) => Some(started + Duration::from_secs(60)),
+            };
+            match improve::improve(&problem, pes, &start, lb, until, opts.conflict_limit) {
                 Ok((found, steps)) => {
                     improvements = steps;
                     if let Some(s) = found {
@@ -378,13 +429,18 @@ pub fn optimal(layer: &lang::Layer, pes: u32, opts: &Options) -> Result<Outcome,
     let mut attempts = Vec::new();
     let mut proven = lb;
     let mut timed_out = false;
-    let run = |t: u64,
-               attempts: &mut Vec<Attempt>,
-               best: &mut Option<RingSchedule>,
-               best_cycles: &mut u64,
-               proven: &mut u64,
-               too_large: &mut Option<String>|
+    let mut run = |t: u64,
+                   attempts: &mut Vec<Attempt>,
+                   best: &mut Option<RingSchedule>,
+                   best_cycles: &mut u64,
+                   proven: &mut u64,
+                   too_large: &mut Option<String>|
      -> Result<Verdict, ExactError> {
+        progress(Progress {
+            budget: Some(t),
+            best: *best_cycles,
+            proven: *proven,
+        });
         let (attempt, schedule) = match solve_budget(&problem, pes, t, deadline, opts) {
             Err(ExactError::TooLarge(msg)) => {
                 *too_large = Some(msg);

@@ -64,6 +64,15 @@ pub fn run(g: &Graph) -> Result<Facts, AnalyzeError> {
                 None => Err(AnalyzeError("the graph has no head".into())),
             }
         };
+    // Every head's softmax must be formed the same way, for the same reason.
+    let mut forms = g.nodes.values().filter_map(|n| match n {
+        NodeData::Softmax { form, .. } => Some(*form),
+        _ => None,
+    });
+    let softmax = forms.next().unwrap_or_default();
+    if forms.any(|f| f != softmax) {
+        return Err(AnalyzeError("heads differ in structure".into()));
+    }
     let is_scores = |n: &NodeData| matches!(n, NodeData::Scores { .. });
     let is_wsum = |n: &NodeData| matches!(n, NodeData::WeightedSum { .. });
     let problem = Problem {
@@ -74,6 +83,7 @@ pub fn run(g: &Graph) -> Result<Facts, AnalyzeError> {
         symmetric: per_kind(|f| f.symmetric, is_scores)?,
         causal: per_kind(|f| f.causal, is_scores)?,
         shared_values: per_kind(|f| f.values_shared, is_wsum)?,
+        softmax,
     };
     Ok(Facts { nodes, problem })
 }

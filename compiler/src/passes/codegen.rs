@@ -108,7 +108,7 @@ fn acc_result(work: &Work) -> Option<Val> {
     match *work {
         Work::Mac { out, .. } => Some(out),
         Work::Exp { sum, .. } => Some(sum),
-        Work::Div { .. } => None,
+        Work::Div { .. } | Work::Max { .. } => None,
     }
 }
 
@@ -281,18 +281,23 @@ fn bundle(
         ),
         Some(Work::Exp {
             x,
+            bias,
             scale,
             acc,
             e,
             sum,
         }) => (
-            Op::exp(addr(x)?, scale, dst(e)),
+            match bias {
+                None => Op::exp(addr(x)?, scale, dst(e)),
+                Some(m) => Op::expd(addr(x)?, addr(m)?, scale, dst(e)),
+            },
             Acc::Add {
                 src: acc_src(acc)?,
                 dst: dst(sum),
             },
         ),
         Some(Work::Div { num, den, out }) => (Op::div(addr(num)?, addr(den)?, dst(out)), Acc::Nop),
+        Some(Work::Max { a, b, out }) => (Op::max(addr(a)?, addr(b)?, dst(out)), Acc::Nop),
     };
     let xfer = match slot.send {
         None => Xfer::Nop,

@@ -3,6 +3,7 @@
 use crate::ir::{Graph, MaskKind, NodeData, Tensor};
 use cranelift_entity::PrimaryMap;
 use lang::{Layer, Mask, Qkv};
+use runtime::layer::Softmax;
 
 pub const NAME: &str = "lower";
 pub const DESCRIPTION: &str = "lower a layer description to the dataflow graph";
@@ -37,6 +38,10 @@ pub fn run(layer: &Layer) -> Graph {
         let weights = nodes.push(NodeData::Softmax {
             scores,
             scale: layer.scale,
+            form: match layer.softmax {
+                lang::Softmax::Safe => Softmax::Safe,
+                lang::Softmax::Plain => Softmax::Plain,
+            },
         });
         let y = nodes.push(NodeData::WeightedSum { weights, values: v });
         nodes.push(NodeData::Output { value: y, head });

@@ -19,7 +19,7 @@
 //! paper's Algo 1 figure while no masked element is touched.
 
 use crate::ir::Tensor;
-use crate::passes::select::{shape_refusal, Refusal};
+use crate::passes::select::{chain_refusal, Refusal};
 use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, Element, RingSchedule, ScheduleError, Val, Work};
 use crate::scheduler::Scheduler;
@@ -31,6 +31,7 @@ pub const DESCRIPTION: &str =
 /// Why the baseline cannot schedule a shape.
 pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     p.ring_divides_shape(pes, "the baseline schedule")
+        .or_else(|| p.needs_plain("the baseline schedule"))
 }
 
 /// Cycles of one head.
@@ -56,7 +57,7 @@ impl Scheduler for Baseline {
         "baseline (paper Algorithm 1)"
     }
     fn refusal(&self, p: &Problem, pes: u32) -> Option<Refusal> {
-        unsupported(p, pes).map(|why| shape_refusal(p, pes, why))
+        unsupported(p, pes).map(|why| chain_refusal(p, pes, "baseline", why))
     }
     fn necessary_only(&self) -> bool {
         // On q = k it computes x_a·x_b for both scores (a, b) and (b, a), as the paper does.
@@ -141,6 +142,7 @@ fn head(b: &mut Builder, inputs: &mut Inputs, p: &Problem, h: u32, t0: usize) {
                         2,
                         Work::Exp {
                             x,
+                            bias: None,
                             scale,
                             acc,
                             e,

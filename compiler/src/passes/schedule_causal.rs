@@ -10,7 +10,7 @@
 //! phase 2 instead of the paper's 90). Phase 3 sends each unmasked weight along `d` PEs.
 
 use crate::chains::{self, Row, ScoreChain};
-use crate::passes::select::{shape_refusal, Culprit, Refusal};
+use crate::passes::select::{chain_refusal, Culprit, Refusal};
 use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, RingSchedule, ScheduleError};
 use crate::scheduler::Scheduler;
@@ -28,7 +28,7 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     if !p.causal {
         return Some("the causal schedule needs `mask = causal`".into());
     }
-    check_shape(p, pes)
+    check_shape(p, pes).or_else(|| p.needs_plain("the causal schedule"))
 }
 
 /// One chain per pair `a ≥ b` of every head, finishing on PE `(a + b + h) mod m`: the rotation by
@@ -86,7 +86,7 @@ impl Scheduler for Causal {
     fn refusal(&self, p: &Problem, pes: u32) -> Option<Refusal> {
         let why = unsupported(p, pes)?;
         Some(if p.causal {
-            shape_refusal(p, pes, why)
+            chain_refusal(p, pes, "causal", why)
         } else {
             Refusal {
                 culprit: Culprit::Mask,

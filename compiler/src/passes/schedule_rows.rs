@@ -13,8 +13,9 @@
 //! Timing comes from [`crate::flow`]'s cycle-by-cycle list scheduler, so the cycle count is exact
 //! and includes every wait for data. Work per PE is within one score (`2d + 2` ops) of the average;
 //! the link carries each input row at most once per hop, which hides behind compute when the rows
-//! per PE are many (n ≥ m). A layer with q = k = v and no mask is not taken: computing `w'[a][b]`
-//! and `w'[b][a]` separately would do unnecessary work.
+//! per PE are many (n ≥ m). It takes every layer; on q = k = v without a mask it computes each
+//! distinct score once (the pair `{a, b}` by one of its two holders, alternating by the parity
+//! of `a + b`, and sent on to the other), so it never does unnecessary work.
 
 use crate::flow::{self, Flow, Task};
 use crate::ir::Tensor;
@@ -143,11 +144,12 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
     let mut b = Builder::new(NAME, pes);
     let mut inputs = Inputs::new(*p);
     // Tasks of all heads, per PE, in buckets taken in order at the end: phase 1; phase 2 split-row
-    // heads, whole rows, continuations, divisions waiting for a sum from round the ring; phase 3
-    // split-row heads, whole rows, middle parts, final parts. Bucketing by kind rather than by
-    // head keeps a PE that holds the tail of one head and the start of the next from making the
-    // next PE wait for work queued behind a whole head.
-    const BUCKETS: usize = 9;
+    // heads, whole rows, continuations, divisions waiting for a sum from round the ring (the safe
+    // form orders its phase 2 differently, see `safe_row`); phase 3 split-row heads, whole rows,
+    // middle parts, final parts. Bucketing by kind rather than by head keeps a PE that holds the
+    // tail of one head and the start of the next from making the next PE wait for work queued
+    // behind a whole head.
+    const BUCKETS: usize = 10;
     let mut tasks: Vec<[Vec<Task>; BUCKETS]> = vec![Default::default(); m as usize];
     let mut preloaded: Vec<Vec<Val>> = vec![Vec::new(); m as usize];
     // Forwarding lists in priority classes, concatenated at the end.
@@ -243,6 +245,8 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
             }
         };
         let mut score: HashMap<(u32, u32), Val> = HashMap::default();
+        // Mirrored scores and their route (computing PE, holder), for the safe form's routing.
+        let mut mirrored: HashMap<Val, (u32, u32)> = HashMap::default();
         for pe in 0..m {
             let mut mine: Vec<(u32, u32)> = Vec::new();
             for a in 0..n {
@@ -288,6 +292,7 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
                     let (from, to) = (unit_pe[&(col, a)], unit_pe[&(a, col)]);
                     if from != to {
                         route(&mut forward, fw_mirror, v, from, to);
+                        mirrored.insert(v, (from, to));
                     }
                 }
             }
@@ -299,7 +304,31 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
         // whole rows and continuations: work others wait for comes as early as it can.
         let scale = p.scale as f32;
         let mut weight: HashMap<(u32, u32), Val> = HashMap::default();
-        for a in 0..n {
+        if p.safe() {
+            // Exponentials of a row's last part wait for the maximum, which needs the previous
+            // PE's partial maximum: they are held back until after the PE's first whole row.
+            let mut held: Vec<Vec<Task>> = vec![Vec::new(); m as usize];
+            for a in 0..n {
+                let rp = plan(h, a);
+                let mut ctx = SafeRow {
+                    b: &mut b,
+                    tasks: &mut tasks,
+                    held: &mut held,
+                    forward: &mut forward,
+                    route: &mut route,
+                    score: &score,
+                    mirrored: &mirrored,
+                    weight: &mut weight,
+                    scale,
+                    pes: m,
+                };
+                ctx.row(a, rp);
+            }
+            for (pe, list) in held.iter_mut().enumerate() {
+                tasks[pe][SAFE_WHOLE].append(list);
+            }
+        }
+        for a in (0..n).filter(|_| !p.safe()) {
             let rp = plan(h, a);
             let split = rp.parts.len() > 1;
             let mut running: Option<Val> = None;
@@ -316,6 +345,7 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
                     let (e, sum) = (b.computed(), b.computed());
                     let work = Work::Exp {
                         x: score[&(a, col)],
+                        bias: None,
                         scale,
                         acc: running,
                         e,
@@ -397,7 +427,7 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
                         acc,
                         out,
                     };
-                    tasks[pe as usize][5 + rank as usize].push(Task { work, phase: 3 });
+                    tasks[pe as usize][6 + rank as usize].push(Task { work, phase: 3 });
                     y.insert((a, c), out);
                 }
             }
@@ -448,6 +478,174 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
         b.bug(NAME, why);
     }
     b.finish()
+}
+
+// Phase-2 buckets of the safe form, in the order a PE takes them. Partial maxima others wait for
+// come first; a last part's maximum and exponentials start the row's sum; whole rows are local;
+// the other parts' exponentials wait for the maximum and the partial sum coming round the ring;
+// then the divisions waiting for the finished sum.
+const SAFE_PARTIAL_MAX: usize = 1;
+const SAFE_LAST_MAX: usize = 2;
+const SAFE_WHOLE: usize = 3;
+const SAFE_REST_EXP: usize = 4;
+const SAFE_WAITING_DIV: usize = 5;
+
+/// What phase 2 of the safe form needs from the surrounding pass.
+struct SafeRow<'a, R: FnMut(&mut Forwarding, usize, Val, u32, u32)> {
+    b: &'a mut Builder,
+    tasks: &'a mut Vec<[Vec<Task>; 10]>,
+    held: &'a mut Vec<Vec<Task>>,
+    forward: &'a mut Forwarding,
+    route: &'a mut R,
+    score: &'a HashMap<(u32, u32), Val>,
+    mirrored: &'a HashMap<Val, (u32, u32)>,
+    weight: &'a mut HashMap<(u32, u32), Val>,
+    scale: f32,
+    pes: u32,
+}
+
+/// Forwarding class of partial maxima and sums (the same as the plain form's sums).
+const FW_SUM: usize = 3;
+
+impl<R: FnMut(&mut Forwarding, usize, Val, u32, u32)> SafeRow<'_, R> {
+    fn push(&mut self, pe: u32, bucket: usize, work: Work) {
+        self.tasks[pe as usize][bucket].push(Task { work, phase: 2 });
+    }
+
+    /// The running maximum of `vals`, one `max` per value after the first.
+    fn max_chain(&mut self, pe: u32, bucket: usize, vals: &[Val]) -> Val {
+        let mut acc = vals[0];
+        for &v in &vals[1..] {
+            let out = self.b.computed();
+            self.push(pe, bucket, Work::Max { a: acc, b: v, out });
+            acc = out;
+        }
+        acc
+    }
+
+    /// Row `a`: the maximum runs over the parts first → last, each part reducing its own scores
+    /// before taking in the previous part's result, so only that one `max` waits on the ring.
+    /// The finished maximum goes on around the ring to the other parts. The sum starts on the
+    /// last part (which has the maximum first), goes round to the first part and on to the part
+    /// before the last, where it is finished; from there it travels forward to the rest.
+    fn row(&mut self, a: u32, rp: &RowPlan) {
+        let k = rp.parts.len();
+        let score = self.score;
+        let scores =
+            |part: &Part| -> Vec<Val> { part.cols.iter().map(|&c| score[&(a, c)]).collect() };
+        let mut running: Option<Val> = None;
+        for (i, part) in rp.parts.iter().enumerate() {
+            let bucket = if k == 1 {
+                SAFE_WHOLE
+            } else if i + 1 == k {
+                SAFE_LAST_MAX
+            } else {
+                SAFE_PARTIAL_MAX
+            };
+            let local = self.max_chain(part.pe, bucket, &scores(part));
+            let here = match running {
+                None => local,
+                Some(prev) => {
+                    let out = self.b.computed();
+                    self.push(
+                        part.pe,
+                        bucket,
+                        Work::Max {
+                            a: prev,
+                            b: local,
+                            out,
+                        },
+                    );
+                    out
+                }
+            };
+            if i + 1 < k {
+                let next = rp.parts[i + 1].pe;
+                // A one-column first part passes on its score itself. If that score is a mirrored
+                // one whose route already runs through the next part, it gets there anyway, and
+                // listing it twice on one link would have the link wait for it forever.
+                let m = self.pes;
+                let on_its_way = self
+                    .mirrored
+                    .get(&here)
+                    .is_some_and(|&(from, to)| (next + m - from) % m < (to + m - from) % m);
+                if !on_its_way {
+                    (self.route)(self.forward, FW_SUM, here, part.pe, next);
+                }
+            }
+            running = Some(here);
+        }
+        let top = running.expect("every row has a score");
+        if k > 1 {
+            (self.route)(self.forward, FW_SUM, top, rp.last(), rp.parts[k - 2].pe);
+        }
+
+        // The sum's order over the parts: last, first, second, …, the one before the last.
+        let order: Vec<&Part> = std::iter::once(&rp.parts[k - 1])
+            .chain(&rp.parts[..k - 1])
+            .collect();
+        let mut sum: Option<Val> = None;
+        let mut exps: Vec<(u32, u32, Val)> = Vec::new();
+        for (i, part) in order.iter().enumerate() {
+            for &col in &part.cols {
+                let (e, s) = (self.b.computed(), self.b.computed());
+                let work = Work::Exp {
+                    x: self.score[&(a, col)],
+                    bias: Some(top),
+                    scale: self.scale,
+                    acc: sum,
+                    e,
+                    sum: s,
+                };
+                if k == 1 {
+                    self.push(part.pe, SAFE_WHOLE, work);
+                } else if i == 0 {
+                    self.held[part.pe as usize].push(Task { work, phase: 2 });
+                } else {
+                    self.push(part.pe, SAFE_REST_EXP, work);
+                }
+                sum = Some(s);
+                exps.push((part.pe, col, e));
+            }
+            if i + 1 < k {
+                let s = sum.expect("a part holds a column");
+                (self.route)(self.forward, FW_SUM, s, part.pe, order[i + 1].pe);
+            }
+        }
+        let den = sum.expect("every row has a score");
+        let end = order[k - 1].pe;
+        if k > 1 {
+            // From the part before the last forward: the last part, then round to the others.
+            (self.route)(self.forward, FW_SUM, den, end, order[k - 2].pe);
+        }
+        for (pe, col, e) in exps {
+            let w = self.b.computed();
+            let bucket = if k == 1 {
+                SAFE_WHOLE
+            } else if pe == end {
+                SAFE_REST_EXP
+            } else {
+                SAFE_WAITING_DIV
+            };
+            self.push(
+                pe,
+                bucket,
+                Work::Div {
+                    num: e,
+                    den,
+                    out: w,
+                },
+            );
+            self.weight.insert((a, col), w);
+        }
+        if k == 1 {
+            // Held exponentials of this PE's last part go after its first whole row, by which
+            // time the previous PE's partial maximum has arrived.
+            let pe = rp.parts[0].pe as usize;
+            let held = std::mem::take(&mut self.held[pe]);
+            self.tasks[pe][SAFE_WHOLE].extend(held);
+        }
+    }
 }
 
 /// The PE holding the part of the row after the one on `pe`.

@@ -565,6 +565,8 @@ pub fn run(p: &Problem, pes: u32, safe: bool) -> Result<Stream, String> {
     let ops = crate::schedule::OpCounts {
         phase1_mac: weights * u64::from(d),
         phase2_exp: weights,
+        // The plain count: no maxima (the safe ones are in `total_ops`).
+        phase2_max: 0,
         phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
         phase3_mac: weights * u64::from(d),
     };

@@ -15,7 +15,7 @@
 
 use super::schedule_causal::{check_shape, empty_rows, pair_chains};
 use crate::chains;
-use crate::passes::select::{shape_refusal, Culprit, Refusal};
+use crate::passes::select::{chain_refusal, Culprit, Refusal};
 use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, RingSchedule, ScheduleError};
 use crate::scheduler::Scheduler;
@@ -28,7 +28,12 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     if !p.symmetric {
         return Some("the symmetric schedule needs q = k (`qkv = shared`)".into());
     }
-    check_shape(p, pes)
+    if p.causal {
+        // Every weight of the symmetric schedule is unmasked: on a causal layer it would
+        // compute the wrong attention.
+        return Some("the symmetric schedule does not apply the causal mask".into());
+    }
+    check_shape(p, pes).or_else(|| p.needs_plain("the symmetric schedule"))
 }
 
 /// Heads are scheduled together, as in the causal schedule.
@@ -50,14 +55,20 @@ impl Scheduler for Symmetric {
     }
     fn refusal(&self, p: &Problem, pes: u32) -> Option<Refusal> {
         let why = unsupported(p, pes)?;
-        Some(if p.symmetric {
-            shape_refusal(p, pes, why)
-        } else {
+        Some(if !p.symmetric {
             Refusal {
                 culprit: Culprit::Qkv,
                 message: why,
                 note: "`--schedule symmetric` applies only to layers with `qkv = shared`".into(),
             }
+        } else if p.causal {
+            Refusal {
+                culprit: Culprit::Mask,
+                message: why,
+                note: "for a layer with `mask = causal` use `--schedule causal`".into(),
+            }
+        } else {
+            chain_refusal(p, pes, "symmetric", why)
         })
     }
     fn tried_by_auto(&self, p: &Problem) -> bool {

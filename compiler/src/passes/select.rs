@@ -39,6 +39,8 @@ pub enum Culprit {
     Dim,
     Qkv,
     Mask,
+    /// The `softmax` field: the schedule cannot form the softmax as asked.
+    Softmax,
     Pes,
     /// The `--mem` limit.
     Memory,
@@ -49,6 +51,21 @@ pub struct Refusal {
     pub culprit: Culprit,
     pub message: String,
     pub note: String,
+}
+
+/// A refusal of one of the paper's schedules, whose last requirement is the plain softmax: blames
+/// `softmax` when the shape fits the ring (so that is the only reason left), else tokens or dim.
+pub fn chain_refusal(p: &Problem, pes: u32, name: &str, why: String) -> Refusal {
+    if p.safe() && p.ring_divides_shape(pes, "").is_none() {
+        return Refusal {
+            culprit: Culprit::Softmax,
+            message: why,
+            note: format!(
+                "add `softmax = plain;` to the layer to use `--schedule {name}`, or use `--schedule rows`, which computes the safe form"
+            ),
+        };
+    }
+    shape_refusal(p, pes, why)
 }
 
 /// A refusal for a shape a pair schedule cannot divide over the ring: blames tokens or dim.
