@@ -396,3 +396,19 @@ fn decode_bundle(rec: &[u8], version: u16, layout: Layout) -> Result<Bundle, Str
 
     Ok(Bundle { op, acc, xfer })
 }
+
+/// The version-2 record of one bundle, for containers that embed bundle records (the loop
+/// format): one definition of how a bundle's slots are encoded.
+pub fn encode_record(b: &Bundle) -> [u8; BUNDLE_BYTES_V2] {
+    let mut rec = [0u8; BUNDLE_BYTES_V2];
+    encode_bundle(b, Layout::of(2), &mut rec);
+    rec
+}
+
+/// Decodes a version-2 record of [`BUNDLE_BYTES_V2`] bytes, with every canonicality check.
+pub fn decode_record(rec: &[u8]) -> Result<Bundle, String> {
+    if rec.len() != BUNDLE_BYTES_V2 {
+        return Err(format!("a bundle record is {BUNDLE_BYTES_V2} bytes"));
+    }
+    decode_bundle(rec, 2, Layout::of(2))
+}

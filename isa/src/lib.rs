@@ -13,6 +13,10 @@
 
 pub mod binary;
 pub mod inst;
+pub mod looped;
+pub mod looped_binary;
+pub mod looped_exec;
+pub mod looped_text;
 pub mod machine;
 pub mod text;
 
@@ -21,6 +25,13 @@ pub use inst::{
     Acc, AccSrc, Addr, Arith, Bundle, Op, OpInfo, OpKind, Program, Xfer, XferSrc, FORMAT_VERSION,
     OPS,
 };
+pub use looped::{
+    Cmp, Field, FlattenError, LBundle, Loop, LoopError, LoopProgram, Node, Pred, Slot, Term,
+    LOOP_FORMAT_VERSION, MAX_LOOP_DEPTH,
+};
+pub use looped_binary::{decode_any, decode_looped, encode_looped};
+pub use looped_exec::{LoopLoadError, LoopMachine};
+pub use looped_text::{parse_any, parse_looped, AnyProgram};
 pub use machine::{
     f32_max, Domain, F32Domain, Fault, FaultKind, LoadError, Machine, NoObserver, Observer,
     PeStats, RunStats,

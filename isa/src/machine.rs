@@ -695,3 +695,87 @@ fn issue<D: Domain, O: Observer + ?Sized>(
     }
     Ok(())
 }
+
+/// Hooks for the format-2 loop interpreter (`crate::looped_exec`), which
+/// supplies each cycle's bundles itself instead of indexing a flat program,
+/// and for its bulk path, which works on the memories directly.
+impl<D: Domain> Machine<D> {
+    /// Executes one cycle in which PE `p` runs `bundles[p]` (`None`: idle),
+    /// with exactly the semantics and fault order of [`Machine::step`]. The
+    /// reported fault names the supplied bundle.
+    pub(crate) fn step_bundles<O: Observer + ?Sized>(
+        &mut self,
+        bundles: &[Option<Bundle>],
+        obs: &mut O,
+    ) -> Result<(), Fault> {
+        if let Some(f) = &self.fault {
+            return Err(f.clone());
+        }
+        let cycle = self.cycle;
+        let pes = self.programs.len();
+        for p in 0..pes {
+            let Some(Some(b)) = bundles.get(p) else {
+                continue;
+            };
+            let r = issue(
+                &mut self.domain,
+                &self.mems,
+                &mut self.pending,
+                p,
+                cycle,
+                b,
+                obs,
+            );
+            if let Err(kind) = r {
+                return Err(self.halt_with(p, kind, bundles));
+            }
+        }
+        for p in 0..pes {
+            if let Some(addr) = self.pending[p].conflict() {
+                return Err(self.halt_with(p, FaultKind::WriteConflict { addr }, bundles));
+            }
+        }
+        for (p, (pend, mem)) in self.pending.iter_mut().zip(&mut self.mems).enumerate() {
+            for w in [&mut pend.op, &mut pend.acc, &mut pend.recv] {
+                if let Some((addr, word)) = w.take() {
+                    if let Some(slot) = mem.get_mut(addr as usize) {
+                        *slot = Some(word);
+                    }
+                    obs.on_write(p as u32, cycle, addr);
+                }
+            }
+        }
+        self.cycle += 1;
+        Ok(())
+    }
+
+    fn halt_with(&mut self, p: usize, kind: FaultKind, bundles: &[Option<Bundle>]) -> Fault {
+        let fault = Fault {
+            pe: p as u32,
+            cycle: self.cycle,
+            bundle_index: self.cycle as usize,
+            bundle: bundles.get(p).copied().flatten().unwrap_or(Bundle::NOP),
+            kind,
+        };
+        for pend in &mut self.pending {
+            pend.clear();
+        }
+        self.fault = Some(fault.clone());
+        fault
+    }
+
+    /// The memories, for a bulk executor that has proved a stretch of
+    /// cycles equivalent to stepping them one by one.
+    pub(crate) fn mems_mut(&mut self) -> &mut [Vec<Option<D::Value>>] {
+        &mut self.mems
+    }
+
+    pub(crate) fn mems(&self) -> &[Vec<Option<D::Value>>] {
+        &self.mems
+    }
+
+    /// Records `n` cycles executed in bulk.
+    pub(crate) fn advance(&mut self, n: u64) {
+        self.cycle += n;
+    }
+}

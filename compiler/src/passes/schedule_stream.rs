@@ -1,0 +1,815 @@
+//! `schedule-stream`: a ring-attention schedule emitted directly as format-2
+//! loop programs, for layers far too large to unroll.
+//!
+//! Each PE owns a set of query rows and the k/v rows of the same tokens.
+//! Per head, in ring step `s` every PE computes its rows against the k/v block
+//! it holds (its own in step 0, its predecessor's `s` steps back later) while
+//! the link forwards that block to the next PE, into the other of two
+//! buffers. Softmax is streamed: each block's exponentials are added into a
+//! running row sum `l` and their weighted values into the output row `y`, and
+//! `y` is divided by `l` once at the end (deferred normalisation, `d`
+//! divisions per row). Nothing of size n²/m is ever stored.
+//!
+//! Under a causal mask rows are assigned zigzag: with `C = n / 2m`, PE `p`
+//! owns chunks `p` and `2m − 1 − p` of `C` tokens. Then every step costs every
+//! PE the same: step 0 is the triangle of its own `2C` rows (local row `ρ`
+//! sees local keys `0..=ρ`); in steps `1..=p` the predecessor's block is
+//! earlier in the sequence and all `2C` rows see its first chunk; in later
+//! steps only the second chunk's `C` rows see all `2C` keys. Both are
+//! `2C²` scores, so the PEs stay in lockstep without any padding, which the
+//! buffer hand-over relies on.
+//!
+//! The emitted programs use the plain `exp(s·x)` of the other schedules;
+//! there is no rescaling, so the operation count is exactly the necessary
+//! count and the schedule meets the lower bound when it applies.
+
+use std::collections::BTreeMap;
+
+use isa::{
+    Acc, AccSrc, Addr, Bundle, Cmp, Field, LBundle, Loop, LoopProgram, Node, Op, Pred, Slot, Term,
+    Xfer, XferSrc,
+};
+
+use crate::problem::Problem;
+
+pub const NAME: &str = "schedule-stream";
+pub const DESCRIPTION: &str =
+    "ring-attention stream schedule as loop programs (k/v blocks rotate, streamed softmax)";
+
+/// Where element `[h, t, c]` of a tensor lives: on the PE owning token `t`,
+/// at `base + h·head_stride + local(t)·dim + c`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Zigzag (causal) or contiguous row ownership.
+    pub zigzag: bool,
+    /// Tokens per PE.
+    pub rows: u32,
+    pub dim: u32,
+    pub base: u32,
+    pub head_stride: u32,
+}
+
+impl Layout {
+    /// `(pe, local row)` of token `t` on `pes` PEs.
+    pub fn owner(&self, pes: u32, t: u32) -> (u32, u32) {
+        if self.zigzag {
+            let c = self.rows / 2;
+            let chunk = t / c;
+            if chunk < pes {
+                (chunk, t % c)
+            } else {
+                (2 * pes - 1 - chunk, c + t % c)
+            }
+        } else {
+            (t / self.rows, t % self.rows)
+        }
+    }
+
+    pub fn locate(&self, pes: u32, h: u32, t: u32, c: u32) -> (u32, Addr) {
+        let (pe, r) = self.owner(pes, t);
+        (pe, self.base + h * self.head_stride + r * self.dim + c)
+    }
+}
+
+/// The emitted layer.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    pub programs: Vec<LoopProgram>,
+    /// Input tensor name (`q`, `k`, `v` or `x`) → layout.
+    pub inputs: BTreeMap<String, Layout>,
+    pub output: Layout,
+    pub cycles: u64,
+    /// The plain formulation's operations (what the softmax needs without
+    /// the running maximum).
+    pub ops: crate::schedule::OpCounts,
+    /// Every operation the programs execute, running maxima and rescaling
+    /// included: the necessary count of the formulation emitted.
+    pub total_ops: u64,
+}
+
+/// Why the stream schedule does not apply, if it does not.
+pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
+    let (n, m) = (p.tokens, pes);
+    let per = if p.causal { 4 } else { 2 };
+    if !n.is_multiple_of(per / 2 * m) || n < per * m {
+        return Some(format!(
+            "{NAME} needs `tokens` to be a multiple of {} and at least {} on {m} PEs ({n} is not)",
+            per / 2 * m,
+            per * m
+        ));
+    }
+    if p.symmetric != p.shared_values {
+        return Some(format!(
+            "{NAME} handles q = k = v or three separate inputs, not q = k with separate v"
+        ));
+    }
+    None
+}
+
+/// An affine address under construction.
+#[derive(Clone, Debug, Default)]
+struct Ad {
+    base: i64,
+    terms: Vec<(u8, i32, u32)>,
+}
+
+fn ad(base: u32) -> Ad {
+    Ad {
+        base: i64::from(base),
+        terms: Vec::new(),
+    }
+}
+
+impl Ad {
+    fn plus(mut self, k: i64) -> Ad {
+        self.base += k;
+        self
+    }
+    /// Adds `stride · i_level` (merging with an existing plain term).
+    fn t(mut self, level: u8, stride: i64) -> Ad {
+        if stride == 0 {
+            return self;
+        }
+        if let Some(x) = self.terms.iter_mut().find(|x| x.0 == level && x.2 == 0) {
+            x.1 += stride as i32;
+        } else {
+            self.terms.push((level, stride as i32, 0));
+        }
+        self.terms.retain(|x| x.1 != 0);
+        self
+    }
+    fn wrap(mut self, level: u8, stride: i64, wrap: u32) -> Ad {
+        self.terms.push((level, stride as i32, wrap));
+        self
+    }
+}
+
+/// A bundle from addresses; terms and predicates put in canonical order.
+struct B {
+    op: Op,
+    acc: Acc,
+    xfer: Xfer,
+    fields: Vec<(Field, Ad)>,
+    preds: Vec<Pred>,
+}
+
+impl B {
+    fn new() -> B {
+        B {
+            op: Op::Nop,
+            acc: Acc::Nop,
+            xfer: Xfer::Nop,
+            fields: Vec::new(),
+            preds: Vec::new(),
+        }
+    }
+    fn mul(mut self, a: Ad, b: Ad, dst: Option<Ad>) -> B {
+        self.op = Op::mul(0, 0, dst.as_ref().map(|_| 0));
+        self.fields.push((Field::OpA, a));
+        self.fields.push((Field::OpB, b));
+        if let Some(d) = dst {
+            self.fields.push((Field::OpDst, d));
+        }
+        self
+    }
+    fn div(mut self, a: Ad, b: Ad, dst: Ad) -> B {
+        self.op = Op::div(0, 0, Some(0));
+        self.fields.push((Field::OpA, a));
+        self.fields.push((Field::OpB, b));
+        self.fields.push((Field::OpDst, dst));
+        self
+    }
+    fn max(mut self, a: Ad, b: Ad, dst: Ad) -> B {
+        self.op = Op::max(0, 0, Some(0));
+        self.fields.push((Field::OpA, a));
+        self.fields.push((Field::OpB, b));
+        self.fields.push((Field::OpDst, dst));
+        self
+    }
+    fn expd(mut self, a: Ad, b: Ad, scale: f32, dst: Ad) -> B {
+        self.op = Op::expd(0, 0, scale, Some(0));
+        self.fields.push((Field::OpA, a));
+        self.fields.push((Field::OpB, b));
+        self.fields.push((Field::OpDst, dst));
+        self
+    }
+    fn exp(mut self, a: Ad, scale: f32, dst: Ad) -> B {
+        self.op = Op::exp(0, scale, Some(0));
+        self.fields.push((Field::OpA, a));
+        self.fields.push((Field::OpDst, dst));
+        self
+    }
+    /// `add 0 -> dst` when `src` is `None`.
+    fn add(mut self, src: Option<Ad>, dst: Ad) -> B {
+        self.acc = Acc::Add {
+            src: if src.is_some() {
+                AccSrc::Mem(0)
+            } else {
+                AccSrc::Zero
+            },
+            dst: Some(0),
+        };
+        if let Some(s) = src {
+            self.fields.push((Field::AccSrc, s));
+        }
+        self.fields.push((Field::AccDst, dst));
+        self
+    }
+    fn send(mut self, s: Option<&Send>) -> B {
+        if let Some(s) = s {
+            self.xfer = Xfer::Send {
+                src: XferSrc::Mem(0),
+                dst: 0,
+            };
+            self.fields.push((Field::XferSrc, s.src.clone()));
+            self.fields.push((Field::XferDst, s.dst.clone()));
+            self.preds.extend(s.preds.iter().copied());
+        }
+        self
+    }
+    fn build(self) -> Node {
+        let mut bundle = Bundle {
+            op: self.op,
+            acc: self.acc,
+            xfer: self.xfer,
+        };
+        let mut terms = Vec::new();
+        for (f, a) in &self.fields {
+            isa::looped::set_field(&mut bundle, *f, a.base as Addr);
+            for &(level, stride, wrap) in &a.terms {
+                terms.push(Term {
+                    field: *f,
+                    level,
+                    stride,
+                    wrap,
+                });
+            }
+        }
+        terms.sort_by_key(|t| (t.field, t.level));
+        let mut preds = self.preds;
+        preds.sort();
+        preds.dedup();
+        Node::Bundle(LBundle {
+            bundle,
+            terms,
+            preds,
+        })
+    }
+}
+
+/// A loop; none for a count of 0. A count of 1 still makes a loop so that
+/// the levels the bodies refer to stay where the generator put them.
+fn lp(count: u32, body: Vec<Node>) -> Vec<Node> {
+    if count == 0 {
+        Vec::new()
+    } else {
+        vec![Node::Loop(Loop { count, body })]
+    }
+}
+
+/// A send riding on the score loops: source and destination addresses and
+/// the predicates that keep it to the block's words.
+#[derive(Clone, Debug)]
+struct Send {
+    src: Ad,
+    dst: Ad,
+    preds: Vec<Pred>,
+}
+
+/// Memory map of one PE (the same on every PE).
+struct Map {
+    d: u32,
+    /// Query rows per PE.
+    rows: u32,
+    q: u32,
+    /// Own k/v blocks: per head `[k rows][v rows]` (or `[x rows]`).
+    kv: u32,
+    /// Words of one k/v block (what travels per step).
+    block: u32,
+    /// Offset of the v rows inside a block.
+    v_off: u32,
+    y: u32,
+    buf: [u32; 2],
+    s: u32,
+    l: u32,
+    /// Running row maxima, two slots of `rows` words (safe softmax): a
+    /// round reads the old maximum from one and writes the new one to the
+    /// other, so no copy is ever needed.
+    mx: u32,
+    /// The rescale factor of the current round.
+    f: u32,
+    words: u32,
+}
+
+/// What one call of [`Ctx::block`] computes: `rows` query rows starting at
+/// local row `r0` against `keys` keys starting at key row `k0` of the block at
+/// `kb` (k rows; v rows at `kb + v_off`).
+struct Work {
+    r0: u32,
+    rows: u32,
+    k0: u32,
+    keys: u32,
+    kb: Ad,
+    first: bool,
+    /// Words of the block this work's score loops forward, and where.
+    send: Option<(Ad, Ad, u32)>,
+    /// Safe softmax: base of the max slot holding the old maximum (written
+    /// by a first round) and of the one receiving the new maximum.
+    slots: Option<(Ad, Ad)>,
+}
+
+struct Ctx<'a> {
+    map: &'a Map,
+    scale: f32,
+    /// Depth at which the block's loops start (levels below are taken).
+    depth: u8,
+    /// Head loop level.
+    head: u8,
+}
+
+impl Ctx<'_> {
+    fn block(&self, w: &Work) -> Vec<Node> {
+        let m = self.map;
+        let d = i64::from(m.d);
+        let hd = i64::from(m.rows) * d;
+        let lr = self.depth;
+        let row_loop = true;
+        let (lb, lc) = (lr + 1, lr + 2);
+        // Address of local query row `a` (r0 + i_lr).
+        let row = |base: Ad, stride: i64| {
+            let a = base.plus(i64::from(w.r0) * stride);
+            if row_loop {
+                a.t(lr, stride)
+            } else {
+                a
+            }
+        };
+        let q = row(ad(m.q).t(self.head, hd), d);
+        let y = row(ad(m.y).t(self.head, hd), d);
+        let l = row(ad(m.l), 1);
+        let k = w.kb.clone().plus(i64::from(w.k0) * d);
+        let v = k.clone().plus(i64::from(m.v_off));
+        let s = ad(m.s);
+        let key_words = i64::from(w.keys) * d;
+        // The score loops enumerate (row, key, col) in order; word number
+        // `(a − r0)·keys·d + b·d + c` of the block is forwarded in that cycle.
+        let send_at = |c0: i64, col_level: Option<u8>| {
+            w.send.as_ref().map(|(src, dst, words)| {
+                let mut preds = Vec::new();
+                let full_rows = i64::from(*words) / key_words;
+                let rem = i64::from(*words) % key_words;
+                if row_loop {
+                    preds.push(Pred {
+                        slot: Slot::Xfer,
+                        level: lr,
+                        cmp: Cmp::Lt,
+                        value: (full_rows + i64::from(rem > 0)) as u32,
+                    });
+                }
+                if rem > 0 {
+                    // Only whole key rows are ever cut off (words and
+                    // offsets are multiples of d).
+                    assert!(!row_loop || full_rows == 0, "partial send in a row loop");
+                    preds.push(Pred {
+                        slot: Slot::Xfer,
+                        level: lb,
+                        cmp: Cmp::Lt,
+                        value: (rem / d) as u32,
+                    });
+                }
+                let at = |a: &Ad| {
+                    let mut x = a.clone().plus(c0);
+                    if row_loop {
+                        x = x.t(lr, key_words);
+                    }
+                    x = x.t(lb, d);
+                    if let Some(cl) = col_level {
+                        x = x.t(cl, 1);
+                    }
+                    x
+                };
+                Send {
+                    src: at(src),
+                    dst: at(dst),
+                    preds,
+                }
+            })
+        };
+        let mut body = Vec::new();
+        // Scores: S[b] = Σ_c q[a][c]·k[b][c].
+        let mut score = vec![B::new()
+            .mul(q.clone(), k.clone().t(lb, d), None)
+            .add(None, s.clone().t(lb, 1))
+            .send(send_at(0, None).as_ref())
+            .build()];
+        score.extend(lp(
+            m.d - 1,
+            vec![B::new()
+                .mul(
+                    q.clone().plus(1).t(lc, 1),
+                    k.clone().plus(1).t(lb, d).t(lc, 1),
+                    None,
+                )
+                .add(Some(s.clone().t(lb, 1)), s.clone().t(lb, 1))
+                .send(send_at(1, Some(lc)).as_ref())
+                .build()],
+        ));
+        body.extend(lp(w.keys, score));
+        let e = |off: i64| s.clone().plus(off).t(lb, 1);
+        // Safe softmax: the row maximum so far, and for a later round the
+        // factor exp(s·(m_old − m_new)) that rescales l and y.
+        let mut shift = None;
+        if let Some((old, new)) = &w.slots {
+            let mo = row(old.clone(), 1);
+            let mn = row(new.clone(), 1);
+            let f = ad(m.f);
+            if w.first {
+                if w.keys >= 2 {
+                    body.push(
+                        B::new()
+                            .max(s.clone(), s.clone().plus(1), mo.clone())
+                            .build(),
+                    );
+                    body.extend(lp(
+                        w.keys - 2,
+                        vec![B::new().max(mo.clone(), e(2), mo.clone()).build()],
+                    ));
+                } else {
+                    body.push(B::new().max(s.clone(), s.clone(), mo.clone()).build());
+                }
+                shift = Some(mo);
+            } else {
+                body.push(B::new().max(mo.clone(), s.clone(), mn.clone()).build());
+                body.extend(lp(
+                    w.keys - 1,
+                    vec![B::new().max(mn.clone(), e(1), mn.clone()).build()],
+                ));
+                body.push(B::new().expd(mo, mn.clone(), self.scale, f.clone()).build());
+                body.push(B::new().mul(l.clone(), f.clone(), Some(l.clone())).build());
+                let yc = y.clone().t(lb, 1);
+                body.extend(lp(m.d, vec![B::new().mul(yc.clone(), f, Some(yc)).build()]));
+                shift = Some(mn);
+            }
+        }
+        // Exponentials, summed into l[a].
+        let ex = |x: Ad| match &shift {
+            Some(mx) => B::new().expd(x.clone(), mx.clone(), self.scale, x),
+            None => B::new().exp(x.clone(), self.scale, x),
+        };
+        if w.first {
+            body.push(ex(s.clone()).add(None, l.clone()).build());
+            body.extend(lp(
+                w.keys - 1,
+                vec![ex(e(1)).add(Some(l.clone()), l.clone()).build()],
+            ));
+        } else {
+            body.extend(lp(
+                w.keys,
+                vec![ex(e(0)).add(Some(l.clone()), l.clone()).build()],
+            ));
+        }
+        // Weighted values: y[a][c] += Σ_b e[b]·v[b][c]; columns outside,
+        // keys inside, so each y word is one running sum.
+        let (lc2, lb2) = (lb, lb + 1);
+        let yc = y.clone().t(lc2, 1);
+        let vv = |off: i64| v.clone().plus(off * d).t(lc2, 1).t(lb2, d);
+        let ee = |off: i64| s.clone().plus(off).t(lb2, 1);
+        let mut pv = Vec::new();
+        if w.first {
+            pv.push(
+                B::new()
+                    .mul(s.clone(), v.clone().t(lc2, 1), None)
+                    .add(None, yc.clone())
+                    .build(),
+            );
+            pv.extend(lp(
+                w.keys - 1,
+                vec![B::new()
+                    .mul(ee(1), vv(1), None)
+                    .add(Some(yc.clone()), yc.clone())
+                    .build()],
+            ));
+        } else {
+            pv.extend(lp(
+                w.keys,
+                vec![B::new()
+                    .mul(ee(0), vv(0), None)
+                    .add(Some(yc.clone()), yc.clone())
+                    .build()],
+            ));
+        }
+        body.extend(lp(m.d, pv));
+        lp(w.rows, body)
+    }
+}
+
+/// Builds the stream schedule; `safe` subtracts a running row maximum
+/// (online softmax with rescaling) instead of exponentiating raw scores.
+pub fn run(p: &Problem, pes: u32, safe: bool) -> Result<Stream, String> {
+    if let Some(why) = unsupported(p, pes) {
+        return Err(why);
+    }
+    let (n, d, heads, m) = (p.tokens, p.dim, p.heads, pes);
+    let shared = p.symmetric;
+    let causal = p.causal;
+    let rows = n / m;
+    let hd = rows * d;
+    let block = if shared { hd } else { 2 * hd };
+    let too_big = || format!("{NAME}: the layer does not fit in 32-bit addresses");
+    let q = 0u32;
+    let kv = if shared {
+        q
+    } else {
+        heads.checked_mul(hd).ok_or_else(too_big)?
+    };
+    let y = kv
+        .checked_add(heads.checked_mul(block).ok_or_else(too_big)?)
+        .ok_or_else(too_big)?;
+    let buf0 = y.checked_add(heads * hd).ok_or_else(too_big)?;
+    let buf1 = buf0 + block;
+    let s = buf1 + block;
+    let l = s + rows;
+    let mx = l + rows;
+    let f = mx + 2 * rows;
+    let map = Map {
+        d,
+        rows,
+        q,
+        kv,
+        block,
+        v_off: if shared { 0 } else { hd },
+        y,
+        buf: [buf0, buf1],
+        s,
+        l,
+        mx,
+        f,
+        words: if safe { f + 1 } else { l + rows },
+    };
+    let scale = p.scale as f32;
+    let programs = (0..m)
+        .map(|pe| program(&map, pe, m, heads, causal, scale, safe))
+        .collect::<Vec<_>>();
+    // Static: every PE's length follows from its loops; they are equal by
+    // construction, which the tests check.
+    let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
+    let total_ops: u64 = programs
+        .iter()
+        .map(|p| p.op_counts().iter().sum::<u64>())
+        .sum();
+    let weights = if causal {
+        u64::from(n) * (u64::from(n) + 1) / 2
+    } else {
+        u64::from(n) * u64::from(n)
+    } * u64::from(heads);
+    let ops = crate::schedule::OpCounts {
+        phase1_mac: weights * u64::from(d),
+        phase2_exp: weights,
+        // The plain count: no maxima (the safe ones are in `total_ops`).
+        phase2_max: 0,
+        phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
+        phase3_mac: weights * u64::from(d),
+    };
+    let lay = |base: u32, head_stride: u32| Layout {
+        zigzag: causal,
+        rows,
+        dim: d,
+        base,
+        head_stride,
+    };
+    let mut inputs = BTreeMap::new();
+    if shared {
+        inputs.insert("x".to_string(), lay(q, hd));
+    } else {
+        inputs.insert("q".to_string(), lay(q, hd));
+        inputs.insert("k".to_string(), lay(kv, block));
+        inputs.insert("v".to_string(), lay(kv + hd, block));
+    }
+    Ok(Stream {
+        programs,
+        inputs,
+        output: lay(y, hd),
+        cycles,
+        ops,
+        total_ops,
+    })
+}
+
+fn program(
+    map: &Map,
+    pe: u32,
+    m: u32,
+    heads: u32,
+    causal: bool,
+    scale: f32,
+    safe: bool,
+) -> LoopProgram {
+    let d = i64::from(map.d);
+    let block = i64::from(map.block);
+    let ctx = |depth: u8| Ctx {
+        map,
+        scale,
+        depth,
+        head: 0,
+    };
+    // The block of step s is in buf[s % 2] (step 0: the PE's own inputs).
+    // In a loop over steps s = first + i, buf[s % 2] = buf0 + block·((first
+    // + i) % 2).
+    let buf_at = |first: u32, level: u8, target_offset: u32| {
+        let start = map.buf[((first + target_offset) % 2) as usize];
+        let stride = if (first + target_offset).is_multiple_of(2) {
+            block
+        } else {
+            -block
+        };
+        ad(start).wrap(level, stride, 2)
+    };
+    let own = ad(map.kv).t(0, block);
+    let rows_i = i64::from(map.rows);
+    // Step s writes the new row maximum to slot s % 2 and reads the old one
+    // from the other (step 0 only writes slot 0).
+    let slot_at = |first: u32, level: u8, ahead: u32| {
+        let par = (first + ahead) % 2;
+        let start = map.mx + par * map.rows;
+        let stride = if par == 0 { rows_i } else { -rows_i };
+        ad(start).wrap(level, stride, 2)
+    };
+    let slot0 = safe.then(|| (ad(map.mx), ad(map.mx)));
+    let mut head = Vec::new();
+    let last_send = |s_first: u32, count: u32| -> Vec<Pred> {
+        // Steps s_first + i with s < m − 1 forward their block.
+        let stop = (m - 1).saturating_sub(s_first);
+        if stop >= count {
+            Vec::new()
+        } else {
+            vec![Pred {
+                slot: Slot::Xfer,
+                level: 1,
+                cmp: Cmp::Lt,
+                value: stop,
+            }]
+        }
+    };
+    // Step 0.
+    let send0 = (m > 1).then(|| (own.clone(), ad(map.buf[1]), map.block));
+    if causal {
+        let c = map.rows / 2;
+        let mut offset = 0u32;
+        for r in 0..2 * c {
+            let keys = r + 1;
+            let words = keys * map.d;
+            let send = send0.as_ref().and_then(|(src, dst, total)| {
+                (offset < *total).then(|| {
+                    (
+                        src.clone().plus(i64::from(offset)),
+                        dst.clone().plus(i64::from(offset)),
+                        words.min(total - offset),
+                    )
+                })
+            });
+            offset += words;
+            head.extend(ctx(1).block(&Work {
+                r0: r,
+                rows: 1,
+                k0: 0,
+                keys,
+                kb: own.clone(),
+                first: true,
+                send,
+                slots: slot0.clone(),
+            }));
+        }
+    } else {
+        head.extend(ctx(1).block(&Work {
+            r0: 0,
+            rows: map.rows,
+            k0: 0,
+            keys: map.rows,
+            kb: own.clone(),
+            first: true,
+            send: send0,
+            slots: slot0.clone(),
+        }));
+    }
+    // Later steps. Without a mask: all rows against the whole block. With
+    // one: steps 1..=pe take all rows against the block's first chunk, later
+    // steps the second chunk's rows against both chunks, as two rounds of
+    // one chunk each so that both kinds of step cost the same (rescaling
+    // included) and the PEs stay in lockstep.
+    struct Phase {
+        first: u32,
+        count: u32,
+        r0: u32,
+        rows: u32,
+        /// (first key, keys, which round) per round.
+        rounds: Vec<(u32, u32)>,
+    }
+    let mut phases = Vec::new();
+    if causal {
+        let c = map.rows / 2;
+        phases.push(Phase {
+            first: 1,
+            count: pe,
+            r0: 0,
+            rows: 2 * c,
+            rounds: vec![(0, c)],
+        });
+        phases.push(Phase {
+            first: pe + 1,
+            count: m - 1 - pe,
+            r0: c,
+            rows: c,
+            rounds: vec![(0, c), (c, c)],
+        });
+    } else {
+        phases.push(Phase {
+            first: 1,
+            count: m - 1,
+            r0: 0,
+            rows: map.rows,
+            rounds: vec![(0, map.rows)],
+        });
+    }
+    for ph in phases {
+        if ph.count == 0 {
+            continue;
+        }
+        let kb = buf_at(ph.first, 1, 0);
+        let dst = buf_at(ph.first, 1, 1);
+        let preds = last_send(ph.first, ph.count);
+        // A step that never forwards (only the last) gets no send at all.
+        let forwards = ph.first < m - 1;
+        let n_rounds = ph.rounds.len() as u32;
+        let per_round = map.block / n_rounds;
+        let mut inner = Vec::new();
+        for (k, &(k0, keys)) in ph.rounds.iter().enumerate() {
+            let off = i64::from(per_round) * k as i64;
+            let send = forwards.then(|| (kb.clone().plus(off), dst.clone().plus(off), per_round));
+            let slots = safe.then(|| {
+                if n_rounds == 1 {
+                    (slot_at(ph.first, 1, 1), slot_at(ph.first, 1, 0))
+                } else {
+                    // Rounds within a step swap the slots back and forth;
+                    // the step leaves the maximum where it found it.
+                    let cur = ad(map.mx + ((ph.first + 1) % 2) * map.rows);
+                    let other = ad(map.mx + (ph.first % 2) * map.rows);
+                    if k % 2 == 0 {
+                        (cur, other)
+                    } else {
+                        (other, cur)
+                    }
+                }
+            });
+            inner.extend(ctx(2).block(&Work {
+                r0: ph.r0,
+                rows: ph.rows,
+                k0,
+                keys,
+                kb: kb.clone(),
+                first: false,
+                send,
+                slots,
+            }));
+        }
+        if !preds.is_empty() {
+            add_xfer_preds(&mut inner, &preds);
+        }
+        head.extend(lp(ph.count, inner));
+    }
+    // Deferred normalisation.
+    let rows = map.rows;
+    head.extend(lp(
+        rows,
+        lp(
+            map.d,
+            vec![B::new()
+                .div(
+                    ad(map.y).t(0, i64::from(rows) * d).t(1, d).t(2, 1),
+                    ad(map.l).t(1, 1),
+                    ad(map.y).t(0, i64::from(rows) * d).t(1, d).t(2, 1),
+                )
+                .build()],
+        ),
+    ));
+    LoopProgram {
+        pe,
+        pes: m,
+        mem_words: map.words,
+        body: lp(heads, head),
+    }
+}
+
+fn add_xfer_preds(nodes: &mut [Node], preds: &[Pred]) {
+    for n in nodes {
+        match n {
+            Node::Loop(l) => add_xfer_preds(&mut l.body, preds),
+            Node::Bundle(b) => {
+                if b.bundle.xfer != Xfer::Nop {
+                    b.preds.extend(preds.iter().copied());
+                    b.preds.sort();
+                    b.preds.dedup();
+                }
+            }
+        }
+    }
+}

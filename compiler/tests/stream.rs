@@ -1,0 +1,379 @@
+//! The stream schedule: its loop programs run natively (cycle by cycle and
+//! in bulk) and flattened, against the f64 reference; predicted cycles and
+//! operation counts against what the interpreter counts.
+
+use compiler::passes::schedule_stream::{self, Stream};
+use compiler::problem::Problem;
+use isa::{F32Domain, LoopMachine, Machine, NoObserver, OpKind, RunStats};
+use runtime::reference::{attention, RefLayer};
+
+fn problem(n: u32, d: u32, h: u32, shared: bool, causal: bool) -> Problem {
+    Problem {
+        tokens: n,
+        dim: d,
+        heads: h,
+        scale: 1.0 / f64::from(d).sqrt(),
+        symmetric: shared,
+        shared_values: shared,
+        causal,
+        softmax: runtime::layer::Softmax::Safe,
+    }
+}
+
+/// Deterministic inputs in about [-2, 2].
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+enum Mode {
+    Step,
+    Bulk,
+    Flat,
+}
+
+fn run(p: &Problem, m: u32, st: &Stream, mode: Mode) -> (Vec<f32>, Vec<f64>, RunStats) {
+    let (n, d, h) = (p.tokens, p.dim, p.heads);
+    let len = (n * d * h) as usize;
+    let names: Vec<String> = st.inputs.keys().cloned().collect();
+    let tensors: Vec<Vec<f32>> = names
+        .iter()
+        .enumerate()
+        .map(|(i, _)| data(len, 7 + i as u64))
+        .collect();
+    let get = |name: &str| {
+        let i = names.iter().position(|x| x == name).expect("tensor");
+        &tensors[i]
+    };
+    let mut pre = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let lay = st.inputs[name];
+        for hh in 0..h {
+            for t in 0..n {
+                for c in 0..d {
+                    let (pe, a) = lay.locate(m, hh, t, c);
+                    pre.push((pe, a, tensors[i][((hh * n + t) * d + c) as usize]));
+                }
+            }
+        }
+    }
+    let (q, k, v) = if p.symmetric {
+        (get("x"), get("x"), get("x"))
+    } else {
+        (get("q"), get("k"), get("v"))
+    };
+    let want = attention(
+        &RefLayer {
+            heads: h as usize,
+            tokens: n as usize,
+            dim: d as usize,
+            scale: p.scale,
+            causal: p.causal,
+        },
+        q,
+        k,
+        v,
+    );
+    let read_y = |read: &dyn Fn(u32, u32) -> Option<f32>| {
+        let mut y = vec![f32::NAN; len];
+        for hh in 0..h {
+            for t in 0..n {
+                for c in 0..d {
+                    let (pe, a) = st.output.locate(m, hh, t, c);
+                    y[((hh * n + t) * d + c) as usize] = read(pe, a).expect("y written");
+                }
+            }
+        }
+        y
+    };
+    match mode {
+        Mode::Flat => {
+            let flat = st
+                .programs
+                .iter()
+                .map(|p| p.flatten(1 << 24).unwrap())
+                .collect();
+            let mut mach = Machine::new(F32Domain, flat).unwrap();
+            for &(pe, a, x) in &pre {
+                mach.preload(pe, a, x).unwrap();
+            }
+            let stats = mach.run(&mut NoObserver).unwrap();
+            (read_y(&|pe, a| mach.read(pe, a).copied()), want, stats)
+        }
+        Mode::Step | Mode::Bulk => {
+            let mut mach = LoopMachine::new(F32Domain, st.programs.clone()).unwrap();
+            for &(pe, a, x) in &pre {
+                mach.preload(pe, a, x).unwrap();
+            }
+            let stats = if matches!(mode, Mode::Bulk) {
+                mach.run_fast().unwrap()
+            } else {
+                mach.run(&mut NoObserver).unwrap()
+            };
+            (read_y(&|pe, a| mach.read(pe, a).copied()), want, stats)
+        }
+    }
+}
+
+fn check(n: u32, d: u32, h: u32, m: u32, shared: bool, causal: bool) {
+    check_one(n, d, h, m, shared, causal, false);
+    check_one(n, d, h, m, shared, causal, true);
+}
+
+fn check_one(n: u32, d: u32, h: u32, m: u32, shared: bool, causal: bool, safe: bool) {
+    let p = problem(n, d, h, shared, causal);
+    let st = schedule_stream::run(&p, m, safe).unwrap_or_else(|e| panic!("{e}"));
+    for prog in &st.programs {
+        assert_eq!(
+            prog.cycles(),
+            st.cycles,
+            "every PE runs the predicted length"
+        );
+    }
+    let (y, want, stats) = run(&p, m, &st, Mode::Bulk);
+    let err = y
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (f64::from(*a) - b).abs())
+        .fold(0.0, f64::max);
+    assert!(err <= 1e-4, "n={n} d={d} h={h} m={m}: max abs err {err}");
+    assert_eq!(stats.cycles, st.cycles);
+    let total = |s: &RunStats| -> (u64, u64, u64) {
+        s.per_pe.iter().fold((0, 0, 0), |acc, x| {
+            (
+                acc.0 + x.count(OpKind::Mul),
+                acc.1 + x.count(OpKind::Exp),
+                acc.2 + x.count(OpKind::Div),
+            )
+        })
+    };
+    let (mul, exp, div) = total(&stats);
+    let kind = |k: OpKind| stats.per_pe.iter().map(|x| x.count(k)).sum::<u64>();
+    let (max, expd) = (kind(OpKind::Max), kind(OpKind::Expd));
+    // The static count from the loop structure is what runs.
+    assert_eq!(mul + exp + div + max + expd, st.total_ops);
+    assert_eq!(div, st.ops.phase2_div);
+    if safe {
+        // Exponentials of scores become shifted ones; the extra multiplies
+        // are the rescaling of l and y.
+        assert_eq!(exp, 0);
+        assert!(expd >= st.ops.phase2_exp);
+        assert!(max > 0);
+        assert!(mul >= st.ops.phase1_mac + st.ops.phase3_mac);
+    } else {
+        assert_eq!(mul, st.ops.phase1_mac + st.ops.phase3_mac);
+        assert_eq!(exp, st.ops.phase2_exp);
+        assert_eq!(max + expd, 0);
+    }
+    // Every PE busy every cycle: the schedule has no idle slot.
+    assert_eq!(st.total_ops, st.cycles * u64::from(m));
+    // Bit-identical across the three ways of running.
+    if st.cycles * u64::from(m) < 3_000_000 {
+        let (y2, _, s2) = run(&p, m, &st, Mode::Step);
+        let (y3, _, s3) = run(&p, m, &st, Mode::Flat);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&y2), bits(&y));
+        assert_eq!(bits(&y3), bits(&y));
+        assert_eq!(s2, stats);
+        assert_eq!(s3, stats);
+    }
+}
+
+#[test]
+fn non_causal_separate() {
+    check(4, 2, 1, 2, false, false);
+    check(8, 3, 2, 4, false, false);
+    check(12, 4, 2, 3, false, false);
+    check(16, 8, 1, 8, false, false);
+}
+
+#[test]
+fn non_causal_shared() {
+    check(4, 2, 1, 2, true, false);
+    check(8, 4, 2, 4, true, false);
+    check(9, 3, 1, 3, true, false);
+}
+
+#[test]
+fn causal_separate() {
+    check(8, 2, 1, 2, false, true);
+    check(16, 4, 2, 4, false, true);
+    check(24, 3, 1, 3, false, true);
+    check(32, 8, 2, 2, false, true);
+    check(8, 1, 1, 1, false, true);
+}
+
+#[test]
+fn causal_shared() {
+    check(8, 2, 1, 2, true, true);
+    check(16, 4, 2, 4, true, true);
+}
+
+#[test]
+fn larger_layer_in_bulk() {
+    check(256, 32, 2, 8, false, true);
+    check(128, 16, 3, 4, false, false);
+}
+
+#[test]
+fn refuses_what_it_cannot_do() {
+    assert!(schedule_stream::unsupported(&problem(6, 2, 1, false, true), 2).is_some());
+    assert!(schedule_stream::unsupported(&problem(2, 2, 1, false, false), 2).is_some());
+    assert!(schedule_stream::unsupported(&problem(8, 2, 1, false, true), 2).is_none());
+}
+
+#[test]
+fn safe_formulation_survives_scores_that_overflow_exp() {
+    // Scores around ±400 overflow exp in f32; subtracting the running
+    // maximum keeps every exponential in (0, 1]. The plain formulation is
+    // run too, to show the inputs really are out of its range.
+    let (n, d, h, m) = (16u32, 4u32, 1u32, 4u32);
+    let mut p = problem(n, d, h, false, true);
+    p.scale = 25.0;
+    let safe = schedule_stream::run(&p, m, true).unwrap();
+    let plain = schedule_stream::run(&p, m, false).unwrap();
+    let (y, want, _) = run(&p, m, &safe, Mode::Bulk);
+    assert!(want.iter().all(|w| w.is_finite()));
+    let err = y
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (f64::from(*a) - b).abs())
+        .fold(0.0, f64::max);
+    assert!(err <= 1e-4, "safe: max abs err {err}");
+    let (y_plain, _, _) = run(&p, m, &plain, Mode::Bulk);
+    assert!(
+        y_plain.iter().any(|v| !v.is_finite()),
+        "plain did not overflow"
+    );
+}
+
+/// Every way of nudging one loop count, stride or base address of the
+/// compact programs by one, skipping strides of one-iteration loops (which
+/// cannot change anything).
+fn mutants(progs: &[isa::LoopProgram]) -> Vec<(String, Vec<isa::LoopProgram>)> {
+    use isa::{Field, Node};
+    fn walk(
+        nodes: &mut [Node],
+        bounds: &mut Vec<u32>,
+        path: &mut Vec<usize>,
+        out: &mut Vec<(Vec<usize>, String, usize)>,
+    ) {
+        for (i, n) in nodes.iter_mut().enumerate() {
+            path.push(i);
+            match n {
+                Node::Loop(l) => {
+                    out.push((path.clone(), "count".into(), 0));
+                    bounds.push(l.count);
+                    walk(&mut l.body, bounds, path, out);
+                    bounds.pop();
+                }
+                Node::Bundle(b) => {
+                    for (k, t) in b.terms.iter().enumerate() {
+                        if bounds[usize::from(t.level)] > 1 {
+                            out.push((path.clone(), "stride".into(), k));
+                        }
+                    }
+                    for (k, f) in Field::ALL.iter().enumerate() {
+                        if isa::looped::field(&b.bundle, *f).is_some() {
+                            out.push((path.clone(), "base".into(), k));
+                        }
+                    }
+                }
+            }
+            path.pop();
+        }
+    }
+    fn at<'a>(nodes: &'a mut [Node], path: &[usize]) -> &'a mut Node {
+        let n = &mut nodes[path[0]];
+        if path.len() == 1 {
+            return n;
+        }
+        match n {
+            Node::Loop(l) => at(&mut l.body, &path[1..]),
+            Node::Bundle(_) => unreachable!("paths go through loops"),
+        }
+    }
+    let mut out = Vec::new();
+    for pe in 0..progs.len() {
+        let mut sites = Vec::new();
+        let mut body = progs[pe].body.clone();
+        walk(&mut body, &mut Vec::new(), &mut Vec::new(), &mut sites);
+        for (path, what, k) in sites {
+            for delta in [-1i64, 1] {
+                let mut ps = progs.to_vec();
+                let before = ps.clone();
+                let node = at(&mut ps[pe].body, &path);
+                match (node, what.as_str()) {
+                    (Node::Loop(l), "count") => {
+                        l.count = (i64::from(l.count) + delta).max(0) as u32
+                    }
+                    (Node::Bundle(b), "stride") => b.terms[k].stride += delta as i32,
+                    (Node::Bundle(b), "base") => {
+                        let f = Field::ALL[k];
+                        let v = isa::looped::field(&b.bundle, f).unwrap_or(0);
+                        isa::looped::set_field(
+                            &mut b.bundle,
+                            f,
+                            (i64::from(v) + delta).max(0) as u32,
+                        );
+                    }
+                    _ => continue,
+                }
+                // A base of 0 cannot go lower; that is no mutation.
+                if ps != before {
+                    out.push((format!("PE {pe} {what} {k} at {path:?} {delta:+}"), ps));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_mutated_count_stride_or_base_is_caught() {
+    // Plain formulation without a mask: with a running maximum, moving a
+    // `max` operand only shifts every exponent of a row by one constant
+    // (the same softmax), and under a causal mask the first token's single
+    // weight is 1 whatever its score; such mutants are equivalent, not
+    // missed.
+    let p = problem(8, 2, 2, false, false);
+    let m = 2;
+    let st = schedule_stream::run(&p, m, false).unwrap();
+    let (_, want, _) = run(&p, m, &st, Mode::Bulk);
+    let list = mutants(&st.programs);
+    assert!(list.len() > 200, "{} mutants", list.len());
+    let mut survivors = Vec::new();
+    for (name, progs) in list {
+        if progs.iter().any(|p| p.validate().is_err()) {
+            continue;
+        }
+        let cycles = progs.iter().map(|p| p.cycles()).max().unwrap_or(0);
+        if cycles != st.cycles {
+            continue;
+        }
+        let mutant = Stream {
+            programs: progs,
+            ..st.clone()
+        };
+        let caught = std::panic::catch_unwind(|| {
+            let (y, _, _) = run(&p, m, &mutant, Mode::Bulk);
+            y.iter().zip(&want).any(|(a, b)| {
+                // NaN counts as wrong.
+                let e = (f64::from(*a) - b).abs();
+                e.is_nan() || e > 1e-4
+            })
+        })
+        .unwrap_or(true);
+        if !caught {
+            survivors.push(name);
+        }
+    }
+    assert!(survivors.is_empty(), "undetected mutants: {survivors:#?}");
+}

@@ -1,0 +1,653 @@
+//! Format 3: programs as trees of zero-overhead hardware loops over bundles
+//! whose addresses are affine in the enclosing loop indices.
+//!
+//! A format-3 program means exactly the flat program [`LoopProgram::flatten`]
+//! produces: each cycle executes one instance of a body bundle with its
+//! addresses evaluated at the current loop indices and its predicated-off
+//! slots turned into `nop`. Everything about execution (reads at the start of
+//! the cycle, commit order, faults) is therefore the flat semantics; this
+//! module only adds how a bundle instance is obtained. Timing is static: a
+//! loop of `count` iterations over a body of `k` cycles takes `count · k`
+//! cycles, so [`LoopProgram::cycles`] needs no run.
+
+use std::fmt;
+
+use crate::inst::{Acc, AccSrc, Addr, Arith, Bundle, Op, Program, Xfer, XferSrc};
+
+/// Version number of the loop formats (text `.format 3`, binary version 3),
+/// after the flat formats 1 and 2.
+pub const LOOP_FORMAT_VERSION: u16 = 3;
+/// Deepest allowed loop nesting. Eight levels cover heads × ring steps ×
+/// rows × blocks × columns with room to spare while keeping an index vector
+/// in one cache line.
+pub const MAX_LOOP_DEPTH: usize = 8;
+
+/// An address-carrying field of a bundle, in the order the text form prints
+/// them.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum Field {
+    OpA,
+    OpB,
+    OpDst,
+    AccSrc,
+    AccDst,
+    XferSrc,
+    XferDst,
+}
+
+impl Field {
+    pub const ALL: [Field; 7] = [
+        Field::OpA,
+        Field::OpB,
+        Field::OpDst,
+        Field::AccSrc,
+        Field::AccDst,
+        Field::XferSrc,
+        Field::XferDst,
+    ];
+
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(c: u8) -> Option<Field> {
+        Field::ALL.get(usize::from(c)).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::OpA => "op a",
+            Field::OpB => "op b",
+            Field::OpDst => "op dst",
+            Field::AccSrc => "acc src",
+            Field::AccDst => "acc dst",
+            Field::XferSrc => "xfer src",
+            Field::XferDst => "xfer dst",
+        }
+    }
+}
+
+/// The address in `field` of `b`, if the bundle uses that field.
+///
+/// This and [`set_field`] are the only places that know which op kinds have
+/// which operands.
+pub fn field(b: &Bundle, f: Field) -> Option<Addr> {
+    match f {
+        Field::OpA => match b.op {
+            Op::Nop => None,
+            Op::Arith(x) => Some(x.a),
+        },
+        Field::OpB => match b.op {
+            Op::Arith(x) if x.kind.info().reads == 2 => Some(x.b),
+            _ => None,
+        },
+        Field::OpDst => b.op.dst(),
+        Field::AccSrc => match b.acc {
+            Acc::Add {
+                src: AccSrc::Mem(s),
+                ..
+            } => Some(s),
+            _ => None,
+        },
+        Field::AccDst => match b.acc {
+            Acc::Add { dst, .. } => dst,
+            Acc::Nop => None,
+        },
+        Field::XferSrc => match b.xfer {
+            Xfer::Send {
+                src: XferSrc::Mem(s),
+                ..
+            } => Some(s),
+            _ => None,
+        },
+        Field::XferDst => match b.xfer {
+            Xfer::Send { dst, .. } => Some(dst),
+            Xfer::Nop => None,
+        },
+    }
+}
+
+/// Replaces the address in `field` of `b`; does nothing if the field is
+/// unused.
+pub fn set_field(b: &mut Bundle, f: Field, v: Addr) {
+    match f {
+        Field::OpA => {
+            if let Op::Arith(x) = &mut b.op {
+                x.a = v;
+            }
+        }
+        Field::OpB => {
+            if let Op::Arith(x) = &mut b.op {
+                if x.kind.info().reads == 2 {
+                    x.b = v;
+                }
+            }
+        }
+        Field::OpDst => {
+            if let Op::Arith(Arith { dst: Some(d), .. }) = &mut b.op {
+                *d = v;
+            }
+        }
+        Field::AccSrc => {
+            if let Acc::Add {
+                src: AccSrc::Mem(s),
+                ..
+            } = &mut b.acc
+            {
+                *s = v;
+            }
+        }
+        Field::AccDst => {
+            if let Acc::Add { dst: Some(d), .. } = &mut b.acc {
+                *d = v;
+            }
+        }
+        Field::XferSrc => {
+            if let Xfer::Send {
+                src: XferSrc::Mem(s),
+                ..
+            } = &mut b.xfer
+            {
+                *s = v;
+            }
+        }
+        Field::XferDst => {
+            if let Xfer::Send { dst, .. } = &mut b.xfer {
+                *dst = v;
+            }
+        }
+    }
+}
+
+/// One affine term of an address: `stride · (i_level mod wrap)`, or
+/// `stride · i_level` when `wrap` is 0. `level` 0 is the outermost loop.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Term {
+    pub field: Field,
+    pub level: u8,
+    pub stride: i32,
+    /// 0: no wrap; otherwise at least 2.
+    pub wrap: u32,
+}
+
+impl Term {
+    /// The term's contribution for loop index `i`.
+    #[inline]
+    pub fn value(&self, i: u32) -> i64 {
+        let i = if self.wrap == 0 { i } else { i % self.wrap };
+        i64::from(self.stride) * i64::from(i)
+    }
+}
+
+/// The slot a predicate guards.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum Slot {
+    Op,
+    Acc,
+    Xfer,
+}
+
+impl Slot {
+    pub const ALL: [Slot; 3] = [Slot::Op, Slot::Acc, Slot::Xfer];
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Ge,
+}
+
+impl Cmp {
+    pub const ALL: [Cmp; 4] = [Cmp::Eq, Cmp::Ne, Cmp::Lt, Cmp::Ge];
+
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Cmp::Eq => "==",
+            Cmp::Ne => "!=",
+            Cmp::Lt => "<",
+            Cmp::Ge => ">=",
+        }
+    }
+
+    #[inline]
+    pub fn holds(self, i: u32, v: u32) -> bool {
+        match self {
+            Cmp::Eq => i == v,
+            Cmp::Ne => i != v,
+            Cmp::Lt => i < v,
+            Cmp::Ge => i >= v,
+        }
+    }
+}
+
+/// `slot` executes in an iteration only if `i_level cmp value`; all
+/// predicates of a slot must hold.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Pred {
+    pub slot: Slot,
+    pub level: u8,
+    pub cmp: Cmp,
+    pub value: u32,
+}
+
+/// A bundle template: `bundle` holds the base addresses.
+#[derive(Clone, PartialEq, Debug)]
+pub struct LBundle {
+    pub bundle: Bundle,
+    /// Sorted by `(field, level)`, at most one per pair, non-zero strides.
+    pub terms: Vec<Term>,
+    /// Sorted and without duplicates.
+    pub preds: Vec<Pred>,
+}
+
+impl LBundle {
+    /// A bundle whose addresses do not depend on any loop index.
+    pub fn plain(bundle: Bundle) -> LBundle {
+        LBundle {
+            bundle,
+            terms: Vec::new(),
+            preds: Vec::new(),
+        }
+    }
+
+    /// The address of `f` at loop indices `idx` (outermost first).
+    #[inline]
+    pub fn addr_at(&self, f: Field, base: Addr, idx: &[u32]) -> i64 {
+        let mut a = i64::from(base);
+        for t in self.terms.iter().filter(|t| t.field == f) {
+            a += t.value(idx[usize::from(t.level)]);
+        }
+        a
+    }
+
+    /// The flat bundle this template executes at loop indices `idx`.
+    /// Addresses are in range of `Addr` for every `idx` inside the loop
+    /// bounds of a validated program.
+    pub fn instance(&self, idx: &[u32]) -> Bundle {
+        let mut b = self.bundle;
+        for t in &self.terms {
+            if let Some(base) = field(&self.bundle, t.field) {
+                // Terms of one field are adjacent; recomputing the sum per
+                // term keeps this simple and the last write is the total.
+                let a = self.addr_at(t.field, base, idx);
+                set_field(&mut b, t.field, a as Addr);
+            }
+        }
+        for p in &self.preds {
+            if !p.cmp.holds(idx[usize::from(p.level)], p.value) {
+                match p.slot {
+                    Slot::Op => b.op = Op::Nop,
+                    Slot::Acc => b.acc = Acc::Nop,
+                    Slot::Xfer => b.xfer = Xfer::Nop,
+                }
+            }
+        }
+        b
+    }
+}
+
+#[derive(Clone, PartialEq, Debug)]
+pub struct Loop {
+    /// Iterations, at least 1.
+    pub count: u32,
+    /// Not empty.
+    pub body: Vec<Node>,
+}
+
+#[derive(Clone, PartialEq, Debug)]
+pub enum Node {
+    Bundle(LBundle),
+    Loop(Loop),
+}
+
+/// The microcode of one PE in format 3.
+#[derive(Clone, PartialEq, Debug)]
+pub struct LoopProgram {
+    pub pe: u32,
+    pub pes: u32,
+    pub mem_words: u32,
+    pub body: Vec<Node>,
+}
+
+/// Why a loop program is not well formed. `node` is the index of the
+/// offending node in pre-order (loops and bundles counted alike, from 0).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct LoopError {
+    pub node: usize,
+    pub message: String,
+}
+
+impl fmt::Display for LoopError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "node {}: {}", self.node, self.message)
+    }
+}
+
+impl std::error::Error for LoopError {}
+
+/// Why [`LoopProgram::flatten`] refused.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum FlattenError {
+    Invalid(LoopError),
+    /// The flat program would have more bundles than the caller allowed.
+    TooLong {
+        cycles: u64,
+        limit: u64,
+    },
+}
+
+impl fmt::Display for FlattenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FlattenError::Invalid(e) => write!(f, "invalid loop program: {e}"),
+            FlattenError::TooLong { cycles, limit } => write!(
+                f,
+                "flattening would produce {cycles} bundles, more than the limit of {limit}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for FlattenError {}
+
+impl LoopProgram {
+    /// A flat program as a loop program with no loops.
+    pub fn from_flat(p: &Program) -> LoopProgram {
+        LoopProgram {
+            pe: p.pe,
+            pes: p.pes,
+            mem_words: p.mem_words,
+            body: p
+                .bundles
+                .iter()
+                .map(|b| Node::Bundle(LBundle::plain(*b)))
+                .collect(),
+        }
+    }
+
+    /// Checks every rule of the format (see docs/isa.md, format 3) and
+    /// returns the run length in cycles.
+    pub fn validate(&self) -> Result<u64, LoopError> {
+        let mut counter = 0usize;
+        let mut bounds = Vec::with_capacity(MAX_LOOP_DEPTH);
+        validate_body(&self.body, &mut bounds, &mut counter)
+    }
+
+    /// Run length in cycles, computed from the loop structure alone. For a
+    /// program that fails [`LoopProgram::validate`] on length overflow, the
+    /// result saturates.
+    pub fn cycles(&self) -> u64 {
+        body_cycles(&self.body)
+    }
+
+    /// Number of bundle templates (program size, not run length).
+    pub fn bundle_count(&self) -> usize {
+        fn count(nodes: &[Node]) -> usize {
+            nodes
+                .iter()
+                .map(|n| match n {
+                    Node::Bundle(_) => 1,
+                    Node::Loop(l) => count(&l.body),
+                })
+                .sum()
+        }
+        count(&self.body)
+    }
+
+    /// The equivalent flat program: one bundle per cycle. This is the
+    /// definition of what a loop program means, kept deliberately naive (a
+    /// recursive expansion, sharing no code with the loop interpreter) so
+    /// that it can serve as a test oracle. Refuses programs longer than
+    /// `limit` cycles.
+    pub fn flatten(&self, limit: u64) -> Result<Program, FlattenError> {
+        let cycles = self.validate().map_err(FlattenError::Invalid)?;
+        if cycles > limit {
+            return Err(FlattenError::TooLong { cycles, limit });
+        }
+        let mut bundles = Vec::with_capacity(cycles as usize);
+        let mut idx = Vec::new();
+        expand(&self.body, &mut idx, &mut bundles);
+        Ok(Program {
+            pe: self.pe,
+            pes: self.pes,
+            mem_words: self.mem_words,
+            bundles,
+        })
+    }
+}
+
+fn body_cycles(nodes: &[Node]) -> u64 {
+    nodes.iter().fold(0u64, |acc, n| {
+        acc.saturating_add(match n {
+            Node::Bundle(_) => 1,
+            Node::Loop(l) => u64::from(l.count).saturating_mul(body_cycles(&l.body)),
+        })
+    })
+}
+
+fn expand(nodes: &[Node], idx: &mut Vec<u32>, out: &mut Vec<Bundle>) {
+    for n in nodes {
+        match n {
+            Node::Bundle(b) => out.push(b.instance(idx)),
+            Node::Loop(l) => {
+                for i in 0..l.count {
+                    idx.push(i);
+                    expand(&l.body, idx, out);
+                    idx.pop();
+                }
+            }
+        }
+    }
+}
+
+/// `bounds[k]` is the trip count of the enclosing loop at level `k`.
+fn validate_body(
+    nodes: &[Node],
+    bounds: &mut Vec<u32>,
+    counter: &mut usize,
+) -> Result<u64, LoopError> {
+    let mut total = 0u64;
+    for n in nodes {
+        let here = *counter;
+        *counter += 1;
+        let err = |message: String| LoopError {
+            node: here,
+            message,
+        };
+        let c = match n {
+            Node::Bundle(b) => {
+                validate_bundle(b, bounds).map_err(err)?;
+                1
+            }
+            Node::Loop(l) => {
+                if bounds.len() >= MAX_LOOP_DEPTH {
+                    return Err(err(format!(
+                        "loops nested deeper than {MAX_LOOP_DEPTH} levels"
+                    )));
+                }
+                if l.count == 0 {
+                    return Err(err("loop count must be at least 1".into()));
+                }
+                if l.body.is_empty() {
+                    return Err(err("loop body is empty".into()));
+                }
+                bounds.push(l.count);
+                let inner = validate_body(&l.body, bounds, counter);
+                bounds.pop();
+                u64::from(l.count)
+                    .checked_mul(inner?)
+                    .ok_or_else(|| err("run length overflows 64 bits".into()))?
+            }
+        };
+        total = total.checked_add(c).ok_or_else(|| LoopError {
+            node: here,
+            message: "run length overflows 64 bits".into(),
+        })?;
+    }
+    Ok(total)
+}
+
+fn validate_bundle(b: &LBundle, bounds: &[u32]) -> Result<(), String> {
+    if let Op::Arith(x) = b.bundle.op {
+        if x.kind.info().imm && !x.imm.is_finite() {
+            return Err(format!("scale {} is not finite", x.imm));
+        }
+    }
+    for w in b.terms.windows(2) {
+        if (w[0].field, w[0].level) >= (w[1].field, w[1].level) {
+            return Err(format!(
+                "address terms must be sorted by field and level, one per level ({} i{} after {} i{})",
+                w[1].field.name(),
+                w[1].level,
+                w[0].field.name(),
+                w[0].level
+            ));
+        }
+    }
+    for t in &b.terms {
+        if usize::from(t.level) >= bounds.len() {
+            return Err(format!(
+                "{} uses i{}, but only {} loop(s) enclose the bundle",
+                t.field.name(),
+                t.level,
+                bounds.len()
+            ));
+        }
+        if t.stride == 0 {
+            return Err(format!(
+                "{} has a zero stride for i{}",
+                t.field.name(),
+                t.level
+            ));
+        }
+        if t.wrap == 1 {
+            return Err(format!(
+                "{} has wrap 1 for i{} (a term that is always 0; omit it)",
+                t.field.name(),
+                t.level
+            ));
+        }
+        if field(&b.bundle, t.field).is_none() {
+            return Err(format!(
+                "affine term for {}, which the bundle does not use",
+                t.field.name()
+            ));
+        }
+    }
+    for f in Field::ALL {
+        let Some(base) = field(&b.bundle, f) else {
+            continue;
+        };
+        let (mut lo, mut hi) = (i64::from(base), i64::from(base));
+        for t in b.terms.iter().filter(|t| t.field == f) {
+            let n = bounds[usize::from(t.level)];
+            let top = if t.wrap == 0 { n } else { n.min(t.wrap) } - 1;
+            let v = i64::from(t.stride) * i64::from(top);
+            lo += v.min(0);
+            hi += v.max(0);
+        }
+        if lo < 0 || hi > i64::from(Addr::MAX) {
+            return Err(format!(
+                "{} ranges over {lo}..={hi}, outside the address space 0..={}",
+                f.name(),
+                Addr::MAX
+            ));
+        }
+    }
+    for w in b.preds.windows(2) {
+        if w[0] >= w[1] {
+            return Err("predicates must be sorted and distinct".into());
+        }
+    }
+    for p in &b.preds {
+        if usize::from(p.level) >= bounds.len() {
+            return Err(format!(
+                "predicate on i{}, but only {} loop(s) enclose the bundle",
+                p.level,
+                bounds.len()
+            ));
+        }
+        let used = match p.slot {
+            Slot::Op => b.bundle.op != Op::Nop,
+            Slot::Acc => b.bundle.acc != Acc::Nop,
+            Slot::Xfer => b.bundle.xfer != Xfer::Nop,
+        };
+        if !used {
+            return Err(format!("predicate on the {:?} slot, which is nop", p.slot));
+        }
+    }
+    Ok(())
+}
+
+impl LoopProgram {
+    /// Executed ops by kind (indexed by `OpKind::index`), computed from the
+    /// loop structure without running: a template counts once per iteration
+    /// of its enclosing loops in which its op-slot predicates hold.
+    pub fn op_counts(&self) -> [u64; crate::inst::OPS.len()] {
+        let mut out = [0u64; crate::inst::OPS.len()];
+        let mut bounds = Vec::new();
+        count_ops(&self.body, &mut bounds, &mut out);
+        out
+    }
+}
+
+fn count_ops(nodes: &[Node], bounds: &mut Vec<u32>, out: &mut [u64]) {
+    for n in nodes {
+        match n {
+            Node::Loop(l) => {
+                bounds.push(l.count);
+                count_ops(&l.body, bounds, out);
+                bounds.pop();
+            }
+            Node::Bundle(b) => {
+                let Some(k) = b.bundle.op.kind() else {
+                    continue;
+                };
+                let mut times = 1u64;
+                for (level, &bound) in bounds.iter().enumerate() {
+                    let preds: Vec<&Pred> = b
+                        .preds
+                        .iter()
+                        .filter(|p| p.slot == Slot::Op && usize::from(p.level) == level)
+                        .collect();
+                    let hits = if preds.is_empty() {
+                        u64::from(bound)
+                    } else {
+                        // Conjunctions of comparisons with constants: an
+                        // interval minus at most a few points, counted
+                        // directly over the interval's ends.
+                        let mut lo = 0u64;
+                        let mut hi = u64::from(bound);
+                        let mut eqs = Vec::new();
+                        let mut nes = Vec::new();
+                        for p in &preds {
+                            let v = u64::from(p.value);
+                            match p.cmp {
+                                Cmp::Lt => hi = hi.min(v),
+                                Cmp::Ge => lo = lo.max(v),
+                                Cmp::Eq => eqs.push(v),
+                                Cmp::Ne => nes.push(v),
+                            }
+                        }
+                        if let Some(&e) = eqs.first() {
+                            if eqs.iter().all(|&x| x == e) && e >= lo && e < hi {
+                                lo = e;
+                                hi = e + 1;
+                            } else {
+                                hi = lo;
+                            }
+                        }
+                        nes.sort_unstable();
+                        nes.dedup();
+                        let span = hi.saturating_sub(lo);
+                        span - nes.iter().filter(|&&x| x >= lo && x < hi).count() as u64
+                    };
+                    times = times.saturating_mul(hits);
+                }
+                out[k.index()] = out[k.index()].saturating_add(times);
+            }
+        }
+    }
+}

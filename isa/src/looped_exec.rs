@@ -1,0 +1,682 @@
+//! The native loop interpreter: executes format-3 programs without
+//! flattening them.
+//!
+//! Every cycle goes through the flat machine's issue/commit code
+//! ([`Machine`]) with the bundle instance the loop cursor yields, so the
+//! semantics and fault order are those of the flattened program by
+//! construction. For `f32`, [`LoopMachine::run_fast`] additionally executes
+//! stretches of cycles in bulk when every PE is inside a one-bundle innermost
+//! loop and it can show, before touching anything, that the stretch cannot
+//! fault and that no word written in the stretch is read or written by
+//! another slot in it; otherwise it steps one cycle and tries again.
+
+use crate::inst::{Acc, AccSrc, Addr, Arith, Bundle, Op, OpKind, Xfer, XferSrc};
+use crate::looped::{field, Field, LBundle, LoopError, LoopProgram, Node, MAX_LOOP_DEPTH};
+use crate::machine::{
+    Domain, F32Domain, Fault, LoadError, Machine, NoObserver, Observer, PeStats, RunStats,
+};
+use crate::Program;
+
+/// Why a set of loop programs could not be loaded.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum LoopLoadError {
+    Load(LoadError),
+    Invalid { pe: u32, error: LoopError },
+}
+
+impl std::fmt::Display for LoopLoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoopLoadError::Load(e) => e.fmt(f),
+            LoopLoadError::Invalid { pe, error } => write!(f, "program for PE {pe}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for LoopLoadError {}
+
+#[derive(Clone, Copy, Debug)]
+struct Frame {
+    pos: usize,
+    iter: u32,
+    count: u32,
+}
+
+/// Position of one PE in its loop tree. Frame 0 is the top-level list.
+#[derive(Clone, Debug)]
+struct Cursor {
+    frames: Vec<Frame>,
+    done: bool,
+}
+
+fn list_at<'a>(root: &'a [Node], frames: &[Frame], k: usize) -> &'a [Node] {
+    let mut list = root;
+    for f in &frames[..k] {
+        match &list[f.pos] {
+            Node::Loop(l) => list = &l.body,
+            // A frame above the top always sits on a loop.
+            Node::Bundle(_) => return &[],
+        }
+    }
+    list
+}
+
+impl Cursor {
+    fn new() -> Cursor {
+        Cursor {
+            frames: vec![Frame {
+                pos: 0,
+                iter: 0,
+                count: 1,
+            }],
+            done: false,
+        }
+    }
+
+    /// Moves to the next bundle to execute (if not already on one) and
+    /// returns it with the body length of the innermost loop.
+    fn current<'a>(&mut self, root: &'a [Node]) -> Option<(&'a LBundle, usize)> {
+        if self.done {
+            return None;
+        }
+        loop {
+            let k = self.frames.len() - 1;
+            let list = list_at(root, &self.frames, k);
+            let top = self.frames[k];
+            if top.pos < list.len() {
+                match &list[top.pos] {
+                    Node::Bundle(b) => return Some((b, list.len())),
+                    Node::Loop(l) => self.frames.push(Frame {
+                        pos: 0,
+                        iter: 0,
+                        count: l.count,
+                    }),
+                }
+            } else if top.iter + 1 < top.count {
+                self.frames[k].iter += 1;
+                self.frames[k].pos = 0;
+            } else if k == 0 {
+                self.done = true;
+                return None;
+            } else {
+                self.frames.pop();
+                self.frames[k - 1].pos += 1;
+            }
+        }
+    }
+
+    fn advance(&mut self) {
+        if let Some(top) = self.frames.last_mut() {
+            top.pos += 1;
+        }
+    }
+
+    fn indices(&self, out: &mut [u32; MAX_LOOP_DEPTH]) -> usize {
+        let d = self.frames.len() - 1;
+        for (o, f) in out.iter_mut().zip(&self.frames[1..]) {
+            *o = f.iter;
+        }
+        d
+    }
+}
+
+/// A ring running format-2 programs natively.
+pub struct LoopMachine<D: Domain> {
+    m: Machine<D>,
+    /// Indexed by PE.
+    progs: Vec<LoopProgram>,
+    cursors: Vec<Cursor>,
+    len: u64,
+    stats: Vec<PeStats>,
+    scratch: Vec<Option<Bundle>>,
+    bulk: u64,
+    /// Per PE, every word below this address is initialized. Words never
+    /// become uninitialized again, so the mark only moves up; it spares
+    /// the bulk planner most initialization scans.
+    init_mark: Vec<usize>,
+}
+
+fn count(s: &mut PeStats, b: &Bundle) {
+    if let Some(k) = b.op.kind() {
+        s.ops[k.index()] += 1;
+    }
+    s.busy += u64::from(!matches!(b.op, Op::Nop));
+    s.add += u64::from(matches!(b.acc, Acc::Add { .. }));
+    s.send += u64::from(matches!(b.xfer, Xfer::Send { .. }));
+}
+
+impl<D: Domain> LoopMachine<D> {
+    /// Loads one program per PE (in any order), with the checks of
+    /// [`Machine::new`] plus format-2 validation.
+    pub fn new(domain: D, mut progs: Vec<LoopProgram>) -> Result<Self, LoopLoadError> {
+        let mut len = 0u64;
+        for p in &progs {
+            let c = p
+                .validate()
+                .map_err(|error| LoopLoadError::Invalid { pe: p.pe, error })?;
+            len = len.max(c);
+        }
+        let shells: Vec<Program> = progs
+            .iter()
+            .map(|p| Program {
+                pe: p.pe,
+                pes: p.pes,
+                mem_words: p.mem_words,
+                bundles: Vec::new(),
+            })
+            .collect();
+        let m = Machine::new(domain, shells).map_err(LoopLoadError::Load)?;
+        progs.sort_by_key(|p| p.pe);
+        let n = progs.len();
+        Ok(LoopMachine {
+            m,
+            progs,
+            cursors: vec![Cursor::new(); n],
+            len,
+            stats: vec![PeStats::default(); n],
+            scratch: vec![None; n],
+            bulk: 0,
+            init_mark: vec![0; n],
+        })
+    }
+
+    pub fn preload(&mut self, pe: u32, addr: Addr, word: D::Value) -> Result<(), LoadError> {
+        self.m.preload(pe, addr, word)
+    }
+
+    pub fn read(&self, pe: u32, addr: Addr) -> Option<&D::Value> {
+        self.m.read(pe, addr)
+    }
+
+    pub fn cycle(&self) -> u64 {
+        self.m.cycle()
+    }
+
+    /// The run length, known statically from the loop structure.
+    pub fn total_cycles(&self) -> u64 {
+        self.len
+    }
+
+    pub fn pes(&self) -> u32 {
+        self.m.pes()
+    }
+
+    pub fn fault(&self) -> Option<&Fault> {
+        self.m.fault()
+    }
+
+    pub fn domain(&mut self) -> &mut D {
+        self.m.domain()
+    }
+
+    /// Cycles executed by the bulk path of [`LoopMachine::run_fast`].
+    pub fn bulk_cycles(&self) -> u64 {
+        self.bulk
+    }
+
+    pub fn stats(&self) -> RunStats {
+        RunStats {
+            cycles: self.m.cycle(),
+            per_pe: self.stats.clone(),
+        }
+    }
+
+    /// Executes one cycle; returns whether cycles remain.
+    pub fn step<O: Observer + ?Sized>(&mut self, obs: &mut O) -> Result<bool, Fault> {
+        if let Some(f) = self.m.fault() {
+            return Err(f.clone());
+        }
+        if self.m.cycle() >= self.len {
+            return Ok(false);
+        }
+        let mut idx = [0u32; MAX_LOOP_DEPTH];
+        for (p, cur) in self.cursors.iter_mut().enumerate() {
+            self.scratch[p] = cur.current(&self.progs[p].body).map(|(b, _)| {
+                cur.indices(&mut idx);
+                b.instance(&idx)
+            });
+        }
+        self.m.step_bundles(&self.scratch, obs)?;
+        for (p, cur) in self.cursors.iter_mut().enumerate() {
+            if let Some(b) = &self.scratch[p] {
+                count(&mut self.stats[p], b);
+                cur.advance();
+            }
+        }
+        Ok(self.m.cycle() < self.len)
+    }
+
+    /// Runs to the end, one cycle at a time (works for every domain and
+    /// reports every access to `obs`).
+    pub fn run<O: Observer + ?Sized>(&mut self, obs: &mut O) -> Result<RunStats, Fault> {
+        while self.step(obs)? {}
+        Ok(self.stats())
+    }
+}
+
+/// One memory operand's progression over a bulk window: `addr + stride·t`.
+#[derive(Clone, Copy, Debug)]
+struct Prog {
+    addr: i64,
+    stride: i64,
+}
+
+impl Prog {
+    fn at(&self, t: i64) -> usize {
+        (self.addr + self.stride * t) as usize
+    }
+    /// Inclusive range of addresses over `w` steps.
+    fn span(&self, w: i64) -> (i64, i64) {
+        let last = self.addr + self.stride * (w - 1);
+        (self.addr.min(last), self.addr.max(last))
+    }
+}
+
+/// What one PE does in a bulk window.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    bundle: Bundle,
+    progs: [Option<Prog>; 7],
+    /// The acc adds into a word it also writes back, unmoving: the running
+    /// sum lives in a register for the window.
+    register: bool,
+}
+
+fn overlap(a: (i64, i64), b: (i64, i64)) -> bool {
+    a.0 <= b.1 && b.0 <= a.1
+}
+
+impl LoopMachine<F32Domain> {
+    /// Runs to the end like [`LoopMachine::run`] with no observer, executing
+    /// eligible stretches in bulk. Result, cycle count, statistics and any
+    /// fault are exactly those of the cycle-by-cycle run.
+    pub fn run_fast(&mut self) -> Result<RunStats, Fault> {
+        loop {
+            if let Some(f) = self.m.fault() {
+                return Err(f.clone());
+            }
+            if self.m.cycle() >= self.len {
+                return Ok(self.stats());
+            }
+            match self.plan_window() {
+                Some((w, plans)) => self.exec_window(w, &plans),
+                None => {
+                    self.step(&mut NoObserver)?;
+                }
+            }
+        }
+    }
+
+    /// A bulk window of at least 2 cycles and a plan per PE (`None`: idle),
+    /// or `None` if this cycle must be stepped.
+    fn plan_window(&mut self) -> Option<(u32, Vec<Option<Plan>>)> {
+        let n = self.progs.len();
+        let mut w = u32::MAX;
+        let mut tmpl: Vec<Option<(LBundle, [u32; MAX_LOOP_DEPTH], usize)>> = Vec::with_capacity(n);
+        for p in 0..n {
+            let cur = &mut self.cursors[p];
+            match cur.current(&self.progs[p].body) {
+                None => tmpl.push(None),
+                Some((b, body_len)) => {
+                    let depth = cur.frames.len() - 1;
+                    if body_len != 1 || depth == 0 {
+                        return None;
+                    }
+                    let top = cur.frames.last()?;
+                    w = w.min(top.count - top.iter);
+                    let mut idx = [0u32; MAX_LOOP_DEPTH];
+                    cur.indices(&mut idx);
+                    tmpl.push(Some((b.clone(), idx, depth)));
+                }
+            }
+        }
+        let remaining = self.len - self.m.cycle();
+        w = w.min(u32::try_from(remaining).unwrap_or(u32::MAX));
+        if w < 2 || tmpl.iter().all(Option::is_none) {
+            return None;
+        }
+        let mut plans = Vec::with_capacity(n);
+        for t in &tmpl {
+            let Some((b, idx, depth)) = t else {
+                plans.push(None);
+                continue;
+            };
+            let inner = (*depth - 1) as u8;
+            // Predicates and wraps on the innermost index can change the
+            // bundle inside the window.
+            if b.preds.iter().any(|p| p.level == inner)
+                || b.terms.iter().any(|t| t.level == inner && t.wrap != 0)
+            {
+                return None;
+            }
+            let bundle = b.instance(idx);
+            let mut progs = [None; 7];
+            for (k, f) in Field::ALL.into_iter().enumerate() {
+                if let Some(a) = field(&bundle, f) {
+                    let stride = b
+                        .terms
+                        .iter()
+                        .find(|t| t.field == f && t.level == inner)
+                        .map_or(0, |t| i64::from(t.stride));
+                    progs[k] = Some(Prog {
+                        addr: i64::from(a),
+                        stride,
+                    });
+                }
+            }
+            let register = matches!(
+                bundle.acc,
+                Acc::Add { src: AccSrc::Mem(s), dst: Some(d) } if s == d
+            ) && progs[3].is_some_and(|p| p.stride == 0)
+                && progs[4].is_some_and(|p| p.stride == 0);
+            plans.push(Some(Plan {
+                bundle,
+                progs,
+                register,
+            }));
+        }
+        let w64 = i64::from(w);
+        let mems = self.m.mems();
+        for (p, mark) in self.init_mark.iter_mut().enumerate() {
+            let mem = &mems[p];
+            while *mark < mem.len() && mem[*mark].is_some() {
+                *mark += 1;
+            }
+        }
+        for p in 0..n {
+            let Some(plan) = &plans[p] else { continue };
+            let b = &plan.bundle;
+            // Slot-structure faults: leave them to the exact path.
+            if matches!(b.op, Op::Nop) && !matches!(b.acc, Acc::Nop) {
+                return None;
+            }
+            if matches!(
+                b.xfer,
+                Xfer::Send {
+                    src: XferSrc::Acc,
+                    ..
+                }
+            ) && matches!(b.acc, Acc::Nop)
+            {
+                return None;
+            }
+            let mem = &mems[p];
+            let size = mem.len() as i64;
+            let next = if p + 1 == n { 0 } else { p + 1 };
+            let prev = if p == 0 { n - 1 } else { p - 1 };
+            // Reads: in range and initialized for every step.
+            let mut reads = Vec::with_capacity(4);
+            for k in [0usize, 1, 3, 5] {
+                if let Some(pr) = plan.progs[k] {
+                    let span = pr.span(w64);
+                    if span.1 >= size {
+                        return None;
+                    }
+                    if span.1 as usize >= self.init_mark[p] {
+                        for t in 0..w64 {
+                            mem[pr.at(t)]?;
+                        }
+                    }
+                    reads.push((k, span));
+                }
+            }
+            let mut writes = Vec::with_capacity(3);
+            for k in [2usize, 4] {
+                if let Some(pr) = plan.progs[k] {
+                    let span = pr.span(w64);
+                    if span.1 >= size {
+                        return None;
+                    }
+                    writes.push((k, span));
+                }
+            }
+            if let Some(Some(pp)) = plans.get(prev) {
+                if let Some(pr) = pp.progs[6] {
+                    let span = pr.span(w64);
+                    if span.1 >= size {
+                        return None;
+                    }
+                    writes.push((6, span));
+                }
+            }
+            // The send's destination is checked against the receiver.
+            if let Some(pr) = plan.progs[6] {
+                if pr.span(w64).1 >= mems[next].len() as i64 {
+                    return None;
+                }
+            }
+            for (i, &(kw, ws)) in writes.iter().enumerate() {
+                for &(_, ws2) in &writes[i + 1..] {
+                    if overlap(ws, ws2) {
+                        return None;
+                    }
+                }
+                for &(kr, rs) in &reads {
+                    let own_register = plan.register && kw == 4 && kr == 3;
+                    if !own_register && overlap(ws, rs) {
+                        return None;
+                    }
+                }
+            }
+        }
+        Some((w, plans))
+    }
+
+    fn exec_window(&mut self, w: u32, plans: &[Option<Plan>]) {
+        let n = plans.len();
+        let w64 = i64::from(w);
+        let mems = self.m.mems_mut();
+        let mut dots = Vec::new();
+        for (p, plan) in plans.iter().enumerate() {
+            let Some(plan) = plan else { continue };
+            if let Some(d) = unit_dot(plan) {
+                dots.push((p, d));
+                continue;
+            }
+            let next = if p + 1 == n { 0 } else { p + 1 };
+            run_plan(mems, p, next, plan, w64);
+        }
+        for group in dots.chunks(DOT_GROUP) {
+            dot_group(mems, group, w as usize);
+        }
+        for (p, plan) in plans.iter().enumerate() {
+            if let Some(plan) = plan {
+                let s = &mut self.stats[p];
+                let mut one = PeStats::default();
+                count(&mut one, &plan.bundle);
+                let k = u64::from(w);
+                for (x, y) in s.ops.iter_mut().zip(one.ops) {
+                    *x += y * k;
+                }
+                s.add += one.add * k;
+                s.send += one.send * k;
+                s.busy += one.busy * k;
+                let cur = &mut self.cursors[p];
+                if let Some(top) = cur.frames.last_mut() {
+                    top.iter += w - 1;
+                    top.pos = 1;
+                }
+            }
+        }
+        self.m.advance(u64::from(w));
+        self.bulk += u64::from(w);
+    }
+}
+
+/// PEs whose dot products run interleaved: independent addition chains
+/// hide the latency of each f32 add without reordering any one sum.
+const DOT_GROUP: usize = 8;
+
+/// `(a, b, s)` start addresses if the plan is `mul m[a+t], m[b+t] | add mS
+/// -> mS`, the inner loop of every dot product.
+fn unit_dot(plan: &Plan) -> Option<(usize, usize, usize)> {
+    let pr = plan.progs;
+    match (plan.bundle.op, plan.register, plan.bundle.xfer) {
+        (
+            Op::Arith(Arith {
+                kind: OpKind::Mul,
+                dst: None,
+                ..
+            }),
+            true,
+            Xfer::Nop,
+        ) => {
+            let (a, b, s) = (pr[0]?, pr[1]?, pr[3]?);
+            (a.stride == 1 && b.stride == 1).then(|| (a.at(0), b.at(0), s.at(0)))
+        }
+        _ => None,
+    }
+}
+
+fn dot_group(mems: &mut [Vec<Option<f32>>], group: &[(usize, (usize, usize, usize))], w: usize) {
+    let mut regs = [0f32; DOT_GROUP];
+    {
+        let mut xa: [&[Option<f32>]; DOT_GROUP] = [&[]; DOT_GROUP];
+        let mut xb: [&[Option<f32>]; DOT_GROUP] = [&[]; DOT_GROUP];
+        for (j, &(p, (a, b, s))) in group.iter().enumerate() {
+            let mem = &mems[p];
+            xa[j] = &mem[a..a + w];
+            xb[j] = &mem[b..b + w];
+            regs[j] = get(mem, s);
+        }
+        let g = group.len();
+        if g == DOT_GROUP {
+            for t in 0..w {
+                for j in 0..DOT_GROUP {
+                    regs[j] += xa[j][t].unwrap_or(0.0) * xb[j][t].unwrap_or(0.0);
+                }
+            }
+        } else {
+            for t in 0..w {
+                for j in 0..g {
+                    regs[j] += xa[j][t].unwrap_or(0.0) * xb[j][t].unwrap_or(0.0);
+                }
+            }
+        }
+    }
+    for (j, &(p, (_, _, s))) in group.iter().enumerate() {
+        mems[p][s] = Some(regs[j]);
+    }
+}
+
+#[inline(always)]
+fn get(mem: &[Option<f32>], i: usize) -> f32 {
+    // Every read address was checked initialized before the window.
+    mem[i].unwrap_or(0.0)
+}
+
+/// Executes one PE's window. The planner proved that no word written here
+/// is read here (other than the register), so in-place writes equal the
+/// deferred commits of cycle-by-cycle execution.
+fn run_plan(mems: &mut [Vec<Option<f32>>], p: usize, next: usize, plan: &Plan, w: i64) {
+    let b = plan.bundle;
+    let pr = plan.progs;
+    // Fast kernel: a dot product into a register word.
+    if let (
+        Op::Arith(Arith {
+            kind: OpKind::Mul,
+            dst: None,
+            ..
+        }),
+        true,
+        Xfer::Nop,
+    ) = (b.op, plan.register, b.xfer)
+    {
+        if let (Some(a), Some(bb), Some(s)) = (pr[0], pr[1], pr[3]) {
+            let mem = &mut mems[p];
+            let mut reg = get(mem, s.at(0));
+            if a.stride == 1 && bb.stride == 1 {
+                let xa = &mem[a.at(0)..a.at(0) + w as usize];
+                let xb = &mem[bb.at(0)..bb.at(0) + w as usize];
+                for (x, y) in xa.iter().zip(xb) {
+                    reg += x.unwrap_or(0.0) * y.unwrap_or(0.0);
+                }
+            } else {
+                for t in 0..w {
+                    reg += get(mem, a.at(t)) * get(mem, bb.at(t));
+                }
+            }
+            mem[s.at(0)] = Some(reg);
+            return;
+        }
+    }
+    let mut reg = if plan.register {
+        pr[3].map(|s| get(&mems[p], s.at(0)))
+    } else {
+        None
+    };
+    for t in 0..w {
+        let mem = &mems[p];
+        // The numeric domain's own arithmetic, so results are bit-identical.
+        let r = match b.op {
+            Op::Nop => None,
+            Op::Arith(x) => pr[0].map(|a| {
+                let y = pr[1].map(|c| get(mem, c.at(t)));
+                F32Domain.op(x.kind, &get(mem, a.at(t)), y.as_ref(), x.imm)
+            }),
+        };
+        let acc = match (b.acc, r) {
+            (
+                Acc::Add {
+                    src: AccSrc::Zero, ..
+                },
+                Some(r),
+            ) => Some(r),
+            (
+                Acc::Add {
+                    src: AccSrc::Mem(_),
+                    ..
+                },
+                Some(r),
+            ) => {
+                let addend = match reg {
+                    Some(v) => v,
+                    None => pr[3].map_or(0.0, |s| get(mem, s.at(t))),
+                };
+                Some(addend + r)
+            }
+            _ => None,
+        };
+        let sent = match b.xfer {
+            Xfer::Send {
+                src: XferSrc::Mem(_),
+                ..
+            } => pr[5].map(|s| get(mem, s.at(t))),
+            Xfer::Send {
+                src: XferSrc::Acc, ..
+            } => acc,
+            Xfer::Nop => None,
+        };
+        let mem = &mut mems[p];
+        if let (Some(r), Some(d)) = (r, pr[2]) {
+            mem[d.at(t)] = Some(r);
+        }
+        if let Some(a) = acc {
+            if plan.register {
+                reg = Some(a);
+            } else if let Some(d) = pr[4] {
+                mem[d.at(t)] = Some(a);
+            }
+        }
+        if let (Some(v), Some(d)) = (sent, pr[6]) {
+            mems[next][d.at(t)] = Some(v);
+        }
+    }
+    if let (Some(v), Some(s)) = (reg, pr[4]) {
+        mems[p][s.at(0)] = Some(v);
+    }
+}
+
+/// Convenience: runs loop programs on `f32` with preloads, in bulk where
+/// possible.
+pub fn run_f32(
+    progs: Vec<LoopProgram>,
+    preloads: &[(u32, Addr, f32)],
+) -> Result<(LoopMachine<F32Domain>, RunStats), Box<dyn std::error::Error>> {
+    let mut m = LoopMachine::new(F32Domain, progs)?;
+    for &(pe, a, v) in preloads {
+        m.preload(pe, a, v)?;
+    }
+    let s = m.run_fast()?;
+    Ok((m, s))
+}

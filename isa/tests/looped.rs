@@ -1,0 +1,584 @@
+//! Format 2: the native loop interpreter (cycle by cycle and in bulk)
+//! against the flattened format-1 program on the format-1 machine, text and
+//! binary round trips, and rejection of malformed programs.
+
+use isa::{
+    decode_any, decode_looped, encode_looped, parse_any, parse_looped, Acc, AccSrc, AnyProgram,
+    Bundle, Cmp, F32Domain, Fault, Field, LBundle, Loop, LoopMachine, LoopProgram, Machine,
+    NoObserver, Node, Op, OpKind, Pred, RunStats, Slot, Term, Xfer, XferSrc, MAX_LOOP_DEPTH,
+};
+use proptest::prelude::*;
+
+/// A small deterministic generator, so one proptest seed describes a whole
+/// ring of programs and their preloads.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+struct Gen {
+    mem: u32,
+    /// Percent of bundles that may fault (out-of-range bases, odd slots).
+    wild: u64,
+}
+
+impl Gen {
+    fn addr(&self, r: &mut Rng) -> u32 {
+        if r.chance(self.wild) {
+            self.mem + r.below(3) as u32
+        } else {
+            r.below(u64::from(self.mem)) as u32
+        }
+    }
+
+    fn bundle(&self, r: &mut Rng, depth: usize) -> LBundle {
+        let scale = [0.5f32, -0.25, 1.0][r.below(3) as usize];
+        let op = match r.below(7) {
+            0 => Op::Nop,
+            1 | 2 => Op::mul(
+                self.addr(r),
+                self.addr(r),
+                r.chance(40).then(|| self.addr(r)),
+            ),
+            3 => Op::exp(self.addr(r), scale, r.chance(50).then(|| self.addr(r))),
+            4 => Op::max(
+                self.addr(r),
+                self.addr(r),
+                r.chance(50).then(|| self.addr(r)),
+            ),
+            5 => Op::expd(
+                self.addr(r),
+                self.addr(r),
+                scale,
+                r.chance(50).then(|| self.addr(r)),
+            ),
+            _ => Op::div(
+                self.addr(r),
+                self.addr(r),
+                r.chance(50).then(|| self.addr(r)),
+            ),
+        };
+        let acc = if op == Op::Nop && !r.chance(self.wild) {
+            Acc::Nop
+        } else {
+            match r.below(4) {
+                0 => Acc::Nop,
+                1 => Acc::Add {
+                    src: AccSrc::Zero,
+                    dst: r.chance(70).then(|| self.addr(r)),
+                },
+                2 => {
+                    // The running-sum idiom the bulk path keeps in a register.
+                    let s = self.addr(r);
+                    Acc::Add {
+                        src: AccSrc::Mem(s),
+                        dst: Some(s),
+                    }
+                }
+                _ => Acc::Add {
+                    src: AccSrc::Mem(self.addr(r)),
+                    dst: r.chance(70).then(|| self.addr(r)),
+                },
+            }
+        };
+        let xfer = match r.below(4) {
+            0 | 1 => Xfer::Nop,
+            2 => Xfer::Send {
+                src: XferSrc::Mem(self.addr(r)),
+                dst: self.addr(r),
+            },
+            _ if acc != Acc::Nop || r.chance(self.wild) => Xfer::Send {
+                src: XferSrc::Acc,
+                dst: self.addr(r),
+            },
+            _ => Xfer::Nop,
+        };
+        let bundle = Bundle { op, acc, xfer };
+        let mut terms = Vec::new();
+        if depth > 0 {
+            for f in Field::ALL {
+                if isa::looped::field(&bundle, f).is_none() {
+                    continue;
+                }
+                for level in 0..depth as u8 {
+                    if r.chance(35) {
+                        let stride = [1i32, 1, 2, -1, 3, -2][r.below(6) as usize];
+                        let wrap = if r.chance(25) {
+                            2 + r.below(3) as u32
+                        } else {
+                            0
+                        };
+                        terms.push(Term {
+                            field: f,
+                            level,
+                            stride,
+                            wrap,
+                        });
+                    }
+                }
+            }
+        }
+        let mut preds = Vec::new();
+        if depth > 0 && r.chance(30) {
+            let slots: Vec<Slot> = [
+                (Slot::Op, op != Op::Nop),
+                (Slot::Acc, acc != Acc::Nop),
+                (Slot::Xfer, xfer != Xfer::Nop),
+            ]
+            .into_iter()
+            .filter(|x| x.1)
+            .map(|x| x.0)
+            .collect();
+            if !slots.is_empty() {
+                preds.push(Pred {
+                    slot: slots[r.below(slots.len() as u64) as usize],
+                    level: r.below(depth as u64) as u8,
+                    cmp: Cmp::ALL[r.below(4) as usize],
+                    value: r.below(4) as u32,
+                });
+            }
+        }
+        LBundle {
+            bundle,
+            terms,
+            preds,
+        }
+    }
+
+    fn body(&self, r: &mut Rng, depth: usize, bounds: &mut Vec<u32>) -> Vec<Node> {
+        let n = 1 + r.below(if depth == 0 { 3 } else { 2 }) as usize;
+        (0..n)
+            .map(|_| {
+                if depth < 3 && r.chance(55) {
+                    // Long one-bundle loops are what the bulk path takes.
+                    let count = if r.chance(50) {
+                        1 + r.below(4) as u32
+                    } else {
+                        4 + r.below(40) as u32
+                    };
+                    bounds.push(count);
+                    let body = if r.chance(50) {
+                        vec![Node::Bundle(self.bundle(r, depth + 1))]
+                    } else {
+                        self.body(r, depth + 1, bounds)
+                    };
+                    bounds.pop();
+                    Node::Loop(Loop { count, body })
+                } else {
+                    Node::Bundle(self.bundle(r, depth))
+                }
+            })
+            .collect()
+    }
+}
+
+/// Moves every address base up so that the lowest address is not negative
+/// (the format forbids that statically), keeping random programs valid.
+fn fix_bases(nodes: &mut [Node], bounds: &mut Vec<u32>) {
+    for n in nodes {
+        match n {
+            Node::Loop(l) => {
+                bounds.push(l.count);
+                fix_bases(&mut l.body, bounds);
+                bounds.pop();
+            }
+            Node::Bundle(b) => {
+                for f in Field::ALL {
+                    let Some(base) = isa::looped::field(&b.bundle, f) else {
+                        continue;
+                    };
+                    let mut lo = 0i64;
+                    for t in b.terms.iter().filter(|t| t.field == f) {
+                        let n = bounds[usize::from(t.level)];
+                        let top = if t.wrap == 0 { n } else { n.min(t.wrap) } - 1;
+                        lo += (i64::from(t.stride) * i64::from(top)).min(0);
+                    }
+                    if i64::from(base) + lo < 0 {
+                        isa::looped::set_field(&mut b.bundle, f, (-lo) as u32);
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct Case {
+    progs: Vec<LoopProgram>,
+    preloads: Vec<(u32, u32, f32)>,
+}
+
+fn case(seed: u64, wild: u64) -> Case {
+    let mut r = Rng(seed | 1);
+    let pes = 1 + r.below(3) as u32;
+    let mem = 12 + r.below(20) as u32;
+    let g = Gen { mem, wild };
+    let spmd = r.chance(60);
+    let mut shared = None;
+    let progs = (0..pes)
+        .map(|pe| {
+            let mut body = match (&shared, spmd) {
+                (Some(b), true) => Clone::clone(b),
+                _ => g.body(&mut r, 0, &mut Vec::new()),
+            };
+            fix_bases(&mut body, &mut Vec::new());
+            if spmd && shared.is_none() {
+                shared = Some(body.clone());
+            }
+            LoopProgram {
+                pe,
+                pes,
+                mem_words: mem,
+                body,
+            }
+        })
+        .collect();
+    let mut preloads = Vec::new();
+    for pe in 0..pes {
+        for a in 0..mem {
+            if !r.chance(wild / 2) {
+                preloads.push((pe, a, (r.below(2000) as f32 - 1000.0) / 512.0));
+            }
+        }
+    }
+    Case { progs, preloads }
+}
+
+type Outcome = (Result<RunStats, Fault>, u64, Vec<Vec<Option<u32>>>);
+
+fn mem_of(read: impl Fn(u32, u32) -> Option<f32>, pes: u32, mem: u32) -> Vec<Vec<Option<u32>>> {
+    // Bits, not values: NaN results must agree too.
+    (0..pes)
+        .map(|pe| (0..mem).map(|a| read(pe, a).map(f32::to_bits)).collect())
+        .collect()
+}
+
+fn flat_run(c: &Case) -> Outcome {
+    let flat: Vec<_> = c
+        .progs
+        .iter()
+        .map(|p| p.flatten(1 << 20).expect("flatten"))
+        .collect();
+    let mut m = Machine::new(F32Domain, flat).expect("load");
+    for &(pe, a, v) in &c.preloads {
+        m.preload(pe, a, v).expect("preload");
+    }
+    let r = m.run(&mut NoObserver);
+    let (pes, mem) = (c.progs.len() as u32, c.progs[0].mem_words);
+    (r, m.cycle(), mem_of(|p, a| m.read(p, a).copied(), pes, mem))
+}
+
+fn loop_run(c: &Case, fast: bool) -> (Outcome, u64) {
+    let mut m = LoopMachine::new(F32Domain, c.progs.clone()).expect("load");
+    for &(pe, a, v) in &c.preloads {
+        m.preload(pe, a, v).expect("preload");
+    }
+    let r = if fast {
+        m.run_fast()
+    } else {
+        m.run(&mut NoObserver)
+    };
+    let (pes, mem) = (c.progs.len() as u32, c.progs[0].mem_words);
+    let out = (r, m.cycle(), mem_of(|p, a| m.read(p, a).copied(), pes, mem));
+    (out, m.bulk_cycles())
+}
+
+fn check(c: &Case) -> u64 {
+    for p in &c.progs {
+        let cycles = p.validate().expect("generated programs are valid");
+        assert_eq!(cycles, p.flatten(1 << 20).unwrap().bundles.len() as u64);
+        assert_eq!(p.cycles(), cycles);
+        // Both encodings round-trip exactly.
+        let text = p.to_text();
+        let back = parse_looped(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(&back, p, "{text}");
+        assert_eq!(back.to_text(), text);
+        let bin = encode_looped(p);
+        assert_eq!(&decode_looped(&bin).unwrap(), p);
+    }
+    let flat = flat_run(c);
+    let (slow, _) = loop_run(c, false);
+    let (fast, bulk) = loop_run(c, true);
+    assert_eq!(
+        slow, flat,
+        "cycle-by-cycle loop run differs from the flat run"
+    );
+    assert_eq!(fast, flat, "bulk loop run differs from the flat run");
+    bulk
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn loops_match_flattened_execution(seed in any::<u64>()) {
+        check(&case(seed, 0));
+    }
+
+    #[test]
+    fn faulting_loops_match_flattened_execution(seed in any::<u64>()) {
+        check(&case(seed, 8));
+    }
+}
+
+#[test]
+fn bulk_path_runs_and_agrees_on_many_random_rings() {
+    // The property tests above would pass even if the bulk path never ran;
+    // this makes sure it does, often, on the same generator.
+    let mut bulk = 0;
+    let mut with_bulk = 0;
+    let mut faults = 0;
+    for seed in 0..600u64 {
+        let c = case(
+            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            if seed % 3 == 0 { 8 } else { 0 },
+        );
+        let b = check(&c);
+        bulk += b;
+        with_bulk += u64::from(b > 0);
+        faults += u64::from(flat_run(&c).0.is_err());
+    }
+    println!("bulk cycles {bulk} in {with_bulk} cases, {faults} faulting cases");
+    assert!(
+        bulk > 2_000 && with_bulk > 50,
+        "bulk cycles {bulk} in {with_bulk} cases"
+    );
+    assert!(faults > 20, "faulting cases {faults}");
+}
+
+fn dot_ring(pes: u32, n: u32) -> (Vec<LoopProgram>, Vec<(u32, u32, f32)>) {
+    // m[2n] += m[i] * m[n + i] for i < n, then send the sum on.
+    let mac = LBundle {
+        bundle: Bundle {
+            op: Op::mul(0, n, None),
+            acc: Acc::Add {
+                src: AccSrc::Mem(2 * n),
+                dst: Some(2 * n),
+            },
+            xfer: Xfer::Nop,
+        },
+        terms: vec![
+            Term {
+                field: Field::OpA,
+                level: 0,
+                stride: 1,
+                wrap: 0,
+            },
+            Term {
+                field: Field::OpB,
+                level: 0,
+                stride: 1,
+                wrap: 0,
+            },
+        ],
+        preds: vec![],
+    };
+    let send = LBundle::plain(Bundle {
+        op: Op::Nop,
+        acc: Acc::Nop,
+        xfer: Xfer::Send {
+            src: XferSrc::Mem(2 * n),
+            dst: 2 * n + 1,
+        },
+    });
+    let progs = (0..pes)
+        .map(|pe| LoopProgram {
+            pe,
+            pes,
+            mem_words: 2 * n + 2,
+            body: vec![
+                Node::Loop(Loop {
+                    count: n,
+                    body: vec![Node::Bundle(mac.clone())],
+                }),
+                Node::Bundle(send.clone()),
+            ],
+        })
+        .collect();
+    let mut pre = Vec::new();
+    for pe in 0..pes {
+        for i in 0..2 * n {
+            pre.push((pe, i, (i as f32 + pe as f32) / 64.0));
+        }
+        pre.push((pe, 2 * n, 0.0));
+    }
+    (progs, pre)
+}
+
+#[test]
+fn dot_products_run_in_bulk_and_match_the_reference() {
+    let (progs, pre) = dot_ring(3, 50);
+    let c = Case {
+        progs,
+        preloads: pre,
+    };
+    let bulk = check(&c);
+    assert_eq!(bulk, 50);
+    let (mut m, stats) = isa::looped_exec::run_f32(c.progs.clone(), &c.preloads).unwrap();
+    assert_eq!(stats.cycles, 51);
+    assert_eq!(stats.per_pe[0].count(OpKind::Mul), 50);
+    for pe in 0..3u32 {
+        // f64 reference of the sum PE pe - 1 computed and sent here.
+        let src = (pe + 2) % 3;
+        let want: f64 = (0..50)
+            .map(|i| {
+                f64::from((i as f32 + src as f32) / 64.0)
+                    * f64::from(((50 + i) as f32 + src as f32) / 64.0)
+            })
+            .sum();
+        let got = f64::from(*m.read(pe, 101).unwrap());
+        assert!((got - want).abs() < 1e-3 * want.abs(), "{got} vs {want}");
+    }
+    let _ = m.domain();
+}
+
+#[test]
+fn canonical_text_example() {
+    let text = "\
+; attnc ring microcode
+.format 3
+.pe 0
+.pes 2
+.mem 40
+loop 3 {
+    loop 4 {
+        mul m[0 + 4*i0 + 1*i1], m[16 + 1*i1] | add m30 -> m30
+    }
+    nop | nop | send m[30 - 1*(i0 % 2)] -> m[32 + 1*i0] if i0 != 2
+}
+exp m30, 0.5 -> m31
+";
+    let p = parse_looped(text).unwrap();
+    assert_eq!(p.to_text(), text);
+    assert_eq!(p.cycles(), 3 * 5 + 1);
+    assert_eq!(p.bundle_count(), 3);
+    let flat = p.flatten(100).unwrap();
+    assert_eq!(flat.bundles.len(), 16);
+    // Iteration i0 = 1, i1 = 2 of the inner loop.
+    assert_eq!(
+        flat.bundles[5 + 2].to_string(),
+        "mul m6, m18 | add m30 -> m30"
+    );
+    assert_eq!(flat.bundles[4].to_string(), "nop | nop | send m30 -> m32");
+    assert_eq!(flat.bundles[9].to_string(), "nop | nop | send m29 -> m33");
+    assert_eq!(flat.bundles[14].to_string(), "nop");
+    match parse_any(text).unwrap() {
+        AnyProgram::Looped(q) => assert_eq!(q, p),
+        AnyProgram::Flat(_) => panic!("format 2 read as format 1"),
+    }
+    let bin = encode_looped(&p);
+    assert_eq!(decode_any(&bin).unwrap(), AnyProgram::Looped(p.clone()));
+    // Format 1 stays readable through the same entry points.
+    let f1 = isa::encode(&flat);
+    assert_eq!(decode_any(&f1).unwrap(), AnyProgram::Flat(flat.clone()));
+    assert_eq!(parse_any(&flat.to_text()).unwrap(), AnyProgram::Flat(flat));
+}
+
+#[test]
+fn loose_affine_spellings_parse() {
+    let text = ".format 3\n.pe 0\n.pes 1\n.mem 9\nloop 2 {\nmul m[i0],m[ 3 + 2 * i0 ]->m[8-i0] if i0==1\n}\n";
+    let p = parse_looped(text).unwrap();
+    let f = p.flatten(10).unwrap();
+    assert_eq!(f.bundles[0].to_string(), "nop");
+    assert_eq!(f.bundles[1].to_string(), "mul m1, m5 -> m7");
+}
+
+fn err(text: &str) -> String {
+    let full = format!(".format 3\n.pe 0\n.pes 1\n.mem 8\n{text}");
+    parse_looped(&full).unwrap_err().to_string()
+}
+
+#[test]
+fn malformed_text_is_rejected_with_a_line() {
+    assert_eq!(
+        err("loop 0 {\nnop\n}\n"),
+        "line 5:1: loop count must be at least 1"
+    );
+    assert_eq!(err("loop 2 {\n}\n"), "line 5:1: loop body is empty");
+    assert_eq!(
+        err("loop 2 {\nnop\n"),
+        "line 5:1: loop is never closed (missing `}`)"
+    );
+    assert_eq!(err("}\n"), "line 5:1: `}` without an open loop");
+    assert!(err("mul m[0 + 1*i0], m1\n").contains("only 0 loop(s) enclose"));
+    assert!(err("loop 4 {\nmul m[2 - 1*i0], m1\n}\n").contains("outside the address space"));
+    assert!(err("loop 4 {\nmul m[2 + 1*i0 + 2*i0], m1\n}\n").contains("i0 appears twice"));
+    assert!(err("loop 4 {\nmul m[1*(i0 % 1)], m1\n}\n").contains("wrap 1"));
+    assert!(
+        err("loop 4 {\nnop | nop | send m1 -> m2 if i0 ~ 1\n}\n").contains("expected a predicate")
+    );
+    assert!(err("loop 4 {\nmul m1, m1 | nop if i0 == 1\n}\n").contains("nop"));
+    assert!(err("loop 4 {\nmux m[0 + 1*i0], m1\n}\n")
+        .starts_with("line 6:1: unknown op mnemonic `mux`"));
+    let deep =
+        "loop 2 {\n".repeat(MAX_LOOP_DEPTH + 1) + "nop\n" + &"}\n".repeat(MAX_LOOP_DEPTH + 1);
+    assert!(err(&deep).contains("nested deeper"));
+    let long = "loop 4294967295 {\n".repeat(3) + "nop\n" + &"}\n".repeat(3);
+    assert!(err(&long).contains("overflows 64 bits"));
+    // The largest trip count is fine, and the length is known without running.
+    let p = parse_looped(
+        ".format 3\n.pe 0\n.pes 1\n.mem 1\nloop 4294967295 {\nloop 4294967295 {\nnop\n}\n}\n",
+    )
+    .unwrap();
+    assert_eq!(p.cycles(), 4294967295u64 * 4294967295);
+}
+
+#[test]
+fn malformed_binary_is_rejected() {
+    let p = parse_looped(".format 3\n.pe 1\n.pes 2\n.mem 8\nloop 3 {\nmul m[0 + 1*i0], m4 | add 0 | send acc -> m[4 + 1*i0] if i0 >= 1\n}\n").unwrap();
+    let good = encode_looped(&p);
+    assert_eq!(decode_looped(&good).unwrap(), p);
+    for cut in 0..good.len() {
+        assert!(decode_looped(&good[..cut]).is_err());
+    }
+    // Every single-bit flip is caught (by the checksum or a field check).
+    for i in 0..good.len() {
+        for bit in 0..8 {
+            let mut b = good.clone();
+            b[i] ^= 1 << bit;
+            assert_ne!(
+                decode_looped(&b).ok(),
+                Some(p.clone()),
+                "byte {i} bit {bit}"
+            );
+        }
+    }
+    // A zero trip count with a valid checksum is still refused.
+    let mut b = good.clone();
+    let at = 28 + 4;
+    b[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+    let end = b.len() - 4;
+    let crc = crc32(&b[..end]);
+    b[end..].copy_from_slice(&crc.to_le_bytes());
+    assert!(decode_looped(&b)
+        .unwrap_err()
+        .to_string()
+        .contains("at least 1"));
+}
+
+fn crc32(bytes: &[u8]) -> u32 {
+    // Bitwise CRC-32 (IEEE), independent of the crate's implementation.
+    let mut c = !0u32;
+    for &b in bytes {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0xEDB8_8320
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
