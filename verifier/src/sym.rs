@@ -104,6 +104,7 @@ pub struct Run<'p> {
 }
 
 impl<'p> Run<'p> {
+    #[allow(clippy::too_many_arguments)] // one field each of the run state it assembles
     pub fn new(
         ex: Interner,
         style: Style,
