@@ -1,7 +1,37 @@
 //! attnc's compiler: layer description → dataflow IR → ring schedule → per-PE microcode.
 //!
-//! The pipeline is a fixed list of passes ([`passes::PASSES`]), each in its own file. This crate
-//! does no IO: the CLI reads files, calls [`compile`], and writes what it returns.
+//! The pipeline is a fixed list of passes ([`passes::list`]), each in its own file; the scheduling
+//! passes come from the registry in [`scheduler`]. This crate does no IO: the CLI reads files,
+//! calls [`compile`], and writes what it returns.
+//!
+//! # Example
+//!
+//! Compile a layer for a ring of two PEs, run the programs in the interpreter and compare the
+//! result with the f64 reference:
+//!
+//! ```
+//! let parsed = lang::parse(0, "layer t { tokens = 4; dim = 2; mask = causal; }");
+//! assert!(parsed.diagnostics.is_empty());
+//! let options = compiler::Options {
+//!     pes: 2,
+//!     ..Default::default()
+//! };
+//! let compiled = compiler::compile(&parsed.layers[0], &options).expect("compiles");
+//! assert_eq!(compiled.programs.len(), 2);
+//!
+//! let inputs = runtime::exec::random_inputs(&compiled.manifest, 7);
+//! let run = runtime::exec::execute(
+//!     isa::F32Domain,
+//!     compiled.programs.clone(),
+//!     &compiled.manifest,
+//!     &inputs,
+//!     &mut isa::NoObserver,
+//! )
+//! .expect("runs");
+//! assert_eq!(run.stats.cycles, compiled.manifest.cycles);
+//! let want = runtime::exec::reference_output(&compiled.manifest, &inputs).expect("reference");
+//! assert!(runtime::exec::max_abs_err(&run.outputs["y"], &want) < 1e-4);
+//! ```
 
 pub mod chains;
 #[cfg(feature = "exact")]
