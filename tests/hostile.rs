@@ -514,7 +514,10 @@ fn non_finite_inputs_are_named() {
 fn json_tells_an_infinite_error_apart_from_a_number() {
     // Finite but huge inputs: the schedule's exp without max subtraction overflows, the
     // max-subtracted reference does not, so the error is infinite (NaN outputs).
-    let dir = compiled_dir("layer a { tokens = 4; dim = 4; qkv = shared; }\n", "2");
+    let dir = compiled_dir(
+        "layer a { tokens = 4; dim = 4; qkv = shared; softmax = plain; }\n",
+        "2",
+    );
     let data: Vec<f32> = (0..16).map(|i| 1000.0 + i as f32).collect();
     std::fs::write(dir.path().join("x.npy"), npy_bytes(&[4, 4], &data)).unwrap();
     let o = run_untouched(
@@ -526,7 +529,9 @@ fn json_tells_an_infinite_error_apart_from_a_number() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["max_abs_err"], "inf");
     assert_eq!(v["pass"], false);
-    assert_clean_failure(&o, "MISMATCH");
+    assert_eq!(v["non_finite"], 16);
+    // Named as an overflow, not as a mere mismatch.
+    assert_clean_failure(&o, "OVERFLOW: 16 of 16 outputs are NaN or infinite");
     // A normal run gives a number.
     let o = attnc_in(dir.path(), &["run", "out", "--json"]);
     assert_success(&o);
@@ -593,8 +598,9 @@ fn run_output_never_overwrites_an_existing_file() {
 
 #[test]
 fn layer_near_the_old_operation_limit_is_refused_before_scheduling() {
-    // 14 heads of 128 tokens, dim 64: 29.8M operations, which used to take 5 GB and minutes.
-    let dir = setup("layer big { tokens = 128; dim = 64; heads = 14; }\n");
+    // 14 heads of 128 tokens, dim 64, the plain softmax of the original report: 29.8M operations,
+    // which used to take 5 GB and minutes.
+    let dir = setup("layer big { tokens = 128; dim = 64; heads = 14; softmax = plain; }\n");
     let o = run_untouched(dir.path(), None, &["a.attn", "--pes", "8", "-o", "out"]);
     assert_clean_failure(
         &o,

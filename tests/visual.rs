@@ -59,7 +59,7 @@ const GRID: [(u32, u32, u32, bool, bool, u32); 8] = [
     (5, 3, 1, true, false, 5),
     (6, 6, 1, false, true, 3),
     (8, 4, 2, false, false, 8),
-    (3, 2, 1, true, true, 7),
+    (3, 2, 2, true, true, 7),
     (16, 16, 2, true, true, 4),
     (12, 8, 3, false, true, 6),
 ];
