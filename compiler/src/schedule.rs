@@ -164,7 +164,7 @@ impl From<OpCounts> for runtime::manifest::OpCountsInfo {
 }
 
 impl OpCounts {
-    /// Counts one operation of `kind` in `phase` (a pair [`fits`] accepts).
+    /// Counts one operation of `kind` in `phase` (a pair that can belong to that phase).
     pub fn count(&mut self, phase: Phase, kind: OpKind) {
         match (phase, kind) {
             (Phase::Scores, _) => self.phase1_mac += 1,

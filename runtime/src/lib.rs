@@ -4,7 +4,7 @@
 //! * [`manifest`] — the `manifest.json` format (a loading contract, versioned, validated on read).
 //! * [`exec`] — loading programs into [`isa::Machine`] per the manifest, running them over any
 //!   value domain, reading the outputs; seeded random inputs; comparing with the reference.
-//! * [`reference`] — naive f64 attention, written independently of every scheduler.
+//! * [`reference`](mod@reference) — naive f64 attention, written independently of every scheduler.
 //! * [`layer`] — the necessary operation counts and the lower bound, shared by the compiler,
 //!   the manifest checks and the verifier.
 //!
