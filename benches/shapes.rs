@@ -3,7 +3,8 @@
 //! `softmax = safe` (cycles, its own lower bound, and cycles against the aim `plain LB + extra
 //! max operations / m`, the chosen dataflow, memory per PE, compile time and output size).
 //!
-//! Run: `cargo bench --bench shapes` (add `-- --quick` for the n = 64 rows only).
+//! Run: `cargo bench --bench shapes` (add `-- --quick` for the n = 64 rows only, or `-- --n N`
+//! for one sequence length).
 
 use compiler::passes::select::Choice;
 use std::time::Instant;
@@ -14,7 +15,22 @@ const MAX_OPS: u64 = 6_000_000;
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let ns: &[u32] = if quick { &[64] } else { &[64, 128, 256] };
+    // `-- --n N` runs one sequence length only (to split a long run over several processes).
+    let args: Vec<String> = std::env::args().collect();
+    let only: Option<u32> = args
+        .iter()
+        .position(|a| a == "--n")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok());
+    let one;
+    let ns: &[u32] = if let Some(n) = only {
+        one = [n];
+        &one
+    } else if quick {
+        &[64]
+    } else {
+        &[64, 128, 256]
+    };
     println!("| n | d | m | heads | scheme | plain cycles | plain LB | plain/LB | best paper algo | safe cycles | safe LB | safe / (plain LB + max ops/m) | chosen (safe) | max mem words/PE | compile s | output MB |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut worst_safe: f64 = 0.0;
