@@ -575,7 +575,11 @@ impl<R: FnMut(&mut Forwarding, usize, Val, u32, u32)> SafeRow<'_, R> {
             }
             running = Some(here);
         }
-        let top = running.expect("every row has a score");
+        // A row always has a score (the language refuses empty layers); should it not, the row's
+        // outputs are never produced and validation reports them instead of a panic here.
+        let Some(top) = running else {
+            return;
+        };
         if k > 1 {
             (self.route)(self.forward, FW_SUM, top, rp.last(), rp.parts[k - 2].pe);
         }
@@ -608,11 +612,15 @@ impl<R: FnMut(&mut Forwarding, usize, Val, u32, u32)> SafeRow<'_, R> {
                 exps.push((part.pe, col, e));
             }
             if i + 1 < k {
-                let s = sum.expect("a part holds a column");
+                let Some(s) = sum else {
+                    return;
+                };
                 (self.route)(self.forward, FW_SUM, s, part.pe, order[i + 1].pe);
             }
         }
-        let den = sum.expect("every row has a score");
+        let Some(den) = sum else {
+            return;
+        };
         let end = order[k - 1].pe;
         if k > 1 {
             // From the part before the last forward: the last part, then round to the others.
