@@ -100,20 +100,21 @@ pub fn check_finite(name: &str, data: &[f32], tokens: u32, dim: u32) -> Result<(
 }
 
 /// Encodes a float32 C-order array.
-pub fn write_f32(shape: &[u64], data: &[f32]) -> Vec<u8> {
+pub fn write_f32(shape: &[u64], data: &[f32]) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     {
+        // Writing to memory only fails if npyz rejects the shape; say so rather than panic.
+        let fail = |e: std::io::Error| format!("cannot encode a .npy of shape {shape:?}: {e}");
         let mut w = npyz::WriteOptions::new()
             .default_dtype()
             .shape(shape)
             .writer(&mut out)
             .begin_nd()
-            .expect("writing to memory cannot fail");
-        w.extend(data.iter().copied())
-            .expect("writing to memory cannot fail");
-        w.finish().expect("writing to memory cannot fail");
+            .map_err(fail)?;
+        w.extend(data.iter().copied()).map_err(fail)?;
+        w.finish().map_err(fail)?;
     }
-    out
+    Ok(out)
 }
 
 /// Accepts `[heads, tokens, dim]`, or `[tokens, dim]` when there is one head.
@@ -154,7 +155,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_shape_larger_than_data() {
-        let bytes = write_f32(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        let bytes = write_f32(&[2, 2], &[1.0, 2.0, 3.0, 4.0]).unwrap();
         assert_eq!(
             read_f32(&bytes, 4).unwrap(),
             (vec![2, 2], vec![1.0, 2.0, 3.0, 4.0])

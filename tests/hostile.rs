@@ -402,7 +402,7 @@ fn manifest_claiming_a_huge_layer_is_refused_before_the_reference() {
 }
 
 fn npy_bytes(shape: &[u64], data: &[f32]) -> Vec<u8> {
-    attnc::npy::write_f32(shape, data)
+    attnc::npy::write_f32(shape, data).expect("a test tensor encodes")
 }
 
 #[test]

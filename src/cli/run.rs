@@ -96,7 +96,7 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             m.layer.tokens as u64,
             m.layer.dim as u64,
         );
-        write_new(path, &npy::write_f32(&[h, n, d], y))?;
+        write_new(path, &npy::write_f32(&[h, n, d], y)?)?;
     }
     let stats = &outcome.stats;
     let total = |f: &dyn Fn(&isa::PeStats) -> u64| stats.per_pe.iter().map(f).sum::<u64>();
