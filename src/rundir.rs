@@ -197,7 +197,7 @@ pub fn check_manifest(m: &Manifest) -> Result<(), String> {
     }
     // Every memory word a program uses is preloaded or written by a bundle (at most one op
     // result, one accumulator result and one incoming transfer per cycle).
-    let preloaded: u64 = m.inputs.values().map(|p| p.pe.len() as u64).sum();
+    let preloaded: u64 = m.inputs.values().map(|p| p.len() as u64).sum();
     let words: u64 = m.mem_words.iter().map(|&w| u64::from(w)).sum();
     let bound = preloaded.saturating_add(slots.saturating_mul(3));
     if words > bound {

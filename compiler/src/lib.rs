@@ -284,6 +284,7 @@ fn build_manifest(
         shape: vec![h, n, d],
         pe: vec![0; h * n * d],
         addr: vec![0; h * n * d],
+        layout: None,
     };
     let fill = |map: &mut BTreeMap<String, Placement>, list: &[(schedule::Element, u32, u32)]| {
         for &(e, pe, addr) in list {
@@ -323,6 +324,7 @@ fn build_manifest(
         necessary_ops: problem.necessary_ops(),
         ops: schedule.ops.into(),
         mem_words: emitted.programs.iter().map(|p| p.mem_words).collect(),
+        programs: manifest::ProgramKind::Flat,
         files: (0..pes)
             .map(|pe| PeFiles {
                 pe,

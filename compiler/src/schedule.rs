@@ -159,6 +159,7 @@ impl From<OpCounts> for runtime::manifest::OpCountsInfo {
             phase2_div: o.phase2_div,
             phase3_mac: o.phase3_mac,
             phase2_max: o.phase2_max,
+            online_rescale: 0,
         }
     }
 }

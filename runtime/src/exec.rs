@@ -15,6 +15,8 @@ pub enum ExecError {
     Input(String),
     /// The machine refused the programs or a preload.
     Load(isa::LoadError),
+    /// The loop machine refused the loop programs.
+    LoopLoad(isa::LoopLoadError),
     /// Preloading an element of `tensor` failed.
     Preload {
         tensor: String,
@@ -93,6 +95,7 @@ impl std::fmt::Display for ExecError {
             ExecError::Setup(e) => write!(f, "{e}"),
             ExecError::Input(s) => f.write_str(s),
             ExecError::Load(e) => write!(f, "{e}"),
+            ExecError::LoopLoad(e) => write!(f, "{e}"),
             ExecError::Preload { tensor, error } => write!(f, "preloading `{tensor}`: {error}"),
             ExecError::Fault(e) => write!(f, "{e}"),
             ExecError::Unwritten {
@@ -126,6 +129,36 @@ pub fn execute<D: Domain>(
     observer: &mut impl Observer,
 ) -> Result<Outcome<D::Value>, ExecError> {
     check_programs(&programs, manifest).map_err(ExecError::Setup)?;
+    check_input_names(manifest, inputs)?;
+    let mut machine = Machine::new(domain, programs).map_err(ExecError::Load)?;
+    preload_all(manifest, inputs, |pe, addr, v| machine.preload(pe, addr, v))?;
+    let stats = machine.run(observer).map_err(ExecError::Fault)?;
+    let outputs = read_all(manifest, |pe, addr| machine.read(pe, addr).cloned())?;
+    Ok(Outcome { outputs, stats })
+}
+
+/// [`execute`] for loop programs on `f32`, executed natively (in bulk where the loop machine
+/// can prove the result equal to cycle-by-cycle execution). Returns the outcome and the number
+/// of cycles run in bulk.
+pub fn execute_loops(
+    programs: Vec<isa::LoopProgram>,
+    manifest: &Manifest,
+    inputs: &BTreeMap<String, Vec<f32>>,
+) -> Result<(Outcome<f32>, u64), ExecError> {
+    check_loop_programs(&programs, manifest).map_err(ExecError::Setup)?;
+    check_input_names(manifest, inputs)?;
+    let mut machine =
+        isa::LoopMachine::new(isa::F32Domain, programs).map_err(ExecError::LoopLoad)?;
+    preload_all(manifest, inputs, |pe, addr, v| machine.preload(pe, addr, v))?;
+    let stats = machine.run_fast().map_err(ExecError::Fault)?;
+    let outputs = read_all(manifest, |pe, addr| machine.read(pe, addr).copied())?;
+    Ok((Outcome { outputs, stats }, machine.bulk_cycles()))
+}
+
+fn check_input_names<V>(
+    manifest: &Manifest,
+    inputs: &BTreeMap<String, Vec<V>>,
+) -> Result<(), ExecError> {
     for name in inputs.keys() {
         if !manifest.inputs.contains_key(name) {
             return Err(ExecError::Input(format!(
@@ -139,71 +172,117 @@ pub fn execute<D: Domain>(
             )));
         }
     }
-    let mut machine = Machine::new(domain, programs).map_err(ExecError::Load)?;
+    Ok(())
+}
+
+fn preload_all<V: Clone>(
+    manifest: &Manifest,
+    inputs: &BTreeMap<String, Vec<V>>,
+    mut preload: impl FnMut(u32, u32, V) -> Result<(), isa::LoadError>,
+) -> Result<(), ExecError> {
     for (name, placement) in &manifest.inputs {
         let values = inputs
             .get(name)
             .ok_or_else(|| ExecError::Input(format!("missing input `{name}`")))?;
-        if values.len() != placement.pe.len() {
+        if values.len() != placement.len() {
             return Err(ExecError::Input(format!(
                 "input `{name}` has {} elements, the layer needs {}",
                 values.len(),
-                placement.pe.len()
+                placement.len()
             )));
         }
-        for ((&pe, &addr), v) in placement.pe.iter().zip(&placement.addr).zip(values) {
-            machine
-                .preload(pe, addr, v.clone())
-                .map_err(|error| ExecError::Preload {
-                    tensor: name.clone(),
-                    error,
-                })?;
+        for (i, v) in values.iter().enumerate() {
+            let (pe, addr) = placement.locate(manifest.pes, i);
+            preload(pe, addr, v.clone()).map_err(|error| ExecError::Preload {
+                tensor: name.clone(),
+                error,
+            })?;
         }
     }
-    let stats = machine.run(observer).map_err(ExecError::Fault)?;
+    Ok(())
+}
+
+fn read_all<V>(
+    manifest: &Manifest,
+    read: impl Fn(u32, u32) -> Option<V>,
+) -> Result<BTreeMap<String, Vec<V>>, ExecError> {
     let mut outputs = BTreeMap::new();
     for (name, placement) in &manifest.outputs {
-        let mut vals = Vec::with_capacity(placement.pe.len());
-        for (i, (&pe, &addr)) in placement.pe.iter().zip(&placement.addr).enumerate() {
-            let v = machine.read(pe, addr).ok_or_else(|| ExecError::Unwritten {
+        let mut vals = Vec::with_capacity(placement.len());
+        for i in 0..placement.len() {
+            let (pe, addr) = placement.locate(manifest.pes, i);
+            let v = read(pe, addr).ok_or_else(|| ExecError::Unwritten {
                 tensor: name.clone(),
                 index: i,
                 pe,
                 addr,
             })?;
-            vals.push(v.clone());
+            vals.push(v);
         }
         outputs.insert(name.clone(), vals);
     }
-    Ok(Outcome { outputs, stats })
+    Ok(outputs)
 }
 
-/// The programs must be the ones the manifest describes.
-pub fn check_programs(programs: &[Program], manifest: &Manifest) -> Result<(), SetupError> {
-    if programs.len() != manifest.pes as usize {
-        return Err(SetupError::ProgramCount {
-            manifest: manifest.pes,
-            given: programs.len(),
+/// The loop programs must be the ones the manifest describes (cycles from the loop structure).
+pub fn check_loop_programs(
+    programs: &[isa::LoopProgram],
+    manifest: &Manifest,
+) -> Result<(), SetupError> {
+    check_identity(
+        programs.iter().map(|p| (p.pe, p.pes, p.mem_words)),
+        programs.len(),
+        manifest,
+    )?;
+    let longest = programs.iter().map(|p| p.cycles()).max().unwrap_or(0);
+    if longest != manifest.cycles {
+        return Err(SetupError::Cycles {
+            manifest: manifest.cycles,
+            longest,
         });
     }
-    for (i, p) in programs.iter().enumerate() {
-        if p.pe as usize != i || p.pes != manifest.pes {
+    Ok(())
+}
+
+fn check_identity(
+    ids: impl Iterator<Item = (u32, u32, u32)>,
+    count: usize,
+    manifest: &Manifest,
+) -> Result<(), SetupError> {
+    if count != manifest.pes as usize {
+        return Err(SetupError::ProgramCount {
+            manifest: manifest.pes,
+            given: count,
+        });
+    }
+    for (i, (pe, pes, mem_words)) in ids.enumerate() {
+        if pe as usize != i || pes != manifest.pes {
             return Err(SetupError::Identity {
                 index: i,
-                pe: p.pe,
-                pes: p.pes,
+                pe,
+                pes,
                 manifest_pes: manifest.pes,
             });
         }
         let declared = manifest.mem_words.get(i).copied().unwrap_or(0);
-        if p.mem_words != declared {
+        if mem_words != declared {
             return Err(SetupError::MemWords {
                 pe: i,
-                program: p.mem_words,
+                program: mem_words,
                 manifest: declared,
             });
         }
     }
+    Ok(())
+}
+
+/// The programs must be the ones the manifest describes.
+pub fn check_programs(programs: &[Program], manifest: &Manifest) -> Result<(), SetupError> {
+    check_identity(
+        programs.iter().map(|p| (p.pe, p.pes, p.mem_words)),
+        programs.len(),
+        manifest,
+    )?;
     let longest = programs.iter().map(|p| p.bundles.len()).max().unwrap_or(0) as u64;
     if longest != manifest.cycles {
         return Err(SetupError::Cycles {
@@ -223,7 +302,7 @@ pub fn random_inputs(manifest: &Manifest, seed: u64) -> BTreeMap<String, Vec<f32
         .inputs
         .iter()
         .map(|(name, p)| {
-            let vals = (0..p.pe.len())
+            let vals = (0..p.len())
                 .map(|_| StandardNormal.sample(&mut rng))
                 .collect();
             (name.clone(), vals)

@@ -1,13 +1,18 @@
 //! `manifest.json`: what a larger toolchain needs to load and run the emitted programs.
 //!
-//! Versioned by [`FORMAT_VERSION`]; readers refuse other versions. Placement arrays are flat in C
-//! order over `shape`, so element `[h][i][c]` of a tensor is at index `(h·tokens + i)·dim + c`.
+//! Versioned: [`FORMAT_VERSION`] (one placement entry per element) or [`LAYOUT_FORMAT_VERSION`]
+//! (placements may be affine [`Layout`]s, programs may be loop programs); a manifest is written
+//! at the lowest version that expresses it and readers refuse other versions. Placement arrays
+//! are flat in C order over `shape`, so element `[h][i][c]` of a tensor is at index
+//! `(h·tokens + i)·dim + c`.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub const FORMAT: &str = "attnc-manifest";
 pub const FORMAT_VERSION: u32 = 1;
+/// The version that adds affine layouts and loop programs.
+pub const LAYOUT_FORMAT_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,6 +30,9 @@ pub struct Manifest {
     pub ops: OpCountsInfo,
     /// Memory words used by each PE's program.
     pub mem_words: Vec<u32>,
+    /// What the program files hold; absent in version 1 (always flat bundle lists).
+    #[serde(default, skip_serializing_if = "ProgramKind::is_flat")]
+    pub programs: ProgramKind,
     pub files: Vec<PeFiles>,
     pub inputs: BTreeMap<String, Placement>,
     pub outputs: BTreeMap<String, Placement>,
@@ -97,6 +105,38 @@ pub struct OpCountsInfo {
     /// Row maxima of a safe softmax; absent (0) for a plain one.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub phase2_max: u64,
+    /// Operations a streamed (online) softmax executes beyond the formulation's necessary ones:
+    /// running-maximum updates and the rescaling of partial sums. Absent (0) for the others.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub online_rescale: u64,
+}
+
+impl OpCountsInfo {
+    pub fn total(&self) -> u64 {
+        self.phase1_mac
+            + self.phase2_exp
+            + self.phase2_div
+            + self.phase3_mac
+            + self.phase2_max
+            + self.online_rescale
+    }
+}
+
+/// The form of the program files.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProgramKind {
+    /// One bundle per cycle (ISA formats 1 and 2).
+    #[default]
+    Flat,
+    /// Loop programs (ISA format 3).
+    Loops,
+}
+
+impl ProgramKind {
+    fn is_flat(&self) -> bool {
+        *self == ProgramKind::Flat
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -107,13 +147,142 @@ pub struct PeFiles {
     pub binary: String,
 }
 
-/// Where every element of one tensor lives.
+/// Where every element of one tensor lives: either one `(pe, addr)` entry per element, or (from
+/// [`LAYOUT_FORMAT_VERSION`]) an affine [`Layout`] with both arrays empty.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Placement {
     pub shape: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pe: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addr: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<Layout>,
+}
+
+/// How tokens are dealt to PEs by a [`Layout`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RowOrder {
+    /// PE `p` owns tokens `p·R ..< (p+1)·R`, local row `t − p·R`.
+    Contiguous,
+    /// With `C = R/2`: PE `p` owns the token chunks `p` and `2m−1−p` of `C` tokens each, the
+    /// first as local rows `0..<C`, the second as `C..<2C` (balances a causal mask).
+    Zigzag,
+}
+
+/// An affine placement of a `[heads, tokens, dim]` tensor: token `t` is owned by one PE as its
+/// local row `r` (by [`RowOrder`]), and element `[h, t, c]` lives on that PE at
+/// `base + h·head_stride + r·row_stride + c`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Layout {
+    pub order: RowOrder,
+    pub rows_per_pe: u32,
+    pub base: u32,
+    pub head_stride: u32,
+    pub row_stride: u32,
+}
+
+impl Layout {
+    /// `(pe, local row)` of token `t` on a ring of `pes` PEs.
+    pub fn owner(&self, pes: u32, t: u32) -> (u32, u32) {
+        match self.order {
+            RowOrder::Contiguous => (t / self.rows_per_pe, t % self.rows_per_pe),
+            RowOrder::Zigzag => {
+                let c = self.rows_per_pe / 2;
+                let chunk = t / c;
+                if chunk < pes {
+                    (chunk, t % c)
+                } else {
+                    (2 * pes - 1 - chunk, c + t % c)
+                }
+            }
+        }
+    }
+
+    /// `(pe, addr)` of element `[h, t, c]`, in 64 bits (checked against 32 by validation).
+    pub fn locate(&self, pes: u32, h: u32, t: u32, c: u32) -> (u32, u64) {
+        let (pe, r) = self.owner(pes, t);
+        let addr = u64::from(self.base)
+            + u64::from(h) * u64::from(self.head_stride)
+            + u64::from(r) * u64::from(self.row_stride)
+            + u64::from(c);
+        (pe, addr)
+    }
+
+    /// Why the layout cannot place a `[heads, tokens, dim]` tensor on `pes` PEs with `mem`
+    /// words each, one element per word, if it cannot.
+    fn check(&self, pes: u32, heads: u32, tokens: u32, dim: u32, mem: &[u32]) -> Option<String> {
+        let r = u64::from(self.rows_per_pe);
+        let per = match self.order {
+            RowOrder::Contiguous => 1,
+            RowOrder::Zigzag => 2,
+        };
+        if r == 0 || !r.is_multiple_of(per) || r * u64::from(pes) != u64::from(tokens) {
+            return Some(format!(
+                "{} rows per PE on {pes} PEs do not cover {tokens} tokens{}",
+                self.rows_per_pe,
+                if per == 2 { " (zigzag needs an even count)" } else { "" }
+            ));
+        }
+        // One element per word: columns fit in a row, rows in a head.
+        let row_span = (r - 1) * u64::from(self.row_stride) + u64::from(dim);
+        if u64::from(self.row_stride) < u64::from(dim)
+            || (heads > 1 && u64::from(self.head_stride) < row_span)
+        {
+            return Some("rows or heads overlap (a stride smaller than what it steps over)".into());
+        }
+        let last = u64::from(self.base)
+            + u64::from(heads - 1) * u64::from(self.head_stride)
+            + row_span;
+        // Every PE owns the same number of rows, so every PE's highest address is `last − 1`.
+        if let Some((pe, &words)) = mem.iter().enumerate().find(|(_, &w)| u64::from(w) < last) {
+            return Some(format!(
+                "reaches address {} on PE {pe}, which has {words} words",
+                last - 1
+            ));
+        }
+        None
+    }
+}
+
+impl Placement {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `(pe, addr)` of the element at flat index `i` (C order over `shape`), `i < len()`.
+    pub fn locate(&self, pes: u32, i: usize) -> (u32, u32) {
+        match &self.layout {
+            None => (self.pe[i], self.addr[i]),
+            Some(l) => {
+                let (n, d) = (self.shape[1], self.shape[2]);
+                let (h, t, c) = (i / (n * d), i / d % n, i % d);
+                let (pe, addr) = l.locate(pes, h as u32, t as u32, c as u32);
+                // Validation bounded every address by a PE's u32 word count.
+                (pe, addr as u32)
+            }
+        }
+    }
+
+    /// The explicit form: one entry per element (for tools that need the arrays; bounded by
+    /// the caller, since a real layer's tensor has millions of elements).
+    pub fn expanded(&self, pes: u32) -> Placement {
+        let (pe, addr) = (0..self.len()).map(|i| self.locate(pes, i)).unzip();
+        Placement {
+            shape: self.shape.clone(),
+            pe,
+            addr,
+            layout: None,
+        }
+    }
 }
 
 /// A manifest that cannot be trusted.
@@ -145,10 +314,10 @@ impl Manifest {
             }
         }
         match raw.get("format_version").and_then(|v| v.as_u64()) {
-            Some(v) if v == u64::from(FORMAT_VERSION) => {}
+            Some(v) if v == u64::from(FORMAT_VERSION) || v == u64::from(LAYOUT_FORMAT_VERSION) => {}
             Some(v) => {
                 return Err(ManifestError(format!(
-                    "manifest format version {v} is not supported (this attnc reads version {FORMAT_VERSION})"
+                    "manifest format version {v} is not supported (this attnc reads versions {FORMAT_VERSION} and {LAYOUT_FORMAT_VERSION})"
                 )))
             }
             None => return Err(ManifestError("missing \"format_version\"".into())),
@@ -163,6 +332,11 @@ impl Manifest {
         let err = |s: String| Err(ManifestError(s));
         if self.pes == 0 {
             return err("pes is 0".into());
+        }
+        if self.programs != ProgramKind::Flat && self.format_version < LAYOUT_FORMAT_VERSION {
+            return err(format!(
+                "loop programs need format_version {LAYOUT_FORMAT_VERSION}"
+            ));
         }
         if self.layer.softmax().is_none() {
             return err(format!(
@@ -218,6 +392,28 @@ impl Manifest {
                     p.shape
                 ));
             }
+            if let Some(l) = &p.layout {
+                if self.format_version < LAYOUT_FORMAT_VERSION {
+                    return err(format!(
+                        "tensor {name}: a layout needs format_version {LAYOUT_FORMAT_VERSION}"
+                    ));
+                }
+                if !p.pe.is_empty() || !p.addr.is_empty() {
+                    return err(format!(
+                        "tensor {name}: both a layout and per-element entries"
+                    ));
+                }
+                if let Some(why) = l.check(
+                    self.pes,
+                    self.layer.heads,
+                    self.layer.tokens,
+                    self.layer.dim,
+                    &self.mem_words,
+                ) {
+                    return err(format!("tensor {name}: layout {why}"));
+                }
+                continue;
+            }
             if p.pe.len() != len || p.addr.len() != len {
                 return err(format!("tensor {name}: placement needs {len} entries"));
             }
@@ -250,6 +446,7 @@ mod tests {
             shape: vec![1, 1, 1],
             pe: vec![0],
             addr: vec![0],
+            layout: None,
         };
         Manifest {
             format: FORMAT.into(),
@@ -280,8 +477,10 @@ mod tests {
                 phase2_div: 1,
                 phase3_mac: 1,
                 phase2_max: max_ops,
+                online_rescale: 0,
             },
             mem_words: vec![1],
+            programs: ProgramKind::Flat,
             files: vec![PeFiles {
                 pe: 0,
                 text: "pe0.s".into(),
