@@ -4,13 +4,17 @@
 
 use crate::limits::{MAX_MANIFEST_BYTES, MAX_PES, MAX_PROGRAM_BYTES};
 use isa::Program;
-use runtime::manifest::Manifest;
+use runtime::manifest::{Manifest, ProgramKind};
 use std::collections::BTreeMap;
 
 /// Largest total size of the program files of one directory: twice the binary encoding of the
 /// largest layer attnc compiles, so a manifest cannot make `run` read terabytes by naming many
 /// large files.
 pub const MAX_TOTAL_PROGRAM_BYTES: u64 = 4 << 30;
+
+/// Most bundles, summed over PEs, that loading flattens loop programs into for the tools that
+/// work cycle by cycle (trace, show, the symbolic verifier).
+pub const MAX_FLATTENED_BUNDLES: u64 = 8_000_000;
 
 /// Read access to the files of one output directory.
 pub trait DirFiles {
@@ -39,9 +43,35 @@ impl DirFiles for BTreeMap<String, Vec<u8>> {
 
 pub struct Loaded {
     pub manifest: Manifest,
+    /// Flat programs: the files themselves, or for loop programs their flattened form when it
+    /// has at most [`MAX_FLATTENED_BUNDLES`] bundles in all (else empty).
     pub programs: Vec<Program>,
+    /// The loop programs, when the manifest says the files hold them; empty otherwise.
+    pub loops: Vec<isa::LoopProgram>,
     /// `"binary"` or `"text"`: which files the programs came from.
     pub source: &'static str,
+}
+
+impl Loaded {
+    /// The flat programs with a manifest whose placements are per element: what the tools that
+    /// work cycle by cycle (verifier, trace, show, inspect) take. Loop programs qualify when
+    /// they were small enough to flatten on loading.
+    pub fn flat(&self) -> Result<(&[Program], std::borrow::Cow<'_, Manifest>), String> {
+        if self.loops.is_empty() {
+            return Ok((&self.programs, std::borrow::Cow::Borrowed(&self.manifest)));
+        }
+        if self.programs.is_empty() {
+            let total: u64 = self.loops.iter().map(|p| p.cycles()).sum();
+            return Err(format!(
+                "the loop programs stand for {total} bundles, more than the {MAX_FLATTENED_BUNDLES} attnc flattens for cycle-by-cycle tools"
+            ));
+        }
+        let mut m = self.manifest.clone();
+        for p in m.inputs.values_mut().chain(m.outputs.values_mut()) {
+            *p = p.expanded(self.manifest.pes);
+        }
+        Ok((&self.programs, std::borrow::Cow::Owned(m)))
+    }
 }
 
 /// Reads and checks the manifest and one program per PE (binary preferred, text when any binary
@@ -80,7 +110,7 @@ pub fn load(files: &impl DirFiles) -> Result<Loaded, String> {
                 "{show}: {size} bytes, more than the {MAX_PROGRAM_BYTES} a program file may have"
             ));
         }
-        if all_binary {
+        if all_binary && manifest.programs == ProgramKind::Flat {
             // One record size per format version; the decoder then checks the version itself.
             let sizes = [isa::binary::BUNDLE_BYTES, isa::binary::BUNDLE_BYTES_V2]
                 .map(|record| binary_size(manifest.cycles, record));
@@ -101,6 +131,41 @@ pub fn load(files: &impl DirFiles) -> Result<Loaded, String> {
                 "the program files add up to more than {MAX_TOTAL_PROGRAM_BYTES} bytes"
             ));
         }
+    }
+    if manifest.programs == ProgramKind::Loops {
+        let mut loops = Vec::with_capacity(manifest.files.len());
+        for f in &manifest.files {
+            let name = if all_binary { &f.binary } else { &f.text };
+            let show = files.display(name);
+            let bytes = files.read(name)?;
+            let program = if all_binary {
+                isa::decode_looped(&bytes).map_err(|e| format!("{show}: {e}"))?
+            } else {
+                let text =
+                    String::from_utf8(bytes).map_err(|_| format!("{show}: not UTF-8 text"))?;
+                isa::parse_looped(&text).map_err(|e| format!("{show}: {e}"))?
+            };
+            program
+                .validate()
+                .map_err(|e| format!("{show}: invalid loop program: {e}"))?;
+            loops.push(program);
+        }
+        runtime::exec::check_loop_programs(&loops, &manifest).map_err(|e| e.to_string())?;
+        let total: u64 = loops.iter().map(|p| p.cycles()).sum();
+        let programs = if total <= MAX_FLATTENED_BUNDLES {
+            loops
+                .iter()
+                .map(|p| p.flatten(MAX_FLATTENED_BUNDLES).map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
+        return Ok(Loaded {
+            manifest,
+            programs,
+            loops,
+            source: if all_binary { "binary" } else { "text" },
+        });
     }
     let mut programs = Vec::with_capacity(manifest.files.len());
     for f in &manifest.files {
@@ -127,6 +192,7 @@ pub fn load(files: &impl DirFiles) -> Result<Loaded, String> {
     Ok(Loaded {
         manifest,
         programs,
+        loops: Vec::new(),
         source: if all_binary { "binary" } else { "text" },
     })
 }

@@ -246,6 +246,8 @@ fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: 
         Choice::Named("symmetric") => shared && !causal && divides,
         Choice::Named("causal") => causal && divides,
         Choice::Named(other) => panic!("no documented requirements for scheduler `{other}`"),
+        // Loop programs; tested by tests/stream.rs.
+        Choice::Stream => panic!("the stream schedule is not part of this grid"),
     }
 }
 

@@ -18,7 +18,7 @@ fn assert_compiled_proved(src: &str, pes: u32, schedule: Choice, c: &compiler::C
     // Only a scheduler that declares redundant work (the baseline does not exploit q = k) may do
     // more than the necessary work; every other must compute each distinct product once.
     let opts = verifier::Options {
-        exact_ops: c.scheduler.necessary_only(),
+        exact_ops: c.scheduler.is_some_and(|s| s.necessary_only()),
         ..Default::default()
     };
     let report = verifier::verify_with(&c.programs, &c.manifest, &opts);
@@ -29,8 +29,10 @@ fn assert_compiled_proved(src: &str, pes: u32, schedule: Choice, c: &compiler::C
     );
     assert!(report.proved.is_some());
     let l = &c.manifest.layer;
-    let may_be_redundant =
-        !c.scheduler.necessary_only() && l.qkv == "shared" && l.mask == "none" && l.tokens > 1;
+    let may_be_redundant = !c.scheduler.is_some_and(|s| s.necessary_only())
+        && l.qkv == "shared"
+        && l.mask == "none"
+        && l.tokens > 1;
     assert_eq!(
         report.redundant_ops > 0,
         may_be_redundant,

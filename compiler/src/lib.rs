@@ -42,6 +42,7 @@ pub mod passes;
 pub mod problem;
 pub mod schedule;
 pub mod scheduler;
+pub mod stream;
 pub mod validate;
 
 // The manifest and execution live in the runtime crate (the verifier uses them without the
@@ -79,10 +80,14 @@ pub struct Options {
 
 /// Everything a compile produces; the CLI decides what to write.
 pub struct Compiled {
+    /// One flat program per PE; empty when the stream schedule was chosen (then see `loops`).
     pub programs: Vec<isa::Program>,
+    /// One loop program per PE when the manifest's `programs` is `loops` (the stream schedule);
+    /// empty otherwise.
+    pub loops: Vec<isa::LoopProgram>,
     pub manifest: Manifest,
-    /// The scheduler whose schedule was kept.
-    pub scheduler: &'static dyn Scheduler,
+    /// The ring scheduler whose schedule was kept; `None` for the stream schedule.
+    pub scheduler: Option<&'static dyn Scheduler>,
     pub dump: Option<String>,
     /// Wall time of each pass run, in order (`--time-passes`).
     pub timings: Vec<(String, f64)>,
@@ -145,7 +150,11 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     }
     let problem = facts.problem;
     lap(analyze::NAME, &mut timings);
-    if problem.necessary_ops() > MAX_OPS {
+    let too_big = problem.necessary_ops() > MAX_OPS;
+    if opts.schedule == Choice::Stream || (too_big && opts.schedule == Choice::Auto) {
+        return compile_stream(layer, &problem, opts, too_big, dump, timings);
+    }
+    if too_big {
         return Err(CompileError::Refused(Refusal {
             culprit: select::Culprit::Tokens,
             message: format!(
@@ -153,7 +162,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
                 problem.necessary_ops(),
                 (problem.necessary_ops().saturating_mul(PEAK_BYTES_PER_OP)) as f64 / 1e9
             ),
-            note: format!("attnc emits layers of up to {MAX_OPS} operations; compile fewer heads or tokens per layer"),
+            note: format!("attnc unrolls layers of up to {MAX_OPS} operations; `--schedule auto` or `stream` emits loop programs for larger ones"),
         }));
     }
     let candidates =
@@ -256,8 +265,78 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     lap("manifest", &mut timings);
     Ok(Compiled {
         programs: emitted.programs,
+        loops: Vec::new(),
         manifest,
-        scheduler: chosen,
+        scheduler: Some(chosen),
+        dump,
+        timings,
+    })
+}
+
+/// The stream schedule: forced, or the only one for a layer too large to unroll.
+fn compile_stream(
+    layer: &lang::Layer,
+    problem: &problem::Problem,
+    opts: &Options,
+    too_big: bool,
+    mut dump: Option<String>,
+    mut timings: Vec<(String, f64)>,
+) -> Result<Compiled, CompileError> {
+    let clock = std::time::Instant::now();
+    let built = stream::build(problem, opts.pes).map_err(|mut r| {
+        if too_big && opts.schedule == Choice::Auto {
+            r.message = format!(
+                "this layer needs {} operations, more than the {MAX_OPS} attnc unrolls, and the stream schedule (loop programs, any size) does not apply: {}",
+                problem.necessary_ops(),
+                r.message
+            );
+        }
+        CompileError::Refused(r)
+    })?;
+    timings.push((
+        passes::schedule_stream::NAME.to_string(),
+        clock.elapsed().as_secs_f64(),
+    ));
+    let words = stream::max_words(&built);
+    if let Some(limit) = opts.mem_limit.filter(|&l| words > l) {
+        return Err(CompileError::Refused(Refusal {
+            culprit: select::Culprit::Memory,
+            message: format!(
+                "no schedule fits in {limit} words per PE ({} needs {words})",
+                passes::schedule_stream::NAME
+            ),
+            note: "raise --mem, or use more PEs".into(),
+        }));
+    }
+    let wants = |name: &str| opts.dump_after.as_deref() == Some(name);
+    if [
+        CHOSEN_SCHEDULE,
+        passes::schedule_stream::NAME,
+        codegen::NAME,
+    ]
+    .iter()
+    .any(|n| wants(n))
+    {
+        dump = Some(
+            built
+                .programs
+                .iter()
+                .map(|p| p.to_text())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        );
+    }
+    let reason = if too_big {
+        format!("the layer is larger than the {MAX_OPS} operations attnc unrolls; loop programs")
+    } else {
+        "forced with --schedule stream".to_string()
+    };
+    let manifest = stream::manifest(layer, problem, opts.pes, &built, reason)?;
+    Ok(Compiled {
+        programs: Vec::new(),
+        loops: built.programs,
+        manifest,
+        scheduler: None,
         dump,
         timings,
     })

@@ -17,7 +17,7 @@ pub struct CompileArgs {
     /// Output directory (replaced atomically; written only when everything succeeded)
     #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Scheduling algorithm: auto, baseline, symmetric, causal
+    /// Scheduling algorithm: auto, baseline, symmetric, causal, rows, stream (see `attnc passes`)
     #[arg(long, default_value = "auto", value_parser = parse_choice)]
     pub schedule: Choice,
     /// Print an intermediate form to stdout instead of writing files: ir, facts, schedule, asm, manifest
@@ -115,11 +115,23 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
         let verify = args.verify || (!args.no_verify && m.necessary_ops <= VERIFY_BY_DEFAULT_OPS);
         if verify {
             let t = std::time::Instant::now();
+            let flat;
+            let programs = if compiled.loops.is_empty() {
+                &compiled.programs
+            } else {
+                flat = source::flatten_for_proof(&compiled.loops).map_err(|e| {
+                    format!(
+                        "{}: cannot verify before writing: {e} (pass --no-verify)",
+                        layer.name
+                    )
+                })?;
+                &flat
+            };
             source::verify(
-                &compiled.programs,
+                programs,
                 m,
                 &layer.name,
-                compiled.scheduler.necessary_only(),
+                compiled.scheduler.is_some_and(|s| s.necessary_only()),
             )?;
             if args.time_passes {
                 eprintln!("time: {:9.4}s  verify", t.elapsed().as_secs_f64());
@@ -129,12 +141,19 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             println!("{}", compiled.manifest.to_json());
         }
         let sub = source::layer_subdir(several, &layer.name);
-        source::push_program_files(&mut files, &sub, &compiled.programs, m);
+        if compiled.loops.is_empty() {
+            source::push_program_files(&mut files, &sub, &compiled.programs, m);
+        } else {
+            source::push_loop_files(&mut files, &sub, &compiled.loops, m);
+        }
         if !printing {
             eprintln!(
                 "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}), {} words/PE max ({}){}",
                 layer.name,
-                compiled.scheduler.title(),
+                compiled
+                    .scheduler
+                    .map_or(compiler::passes::schedule_stream::DESCRIPTION, |s| s
+                        .title()),
                 pes,
                 m.cycles,
                 m.lower_bound,

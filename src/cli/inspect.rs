@@ -98,9 +98,12 @@ const PHASES: [Class; 4] = [Class::Qk, Class::Softmax, Class::Av, Class::Other];
 
 pub fn run(args: &InspectArgs) -> Result<(), String> {
     let loaded = load::load_dir(&args.dir)?;
-    let m = &loaded.manifest;
+    let (programs, m) = loaded
+        .flat()
+        .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+    let m = &*m;
     let bar = super::progress::Progress::bar(m.cycles, "cycles", args.json);
-    let walk = timeline::walk(&loaded.programs, m, |t, _| {
+    let walk = timeline::walk(programs, m, |t, _| {
         if t.is_multiple_of(4096) {
             bar.set_position(t);
         }

@@ -45,7 +45,10 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
         read_inputs(&args.inputs, m)?
     };
     if let Some(path) = &args.trace {
-        let t = super::trace::write(path, &loaded.programs, m, args.trace_bin, args.json)
+        let (programs, flat_m) = loaded
+            .flat()
+            .map_err(|e| format!("{}: cannot trace: {e}", args.dir.display()))?;
+        let t = super::trace::write(path, programs, &flat_m, args.trace_bin, args.json)
             .map_err(|e| format!("{}: {e}", args.dir.display()))?;
         if !args.json {
             eprintln!(
@@ -61,7 +64,24 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     // Only a long run gets a bar: a short one would just flicker.
     let long = m.cycles.saturating_mul(u64::from(m.pes)) > 5_000_000;
     let bar = super::progress::Progress::bar(m.cycles, "cycles", args.json || !long);
-    let outcome = if bar.is_active() {
+    let clock = std::time::Instant::now();
+    let mut bulk = None;
+    let outcome = if !loaded.loops.is_empty() {
+        // Natively, loops and all: no per-cycle observer, so no progress bar.
+        drop(bar);
+        let (outcome, b) = exec::execute_loops(loaded.loops, m, &inputs)
+            .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+        bulk = Some(b);
+        return report(
+            args,
+            m,
+            loaded.source,
+            &inputs,
+            outcome,
+            clock.elapsed(),
+            bulk,
+        );
+    } else if bar.is_active() {
         let mut obs = super::progress::CycleObserver {
             progress: &bar,
             last: 0,
@@ -78,10 +98,31 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     }
     .map_err(|e| format!("{}: {e}", args.dir.display()))?;
     drop(bar);
+    report(
+        args,
+        m,
+        loaded.source,
+        &inputs,
+        outcome,
+        clock.elapsed(),
+        bulk,
+    )
+}
+
+/// Compares a finished run with the reference and prints the summary.
+fn report(
+    args: &RunArgs,
+    m: &runtime::manifest::Manifest,
+    source: &str,
+    inputs: &std::collections::BTreeMap<String, Vec<f32>>,
+    outcome: exec::Outcome<f32>,
+    elapsed: std::time::Duration,
+    bulk: Option<u64>,
+) -> Result<(), String> {
     let y = &outcome.outputs["y"];
     // `load` checked that the inputs are the ones the layer's qkv implies, so there always is a
     // reference; its absence would be a bug, not a pass.
-    let reference = exec::reference_output(m, &inputs).ok_or_else(|| {
+    let reference = exec::reference_output(m, inputs).ok_or_else(|| {
         format!(
             "{}: no reference for this layer's inputs",
             args.dir.display()
@@ -109,6 +150,7 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
         .map(|(m, n, _)| (m, n))
         .collect();
     let ratio = stats.cycles as f64 / m.lower_bound.max(1) as f64;
+    let pe_ops: u64 = by_kind.iter().map(|&(_, n)| n).sum();
     if args.json {
         let mut ops_json: serde_json::Map<String, serde_json::Value> = by_kind
             .iter()
@@ -125,7 +167,10 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             "pes": m.pes,
             "ops": ops_json,
             "mem_words": m.mem_words,
-            "program_source": loaded.source,
+            "program_source": source,
+            "run_seconds": elapsed.as_secs_f64(),
+            "pe_ops_per_second": pe_ops as f64 / elapsed.as_secs_f64().max(1e-9),
+            "bulk_cycles": bulk,
             "inputs": if args.inputs.is_empty() { "random" } else { "files" },
             "seed": args.seed,
             // JSON has no infinity or NaN; a non-finite error is the string "inf" (NaN outputs
@@ -153,6 +198,15 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
             total(&|p| p.send)
         );
         println!("utilization: {:.4}", stats.utilization());
+        println!(
+            "run: {:.3} s, {:.3e} PE-ops/s{}",
+            elapsed.as_secs_f64(),
+            pe_ops as f64 / elapsed.as_secs_f64().max(1e-9),
+            bulk.map_or(String::new(), |b| format!(
+                ", loop programs, {:.0}% of cycles in bulk",
+                100.0 * b as f64 / stats.cycles.max(1) as f64
+            ))
+        );
         println!(
             "mem_words: max {} per PE",
             m.mem_words.iter().max().unwrap_or(&0)

@@ -228,10 +228,13 @@ pub fn render(g: &Grid, m: &compiler::manifest::Manifest) -> Document {
 
 pub fn run(args: &ShowArgs) -> Result<(), String> {
     let loaded = load::load_dir(&args.dir)?;
-    let m = &loaded.manifest;
+    let (programs, m) = loaded
+        .flat()
+        .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+    let m = &*m;
     let mut grid = Grid::new(m.pes, m.cycles, MAX_ROWS, MAX_COLS, 1);
     let bar = super::progress::Progress::bar(m.cycles, "cycles", false);
-    timeline::walk(&loaded.programs, m, |t, slots| {
+    timeline::walk(programs, m, |t, slots| {
         grid.add(t, slots);
         if t.is_multiple_of(4096) {
             bar.set_position(t);

@@ -111,6 +111,43 @@ pub fn push_program_files(
     files.push((sub.join("manifest.json"), manifest.to_json().into_bytes()));
 }
 
+/// Like [`push_program_files`] for loop programs (ISA format 3).
+pub fn push_loop_files(
+    files: &mut Files,
+    sub: &Path,
+    programs: &[isa::LoopProgram],
+    manifest: &Manifest,
+) {
+    for p in programs {
+        files.push((sub.join(format!("pe{}.s", p.pe)), p.to_text().into_bytes()));
+        files.push((sub.join(format!("pe{}.bin", p.pe)), isa::encode_looped(p)));
+    }
+    files.push((sub.join("manifest.json"), manifest.to_json().into_bytes()));
+}
+
+/// Most bundles, summed over PEs, that verification flattens loop programs into: the symbolic
+/// verifier runs one bundle at a time, so this bounds its time and memory like the operation
+/// limit bounds an unrolled compile's.
+pub const MAX_VERIFY_FLAT_BUNDLES: u64 = 8_000_000;
+
+/// The flat programs loop programs stand for, for the verifier; refuses when they would exceed
+/// [`MAX_VERIFY_FLAT_BUNDLES`].
+pub fn flatten_for_proof(programs: &[isa::LoopProgram]) -> Result<Vec<isa::Program>, String> {
+    let total: u64 = programs.iter().map(|p| p.cycles()).sum();
+    if total > MAX_VERIFY_FLAT_BUNDLES {
+        return Err(format!(
+            "the loop programs stand for {total} bundles; the verifier proves loop programs by flattening them and takes at most {MAX_VERIFY_FLAT_BUNDLES}"
+        ));
+    }
+    programs
+        .iter()
+        .map(|p| {
+            p.flatten(MAX_VERIFY_FLAT_BUNDLES)
+                .map_err(|e| format!("PE {}: {e}", p.pe))
+        })
+        .collect()
+}
+
 /// Proves the programs with the symbolic verifier. With `exact_ops` (the scheduler declares it
 /// computes only necessary operations) the programs must run exactly the necessary operations;
 /// otherwise the redundant products the manifest declares are accepted.

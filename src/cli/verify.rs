@@ -21,7 +21,10 @@ pub fn run(args: &VerifyArgs) -> Result<(), String> {
         max_listed: args.max_violations.saturating_mul(5),
         ..Default::default()
     };
-    let report = verifier::verify_with(&loaded.programs, &loaded.manifest, &opts);
+    let (programs, manifest) = loaded
+        .flat()
+        .map_err(|e| format!("{}: cannot prove: {e}", args.dir.display()))?;
+    let report = verifier::verify_with(programs, &manifest, &opts);
     if args.json {
         let mut obj = report.to_json();
         obj["dir"] = args.dir.display().to_string().into();

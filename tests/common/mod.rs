@@ -60,7 +60,7 @@ pub fn run_emitted(c: &Compiled, seed: u64) -> RunResult {
         .expect("manifest round trip");
     // Every program the tests compile is also proved correct for all inputs.
     let opts = verifier::Options {
-        exact_ops: c.scheduler.necessary_only(),
+        exact_ops: c.scheduler.is_some_and(|s| s.necessary_only()),
         ..Default::default()
     };
     let report = verifier::verify_with(&programs, &manifest, &opts);

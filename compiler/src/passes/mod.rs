@@ -23,6 +23,7 @@ pub fn list() -> Vec<(&'static str, &'static str)> {
             .iter()
             .map(|s| (s.pass(), s.description())),
     );
+    v.push((schedule_stream::NAME, schedule_stream::DESCRIPTION));
     v.push((codegen::NAME, codegen::DESCRIPTION));
     v
 }

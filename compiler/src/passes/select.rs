@@ -5,6 +5,9 @@ use crate::problem::Problem;
 use crate::scheduler::{self, Scheduler, SCHEDULERS};
 
 pub const NAME: &str = "select";
+
+/// `--schedule` name of the stream schedule.
+pub const STREAM: &str = "stream";
 pub const DESCRIPTION: &str = "choose the scheduling algorithms that apply, from the facts";
 
 /// What the user asked for with `--schedule`: `auto`, or one scheduler of the registry by its
@@ -14,6 +17,9 @@ pub enum Choice {
     #[default]
     Auto,
     Named(&'static str),
+    /// The stream schedule: loop programs, built by [`crate::stream`] rather than a pass of the
+    /// ring-schedule registry.
+    Stream,
 }
 
 impl Choice {
@@ -21,12 +27,16 @@ impl Choice {
     pub fn names() -> Vec<&'static str> {
         std::iter::once("auto")
             .chain(SCHEDULERS.iter().map(|s| s.name()))
+            .chain(std::iter::once(STREAM))
             .collect()
     }
 
     pub fn parse(s: &str) -> Option<Choice> {
         if s == "auto" {
             return Some(Choice::Auto);
+        }
+        if s == STREAM {
+            return Some(Choice::Stream);
         }
         scheduler::by_name(s).map(|sch| Choice::Named(sch.name()))
     }
@@ -87,6 +97,10 @@ pub fn shape_refusal(p: &Problem, pes: u32, why: String) -> Refusal {
 
 /// Picks the schedulers to try (several under `auto`; the caller keeps the fastest).
 pub fn run(p: &Problem, pes: u32, choice: Choice) -> Result<Vec<&'static dyn Scheduler>, Refusal> {
+    if choice == Choice::Stream {
+        // Not a ring schedule: the caller builds it (see `crate::stream`).
+        return Ok(Vec::new());
+    }
     if let Choice::Named(name) = choice {
         let Some(sch) = scheduler::by_name(name) else {
             return Err(Refusal {

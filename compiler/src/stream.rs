@@ -1,0 +1,136 @@
+//! The stream schedule's tail: it is not a ring schedule (no per-cycle slots to validate and
+//! emit), so it bypasses the registry, codegen and the per-element manifest and goes straight
+//! from the generator's loop programs to a manifest with affine layouts.
+
+use crate::manifest::{
+    self, CandidateInfo, LayerInfo, Layout, Manifest, OpCountsInfo, PeFiles, Placement,
+    ProgramKind, RowOrder, Selection,
+};
+use crate::passes::schedule_stream::{self, Stream};
+use crate::passes::select::{Culprit, Refusal};
+use crate::problem::Problem;
+use crate::CompileError;
+use std::collections::BTreeMap;
+
+/// What building the stream schedule produced, or why it does not apply.
+pub fn build(problem: &Problem, pes: u32) -> Result<Stream, Refusal> {
+    schedule_stream::run(problem, pes, problem.safe()).map_err(|why| {
+        let culprit = if problem.symmetric != problem.shared_values {
+            Culprit::Qkv
+        } else {
+            Culprit::Tokens
+        };
+        Refusal {
+            culprit,
+            message: why,
+            note: "the stream schedule deals tokens to PEs in equal blocks (zigzag pairs under a causal mask)"
+                .into(),
+        }
+    })
+}
+
+/// Largest memory of any PE's program.
+pub fn max_words(s: &Stream) -> u32 {
+    s.programs.iter().map(|p| p.mem_words).max().unwrap_or(0)
+}
+
+/// The manifest of a stream schedule: format version 2, loop programs, affine placements.
+pub fn manifest(
+    layer: &lang::Layer,
+    problem: &Problem,
+    pes: u32,
+    stream: &Stream,
+    reason: String,
+) -> Result<Manifest, CompileError> {
+    let (h, n, d) = (
+        problem.heads as usize,
+        problem.tokens as usize,
+        problem.dim as usize,
+    );
+    let placement = |l: &schedule_stream::Layout| Placement {
+        shape: vec![h, n, d],
+        pe: Vec::new(),
+        addr: Vec::new(),
+        layout: Some(Layout {
+            order: if l.zigzag {
+                RowOrder::Zigzag
+            } else {
+                RowOrder::Contiguous
+            },
+            rows_per_pe: l.rows,
+            base: l.base,
+            head_stride: l.head_stride,
+            row_stride: l.dim,
+        }),
+    };
+    let inputs: BTreeMap<String, Placement> = stream
+        .inputs
+        .iter()
+        .map(|(name, l)| (name.clone(), placement(l)))
+        .collect();
+    let outputs = BTreeMap::from([("y".to_string(), placement(&stream.output))]);
+
+    let necessary = problem
+        .shape()
+        .necessary()
+        .ok_or_else(|| CompileError::Internal("the layer's operation count overflows".into()))?;
+    let mut ops: OpCountsInfo = stream.ops.into();
+    ops.phase2_max = necessary.max;
+    // What the programs execute beyond the formulation's counts: the running maxima's extra
+    // updates and the rescaling. A generator that executes fewer than the counts it claims is
+    // a bug, not a saving.
+    ops.online_rescale = stream.total_ops.checked_sub(ops.total()).ok_or_else(|| {
+        CompileError::Internal(format!(
+            "{}: executes {} operations, fewer than the {} its formulation counts",
+            schedule_stream::NAME,
+            stream.total_ops,
+            ops.total()
+        ))
+    })?;
+    Ok(Manifest {
+        format: manifest::FORMAT.into(),
+        format_version: manifest::LAYOUT_FORMAT_VERSION,
+        layer: LayerInfo {
+            name: layer.name.clone(),
+            tokens: problem.tokens,
+            dim: problem.dim,
+            heads: problem.heads,
+            qkv: if problem.symmetric {
+                "shared"
+            } else {
+                "separate"
+            }
+            .into(),
+            mask: if problem.causal { "causal" } else { "none" }.into(),
+            scale: problem.scale,
+            softmax: problem.softmax.name().into(),
+        },
+        pes,
+        cycles: stream.cycles,
+        lower_bound: problem.lower_bound(pes),
+        schedule: schedule_stream::NAME.into(),
+        selection: Selection {
+            chosen: schedule_stream::NAME.into(),
+            reason,
+            candidates: vec![CandidateInfo {
+                schedule: schedule_stream::NAME.into(),
+                cycles: stream.cycles,
+                max_mem_words: max_words(stream),
+                fits: true,
+            }],
+        },
+        necessary_ops: problem.necessary_ops(),
+        ops,
+        mem_words: stream.programs.iter().map(|p| p.mem_words).collect(),
+        programs: ProgramKind::Loops,
+        files: (0..pes)
+            .map(|pe| PeFiles {
+                pe,
+                text: format!("pe{pe}.s"),
+                binary: format!("pe{pe}.bin"),
+            })
+            .collect(),
+        inputs,
+        outputs,
+    })
+}
