@@ -213,7 +213,9 @@ pub fn necessary_ops(m: &Manifest) -> u64 {
         causal: m.layer.mask == "causal",
         softmax: m.layer.softmax().unwrap_or_default(),
     };
-    shape.necessary().map_or(u64::MAX, |n| n.total())
+    shape
+        .necessary_as(m.normalisation)
+        .map_or(u64::MAX, |n| n.total())
 }
 
 /// What `run` needs beyond the manifest's own validation, before any program is read: sizes

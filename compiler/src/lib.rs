@@ -401,6 +401,7 @@ fn build_manifest(
         schedule: schedule.algorithm.into(),
         selection,
         necessary_ops: problem.necessary_ops(),
+        normalisation: runtime::layer::Normalisation::PerWeight,
         ops: schedule.ops.into(),
         mem_words: emitted.programs.iter().map(|p| p.mem_words).collect(),
         programs: manifest::ProgramKind::Flat,

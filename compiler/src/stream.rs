@@ -10,6 +10,7 @@ use crate::passes::schedule_stream::{self, Stream};
 use crate::passes::select::{Culprit, Refusal};
 use crate::problem::Problem;
 use crate::CompileError;
+use runtime::layer::Normalisation;
 use std::collections::BTreeMap;
 
 /// What building the stream schedule produced, or why it does not apply.
@@ -70,10 +71,13 @@ pub fn manifest(
         .collect();
     let outputs = BTreeMap::from([("y".to_string(), placement(&stream.output))]);
 
-    let necessary = problem
-        .shape()
-        .necessary()
-        .ok_or_else(|| CompileError::Internal("the layer's operation count overflows".into()))?;
+    // Deferred normalisation: the formulation's own count (dim divisions per row), so the lower
+    // bound is the one these programs can be held to.
+    let norm = Normalisation::Deferred;
+    let shape = problem.shape();
+    let overflow = || CompileError::Internal("the layer's operation count overflows".into());
+    let necessary = shape.necessary_as(norm).ok_or_else(overflow)?;
+    let lower_bound = shape.lower_bound_as(pes, norm).ok_or_else(overflow)?;
     let mut ops: OpCountsInfo = stream.ops.into();
     ops.phase2_max = necessary.max;
     // What the programs execute beyond the formulation's counts: the running maxima's extra
@@ -107,7 +111,7 @@ pub fn manifest(
         },
         pes,
         cycles: stream.cycles,
-        lower_bound: problem.lower_bound(pes),
+        lower_bound,
         schedule: schedule_stream::NAME.into(),
         selection: Selection {
             chosen: schedule_stream::NAME.into(),
@@ -119,7 +123,8 @@ pub fn manifest(
                 fits: true,
             }],
         },
-        necessary_ops: problem.necessary_ops(),
+        necessary_ops: necessary.total(),
+        normalisation: norm,
         ops,
         mem_words: stream.programs.iter().map(|p| p.mem_words).collect(),
         programs: ProgramKind::Loops,

@@ -26,6 +26,26 @@ pub enum Softmax {
     Plain,
 }
 
+/// Where a row's softmax divides by its denominator `Z`; the two need different numbers of
+/// divisions, so the lower bound depends on which one a program uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Normalisation {
+    /// Every weight is divided, `exp_ij / Z_i`, and the weights multiply `v`: one division per
+    /// unmasked score (the paper's phase 2).
+    #[default]
+    PerWeight,
+    /// The unnormalised weights multiply `v` and each output element is divided once,
+    /// `(Σ_j exp_ij·v_j[c]) / Z_i`: `dim` divisions per row (streamed softmax).
+    Deferred,
+}
+
+impl Normalisation {
+    pub fn is_per_weight(&self) -> bool {
+        *self == Normalisation::PerWeight
+    }
+}
+
 impl Softmax {
     /// The manifest's and the layer language's spelling.
     pub fn name(self) -> &'static str {
@@ -108,6 +128,23 @@ impl Shape {
             div: h.checked_mul(weights)?,
             phase3_mul: hd.checked_mul(weights)?,
         })
+    }
+
+    /// [`Shape::necessary`] for a program that normalises as `norm`.
+    pub fn necessary_as(&self, norm: Normalisation) -> Option<Necessary> {
+        let mut need = self.necessary()?;
+        if norm == Normalisation::Deferred {
+            need.div = self.tensor_len()? as u64;
+        }
+        Some(need)
+    }
+
+    /// `ceil(necessary ops / pes)` for a program that normalises as `norm`.
+    pub fn lower_bound_as(&self, pes: u32, norm: Normalisation) -> Option<u64> {
+        if pes == 0 {
+            return None;
+        }
+        Some(self.necessary_as(norm)?.total().div_ceil(u64::from(pes)))
     }
 
     /// `ceil(necessary ops / pes)`; `None` on overflow or for an empty ring.

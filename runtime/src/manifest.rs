@@ -7,6 +7,7 @@
 //! `(h·tokens + i)·dim + c`.
 
 use serde::{Deserialize, Serialize};
+use crate::layer::Normalisation;
 use std::collections::BTreeMap;
 
 pub const FORMAT: &str = "attnc-manifest";
@@ -27,6 +28,10 @@ pub struct Manifest {
     /// Which schedules were considered and why this one was chosen.
     pub selection: Selection,
     pub necessary_ops: u64,
+    /// How the programs normalise; `necessary_ops` and `lower_bound` count that formulation's
+    /// divisions. Absent for per-weight (every manifest before the field existed).
+    #[serde(default, skip_serializing_if = "Normalisation::is_per_weight")]
+    pub normalisation: Normalisation,
     pub ops: OpCountsInfo,
     /// Memory words used by each PE's program.
     pub mem_words: Vec<u32>,
@@ -474,6 +479,7 @@ mod tests {
                 candidates: Vec::new(),
             },
             necessary_ops: 4,
+            normalisation: Normalisation::PerWeight,
             ops: OpCountsInfo {
                 phase1_mac: 1,
                 phase2_exp: 1,

@@ -1,0 +1,178 @@
+//! The stream schedule through the whole path a user takes: compile with `--schedule stream`,
+//! write the files a compile writes (format-3 loop programs, a format-2 manifest with affine
+//! layouts), load them back as `run` does, execute natively and compare with the f64 reference.
+
+mod common;
+
+use attnc::rundir;
+use common::{layer_src, parse_one};
+use compiler::manifest::{Manifest, ProgramKind};
+use compiler::passes::select::Choice;
+use std::collections::BTreeMap;
+
+fn stream(src: &str, pes: u32) -> Result<compiler::Compiled, compiler::CompileError> {
+    let opts = compiler::Options {
+        pes,
+        schedule: Choice::Stream,
+        dump_after: None,
+        mem_limit: None,
+    };
+    compiler::compile(&parse_one(src), &opts)
+}
+
+/// The files a compile writes for loop programs, in memory (`binary`: with the `.bin` files).
+fn files(c: &compiler::Compiled, binary: bool) -> BTreeMap<String, Vec<u8>> {
+    let mut f = BTreeMap::new();
+    for p in &c.loops {
+        f.insert(format!("pe{}.s", p.pe), p.to_text().into_bytes());
+        if binary {
+            f.insert(format!("pe{}.bin", p.pe), isa::encode_looped(p));
+        }
+    }
+    f.insert("manifest.json".into(), c.manifest.to_json().into_bytes());
+    f
+}
+
+fn run_dir(f: &BTreeMap<String, Vec<u8>>, seed: u64) -> (f64, u64, Manifest) {
+    let loaded = rundir::load(f).unwrap_or_else(|e| panic!("load: {e}"));
+    assert!(loaded.programs.len() == loaded.loops.len(), "small: flattened");
+    let m = loaded.manifest.clone();
+    let inputs = compiler::exec::random_inputs(&m, seed);
+    let (out, _) = compiler::exec::execute_loops(loaded.loops, &m, &inputs)
+        .unwrap_or_else(|e| panic!("run: {e}"));
+    let want = compiler::exec::reference_output(&m, &inputs).expect("reference");
+    let cmp = rundir::compare(&out.outputs["y"], &want, 1e-4, 1e-5);
+    assert!(cmp.pass(), "max abs err {}", cmp.max_abs_err);
+    (cmp.max_abs_err, out.stats.cycles, m)
+}
+
+#[test]
+fn every_kind_of_layer_runs_from_its_files() {
+    let mut ran = 0;
+    for n in [4u32, 8, 12, 16, 24] {
+        for d in [1u32, 2, 3, 8] {
+            for m in [1u32, 2, 3, 4] {
+                for heads in 1..=3u32 {
+                    for shared in [false, true] {
+                        for causal in [false, true] {
+                            let per = if causal { 2 * m } else { m };
+                            let applies = n.is_multiple_of(per) && n >= 2 * per;
+                            let src = layer_src(n, d, heads, shared, causal);
+                            let what = format!(
+                                "n={n} d={d} m={m} heads={heads} shared={shared} causal={causal}"
+                            );
+                            let c = match stream(&src, m) {
+                                Ok(c) => c,
+                                Err(compiler::CompileError::Refused(r)) => {
+                                    assert!(!applies, "{what}: refused: {}", r.message);
+                                    continue;
+                                }
+                                Err(e) => panic!("{what}: {e}"),
+                            };
+                            assert!(applies, "{what}: compiled where it should be refused");
+                            assert_eq!(c.manifest.programs, ProgramKind::Loops, "{what}");
+                            assert!(c.programs.is_empty() && c.loops.len() == m as usize);
+                            // Binary files preferred; the text alone gives the same result.
+                            let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+                            let (err, cycles, m1) = run_dir(&files(&c, true), seed);
+                            let (err2, cycles2, _) = run_dir(&files(&c, false), seed);
+                            assert_eq!(err.to_bits(), err2.to_bits(), "{what}");
+                            assert_eq!(cycles, c.manifest.cycles, "{what}");
+                            assert_eq!(cycles2, cycles, "{what}");
+                            assert!(cycles >= c.manifest.lower_bound, "{what}: below the lower bound");
+                            assert_eq!(m1, c.manifest, "{what}: manifest round trip");
+                            ran += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(ran > 300, "only {ran} layers applied");
+}
+
+#[test]
+fn placements_are_layouts_and_expand_to_distinct_words() {
+    let c = stream(&layer_src(16, 4, 2, false, true), 4).unwrap();
+    assert_eq!(c.manifest.format_version, 2);
+    let json = c.manifest.to_json();
+    assert!(json.contains("\"layout\""), "{json}");
+    assert!(!json.contains("\"pe\": ["), "no per-element arrays");
+    let mut seen = std::collections::BTreeSet::new();
+    for p in c.manifest.inputs.values() {
+        let e = p.expanded(c.manifest.pes);
+        assert_eq!(e.pe.len(), 2 * 16 * 4);
+        for (pe, a) in e.pe.iter().zip(&e.addr) {
+            assert!(seen.insert((*pe, *a)), "two inputs share PE {pe} m{a}");
+        }
+    }
+    // Zigzag under a causal mask: PE 0 owns the first and the last chunk of 2 tokens.
+    let q = &c.manifest.inputs["q"];
+    assert_eq!(q.locate(4, 0).0, 0);
+    assert_eq!(q.locate(4, 15 * 4).0, 0);
+    assert_eq!(q.locate(4, 2 * 4).0, 1);
+}
+
+#[test]
+fn a_layout_outside_memory_or_overlapping_itself_is_refused() {
+    let c = stream(&layer_src(8, 2, 2, false, false), 2).unwrap();
+    let good = c.manifest.to_json();
+    assert!(Manifest::from_json(&good).is_ok());
+    let mut m = c.manifest.clone();
+    let l = m.inputs.get_mut("q").unwrap().layout.as_mut().unwrap();
+    l.base = m.mem_words[0];
+    let e = Manifest::from_json(&m.to_json()).unwrap_err();
+    assert!(e.0.contains("tensor q: layout reaches address"), "{e}");
+    let mut m = c.manifest.clone();
+    m.inputs.get_mut("q").unwrap().layout.as_mut().unwrap().row_stride = 1;
+    let e = Manifest::from_json(&m.to_json()).unwrap_err();
+    assert!(e.0.contains("overlap"), "{e}");
+    let mut m = c.manifest.clone();
+    m.inputs.get_mut("k").unwrap().layout.as_mut().unwrap().rows_per_pe = 3;
+    let e = Manifest::from_json(&m.to_json()).unwrap_err();
+    assert!(e.0.contains("do not cover 8 tokens"), "{e}");
+    // A version-1 manifest cannot hold a layout or loop programs.
+    let v1 = good.replace("\"format_version\": 2", "\"format_version\": 1");
+    assert!(Manifest::from_json(&v1).is_err());
+}
+
+#[test]
+fn a_layer_too_large_to_unroll_gets_loop_programs_under_auto() {
+    // GPT-2 small's attention: 818M operations, far beyond what attnc unrolls.
+    let src = "layer gpt2 { tokens = 1024; dim = 64; heads = 12; mask = causal; }";
+    let opts = compiler::Options {
+        pes: 16,
+        schedule: Choice::Auto,
+        dump_after: None,
+        mem_limit: None,
+    };
+    let c = compiler::compile(&parse_one(src), &opts).expect("compiles");
+    assert_eq!(c.manifest.schedule, "schedule-stream");
+    assert_eq!(c.loops.len(), 16);
+    let bytes: Vec<usize> = c.loops.iter().map(|p| isa::encode_looped(p).len()).collect();
+    assert!(bytes.iter().all(|&b| b < 1 << 20), "{bytes:?}");
+    assert!(c.manifest.to_json().len() < 64 << 10);
+    assert_eq!(
+        c.loops.iter().map(|p| p.cycles()).max(),
+        Some(c.manifest.cycles)
+    );
+    // A forced unrolled schedule is still refused by size, naming the way out.
+    let opts = compiler::Options {
+        schedule: Choice::Named("rows"),
+        ..opts
+    };
+    let Err(compiler::CompileError::Refused(r)) = compiler::compile(&parse_one(src), &opts) else {
+        panic!("rows on GPT-2 should be refused");
+    };
+    assert!(r.note.contains("stream"), "{}", r.note);
+}
+
+#[test]
+fn a_shape_the_stream_cannot_deal_is_refused_on_the_field() {
+    let Err(compiler::CompileError::Refused(r)) = stream(&layer_src(6, 2, 1, false, false), 4)
+    else {
+        panic!("6 tokens on 4 PEs should be refused");
+    };
+    assert_eq!(r.culprit, compiler::passes::select::Culprit::Tokens);
+    assert!(r.message.contains("multiple of"), "{}", r.message);
+}
