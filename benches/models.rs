@@ -1,20 +1,17 @@
-//! Real layers at real scale through the stream schedule:
+//! Real layers at real scale, through what `attnc compile` and `attnc run` do:
 //! `cargo bench --bench models` prints the README table.
 //!
-//! Each layer is built in a child process (the bench re-runs itself) so that
-//! the peak RSS reported is that layer's compile alone. Cycles come from the
-//! loop structure; the LB columns are ceil(ops / m) for the plain necessary
-//! count and for the count of the safe (online-softmax) formulation emitted.
-//! Layers small enough are also run natively (bulk interpreter) against the
-//! f64 reference.
+//! Each layer is compiled in a child process (the bench re-runs itself) so that the peak RSS
+//! reported is that layer's compile alone. `LB` is the manifest's: the necessary operations of the
+//! formulation the programs use (safe softmax, deferred normalisation) over m; the per-weight
+//! column compares with the lower bound of the unrolled schedules' formulation. Layers marked
+//! to run are loaded back from their files and run natively against the f64 reference.
 
 use std::process::Command;
 use std::time::Instant;
 
-use compiler::passes::schedule_stream;
-use compiler::problem::Problem;
-use isa::{encode_looped, F32Domain, LoopMachine};
-use runtime::reference::{attention, RefLayer};
+use isa::encode_looped;
+use std::collections::BTreeMap;
 
 struct Model {
     name: &'static str,
@@ -101,107 +98,82 @@ fn peak_rss_mb() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
-fn data(len: usize, seed: u64) -> Vec<f32> {
-    // Standard-normal-ish (sum of uniforms), deterministic.
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut u = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 40) as f32 / (1u64 << 24) as f32
-    };
-    (0..len)
-        .map(|_| (0..4).map(|_| u()).sum::<f32>() * 1.732 - 3.464)
-        .collect()
-}
-
 fn one(i: usize) {
     let md = &MODELS[i];
-    let p = Problem {
-        tokens: md.n,
-        dim: md.d,
-        heads: md.h,
-        scale: 1.0 / f64::from(md.d).sqrt(),
-        symmetric: false,
-        shared_values: false,
-        causal: md.causal,
-        softmax: runtime::layer::Softmax::Safe,
-    };
+    let src = format!(
+        "layer l {{ tokens = {}; dim = {}; heads = {}; mask = {}; }}",
+        md.n,
+        md.d,
+        md.h,
+        if md.causal { "causal" } else { "none" }
+    );
+    let parsed = lang::parse(0, &src);
+    let layer = &parsed.layers[0];
+    // What `attnc compile` does: compile (auto picks the stream schedule for these sizes) and
+    // encode every file it writes.
     let t = Instant::now();
-    let st = schedule_stream::run(&p, md.m, true).expect("stream schedule applies");
-    let bins: Vec<Vec<u8>> = st.programs.iter().map(encode_looped).collect();
+    let c = compiler::compile(
+        layer,
+        &compiler::Options {
+            pes: md.m,
+            ..Default::default()
+        },
+    )
+    .expect("compiles");
+    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for p in &c.loops {
+        files.insert(format!("pe{}.bin", p.pe), encode_looped(p));
+        files.insert(format!("pe{}.s", p.pe), p.to_text().into_bytes());
+    }
+    let manifest_json = c.manifest.to_json();
+    files.insert("manifest.json".into(), manifest_json.clone().into_bytes());
     let compile_s = t.elapsed().as_secs_f64();
     let rss = peak_rss_mb();
-    let lb_plain = p.lower_bound(md.m);
-    let lb_form = st.total_ops.div_ceil(u64::from(md.m));
-    let max_bin = bins.iter().map(Vec::len).max().unwrap_or(0);
-    let mem = st.programs.iter().map(|p| p.mem_words).max().unwrap_or(0);
+    let m = &c.manifest;
+    let max_bin = c
+        .loops
+        .iter()
+        .map(|p| files[&format!("pe{}.bin", p.pe)].len())
+        .max()
+        .unwrap_or(0);
+    let mem = m.mem_words.iter().copied().max().unwrap_or(0);
     let share = 4 * u64::from(md.h) * u64::from(md.n / md.m) * u64::from(md.d);
     let mem_bound = 1.05 * share as f64 + 4096.0;
     let mut run = "not run".to_string();
     if md.run {
-        let len = (md.h * md.n * md.d) as usize;
-        let (q, k, v) = (data(len, 1), data(len, 2), data(len, 3));
+        // What `attnc run` does: load the files back, run natively, compare.
         let t = Instant::now();
-        let mut mach = LoopMachine::new(F32Domain, st.programs.clone()).expect("load");
-        for (name, x) in [("q", &q), ("k", &k), ("v", &v)] {
-            let lay = st.inputs[name];
-            for h in 0..md.h {
-                for tok in 0..md.n {
-                    for c in 0..md.d {
-                        let (pe, a) = lay.locate(md.m, h, tok, c);
-                        mach.preload(pe, a, x[((h * md.n + tok) * md.d + c) as usize])
-                            .expect("preload");
-                    }
-                }
-            }
-        }
-        let stats = mach.run_fast().expect("runs without fault");
+        let loaded = attnc::rundir::load(&files).expect("loads");
+        let inputs = runtime::exec::random_inputs(&loaded.manifest, 7);
+        let (out, bulk) =
+            runtime::exec::execute_loops(loaded.loops, &loaded.manifest, &inputs).expect("runs");
         let run_s = t.elapsed().as_secs_f64();
-        let ops: u64 = stats.per_pe.iter().map(|s| s.total_ops()).sum();
-        let want = attention(
-            &RefLayer {
-                heads: md.h as usize,
-                tokens: md.n as usize,
-                dim: md.d as usize,
-                scale: p.scale,
-                causal: md.causal,
-            },
-            &q,
-            &k,
-            &v,
-        );
-        let mut err = 0f64;
-        for h in 0..md.h {
-            for tok in 0..md.n {
-                for c in 0..md.d {
-                    let (pe, a) = st.output.locate(md.m, h, tok, c);
-                    let got = mach.read(pe, a).copied().unwrap_or(f32::NAN);
-                    let w = want[((h * md.n + tok) * md.d + c) as usize];
-                    err = err.max((f64::from(got) - w).abs());
-                }
-            }
-        }
-        assert_eq!(stats.cycles, st.cycles);
+        let want = runtime::exec::reference_output(&loaded.manifest, &inputs).expect("reference");
+        let cmp = attnc::rundir::compare(&out.outputs["y"], &want, 1e-4, 1e-5);
+        let ops: u64 = out.stats.per_pe.iter().map(|s| s.total_ops()).sum();
+        assert_eq!(out.stats.cycles, m.cycles);
         run = format!(
-            "{run_s:.1} s, {:.2e} PE-ops/s, {:.0}% bulk, max abs err {err:.1e}",
+            "{run_s:.1} s, {:.2e} PE-ops/s, {:.0}% bulk, max abs err {:.1e}{}",
             ops as f64 / run_s,
-            100.0 * mach.bulk_cycles() as f64 / stats.cycles as f64
+            100.0 * bulk as f64 / out.stats.cycles as f64,
+            cmp.max_abs_err,
+            if cmp.pass() { "" } else { " FAIL" }
         );
     }
     println!(
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {:.4} | {:.4} | {} | {} ({:.2}× bound) | {:.3} | {:.0} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {:.4} | {:.4} | {} | {} | {} ({:.2}× bound) | {:.3} | {:.0} | {} |",
         md.name,
         md.n,
         md.d,
         md.h,
         if md.causal { "causal" } else { "none" },
         md.m,
-        st.cycles,
-        lb_plain,
-        st.cycles as f64 / lb_form as f64,
-        st.cycles as f64 / lb_plain as f64,
+        m.cycles,
+        m.lower_bound,
+        m.cycles as f64 / m.lower_bound as f64,
+        m.cycles as f64 / plain_lb(md) as f64,
         max_bin,
+        manifest_json.len(),
         mem,
         f64::from(mem) / mem_bound,
         compile_s,
@@ -210,14 +182,28 @@ fn one(i: usize) {
     );
 }
 
+/// The lower bound of the per-weight formulation the unrolled schedules use, for comparison.
+fn plain_lb(md: &Model) -> u64 {
+    runtime::layer::Shape {
+        heads: md.h,
+        tokens: md.n,
+        dim: md.d,
+        shared: false,
+        causal: md.causal,
+        softmax: runtime::layer::Softmax::Safe,
+    }
+    .lower_bound(md.m)
+    .unwrap_or(u64::MAX)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--one") {
         one(args[i + 1].parse().expect("index"));
         return;
     }
-    println!("| layer | n | d | heads | mask | m | cycles | LB (plain) | cycles/LB (formulation) | cycles/LB (plain) | max pe bytes | mem words/PE | compile s | peak RSS MB | run |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| layer | n | d | heads | mask | m | cycles | LB | cycles/LB | cycles/LB (per-weight) | max pe bytes | manifest bytes | mem words/PE | compile s | peak RSS MB | run |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let exe = std::env::current_exe().expect("own path");
     for (i, model) in MODELS.iter().enumerate() {
         let out = Command::new(&exe)

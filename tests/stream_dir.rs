@@ -35,7 +35,10 @@ fn files(c: &compiler::Compiled, binary: bool) -> BTreeMap<String, Vec<u8>> {
 
 fn run_dir(f: &BTreeMap<String, Vec<u8>>, seed: u64) -> (f64, u64, Manifest) {
     let loaded = rundir::load(f).unwrap_or_else(|e| panic!("load: {e}"));
-    assert!(loaded.programs.len() == loaded.loops.len(), "small: flattened");
+    assert!(
+        loaded.programs.len() == loaded.loops.len(),
+        "small: flattened"
+    );
     let m = loaded.manifest.clone();
     let inputs = compiler::exec::random_inputs(&m, seed);
     let (out, _) = compiler::exec::execute_loops(loaded.loops, &m, &inputs)
@@ -79,7 +82,10 @@ fn every_kind_of_layer_runs_from_its_files() {
                             assert_eq!(err.to_bits(), err2.to_bits(), "{what}");
                             assert_eq!(cycles, c.manifest.cycles, "{what}");
                             assert_eq!(cycles2, cycles, "{what}");
-                            assert!(cycles >= c.manifest.lower_bound, "{what}: below the lower bound");
+                            assert!(
+                                cycles >= c.manifest.lower_bound,
+                                "{what}: below the lower bound"
+                            );
                             assert_eq!(m1, c.manifest, "{what}: manifest round trip");
                             ran += 1;
                         }
@@ -124,11 +130,23 @@ fn a_layout_outside_memory_or_overlapping_itself_is_refused() {
     let e = Manifest::from_json(&m.to_json()).unwrap_err();
     assert!(e.0.contains("tensor q: layout reaches address"), "{e}");
     let mut m = c.manifest.clone();
-    m.inputs.get_mut("q").unwrap().layout.as_mut().unwrap().row_stride = 1;
+    m.inputs
+        .get_mut("q")
+        .unwrap()
+        .layout
+        .as_mut()
+        .unwrap()
+        .row_stride = 1;
     let e = Manifest::from_json(&m.to_json()).unwrap_err();
     assert!(e.0.contains("overlap"), "{e}");
     let mut m = c.manifest.clone();
-    m.inputs.get_mut("k").unwrap().layout.as_mut().unwrap().rows_per_pe = 3;
+    m.inputs
+        .get_mut("k")
+        .unwrap()
+        .layout
+        .as_mut()
+        .unwrap()
+        .rows_per_pe = 3;
     let e = Manifest::from_json(&m.to_json()).unwrap_err();
     assert!(e.0.contains("do not cover 8 tokens"), "{e}");
     // A version-1 manifest cannot hold a layout or loop programs.
@@ -149,7 +167,11 @@ fn a_layer_too_large_to_unroll_gets_loop_programs_under_auto() {
     let c = compiler::compile(&parse_one(src), &opts).expect("compiles");
     assert_eq!(c.manifest.schedule, "schedule-stream");
     assert_eq!(c.loops.len(), 16);
-    let bytes: Vec<usize> = c.loops.iter().map(|p| isa::encode_looped(p).len()).collect();
+    let bytes: Vec<usize> = c
+        .loops
+        .iter()
+        .map(|p| isa::encode_looped(p).len())
+        .collect();
     assert!(bytes.iter().all(|&b| b < 1 << 20), "{bytes:?}");
     assert!(c.manifest.to_json().len() < 64 << 10);
     assert_eq!(
@@ -175,4 +197,33 @@ fn a_shape_the_stream_cannot_deal_is_refused_on_the_field() {
     };
     assert_eq!(r.culprit, compiler::passes::select::Culprit::Tokens);
     assert!(r.message.contains("multiple of"), "{}", r.message);
+}
+
+#[test]
+fn stream_manifests_validate_against_the_published_schema() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/manifest.schema.json");
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let v = jsonschema::draft202012::new(&schema).expect("a valid schema");
+    for (n, d, h, shared, causal, m) in [
+        (8, 2, 1, false, false, 2),
+        (16, 4, 2, true, false, 4),
+        (16, 3, 3, false, true, 2),
+        (24, 8, 1, true, true, 3),
+    ] {
+        let c = stream(&layer_src(n, d, h, shared, causal), m).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&c.manifest.to_json()).unwrap();
+        let errors: Vec<String> = v.iter_errors(&json).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "n={n} m={m}: {errors:#?}");
+        // The schema tells the two placement forms apart: a layout plus arrays is invalid.
+        let mut both = json.clone();
+        both["inputs"]["q"]["pe"] = serde_json::json!([0]);
+        both["inputs"]["q"]["addr"] = serde_json::json!([0]);
+        if json["inputs"].get("q").is_some() {
+            assert!(
+                !v.is_valid(&both),
+                "layout and arrays together must not validate"
+            );
+        }
+    }
 }

@@ -6,8 +6,8 @@
 //! are flat in C order over `shape`, so element `[h][i][c]` of a tensor is at index
 //! `(h·tokens + i)·dim + c`.
 
-use serde::{Deserialize, Serialize};
 use crate::layer::Normalisation;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub const FORMAT: &str = "attnc-manifest";
