@@ -16,5 +16,16 @@ pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
 /// layer attnc compiles runs a few million bundles: about 100 MB of binary, 200 MB of text.
 pub const MAX_PROGRAM_BYTES: u64 = 1 << 30;
 
+/// Largest total memory, in words summed over the PEs, of a directory `run` and `verify` load.
+/// Loop programs make the files' size independent of the memory they declare, so this is what
+/// bounds the interpreter's allocation (8 bytes a word: 2 GiB). The largest layer of the
+/// models benchmark (8192 tokens on 1024 PEs) declares about 138M words.
+pub const MAX_RUN_WORDS: u64 = 1 << 28;
+
+/// Default `run --max-pe-cycles`: PEs × cycles `run` executes without being told more is
+/// meant. A loop program of a few hundred bytes can stand for years of cycles; at the native
+/// interpreter's few 10⁷ PE-operations per second this is a few minutes.
+pub const DEFAULT_MAX_PE_CYCLES: u64 = 10_000_000_000;
+
 /// Largest `.npy` header accepted (numpy itself reads at most 10000 bytes by default).
 pub const MAX_NPY_HEADER_BYTES: u64 = 1 << 16;

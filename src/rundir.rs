@@ -2,7 +2,7 @@
 //! it is trusted. The files come through [`DirFiles`], so the directory may be on disk (the CLI)
 //! or in memory (tests, fuzz targets).
 
-use crate::limits::{MAX_MANIFEST_BYTES, MAX_PES, MAX_PROGRAM_BYTES};
+use crate::limits::{MAX_MANIFEST_BYTES, MAX_PES, MAX_PROGRAM_BYTES, MAX_RUN_WORDS};
 use isa::Program;
 use runtime::manifest::{Manifest, ProgramKind};
 use std::collections::BTreeMap;
@@ -267,6 +267,11 @@ pub fn check_manifest(m: &Manifest) -> Result<(), String> {
     // result, one accumulator result and one incoming transfer per cycle).
     let preloaded: u64 = m.inputs.values().map(|p| p.len() as u64).sum();
     let words: u64 = m.mem_words.iter().map(|&w| u64::from(w)).sum();
+    if words > MAX_RUN_WORDS {
+        return Err(format!(
+            "mem_words add up to {words} words, more than the {MAX_RUN_WORDS} attnc loads"
+        ));
+    }
     let bound = preloaded.saturating_add(slots.saturating_mul(3));
     if words > bound {
         return Err(format!(

@@ -4,11 +4,37 @@
 //!
 //! Input layout: byte 0 picks the file, bytes 1..3 an offset into it, byte 3 the edit (low two
 //! bits: overwrite, insert, truncate, replace the whole file; bit 2: leave a binary's checksum
-//! stale), the rest is the new content.
+//! stale; bit 3: start from the loop-program directory of the stream schedule instead of the flat
+//! one), the rest is the new content.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
+
+/// A loop-program directory: 8 tokens on 2 PEs with the stream schedule.
+fn base_loops() -> &'static BTreeMap<String, Vec<u8>> {
+    static DIR: OnceLock<BTreeMap<String, Vec<u8>>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let src = "layer f { tokens = 8; dim = 2; heads = 1; mask = causal; }";
+        let layer = lang::parse(0, src).layers.remove(0);
+        let c = compiler::compile(
+            &layer,
+            &compiler::Options {
+                pes: 2,
+                schedule: compiler::passes::select::Choice::Stream,
+                ..Default::default()
+            },
+        )
+        .expect("compiles");
+        let mut dir = BTreeMap::new();
+        for p in &c.loops {
+            dir.insert(format!("pe{}.s", p.pe), p.to_text().into_bytes());
+            dir.insert(format!("pe{}.bin", p.pe), isa::encode_looped(p));
+        }
+        dir.insert("manifest.json".into(), c.manifest.to_json().into_bytes());
+        dir
+    })
+}
 
 fn base() -> &'static BTreeMap<String, Vec<u8>> {
     static DIR: OnceLock<BTreeMap<String, Vec<u8>>> = OnceLock::new();
@@ -37,7 +63,11 @@ fuzz_target!(|data: &[u8]| {
     if data.len() < 4 {
         return;
     }
-    let mut dir = base().clone();
+    let mut dir = if data[3] & 8 == 0 {
+        base().clone()
+    } else {
+        base_loops().clone()
+    };
     let names: Vec<String> = dir.keys().cloned().collect();
     let name = &names[data[0] as usize % names.len()];
     let file = dir.get_mut(name).expect("listed");
@@ -68,14 +98,23 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let m = &loaded.manifest;
+    // `run` refuses more than --max-pe-cycles; a fuzz execution must stay short.
+    if m.cycles.saturating_mul(u64::from(m.pes)) > 1_000_000 {
+        return;
+    }
     let inputs = compiler::exec::random_inputs(m, 0);
-    let Ok(outcome) = compiler::exec::execute(
-        isa::F32Domain,
-        loaded.programs,
-        m,
-        &inputs,
-        &mut isa::NoObserver,
-    ) else {
+    let outcome = if loaded.loops.is_empty() {
+        compiler::exec::execute(
+            isa::F32Domain,
+            loaded.programs,
+            m,
+            &inputs,
+            &mut isa::NoObserver,
+        )
+    } else {
+        compiler::exec::execute_loops(loaded.loops, m, &inputs).map(|(o, _)| o)
+    };
+    let Ok(outcome) = outcome else {
         return;
     };
     let reference = compiler::exec::reference_output(m, &inputs).expect("checked inputs");

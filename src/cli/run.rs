@@ -34,11 +34,25 @@ pub struct RunArgs {
     /// Aggregate the trace into bins of at least this many cycles (default: exact when small)
     #[arg(long, value_name = "CYCLES", requires = "trace")]
     pub trace_bin: Option<u64>,
+    /// Refuse to run more than this many PE-cycles (PEs × cycles): loop programs can stand for
+    /// far more work than their size suggests
+    #[arg(long, value_name = "N", default_value_t = attnc::limits::DEFAULT_MAX_PE_CYCLES)]
+    pub max_pe_cycles: u64,
 }
 
 pub fn run(args: &RunArgs) -> Result<(), String> {
     let loaded = load::load_dir(&args.dir)?;
     let m = &loaded.manifest;
+    let pe_cycles = m.cycles.saturating_mul(u64::from(m.pes));
+    if pe_cycles > args.max_pe_cycles {
+        return Err(format!(
+            "{}: {} PEs × {} cycles = {pe_cycles} PE-cycles, more than --max-pe-cycles {} (raise it to run this directory)",
+            args.dir.display(),
+            m.pes,
+            m.cycles,
+            args.max_pe_cycles
+        ));
+    }
     let inputs = if args.inputs.is_empty() {
         exec::random_inputs(m, args.seed)
     } else {
