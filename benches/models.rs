@@ -122,10 +122,13 @@ fn one(i: usize) {
     .expect("compiles");
     let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     for p in &c.loops {
-        files.insert(format!("pe{}.bin", p.pe), encode_looped(p));
+        files.insert(
+            format!("pe{}.bin", p.pe),
+            encode_looped(p).expect("encodes"),
+        );
         files.insert(format!("pe{}.s", p.pe), p.to_text().into_bytes());
     }
-    let manifest_json = c.manifest.to_json();
+    let manifest_json = c.manifest.to_json().unwrap();
     files.insert("manifest.json".into(), manifest_json.clone().into_bytes());
     let compile_s = t.elapsed().as_secs_f64();
     let rss = peak_rss_mb();

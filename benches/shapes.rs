@@ -85,9 +85,9 @@ fn main() {
                         let bytes: usize = c
                             .programs
                             .iter()
-                            .map(|p| isa::encode(p).len() + p.to_string().len())
+                            .map(|p| isa::encode(p).map_or(0, |b| b.len()) + p.to_string().len())
                             .sum::<usize>()
-                            + c.manifest.to_json().len();
+                            + c.manifest.to_json().unwrap().len();
                         let man = &c.manifest;
                         let pm = &plain.manifest;
                         let ratio = pm.cycles as f64 / pm.lower_bound as f64;

@@ -31,7 +31,7 @@ fn manifest_cases_round_trip() {
         let m = compiler::manifest::Manifest::from_json(&text)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(attnc::rundir::check_manifest(&m).is_ok(), "{name}");
-        let again = compiler::manifest::Manifest::from_json(&m.to_json()).unwrap();
+        let again = compiler::manifest::Manifest::from_json(&m.to_json().unwrap()).unwrap();
         assert_eq!(again, m, "{name}");
         assert_eq!(
             again.layer.scale.to_bits(),

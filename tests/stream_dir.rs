@@ -26,10 +26,13 @@ fn files(c: &compiler::Compiled, binary: bool) -> BTreeMap<String, Vec<u8>> {
     for p in &c.loops {
         f.insert(format!("pe{}.s", p.pe), p.to_text().into_bytes());
         if binary {
-            f.insert(format!("pe{}.bin", p.pe), isa::encode_looped(p));
+            f.insert(format!("pe{}.bin", p.pe), isa::encode_looped(p).unwrap());
         }
     }
-    f.insert("manifest.json".into(), c.manifest.to_json().into_bytes());
+    f.insert(
+        "manifest.json".into(),
+        c.manifest.to_json().unwrap().into_bytes(),
+    );
     f
 }
 
@@ -101,7 +104,7 @@ fn every_kind_of_layer_runs_from_its_files() {
 fn placements_are_layouts_and_expand_to_distinct_words() {
     let c = stream(&layer_src(16, 4, 2, false, true), 4).unwrap();
     assert_eq!(c.manifest.format_version, 2);
-    let json = c.manifest.to_json();
+    let json = c.manifest.to_json().unwrap();
     assert!(json.contains("\"layout\""), "{json}");
     assert!(!json.contains("\"pe\": ["), "no per-element arrays");
     let mut seen = std::collections::BTreeSet::new();
@@ -122,12 +125,12 @@ fn placements_are_layouts_and_expand_to_distinct_words() {
 #[test]
 fn a_layout_outside_memory_or_overlapping_itself_is_refused() {
     let c = stream(&layer_src(8, 2, 2, false, false), 2).unwrap();
-    let good = c.manifest.to_json();
+    let good = c.manifest.to_json().unwrap();
     assert!(Manifest::from_json(&good).is_ok());
     let mut m = c.manifest.clone();
     let l = m.inputs.get_mut("q").unwrap().layout.as_mut().unwrap();
     l.base = m.mem_words[0];
-    let e = Manifest::from_json(&m.to_json()).unwrap_err();
+    let e = Manifest::from_json(&m.to_json().unwrap()).unwrap_err();
     assert!(e.0.contains("tensor q: layout reaches address"), "{e}");
     let mut m = c.manifest.clone();
     m.inputs
@@ -137,7 +140,7 @@ fn a_layout_outside_memory_or_overlapping_itself_is_refused() {
         .as_mut()
         .unwrap()
         .row_stride = 1;
-    let e = Manifest::from_json(&m.to_json()).unwrap_err();
+    let e = Manifest::from_json(&m.to_json().unwrap()).unwrap_err();
     assert!(e.0.contains("overlap"), "{e}");
     let mut m = c.manifest.clone();
     m.inputs
@@ -147,7 +150,7 @@ fn a_layout_outside_memory_or_overlapping_itself_is_refused() {
         .as_mut()
         .unwrap()
         .rows_per_pe = 3;
-    let e = Manifest::from_json(&m.to_json()).unwrap_err();
+    let e = Manifest::from_json(&m.to_json().unwrap()).unwrap_err();
     assert!(e.0.contains("do not cover 8 tokens"), "{e}");
     // A version-1 manifest cannot hold a layout or loop programs.
     let v1 = good.replace("\"format_version\": 2", "\"format_version\": 1");
@@ -170,10 +173,10 @@ fn a_layer_too_large_to_unroll_gets_loop_programs_under_auto() {
     let bytes: Vec<usize> = c
         .loops
         .iter()
-        .map(|p| isa::encode_looped(p).len())
+        .map(|p| isa::encode_looped(p).unwrap().len())
         .collect();
     assert!(bytes.iter().all(|&b| b < 1 << 20), "{bytes:?}");
-    assert!(c.manifest.to_json().len() < 64 << 10);
+    assert!(c.manifest.to_json().unwrap().len() < 64 << 10);
     assert_eq!(
         c.loops.iter().map(|p| p.cycles()).max(),
         Some(c.manifest.cycles)
@@ -212,7 +215,7 @@ fn stream_manifests_validate_against_the_published_schema() {
         (24, 8, 1, true, true, 3),
     ] {
         let c = stream(&layer_src(n, d, h, shared, causal), m).unwrap();
-        let json: serde_json::Value = serde_json::from_str(&c.manifest.to_json()).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&c.manifest.to_json().unwrap()).unwrap();
         let errors: Vec<String> = v.iter_errors(&json).map(|e| e.to_string()).collect();
         assert!(errors.is_empty(), "n={n} m={m}: {errors:#?}");
         // The schema tells the two placement forms apart: a layout plus arrays is invalid.

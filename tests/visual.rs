@@ -114,7 +114,7 @@ fn every_manifest_validates_against_the_published_schema() {
             let Ok(c) = compiler::compile(&layer, &opts) else {
                 continue;
             };
-            let json: Value = serde_json::from_str(&c.manifest.to_json()).unwrap();
+            let json: Value = serde_json::from_str(&c.manifest.to_json().unwrap()).unwrap();
             assert_valid(&v, &json, &src);
             checked += 1;
             // docs/manifest.md: no two placed elements (of any input or output) share a word.
@@ -153,7 +153,7 @@ fn every_manifest_validates_against_the_published_schema() {
         2,
         Default::default(),
     );
-    let good: Value = serde_json::from_str(&c.manifest.to_json()).unwrap();
+    let good: Value = serde_json::from_str(&c.manifest.to_json().unwrap()).unwrap();
     let mut bad = good.clone();
     bad.as_object_mut().unwrap().remove("cycles");
     assert!(!v.is_valid(&bad), "missing cycles accepted");
@@ -340,7 +340,7 @@ fn binary_checksum_is_crc32_iso_hdlc_of_everything_before_it() {
         Default::default(),
     );
     for p in &c.programs {
-        let bytes = isa::encode(p);
+        let bytes = isa::encode(p).unwrap();
         let (body, tail) = bytes.split_at(bytes.len() - 4);
         assert_eq!(tail, crc32_iso_hdlc(body).to_le_bytes());
     }

@@ -100,7 +100,39 @@ pub enum CompileError {
     /// `--dump-after` named no pass.
     UnknownPass(String),
     /// A bug: a pass produced something the next one cannot take.
-    Internal(String),
+    Internal(Internal),
+}
+
+/// Which pass failed its contract, with its typed, located errors.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Internal {
+    /// Analysis found a graph lowering should not have produced.
+    Analyze(analyze::AnalyzeError),
+    /// A scheduling pass (named) made a schedule the validator rejects; each error names its PE
+    /// and cycle.
+    Schedule {
+        pass: String,
+        errors: Vec<schedule::ScheduleError>,
+    },
+    /// Codegen refused a schedule that validated (the validator's contract broken).
+    Codegen(codegen::CodegenError),
+    /// The stream schedule's counts do not add up.
+    Stream(String),
+    /// A caller passed something the compiler's entry points exclude.
+    Usage(String),
+}
+
+impl std::fmt::Display for Internal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Internal::Analyze(e) => write!(f, "analyze: {}", e.0),
+            Internal::Schedule { pass, errors } => {
+                write!(f, "{pass}: {}", schedule::render_errors(errors))
+            }
+            Internal::Codegen(e) => write!(f, "{e}"),
+            Internal::Stream(s) | Internal::Usage(s) => f.write_str(s),
+        }
+    }
 }
 
 impl std::fmt::Display for CompileError {
@@ -111,7 +143,7 @@ impl std::fmt::Display for CompileError {
                 let names: Vec<&str> = passes::list().iter().map(|(n, _)| *n).collect();
                 write!(f, "unknown pass `{p}` (passes: {})", names.join(", "))
             }
-            CompileError::Internal(s) => write!(f, "internal compiler error: {s}"),
+            CompileError::Internal(e) => write!(f, "internal compiler error: {e}"),
         }
     }
 }
@@ -144,7 +176,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     if wants(lower::NAME) {
         dump = Some(graph.to_string());
     }
-    let facts = analyze::run(&graph).map_err(|e| CompileError::Internal(e.0))?;
+    let facts = analyze::run(&graph).map_err(|e| CompileError::Internal(Internal::Analyze(e)))?;
     if wants(analyze::NAME) {
         dump = Some(facts.to_string());
     }
@@ -182,11 +214,10 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     let mut best: Option<Best> = None;
     for alg in candidates {
         let internal = |errors: Vec<schedule::ScheduleError>| {
-            CompileError::Internal(format!(
-                "{}: {}",
-                alg.pass(),
-                schedule::render_errors(&errors)
-            ))
+            CompileError::Internal(Internal::Schedule {
+                pass: alg.pass().to_string(),
+                errors,
+            })
         };
         let s = alg.schedule(&problem, opts.pes).map_err(internal)?;
         // The contract with codegen: a schedule that validates can always be emitted.
@@ -195,7 +226,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         if wants(alg.pass()) {
             dump = Some(s.to_string());
         }
-        let e = codegen::run(&s).map_err(|e| CompileError::Internal(e.to_string()))?;
+        let e = codegen::run(&s).map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
         lap(&format!("{} ({})", codegen::NAME, alg.pass()), &mut timings);
         let max_mem = max_words(&e);
         let fits = opts.mem_limit.is_none_or(|limit| max_mem <= limit);
@@ -215,17 +246,15 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         }
     }
     let Some((chosen, schedule, emitted)) = best else {
-        let smallest = tried
-            .iter()
-            .min_by_key(|c| c.max_mem_words)
-            .expect("at least one candidate");
+        let smallest = tried.iter().min_by_key(|c| c.max_mem_words).map_or_else(
+            || "no schedule was built".to_string(),
+            |c| format!("the smallest, {}, needs {}", c.schedule, c.max_mem_words),
+        );
         return Err(CompileError::Refused(Refusal {
             culprit: select::Culprit::Memory,
             message: format!(
-                "no schedule fits in {} words per PE (the smallest, {}, needs {})",
+                "no schedule fits in {} words per PE ({smallest})",
                 opts.mem_limit.unwrap_or(0),
-                smallest.schedule,
-                smallest.max_mem_words
             ),
             note: "raise --mem, or use more PEs".into(),
         }));
@@ -427,13 +456,13 @@ pub fn finish(
     selection: manifest::Selection,
 ) -> Result<(Vec<isa::Program>, Manifest), CompileError> {
     validate::validate(schedule).map_err(|errors| {
-        CompileError::Internal(format!(
-            "{}: {}",
-            schedule.algorithm,
-            schedule::render_errors(&errors)
-        ))
+        CompileError::Internal(Internal::Schedule {
+            pass: schedule.algorithm.to_string(),
+            errors,
+        })
     })?;
-    let emitted = codegen::run(schedule).map_err(|e| CompileError::Internal(e.to_string()))?;
+    let emitted =
+        codegen::run(schedule).map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
     let manifest = build_manifest(layer, problem, pes, schedule, &emitted, selection);
     Ok((emitted.programs, manifest))
 }

@@ -9,7 +9,7 @@ use crate::manifest::{
 use crate::passes::schedule_stream::{self, Stream};
 use crate::passes::select::{Culprit, Refusal};
 use crate::problem::Problem;
-use crate::CompileError;
+use crate::{CompileError, Internal};
 use runtime::layer::Normalisation;
 use std::collections::BTreeMap;
 
@@ -75,7 +75,11 @@ pub fn manifest(
     // bound is the one these programs can be held to.
     let norm = Normalisation::Deferred;
     let shape = problem.shape();
-    let overflow = || CompileError::Internal("the layer's operation count overflows".into());
+    let overflow = || {
+        CompileError::Internal(Internal::Stream(
+            "the layer's operation count overflows".into(),
+        ))
+    };
     let necessary = shape.necessary_as(norm).ok_or_else(overflow)?;
     let lower_bound = shape.lower_bound_as(pes, norm).ok_or_else(overflow)?;
     let mut ops: OpCountsInfo = stream.ops.into();
@@ -84,12 +88,12 @@ pub fn manifest(
     // updates and the rescaling. A generator that executes fewer than the counts it claims is
     // a bug, not a saving.
     ops.online_rescale = stream.total_ops.checked_sub(ops.total()).ok_or_else(|| {
-        CompileError::Internal(format!(
+        CompileError::Internal(Internal::Stream(format!(
             "{}: executes {} operations, fewer than the {} its formulation counts",
             schedule_stream::NAME,
             stream.total_ops,
             ops.total()
-        ))
+        )))
     })?;
     Ok(Manifest {
         format: manifest::FORMAT.into(),

@@ -11,6 +11,6 @@ fuzz_target!(|data: &[u8]| {
         let printed = p.to_string();
         let again = isa::parse(&printed).expect("canonical text re-parses");
         assert_eq!(again, p);
-        assert_eq!(isa::decode(&isa::encode(&p)).expect("encoding decodes"), p);
+        assert_eq!(isa::decode(&isa::encode(&p).expect("encodes")).expect("encoding decodes"), p);
     }
 });

@@ -29,9 +29,9 @@ fn base_loops() -> &'static BTreeMap<String, Vec<u8>> {
         let mut dir = BTreeMap::new();
         for p in &c.loops {
             dir.insert(format!("pe{}.s", p.pe), p.to_text().into_bytes());
-            dir.insert(format!("pe{}.bin", p.pe), isa::encode_looped(p));
+            dir.insert(format!("pe{}.bin", p.pe), isa::encode_looped(p).expect("encodes"));
         }
-        dir.insert("manifest.json".into(), c.manifest.to_json().into_bytes());
+        dir.insert("manifest.json".into(), c.manifest.to_json().unwrap().into_bytes());
         dir
     })
 }
@@ -52,9 +52,9 @@ fn base() -> &'static BTreeMap<String, Vec<u8>> {
         let mut dir = BTreeMap::new();
         for p in &c.programs {
             dir.insert(format!("pe{}.s", p.pe), p.to_string().into_bytes());
-            dir.insert(format!("pe{}.bin", p.pe), isa::encode(p));
+            dir.insert(format!("pe{}.bin", p.pe), isa::encode(p).expect("encodes"));
         }
-        dir.insert("manifest.json".into(), c.manifest.to_json().into_bytes());
+        dir.insert("manifest.json".into(), c.manifest.to_json().unwrap().into_bytes());
         dir
     })
 }

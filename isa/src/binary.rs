@@ -70,6 +70,26 @@ const F_XFER: u8 = 1 << 4;
 const F_XFER_ACC: u8 = 1 << 5;
 const F_ALL: u8 = F_OP_DST | F_ACC | F_ACC_ZERO | F_ACC_DST | F_XFER | F_XFER_ACC;
 
+/// Why a program cannot be encoded: a count the header holds in 32 bits is
+/// larger (about 128 GiB of bundles; no program attnc makes comes near).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum EncodeError {
+    TooLarge { what: &'static str, count: u64 },
+}
+
+impl fmt::Display for EncodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EncodeError::TooLarge { what, count } => write!(
+                f,
+                "{count} {what}: more than the 32-bit count of the binary header holds"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for EncodeError {}
+
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum DecodeError {
     BadMagic,
@@ -116,12 +136,13 @@ impl std::error::Error for DecodeError {}
 /// A non-finite `exp` scale is encoded as is and then rejected by
 /// [`decode`].
 ///
-/// # Panics
-///
-/// If the program has more than `u32::MAX` bundles, which the header cannot
+/// Refuses a program of more than `u32::MAX` bundles, which the header cannot
 /// count.
-pub fn encode(p: &Program) -> Vec<u8> {
-    let count = u32::try_from(p.bundles.len()).expect("more than u32::MAX bundles");
+pub fn encode(p: &Program) -> Result<Vec<u8>, EncodeError> {
+    let count = u32::try_from(p.bundles.len()).map_err(|_| EncodeError::TooLarge {
+        what: "bundles",
+        count: p.bundles.len() as u64,
+    })?;
     let version = p.format_version();
     let layout = Layout::of(version);
     let mut out =
@@ -139,7 +160,7 @@ pub fn encode(p: &Program) -> Vec<u8> {
     }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
-    out
+    Ok(out)
 }
 
 fn encode_bundle(b: &Bundle, layout: Layout, rec: &mut [u8; BUNDLE_BYTES_V2]) {

@@ -20,7 +20,7 @@ pub mod looped_text;
 pub mod machine;
 pub mod text;
 
-pub use binary::{decode, encode, DecodeError};
+pub use binary::{decode, encode, DecodeError, EncodeError};
 pub use inst::{
     Acc, AccSrc, Addr, Arith, Bundle, Op, OpInfo, OpKind, Program, Xfer, XferSrc, FORMAT_VERSION,
     OPS,

@@ -7,8 +7,8 @@
 //! predicates are in their sorted order, so `encode(decode(b)?) == b`.
 
 use crate::binary::{
-    self, decode_record, encode_record, DecodeError, BUNDLE_BYTES_V2, CHECKSUM_BYTES, HEADER_BYTES,
-    MAGIC,
+    self, decode_record, encode_record, DecodeError, EncodeError, BUNDLE_BYTES_V2, CHECKSUM_BYTES,
+    HEADER_BYTES, MAGIC,
 };
 use crate::looped::{
     Cmp, Field, LBundle, Loop, LoopProgram, Node, Pred, Slot, Term, LOOP_FORMAT_VERSION,
@@ -24,8 +24,9 @@ const TERM_BYTES: usize = 12;
 /// Bytes of one predicate: slot, level, cmp, reserved, value u32.
 const PRED_BYTES: usize = 8;
 
-/// Encodes a loop program. Panics only if the record stream exceeds 4 GiB.
-pub fn encode_looped(p: &LoopProgram) -> Vec<u8> {
+/// Encodes a loop program; refuses a record stream over 4 GiB, which the
+/// header cannot count.
+pub fn encode_looped(p: &LoopProgram) -> Result<Vec<u8>, EncodeError> {
     let mut recs = Vec::new();
     fn body(out: &mut Vec<u8>, nodes: &[Node]) {
         for n in nodes {
@@ -58,7 +59,10 @@ pub fn encode_looped(p: &LoopProgram) -> Vec<u8> {
         }
     }
     body(&mut recs, &p.body);
-    let len = u32::try_from(recs.len()).expect("record stream over 4 GiB");
+    let len = u32::try_from(recs.len()).map_err(|_| EncodeError::TooLarge {
+        what: "bytes of loop records",
+        count: recs.len() as u64,
+    })?;
     let mut out = Vec::with_capacity(HEADER_BYTES + recs.len() + CHECKSUM_BYTES);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&LOOP_FORMAT_VERSION.to_le_bytes());
@@ -69,7 +73,7 @@ pub fn encode_looped(p: &LoopProgram) -> Vec<u8> {
     out.extend_from_slice(&recs);
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
-    out
+    Ok(out)
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {

@@ -302,7 +302,8 @@ fn run_case(case: &Case) -> Result<Happened, String> {
         if &again != p {
             return Err("text round trip changed the program".into());
         }
-        let back = isa::decode(&isa::encode(p)).map_err(|e| format!("own encoding: {e}"))?;
+        let back = isa::decode(&isa::encode(p).map_err(|e| e.to_string())?)
+            .map_err(|e| format!("own encoding: {e}"))?;
         if &back != p {
             return Err("binary round trip changed the program".into());
         }
@@ -311,7 +312,7 @@ fn run_case(case: &Case) -> Result<Happened, String> {
         let [one] = programs.as_slice() else {
             return Err("`bytes:` edits need exactly one program".into());
         };
-        let mut bytes = isa::encode(one);
+        let mut bytes = isa::encode(one).unwrap();
         for spec in &case.bytes {
             edit(&mut bytes, spec)?;
         }

@@ -83,13 +83,13 @@ proptest! {
     fn text_and_binary_round_trip(p in program()) {
         let text = p.to_text();
         let parsed = parse(&text).unwrap();
-        let bytes = encode(&parsed);
+        let bytes = encode(&parsed).unwrap();
         // Comparing encodings rather than programs also checks the bits of
         // every scale (`==` on f32 equates 0.0 and -0.0).
-        prop_assert_eq!(&bytes, &encode(&p));
+        prop_assert_eq!(&bytes, &encode(&p).unwrap());
         let decoded = decode(&bytes).unwrap();
         prop_assert_eq!(decoded.to_text(), text);
-        prop_assert_eq!(encode(&decoded), bytes);
+        prop_assert_eq!(encode(&decoded).unwrap(), bytes);
     }
 
     #[test]
@@ -104,7 +104,7 @@ proptest! {
         p in program(),
         edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
     ) {
-        let mut bytes = encode(&p);
+        let mut bytes = encode(&p).unwrap();
         let body = bytes.len() - 4;
         for (i, byte) in edits {
             // Leave magic and version alone so the edits reach the bundles.
@@ -113,7 +113,7 @@ proptest! {
         }
         fix_crc(&mut bytes);
         if let Ok(back) = decode(&bytes) {
-            prop_assert_eq!(encode(&back), bytes);
+            prop_assert_eq!(encode(&back).unwrap(), bytes);
         }
     }
 
@@ -143,7 +143,7 @@ fn small() -> Program {
 
 #[test]
 fn layout_matches_the_spec() {
-    let bytes = encode(&small());
+    let bytes = encode(&small()).unwrap();
     assert_eq!(bytes.len(), 28 + 3 * 32 + 4);
     assert_eq!(&bytes[..8], b"ATNCISA\0");
     assert_eq!(&bytes[8..12], &[1, 0, 0, 0]);
@@ -170,7 +170,7 @@ fn layout_matches_the_spec() {
         bundles: vec!["mul m0, m1 | add 0 | send acc -> m10".parse().unwrap()],
         ..small()
     };
-    let rec = &encode(&p)[28..60];
+    let rec = &encode(&p).unwrap()[28..60];
     let mut want = vec![1u8, 0x36, 0, 0, 0, 0, 0, 0, 1];
     want.resize(28, 0);
     want.extend_from_slice(&[10, 0, 0, 0]);
@@ -179,7 +179,7 @@ fn layout_matches_the_spec() {
 
 #[test]
 fn every_truncation_is_rejected() {
-    let bytes = encode(&small());
+    let bytes = encode(&small()).unwrap();
     for n in 0..bytes.len() {
         assert_eq!(
             decode(&bytes[..n]),
@@ -192,7 +192,7 @@ fn every_truncation_is_rejected() {
 
 #[test]
 fn every_flipped_byte_is_rejected() {
-    let bytes = encode(&small());
+    let bytes = encode(&small()).unwrap();
     for i in 0..bytes.len() {
         for mask in [0x01u8, 0x80] {
             let mut b = bytes.clone();
@@ -213,7 +213,7 @@ fn every_flipped_byte_is_rejected() {
 
 #[test]
 fn wrong_magic_version_and_trailing_bytes() {
-    let good = encode(&small());
+    let good = encode(&small()).unwrap();
 
     let mut b = good.clone();
     b[..8].copy_from_slice(b"ATNCISB\0");
@@ -246,7 +246,7 @@ fn wrong_magic_version_and_trailing_bytes() {
 
 #[test]
 fn non_canonical_bundles_are_rejected_by_index() {
-    let good = encode(&small());
+    let good = encode(&small()).unwrap();
     // (bundle index, byte within the bundle, new value, expected reason)
     let cases: &[(usize, usize, u8, &str)] = &[
         (0, 0, 7, "unknown op kind 7"),
@@ -415,7 +415,7 @@ expd m0, m2, 0.125 -> m3 | add 0 -> m1
     let p = parse(text).unwrap();
     assert_eq!(p.format_version(), 2);
     assert_eq!(p.to_text(), text);
-    let bytes = encode(&p);
+    let bytes = encode(&p).unwrap();
     assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 2);
     assert_eq!(bytes.len(), 28 + 2 * 36 + 4);
     assert_eq!(decode(&bytes).unwrap(), p);
@@ -427,7 +427,7 @@ expd m0, m2, 0.125 -> m3 | add 0 -> m1
 fn versions_are_canonical() {
     let p = small();
     assert_eq!(p.format_version(), 1);
-    let v1 = encode(&p);
+    let v1 = encode(&p).unwrap();
     // Re-lay the same bundles out as version 2 by hand: 36-byte records, immediate in word 2.
     let mut v2 = v1[..28].to_vec();
     v2[8..10].copy_from_slice(&2u16.to_le_bytes());

@@ -304,7 +304,7 @@ fn check(c: &Case) -> u64 {
         let back = parse_looped(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         assert_eq!(&back, p, "{text}");
         assert_eq!(back.to_text(), text);
-        let bin = encode_looped(p);
+        let bin = encode_looped(p).unwrap();
         assert_eq!(&decode_looped(&bin).unwrap(), p);
     }
     let flat = flat_run(c);
@@ -477,10 +477,10 @@ exp m30, 0.5 -> m31
         AnyProgram::Looped(q) => assert_eq!(q, p),
         AnyProgram::Flat(_) => panic!("format 2 read as format 1"),
     }
-    let bin = encode_looped(&p);
+    let bin = encode_looped(&p).unwrap();
     assert_eq!(decode_any(&bin).unwrap(), AnyProgram::Looped(p.clone()));
     // Format 1 stays readable through the same entry points.
-    let f1 = isa::encode(&flat);
+    let f1 = isa::encode(&flat).unwrap();
     assert_eq!(decode_any(&f1).unwrap(), AnyProgram::Flat(flat.clone()));
     assert_eq!(parse_any(&flat.to_text()).unwrap(), AnyProgram::Flat(flat));
 }
@@ -537,7 +537,7 @@ fn malformed_text_is_rejected_with_a_line() {
 #[test]
 fn malformed_binary_is_rejected() {
     let p = parse_looped(".format 3\n.pe 1\n.pes 2\n.mem 8\nloop 3 {\nmul m[0 + 1*i0], m4 | add 0 | send acc -> m[4 + 1*i0] if i0 >= 1\n}\n").unwrap();
-    let good = encode_looped(&p);
+    let good = encode_looped(&p).unwrap();
     assert_eq!(decode_looped(&good).unwrap(), p);
     for cut in 0..good.len() {
         assert!(decode_looped(&good[..cut]).is_err());

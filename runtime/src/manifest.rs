@@ -304,8 +304,11 @@ impl std::fmt::Display for ManifestError {
 }
 
 impl Manifest {
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("a manifest always serialises")
+    /// The file's text. serde_json refuses only maps with non-string keys and failing
+    /// `Serialize` impls, neither of which a manifest has; the error is passed on regardless.
+    pub fn to_json(&self) -> Result<String, ManifestError> {
+        serde_json::to_string_pretty(self)
+            .map_err(|e| ManifestError(format!("cannot serialise the manifest: {e}")))
     }
 
     /// Parses and checks a manifest: version, sizes and every placement entry in range.
@@ -502,7 +505,7 @@ mod tests {
 
     #[test]
     fn plain_is_written_as_before_and_an_absent_field_reads_as_plain() {
-        let json = manifest("plain", 0).to_json();
+        let json = manifest("plain", 0).to_json().unwrap();
         assert!(!json.contains("softmax"), "{json}");
         assert!(!json.contains("phase2_max"), "{json}");
         let back = Manifest::from_json(&json).unwrap();
@@ -512,7 +515,7 @@ mod tests {
 
     #[test]
     fn safe_is_recorded_and_round_trips() {
-        let json = manifest("safe", 3).to_json();
+        let json = manifest("safe", 3).to_json().unwrap();
         assert!(json.contains("\"softmax\": \"safe\""), "{json}");
         assert!(json.contains("\"phase2_max\": 3"), "{json}");
         let back = Manifest::from_json(&json).unwrap();
@@ -523,11 +526,13 @@ mod tests {
     fn unknown_formulation_and_unknown_fields_are_refused() {
         let json = manifest("safe", 0)
             .to_json()
+            .unwrap()
             .replace("\"safe\"", "\"fast\"");
         let e = Manifest::from_json(&json).unwrap_err();
         assert!(e.0.contains("layer.softmax is \"fast\""), "{e}");
         let json = manifest("safe", 0)
             .to_json()
+            .unwrap()
             .replace("\"softmax\"", "\"softmax\": \"safe\", \"online\"");
         let e = Manifest::from_json(&json).unwrap_err();
         assert!(e.0.contains("unknown field"), "{e}");

@@ -138,13 +138,16 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             }
         }
         if args.emit == Some(Emit::Manifest) {
-            println!("{}", compiled.manifest.to_json());
+            println!(
+                "{}",
+                compiled.manifest.to_json().map_err(|e| e.to_string())?
+            );
         }
         let sub = source::layer_subdir(several, &layer.name);
         if compiled.loops.is_empty() {
-            source::push_program_files(&mut files, &sub, &compiled.programs, m);
+            source::push_program_files(&mut files, &sub, &compiled.programs, m)?;
         } else {
-            source::push_loop_files(&mut files, &sub, &compiled.loops, m);
+            source::push_loop_files(&mut files, &sub, &compiled.loops, m)?;
         }
         if !printing {
             eprintln!(

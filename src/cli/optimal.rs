@@ -154,7 +154,7 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
         Path::new(""),
         &outcome.programs,
         &outcome.manifest,
-    );
+    )?;
     outdir::write_atomically(out, &files)?;
 
     if args.json {

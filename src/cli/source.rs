@@ -100,15 +100,18 @@ pub fn push_program_files(
     sub: &Path,
     programs: &[isa::Program],
     manifest: &Manifest,
-) {
+) -> Result<(), String> {
     for p in programs {
         files.push((
             sub.join(format!("pe{}.s", p.pe)),
             p.to_string().into_bytes(),
         ));
-        files.push((sub.join(format!("pe{}.bin", p.pe)), isa::encode(p)));
+        let bin = isa::encode(p).map_err(|e| format!("PE {}: {e}", p.pe))?;
+        files.push((sub.join(format!("pe{}.bin", p.pe)), bin));
     }
-    files.push((sub.join("manifest.json"), manifest.to_json().into_bytes()));
+    let json = manifest.to_json().map_err(|e| e.to_string())?;
+    files.push((sub.join("manifest.json"), json.into_bytes()));
+    Ok(())
 }
 
 /// Like [`push_program_files`] for loop programs (ISA format 3).
@@ -117,12 +120,15 @@ pub fn push_loop_files(
     sub: &Path,
     programs: &[isa::LoopProgram],
     manifest: &Manifest,
-) {
+) -> Result<(), String> {
     for p in programs {
         files.push((sub.join(format!("pe{}.s", p.pe)), p.to_text().into_bytes()));
-        files.push((sub.join(format!("pe{}.bin", p.pe)), isa::encode_looped(p)));
+        let bin = isa::encode_looped(p).map_err(|e| format!("PE {}: {e}", p.pe))?;
+        files.push((sub.join(format!("pe{}.bin", p.pe)), bin));
     }
-    files.push((sub.join("manifest.json"), manifest.to_json().into_bytes()));
+    let json = manifest.to_json().map_err(|e| e.to_string())?;
+    files.push((sub.join("manifest.json"), json.into_bytes()));
+    Ok(())
 }
 
 /// Most bundles, summed over PEs, that verification flattens loop programs into: the symbolic

@@ -51,12 +51,12 @@ pub fn run_emitted(c: &Compiled, seed: u64) -> RunResult {
         .programs
         .iter()
         .map(|p| {
-            let from_bin = isa::decode(&isa::encode(p)).expect("binary round trip");
+            let from_bin = isa::decode(&isa::encode(p).unwrap()).expect("binary round trip");
             let text = from_bin.to_string();
             isa::parse(&text).expect("text round trip")
         })
         .collect();
-    let manifest = compiler::manifest::Manifest::from_json(&c.manifest.to_json())
+    let manifest = compiler::manifest::Manifest::from_json(&c.manifest.to_json().unwrap())
         .expect("manifest round trip");
     // Every program the tests compile is also proved correct for all inputs.
     let opts = verifier::Options {

@@ -48,7 +48,10 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
             vals[v] = Some(b.computed());
         }
     }
-    let val = |v: usize| vals[v].expect("every value has a Val");
+    let val = |v: usize| vals[v].ok_or_else(|| format!("value {v} was given no Val"));
+    let out_of = |op_out: &[Option<Val>], o: usize| {
+        op_out[o].ok_or_else(|| format!("chain op {o} has no output"))
+    };
 
     // Chains: ops in time order, each extending the previous partial sum.
     let mut chain_order: Vec<Vec<usize>> = Vec::with_capacity(model.chains.len());
@@ -65,7 +68,7 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
         let mut acc = None;
         for (i, &o) in order.iter().enumerate() {
             let out = match ch.result {
-                Some(r) if i + 1 == order.len() => val(r),
+                Some(r) if i + 1 == order.len() => val(r)?,
                 _ => b.computed(),
             };
             op_acc[o] = acc;
@@ -85,33 +88,34 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
     for (o, op) in model.ops.iter().enumerate() {
         let (p, t) = place[o];
         let r = |i: usize| val(op.reads[i]);
+        let made = |what: &str| op.produces.ok_or_else(|| format!("op {o} makes no {what}"));
         let (phase, work) = match op.kind {
             OpKind::Mac1 | OpKind::Mac3 => (
                 if op.kind == OpKind::Mac1 { 1 } else { 3 },
                 Work::Mac {
-                    a: r(0),
-                    b: r(1),
+                    a: r(0)?,
+                    b: r(1)?,
                     acc: op_acc[o],
-                    out: op_out[o].expect("chain ops have outputs"),
+                    out: out_of(&op_out, o)?,
                 },
             ),
             OpKind::Exp => (
                 2,
                 Work::Exp {
-                    x: r(0),
+                    x: r(0)?,
                     bias: None,
                     scale,
                     acc: op_acc[o],
-                    e: val(op.produces.expect("EXP keeps its exponent")),
-                    sum: op_out[o].expect("chain ops have outputs"),
+                    e: val(made("exponent")?)?,
+                    sum: out_of(&op_out, o)?,
                 },
             ),
             OpKind::Div => (
                 2,
                 Work::Div {
-                    num: r(0),
-                    den: r(1),
-                    out: val(op.produces.expect("DIV makes a weight")),
+                    num: r(0)?,
+                    den: r(1)?,
+                    out: val(made("weight")?)?,
                 },
             ),
         };
@@ -123,7 +127,7 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
     for (x, order) in chain_order.iter().enumerate() {
         for w in order.windows(2) {
             let ((mut loc, t0), (p1, t1)) = (place[w[0]], place[w[1]]);
-            let token = op_out[w[0]].expect("chain ops have outputs");
+            let token = out_of(&op_out, w[0])?;
             for t in t0..t1 {
                 if m > 1 && value(enc.tsend[x].at(loc, t)) {
                     sends.push((loc, t, token));
@@ -199,7 +203,7 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
         while let Some(p) = work.pop() {
             if let Some(t) = via[p as usize] {
                 let from = prev(p);
-                sends.push((from, t, val(v)));
+                sends.push((from, t, val(v)?));
                 if !needed[from as usize] {
                     needed[from as usize] = true;
                     work.push(from);
@@ -214,11 +218,7 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
             let &o = chain_order[x]
                 .last()
                 .ok_or_else(|| format!("output chain {x} has no op"))?;
-            b.output(
-                element,
-                place[o].0,
-                op_out[o].expect("chain ops have outputs"),
-            );
+            b.output(element, place[o].0, out_of(&op_out, o)?);
         }
     }
     let mut booked = HashSet::new();

@@ -237,7 +237,8 @@ impl Model {
 
         let mut weights: HashMap<(u32, u32, u32), ValueId> = HashMap::new();
         for head in 0..h {
-            // Phase 1: one chain per distinct score.
+            // Phase 1: one chain per distinct score; its result value by score key, for phase 2.
+            let mut score_value: HashMap<(u32, u32, u32), usize> = HashMap::new();
             for a in 0..n {
                 for b in Self::row(p, a) {
                     let key = Self::score_key(p, head, a, b);
@@ -275,6 +276,7 @@ impl Model {
                         );
                     }
                     m.score_chain.insert(key, ch);
+                    score_value.insert(key, score);
                 }
             }
             // Phase 2: one EXP chain per row, then a division per weight.
@@ -289,9 +291,7 @@ impl Model {
                 );
                 m.chains[ch].result = Some(sum);
                 for b in Self::row(p, a) {
-                    let score = m.chains[m.score_chain[&Self::score_key(p, head, a, b)]]
-                        .result
-                        .expect("phase-1 chains have results");
+                    let score = score_value[&Self::score_key(p, head, a, b)];
                     let op = new_op(
                         &mut m,
                         OpKind::Exp,

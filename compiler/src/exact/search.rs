@@ -394,7 +394,7 @@ pub fn optimal_with_progress(
     let deadline = opts.time_limit.map(|d| started + d);
     if pes == 0 {
         return Err(ExactError::Compile(CompileError::Internal(
-            "a ring needs at least one PE".into(),
+            crate::Internal::Usage("a ring needs at least one PE".into()),
         )));
     }
     let problem = problem_of(layer)?;
@@ -486,7 +486,9 @@ pub fn optimal_with_progress(
         attempts.push(attempt);
         match verdict {
             Verdict::Sat => {
-                let s = schedule.expect("SAT decodes");
+                let s = schedule.ok_or_else(|| {
+                    ExactError::Internal("a satisfiable model gave no schedule".into())
+                })?;
                 let c = s.cycles() as u64;
                 if c < *best_cycles {
                     *best_cycles = c;

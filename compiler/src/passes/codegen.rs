@@ -190,9 +190,11 @@ pub fn run(s: &RingSchedule) -> Result<Emitted, CodegenError> {
     let mut inputs = Vec::new();
     for (val, info) in s.vals.iter() {
         if let ValInfo::Input { element, pe } = *info {
-            let life = pes[pe as usize]
-                .starting(val, 0)
-                .expect("inputs start at cycle 0");
+            let life = pes[pe as usize].starting(val, 0).ok_or_else(|| {
+                CodegenError(format!(
+                    "input {val:?} on PE {pe} has no lifetime from cycle 0"
+                ))
+            })?;
             inputs.push((element, pe, life.addr));
         }
     }
