@@ -262,10 +262,10 @@ fn damaged_manifest() {
     assert_clean_failure(&attnc(&["run", s(&out)]), "manifest.json");
     std::fs::write(
         &path,
-        good.replace("\"format_version\": 1", "\"format_version\": 2"),
+        good.replace("\"format_version\": 1", "\"format_version\": 3"),
     )
     .unwrap();
-    assert_clean_failure(&attnc(&["run", s(&out)]), "version 2 is not supported");
+    assert_clean_failure(&attnc(&["run", s(&out)]), "version 3 is not supported");
     std::fs::write(&path, good.replace("\"cycles\": ", "\"cycles\": 1")).unwrap();
     assert_clean_failure(&attnc(&["run", s(&out)]), "cycles");
     std::fs::write(&path, "\u{0}\u{1}garbage").unwrap();
@@ -349,17 +349,35 @@ fn memory_limit_too_small() {
 }
 
 #[test]
-fn layer_too_large_to_emit() {
+fn layer_too_large_to_unroll() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("big.attn");
+    // Too large to unroll, and 1001 tokens cannot be dealt in equal blocks to 8 PEs: refused
+    // on `tokens`, saying both.
+    std::fs::write(
+        &file,
+        "layer odd {\n  tokens = 1001;\n  dim = 64;\n  heads = 12;\n}\n",
+    )
+    .unwrap();
+    let o = attnc(&[s(&file), "--pes", "8", "-o", s(&dir.path().join("o"))]);
+    assert_clean_failure(&o, "big.attn:2:");
+    assert!(text(&o).contains("attnc unrolls"), "{}", text(&o));
+    assert!(text(&o).contains("multiple of 8"), "{}", text(&o));
+    assert!(!dir.path().join("o").exists());
+    // GPT-2 small's size with a dealable token count: loop programs.
     std::fs::write(
         &file,
         "layer gpt2 {\n  tokens = 1024;\n  dim = 64;\n  heads = 12;\n}\n",
     )
     .unwrap();
-    let o = attnc(&[s(&file), "--pes", "8", "-o", s(&dir.path().join("o"))]);
-    assert_clean_failure(&o, "big.attn:2:");
-    assert!(text(&o).contains("GB"), "{}", text(&o));
+    let out = dir.path().join("o");
+    let o = attnc(&[s(&file), "--pes", "8", "-o", s(&out)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let m = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    assert!(m.contains("\"programs\": \"loops\""), "{m}");
+    // Far more work than `run` takes by default is refused up front, naming the flag.
+    let o = attnc(&["run", s(&out), "--max-pe-cycles", "1000000"]);
+    assert_clean_failure(&o, "--max-pe-cycles");
 }
 
 #[test]
