@@ -189,7 +189,11 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
         let mut qv: HashMap<(u32, u32), Val> = HashMap::default();
         let mut kv: HashMap<(u32, u32), Val> = HashMap::default();
         let mut vv: HashMap<(u32, u32), Val> = HashMap::default();
-        for r in 0..n {
+        // A row cut between PEs is what the next PE starts on, so its words go on the link
+        // before the home PE's whole rows (routes are sent in the order they are made).
+        let mut order: Vec<u32> = (0..n).collect();
+        order.sort_by_key(|&r| plan(h, r).first() == plan(h, r).last());
+        for r in order {
             let home = plan(h, r).first();
             let far_q = plan(h, r).last();
             let far_kv = reach(home, &needs[r as usize]);
