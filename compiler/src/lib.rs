@@ -375,6 +375,25 @@ fn max_words(e: &codegen::Emitted) -> u32 {
     e.programs.iter().map(|p| p.mem_words).max().unwrap_or(0)
 }
 
+/// The manifest's description of the layer.
+pub(crate) fn layer_info(layer: &lang::Layer, problem: &problem::Problem) -> LayerInfo {
+    LayerInfo {
+        name: layer.name.clone(),
+        tokens: problem.tokens,
+        dim: problem.dim,
+        heads: problem.heads,
+        qkv: if problem.symmetric {
+            "shared"
+        } else {
+            "separate"
+        }
+        .into(),
+        mask: if problem.causal { "causal" } else { "none" }.into(),
+        scale: problem.scale,
+        softmax: problem.softmax.name().into(),
+    }
+}
+
 fn build_manifest(
     layer: &lang::Layer,
     problem: &problem::Problem,
@@ -409,21 +428,7 @@ fn build_manifest(
     Manifest {
         format: manifest::FORMAT.into(),
         format_version: manifest::FORMAT_VERSION,
-        layer: LayerInfo {
-            name: layer.name.clone(),
-            tokens: problem.tokens,
-            dim: problem.dim,
-            heads: problem.heads,
-            qkv: if problem.symmetric {
-                "shared"
-            } else {
-                "separate"
-            }
-            .into(),
-            mask: if problem.causal { "causal" } else { "none" }.into(),
-            scale: problem.scale,
-            softmax: problem.softmax.name().into(),
-        },
+        layer: layer_info(layer, problem),
         pes,
         cycles: schedule.cycles() as u64,
         lower_bound: problem.lower_bound(pes),

@@ -3,8 +3,7 @@
 //! from the generator's loop programs to a manifest with affine layouts.
 
 use crate::manifest::{
-    self, CandidateInfo, LayerInfo, Layout, Manifest, OpCountsInfo, PeFiles, Placement,
-    ProgramKind, RowOrder, Selection,
+    self, CandidateInfo, Layout, Manifest, OpCountsInfo, PeFiles, Placement, ProgramKind, Selection,
 };
 use crate::passes::schedule_stream::{self, Stream};
 use crate::passes::select::{Culprit, Refusal};
@@ -48,21 +47,11 @@ pub fn manifest(
         problem.tokens as usize,
         problem.dim as usize,
     );
-    let placement = |l: &schedule_stream::Layout| Placement {
+    let placement = |l: &Layout| Placement {
         shape: vec![h, n, d],
         pe: Vec::new(),
         addr: Vec::new(),
-        layout: Some(Layout {
-            order: if l.zigzag {
-                RowOrder::Zigzag
-            } else {
-                RowOrder::Contiguous
-            },
-            rows_per_pe: l.rows,
-            base: l.base,
-            head_stride: l.head_stride,
-            row_stride: l.dim,
-        }),
+        layout: Some(*l),
     };
     let inputs: BTreeMap<String, Placement> = stream
         .inputs
@@ -98,21 +87,7 @@ pub fn manifest(
     Ok(Manifest {
         format: manifest::FORMAT.into(),
         format_version: manifest::LAYOUT_FORMAT_VERSION,
-        layer: LayerInfo {
-            name: layer.name.clone(),
-            tokens: problem.tokens,
-            dim: problem.dim,
-            heads: problem.heads,
-            qkv: if problem.symmetric {
-                "shared"
-            } else {
-                "separate"
-            }
-            .into(),
-            mask: if problem.causal { "causal" } else { "none" }.into(),
-            scale: problem.scale,
-            softmax: problem.softmax.name().into(),
-        },
+        layer: crate::layer_info(layer, problem),
         pes,
         cycles: stream.cycles,
         lower_bound,

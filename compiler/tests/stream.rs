@@ -59,6 +59,7 @@ fn run(p: &Problem, m: u32, st: &Stream, mode: Mode) -> (Vec<f32>, Vec<f64>, Run
             for t in 0..n {
                 for c in 0..d {
                     let (pe, a) = lay.locate(m, hh, t, c);
+                    let a = a as u32;
                     pre.push((pe, a, tensors[i][((hh * n + t) * d + c) as usize]));
                 }
             }
@@ -87,6 +88,7 @@ fn run(p: &Problem, m: u32, st: &Stream, mode: Mode) -> (Vec<f32>, Vec<f64>, Run
             for t in 0..n {
                 for c in 0..d {
                     let (pe, a) = st.output.locate(m, hh, t, c);
+                    let a = a as u32;
                     y[((hh * n + t) * d + c) as usize] = read(pe, a).expect("y written");
                 }
             }

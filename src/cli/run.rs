@@ -82,19 +82,10 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     let mut bulk = None;
     let outcome = if !loaded.loops.is_empty() {
         // Natively, loops and all: no per-cycle observer, so no progress bar.
-        drop(bar);
-        let (outcome, b) = exec::execute_loops(loaded.loops, m, &inputs)
-            .map_err(|e| format!("{}: {e}", args.dir.display()))?;
-        bulk = Some(b);
-        return report(
-            args,
-            m,
-            loaded.source,
-            &inputs,
-            outcome,
-            clock.elapsed(),
-            bulk,
-        );
+        exec::execute_loops(loaded.loops, m, &inputs).map(|(outcome, b)| {
+            bulk = Some(b);
+            outcome
+        })
     } else if bar.is_active() {
         let mut obs = super::progress::CycleObserver {
             progress: &bar,

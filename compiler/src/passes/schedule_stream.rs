@@ -36,40 +36,10 @@ pub const NAME: &str = "schedule-stream";
 pub const DESCRIPTION: &str =
     "ring-attention stream schedule as loop programs (k/v blocks rotate, streamed softmax)";
 
-/// Where element `[h, t, c]` of a tensor lives: on the PE owning token `t`,
-/// at `base + h·head_stride + local(t)·dim + c`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Layout {
-    /// Zigzag (causal) or contiguous row ownership.
-    pub zigzag: bool,
-    /// Tokens per PE.
-    pub rows: u32,
-    pub dim: u32,
-    pub base: u32,
-    pub head_stride: u32,
-}
-
-impl Layout {
-    /// `(pe, local row)` of token `t` on `pes` PEs.
-    pub fn owner(&self, pes: u32, t: u32) -> (u32, u32) {
-        if self.zigzag {
-            let c = self.rows / 2;
-            let chunk = t / c;
-            if chunk < pes {
-                (chunk, t % c)
-            } else {
-                (2 * pes - 1 - chunk, c + t % c)
-            }
-        } else {
-            (t / self.rows, t % self.rows)
-        }
-    }
-
-    pub fn locate(&self, pes: u32, h: u32, t: u32, c: u32) -> (u32, Addr) {
-        let (pe, r) = self.owner(pes, t);
-        (pe, self.base + h * self.head_stride + r * self.dim + c)
-    }
-}
+/// Where element `[h, t, c]` of a tensor lives: on the PE owning token `t` (contiguous, or
+/// zigzag under a causal mask), at `base + h·head_stride + local(t)·dim + c` — the manifest's
+/// affine layout, so what the generator assumes is what loaders are told.
+pub use runtime::manifest::Layout;
 
 /// The emitted layer.
 #[derive(Clone, Debug)]
@@ -571,11 +541,15 @@ pub fn run(p: &Problem, pes: u32, safe: bool) -> Result<Stream, String> {
         phase3_mac: weights * u64::from(d),
     };
     let lay = |base: u32, head_stride: u32| Layout {
-        zigzag: causal,
-        rows,
-        dim: d,
+        order: if causal {
+            runtime::manifest::RowOrder::Zigzag
+        } else {
+            runtime::manifest::RowOrder::Contiguous
+        },
+        rows_per_pe: rows,
         base,
         head_stride,
+        row_stride: d,
     };
     let mut inputs = BTreeMap::new();
     if shared {
