@@ -624,24 +624,45 @@ fn program(
             }]
         }
     };
+    // Under a causal mask the last PE's last step computes on PE 0's block and sees only its
+    // first chunk (earlier tokens), so the hop that delivers it (PE m − 2's step m − 2) carries
+    // only that chunk: anything more would arrive unread.
+    let c = map.rows / 2;
+    let cd = c * map.d;
+    let last_hop_ranges: Vec<(u32, u32)> = if map.v_off == 0 {
+        vec![(0, cd)]
+    } else {
+        vec![(0, cd), (map.v_off, cd)]
+    };
+    let trims = |step: u32| causal && pe + 2 == m && step == pe;
     // Step 0.
-    let send0 = (m > 1).then(|| (own.clone(), ad(map.buf[1]), map.block));
     if causal {
-        let c = map.rows / 2;
-        let mut offset = 0u32;
+        let ranges = if trims(0) {
+            last_hop_ranges.clone()
+        } else {
+            vec![(0, map.block)]
+        };
+        // Word ranges still to send, dealt to the triangle's rows in order; a row carries at
+        // most one contiguous piece.
+        let mut pending: std::collections::VecDeque<(u32, u32)> = if m > 1 {
+            ranges.into_iter().collect()
+        } else {
+            Default::default()
+        };
         for r in 0..2 * c {
             let keys = r + 1;
             let words = keys * map.d;
-            let send = send0.as_ref().and_then(|(src, dst, total)| {
-                (offset < *total).then(|| {
-                    (
-                        src.clone().plus(i64::from(offset)),
-                        dst.clone().plus(i64::from(offset)),
-                        words.min(total - offset),
-                    )
-                })
+            let send = pending.pop_front().map(|(offset, len)| {
+                let take = words.min(len);
+                if take < len {
+                    pending.push_front((offset + take, len - take));
+                }
+                (
+                    own.clone().plus(i64::from(offset)),
+                    ad(map.buf[1]).plus(i64::from(offset)),
+                    take,
+                )
             });
-            offset += words;
             head.extend(ctx(1).block(&Work {
                 r0: r,
                 rows: 1,
@@ -661,7 +682,7 @@ fn program(
             keys: map.rows,
             kb: own.clone(),
             first: true,
-            send: send0,
+            send: (m > 1).then(|| (own.clone(), ad(map.buf[1]), map.block)),
             slots: slot0.clone(),
         }));
     }
@@ -680,14 +701,17 @@ fn program(
     }
     let mut phases = Vec::new();
     if causal {
-        let c = map.rows / 2;
-        phases.push(Phase {
-            first: 1,
-            count: pe,
-            r0: 0,
-            rows: 2 * c,
-            rounds: vec![(0, c)],
-        });
+        // The trimmed hop is a step of its own (see `trims`).
+        let split = pe >= 1 && trims(pe);
+        for (first, count) in [(1, pe - u32::from(split)), (pe, u32::from(split))] {
+            phases.push(Phase {
+                first,
+                count,
+                r0: 0,
+                rows: 2 * c,
+                rounds: vec![(0, c)],
+            });
+        }
         phases.push(Phase {
             first: pe + 1,
             count: m - 1 - pe,
@@ -716,6 +740,26 @@ fn program(
         let n_rounds = ph.rounds.len() as u32;
         let per_round = map.block / n_rounds;
         let mut inner = Vec::new();
+        if forwards && ph.count == 1 && trims(ph.first) {
+            // One row group per range: each group's score loops carry one contiguous piece.
+            let groups = last_hop_ranges.len() as u32;
+            let rows = ph.rows / groups;
+            for (g, &(offset, len)) in last_hop_ranges.iter().enumerate() {
+                let off = i64::from(offset);
+                inner.extend(ctx(2).block(&Work {
+                    r0: ph.r0 + g as u32 * rows,
+                    rows,
+                    k0: 0,
+                    keys: c,
+                    kb: kb.clone(),
+                    first: false,
+                    send: Some((kb.clone().plus(off), dst.clone().plus(off), len)),
+                    slots: safe.then(|| (slot_at(ph.first, 1, 1), slot_at(ph.first, 1, 0))),
+                }));
+            }
+            head.extend(lp(1, inner));
+            continue;
+        }
         for (k, &(k0, keys)) in ph.rounds.iter().enumerate() {
             let off = i64::from(per_round) * k as i64;
             let send = forwards.then(|| (kb.clone().plus(off), dst.clone().plus(off), per_round));

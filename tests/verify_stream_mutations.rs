@@ -1,0 +1,209 @@
+//! Loop programs are proved like the flat ones: compile with the stream schedule, write the
+//! files, load them as `attnc verify` does (loop programs flattened, layouts expanded) and prove
+//! them. Then the fields only loop programs have — loop counts, address strides and base
+//! addresses — are mutated one at a time and every mutant must be rejected: refused on loading,
+//! or not proved.
+
+mod common;
+
+use attnc::rundir;
+use common::{layer_src, parse_one};
+use compiler::passes::select::Choice;
+use isa::looped::{field, set_field, Field};
+use isa::{LoopProgram, Node};
+use rand::{RngExt, SeedableRng};
+use std::collections::BTreeMap;
+
+fn stream(src: &str, pes: u32) -> compiler::Compiled {
+    let opts = compiler::Options {
+        pes,
+        schedule: Choice::Stream,
+        dump_after: None,
+        mem_limit: None,
+    };
+    compiler::compile(&parse_one(src), &opts).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn files(
+    loops: &[LoopProgram],
+    manifest: &compiler::manifest::Manifest,
+) -> BTreeMap<String, Vec<u8>> {
+    let mut f = BTreeMap::new();
+    for p in loops {
+        f.insert(format!("pe{}.bin", p.pe), isa::encode_looped(p).unwrap());
+    }
+    f.insert(
+        "manifest.json".into(),
+        manifest.to_json().unwrap().into_bytes(),
+    );
+    f
+}
+
+/// `Ok(())` when proved; otherwise what stopped it (loading or the proof).
+fn prove(f: &BTreeMap<String, Vec<u8>>) -> Result<(), String> {
+    let loaded = rundir::load(f)?;
+    let (programs, manifest) = loaded.flat()?;
+    let report = verifier::verify(programs, &manifest);
+    if report.is_ok() {
+        Ok(())
+    } else {
+        Err(report.to_string())
+    }
+}
+
+/// Number of loops, in pre-order.
+fn count_loops(nodes: &[Node]) -> usize {
+    nodes
+        .iter()
+        .map(|n| match n {
+            Node::Loop(l) => 1 + count_loops(&l.body),
+            Node::Bundle(_) => 0,
+        })
+        .sum()
+}
+
+/// The `k`-th loop in pre-order (`k` counts down as loops are passed).
+fn nth_loop<'a>(nodes: &'a mut [Node], k: &mut usize) -> Option<&'a mut isa::Loop> {
+    for n in nodes {
+        if let Node::Loop(l) = n {
+            if *k == 0 {
+                return Some(l);
+            }
+            *k -= 1;
+            if let Some(found) = nth_loop(&mut l.body, k) {
+                return Some(found);
+            }
+        }
+    }
+    None
+}
+
+/// Every bundle with the counts of the loops enclosing it (outermost first).
+fn bundles_mut<'a>(
+    nodes: &'a mut [Node],
+    counts: &mut Vec<u32>,
+    out: &mut Vec<(&'a mut isa::LBundle, Vec<u32>)>,
+) {
+    for n in nodes {
+        match n {
+            Node::Bundle(b) => out.push((b, counts.clone())),
+            Node::Loop(l) => {
+                counts.push(l.count);
+                bundles_mut(&mut l.body, counts, out);
+                counts.pop();
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Mutation {
+    LoopCount,
+    Stride,
+    Base,
+}
+
+/// Applies one mutation of `kind` at a random place that matters; `None` when the program has
+/// no such place.
+fn mutate(p: &mut LoopProgram, kind: Mutation, rng: &mut impl RngExt) -> Option<String> {
+    match kind {
+        Mutation::LoopCount => {
+            let total = count_loops(&p.body);
+            let mut k = rng.random_range(0..total);
+            let l = nth_loop(&mut p.body, &mut k)?;
+            let old = l.count;
+            l.count = if old > 1 && rng.random_bool(0.5) {
+                old - 1
+            } else {
+                old + 1
+            };
+            Some(format!("loop count {old} -> {}", l.count))
+        }
+        Mutation::Stride => {
+            let mut all = Vec::new();
+            bundles_mut(&mut p.body, &mut Vec::new(), &mut all);
+            // A term of a loop that iterates more than once, so the stride is ever used.
+            let mut places: Vec<(usize, usize)> = Vec::new();
+            for (i, (b, counts)) in all.iter().enumerate() {
+                for (j, t) in b.terms.iter().enumerate() {
+                    if counts[usize::from(t.level)] > 1 {
+                        places.push((i, j));
+                    }
+                }
+            }
+            if places.is_empty() {
+                return None;
+            }
+            let (i, j) = places[rng.random_range(0..places.len())];
+            let t = &mut all[i].0.terms[j];
+            let old = t.stride;
+            t.stride += if rng.random_bool(0.5) { 1 } else { -1 };
+            if t.stride == 0 {
+                t.stride = old * 2;
+            }
+            Some(format!("stride {old} -> {} of {:?}", t.stride, t.field))
+        }
+        Mutation::Base => {
+            let mut all = Vec::new();
+            bundles_mut(&mut p.body, &mut Vec::new(), &mut all);
+            let mut places: Vec<(usize, Field)> = Vec::new();
+            for (i, (b, _)) in all.iter().enumerate() {
+                for f in Field::ALL {
+                    if field(&b.bundle, f).is_some() {
+                        places.push((i, f));
+                    }
+                }
+            }
+            let (i, f) = places[rng.random_range(0..places.len())];
+            let b = &mut all[i].0.bundle;
+            let old = field(b, f)?;
+            let new = if old > 0 && rng.random_bool(0.5) {
+                old - 1
+            } else {
+                old + 1
+            };
+            set_field(b, f, new);
+            Some(format!("base of {f:?} m{old} -> m{new}"))
+        }
+    }
+}
+
+#[test]
+fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut rejected = [0u32; 3];
+    let layers = [
+        (8, 2, 1, false, false, 2),
+        (8, 3, 2, true, false, 4),
+        (8, 2, 1, false, true, 2),
+        (16, 2, 2, false, true, 2),
+        (12, 4, 1, true, true, 3),
+    ];
+    for (n, d, h, shared, causal, m) in layers {
+        let what = format!("n={n} d={d} h={h} shared={shared} causal={causal} m={m}");
+        let c = stream(&layer_src(n, d, h, shared, causal), m);
+        prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (k, kind) in [Mutation::LoopCount, Mutation::Stride, Mutation::Base]
+            .into_iter()
+            .enumerate()
+        {
+            for _ in 0..6 {
+                let mut loops = c.loops.clone();
+                let pe = rng.random_range(0..loops.len());
+                let Some(how) = mutate(&mut loops[pe], kind, &mut rng) else {
+                    continue;
+                };
+                // Also the manifest a careless tool would write for the mutant: its cycle
+                // count follows the loops, so the mutant is not refused just for the length.
+                let mut manifest = c.manifest.clone();
+                manifest.cycles = loops.iter().map(LoopProgram::cycles).max().unwrap_or(0);
+                for m in [&c.manifest, &manifest] {
+                    let r = prove(&files(&loops, m));
+                    assert!(r.is_err(), "{what}: PE {pe}, {how}: the mutant was proved");
+                }
+                rejected[k] += 1;
+            }
+        }
+    }
+    assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
+}
