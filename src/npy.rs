@@ -8,6 +8,7 @@ use npyz::WriterBuilder;
 /// count before the data is decoded (the caller knows how many the layer needs).
 pub fn read_f32(bytes: &[u8], max_elems: u64) -> Result<(Vec<u64>, Vec<f32>), String> {
     let data_start = check_header_len(bytes)?;
+    check_header_shape(&bytes[..data_start])?;
     let file = npyz::NpyFile::new(bytes).map_err(|e| format!("not a valid .npy file: {e}"))?;
     let dtype = file.dtype();
     let ok = matches!(&dtype, npyz::DType::Plain(ts)
@@ -81,6 +82,38 @@ pub fn check_header_len(bytes: &[u8]) -> Result<usize, String> {
         ));
     }
     Ok((fixed + len) as usize)
+}
+
+/// Refuses, before the header is parsed, a header that is not one flat dictionary with at most
+/// one level of parentheses (the shape tuple). A float32 array's header never has more, and
+/// npyz's parser takes time exponential in the nesting of a structured `descr` (a 60-byte header
+/// of nested `[` ran for minutes).
+fn check_header_shape(header: &[u8]) -> Result<(), String> {
+    let mut braces = 0u32;
+    let mut parens = 0i32;
+    for &b in header {
+        match b {
+            b'[' => {
+                return Err(
+                    "the .npy header describes a structured dtype (a list); expected float32 (<f4)"
+                        .into(),
+                )
+            }
+            b'{' => braces += 1,
+            b'(' => {
+                parens += 1;
+                if parens > 1 {
+                    return Err("the .npy header nests parentheses; expected a shape tuple".into());
+                }
+            }
+            b')' => parens -= 1,
+            _ => {}
+        }
+    }
+    if braces > 1 {
+        return Err("the .npy header nests dictionaries; expected float32 (<f4)".into());
+    }
+    Ok(())
 }
 
 /// The first element that is NaN or infinite, as a message naming the tensor and its index in

@@ -40,3 +40,16 @@ fn manifest_cases_round_trip() {
         );
     }
 }
+
+/// The `npy` target: reading any bytes returns (no panic, and quickly: a header of nested `[`
+/// used to send npyz's parser into exponential time, found as a libFuzzer timeout).
+#[test]
+fn npy_cases_return() {
+    let all = cases("npy");
+    assert!(!all.is_empty());
+    for (name, bytes) in all {
+        let r = attnc::npy::read_f32(&bytes, 1 << 20);
+        let e = r.err().unwrap_or_else(|| panic!("{name}: accepted"));
+        assert!(e.contains("structured dtype"), "{name}: {e}");
+    }
+}
