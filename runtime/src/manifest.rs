@@ -224,7 +224,11 @@ impl Layout {
             return Some(format!(
                 "{} rows per PE on {pes} PEs do not cover {tokens} tokens{}",
                 self.rows_per_pe,
-                if per == 2 { " (zigzag needs an even count)" } else { "" }
+                if per == 2 {
+                    " (zigzag needs an even count)"
+                } else {
+                    ""
+                }
             ));
         }
         // One element per word: columns fit in a row, rows in a head.
@@ -234,9 +238,8 @@ impl Layout {
         {
             return Some("rows or heads overlap (a stride smaller than what it steps over)".into());
         }
-        let last = u64::from(self.base)
-            + u64::from(heads - 1) * u64::from(self.head_stride)
-            + row_span;
+        let last =
+            u64::from(self.base) + u64::from(heads - 1) * u64::from(self.head_stride) + row_span;
         // Every PE owns the same number of rows, so every PE's highest address is `last − 1`.
         if let Some((pe, &words)) = mem.iter().enumerate().find(|(_, &w)| u64::from(w) < last) {
             return Some(format!(

@@ -138,11 +138,14 @@ pub struct OpTally {
     /// `max` (the row maximum of a safe softmax).
     pub max: u64,
     pub add: u64,
+    /// A streamed (online) softmax's running-maximum copies, rescale factors and rescaled
+    /// partial sums: `ops.online_rescale` in the manifest.
+    pub rescale: u64,
 }
 
 impl OpTally {
     pub fn total(&self) -> u64 {
-        self.phase1_mul + self.exp + self.div + self.phase3_mul + self.max
+        self.phase1_mul + self.exp + self.div + self.phase3_mul + self.max + self.rescale
     }
 }
 
