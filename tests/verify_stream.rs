@@ -339,3 +339,32 @@ fn a_stream_run_against_the_wrong_mask_is_masked_or_wrong() {
     let r = verify(&programs, &man);
     assert!(r.counts.contains_key(&Invariant::Masked), "{r}");
 }
+
+#[test]
+fn affine_layouts_that_do_not_cover_the_layer_are_refused_without_panicking() {
+    let (programs, man) = build(8, 2, 1, 2, false, true, true).expect("applies");
+    let edits: [fn(&mut runtime::manifest::Layout); 4] = [
+        |l| l.rows_per_pe = 0,
+        |l| l.rows_per_pe = 3,
+        |l| l.rows_per_pe += 2,
+        |l| l.base = u32::MAX - 1,
+    ];
+    for edit in edits {
+        let mut bad = man.clone();
+        for p in bad.inputs.values_mut() {
+            if let Some(l) = p.layout.as_mut() {
+                edit(l);
+            }
+        }
+        let r = verify(&programs, &bad);
+        assert!(r.counts.contains_key(&Invariant::Manifest), "{r}");
+    }
+    // A layout and explicit entries at once is ambiguous.
+    let mut both = man.clone();
+    if let Some(p) = both.outputs.get_mut("y") {
+        p.pe = vec![0];
+        p.addr = vec![0];
+    }
+    let r = verify(&programs, &both);
+    assert!(r.counts.contains_key(&Invariant::Manifest), "{r}");
+}

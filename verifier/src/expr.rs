@@ -831,6 +831,52 @@ mod tests {
     }
 
     #[test]
+    fn online_rescaling_reaches_the_final_maximum_and_only_online() {
+        let mut on = Interner::new();
+        on.set_online(true);
+        let mut off = Interner::new();
+        for ex in [&mut on, &mut off] {
+            let s: Vec<_> = (0..3).map(|j| ex.input(Tensor::Q, 0, 0, j)).collect();
+            let v: Vec<_> = (0..3).map(|j| ex.input(Tensor::V, 0, j, 0)).collect();
+            let m1 = ex.max_of(&s[..2]);
+            let m2 = ex.max_of(&s);
+            let f = ex.expd(m1, m2, 0.5);
+            // (Σ_j e_j·v_j)·f over the first block, then the second block added.
+            let old: Vec<_> = (0..2)
+                .map(|j| {
+                    let e = ex.expd(s[j], m1, 0.5);
+                    ex.mul(e, v[j])
+                })
+                .collect();
+            let y = ex.sum(&old);
+            let rescaled = ex.mul(f, y);
+            let e2 = ex.expd(s[2], m2, 0.5);
+            let t2 = ex.mul(e2, v[2]);
+            let streamed = ex.sum(&[rescaled, t2]);
+            let want: Vec<_> = (0..3)
+                .map(|j| {
+                    let e = ex.expd(s[j], m2, 0.5);
+                    ex.mul(e, v[j])
+                })
+                .collect();
+            let want = ex.sum(&want);
+            assert_eq!(streamed == want, ex.is_online());
+            // The product rule needs the same scale and a matching middle term.
+            let e0 = ex.expd(s[0], m1, 0.5);
+            let other_scale = ex.expd(m1, m2, 0.25);
+            let e0_m2 = ex.expd(s[0], m2, 0.5);
+            assert_ne!(ex.mul(e0, other_scale), e0_m2);
+            let backwards = ex.expd(m2, m1, 0.5);
+            assert_ne!(ex.mul(e0, backwards), e0_m2);
+            assert_eq!(ex.mul(e0, f) == e0_m2, ex.is_online());
+            // A maximum of one score stays a maximum online, so that a factor with it as the
+            // old maximum is not the score's own exponential.
+            let one = ex.max_of(&s[..1]);
+            assert_eq!(one == s[0], !ex.is_online());
+        }
+    }
+
+    #[test]
     fn explain_finds_the_differing_term() {
         let mut ex = Interner::new();
         let q: Vec<_> = (0..3).map(|c| ex.input(Tensor::Q, 0, 0, c)).collect();
