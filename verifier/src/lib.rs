@@ -61,6 +61,18 @@
 //! * `unread-transfer` — likewise for a word received over the ring.
 //! * `unused-input` — every preloaded input word is read before it is overwritten or the run ends.
 //!
+//! # Online formulation
+//!
+//! A manifest whose schedule is in [`ONLINE_SCHEDULES`] declares a streamed softmax: the
+//! specification is `y_i[c] = (Σ_j e_ij·v_j[c]) / Σ_j e_ij` (deferred normalisation, `div` =
+//! `heads·tokens·dim`), the interner applies the product rule of shifted exponentials and
+//! distributes a sum times one ([`Interner::set_online`]), partial exponentials and terms built
+//! against a running maximum count as the way to an output, and the running-maximum copies,
+//! rescale factors and rescaled partial sums are counted apart and must equal
+//! `ops.online_rescale` exactly (docs/verifier.md).
+//!
+//! Affine placements (manifest format 2) are spelt out element by element before anything else.
+//!
 //! Each violation names the PE, cycle and bundle text where that makes sense, and the invariant.
 //! Wrong outputs show the expected and found expressions abbreviated, descending to the first
 //! subexpression where they differ.
