@@ -321,23 +321,30 @@ fn the_manifest_must_declare_the_online_work_exactly() {
 
 #[test]
 fn a_stream_run_against_the_wrong_mask_is_masked_or_wrong() {
-    // The unmasked program checked as if the layer were causal computes masked scores.
-    let p = problem(8, 2, 1, false, false, true);
-    let st = schedule_stream::run(&p, 2, true).expect("applies");
-    let programs: Vec<Program> = st
-        .programs
-        .iter()
-        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-        .collect();
-    let mut man = stream_manifest(&p, 2, &st);
-    let causal = problem(8, 2, 1, false, true, true);
-    let cst = schedule_stream::run(&causal, 2, true).expect("applies");
-    let cman = stream_manifest(&causal, 2, &cst);
-    man.layer.mask = "causal".into();
-    man.necessary_ops = cman.necessary_ops;
-    man.lower_bound = cman.lower_bound;
-    let r = verify(&programs, &man);
-    assert!(r.counts.contains_key(&Invariant::Masked), "{r}");
+    // The unmasked program checked as if the layer were causal computes masked work: products
+    // of masked keys (separate), or weighted values of a masked key (shared: the exponential
+    // itself is another row's).
+    for (shared, safe) in [(false, true), (false, false), (true, false), (true, true)] {
+        let p = problem(8, 2, 1, shared, false, safe);
+        let st = schedule_stream::run(&p, 2, safe).expect("applies");
+        let programs: Vec<Program> = st
+            .programs
+            .iter()
+            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+            .collect();
+        let mut man = stream_manifest(&p, 2, &st);
+        let causal = problem(8, 2, 1, shared, true, safe);
+        let cst = schedule_stream::run(&causal, 2, safe).expect("applies");
+        let cman = stream_manifest(&causal, 2, &cst);
+        man.layer.mask = "causal".into();
+        man.necessary_ops = cman.necessary_ops;
+        man.lower_bound = cman.lower_bound;
+        let r = verify(&programs, &man);
+        assert!(!r.is_ok());
+        if !(shared && safe) {
+            assert!(r.counts.contains_key(&Invariant::Masked), "{r}");
+        }
+    }
 }
 
 #[test]

@@ -212,7 +212,7 @@ impl Report {
             .map(|(k, v)| (k.name().to_string(), (*v).into()))
             .collect();
         let s = &self.stats;
-        serde_json::json!({
+        let mut json = serde_json::json!({
             "ok": self.is_ok(),
             "proved": self.proved,
             "total_violations": self.total_violations(),
@@ -234,7 +234,12 @@ impl Report {
                     "add": s.ops.add,
                 },
             },
-        })
+        });
+        // Only an online layer rescales; other reports keep the shape they always had.
+        if s.ops.rescale > 0 {
+            json["stats"]["ops"]["rescale"] = s.ops.rescale.into();
+        }
+        json
     }
 }
 
