@@ -375,3 +375,20 @@ fn affine_layouts_that_do_not_cover_the_layer_are_refused_without_panicking() {
     let r = verify(&programs, &both);
     assert!(r.counts.contains_key(&Invariant::Manifest), "{r}");
 }
+
+#[test]
+fn the_statement_names_the_online_formulation() {
+    let (programs, man) = build(8, 2, 2, 2, true, false, true).expect("applies");
+    let r = verify(&programs, &man);
+    let proved = r.proved.clone().unwrap_or_default();
+    eprintln!("{r}");
+    assert!(proved.contains("online"), "{r}");
+    assert!(
+        proved.contains(&format!("{} running-maximum", man.ops.online_rescale)),
+        "{r}"
+    );
+    assert_eq!(
+        r.to_json()["stats"]["ops"]["rescale"],
+        man.ops.online_rescale
+    );
+}
