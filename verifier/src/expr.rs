@@ -134,6 +134,8 @@ pub struct Interner {
     /// divisions, and walking it each time would make that quadratic.
     canon: FxMap<ExprId, ExprId>,
     scratch: Vec<ExprId>,
+    /// The online formulation's identities are in force (see [`Interner::set_online`]).
+    online: bool,
 }
 
 impl Default for Interner {
@@ -153,7 +155,23 @@ impl Interner {
             maxes: FxMap::default(),
             canon: FxMap::default(),
             scratch: Vec::new(),
+            online: false,
         }
+    }
+
+    /// Turns on the two identities a streamed (online) softmax needs, and only it: a product
+    /// `exp(s·(a − b))·exp(s·(b − c))` (same scale) is `exp(s·(a − c))`, and a product of a sum
+    /// with a shifted exponential is distributed over the sum's terms. Rescaling a partial sum
+    /// from an old running maximum to a new one is exactly these two steps, so a streamed row
+    /// reaches the same node as the specification built with the final maximum. Both are
+    /// identities over the reals, so they can only make equal things equal; they are off for
+    /// every other formulation so that those keep their exact canonical forms.
+    pub fn set_online(&mut self, on: bool) {
+        self.online = on;
+    }
+
+    pub fn is_online(&self) -> bool {
+        self.online
     }
 
     pub fn len(&self) -> usize {
@@ -232,8 +250,87 @@ impl Interner {
 
     pub fn mul(&mut self, a: ExprId, b: ExprId) -> ExprId {
         let (a, b) = (self.canonical(a), self.canonical(b));
+        if self.online {
+            if let Some(id) = self.mul_online(a, b) {
+                return id;
+            }
+        }
+        self.mul_pair(a, b)
+    }
+
+    fn mul_pair(&mut self, a: ExprId, b: ExprId) -> ExprId {
         let (a, b) = if a <= b { (a, b) } else { (b, a) };
         self.intern(Node::Mul(a, b), &[a, b])
+    }
+
+    /// The online identities for canonical `a·b`; `None` when neither applies.
+    fn mul_online(&mut self, a: ExprId, b: ExprId) -> Option<ExprId> {
+        let is_expd = |ex: &Self, x: ExprId| matches!(ex.node(x), Node::Expd(..));
+        let is_sum = |ex: &Self, x: ExprId| matches!(ex.node(x), Node::Sum { .. });
+        let (sum, factor) = if is_sum(self, a) && is_expd(self, b) {
+            (a, b)
+        } else if is_sum(self, b) && is_expd(self, a) {
+            (b, a)
+        } else {
+            return self.combine_shifts(a, b);
+        };
+        let terms = self.sum_terms(sum).to_vec();
+        let scaled: Vec<ExprId> = terms.into_iter().map(|t| self.mul(t, factor)).collect();
+        Some(self.sum(&scaled))
+    }
+
+    /// `a·b` with every pair of shifted exponentials `exp(s·(x − y))·exp(s·(y − z))` among the
+    /// factors of `a` and `b` merged into `exp(s·(x − z))`; `None` if no pair merges. The
+    /// remaining factors are multiplied in sorted order, so the result does not depend on how
+    /// the program grouped them.
+    fn combine_shifts(&mut self, a: ExprId, b: ExprId) -> Option<ExprId> {
+        if !matches!(self.node(a), Node::Expd(..)) && !matches!(self.node(b), Node::Expd(..)) {
+            return None;
+        }
+        let mut factors = Vec::new();
+        self.collect_factors(a, &mut factors);
+        self.collect_factors(b, &mut factors);
+        let mut merged = false;
+        'again: loop {
+            for i in 0..factors.len() {
+                for j in 0..factors.len() {
+                    if i == j {
+                        continue;
+                    }
+                    if let (Node::Expd(x, y, s1), Node::Expd(y2, z, s2)) =
+                        (self.node(factors[i]), self.node(factors[j]))
+                    {
+                        if y == y2 && s1 == s2 {
+                            let e = self.intern(Node::Expd(x, z, s1), &[x, z]);
+                            let (hi, lo) = (i.max(j), i.min(j));
+                            factors.swap_remove(hi);
+                            factors[lo] = e;
+                            merged = true;
+                            continue 'again;
+                        }
+                    }
+                }
+            }
+            break;
+        }
+        if !merged {
+            return None;
+        }
+        factors.sort_unstable();
+        let mut it = factors.into_iter();
+        let first = it.next()?;
+        Some(it.fold(first, |acc, f| self.mul_pair(acc, f)))
+    }
+
+    /// The factors of a product (nested products flattened).
+    fn collect_factors(&self, id: ExprId, out: &mut Vec<ExprId>) {
+        match self.node(id) {
+            Node::Mul(a, b) => {
+                self.collect_factors(a, out);
+                self.collect_factors(b, out);
+            }
+            _ => out.push(id),
+        }
     }
 
     pub fn exp(&mut self, a: ExprId, scale: f32) -> ExprId {
@@ -263,9 +360,13 @@ impl Interner {
         }
         all.sort_unstable();
         all.dedup();
-        if all.len() == 1 {
+        // Online, a running maximum that so far holds one score stays a maximum: the rescale
+        // factor `exp(s·(M_old − M_new))` is then told apart, by its node alone, from the
+        // exponential `exp(s·(S − M_new))` of a score, which is the same real number.
+        if all.len() == 1 && !self.online {
             return all[0];
         }
+
         if let Some(&id) = self.maxes.get(&*all) {
             return id;
         }
@@ -727,6 +828,52 @@ mod tests {
         // The bias is an operand of its own: exp(s·(a − M)) is neither exp(s·a) nor another M.
         assert_ne!(ex.expd(v[0], left, 0.5), ex.expd(v[0], three, 0.5));
         assert_ne!(ex.expd(v[0], left, 0.5), ex.exp(v[0], 0.5));
+    }
+
+    #[test]
+    fn online_rescaling_reaches_the_final_maximum_and_only_online() {
+        let mut on = Interner::new();
+        on.set_online(true);
+        let mut off = Interner::new();
+        for ex in [&mut on, &mut off] {
+            let s: Vec<_> = (0..3).map(|j| ex.input(Tensor::Q, 0, 0, j)).collect();
+            let v: Vec<_> = (0..3).map(|j| ex.input(Tensor::V, 0, j, 0)).collect();
+            let m1 = ex.max_of(&s[..2]);
+            let m2 = ex.max_of(&s);
+            let f = ex.expd(m1, m2, 0.5);
+            // (Σ_j e_j·v_j)·f over the first block, then the second block added.
+            let old: Vec<_> = (0..2)
+                .map(|j| {
+                    let e = ex.expd(s[j], m1, 0.5);
+                    ex.mul(e, v[j])
+                })
+                .collect();
+            let y = ex.sum(&old);
+            let rescaled = ex.mul(f, y);
+            let e2 = ex.expd(s[2], m2, 0.5);
+            let t2 = ex.mul(e2, v[2]);
+            let streamed = ex.sum(&[rescaled, t2]);
+            let want: Vec<_> = (0..3)
+                .map(|j| {
+                    let e = ex.expd(s[j], m2, 0.5);
+                    ex.mul(e, v[j])
+                })
+                .collect();
+            let want = ex.sum(&want);
+            assert_eq!(streamed == want, ex.is_online());
+            // The product rule needs the same scale and a matching middle term.
+            let e0 = ex.expd(s[0], m1, 0.5);
+            let other_scale = ex.expd(m1, m2, 0.25);
+            let e0_m2 = ex.expd(s[0], m2, 0.5);
+            assert_ne!(ex.mul(e0, other_scale), e0_m2);
+            let backwards = ex.expd(m2, m1, 0.5);
+            assert_ne!(ex.mul(e0, backwards), e0_m2);
+            assert_eq!(ex.mul(e0, f) == e0_m2, ex.is_online());
+            // A maximum of one score stays a maximum online, so that a factor with it as the
+            // old maximum is not the score's own exponential.
+            let one = ex.max_of(&s[..1]);
+            assert_eq!(one == s[0], !ex.is_online());
+        }
     }
 
     #[test]

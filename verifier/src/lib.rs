@@ -61,6 +61,18 @@
 //! * `unread-transfer` — likewise for a word received over the ring.
 //! * `unused-input` — every preloaded input word is read before it is overwritten or the run ends.
 //!
+//! # Online formulation
+//!
+//! A manifest whose schedule is in [`ONLINE_SCHEDULES`] declares a streamed softmax: the
+//! specification is `y_i[c] = (Σ_j e_ij·v_j[c]) / Σ_j e_ij` (deferred normalisation, `div` =
+//! `heads·tokens·dim`), the interner applies the product rule of shifted exponentials and
+//! distributes a sum times one ([`Interner::set_online`]), partial exponentials and terms built
+//! against a running maximum count as the way to an output, and the running-maximum copies,
+//! rescale factors and rescaled partial sums are counted apart and must equal
+//! `ops.online_rescale` exactly (docs/verifier.md).
+//!
+//! Affine placements (manifest format 2) are spelt out element by element before anything else.
+//!
 //! Each violation names the PE, cycle and bundle text where that makes sense, and the invariant.
 //! Wrong outputs show the expected and found expressions abbreviated, descending to the first
 //! subexpression where they differ.
@@ -123,9 +135,101 @@ pub fn verify_with(programs: &[Program], manifest: &Manifest, opts: &Options) ->
         proved: None,
         redundant_ops: 0,
     };
-    v.run(programs, manifest, opts);
+    match expand_layouts(manifest) {
+        Ok(Some(explicit)) => v.run(programs, &explicit, opts),
+        Ok(None) => v.run(programs, manifest, opts),
+        Err(why) => {
+            v.check(Invariant::Manifest);
+            v.fail(Invariant::Manifest, why);
+        }
+    }
     v.stats.time = start.elapsed();
     v.finish(opts)
+}
+
+/// The schedules whose manifests declare the online formulation (see [`is_online`]).
+pub const ONLINE_SCHEDULES: &[&str] = &["schedule-stream"];
+
+/// Whether `m` declares the online formulation of a streamed softmax: deferred normalisation
+/// (`y_i[c] = (Σ_j e_ij·v_j[c]) / Σ_j e_ij`, one division per output element) and, for a safe
+/// softmax, running row maxima with rescaling of the partial sums. The declaration is the
+/// schedule's name: operation counts cannot tell (with `tokens = dim` and no mask a per-weight
+/// and a deferred division count are equal, and a plain stream rescales nothing). It selects the
+/// specification and which extra operations are accounted as `ops.online_rescale`; outputs must
+/// still equal that specification exactly and every count must equal its claim.
+pub fn is_online(m: &Manifest) -> bool {
+    ONLINE_SCHEDULES.contains(&m.schedule.as_str())
+}
+
+/// Largest tensor whose affine placement the verifier spells out element by element; it only
+/// runs on layers small enough to unroll, and this keeps a hostile manifest from making it
+/// allocate without bound.
+const MAX_EXPANDED: usize = 1 << 24;
+
+/// `m` with every affine placement spelt out (one `(pe, addr)` per element), or `None` if it has
+/// none. Refuses, rather than computing, a layout that does not cover the layer's tokens (so
+/// that locating a token cannot go out of range) or whose addresses leave 32 bits.
+fn expand_layouts(m: &Manifest) -> Result<Option<Manifest>, String> {
+    use runtime::manifest::RowOrder;
+    let has_layout = m
+        .inputs
+        .values()
+        .chain(m.outputs.values())
+        .any(|p| p.layout.is_some());
+    if !has_layout {
+        return Ok(None);
+    }
+    let mut out = m.clone();
+    let pes = m.pes;
+    for (name, p) in out.inputs.iter_mut().chain(out.outputs.iter_mut()) {
+        let Some(l) = p.layout else { continue };
+        let [h, n, d] = p.shape[..] else {
+            return Err(format!(
+                "tensor `{name}`: a layout places a [heads, tokens, dim] tensor, the shape is {:?}",
+                p.shape
+            ));
+        };
+        if !p.pe.is_empty() || !p.addr.is_empty() {
+            return Err(format!(
+                "tensor `{name}`: placement gives both a layout and explicit entries"
+            ));
+        }
+        let per = match l.order {
+            RowOrder::Contiguous => 1,
+            RowOrder::Zigzag => 2,
+        };
+        let covers = l.rows_per_pe > 0
+            && l.rows_per_pe % per == 0
+            && u64::from(l.rows_per_pe) * u64::from(pes) == n as u64;
+        if !covers {
+            return Err(format!(
+                "tensor `{name}`: layout of {} rows per PE on {pes} PEs does not cover {n} tokens",
+                l.rows_per_pe
+            ));
+        }
+        let len = h
+            .checked_mul(n)
+            .and_then(|x| x.checked_mul(d))
+            .filter(|&x| x <= MAX_EXPANDED)
+            .ok_or_else(|| format!("tensor `{name}` is too large to verify ({h}×{n}×{d})"))?;
+        let (mut pe, mut addr) = (Vec::with_capacity(len), Vec::with_capacity(len));
+        for hh in 0..h as u32 {
+            for t in 0..n as u32 {
+                for c in 0..d as u32 {
+                    let (q, a) = l.locate(pes, hh, t, c);
+                    let a = u32::try_from(a).map_err(|_| {
+                        format!("tensor `{name}`: layout places [{hh}][{t}][{c}] beyond 32-bit addresses")
+                    })?;
+                    pe.push(q);
+                    addr.push(a);
+                }
+            }
+        }
+        p.pe = pe;
+        p.addr = addr;
+        p.layout = None;
+    }
+    Ok(Some(out))
 }
 
 struct Verification {
@@ -363,7 +467,17 @@ impl Verification {
         // cannot be correct, and refusing it here keeps a hostile manifest from making the
         // verifier build an enormous specification.
         self.check(Invariant::OpCount);
-        let need = shape.necessary().unwrap_or_default();
+        let online = is_online(m);
+        let classic = shape.necessary().unwrap_or_default();
+        // Deferred normalisation divides each output element once instead of each weight.
+        let need = if online {
+            Necessary {
+                div: shape.tensor_len().map_or(0, |x| x as u64),
+                ..classic
+            }
+        } else {
+            classic
+        };
         let slots: u64 = programs.iter().map(|p| p.bundles.len() as u64).sum();
         if need.total() > slots {
             self.fail(
@@ -429,7 +543,8 @@ impl Verification {
         let per_score_products =
             !opts.exact_ops && shape.shared && !shape.causal && m.ops.phase1_mac > need.phase1_mul;
         let mut ex = Interner::new();
-        let spec = spec::build(&mut ex, &shape, per_score_products);
+        ex.set_online(online);
+        let spec = spec::build(&mut ex, &shape, per_score_products, online);
         let style = Style {
             heads: shape.heads > 1,
             ..opts.style
@@ -442,6 +557,7 @@ impl Verification {
             words,
             spec.uses,
             spec.row_maxima,
+            spec.keys,
             sink,
             inputs_at,
         ));
@@ -540,7 +656,14 @@ impl Verification {
                 }
             }
             run.leftovers(|pe, addr| outputs_at.contains_key(&(pe, addr)));
-            self.count_ops(&mut run.sink, &run.tally, &need, m, per_score_products);
+            self.count_ops(
+                &mut run.sink,
+                &run.tally,
+                &need,
+                m,
+                per_score_products,
+                online,
+            );
         }
 
         self.stats.ops = run.tally;
@@ -552,7 +675,28 @@ impl Verification {
         } else {
             String::new()
         };
-        let work = if run.tally.total() == need.total() {
+        let work = if online {
+            self.redundant_ops = run.tally.total().saturating_sub(classic.total());
+            let products = if run.tally.phase1_mul > need.phase1_mul {
+                format!(
+                    ", {} phase-1 products computed once per score (x_a·x_b for both (a, b) and (b, a))",
+                    run.tally.phase1_mul - need.phase1_mul
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "with {} operations: mul {} + {}, exp {}, div {} (deferred normalisation: one per output element, where the per-weight formulation's {} necessary operations divide {} times){max}, and {} running-maximum copies, rescale factors and rescaled partial sums{products}, as the manifest declares",
+                run.tally.total(),
+                run.tally.phase1_mul,
+                run.tally.phase3_mul,
+                run.tally.exp,
+                run.tally.div,
+                classic.total(),
+                classic.div,
+                run.tally.rescale,
+            )
+        } else if run.tally.total() == need.total() {
             format!(
                 "with exactly the {} necessary operations (mul {} + {}, exp {}, div {}{max})",
                 need.total(),
@@ -575,11 +719,17 @@ impl Verification {
             )
         };
         self.sink = run.sink;
-        let softmax = match shape.softmax {
-            runtime::layer::Softmax::Safe => {
+        let softmax = match (shape.softmax, online) {
+            (runtime::layer::Softmax::Safe, false) => {
                 ", softmax = safe: exp(s·(w' − M)) with M exactly each row's maximum"
             }
-            runtime::layer::Softmax::Plain => "",
+            (runtime::layer::Softmax::Safe, true) => {
+                ", softmax = safe, online: y = (Σ exp(s·(w' − M))·v) / Σ exp(s·(w' − M)) with M exactly each row's maximum, every partial sum rescaled to it"
+            }
+            (runtime::layer::Softmax::Plain, true) => {
+                ", online: y = (Σ exp(s·w')·v) / Σ exp(s·w')"
+            }
+            (runtime::layer::Softmax::Plain, false) => "",
         };
         self.proved = Some(format!(
             "for all inputs, y = attention({}, mask = {}, scale = {:?}{softmax}) for {} head(s) × {} tokens × dim {}, on {} PEs in {} cycles, {work}",
@@ -601,6 +751,7 @@ impl Verification {
         need: &Necessary,
         m: &Manifest,
         per_score_products: bool,
+        online: bool,
     ) {
         let rows = [
             (
@@ -619,7 +770,15 @@ impl Verification {
                 m.ops.phase3_mac,
             ),
         ];
-        for (i, (what, got, need, claim)) in rows.into_iter().enumerate() {
+        // The online extras have no necessary count of their own (they depend on how the rows
+        // are streamed), so the claim is the only measure; any other formulation has none.
+        let rescale = (
+            "online rescale",
+            got.rescale,
+            if online { m.ops.online_rescale } else { 0 },
+            m.ops.online_rescale,
+        );
+        for (i, (what, got, need, claim)) in rows.into_iter().chain([rescale]).enumerate() {
             let declared_extra = i == 0 && per_score_products && got == claim && got > need;
             if got != need && !declared_extra {
                 sink.report(Invariant::OpCount, || {

@@ -138,11 +138,14 @@ pub struct OpTally {
     /// `max` (the row maximum of a safe softmax).
     pub max: u64,
     pub add: u64,
+    /// A streamed (online) softmax's running-maximum copies, rescale factors and rescaled
+    /// partial sums: `ops.online_rescale` in the manifest.
+    pub rescale: u64,
 }
 
 impl OpTally {
     pub fn total(&self) -> u64 {
-        self.phase1_mul + self.exp + self.div + self.phase3_mul + self.max
+        self.phase1_mul + self.exp + self.div + self.phase3_mul + self.max + self.rescale
     }
 }
 
@@ -209,7 +212,7 @@ impl Report {
             .map(|(k, v)| (k.name().to_string(), (*v).into()))
             .collect();
         let s = &self.stats;
-        serde_json::json!({
+        let mut json = serde_json::json!({
             "ok": self.is_ok(),
             "proved": self.proved,
             "total_violations": self.total_violations(),
@@ -231,7 +234,12 @@ impl Report {
                     "add": s.ops.add,
                 },
             },
-        })
+        });
+        // Only an online layer rescales; other reports keep the shape they always had.
+        if s.ops.rescale > 0 {
+            json["stats"]["ops"]["rescale"] = s.ops.rescale.into();
+        }
+        json
     }
 }
 

@@ -66,12 +66,22 @@ pub struct Spec {
     /// layer, where `x_i·x_j` is a score of rows `i` and `j`). A partial maximum a program builds
     /// on the way is legitimate exactly when its arguments all belong to one of these.
     pub row_maxima: FxMap<ExprId, Vec<ExprId>>,
+    /// Online formulation, safe softmax: `(score, its row's maximum) → (head, key)`, the value
+    /// row a weighted term of that score must multiply. A streamed program builds such terms
+    /// with a partial maximum before rescaling them; this says which value is the right one.
+    pub keys: FxMap<(ExprId, ExprId), (u32, u32)>,
 }
 
 /// Builds the specification into `ex`, marks every node it needs [`NEEDED`], and under a causal
 /// mask interns the masked scores, exponentials, denominators and weights and marks them
 /// [`MASKED`], so that any expression a program builds from them inherits the taint.
-pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool) -> Spec {
+///
+/// `online` selects the deferred-normalisation formulation of a streamed softmax: per row one
+/// denominator `l_i = Σ_j e_ij` and `y_i[c] = (Σ_j e_ij·v_j[c]) / l_i`, with `e_ij` as in the
+/// per-weight formulation (`exp(s·S_ij)`, or `exp(s·(S_ij − M_i))` with `M_i` exactly the row's
+/// maximum). The interner must already have its online identities on, so that the expected
+/// nodes are the ones a program's rescaled sums reach.
+pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool, online: bool) -> Spec {
     let (h, n, d) = (shape.heads, shape.tokens, shape.dim);
     let roles = if shape.shared {
         [Tensor::X; 3]
@@ -103,6 +113,7 @@ pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool) -> Spec
     let mut outputs = Vec::with_capacity(shape.tensor_len().unwrap_or(0));
     let mut uses: FxMap<ExprId, u32> = FxMap::default();
     let mut row_maxima: FxMap<ExprId, Vec<ExprId>> = FxMap::default();
+    let mut keys: FxMap<(ExprId, ExprId), (u32, u32)> = FxMap::default();
     let mut terms = Vec::new();
     let score = |ex: &mut Interner, terms: &mut Vec<ExprId>, head: u32, i: u32, j: u32| {
         terms.clear();
@@ -140,8 +151,9 @@ pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool) -> Spec
             // the same weights; requiring this one is what keeps every exponent at most 0.
             let exps: Vec<ExprId> = if shape.safe() {
                 let top = ex.max_of(&scores);
-                for &s in &scores {
+                for (&s, &j) in scores.iter().zip(&js) {
                     row_maxima.entry(s).or_default().push(top);
+                    keys.insert((s, top), (head, j));
                 }
                 scores
                     .iter()
@@ -151,6 +163,21 @@ pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool) -> Spec
                 scores.iter().map(|&s| ex.exp(s, shape.scale)).collect()
             };
             let z = ex.sum(&exps);
+            if online {
+                for &e in &exps {
+                    *uses.entry(e).or_default() += 1;
+                }
+                for c in 0..d {
+                    terms.clear();
+                    for (&j, &e) in js.iter().zip(&exps) {
+                        let p = ex.mul(e, at(tv, head, j, c));
+                        terms.push(p);
+                    }
+                    let num = ex.sum(&terms);
+                    outputs.push(ex.div(num, z));
+                }
+                continue;
+            }
             let weights: Vec<ExprId> = exps
                 .iter()
                 .map(|&e| {
@@ -194,6 +221,17 @@ pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool) -> Spec
                         masked.push(e);
                     }
                 }
+                if online {
+                    // A masked key's weighted value, in any column, and a sum over the whole
+                    // row; in a shared layer the exponential itself may be row j's.
+                    for (j, &e) in all.iter().enumerate().skip(i as usize + 1) {
+                        for c in 0..d {
+                            ex.mul(e, at(tv, head, j as u32, c));
+                        }
+                    }
+                    ex.sum(&all);
+                    continue;
+                }
                 let zc = ex.sum(&all[..=i as usize]);
                 for e in masked {
                     // In a shared layer e = exp(s·x_i·x_j) is needed by row j, so only the
@@ -214,6 +252,7 @@ pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool) -> Spec
         inputs,
         uses,
         row_maxima,
+        keys,
     }
 }
 

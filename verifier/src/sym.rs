@@ -76,6 +76,17 @@ enum OpKind {
     Exp,
     Div,
     Max,
+    /// Online formulation only: work a streamed softmax does beyond the necessary operations —
+    /// a rescale factor `exp(s·(M_old − M_new))`, a partial sum multiplied by one, or a running
+    /// maximum copied with `max(a, a)`.
+    Rescale(Rescale),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rescale {
+    Factor,
+    Product,
+    Copy,
 }
 
 /// Where an op result was first computed, and how often.
@@ -98,6 +109,8 @@ pub struct Run<'p> {
     uses: FxMap<ExprId, u32>,
     /// Per unmasked score, the row maxima it belongs to (safe softmax; see `spec::Spec`).
     row_maxima: FxMap<ExprId, Vec<ExprId>>,
+    /// Online, safe softmax: `(score, row maximum) → (head, key)` (see `spec::Spec`).
+    keys: FxMap<(ExprId, ExprId), (u32, u32)>,
     pub sink: Sink,
     /// `x[h][i][c]` by (PE, address), for messages.
     input_names: FxMap<(u32, Addr), String>,
@@ -112,6 +125,7 @@ impl<'p> Run<'p> {
         words: Vec<Vec<Word>>,
         uses: FxMap<ExprId, u32>,
         row_maxima: FxMap<ExprId, Vec<ExprId>>,
+        keys: FxMap<(ExprId, ExprId), (u32, u32)>,
         sink: Sink,
         input_names: FxMap<(u32, Addr), String>,
     ) -> Self {
@@ -125,6 +139,7 @@ impl<'p> Run<'p> {
             made: FxMap::default(),
             uses,
             row_maxima,
+            keys,
             sink,
             input_names,
         }
@@ -229,13 +244,41 @@ impl<'p> Run<'p> {
             OpKind::Exp => self.tally.exp += 1,
             OpKind::Div => self.tally.div += 1,
             OpKind::Max => self.tally.max += 1,
+            OpKind::Rescale(_) => self.tally.rescale += 1,
         }
         let (pe, cycle) = self.cur;
         let flags = self.ex.flags(id);
         // A partial row maximum is not itself part of any output, but it is the necessary way
         // there: accepted (once) when all its arguments are scores of one row.
         let partial_max = kind == OpKind::Max && flags & MASKED == 0 && self.within_a_row(id);
-        if flags & NEEDED != 0 || partial_max {
+        // A streamed row's exponentials and weighted values are first built with a partial
+        // maximum and reach the output only after rescaling; they are the way there too.
+        let partial_online = self.ex.is_online()
+            && flags & MASKED == 0
+            && match kind {
+                OpKind::Exp => self.partial_exp(id).is_some(),
+                OpKind::Mul => self.partial_term(id),
+                OpKind::Rescale(Rescale::Factor) => true,
+                OpKind::Rescale(Rescale::Product) => {
+                    let terms = match self.ex.node(id) {
+                        Node::Sum { .. } => self.ex.sum_terms(id).to_vec(),
+                        _ => vec![id],
+                    };
+                    terms.iter().all(|&t| {
+                        self.ex.flags(t) & NEEDED != 0
+                            || self.partial_exp(t).is_some()
+                            || self.partial_term(t)
+                    })
+                }
+                OpKind::Rescale(Rescale::Copy) => !self.tops_of(id).is_empty(),
+                OpKind::Div | OpKind::Max => false,
+            };
+        let untracked = matches!(kind, OpKind::Rescale(Rescale::Product | Rescale::Copy));
+        if untracked && partial_online {
+            // A rescaled partial sum or a copied maximum is new work on a value that exists
+            // already (and may be rescaled again); how much of it there is, the manifest must
+            // declare exactly.
+        } else if !untracked && (flags & NEEDED != 0 || partial_max || partial_online) {
             let allowed = self.uses.get(&id).copied().unwrap_or(1);
             let m = self.made.entry(id).or_insert(Made {
                 pe,
@@ -294,6 +337,87 @@ impl<'p> Run<'p> {
                 }
             });
         }
+    }
+
+    /// The arguments of a (partial) maximum: its own for a maximum, itself for anything else.
+    fn members(&self, id: ExprId) -> Vec<ExprId> {
+        match self.ex.node(id) {
+            Node::Max { .. } => self.ex.max_terms(id).to_vec(),
+            _ => vec![id],
+        }
+    }
+
+    /// The rows' maxima whose arguments include every argument of `m`, a partial maximum or a
+    /// single unmasked score; empty if `m` is neither.
+    pub fn tops_of(&self, m: ExprId) -> Vec<ExprId> {
+        let args = self.members(m);
+        let Some(first) = args.first() else {
+            return Vec::new();
+        };
+        let Some(rows) = self.row_maxima.get(first) else {
+            return Vec::new();
+        };
+        rows.iter()
+            .copied()
+            .filter(|&top| {
+                let all = self.members(top);
+                args.iter().all(|a| all.binary_search(a).is_ok())
+            })
+            .collect()
+    }
+
+    /// Whether `id` is a rescale factor `exp(s·(a − b))`: `a` and `b` partial maxima of one row,
+    /// `b` taking strictly more scores than `a` (every score of `a` among them).
+    pub fn is_rescale_factor(&self, id: ExprId) -> bool {
+        let Node::Expd(a, b, _) = self.ex.node(id) else {
+            return false;
+        };
+        let is_max = |x| matches!(self.ex.node(x), Node::Max { .. });
+        if a == b || !is_max(a) || !is_max(b) || self.tops_of(b).is_empty() {
+            return false;
+        }
+        let (ma, mb) = (self.members(a), self.members(b));
+        ma.iter().all(|x| mb.binary_search(x).is_ok())
+    }
+
+    /// For `exp(s·(S − M'))` with `S` an unmasked score among the arguments of `M'`, a partial
+    /// maximum of `S`'s row: the rows' maxima `M'` is part of. `None` for anything else.
+    fn partial_exp(&self, id: ExprId) -> Option<(ExprId, Vec<ExprId>)> {
+        let Node::Expd(s, m, _) = self.ex.node(id) else {
+            return None;
+        };
+        if matches!(self.ex.node(s), Node::Max { .. }) || self.members(m).binary_search(&s).is_err()
+        {
+            return None;
+        }
+        let tops = self.tops_of(m);
+        (!tops.is_empty()).then_some((s, tops))
+    }
+
+    /// Whether `id` is `e·v[h][j][c]` with `e` a partial exponential of score `S` and `j` the key
+    /// of `S` in that row.
+    fn partial_term(&self, id: ExprId) -> bool {
+        let Node::Mul(a, b) = self.ex.node(id) else {
+            return false;
+        };
+        let (e, v) = if matches!(self.ex.node(a), Node::Expd(..)) {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        let Some((s, tops)) = self.partial_exp(e) else {
+            return false;
+        };
+        let Node::Input {
+            tensor, head, row, ..
+        } = self.ex.node(v)
+        else {
+            return false;
+        };
+        matches!(tensor, crate::expr::Tensor::V | crate::expr::Tensor::X)
+            && tops
+                .iter()
+                .any(|&top| self.keys.get(&(s, top)) == Some(&(head, row)))
     }
 
     /// Whether the maximum `id` takes only scores of one row (all of a row's maximum's arguments).
@@ -404,12 +528,40 @@ impl Domain for Sym<'_, '_> {
 
     fn op(&mut self, kind: isa::OpKind, a: &ExprId, b: Option<&ExprId>, imm: f32) -> ExprId {
         let mut r = self.0.borrow_mut();
+        let online = r.ex.is_online();
         let (id, tally) = match (kind, b) {
-            (isa::OpKind::Mul, Some(b)) => (r.ex.mul(*a, *b), OpKind::Mul),
+            (isa::OpKind::Mul, Some(b)) => {
+                let rescale = online && {
+                    let (ca, cb) = (r.ex.canonical(*a), r.ex.canonical(*b));
+                    r.is_rescale_factor(ca) || r.is_rescale_factor(cb)
+                };
+                let kind = if rescale {
+                    OpKind::Rescale(Rescale::Product)
+                } else {
+                    OpKind::Mul
+                };
+                (r.ex.mul(*a, *b), kind)
+            }
             (isa::OpKind::Exp, _) => (r.ex.exp(*a, imm), OpKind::Exp),
             (isa::OpKind::Div, Some(b)) => (r.ex.div(*a, *b), OpKind::Div),
-            (isa::OpKind::Max, Some(b)) => (r.ex.max(*a, *b), OpKind::Max),
-            (isa::OpKind::Expd, Some(b)) => (r.ex.expd(*a, *b, imm), OpKind::Exp),
+            (isa::OpKind::Max, Some(b)) => {
+                let copy = online && r.ex.canonical(*a) == r.ex.canonical(*b);
+                let kind = if copy {
+                    OpKind::Rescale(Rescale::Copy)
+                } else {
+                    OpKind::Max
+                };
+                (r.ex.max(*a, *b), kind)
+            }
+            (isa::OpKind::Expd, Some(b)) => {
+                let id = r.ex.expd(*a, *b, imm);
+                let kind = if online && r.is_rescale_factor(id) {
+                    OpKind::Rescale(Rescale::Factor)
+                } else {
+                    OpKind::Exp
+                };
+                (id, kind)
+            }
             // The machine passes `b` for exactly the kinds that read two operands.
             (_, None) => (*a, OpKind::Max),
         };

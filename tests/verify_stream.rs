@@ -1,0 +1,394 @@
+//! The stream schedule's loop programs, flattened, are proved by the verifier under the online
+//! formulation (deferred normalisation; running maxima and rescaling when safe), and corrupting
+//! one bundle of them is caught.
+
+#[path = "verifier_common/stream.rs"]
+mod stream;
+
+use compiler::passes::schedule_stream;
+use compiler::problem::Problem;
+use isa::{Op, OpKind, Program};
+use runtime::layer::Softmax;
+use runtime::manifest::Manifest;
+use std::collections::BTreeMap;
+use stream::stream_manifest;
+use verifier::{Invariant, Options, Report};
+
+fn problem(n: u32, d: u32, h: u32, shared: bool, causal: bool, safe: bool) -> Problem {
+    Problem {
+        tokens: n,
+        dim: d,
+        heads: h,
+        scale: 1.0 / f64::from(d).sqrt(),
+        symmetric: shared,
+        shared_values: shared,
+        causal,
+        softmax: if safe { Softmax::Safe } else { Softmax::Plain },
+    }
+}
+
+/// The flattened programs and manifest, or `None` where the schedule does not apply.
+fn build(
+    n: u32,
+    d: u32,
+    h: u32,
+    m: u32,
+    shared: bool,
+    causal: bool,
+    safe: bool,
+) -> Option<(Vec<Program>, Manifest)> {
+    let p = problem(n, d, h, shared, causal, safe);
+    if schedule_stream::unsupported(&p, m).is_some() {
+        return None;
+    }
+    let st = schedule_stream::run(&p, m, safe).unwrap_or_else(|e| panic!("{e}"));
+    let flat = st
+        .programs
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect();
+    Some((flat, stream_manifest(&p, m, &st)))
+}
+
+/// The one violation the stream schedule has today, under a causal mask: the k/v block that
+/// reaches the last PE in the last step is forwarded whole, but that PE's rows see only its first
+/// chunk, so the second chunk's words (`C = n / 2m` rows of k and v, or of x) arrive unread, once
+/// per head. The verifier reports them as `unread-transfer`; the schedule, not the proof, has to
+/// change (send only the first chunk in that step), and then this is empty.
+fn known_waste(
+    n: u32,
+    d: u32,
+    h: u32,
+    m: u32,
+    shared: bool,
+    causal: bool,
+) -> BTreeMap<Invariant, usize> {
+    let mut known = BTreeMap::new();
+    if causal {
+        let chunk = n / (2 * m);
+        let tensors = if shared { 1 } else { 2 };
+        known.insert(
+            Invariant::UnreadTransfer,
+            (h * chunk * d * tensors) as usize,
+        );
+    }
+    known
+}
+
+fn verify(programs: &[Program], m: &Manifest) -> Report {
+    verifier::verify_with(
+        programs,
+        m,
+        &Options {
+            exact_ops: false,
+            ..Options::default()
+        },
+    )
+}
+
+#[test]
+fn stream_programs_are_proved_for_many_sizes() {
+    let mut proved = 0;
+    for n in [4, 8, 12, 16] {
+        for d in [1, 2, 3, 4, 8] {
+            for m in [2, 3, 4] {
+                for h in [1, 2, 3] {
+                    // Heads repeat the same code; two sizes are enough for the large layers.
+                    if h == 2 && n > 8 {
+                        continue;
+                    }
+                    for shared in [false, true] {
+                        for causal in [false, true] {
+                            for safe in [false, true] {
+                                let Some((programs, man)) = build(n, d, h, m, shared, causal, safe)
+                                else {
+                                    continue;
+                                };
+                                let r = verify(&programs, &man);
+                                assert_eq!(
+                                    r.counts,
+                                    known_waste(n, d, h, m, shared, causal),
+                                    "n={n} d={d} h={h} m={m} shared={shared} causal={causal} safe={safe}:\n{r}"
+                                );
+                                if causal {
+                                    assert!(r.violations.iter().all(|v| v.pe == Some(m - 1)));
+                                }
+                                assert_eq!(r.stats.ops.rescale, man.ops.online_rescale);
+                                proved += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{proved} stream layers proved");
+    assert!(proved >= 200, "only {proved} layers applied");
+}
+
+/// `(pe, index)` of every bundle whose op satisfies `f`.
+fn find(programs: &[Program], f: impl Fn(&isa::Arith) -> bool) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for (pe, p) in programs.iter().enumerate() {
+        for (i, b) in p.bundles.iter().enumerate() {
+            if let Op::Arith(x) = b.op {
+                if f(&x) {
+                    out.push((pe, i));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn arith(programs: &[Program], at: (usize, usize)) -> isa::Arith {
+    match programs[at.0].bundles[at.1].op {
+        Op::Arith(x) => x,
+        Op::Nop => panic!("not an op"),
+    }
+}
+
+/// Applies `edit` to the op of each chosen bundle in turn (up to `limit`, spread over the
+/// program) and requires every mutant to be rejected.
+fn each_rejected(
+    programs: &[Program],
+    man: &Manifest,
+    base: &Report,
+    what: &str,
+    sites: Vec<(usize, usize)>,
+    edit: impl Fn(isa::Arith) -> Op,
+) -> usize {
+    assert!(!sites.is_empty(), "no site for {what}");
+    let step = sites.len().div_ceil(12).max(1);
+    let mut n = 0;
+    for &at in sites.iter().step_by(step) {
+        let mut p = programs.to_vec();
+        let new = edit(arith(programs, at));
+        if new == programs[at.0].bundles[at.1].op {
+            continue;
+        }
+        p[at.0].bundles[at.1].op = new;
+        let r = verify(&p, man);
+        assert!(
+            r.counts != base.counts,
+            "{what} at PE {}, bundle {} `{}` was accepted",
+            at.0,
+            at.1,
+            p[at.0].bundles[at.1]
+        );
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn corrupted_stream_bundles_are_rejected() {
+    let cases = [
+        (8, 2, 1, 2, false, false),
+        (8, 3, 2, 2, false, true),
+        (12, 2, 1, 3, true, false),
+        (16, 2, 1, 2, true, true),
+        (16, 4, 1, 4, false, true),
+    ];
+    for (n, d, h, m, shared, causal) in cases {
+        for safe in [false, true] {
+            let (programs, man) = build(n, d, h, m, shared, causal, safe).expect("applies");
+            let base = verify(&programs, &man);
+            assert_eq!(
+                base.counts,
+                known_waste(n, d, h, m, shared, causal),
+                "{base}"
+            );
+            let base = &base;
+            let mem = programs[0].mem_words;
+            // Phase-1 and phase-3 products (no destination): a wrong operand address.
+            let products = find(&programs, |x| x.kind == OpKind::Mul && x.dst.is_none());
+            each_rejected(
+                &programs,
+                &man,
+                base,
+                "a product on a wrong operand",
+                products.clone(),
+                |x| Op::mul(x.a, (x.b + 1) % mem, x.dst),
+            );
+            each_rejected(
+                &programs,
+                &man,
+                base,
+                "a product on a swapped-in operand",
+                products,
+                |x| Op::mul(x.b, x.b, x.dst),
+            );
+            // The final divisions: a wrong denominator.
+            let divs = find(&programs, |x| x.kind == OpKind::Div);
+            each_rejected(
+                &programs,
+                &man,
+                base,
+                "a division by the wrong sum",
+                divs,
+                |x| Op::div(x.a, x.a, x.dst),
+            );
+            if !safe {
+                continue;
+            }
+            // A running maximum that misses a score.
+            let maxes = find(&programs, |x| x.kind == OpKind::Max && x.a != x.b);
+            each_rejected(
+                &programs,
+                &man,
+                base,
+                "a max missing a score",
+                maxes.clone(),
+                |x| Op::max(x.a, x.a, x.dst),
+            );
+            each_rejected(&programs, &man, base, "a dropped max", maxes, |_| Op::Nop);
+            // Exponentials (`expd x, M -> x`): a bias that is not the running maximum, or none.
+            let exps = find(&programs, |x| x.kind == OpKind::Expd && x.dst == Some(x.a));
+            each_rejected(
+                &programs,
+                &man,
+                base,
+                "an expd biased by its own score",
+                exps.clone(),
+                |x| Op::expd(x.a, x.a, x.imm, x.dst),
+            );
+            each_rejected(&programs, &man, base, "a dropped bias", exps, |x| {
+                Op::exp(x.a, x.imm, x.dst)
+            });
+            // Rescale factors (`expd M_old, M_new -> f`): swapped, or the scale changed.
+            let factors = find(&programs, |x| x.kind == OpKind::Expd && x.dst != Some(x.a));
+            each_rejected(
+                &programs,
+                &man,
+                base,
+                "a swapped rescale factor",
+                factors.clone(),
+                |x| Op::expd(x.b, x.a, x.imm, x.dst),
+            );
+            each_rejected(
+                &programs,
+                &man,
+                base,
+                "a rescale factor of another scale",
+                factors,
+                |x| Op::expd(x.a, x.b, x.imm * 2.0, x.dst),
+            );
+            // Rescaled partial sums (`mul l, f -> l`, `mul y, f -> y`): dropped, or squared.
+            let rescales = find(&programs, |x| x.kind == OpKind::Mul && x.dst == Some(x.a));
+            each_rejected(
+                &programs,
+                &man,
+                base,
+                "a dropped rescale",
+                rescales.clone(),
+                |_| Op::Nop,
+            );
+            each_rejected(
+                &programs,
+                &man,
+                base,
+                "a rescale by the partial sum",
+                rescales,
+                |x| Op::mul(x.a, x.a, x.dst),
+            );
+        }
+    }
+}
+
+#[test]
+fn the_manifest_must_declare_the_online_work_exactly() {
+    let (programs, man) = build(8, 2, 1, 2, false, false, true).expect("applies");
+    assert!(verify(&programs, &man).is_ok());
+    assert!(man.ops.online_rescale > 0);
+    for delta in [-1i64, 1] {
+        let mut bad = man.clone();
+        bad.ops.online_rescale = (bad.ops.online_rescale as i64 + delta) as u64;
+        let r = verify(&programs, &bad);
+        assert!(r.counts.contains_key(&Invariant::OpCount), "{r}");
+    }
+    // Deferred normalisation is only accepted from a manifest that declares it.
+    let mut classic = man.clone();
+    classic.schedule = "schedule-rows".into();
+    let r = verify(&programs, &classic);
+    assert!(!r.is_ok(), "{r}");
+    // A wrong mask or sharing is a different layer.
+    let mut unmasked = man.clone();
+    unmasked.layer.mask = "none".into();
+    unmasked.necessary_ops = 0;
+    assert!(!verify(&programs, &unmasked).is_ok());
+}
+
+#[test]
+fn a_stream_run_against_the_wrong_mask_is_masked_or_wrong() {
+    // The unmasked program checked as if the layer were causal computes masked work: products
+    // of masked keys (separate), or weighted values of a masked key (shared: the exponential
+    // itself is another row's).
+    for (shared, safe) in [(false, true), (false, false), (true, false), (true, true)] {
+        let p = problem(8, 2, 1, shared, false, safe);
+        let st = schedule_stream::run(&p, 2, safe).expect("applies");
+        let programs: Vec<Program> = st
+            .programs
+            .iter()
+            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+            .collect();
+        let mut man = stream_manifest(&p, 2, &st);
+        let causal = problem(8, 2, 1, shared, true, safe);
+        let cst = schedule_stream::run(&causal, 2, safe).expect("applies");
+        let cman = stream_manifest(&causal, 2, &cst);
+        man.layer.mask = "causal".into();
+        man.necessary_ops = cman.necessary_ops;
+        man.lower_bound = cman.lower_bound;
+        let r = verify(&programs, &man);
+        assert!(!r.is_ok());
+        if !(shared && safe) {
+            assert!(r.counts.contains_key(&Invariant::Masked), "{r}");
+        }
+    }
+}
+
+#[test]
+fn affine_layouts_that_do_not_cover_the_layer_are_refused_without_panicking() {
+    let (programs, man) = build(8, 2, 1, 2, false, true, true).expect("applies");
+    let edits: [fn(&mut runtime::manifest::Layout); 4] = [
+        |l| l.rows_per_pe = 0,
+        |l| l.rows_per_pe = 3,
+        |l| l.rows_per_pe += 2,
+        |l| l.base = u32::MAX - 1,
+    ];
+    for edit in edits {
+        let mut bad = man.clone();
+        for p in bad.inputs.values_mut() {
+            if let Some(l) = p.layout.as_mut() {
+                edit(l);
+            }
+        }
+        let r = verify(&programs, &bad);
+        assert!(r.counts.contains_key(&Invariant::Manifest), "{r}");
+    }
+    // A layout and explicit entries at once is ambiguous.
+    let mut both = man.clone();
+    if let Some(p) = both.outputs.get_mut("y") {
+        p.pe = vec![0];
+        p.addr = vec![0];
+    }
+    let r = verify(&programs, &both);
+    assert!(r.counts.contains_key(&Invariant::Manifest), "{r}");
+}
+
+#[test]
+fn the_statement_names_the_online_formulation() {
+    let (programs, man) = build(8, 2, 2, 2, true, false, true).expect("applies");
+    let r = verify(&programs, &man);
+    let proved = r.proved.clone().unwrap_or_default();
+    eprintln!("{r}");
+    assert!(proved.contains("online"), "{r}");
+    assert!(
+        proved.contains(&format!("{} running-maximum", man.ops.online_rescale)),
+        "{r}"
+    );
+    assert_eq!(
+        r.to_json()["stats"]["ops"]["rescale"],
+        man.ops.online_rescale
+    );
+}
