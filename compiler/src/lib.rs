@@ -360,7 +360,7 @@ fn compile_stream(
     } else {
         "forced with --schedule stream".to_string()
     };
-    let manifest = stream::manifest(layer, problem, opts.pes, &built, reason)?;
+    let manifest = stream::manifest(&layer.name, problem, opts.pes, &built, reason)?;
     Ok(Compiled {
         programs: Vec::new(),
         loops: built.programs,
@@ -376,9 +376,9 @@ fn max_words(e: &codegen::Emitted) -> u32 {
 }
 
 /// The manifest's description of the layer.
-pub(crate) fn layer_info(layer: &lang::Layer, problem: &problem::Problem) -> LayerInfo {
+pub(crate) fn layer_info(name: &str, problem: &problem::Problem) -> LayerInfo {
     LayerInfo {
-        name: layer.name.clone(),
+        name: name.to_string(),
         tokens: problem.tokens,
         dim: problem.dim,
         heads: problem.heads,
@@ -428,7 +428,7 @@ fn build_manifest(
     Manifest {
         format: manifest::FORMAT.into(),
         format_version: manifest::FORMAT_VERSION,
-        layer: layer_info(layer, problem),
+        layer: layer_info(&layer.name, problem),
         pes,
         cycles: schedule.cycles() as u64,
         lower_bound: problem.lower_bound(pes),

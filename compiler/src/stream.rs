@@ -34,9 +34,10 @@ pub fn max_words(s: &Stream) -> u32 {
     s.programs.iter().map(|p| p.mem_words).max().unwrap_or(0)
 }
 
-/// The manifest of a stream schedule: format version 2, loop programs, affine placements.
+/// The manifest of a stream schedule for the layer `name`: format version 2, loop programs,
+/// affine placements, deferred-normalisation counts.
 pub fn manifest(
-    layer: &lang::Layer,
+    name: &str,
     problem: &Problem,
     pes: u32,
     stream: &Stream,
@@ -87,7 +88,7 @@ pub fn manifest(
     Ok(Manifest {
         format: manifest::FORMAT.into(),
         format_version: manifest::LAYOUT_FORMAT_VERSION,
-        layer: crate::layer_info(layer, problem),
+        layer: crate::layer_info(name, problem),
         pes,
         cycles: stream.cycles,
         lower_bound,

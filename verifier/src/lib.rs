@@ -63,7 +63,7 @@
 //!
 //! # Online formulation
 //!
-//! A manifest whose schedule is in [`ONLINE_SCHEDULES`] declares a streamed softmax: the
+//! A manifest with `normalisation: "deferred"` declares a streamed softmax: the
 //! specification is `y_i[c] = (Σ_j e_ij·v_j[c]) / Σ_j e_ij` (deferred normalisation, `div` =
 //! `heads·tokens·dim`), the interner applies the product rule of shifted exponentials and
 //! distributes a sum times one ([`Interner::set_online`]), partial exponentials and terms built
@@ -147,18 +147,16 @@ pub fn verify_with(programs: &[Program], manifest: &Manifest, opts: &Options) ->
     v.finish(opts)
 }
 
-/// The schedules whose manifests declare the online formulation (see [`is_online`]).
-pub const ONLINE_SCHEDULES: &[&str] = &["schedule-stream"];
-
 /// Whether `m` declares the online formulation of a streamed softmax: deferred normalisation
 /// (`y_i[c] = (Σ_j e_ij·v_j[c]) / Σ_j e_ij`, one division per output element) and, for a safe
 /// softmax, running row maxima with rescaling of the partial sums. The declaration is the
-/// schedule's name: operation counts cannot tell (with `tokens = dim` and no mask a per-weight
-/// and a deferred division count are equal, and a plain stream rescales nothing). It selects the
-/// specification and which extra operations are accounted as `ops.online_rescale`; outputs must
+/// manifest's `normalisation: "deferred"`: operation counts cannot tell (with `tokens = dim` and
+/// no mask a per-weight and a deferred division count are equal, and a plain stream rescales
+/// nothing). It selects the specification, the necessary counts (and so `necessary_ops` and
+/// `lower_bound`) and which extra operations are accounted as `ops.online_rescale`; outputs must
 /// still equal that specification exactly and every count must equal its claim.
 pub fn is_online(m: &Manifest) -> bool {
-    ONLINE_SCHEDULES.contains(&m.schedule.as_str())
+    m.normalisation == runtime::layer::Normalisation::Deferred
 }
 
 /// Largest tensor whose affine placement the verifier spells out element by element; it only
@@ -415,7 +413,7 @@ impl Verification {
                 }
             }
         }
-        match shape.necessary() {
+        match shape.counting().necessary_as(m.normalisation) {
             None => self.fail(
                 Invariant::Manifest,
                 "the layer is too large to count its operations".into(),
@@ -468,16 +466,11 @@ impl Verification {
         // verifier build an enormous specification.
         self.check(Invariant::OpCount);
         let online = is_online(m);
-        let classic = shape.necessary().unwrap_or_default();
         // Deferred normalisation divides each output element once instead of each weight.
-        let need = if online {
-            Necessary {
-                div: shape.tensor_len().map_or(0, |x| x as u64),
-                ..classic
-            }
-        } else {
-            classic
-        };
+        let need = shape
+            .counting()
+            .necessary_as(m.normalisation)
+            .unwrap_or_default();
         let slots: u64 = programs.iter().map(|p| p.bundles.len() as u64).sum();
         if need.total() > slots {
             self.fail(
@@ -676,7 +669,7 @@ impl Verification {
             String::new()
         };
         let work = if online {
-            self.redundant_ops = run.tally.total().saturating_sub(classic.total());
+            self.redundant_ops = run.tally.total().saturating_sub(need.total());
             let products = if run.tally.phase1_mul > need.phase1_mul {
                 format!(
                     ", {} phase-1 products computed once per score (x_a·x_b for both (a, b) and (b, a))",
@@ -686,14 +679,13 @@ impl Verification {
                 String::new()
             };
             format!(
-                "with {} operations: mul {} + {}, exp {}, div {} (deferred normalisation: one per output element, where the per-weight formulation's {} necessary operations divide {} times){max}, and {} running-maximum copies, rescale factors and rescaled partial sums{products}, as the manifest declares",
+                "with {} operations: mul {} + {}, exp {}, div {} (deferred normalisation: one per output element; the formulation needs {}){max}, and {} running-maximum copies, rescale factors and rescaled partial sums{products}, as the manifest declares",
                 run.tally.total(),
                 run.tally.phase1_mul,
                 run.tally.phase3_mul,
                 run.tally.exp,
                 run.tally.div,
-                classic.total(),
-                classic.div,
+                need.total(),
                 run.tally.rescale,
             )
         } else if run.tally.total() == need.total() {

@@ -625,9 +625,10 @@ fn program(
             }]
         }
     };
-    // Under a causal mask the last PE's last step computes on PE 0's block and sees only its
-    // first chunk (earlier tokens), so the hop that delivers it (PE m − 2's step m − 2) carries
-    // only that chunk: anything more would arrive unread.
+    // Under a causal mask PE 0's block holds the earliest and the latest tokens, and every other
+    // PE sees only its first chunk (PE p > 0 is later than chunk 0 and earlier than chunk
+    // 2m − 1). So the block's second chunk is never read away from PE 0, and every hop of PE 0's
+    // block (PE p's send in step p, p < m − 1) carries only the first chunk.
     let c = map.rows / 2;
     let cd = c * map.d;
     let last_hop_ranges: Vec<(u32, u32)> = if map.v_off == 0 {
@@ -635,7 +636,7 @@ fn program(
     } else {
         vec![(0, cd), (map.v_off, cd)]
     };
-    let trims = |step: u32| causal && pe + 2 == m && step == pe;
+    let trims = |step: u32| causal && step == pe && pe + 1 < m;
     // Step 0.
     if causal {
         let ranges = if trims(0) {
