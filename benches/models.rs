@@ -142,6 +142,22 @@ fn one(i: usize) {
     let mem = m.mem_words.iter().copied().max().unwrap_or(0);
     let share = 4 * u64::from(md.h) * u64::from(md.n / md.m) * u64::from(md.d);
     let mem_bound = 1.05 * share as f64 + 4096.0;
+    // What `attnc verify` does: loop programs are proved through their flattened form, which
+    // these layers are too long for.
+    let bundles: u64 = c.loops.iter().map(|p| p.cycles()).sum();
+    let verify = if bundles <= attnc::rundir::MAX_FLATTENED_BUNDLES {
+        let t = Instant::now();
+        let loaded = attnc::rundir::load(&files).expect("loads");
+        let (programs, manifest) = loaded.flat().expect("small enough");
+        let ok = verifier::verify(programs, &manifest).is_ok();
+        format!(
+            "{} in {:.1} s",
+            if ok { "proved" } else { "NOT proved" },
+            t.elapsed().as_secs_f64()
+        )
+    } else {
+        format!("not proved ({bundles} bundles to flatten)")
+    };
     let mut run = "not run".to_string();
     if md.run {
         // What `attnc run` does: load the files back, run natively, compare.
@@ -164,7 +180,7 @@ fn one(i: usize) {
         );
     }
     println!(
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {:.4} | {:.4} | {} | {} | {} ({:.2}× bound) | {:.3} | {:.0} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {:.4} | {:.4} | {} | {} | {} ({:.2}× bound) | {:.3} | {:.0} | {} | {} |",
         md.name,
         md.n,
         md.d,
@@ -181,6 +197,7 @@ fn one(i: usize) {
         f64::from(mem) / mem_bound,
         compile_s,
         rss,
+        verify,
         run
     );
 }
@@ -205,8 +222,8 @@ fn main() {
         one(args[i + 1].parse().expect("index"));
         return;
     }
-    println!("| layer | n | d | heads | mask | m | cycles | LB | cycles/LB | cycles/LB (per-weight) | max pe bytes | manifest bytes | mem words/PE | compile s | peak RSS MB | run |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| layer | n | d | heads | mask | m | cycles | LB | cycles/LB | cycles/LB (per-weight) | max pe bytes | manifest bytes | mem words/PE | compile s | peak RSS MB | verify | run |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let exe = std::env::current_exe().expect("own path");
     for (i, model) in MODELS.iter().enumerate() {
         let out = Command::new(&exe)

@@ -597,14 +597,33 @@ fn run_output_never_overwrites_an_existing_file() {
 }
 
 #[test]
-fn layer_near_the_old_operation_limit_is_refused_before_scheduling() {
+fn layer_near_the_old_operation_limit_is_not_unrolled() {
     // 14 heads of 128 tokens, dim 64, the plain softmax of the original report: 29.8M operations,
-    // which used to take 5 GB and minutes.
+    // which used to take 5 GB and minutes. Now it is never unrolled: its tokens deal evenly to
+    // 8 PEs, so `auto` writes the stream schedule's loop programs (the test's whole run is
+    // seconds in a debug build); forced onto an unrolled schedule it is refused before
+    // scheduling, naming the memory unrolling would take and the way out.
     let dir = setup("layer big { tokens = 128; dim = 64; heads = 14; softmax = plain; }\n");
-    let o = run_untouched(dir.path(), None, &["a.attn", "--pes", "8", "-o", "out"]);
+    let o = run_untouched(
+        dir.path(),
+        Some(Path::new("out")),
+        &["a.attn", "--pes", "8", "-o", "out"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let m = std::fs::read_to_string(dir.path().join("out/manifest.json")).unwrap();
+    assert!(m.contains("\"programs\": \"loops\""), "{m}");
+    let o = run_untouched(
+        dir.path(),
+        None,
+        &["a.attn", "--pes", "8", "--schedule", "rows", "-o", "out2"],
+    );
     assert_clean_failure(
         &o,
         "this layer needs 29818880 operations; compiling it would take about 9.5 GB of memory",
     );
-    assert_clean_failure(&o, "attnc emits layers of up to 6000000 operations");
+    assert_clean_failure(&o, "attnc unrolls layers of up to 6000000 operations");
+    // 127 tokens do not deal to 8 PEs: refused at once under `auto` too.
+    let dir = setup("layer big { tokens = 127; dim = 64; heads = 14; softmax = plain; }\n");
+    let o = run_untouched(dir.path(), None, &["a.attn", "--pes", "8", "-o", "out"]);
+    assert_clean_failure(&o, "more than the 6000000 attnc unrolls");
 }

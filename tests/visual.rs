@@ -161,8 +161,11 @@ fn every_manifest_validates_against_the_published_schema() {
     bad["surprise"] = Value::from(1);
     assert!(!v.is_valid(&bad), "unknown key accepted");
     let mut bad = good.clone();
-    bad["format_version"] = Value::from(2);
+    bad["format_version"] = Value::from(3);
     assert!(!v.is_valid(&bad), "another version accepted");
+    let mut bad = good.clone();
+    bad["programs"] = Value::from("coroutines");
+    assert!(!v.is_valid(&bad), "unknown program kind accepted");
     let mut bad = good.clone();
     bad["outputs"]["y"]["shape"] = serde_json::json!([4, 4]);
     assert!(!v.is_valid(&bad), "2-D shape accepted");

@@ -189,10 +189,14 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
         let mut qv: HashMap<(u32, u32), Val> = HashMap::default();
         let mut kv: HashMap<(u32, u32), Val> = HashMap::default();
         let mut vv: HashMap<(u32, u32), Val> = HashMap::default();
-        // A row cut between PEs is what the next PE starts on, so its words go on the link
-        // before the home PE's whole rows (routes are sent in the order they are made).
+        // With q = k = v and no mask, a row cut between PEs is what the next PE starts on (its
+        // own rows' scores wait for mirrored halves), so its words go on the link before the
+        // home PE's whole rows (routes are sent in the order they are made). Elsewhere the
+        // natural order is as good or better (causal 15 tokens on 5 PEs: 770 against 780).
         let mut order: Vec<u32> = (0..n).collect();
-        order.sort_by_key(|&r| plan(h, r).first() == plan(h, r).last());
+        if p.symmetric && p.shared_values && !p.causal {
+            order.sort_by_key(|&r| plan(h, r).first() == plan(h, r).last());
+        }
         for r in order {
             let home = plan(h, r).first();
             let far_q = plan(h, r).last();
