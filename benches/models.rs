@@ -149,7 +149,7 @@ fn one(i: usize) {
         let t = Instant::now();
         let loaded = attnc::rundir::load(&files).expect("loads");
         let (programs, manifest) = loaded.flat().expect("small enough");
-        let ok = verifier::verify(programs, &manifest).is_ok();
+        let ok = verifier::verify(&programs, &manifest).is_ok();
         format!(
             "{} in {:.1} s",
             if ok { "proved" } else { "NOT proved" },

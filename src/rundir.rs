@@ -5,6 +5,7 @@
 use crate::limits::{MAX_MANIFEST_BYTES, MAX_PES, MAX_PROGRAM_BYTES, MAX_RUN_WORDS};
 use isa::Program;
 use runtime::manifest::{Manifest, ProgramKind};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// Largest total size of the program files of one directory: twice the binary encoding of the
@@ -43,8 +44,8 @@ impl DirFiles for BTreeMap<String, Vec<u8>> {
 
 pub struct Loaded {
     pub manifest: Manifest,
-    /// Flat programs: the files themselves, or for loop programs their flattened form when it
-    /// has at most [`MAX_FLATTENED_BUNDLES`] bundles in all (else empty).
+    /// The flat programs of the files; empty when they hold loop programs (see
+    /// [`Loaded::flat`]).
     pub programs: Vec<Program>,
     /// The loop programs, when the manifest says the files hold them; empty otherwise.
     pub loops: Vec<isa::LoopProgram>,
@@ -56,21 +57,32 @@ impl Loaded {
     /// The flat programs with a manifest whose placements are per element: what the tools that
     /// work cycle by cycle (verifier, trace, show, inspect) take. Loop programs qualify when
     /// they were small enough to flatten on loading.
-    pub fn flat(&self) -> Result<(&[Program], std::borrow::Cow<'_, Manifest>), String> {
+    ///
+    /// Loop programs are flattened here, on demand: `run` executes them natively and never
+    /// needs the flat form, which takes tens of bytes per bundle.
+    pub fn flat(&self) -> Result<(Cow<'_, [Program]>, Cow<'_, Manifest>), String> {
         if self.loops.is_empty() {
-            return Ok((&self.programs, std::borrow::Cow::Borrowed(&self.manifest)));
+            return Ok((Cow::Borrowed(&self.programs), Cow::Borrowed(&self.manifest)));
         }
-        if self.programs.is_empty() {
-            let total: u64 = self.loops.iter().map(|p| p.cycles()).sum();
+        let total: u64 = self.loops.iter().map(|p| p.cycles()).sum();
+        if total > MAX_FLATTENED_BUNDLES {
             return Err(format!(
                 "the loop programs stand for {total} bundles, more than the {MAX_FLATTENED_BUNDLES} attnc flattens for cycle-by-cycle tools"
             ));
         }
+        let programs = self
+            .loops
+            .iter()
+            .map(|p| {
+                p.flatten(MAX_FLATTENED_BUNDLES)
+                    .map_err(|e| format!("PE {}: {e}", p.pe))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let mut m = self.manifest.clone();
         for p in m.inputs.values_mut().chain(m.outputs.values_mut()) {
             *p = p.expanded(self.manifest.pes);
         }
-        Ok((&self.programs, std::borrow::Cow::Owned(m)))
+        Ok((Cow::Owned(programs), Cow::Owned(m)))
     }
 }
 
@@ -151,18 +163,9 @@ pub fn load(files: &impl DirFiles) -> Result<Loaded, String> {
             loops.push(program);
         }
         runtime::exec::check_loop_programs(&loops, &manifest).map_err(|e| e.to_string())?;
-        let total: u64 = loops.iter().map(|p| p.cycles()).sum();
-        let programs = if total <= MAX_FLATTENED_BUNDLES {
-            loops
-                .iter()
-                .map(|p| p.flatten(MAX_FLATTENED_BUNDLES).map_err(|e| e.to_string()))
-                .collect::<Result<Vec<_>, _>>()?
-        } else {
-            Vec::new()
-        };
         return Ok(Loaded {
             manifest,
-            programs,
+            programs: Vec::new(),
             loops,
             source: if all_binary { "binary" } else { "text" },
         });

@@ -43,7 +43,7 @@ fn files(
 fn prove(f: &BTreeMap<String, Vec<u8>>) -> Result<(), String> {
     let loaded = rundir::load(f)?;
     let (programs, manifest) = loaded.flat()?;
-    let report = verifier::verify(programs, &manifest);
+    let report = verifier::verify(&programs, &manifest);
     if report.is_ok() {
         Ok(())
     } else {

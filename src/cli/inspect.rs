@@ -103,7 +103,7 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", args.dir.display()))?;
     let m = &*m;
     let bar = super::progress::Progress::bar(m.cycles, "cycles", args.json);
-    let walk = timeline::walk(programs, m, |t, _| {
+    let walk = timeline::walk(&programs, m, |t, _| {
         if t.is_multiple_of(4096) {
             bar.set_position(t);
         }

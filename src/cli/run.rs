@@ -62,7 +62,7 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
         let (programs, flat_m) = loaded
             .flat()
             .map_err(|e| format!("{}: cannot trace: {e}", args.dir.display()))?;
-        let t = super::trace::write(path, programs, &flat_m, args.trace_bin, args.json)
+        let t = super::trace::write(path, &programs, &flat_m, args.trace_bin, args.json)
             .map_err(|e| format!("{}: {e}", args.dir.display()))?;
         if !args.json {
             eprintln!(

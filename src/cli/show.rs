@@ -234,7 +234,7 @@ pub fn run(args: &ShowArgs) -> Result<(), String> {
     let m = &*m;
     let mut grid = Grid::new(m.pes, m.cycles, MAX_ROWS, MAX_COLS, 1);
     let bar = super::progress::Progress::bar(m.cycles, "cycles", false);
-    timeline::walk(programs, m, |t, slots| {
+    timeline::walk(&programs, m, |t, slots| {
         grid.add(t, slots);
         if t.is_multiple_of(4096) {
             bar.set_position(t);

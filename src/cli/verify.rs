@@ -24,7 +24,7 @@ pub fn run(args: &VerifyArgs) -> Result<(), String> {
     let (programs, manifest) = loaded
         .flat()
         .map_err(|e| format!("{}: cannot prove: {e}", args.dir.display()))?;
-    let report = verifier::verify_with(programs, &manifest, &opts);
+    let report = verifier::verify_with(&programs, &manifest, &opts);
     if args.json {
         let mut obj = report.to_json();
         obj["dir"] = args.dir.display().to_string().into();
