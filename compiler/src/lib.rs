@@ -375,6 +375,17 @@ fn max_words(e: &codegen::Emitted) -> u32 {
     e.programs.iter().map(|p| p.mem_words).max().unwrap_or(0)
 }
 
+/// The manifest's file list: `pe<N>.s` and `pe<N>.bin` for every PE.
+pub(crate) fn pe_files(pes: u32) -> Vec<PeFiles> {
+    (0..pes)
+        .map(|pe| PeFiles {
+            pe,
+            text: format!("pe{pe}.s"),
+            binary: format!("pe{pe}.bin"),
+        })
+        .collect()
+}
+
 /// The manifest's description of the layer.
 pub(crate) fn layer_info(name: &str, problem: &problem::Problem) -> LayerInfo {
     LayerInfo {
@@ -439,13 +450,7 @@ fn build_manifest(
         ops: schedule.ops.into(),
         mem_words: emitted.programs.iter().map(|p| p.mem_words).collect(),
         programs: manifest::ProgramKind::Flat,
-        files: (0..pes)
-            .map(|pe| PeFiles {
-                pe,
-                text: format!("pe{pe}.s"),
-                binary: format!("pe{pe}.bin"),
-            })
-            .collect(),
+        files: pe_files(pes),
         inputs,
         outputs,
     }

@@ -3,7 +3,7 @@
 //! from the generator's loop programs to a manifest with affine layouts.
 
 use crate::manifest::{
-    self, CandidateInfo, Layout, Manifest, OpCountsInfo, PeFiles, Placement, ProgramKind, Selection,
+    self, CandidateInfo, Layout, Manifest, OpCountsInfo, Placement, ProgramKind, Selection,
 };
 use crate::passes::schedule_stream::{self, Stream};
 use crate::passes::select::{Culprit, Refusal};
@@ -108,13 +108,7 @@ pub fn manifest(
         ops,
         mem_words: stream.programs.iter().map(|p| p.mem_words).collect(),
         programs: ProgramKind::Loops,
-        files: (0..pes)
-            .map(|pe| PeFiles {
-                pe,
-                text: format!("pe{pe}.s"),
-                binary: format!("pe{pe}.bin"),
-            })
-            .collect(),
+        files: crate::pe_files(pes),
         inputs,
         outputs,
     })
