@@ -85,9 +85,6 @@ fn stream_programs_are_proved_for_many_sizes() {
                                     BTreeMap::new(),
                                     "n={n} d={d} h={h} m={m} shared={shared} causal={causal} safe={safe}:\n{r}"
                                 );
-                                if causal {
-                                    assert!(r.violations.iter().all(|v| v.pe == Some(m - 1)));
-                                }
                                 assert_eq!(r.stats.ops.rescale, man.ops.online_rescale);
                                 proved += 1;
                             }
@@ -98,7 +95,7 @@ fn stream_programs_are_proved_for_many_sizes() {
         }
     }
     eprintln!("{proved} stream layers proved");
-    assert!(proved >= 200, "only {proved} layers applied");
+    assert!(proved >= 600, "only {proved} layers applied");
 }
 
 /// `(pe, index)` of every bundle whose op satisfies `f`.
