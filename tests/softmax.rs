@@ -266,3 +266,55 @@ fn plain_keeps_the_paper_tables() {
         assert!(!c.manifest.to_json().unwrap().contains("softmax"));
     }
 }
+
+/// The stream schedule (loop programs, online softmax: running maximum and rescaling) under the
+/// same inputs, where it applies: proved through its flattened form, then run natively.
+#[test]
+fn the_stream_schedule_matches_the_reference_for_large_inputs() {
+    let mut runs = 0;
+    for &(n, d, m) in &[(8, 8, 4), (8, 4, 2), (16, 3, 4), (12, 5, 3)] {
+        for heads in 1..=3 {
+            for shared in [false, true] {
+                for causal in [false, true] {
+                    let text = src(n, d, heads, shared, causal, "");
+                    let c = match build(&text, m, Choice::Stream) {
+                        Ok(c) => c,
+                        Err(CompileError::Refused(_)) => continue,
+                        Err(e) => panic!("{e}"),
+                    };
+                    let flat: Vec<isa::Program> = c
+                        .loops
+                        .iter()
+                        .map(|p| p.flatten(1 << 24).unwrap())
+                        .collect();
+                    let mut m2 = c.manifest.clone();
+                    for p in m2.inputs.values_mut().chain(m2.outputs.values_mut()) {
+                        *p = p.expanded(m2.pes);
+                    }
+                    let report = verifier::verify(&flat, &m2);
+                    assert!(report.is_ok(), "{text}: {report}");
+                    for (i, &f) in FACTORS.iter().enumerate() {
+                        let inputs = scaled_inputs(&c.manifest, 7 + i as u64, f);
+                        let (out, _) =
+                            compiler::exec::execute_loops(c.loops.clone(), &c.manifest, &inputs)
+                                .unwrap();
+                        let want = compiler::exec::reference_output(&c.manifest, &inputs).unwrap();
+                        let vmax = inputs
+                            .get("v")
+                            .or_else(|| inputs.get("x"))
+                            .unwrap()
+                            .iter()
+                            .fold(0f64, |a, &x| a.max(f64::from(x).abs()));
+                        let err = compiler::exec::max_abs_err(&out.outputs["y"], &want);
+                        assert!(
+                            err <= 1e-4 * vmax.max(1.0),
+                            "{text} on {m} PEs, stream, inputs ×{f}: max abs err {err}"
+                        );
+                        runs += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(runs >= 100, "only {runs} runs");
+}
