@@ -516,17 +516,8 @@ impl Interner {
             }
             Node::Max { .. } => {
                 let terms = self.max_terms(id);
-                let _ = write!(out, "max[{}](", terms.len());
-                for (i, &t) in terms.iter().take(style.width).enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    self.write(t, style, depth - 1, out);
-                }
-                if terms.len() > style.width {
-                    out.push_str(", …");
-                }
-                out.push(')');
+                let _ = write!(out, "max[{}]", terms.len());
+                self.write_terms(terms, style, depth, out);
             }
             Node::Expd(a, b, bits) => {
                 let _ = write!(out, "exp({:?}·(", f32::from_bits(bits));
@@ -541,19 +532,25 @@ impl Interner {
                 if matches!(self.node(id), Node::Chain { .. }) {
                     terms.sort_unstable();
                 }
-                let _ = write!(out, "Σ[{} terms](", terms.len());
-                for (i, &t) in terms.iter().take(style.width).enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    self.write(t, style, depth - 1, out);
-                }
-                if terms.len() > style.width {
-                    out.push_str(", …");
-                }
-                out.push(')');
+                let _ = write!(out, "Σ[{} terms]", terms.len());
+                self.write_terms(&terms, style, depth, out);
             }
         }
+    }
+
+    /// `(t1, t2, …)`: the first `style.width` terms of a maximum or sum, then `…`.
+    fn write_terms(&self, terms: &[ExprId], style: &Style, depth: usize, out: &mut String) {
+        out.push('(');
+        for (i, &t) in terms.iter().take(style.width).enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            self.write(t, style, depth - 1, out);
+        }
+        if terms.len() > style.width {
+            out.push_str(", …");
+        }
+        out.push(')');
     }
 
     /// Explains how `found` differs from `expected` by descending to the first place they part:
