@@ -104,14 +104,12 @@ pub fn load(files: &impl DirFiles) -> Result<Loaded, String> {
     let manifest = Manifest::from_json(&text).map_err(|e| format!("{mshow}: {e}"))?;
     check_manifest(&manifest).map_err(|e| format!("{mshow}: {e}"))?;
 
-    let all_binary = manifest
-        .files
-        .iter()
-        .all(|f| files.size(&f.binary).is_some());
+    let listed = manifest.files.list(manifest.pes);
+    let all_binary = listed.iter().all(|f| files.size(&f.binary).is_some());
     // Sizes first: nothing is read unless the whole set fits the limits and, for binaries, has
     // exactly the length the manifest's cycle count implies.
     let mut total: u64 = 0;
-    for f in &manifest.files {
+    for f in &listed {
         let name = if all_binary { &f.binary } else { &f.text };
         let show = files.display(name);
         let size = files
@@ -145,8 +143,8 @@ pub fn load(files: &impl DirFiles) -> Result<Loaded, String> {
         }
     }
     if manifest.programs == ProgramKind::Loops {
-        let mut loops = Vec::with_capacity(manifest.files.len());
-        for f in &manifest.files {
+        let mut loops = Vec::with_capacity(listed.len());
+        for f in &listed {
             let name = if all_binary { &f.binary } else { &f.text };
             let show = files.display(name);
             let bytes = files.read(name)?;
@@ -170,8 +168,8 @@ pub fn load(files: &impl DirFiles) -> Result<Loaded, String> {
             source: if all_binary { "binary" } else { "text" },
         });
     }
-    let mut programs = Vec::with_capacity(manifest.files.len());
-    for f in &manifest.files {
+    let mut programs = Vec::with_capacity(listed.len());
+    for f in &listed {
         let name = if all_binary { &f.binary } else { &f.text };
         let show = files.display(name);
         let bytes = files.read(name)?;

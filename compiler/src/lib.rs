@@ -450,7 +450,7 @@ fn build_manifest(
         ops: schedule.ops.into(),
         mem_words: emitted.programs.iter().map(|p| p.mem_words).collect(),
         programs: manifest::ProgramKind::Flat,
-        files: pe_files(pes),
+        files: runtime::manifest::Files::List(pe_files(pes)),
         inputs,
         outputs,
     }

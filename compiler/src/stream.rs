@@ -108,7 +108,7 @@ pub fn manifest(
         ops,
         mem_words: stream.programs.iter().map(|p| p.mem_words).collect(),
         programs: ProgramKind::Loops,
-        files: crate::pe_files(pes),
+        files: runtime::manifest::Files::Pattern(runtime::manifest::FilePattern::standard()),
         inputs,
         outputs,
     })

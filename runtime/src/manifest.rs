@@ -38,7 +38,7 @@ pub struct Manifest {
     /// What the program files hold; absent in version 1 (always flat bundle lists).
     #[serde(default, skip_serializing_if = "ProgramKind::is_flat")]
     pub programs: ProgramKind,
-    pub files: Vec<PeFiles>,
+    pub files: Files,
     pub inputs: BTreeMap<String, Placement>,
     pub outputs: BTreeMap<String, Placement>,
 }
@@ -150,6 +150,79 @@ pub struct PeFiles {
     pub pe: u32,
     pub text: String,
     pub binary: String,
+}
+
+/// What stands for the PE's decimal number in a [`Files::Pattern`].
+pub const PE_PLACEHOLDER: &str = "{pe}";
+
+/// The program files' names: one entry per PE, or (from [`LAYOUT_FORMAT_VERSION`]) one pair of
+/// patterns in which [`PE_PLACEHOLDER`] stands for the PE's number. A thousand-PE ring's list
+/// alone would be most of the manifest, so the loop-program layers write the pattern.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Files {
+    List(Vec<PeFiles>),
+    Pattern(FilePattern),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilePattern {
+    pub text: String,
+    pub binary: String,
+}
+
+impl FilePattern {
+    /// attnc's own names: `pe<i>.s` and `pe<i>.bin`.
+    pub fn standard() -> FilePattern {
+        FilePattern {
+            text: format!("pe{PE_PLACEHOLDER}.s"),
+            binary: format!("pe{PE_PLACEHOLDER}.bin"),
+        }
+    }
+
+    pub fn expand(&self, pe: u32) -> PeFiles {
+        let n = pe.to_string();
+        PeFiles {
+            pe,
+            text: self.text.replace(PE_PLACEHOLDER, &n),
+            binary: self.binary.replace(PE_PLACEHOLDER, &n),
+        }
+    }
+
+    /// Why the pattern cannot name `pes` distinct files inside the directory, if it cannot.
+    fn problem(&self) -> Option<String> {
+        for (what, p) in [("text", &self.text), ("binary", &self.binary)] {
+            if p.matches(PE_PLACEHOLDER).count() != 1 {
+                return Some(format!(
+                    "files.{what} must hold \"{PE_PLACEHOLDER}\" exactly once"
+                ));
+            }
+            if !safe_name(&p.replace(PE_PLACEHOLDER, "0")) {
+                return Some(format!("files.{what} is not a plain file name"));
+            }
+        }
+        // Equal patterns would give one file both roles.
+        (self.text == self.binary).then(|| "files.text and files.binary are the same".into())
+    }
+}
+
+impl Files {
+    /// PE `pe`'s entry; `None` past the end of a list.
+    pub fn get(&self, pe: u32) -> Option<PeFiles> {
+        match self {
+            Files::List(l) => l.get(pe as usize).cloned(),
+            Files::Pattern(p) => Some(p.expand(pe)),
+        }
+    }
+
+    /// Every PE's entry, in PE order.
+    pub fn list(&self, pes: u32) -> Vec<PeFiles> {
+        match self {
+            Files::List(l) => l.clone(),
+            Files::Pattern(p) => (0..pes).map(|pe| p.expand(pe)).collect(),
+        }
+    }
 }
 
 /// Where every element of one tensor lives: either one `(pe, addr)` entry per element, or (from
@@ -355,15 +428,29 @@ impl Manifest {
                 self.layer.softmax
             ));
         }
-        if self.mem_words.len() != self.pes as usize || self.files.len() != self.pes as usize {
-            return err(format!(
-                "expected {} entries in mem_words and files",
-                self.pes
-            ));
+        if self.mem_words.len() != self.pes as usize {
+            return err(format!("expected {} entries in mem_words", self.pes));
         }
-        for (i, f) in self.files.iter().enumerate() {
-            if f.pe as usize != i || !safe_name(&f.text) || !safe_name(&f.binary) {
-                return err(format!("bad file entry for PE {i}"));
+        match &self.files {
+            Files::List(list) => {
+                if list.len() != self.pes as usize {
+                    return err(format!("expected {} entries in files", self.pes));
+                }
+                for (i, f) in list.iter().enumerate() {
+                    if f.pe as usize != i || !safe_name(&f.text) || !safe_name(&f.binary) {
+                        return err(format!("bad file entry for PE {i}"));
+                    }
+                }
+            }
+            Files::Pattern(p) => {
+                if self.format_version < LAYOUT_FORMAT_VERSION {
+                    return err(format!(
+                        "a files pattern needs format_version {LAYOUT_FORMAT_VERSION}"
+                    ));
+                }
+                if let Some(why) = p.problem() {
+                    return err(why);
+                }
             }
         }
         if !["shared", "separate"].contains(&self.layer.qkv.as_str()) {
@@ -493,11 +580,11 @@ mod tests {
             },
             mem_words: vec![1],
             programs: ProgramKind::Flat,
-            files: vec![PeFiles {
+            files: Files::List(vec![PeFiles {
                 pe: 0,
                 text: "pe0.s".into(),
                 binary: "pe0.bin".into(),
-            }],
+            }]),
             inputs: [("x".to_string(), place())].into(),
             outputs: [("y".to_string(), place())].into(),
         }
@@ -536,5 +623,35 @@ mod tests {
             .replace("\"softmax\"", "\"softmax\": \"safe\", \"online\"");
         let e = Manifest::from_json(&json).unwrap_err();
         assert!(e.0.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn a_files_pattern_names_every_pe_and_needs_version_2() {
+        let mut m = manifest("safe", 0);
+        m.format_version = LAYOUT_FORMAT_VERSION;
+        m.pes = 3;
+        m.mem_words = vec![1; 3];
+        m.files = Files::Pattern(FilePattern::standard());
+        let json = m.to_json().unwrap();
+        let back = Manifest::from_json(&json).unwrap();
+        let names: Vec<String> = back.files.list(3).into_iter().map(|f| f.binary).collect();
+        assert_eq!(names, ["pe0.bin", "pe1.bin", "pe2.bin"]);
+        assert_eq!(back.files.get(2).unwrap().text, "pe2.s");
+
+        let refused = |json: String, why: &str| {
+            let e = Manifest::from_json(&json).unwrap_err();
+            assert!(e.0.contains(why), "{e}");
+        };
+        refused(
+            json.replace("\"format_version\": 2", "\"format_version\": 1"),
+            "needs format_version 2",
+        );
+        refused(json.replace("pe{pe}.bin", "pe.bin"), "exactly once");
+        refused(json.replace("pe{pe}.bin", "pe{pe}{pe}.bin"), "exactly once");
+        refused(
+            json.replace("pe{pe}.bin", "../pe{pe}.bin"),
+            "not a plain file name",
+        );
+        refused(json.replace("pe{pe}.bin", "pe{pe}.s"), "the same");
     }
 }

@@ -117,7 +117,10 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
     };
     let mut rows = Vec::new();
     for (pe, sum) in walk.per_pe.iter().enumerate() {
-        let f = &m.files[pe];
+        let f = m
+            .files
+            .get(pe as u32)
+            .ok_or("the manifest lists fewer files than PEs")?;
         let ops: serde_json::Map<String, serde_json::Value> = PHASES
             .iter()
             .map(|c| (c.key().to_string(), json!(sum.op[*c as usize])))

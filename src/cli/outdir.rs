@@ -163,12 +163,14 @@ fn owned(dir: &Path, top: bool) -> Result<(), String> {
     }
     let mpath = dir.join("manifest.json");
     let manifest = read_manifest(&mpath)?;
+    let written: std::collections::HashSet<String> = manifest
+        .files
+        .list(manifest.pes)
+        .into_iter()
+        .flat_map(|f| [f.text, f.binary])
+        .collect();
     for (name, kind) in &entries {
-        let listed = name == "manifest.json"
-            || manifest
-                .files
-                .iter()
-                .any(|f| &f.text == name || &f.binary == name);
+        let listed = name == "manifest.json" || written.contains(name.as_str());
         if !listed || *kind != Kind::File {
             return Err(format!(
                 "it holds `{}`, which attnc did not write",
