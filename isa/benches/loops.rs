@@ -57,19 +57,16 @@ fn program(pe: u32, pes: u32, rows: u32, keys: u32, len: u32) -> LoopProgram {
         pe,
         pes,
         mem_words: s + 2 * rows,
-        body: vec![Node::Loop(Loop {
-            count: rows,
-            body: vec![
-                Node::Loop(Loop {
-                    count: keys,
-                    body: vec![Node::Loop(Loop {
-                        count: len,
-                        body: vec![Node::Bundle(mac)],
-                    })],
-                }),
+        body: vec![Node::Loop(Loop::new(
+            rows,
+            vec![
+                Node::Loop(Loop::new(
+                    keys,
+                    vec![Node::Loop(Loop::new(len, vec![Node::Bundle(mac)]))],
+                )),
                 Node::Bundle(send),
             ],
-        })],
+        ))],
     }
 }
 

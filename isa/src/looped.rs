@@ -290,10 +290,46 @@ impl LBundle {
 
 #[derive(Clone, PartialEq, Debug)]
 pub struct Loop {
-    /// Iterations, at least 1.
+    /// Iterations, at least 1; with a [`Loop::step`], the iterations when the stepped index is 0.
     pub count: u32,
+    /// A trip count affine in an enclosing loop's index (a triangular nest); `None`: fixed.
+    pub step: Option<CountStep>,
     /// Not empty.
     pub body: Vec<Node>,
+}
+
+/// The trip count `count + per · i_level`. Every instance must run at least once, and the
+/// body may not hold a stepped loop itself, so a program's length stays a closed form of its
+/// counts (sums of arithmetic series) and never needs a run or an enumeration.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct CountStep {
+    pub level: u8,
+    /// Not 0.
+    pub per: i16,
+}
+
+impl Loop {
+    /// A loop of a fixed `count`.
+    pub fn new(count: u32, body: Vec<Node>) -> Loop {
+        Loop {
+            count,
+            step: None,
+            body,
+        }
+    }
+
+    /// The iterations of the instance entered at loop indices `idx` (outermost first). For a
+    /// validated program the result is at least 1 and fits in `u32`.
+    #[inline]
+    pub fn trips(&self, idx: &[u32]) -> u32 {
+        match self.step {
+            None => self.count,
+            Some(s) => {
+                let i = idx.get(usize::from(s.level)).copied().unwrap_or(0);
+                (i64::from(self.count) + i64::from(s.per) * i64::from(i)) as u32
+            }
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, Debug)]
@@ -372,7 +408,13 @@ impl LoopProgram {
     pub fn validate(&self) -> Result<u64, LoopError> {
         let mut counter = 0usize;
         let mut bounds = Vec::with_capacity(MAX_LOOP_DEPTH);
-        validate_body(&self.body, &mut bounds, &mut counter)
+        validate_body(&self.body, &mut bounds, false, &mut counter)?;
+        body_lin(&self.body, 0)
+            .and_then(|l| u64::try_from(l.c).ok())
+            .ok_or_else(|| LoopError {
+                node: 0,
+                message: "run length overflows 64 bits".into(),
+            })
     }
 
     /// Run length in cycles, computed from the loop structure alone. For a
@@ -418,13 +460,52 @@ impl LoopProgram {
     }
 }
 
+/// Cycles of a node list as `c + Σ_k a[k] · i_k` over the indices of the enclosing loops
+/// (stepped loops make a body's length depend on them); `None` on overflow.
+#[derive(Clone, Copy)]
+struct Lin {
+    c: i128,
+    a: [i128; MAX_LOOP_DEPTH],
+}
+
+fn body_lin(nodes: &[Node], depth: usize) -> Option<Lin> {
+    let mut t = Lin {
+        c: 0,
+        a: [0; MAX_LOOP_DEPTH],
+    };
+    for n in nodes {
+        match n {
+            Node::Bundle(_) => t.c = t.c.checked_add(1)?,
+            Node::Loop(l) => {
+                let inner = body_lin(&l.body, depth + 1)?;
+                let n = i128::from(l.count);
+                match l.step {
+                    None => {
+                        // Σ_{i<n} (c + a_depth·i + rest) = n·c + a_depth·n(n−1)/2 + n·rest.
+                        let series = n.checked_mul(n - 1)? / 2;
+                        let own = inner.a.get(depth).copied().unwrap_or(0);
+                        t.c =
+                            t.c.checked_add(n.checked_mul(inner.c)?)?
+                                .checked_add(own.checked_mul(series)?)?;
+                        for k in 0..depth.min(MAX_LOOP_DEPTH) {
+                            t.a[k] = t.a[k].checked_add(n.checked_mul(inner.a[k])?)?;
+                        }
+                    }
+                    Some(s) => {
+                        // The body holds no stepped loop, so its length is `inner.c`.
+                        t.c = t.c.checked_add(n.checked_mul(inner.c)?)?;
+                        let k = usize::from(s.level).min(MAX_LOOP_DEPTH - 1);
+                        t.a[k] = t.a[k].checked_add(i128::from(s.per).checked_mul(inner.c)?)?;
+                    }
+                }
+            }
+        }
+    }
+    Some(t)
+}
+
 fn body_cycles(nodes: &[Node]) -> u64 {
-    nodes.iter().fold(0u64, |acc, n| {
-        acc.saturating_add(match n {
-            Node::Bundle(_) => 1,
-            Node::Loop(l) => u64::from(l.count).saturating_mul(body_cycles(&l.body)),
-        })
-    })
+    body_lin(nodes, 0).map_or(u64::MAX, |l| u64::try_from(l.c.max(0)).unwrap_or(u64::MAX))
 }
 
 fn expand(nodes: &[Node], idx: &mut Vec<u32>, out: &mut Vec<Bundle>) {
@@ -432,7 +513,7 @@ fn expand(nodes: &[Node], idx: &mut Vec<u32>, out: &mut Vec<Bundle>) {
         match n {
             Node::Bundle(b) => out.push(b.instance(idx)),
             Node::Loop(l) => {
-                for i in 0..l.count {
+                for i in 0..l.trips(idx) {
                     idx.push(i);
                     expand(&l.body, idx, out);
                     idx.pop();
@@ -442,13 +523,14 @@ fn expand(nodes: &[Node], idx: &mut Vec<u32>, out: &mut Vec<Bundle>) {
     }
 }
 
-/// `bounds[k]` is the trip count of the enclosing loop at level `k`.
+/// `bounds[k]` is the largest trip count of the enclosing loop at level `k`; `stepped` says
+/// whether an enclosing loop is stepped (whose body may not hold another).
 fn validate_body(
     nodes: &[Node],
     bounds: &mut Vec<u32>,
+    stepped: bool,
     counter: &mut usize,
-) -> Result<u64, LoopError> {
-    let mut total = 0u64;
+) -> Result<(), LoopError> {
     for n in nodes {
         let here = *counter;
         *counter += 1;
@@ -456,11 +538,8 @@ fn validate_body(
             node: here,
             message,
         };
-        let c = match n {
-            Node::Bundle(b) => {
-                validate_bundle(b, bounds).map_err(err)?;
-                1
-            }
+        match n {
+            Node::Bundle(b) => validate_bundle(b, bounds).map_err(err)?,
             Node::Loop(l) => {
                 if bounds.len() >= MAX_LOOP_DEPTH {
                     return Err(err(format!(
@@ -473,20 +552,48 @@ fn validate_body(
                 if l.body.is_empty() {
                     return Err(err("loop body is empty".into()));
                 }
-                bounds.push(l.count);
-                let inner = validate_body(&l.body, bounds, counter);
+                let most = match l.step {
+                    None => l.count,
+                    Some(s) => {
+                        if stepped {
+                            return Err(err(
+                                "a stepped loop inside a stepped loop (their length would not be an arithmetic series)".into(),
+                            ));
+                        }
+                        let Some(&outer) = bounds.get(usize::from(s.level)) else {
+                            return Err(err(format!(
+                                "loop count steps with i{}, but only {} loop(s) enclose it",
+                                s.level,
+                                bounds.len()
+                            )));
+                        };
+                        if s.per == 0 {
+                            return Err(err("loop count step of 0 (omit the step)".into()));
+                        }
+                        let last = i64::from(l.count) + i64::from(s.per) * (i64::from(outer) - 1);
+                        if last < 1 {
+                            return Err(err(format!(
+                                "loop count {} {:+}·i{} reaches {last} at i{} = {}; every instance must run at least once",
+                                l.count,
+                                s.per,
+                                s.level,
+                                s.level,
+                                outer - 1
+                            )));
+                        }
+                        u32::try_from(last.max(i64::from(l.count))).map_err(|_| {
+                            err(format!("loop count reaches {last}, more than 32 bits"))
+                        })?
+                    }
+                };
+                bounds.push(most);
+                let inner = validate_body(&l.body, bounds, stepped || l.step.is_some(), counter);
                 bounds.pop();
-                u64::from(l.count)
-                    .checked_mul(inner?)
-                    .ok_or_else(|| err("run length overflows 64 bits".into()))?
+                inner?;
             }
-        };
-        total = total.checked_add(c).ok_or_else(|| LoopError {
-            node: here,
-            message: "run length overflows 64 bits".into(),
-        })?;
+        }
     }
-    Ok(total)
+    Ok(())
 }
 
 fn validate_bundle(b: &LBundle, bounds: &[u32]) -> Result<(), String> {

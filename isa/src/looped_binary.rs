@@ -11,7 +11,7 @@ use crate::binary::{
     HEADER_BYTES, MAGIC,
 };
 use crate::looped::{
-    Cmp, Field, LBundle, Loop, LoopProgram, Node, Pred, Slot, Term, LOOP_FORMAT_VERSION,
+    Cmp, CountStep, Field, LBundle, Loop, LoopProgram, Node, Pred, Slot, Term, LOOP_FORMAT_VERSION,
     MAX_LOOP_DEPTH,
 };
 use crate::looped_text::AnyProgram;
@@ -32,7 +32,10 @@ pub fn encode_looped(p: &LoopProgram) -> Result<Vec<u8>, EncodeError> {
         for n in nodes {
             match n {
                 Node::Loop(l) => {
-                    out.extend_from_slice(&[TAG_LOOP, 0, 0, 0]);
+                    // Byte 1: 0, or 1 + the level a stepped count follows; bytes 2–3: the step.
+                    let (level, per) = l.step.map_or((0, 0i16), |s| (s.level + 1, s.per));
+                    let [p0, p1] = per.to_le_bytes();
+                    out.extend_from_slice(&[TAG_LOOP, level, p0, p1]);
                     out.extend_from_slice(&l.count.to_le_bytes());
                     body(out, &l.body);
                     out.extend_from_slice(&[TAG_END, 0, 0, 0]);
@@ -131,7 +134,7 @@ pub fn decode_looped(bytes: &[u8]) -> Result<LoopProgram, DecodeError> {
         });
     }
     let recs = &bytes[HEADER_BYTES..end];
-    let mut stack: Vec<(u32, Vec<Node>)> = vec![(1, Vec::new())];
+    let mut stack: Vec<(u32, Option<CountStep>, Vec<Node>)> = vec![(1, None, Vec::new())];
     let mut at = 0usize;
     while at < recs.len() {
         let bad = |reason: String| DecodeError::InvalidBundle { index: at, reason };
@@ -140,9 +143,17 @@ pub fn decode_looped(bytes: &[u8]) -> Result<LoopProgram, DecodeError> {
             .ok_or_else(|| bad("record header cut off".into()))?;
         match head[0] {
             TAG_LOOP => {
-                if head[1..] != [0, 0, 0] {
-                    return Err(bad("non-zero reserved bytes in a loop record".into()));
-                }
+                let per = i16::from_le_bytes([head[2], head[3]]);
+                let step = match (head[1], per) {
+                    (0, 0) => None,
+                    (0, _) | (_, 0) => {
+                        return Err(bad(
+                            "a loop record's step level and step must both be zero or both not"
+                                .into(),
+                        ))
+                    }
+                    (l, per) => Some(CountStep { level: l - 1, per }),
+                };
                 let count =
                     u32_at(recs, at + 4).ok_or_else(|| bad("loop record cut off".into()))?;
                 // The depth limit is checked here too so that a hostile file
@@ -150,7 +161,7 @@ pub fn decode_looped(bytes: &[u8]) -> Result<LoopProgram, DecodeError> {
                 if stack.len() > MAX_LOOP_DEPTH {
                     return Err(bad(format!("loops nested deeper than {MAX_LOOP_DEPTH}")));
                 }
-                stack.push((count, Vec::new()));
+                stack.push((count, step, Vec::new()));
                 at += 8;
             }
             TAG_END => {
@@ -160,9 +171,9 @@ pub fn decode_looped(bytes: &[u8]) -> Result<LoopProgram, DecodeError> {
                 if stack.len() == 1 {
                     return Err(bad("loop end without an open loop".into()));
                 }
-                if let Some((count, body)) = stack.pop() {
+                if let Some((count, step, body)) = stack.pop() {
                     if let Some(top) = stack.last_mut() {
-                        top.1.push(Node::Loop(Loop { count, body }));
+                        top.2.push(Node::Loop(Loop { count, step, body }));
                     }
                 }
                 at += 4;
@@ -213,7 +224,7 @@ pub fn decode_looped(bytes: &[u8]) -> Result<LoopProgram, DecodeError> {
                     });
                 }
                 if let Some(top) = stack.last_mut() {
-                    top.1.push(Node::Bundle(LBundle {
+                    top.2.push(Node::Bundle(LBundle {
                         bundle,
                         terms,
                         preds,
@@ -230,7 +241,7 @@ pub fn decode_looped(bytes: &[u8]) -> Result<LoopProgram, DecodeError> {
             reason: "loop not closed at the end of the stream".into(),
         });
     }
-    let body = stack.pop().map(|s| s.1).unwrap_or_default();
+    let body = stack.pop().map(|s| s.2).unwrap_or_default();
     let p = LoopProgram {
         pe,
         pes,

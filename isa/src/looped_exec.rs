@@ -86,11 +86,21 @@ impl Cursor {
             if top.pos < list.len() {
                 match &list[top.pos] {
                     Node::Bundle(b) => return Some((b, list.len())),
-                    Node::Loop(l) => self.frames.push(Frame {
-                        pos: 0,
-                        iter: 0,
-                        count: l.count,
-                    }),
+                    Node::Loop(l) => {
+                        let count = match l.step {
+                            None => l.count,
+                            Some(_) => {
+                                let mut idx = [0u32; MAX_LOOP_DEPTH];
+                                self.indices(&mut idx);
+                                l.trips(&idx)
+                            }
+                        };
+                        self.frames.push(Frame {
+                            pos: 0,
+                            iter: 0,
+                            count,
+                        })
+                    }
                 }
             } else if top.iter + 1 < top.count {
                 self.frames[k].iter += 1;

@@ -13,7 +13,8 @@ use std::str::FromStr;
 
 use crate::inst::{Bundle, Program};
 use crate::looped::{
-    field, Cmp, Field, LBundle, Loop, LoopProgram, Node, Pred, Slot, Term, LOOP_FORMAT_VERSION,
+    field, Cmp, CountStep, Field, LBundle, Loop, LoopProgram, Node, Pred, Slot, Term,
+    LOOP_FORMAT_VERSION,
 };
 use crate::text::ParseError;
 
@@ -121,7 +122,15 @@ impl fmt::Display for LoopProgram {
                 match n {
                     Node::Bundle(b) => writeln!(f, "{:w$}{b}", "", w = 4 * depth)?,
                     Node::Loop(l) => {
-                        writeln!(f, "{:w$}loop {} {{", "", l.count, w = 4 * depth)?;
+                        write!(f, "{:w$}loop {}", "", l.count, w = 4 * depth)?;
+                        if let Some(s) = l.step {
+                            let sign = if s.per < 0 { '-' } else { '+' };
+                            match s.per.unsigned_abs() {
+                                1 => write!(f, " {sign} i{}", s.level)?,
+                                k => write!(f, " {sign} {k}*i{}", s.level)?,
+                            }
+                        }
+                        writeln!(f, " {{")?;
                         body(f, &l.body, depth + 1)?;
                         writeln!(f, "{:w$}}}", "", w = 4 * depth)?;
                     }
@@ -193,7 +202,7 @@ pub fn parse_looped(text: &str) -> Result<LoopProgram, ParseError> {
     let mut h = Header::default();
     let mut started = false;
     // Open loops: (count, body, line of `loop`).
-    let mut stack: Vec<(u32, Vec<Node>, usize)> = vec![(1, Vec::new(), 0)];
+    let mut stack: Vec<(u32, Option<CountStep>, Vec<Node>, usize)> = vec![(1, None, Vec::new(), 0)];
     // Line of every node in pre-order, to place validation errors.
     let mut node_lines: Vec<usize> = Vec::new();
     // Pre-order numbering needs a node's slot reserved when it opens.
@@ -229,11 +238,11 @@ pub fn parse_looped(text: &str) -> Result<LoopProgram, ParseError> {
             if stack.len() == 1 {
                 return Err(perr(line, src, start, "`}` without an open loop"));
             }
-            let Some((count, body, _)) = stack.pop() else {
+            let Some((count, step, body, _)) = stack.pop() else {
                 continue;
             };
             if let Some(top) = stack.last_mut() {
-                top.1.push(Node::Loop(Loop { count, body }));
+                top.2.push(Node::Loop(Loop { count, step, body }));
             }
             continue;
         }
@@ -244,37 +253,37 @@ pub fn parse_looped(text: &str) -> Result<LoopProgram, ParseError> {
                     return Err(perr(line, src, start, "expected `loop COUNT {`"));
                 };
                 let num = num.trim();
-                let count = parse_u32(num).ok_or_else(|| {
+                let (count, step) = parse_count(num).ok_or_else(|| {
                     perr(
                         line,
                         src,
                         start + 5,
-                        format!("bad loop count `{num}` (expected a decimal u32)"),
+                        format!("bad loop count `{num}` (expected a decimal u32, optionally `+ K*iL` or `- K*iL`)"),
                     )
                 })?;
                 node_lines.push(line);
-                stack.push((count, Vec::new(), line));
+                stack.push((count, step, Vec::new(), line));
                 continue;
             }
         }
         node_lines.push(line);
         let b = parse_lbundle(line, src, code.len())?;
         if let Some(top) = stack.last_mut() {
-            top.1.push(Node::Bundle(b));
+            top.2.push(Node::Bundle(b));
         }
     }
     if !started {
         complete(&h, last_line + 1)?;
     }
     if stack.len() > 1 {
-        let open = stack.last().map_or(0, |s| s.2);
+        let open = stack.last().map_or(0, |s| s.3);
         return Err(ParseError {
             line: open,
             col: 1,
             message: "loop is never closed (missing `}`)".into(),
         });
     }
-    let body = stack.pop().map(|s| s.1).unwrap_or_default();
+    let body = stack.pop().map(|s| s.2).unwrap_or_default();
     let (pe, pes, mem_words) = (
         h.pe.map_or(0, |x| x.0),
         h.pes.map_or(0, |x| x.0),
@@ -299,6 +308,35 @@ fn parse_u32(s: &str) -> Option<u32> {
         return None;
     }
     s.parse().ok()
+}
+
+/// `N`, `N + iL`, `N - K*iL`: a loop count, optionally stepped by an enclosing loop's index.
+/// Printing never writes a step of 0 or a `+ -`, so neither is accepted.
+fn parse_count(s: &str) -> Option<(u32, Option<CountStep>)> {
+    let Some(at) = s.find(['+', '-']) else {
+        return Some((parse_u32(s)?, None));
+    };
+    let count = parse_u32(s[..at].trim())?;
+    let negative = s[at..].starts_with('-');
+    let term = s[at + 1..].trim();
+    let (k, index) = match term.split_once('*') {
+        Some((k, i)) => (parse_u32(k.trim())?, i.trim()),
+        None => (1, term),
+    };
+    let level = index.strip_prefix('i').and_then(parse_u32)?;
+    let signed = if negative {
+        -i64::from(k)
+    } else {
+        i64::from(k)
+    };
+    let per = i16::try_from(signed).ok().filter(|&p| p != 0)?;
+    Some((
+        count,
+        Some(CountStep {
+            level: u8::try_from(level).ok()?,
+            per,
+        }),
+    ))
 }
 
 fn directive(

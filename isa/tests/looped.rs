@@ -4,8 +4,9 @@
 
 use isa::{
     decode_any, decode_looped, encode_looped, parse_any, parse_looped, Acc, AccSrc, AnyProgram,
-    Bundle, Cmp, F32Domain, Fault, Field, LBundle, Loop, LoopMachine, LoopProgram, Machine,
-    NoObserver, Node, Op, OpKind, Pred, RunStats, Slot, Term, Xfer, XferSrc, MAX_LOOP_DEPTH,
+    Bundle, Cmp, CountStep, F32Domain, Fault, Field, LBundle, Loop, LoopMachine, LoopProgram,
+    Machine, NoObserver, Node, Op, OpKind, Pred, RunStats, Slot, Term, Xfer, XferSrc,
+    MAX_LOOP_DEPTH,
 };
 use proptest::prelude::*;
 
@@ -32,6 +33,8 @@ struct Gen {
     mem: u32,
     /// Percent of bundles that may fault (out-of-range bases, odd slots).
     wild: u64,
+    /// Whether the loop being generated is inside a stepped one.
+    in_stepped: std::cell::Cell<bool>,
 }
 
 impl Gen {
@@ -168,14 +171,34 @@ impl Gen {
                     } else {
                         4 + r.below(40) as u32
                     };
-                    bounds.push(count);
+                    // Some loops step their count with an enclosing index (triangular nests),
+                    // never inside another stepped loop.
+                    let stepped = !bounds.is_empty() && !self.in_stepped.get() && r.chance(30);
+                    let (count, step, most) = if stepped {
+                        let level = r.below(bounds.len() as u64) as u8;
+                        let outer = bounds[usize::from(level)];
+                        let per: i16 = [1, 2, -1][r.below(3) as usize];
+                        let count = if per < 0 {
+                            count + (outer - 1) * u32::from(per.unsigned_abs())
+                        } else {
+                            count
+                        };
+                        let last =
+                            (i64::from(count) + i64::from(per) * i64::from(outer - 1)) as u32;
+                        (count, Some(CountStep { level, per }), count.max(last))
+                    } else {
+                        (count, None, count)
+                    };
+                    bounds.push(most);
+                    let was = self.in_stepped.replace(self.in_stepped.get() || stepped);
                     let body = if r.chance(50) {
                         vec![Node::Bundle(self.bundle(r, depth + 1))]
                     } else {
                         self.body(r, depth + 1, bounds)
                     };
+                    self.in_stepped.set(was);
                     bounds.pop();
-                    Node::Loop(Loop { count, body })
+                    Node::Loop(Loop { count, step, body })
                 } else {
                     Node::Bundle(self.bundle(r, depth))
                 }
@@ -190,7 +213,15 @@ fn fix_bases(nodes: &mut [Node], bounds: &mut Vec<u32>) {
     for n in nodes {
         match n {
             Node::Loop(l) => {
-                bounds.push(l.count);
+                let most = match l.step {
+                    None => l.count,
+                    Some(st) => {
+                        let outer = bounds[usize::from(st.level)];
+                        let last = i64::from(l.count) + i64::from(st.per) * i64::from(outer - 1);
+                        l.count.max(last as u32)
+                    }
+                };
+                bounds.push(most);
                 fix_bases(&mut l.body, bounds);
                 bounds.pop();
             }
@@ -223,7 +254,11 @@ fn case(seed: u64, wild: u64) -> Case {
     let mut r = Rng(seed | 1);
     let pes = 1 + r.below(3) as u32;
     let mem = 12 + r.below(20) as u32;
-    let g = Gen { mem, wild };
+    let g = Gen {
+        mem,
+        wild,
+        in_stepped: Default::default(),
+    };
     let spmd = r.chance(60);
     let mut shared = None;
     let progs = (0..pes)
@@ -349,6 +384,19 @@ fn bulk_path_runs_and_agrees_on_many_random_rings() {
         with_bulk += u64::from(b > 0);
         faults += u64::from(flat_run(&c).0.is_err());
     }
+    let stepped = (0..600u64)
+        .filter(|seed| {
+            let c = case(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), 0);
+            fn has_step(nodes: &[Node]) -> bool {
+                nodes.iter().any(|n| match n {
+                    Node::Loop(l) => l.step.is_some() || has_step(&l.body),
+                    Node::Bundle(_) => false,
+                })
+            }
+            c.progs.iter().any(|p| has_step(&p.body))
+        })
+        .count();
+    assert!(stepped > 50, "only {stepped} cases hold a stepped loop");
     println!("bulk cycles {bulk} in {with_bulk} cases, {faults} faulting cases");
     assert!(
         bulk > 2_000 && with_bulk > 50,
@@ -398,10 +446,7 @@ fn dot_ring(pes: u32, n: u32) -> (Vec<LoopProgram>, Vec<(u32, u32, f32)>) {
             pes,
             mem_words: 2 * n + 2,
             body: vec![
-                Node::Loop(Loop {
-                    count: n,
-                    body: vec![Node::Bundle(mac.clone())],
-                }),
+                Node::Loop(Loop::new(n, vec![Node::Bundle(mac.clone())])),
                 Node::Bundle(send.clone()),
             ],
         })
@@ -483,6 +528,53 @@ exp m30, 0.5 -> m31
     let f1 = isa::encode(&flat).unwrap();
     assert_eq!(decode_any(&f1).unwrap(), AnyProgram::Flat(flat.clone()));
     assert_eq!(parse_any(&flat.to_text()).unwrap(), AnyProgram::Flat(flat));
+}
+
+#[test]
+fn triangular_nests_have_a_closed_form_length() {
+    let text = "\
+; attnc ring microcode
+.format 3
+.pe 0
+.pes 1
+.mem 64
+loop 5 {
+    loop 1 + i0 {
+        loop 3 {
+            mul m[0 + 1*i2], m[8 + 1*i1]
+        }
+    }
+    loop 4 {
+        loop 6 - i0 {
+            nop
+        }
+    }
+    loop 2 + 2*i0 {
+        nop
+    }
+}
+";
+    let p = parse_looped(text).unwrap();
+    assert_eq!(p.to_text(), text);
+    // Row i0 runs 3·(1 + i0) + 4·(6 − i0) + (2 + 2·i0) cycles.
+    let want: u64 = (0..5).map(|i| 3 * (1 + i) + 4 * (6 - i) + 2 + 2 * i).sum();
+    assert_eq!(p.cycles(), want);
+    let flat = p.flatten(1000).unwrap();
+    assert_eq!(flat.bundles.len() as u64, want);
+    // Rows 0 and 1 take 29 and 30 cycles; row 2's keys loop runs 3 times and its last
+    // multiply (i1 = i2 = 2) is its 9th cycle.
+    assert_eq!(flat.bundles[29 + 30 + 8].to_string(), "mul m2, m10");
+    let bin = encode_looped(&p).unwrap();
+    assert_eq!(decode_looped(&bin).unwrap(), p);
+
+    assert!(err("loop 3 {\nloop 2 - i0 {\nnop\n}\n}\n").contains("reaches 0 at i0 = 2"));
+    assert!(err("loop 3 {\nloop 2 + i1 {\nnop\n}\n}\n").contains("only 1 loop(s) enclose"));
+    assert!(
+        err("loop 3 {\nloop 1 + i0 {\nloop 1 + i0 {\nnop\n}\n}\n}\n")
+            .contains("stepped loop inside a stepped loop")
+    );
+    assert!(err("loop 3 {\nloop 1 + 0*i0 {\nnop\n}\n}\n").contains("bad loop count"));
+    assert!(err("loop 3 {\nloop 1 + 40000*i0 {\nnop\n}\n}\n").contains("bad loop count"));
 }
 
 #[test]

@@ -233,7 +233,7 @@ fn lp(count: u32, body: Vec<Node>) -> Vec<Node> {
     if count == 0 {
         Vec::new()
     } else {
-        vec![Node::Loop(Loop { count, body })]
+        vec![Node::Loop(Loop::new(count, body))]
     }
 }
 
