@@ -98,6 +98,41 @@ fn stream_programs_are_proved_for_many_sizes() {
     assert!(proved >= 600, "only {proved} layers applied");
 }
 
+/// Causal layers whose step-0 triangle is long enough to become stepped loops (a PE owning 8
+/// or more rows), trimmed and untrimmed hops alike, proved exactly.
+#[test]
+fn triangular_step_zero_is_proved() {
+    let mut stepped = 0;
+    for (n, m) in [(16, 2), (24, 2), (32, 2), (32, 4), (48, 3), (64, 4)] {
+        for d in [1, 2, 3, 8] {
+            for shared in [false, true] {
+                for safe in [false, true] {
+                    let Some((programs, man)) = build(n, d, 1, m, shared, true, safe) else {
+                        panic!("n={n} m={m} does not apply");
+                    };
+                    let r = verify(&programs, &man);
+                    assert_eq!(
+                        r.counts,
+                        BTreeMap::new(),
+                        "n={n} d={d} m={m} shared={shared} safe={safe}:\n{r}"
+                    );
+                    let p = problem(n, d, 1, shared, true, safe);
+                    let loops = schedule_stream::run(&p, m, safe).unwrap();
+                    stepped += usize::from(loops.programs.iter().all(|q| {
+                        q.to_text()
+                            .lines()
+                            .any(|l| l.trim_start().starts_with("loop") && l.contains(" + i"))
+                    }));
+                }
+            }
+        }
+    }
+    assert!(
+        stepped >= 60,
+        "only {stepped} layers had stepped loops on every PE"
+    );
+}
+
 /// `(pe, index)` of every bundle whose op satisfies `f`.
 fn find(programs: &[Program], f: impl Fn(&isa::Arith) -> bool) -> Vec<(usize, usize)> {
     let mut out = Vec::new();

@@ -1,6 +1,6 @@
 //! Loop programs are proved like the flat ones: compile with the stream schedule, write the
 //! files, load them as `attnc verify` does (loop programs flattened, layouts expanded) and prove
-//! them. Then the fields only loop programs have — loop counts, address strides and base
+//! them. Then the fields only loop programs have — loop counts and their steps, address strides and base
 //! addresses — are mutated one at a time and every mutant must be rejected: refused on loading,
 //! or not proved.
 
@@ -101,12 +101,40 @@ enum Mutation {
     LoopCount,
     Stride,
     Base,
+    /// The step of a triangular loop's count.
+    Step,
+}
+
+/// Every stepped loop, in pre-order.
+fn stepped_loops<'a>(nodes: &'a mut [Node], out: &mut Vec<&'a mut isa::Loop>) {
+    for n in nodes {
+        if let Node::Loop(l) = n {
+            if l.step.is_some() {
+                out.push(l);
+            } else {
+                stepped_loops(&mut l.body, out);
+            }
+        }
+    }
 }
 
 /// Applies one mutation of `kind` at a random place that matters; `None` when the program has
 /// no such place.
 fn mutate(p: &mut LoopProgram, kind: Mutation, rng: &mut impl RngExt) -> Option<String> {
     match kind {
+        Mutation::Step => {
+            let mut all = Vec::new();
+            stepped_loops(&mut p.body, &mut all);
+            if all.is_empty() {
+                return None;
+            }
+            let i = rng.random_range(0..all.len());
+            let l = &mut all[i];
+            let old = l.step?;
+            let per = old.per + if rng.random_bool(0.5) { 1 } else { -1 };
+            l.step = (per != 0).then_some(isa::CountStep { per, ..old });
+            Some(format!("count step {} -> {per}", old.per))
+        }
         Mutation::LoopCount => {
             let total = count_loops(&p.body);
             let mut k = rng.random_range(0..total);
@@ -126,7 +154,22 @@ fn mutate(p: &mut LoopProgram, kind: Mutation, rng: &mut impl RngExt) -> Option<
             let mut places: Vec<(usize, usize)> = Vec::new();
             for (i, (b, counts)) in all.iter().enumerate() {
                 for (j, t) in b.terms.iter().enumerate() {
-                    if counts[usize::from(t.level)] > 1 {
+                    // ...and whose slot is not predicated to one iteration of that loop.
+                    let slot = match t.field {
+                        Field::OpA | Field::OpB | Field::OpDst => isa::Slot::Op,
+                        Field::AccSrc | Field::AccDst => isa::Slot::Acc,
+                        Field::XferSrc | Field::XferDst => isa::Slot::Xfer,
+                    };
+                    let pinned = b.preds.iter().any(|p| {
+                        p.slot == slot
+                            && p.level == t.level
+                            && match p.cmp {
+                                isa::Cmp::Eq => true,
+                                isa::Cmp::Lt => p.value <= 1,
+                                _ => false,
+                            }
+                    });
+                    if counts[usize::from(t.level)] > 1 && !pinned {
                         places.push((i, j));
                     }
                 }
@@ -171,21 +214,29 @@ fn mutate(p: &mut LoopProgram, kind: Mutation, rng: &mut impl RngExt) -> Option<
 #[test]
 fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let mut rejected = [0u32; 3];
+    let mut rejected = [0u32; 4];
     let layers = [
         (8, 2, 1, false, false, 2),
         (8, 3, 2, true, false, 4),
         (8, 2, 1, false, true, 2),
         (16, 2, 2, false, true, 2),
         (12, 4, 1, true, true, 3),
+        // Step-0 triangles long enough for stepped loops.
+        (32, 2, 1, false, true, 2),
+        (32, 3, 1, true, true, 2),
     ];
     for (n, d, h, shared, causal, m) in layers {
         let what = format!("n={n} d={d} h={h} shared={shared} causal={causal} m={m}");
         let c = stream(&layer_src(n, d, h, shared, causal), m);
         prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
-        for (k, kind) in [Mutation::LoopCount, Mutation::Stride, Mutation::Base]
-            .into_iter()
-            .enumerate()
+        for (k, kind) in [
+            Mutation::LoopCount,
+            Mutation::Stride,
+            Mutation::Base,
+            Mutation::Step,
+        ]
+        .into_iter()
+        .enumerate()
         {
             for _ in 0..6 {
                 let mut loops = c.loops.clone();
@@ -205,5 +256,7 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
             }
         }
     }
-    assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
+    assert!(rejected[..3].iter().all(|&r| r >= 20), "{rejected:?}");
+    // Three layers have stepped loops.
+    assert!(rejected[3] >= 18, "{rejected:?}");
 }

@@ -691,70 +691,130 @@ fn validate_bundle(b: &LBundle, bounds: &[u32]) -> Result<(), String> {
 impl LoopProgram {
     /// Executed ops by kind (indexed by `OpKind::index`), computed from the
     /// loop structure without running: a template counts once per iteration
-    /// of its enclosing loops in which its op-slot predicates hold.
+    /// of its enclosing loops in which its op-slot predicates hold. A stepped loop whose own
+    /// op predicates are not all absent costs one step per iteration of the loop it follows.
     pub fn op_counts(&self) -> [u64; crate::inst::OPS.len()] {
         let mut out = [0u64; crate::inst::OPS.len()];
-        let mut bounds = Vec::new();
-        count_ops(&self.body, &mut bounds, &mut out);
+        let mut loops = Vec::new();
+        count_ops(&self.body, &mut loops, &mut out);
         out
     }
 }
 
-fn count_ops(nodes: &[Node], bounds: &mut Vec<u32>, out: &mut [u64]) {
+fn count_ops(nodes: &[Node], loops: &mut Vec<(u32, Option<CountStep>)>, out: &mut [u64]) {
     for n in nodes {
         match n {
             Node::Loop(l) => {
-                bounds.push(l.count);
-                count_ops(&l.body, bounds, out);
-                bounds.pop();
+                loops.push((l.count, l.step));
+                count_ops(&l.body, loops, out);
+                loops.pop();
             }
             Node::Bundle(b) => {
                 let Some(k) = b.bundle.op.kind() else {
                     continue;
                 };
-                let mut times = 1u64;
-                for (level, &bound) in bounds.iter().enumerate() {
-                    let preds: Vec<&Pred> = b
-                        .preds
+                let preds_at = |level: usize| -> Vec<&Pred> {
+                    b.preds
                         .iter()
                         .filter(|p| p.slot == Slot::Op && usize::from(p.level) == level)
-                        .collect();
-                    let hits = if preds.is_empty() {
-                        u64::from(bound)
+                        .collect()
+                };
+                // At most one enclosing loop is stepped (they do not nest); its level and the
+                // level it follows are counted together.
+                let stepped = loops
+                    .iter()
+                    .enumerate()
+                    .find_map(|(lv, (_, st))| st.map(|st| (lv, st)));
+                let mut times = 1u64;
+                for (level, &(count, _)) in loops.iter().enumerate() {
+                    if let Some((s, st)) = stepped {
+                        if level == s || level == usize::from(st.level) {
+                            continue;
+                        }
+                    }
+                    times =
+                        times.saturating_mul(Hits::of(u64::from(count), &preds_at(level)).len());
+                }
+                if let Some((s, st)) = stepped {
+                    let l = usize::from(st.level);
+                    let outer = Hits::of(u64::from(loops[l].0), &preds_at(l));
+                    let inner = preds_at(s);
+                    let base = i128::from(loops[s].0);
+                    let per = i128::from(st.per);
+                    let pairs: u64 = if inner.is_empty() {
+                        // Σ over the outer hits of (base + per·i), in closed form.
+                        let n = i128::from(outer.len());
+                        let sum_i = outer.index_sum();
+                        u64::try_from(n * base + per * sum_i).unwrap_or(u64::MAX)
                     } else {
-                        // Conjunctions of comparisons with constants: an
-                        // interval minus at most a few points, counted
-                        // directly over the interval's ends.
-                        let mut lo = 0u64;
-                        let mut hi = u64::from(bound);
-                        let mut eqs = Vec::new();
-                        let mut nes = Vec::new();
-                        for p in &preds {
-                            let v = u64::from(p.value);
-                            match p.cmp {
-                                Cmp::Lt => hi = hi.min(v),
-                                Cmp::Ge => lo = lo.max(v),
-                                Cmp::Eq => eqs.push(v),
-                                Cmp::Ne => nes.push(v),
-                            }
-                        }
-                        if let Some(&e) = eqs.first() {
-                            if eqs.iter().all(|&x| x == e) && e >= lo && e < hi {
-                                lo = e;
-                                hi = e + 1;
-                            } else {
-                                hi = lo;
-                            }
-                        }
-                        nes.sort_unstable();
-                        nes.dedup();
-                        let span = hi.saturating_sub(lo);
-                        span - nes.iter().filter(|&&x| x >= lo && x < hi).count() as u64
+                        outer
+                            .iter()
+                            .map(|i| {
+                                let trips = (base + per * i128::from(i)).max(0) as u64;
+                                Hits::of(trips, &inner).len()
+                            })
+                            .fold(0u64, u64::saturating_add)
                     };
-                    times = times.saturating_mul(hits);
+                    times = times.saturating_mul(pairs);
                 }
                 out[k.index()] = out[k.index()].saturating_add(times);
             }
         }
+    }
+}
+
+/// The iterations `[lo, hi)` minus the points `nes` of a loop of `bound` iterations in which a
+/// conjunction of comparisons with constants holds.
+struct Hits {
+    lo: u64,
+    hi: u64,
+    nes: Vec<u64>,
+}
+
+impl Hits {
+    fn of(bound: u64, preds: &[&Pred]) -> Hits {
+        let mut lo = 0u64;
+        let mut hi = bound;
+        let mut eqs = Vec::new();
+        let mut nes = Vec::new();
+        for p in preds {
+            let v = u64::from(p.value);
+            match p.cmp {
+                Cmp::Lt => hi = hi.min(v),
+                Cmp::Ge => lo = lo.max(v),
+                Cmp::Eq => eqs.push(v),
+                Cmp::Ne => nes.push(v),
+            }
+        }
+        if let Some(&e) = eqs.first() {
+            if eqs.iter().all(|&x| x == e) && e >= lo && e < hi {
+                lo = e;
+                hi = e + 1;
+            } else {
+                hi = lo;
+            }
+        }
+        nes.sort_unstable();
+        nes.dedup();
+        nes.retain(|&x| x >= lo && x < hi);
+        Hits { lo, hi, nes }
+    }
+
+    fn len(&self) -> u64 {
+        self.hi.saturating_sub(self.lo) - self.nes.len() as u64
+    }
+
+    fn index_sum(&self) -> i128 {
+        let (lo, hi) = (i128::from(self.lo), i128::from(self.hi));
+        let all = if hi > lo {
+            (lo + hi - 1) * (hi - lo) / 2
+        } else {
+            0
+        };
+        all - self.nes.iter().map(|&x| i128::from(x)).sum::<i128>()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        (self.lo..self.hi).filter(|x| self.nes.binary_search(x).is_err())
     }
 }

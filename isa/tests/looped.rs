@@ -332,8 +332,17 @@ fn loop_run(c: &Case, fast: bool) -> (Outcome, u64) {
 fn check(c: &Case) -> u64 {
     for p in &c.progs {
         let cycles = p.validate().expect("generated programs are valid");
-        assert_eq!(cycles, p.flatten(1 << 20).unwrap().bundles.len() as u64);
+        let flat = p.flatten(1 << 20).unwrap();
+        assert_eq!(cycles, flat.bundles.len() as u64);
         assert_eq!(p.cycles(), cycles);
+        // The static op count is what the flattening holds.
+        let mut ops = [0u64; isa::OPS.len()];
+        for b in &flat.bundles {
+            if let Some(k) = b.op.kind() {
+                ops[k.index()] += 1;
+            }
+        }
+        assert_eq!(p.op_counts(), ops);
         // Both encodings round-trip exactly.
         let text = p.to_text();
         let back = parse_looped(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));

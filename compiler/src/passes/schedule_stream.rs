@@ -26,8 +26,8 @@
 use std::collections::BTreeMap;
 
 use isa::{
-    Acc, AccSrc, Addr, Bundle, Cmp, Field, LBundle, Loop, LoopProgram, Node, Op, Pred, Slot, Term,
-    Xfer, XferSrc,
+    Acc, AccSrc, Addr, Bundle, Cmp, CountStep, Field, LBundle, Loop, LoopProgram, Node, Op, Pred,
+    Slot, Term, Xfer, XferSrc,
 };
 
 use crate::problem::Problem;
@@ -286,6 +286,9 @@ struct Work {
     /// Safe softmax: base of the max slot holding the old maximum (written
     /// by a first round) and of the one receiving the new maximum.
     slots: Option<(Ad, Ad)>,
+    /// A causal triangle: local row `r0 + i` sees `keys + i` keys (stepped loops), and `send`
+    /// gives the words each row forwards rather than the whole work's.
+    tri: bool,
 }
 
 struct Ctx<'a> {
@@ -321,10 +324,43 @@ impl Ctx<'_> {
         let v = k.clone().plus(i64::from(m.v_off));
         let s = ad(m.s);
         let key_words = i64::from(w.keys) * d;
+        // Loops over the keys: in a triangle their count grows by one per row.
+        let klp = |less: u32, body: Vec<Node>| -> Vec<Node> {
+            let count = w.keys - less;
+            if w.tri && count > 0 {
+                vec![Node::Loop(Loop {
+                    count,
+                    step: Some(CountStep { level: lr, per: 1 }),
+                    body,
+                })]
+            } else {
+                lp(count, body)
+            }
+        };
         // The score loops enumerate (row, key, col) in order; word number
-        // `(a − r0)·keys·d + b·d + c` of the block is forwarded in that cycle.
+        // `(a − r0)·keys·d + b·d + c` of the block is forwarded in that cycle. In a triangle
+        // rows differ in length, so each row forwards the same `words` from its first keys.
         let send_at = |c0: i64, col_level: Option<u8>| {
             w.send.as_ref().map(|(src, dst, words)| {
+                if w.tri {
+                    let at = |a: &Ad| {
+                        let mut x = a.clone().plus(c0).t(lr, i64::from(*words)).t(lb, d);
+                        if let Some(cl) = col_level {
+                            x = x.t(cl, 1);
+                        }
+                        x
+                    };
+                    return Send {
+                        src: at(src),
+                        dst: at(dst),
+                        preds: vec![Pred {
+                            slot: Slot::Xfer,
+                            level: lb,
+                            cmp: Cmp::Lt,
+                            value: words / m.d,
+                        }],
+                    };
+                }
                 let mut preds = Vec::new();
                 let full_rows = i64::from(*words) / key_words;
                 let rem = i64::from(*words) % key_words;
@@ -385,7 +421,7 @@ impl Ctx<'_> {
                 .send(send_at(1, Some(lc)).as_ref())
                 .build()],
         ));
-        body.extend(lp(w.keys, score));
+        body.extend(klp(0, score));
         let e = |off: i64| s.clone().plus(off).t(lb, 1);
         // Safe softmax: the row maximum so far, and for a later round the
         // factor exp(s·(m_old − m_new)) that rescales l and y.
@@ -401,8 +437,8 @@ impl Ctx<'_> {
                             .max(s.clone(), s.clone().plus(1), mo.clone())
                             .build(),
                     );
-                    body.extend(lp(
-                        w.keys - 2,
+                    body.extend(klp(
+                        2,
                         vec![B::new().max(mo.clone(), e(2), mo.clone()).build()],
                     ));
                 } else {
@@ -429,8 +465,8 @@ impl Ctx<'_> {
         };
         if w.first {
             body.push(ex(s.clone()).add(None, l.clone()).build());
-            body.extend(lp(
-                w.keys - 1,
+            body.extend(klp(
+                1,
                 vec![ex(e(1)).add(Some(l.clone()), l.clone()).build()],
             ));
         } else {
@@ -453,8 +489,8 @@ impl Ctx<'_> {
                     .add(None, yc.clone())
                     .build(),
             );
-            pv.extend(lp(
-                w.keys - 1,
+            pv.extend(klp(
+                1,
                 vec![B::new()
                     .mul(ee(1), vv(1), None)
                     .add(Some(yc.clone()), yc.clone())
@@ -644,37 +680,16 @@ fn program(
         } else {
             vec![(0, map.block)]
         };
-        // Word ranges still to send, dealt to the triangle's rows in order; a row carries at
-        // most one contiguous piece.
-        let mut pending: std::collections::VecDeque<(u32, u32)> = if m > 1 {
-            ranges.into_iter().collect()
-        } else {
-            Default::default()
-        };
-        for r in 0..2 * c {
-            let keys = r + 1;
-            let words = keys * map.d;
-            let send = pending.pop_front().map(|(offset, len)| {
-                let take = words.min(len);
-                if take < len {
-                    pending.push_front((offset + take, len - take));
-                }
-                (
-                    own.clone().plus(i64::from(offset)),
-                    ad(map.buf[1]).plus(i64::from(offset)),
-                    take,
-                )
-            });
-            head.extend(ctx(1).block(&Work {
-                r0: r,
-                rows: 1,
-                k0: 0,
-                keys,
-                kb: own.clone(),
-                first: true,
-                send,
-                slots: slot0.clone(),
-            }));
+        let ranges = if m > 1 { ranges } else { Vec::new() };
+        match triangle(&ctx(1), map, &ranges, &own, slot0.as_ref()) {
+            Some(nodes) => head.extend(nodes),
+            None => head.extend(unrolled_triangle(
+                &ctx(1),
+                map,
+                ranges,
+                &own,
+                slot0.as_ref(),
+            )),
         }
     } else {
         head.extend(ctx(1).block(&Work {
@@ -686,6 +701,7 @@ fn program(
             first: true,
             send: (m > 1).then(|| (own.clone(), ad(map.buf[1]), map.block)),
             slots: slot0.clone(),
+            tri: false,
         }));
     }
     // Later steps. Without a mask: all rows against the whole block. With
@@ -757,6 +773,7 @@ fn program(
                     first: false,
                     send: Some((kb.clone().plus(off), dst.clone().plus(off), len)),
                     slots: safe.then(|| (slot_at(ph.first, 1, 1), slot_at(ph.first, 1, 0))),
+                    tri: false,
                 }));
             }
             head.extend(lp(1, inner));
@@ -789,6 +806,7 @@ fn program(
                 first: false,
                 send,
                 slots,
+                tri: false,
             }));
         }
         if !preds.is_empty() {
@@ -817,6 +835,124 @@ fn program(
         mem_words: map.words,
         body: lp(heads, head),
     }
+}
+
+/// The step-0 triangle of a causal PE (local row `r` sees keys `0..=r`) as stepped loops, its
+/// own block forwarded to `buf[1]` of the next PE on the way: rows 0 and 1 alone (a stepped
+/// max loop needs 3 keys), then per range of words one loop whose every row forwards
+/// [`TRI_KEYS`] keys' worth, a row for the remainder, and the rows left without a send. The
+/// program's size no longer grows with the rows; `None` if the rows cannot carry the block.
+fn triangle(
+    ctx: &Ctx,
+    map: &Map,
+    ranges: &[(u32, u32)],
+    own: &Ad,
+    slots: Option<&(Ad, Ad)>,
+) -> Option<Vec<Node>> {
+    let rows = map.rows;
+    let per_row = TRI_KEYS * map.d;
+    let mut segments = Vec::new();
+    let mut row = 2;
+    for &(offset, len) in ranges {
+        let (full, rem) = (len / per_row, len % per_row);
+        for (count, words, skip) in [
+            (full, per_row, 0),
+            (u32::from(rem > 0), rem, full * per_row),
+        ] {
+            if count > 0 {
+                let at = i64::from(offset + skip);
+                segments.push((
+                    row,
+                    count,
+                    Some((own.clone().plus(at), ad(map.buf[1]).plus(at), words)),
+                ));
+                row += count;
+            }
+        }
+    }
+    if row > rows {
+        return None;
+    }
+    if row < rows {
+        segments.push((row, rows - row, None));
+    }
+    let mut nodes = Vec::new();
+    for r in 0..2 {
+        nodes.extend(ctx.block(&Work {
+            r0: r,
+            rows: 1,
+            k0: 0,
+            keys: r + 1,
+            kb: own.clone(),
+            first: true,
+            send: None,
+            slots: slots.cloned(),
+            tri: false,
+        }));
+    }
+    for (r0, count, send) in segments {
+        nodes.extend(ctx.block(&Work {
+            r0,
+            rows: count,
+            k0: 0,
+            keys: r0 + 1,
+            kb: own.clone(),
+            first: true,
+            send,
+            slots: slots.cloned(),
+            // One row needs no step (and a step it never takes would be a field that means
+            // nothing).
+            tri: count > 1,
+        }));
+    }
+    Some(nodes)
+}
+
+/// Keys' worth of words each sending row of a [`triangle`] forwards: every stepped row has at
+/// least 3 keys.
+const TRI_KEYS: u32 = 3;
+
+/// The triangle one loop nest per row, for rings whose rows are too few to carry the block in
+/// equal pieces: each row forwards as much of the pending ranges as its score loops allow.
+fn unrolled_triangle(
+    ctx: &Ctx,
+    map: &Map,
+    ranges: Vec<(u32, u32)>,
+    own: &Ad,
+    slots: Option<&(Ad, Ad)>,
+) -> Vec<Node> {
+    let mut head = Vec::new();
+    let c = map.rows / 2;
+    // Word ranges still to send, dealt to the triangle's rows in order; a row carries at
+    // most one contiguous piece.
+    let mut pending: std::collections::VecDeque<(u32, u32)> = ranges.into_iter().collect();
+    for r in 0..2 * c {
+        let keys = r + 1;
+        let words = keys * map.d;
+        let send = pending.pop_front().map(|(offset, len)| {
+            let take = words.min(len);
+            if take < len {
+                pending.push_front((offset + take, len - take));
+            }
+            (
+                own.clone().plus(i64::from(offset)),
+                ad(map.buf[1]).plus(i64::from(offset)),
+                take,
+            )
+        });
+        head.extend(ctx.block(&Work {
+            r0: r,
+            rows: 1,
+            k0: 0,
+            keys,
+            kb: own.clone(),
+            first: true,
+            send,
+            slots: slots.cloned(),
+            tri: false,
+        }));
+    }
+    head
 }
 
 fn add_xfer_preds(nodes: &mut [Node], preds: &[Pred]) {
