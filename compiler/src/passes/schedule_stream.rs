@@ -289,6 +289,9 @@ struct Work {
     /// A causal triangle: local row `r0 + i` sees `keys + i` keys (stepped loops), and `send`
     /// gives the words each row forwards rather than the whole work's.
     tri: bool,
+    /// In-place rotation: the last row forwards every k and v word it reads, in the cycle it
+    /// reads it, to the same offset of this block on the next PE (`kb` there).
+    forward_to: Option<Ad>,
 }
 
 struct Ctx<'a> {
@@ -404,21 +407,58 @@ impl Ctx<'_> {
         };
         let mut body = Vec::new();
         // Scores: S[b] = Σ_c q[a][c]·k[b][c].
+        // In-place rotation: a word of the block is forwarded by the last row, in the cycle
+        // of its last read; the next PE, in lockstep, reads its own copy of that word in the
+        // same cycle, before the arriving word is written over it.
+        let last_row = |src: Ad| {
+            w.forward_to.as_ref().map(|to| {
+                // The same offset from `to` as `src` has from `kb`.
+                let mut dst = to.clone().plus(src.base - w.kb.base);
+                dst.terms
+                    .extend(src.terms.iter().filter(|t| !w.kb.terms.contains(t)));
+                Send {
+                    src,
+                    dst,
+                    preds: (w.rows > 1)
+                        .then_some(Pred {
+                            slot: Slot::Xfer,
+                            level: lr,
+                            cmp: Cmp::Eq,
+                            value: w.rows - 1,
+                        })
+                        .into_iter()
+                        .collect(),
+                }
+            })
+        };
+        // A shared block's words are read again as values after the scores: only the value
+        // loops may forward them.
+        let fwd = |src: Ad, spread: Option<Send>| {
+            if m.v_off == 0 {
+                spread
+            } else {
+                last_row(src).or(spread)
+            }
+        };
+        let k_at = |c0: i64, col: bool| {
+            let a = k.clone().plus(c0).t(lb, d);
+            if col {
+                a.t(lc, 1)
+            } else {
+                a
+            }
+        };
         let mut score = vec![B::new()
-            .mul(q.clone(), k.clone().t(lb, d), None)
+            .mul(q.clone(), k_at(0, false), None)
             .add(None, s.clone().t(lb, 1))
-            .send(send_at(0, None).as_ref())
+            .send(fwd(k_at(0, false), send_at(0, None)).as_ref())
             .build()];
         score.extend(lp(
             m.d - 1,
             vec![B::new()
-                .mul(
-                    q.clone().plus(1).t(lc, 1),
-                    k.clone().plus(1).t(lb, d).t(lc, 1),
-                    None,
-                )
+                .mul(q.clone().plus(1).t(lc, 1), k_at(1, true), None)
                 .add(Some(s.clone().t(lb, 1)), s.clone().t(lb, 1))
-                .send(send_at(1, Some(lc)).as_ref())
+                .send(fwd(k_at(1, true), send_at(1, Some(lc))).as_ref())
                 .build()],
         ));
         body.extend(klp(0, score));
@@ -487,6 +527,7 @@ impl Ctx<'_> {
                 B::new()
                     .mul(s.clone(), v.clone().t(lc2, 1), None)
                     .add(None, yc.clone())
+                    .send(last_row(v.clone().t(lc2, 1)).as_ref())
                     .build(),
             );
             pv.extend(klp(
@@ -494,6 +535,7 @@ impl Ctx<'_> {
                 vec![B::new()
                     .mul(ee(1), vv(1), None)
                     .add(Some(yc.clone()), yc.clone())
+                    .send(last_row(vv(1)).as_ref())
                     .build()],
             ));
         } else {
@@ -502,6 +544,7 @@ impl Ctx<'_> {
                 vec![B::new()
                     .mul(ee(0), vv(0), None)
                     .add(Some(yc.clone()), yc.clone())
+                    .send(last_row(vv(0)).as_ref())
                     .build()],
             ));
         }
@@ -533,8 +576,16 @@ pub fn run(p: &Problem, pes: u32, safe: bool) -> Result<Stream, String> {
         .checked_add(heads.checked_mul(block).ok_or_else(too_big)?)
         .ok_or_else(too_big)?;
     let buf0 = y.checked_add(heads * hd).ok_or_else(too_big)?;
+    // Without a mask blocks rotate in place: a separate layer's own k/v region is the buffer,
+    // a shared one (whose x rows are also its queries) needs one. The causal steps differ
+    // between PEs, so a block is read at different times and needs two.
+    let buffers = match (causal, shared) {
+        (true, _) => 2,
+        (false, true) => 1,
+        (false, false) => 0,
+    };
     let buf1 = buf0 + block;
-    let s = buf1 + block;
+    let s = buf0 + buffers * block;
     let l = s + rows;
     let mx = l + rows;
     let f = mx + 2 * rows;
@@ -636,6 +687,12 @@ fn program(
         ad(start).wrap(level, stride, 2)
     };
     let own = ad(map.kv).t(0, block);
+    // Without a mask, where the blocks rotate in place from step 1 on.
+    let rotating = if causal || map.v_off != 0 {
+        own.clone()
+    } else {
+        ad(map.buf[0])
+    };
     let rows_i = i64::from(map.rows);
     // Step s writes the new row maximum to slot s % 2 and reads the old one
     // from the other (step 0 only writes slot 0).
@@ -699,9 +756,10 @@ fn program(
             keys: map.rows,
             kb: own.clone(),
             first: true,
-            send: (m > 1).then(|| (own.clone(), ad(map.buf[1]), map.block)),
+            send: None,
             slots: slot0.clone(),
             tri: false,
+            forward_to: (m > 1).then(|| rotating.clone()),
         }));
     }
     // Later steps. Without a mask: all rows against the whole block. With
@@ -750,8 +808,11 @@ fn program(
         if ph.count == 0 {
             continue;
         }
-        let kb = buf_at(ph.first, 1, 0);
-        let dst = buf_at(ph.first, 1, 1);
+        let (kb, dst) = if causal {
+            (buf_at(ph.first, 1, 0), buf_at(ph.first, 1, 1))
+        } else {
+            (rotating.clone(), rotating.clone())
+        };
         let preds = last_send(ph.first, ph.count);
         // A step that never forwards (only the last) gets no send at all.
         let forwards = ph.first < m - 1;
@@ -774,6 +835,7 @@ fn program(
                     send: Some((kb.clone().plus(off), dst.clone().plus(off), len)),
                     slots: safe.then(|| (slot_at(ph.first, 1, 1), slot_at(ph.first, 1, 0))),
                     tri: false,
+                    forward_to: None,
                 }));
             }
             head.extend(lp(1, inner));
@@ -781,7 +843,8 @@ fn program(
         }
         for (k, &(k0, keys)) in ph.rounds.iter().enumerate() {
             let off = i64::from(per_round) * k as i64;
-            let send = forwards.then(|| (kb.clone().plus(off), dst.clone().plus(off), per_round));
+            let send = (forwards && causal)
+                .then(|| (kb.clone().plus(off), dst.clone().plus(off), per_round));
             let slots = safe.then(|| {
                 if n_rounds == 1 {
                     (slot_at(ph.first, 1, 1), slot_at(ph.first, 1, 0))
@@ -807,6 +870,7 @@ fn program(
                 send,
                 slots,
                 tri: false,
+                forward_to: (forwards && !causal).then(|| rotating.clone()),
             }));
         }
         if !preds.is_empty() {
@@ -888,6 +952,7 @@ fn triangle(
             send: None,
             slots: slots.cloned(),
             tri: false,
+            forward_to: None,
         }));
     }
     for (r0, count, send) in segments {
@@ -903,6 +968,7 @@ fn triangle(
             // One row needs no step (and a step it never takes would be a field that means
             // nothing).
             tri: count > 1,
+            forward_to: None,
         }));
     }
     Some(nodes)
@@ -950,6 +1016,7 @@ fn unrolled_triangle(
             send,
             slots: slots.cloned(),
             tri: false,
+            forward_to: None,
         }));
     }
     head
