@@ -4,8 +4,9 @@
 //! Each PE owns a set of query rows and the k/v rows of the same tokens.
 //! Per head, in ring step `s` every PE computes its rows against the k/v block
 //! it holds (its own in step 0, its predecessor's `s` steps back later) while
-//! the link forwards that block to the next PE, into the other of two
-//! buffers. Softmax is streamed: each block's exponentials are added into a
+//! the link forwards that block to the next PE: in place without a mask (each
+//! word in the cycle of its last read), into the other of two buffers under
+//! one. Softmax is streamed: each block's exponentials are added into a
 //! running row sum `l` and their weighted values into the output row `y`, and
 //! `y` is divided by `l` once at the end (deferred normalisation, `d`
 //! divisions per row). Nothing of size n²/m is ever stored.
