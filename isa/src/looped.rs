@@ -267,13 +267,17 @@ impl LBundle {
     /// bounds of a validated program.
     pub fn instance(&self, idx: &[u32]) -> Bundle {
         let mut b = self.bundle;
-        for t in &self.terms {
-            if let Some(base) = field(&self.bundle, t.field) {
-                // Terms of one field are adjacent; recomputing the sum per
-                // term keeps this simple and the last write is the total.
-                let a = self.addr_at(t.field, base, idx);
-                set_field(&mut b, t.field, a as Addr);
+        // Terms are sorted by field: one pass sums each field's run of terms.
+        let mut i = 0;
+        while i < self.terms.len() {
+            let f = self.terms[i].field;
+            let mut a = field(&self.bundle, f).map_or(0, i64::from);
+            while i < self.terms.len() && self.terms[i].field == f {
+                let t = &self.terms[i];
+                a += t.value(idx.get(usize::from(t.level)).copied().unwrap_or(0));
+                i += 1;
             }
+            set_field(&mut b, f, a as Addr);
         }
         for p in &self.preds {
             if !p.cmp.holds(idx[usize::from(p.level)], p.value) {

@@ -322,10 +322,12 @@ impl LoopMachine<F32Domain> {
     fn plan_window(&mut self) -> Option<(u32, Vec<Option<Plan>>)> {
         let n = self.progs.len();
         let mut w = u32::MAX;
-        let mut tmpl: Vec<Option<(LBundle, [u32; MAX_LOOP_DEPTH], usize)>> = Vec::with_capacity(n);
+        let progs = &self.progs;
+        let mut tmpl: Vec<Option<(&LBundle, [u32; MAX_LOOP_DEPTH], usize)>> =
+            Vec::with_capacity(n);
         for p in 0..n {
             let cur = &mut self.cursors[p];
-            match cur.current(&self.progs[p].body) {
+            match cur.current(&progs[p].body) {
                 None => tmpl.push(None),
                 Some((b, body_len)) => {
                     let depth = cur.frames.len() - 1;
@@ -336,7 +338,7 @@ impl LoopMachine<F32Domain> {
                     w = w.min(top.count - top.iter);
                     let mut idx = [0u32; MAX_LOOP_DEPTH];
                     cur.indices(&mut idx);
-                    tmpl.push(Some((b.clone(), idx, depth)));
+                    tmpl.push(Some((b, idx, depth)));
                 }
             }
         }
