@@ -323,11 +323,9 @@ impl LoopMachine<F32Domain> {
         let n = self.progs.len();
         let mut w = u32::MAX;
         let progs = &self.progs;
-        let mut tmpl: Vec<Option<(&LBundle, [u32; MAX_LOOP_DEPTH], usize)>> =
-            Vec::with_capacity(n);
-        for p in 0..n {
-            let cur = &mut self.cursors[p];
-            match cur.current(&progs[p].body) {
+        let mut tmpl: Vec<Option<(&LBundle, [u32; MAX_LOOP_DEPTH], usize)>> = Vec::with_capacity(n);
+        for (cur, prog) in self.cursors.iter_mut().zip(progs) {
+            match cur.current(&prog.body) {
                 None => tmpl.push(None),
                 Some((b, body_len)) => {
                     let depth = cur.frames.len() - 1;
