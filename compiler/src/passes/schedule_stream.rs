@@ -580,12 +580,16 @@ pub fn run(p: &Problem, pes: u32, safe: bool) -> Result<Stream, String> {
     // Without a mask blocks rotate in place: a separate layer's own k/v region is the buffer,
     // a shared one (whose x rows are also its queries) needs one. The causal steps differ
     // between PEs, so a block is read at different times and needs two.
+    // Under a causal mask a separate layer's own k/v region, dead after step 0, is one of the
+    // two buffers; a shared layer's own rows are its queries too, so it has both.
     let buffers = match (causal, shared) {
-        (true, _) => 2,
-        (false, true) => 1,
+        (true, true) => 2,
+        (true, false) | (false, true) => 1,
         (false, false) => 0,
     };
-    let buf1 = buf0 + block;
+    // buf[1] receives the blocks of odd steps; buf[0] those of even steps of a shared causal
+    // layer, or the rotating block of a shared layer without a mask.
+    let buf1 = if causal && shared { buf0 + block } else { buf0 };
     let s = buf0 + buffers * block;
     let l = s + rows;
     let mx = l + rows;
@@ -675,19 +679,20 @@ fn program(
         depth,
         head: 0,
     };
-    // The block of step s is in buf[s % 2] (step 0: the PE's own inputs).
-    // In a loop over steps s = first + i, buf[s % 2] = buf0 + block·((first
-    // + i) % 2).
-    let buf_at = |first: u32, level: u8, target_offset: u32| {
-        let start = map.buf[((first + target_offset) % 2) as usize];
-        let stride = if (first + target_offset).is_multiple_of(2) {
-            block
-        } else {
-            -block
-        };
-        ad(start).wrap(level, stride, 2)
-    };
     let own = ad(map.kv).t(0, block);
+    // Under a causal mask the block of step s ≥ 1 is in buf[1] for odd s and for even s in
+    // the PE's own k/v region (free after step 0) or, shared, in buf[0]. The own region moves
+    // with the head, so the step loops go two steps at a time and each step of a pair has
+    // fixed buffers.
+    let buf_of = |step: u32| {
+        if !step.is_multiple_of(2) {
+            ad(map.buf[1])
+        } else if map.v_off == 0 {
+            ad(map.buf[0])
+        } else {
+            own.clone()
+        }
+    };
     // Without a mask, where the blocks rotate in place from step 1 on.
     let rotating = if causal || map.v_off != 0 {
         own.clone()
@@ -695,30 +700,8 @@ fn program(
         ad(map.buf[0])
     };
     let rows_i = i64::from(map.rows);
-    // Step s writes the new row maximum to slot s % 2 and reads the old one
-    // from the other (step 0 only writes slot 0).
-    let slot_at = |first: u32, level: u8, ahead: u32| {
-        let par = (first + ahead) % 2;
-        let start = map.mx + par * map.rows;
-        let stride = if par == 0 { rows_i } else { -rows_i };
-        ad(start).wrap(level, stride, 2)
-    };
     let slot0 = safe.then(|| (ad(map.mx), ad(map.mx)));
     let mut head = Vec::new();
-    let last_send = |s_first: u32, count: u32| -> Vec<Pred> {
-        // Steps s_first + i with s < m − 1 forward their block.
-        let stop = (m - 1).saturating_sub(s_first);
-        if stop >= count {
-            Vec::new()
-        } else {
-            vec![Pred {
-                slot: Slot::Xfer,
-                level: 1,
-                cmp: Cmp::Lt,
-                value: stop,
-            }]
-        }
-    };
     // Under a causal mask PE 0's block holds the earliest and the latest tokens, and every other
     // PE sees only its first chunk (PE p > 0 is later than chunk 0 and earlier than chunk
     // 2m − 1). So the block's second chunk is never read away from PE 0, and every hop of PE 0's
@@ -805,22 +788,42 @@ fn program(
             rounds: vec![(0, map.rows)],
         });
     }
-    for ph in phases {
-        if ph.count == 0 {
-            continue;
-        }
+    // One step's work, `s` being `first` plus the index of the loop at level 1 times `every`.
+    let step = |ph: &Phase, first: u32, every: u32, count: u32| -> Vec<Node> {
         let (kb, dst) = if causal {
-            (buf_at(ph.first, 1, 0), buf_at(ph.first, 1, 1))
+            (buf_of(first), buf_of(first + 1))
         } else {
             (rotating.clone(), rotating.clone())
         };
-        let preds = last_send(ph.first, ph.count);
-        // A step that never forwards (only the last) gets no send at all.
-        let forwards = ph.first < m - 1;
+        // Step `first + every·i` forwards unless it is the ring's last.
+        let forwards = first < m - 1;
+        let stop = (m - 1 - first).div_ceil(every);
+        let preds: Vec<Pred> = if forwards && stop < count {
+            vec![Pred {
+                slot: Slot::Xfer,
+                level: 1,
+                cmp: Cmp::Lt,
+                value: stop,
+            }]
+        } else {
+            Vec::new()
+        };
+        // Step s writes the new row maximum to slot s % 2 and reads the old one from the
+        // other (step 0 only writes slot 0).
+        let slot = |s: u32| {
+            let at = ad(map.mx + (s % 2) * map.rows);
+            if every % 2 == 1 && count > 1 {
+                // Consecutive steps alternate.
+                let stride = if s % 2 == 0 { rows_i } else { -rows_i };
+                at.wrap(1, stride, 2)
+            } else {
+                at
+            }
+        };
         let n_rounds = ph.rounds.len() as u32;
         let per_round = map.block / n_rounds;
         let mut inner = Vec::new();
-        if forwards && ph.count == 1 && trims(ph.first) {
+        if forwards && count == 1 && trims(first) {
             // One row group per range: each group's score loops carry one contiguous piece.
             let groups = last_hop_ranges.len() as u32;
             let rows = ph.rows / groups;
@@ -834,33 +837,15 @@ fn program(
                     kb: kb.clone(),
                     first: false,
                     send: Some((kb.clone().plus(off), dst.clone().plus(off), len)),
-                    slots: safe.then(|| (slot_at(ph.first, 1, 1), slot_at(ph.first, 1, 0))),
+                    slots: safe.then(|| (slot(first + 1), slot(first))),
                     tri: false,
                     forward_to: None,
                 }));
             }
-            head.extend(lp(1, inner));
-            continue;
+            return inner;
         }
-        for (k, &(k0, keys)) in ph.rounds.iter().enumerate() {
-            let off = i64::from(per_round) * k as i64;
-            let send = (forwards && causal)
-                .then(|| (kb.clone().plus(off), dst.clone().plus(off), per_round));
-            let slots = safe.then(|| {
-                if n_rounds == 1 {
-                    (slot_at(ph.first, 1, 1), slot_at(ph.first, 1, 0))
-                } else {
-                    // Rounds within a step swap the slots back and forth;
-                    // the step leaves the maximum where it found it.
-                    let cur = ad(map.mx + ((ph.first + 1) % 2) * map.rows);
-                    let other = ad(map.mx + (ph.first % 2) * map.rows);
-                    if k % 2 == 0 {
-                        (cur, other)
-                    } else {
-                        (other, cur)
-                    }
-                }
-            });
+        if n_rounds == 1 {
+            let (k0, keys) = ph.rounds[0];
             inner.extend(ctx(2).block(&Work {
                 r0: ph.r0,
                 rows: ph.rows,
@@ -868,16 +853,62 @@ fn program(
                 keys,
                 kb: kb.clone(),
                 first: false,
-                send,
-                slots,
+                send: (forwards && causal).then(|| (kb.clone(), dst.clone(), per_round)),
+                slots: safe.then(|| (slot(first + 1), slot(first))),
                 tri: false,
                 forward_to: (forwards && !causal).then(|| rotating.clone()),
             }));
+        } else {
+            // Equal rounds of `keys` keys as one loop at level 2 over the round `j`: keys,
+            // the forwarded piece and the max slots move with `j`. Rounds swap the slots back
+            // and forth, so the step leaves the maximum where it found it.
+            let (_, keys) = ph.rounds[0];
+            let kd = i64::from(keys) * d;
+            let piece = i64::from(per_round);
+            let cur = i64::from(map.mx + ((ph.first + 1) % 2) * map.rows);
+            let other = i64::from(map.mx + (ph.first % 2) * map.rows);
+            let alternating = |a: i64, b: i64| ad(a as u32).wrap(2, b - a, 2);
+            inner.extend(lp(
+                n_rounds,
+                ctx(3).block(&Work {
+                    r0: ph.r0,
+                    rows: ph.rows,
+                    k0: 0,
+                    keys,
+                    kb: kb.clone().t(2, kd),
+                    first: false,
+                    send: (forwards && causal)
+                        .then(|| (kb.clone().t(2, piece), dst.clone().t(2, piece), per_round)),
+                    slots: safe.then(|| (alternating(cur, other), alternating(other, cur))),
+                    tri: false,
+                    forward_to: None,
+                }),
+            ));
         }
         if !preds.is_empty() {
             add_xfer_preds(&mut inner, &preds);
         }
-        head.extend(lp(ph.count, inner));
+        inner
+    };
+    for ph in &phases {
+        if ph.count == 0 {
+            continue;
+        }
+        if !causal {
+            head.extend(lp(ph.count, step(ph, ph.first, 1, ph.count)));
+            continue;
+        }
+        // Pairs of steps, then the odd one out.
+        let pairs = ph.count / 2;
+        if pairs > 0 {
+            let mut body = step(ph, ph.first, 2, pairs);
+            body.extend(step(ph, ph.first + 1, 2, pairs));
+            head.extend(lp(pairs, body));
+        }
+        if ph.count % 2 == 1 {
+            let last = ph.first + ph.count - 1;
+            head.extend(lp(1, step(ph, last, 1, 1)));
+        }
     }
     // Deferred normalisation.
     let rows = map.rows;
