@@ -814,7 +814,7 @@ fn program(
             let at = ad(map.mx + (s % 2) * map.rows);
             if every % 2 == 1 && count > 1 {
                 // Consecutive steps alternate.
-                let stride = if s % 2 == 0 { rows_i } else { -rows_i };
+                let stride = if s.is_multiple_of(2) { rows_i } else { -rows_i };
                 at.wrap(1, stride, 2)
             } else {
                 at
