@@ -260,6 +260,8 @@ fn bound_never_exceeds_a_proven_optimum() {
         (src(2, 2, ""), 4),
         (src(2, 4, "mask = causal;"), 6),
         (src(3, 2, "mask = causal; qkv = shared;"), 6),
+        // Decided by the work after the denominators, above LB and the longest row's chain.
+        (src(2, 4, ""), 4),
     ] {
         let l = layer(&text);
         let opts = Options {
@@ -281,3 +283,4 @@ fn bound_never_exceeds_a_proven_optimum() {
     }
     assert!(above_lb >= 6, "only {above_lb} layers test more than LB");
 }
+

@@ -57,28 +57,60 @@ impl Shape {
             // chain over the row is claimed.
             return d.checked_add(3);
         }
-        // The row maximum is a tree of two-operand maxima over the row's k scores.
-        let depth = match self.softmax {
-            Softmax::Safe if k >= 2 => u64::from(k.next_power_of_two().trailing_zeros()),
-            _ => 0,
+        let (h, n) = (u64::from(self.heads), k);
+        let safe = self.softmax == Softmax::Safe;
+        let row = |k: u64| Row::new(k, d, m, safe);
+        let longest = row(n)?;
+        let mut best = longest.z.checked_add(longest.tail)?;
+        // Rows of at least `k0` scores, all heads: their divisions and phase-3 products run
+        // after their own Z, from cycle `z(k0)` on; their products, maxima and exponentials run
+        // before their Z, `tail(k0)` or more cycles before the end, and the products one cycle
+        // earlier still (two with a maximum after them). On `m` PEs that takes
+        // `ceil(work / m)` cycles. Causal rows have k = 1 … n; the others all have n.
+        let lengths: Vec<u64> = if self.causal { (1..=n).collect() } else { vec![n] };
+        for &k0 in &lengths {
+            let r = row(k0)?;
+            let (mut after, mut before, mut products) = (0u64, 0u64, 0u64);
+            for &k in lengths.iter().filter(|&&k| k >= k0) {
+                let (post, pre, p1) = self.row_work(k, d)?;
+                after = after.checked_add(post)?;
+                before = before.checked_add(pre)?;
+                products = products.checked_add(p1)?;
+            }
+            let per_pe = |ops: u64| -> Option<u64> { Some(ops.checked_mul(h)?.div_ceil(m)) };
+            let product_tail = r.tail + 1 + u64::from(safe && k0 >= 2);
+            best = best
+                .max(r.z.checked_add(per_pe(after)?)?)
+                .max(r.tail.checked_add(per_pe(before)?)?)
+                .max(product_tail.checked_add(per_pe(products)?)?);
+        }
+        Some(best)
+    }
+
+    /// One head's operations of the rows of `k` scores (one row, or with q = k = v and no mask
+    /// all `n` rows together): after Z (divisions and phase-3 products), before Z (phase-1
+    /// products, maxima, exponentials), and the phase-1 products alone. With q = k = v and no
+    /// mask a product serves two rows, all of length n, so it is counted once for the layer.
+    fn row_work(&self, k: u64, d: u64) -> Option<(u64, u64, u64)> {
+        let rows = if self.causal {
+            1
+        } else {
+            u64::from(self.tokens)
         };
-        // Z, the row's denominator, is readable from cycle `z`: every score takes d chained
-        // accumulations (readable from cycle d), the exponentials follow the maximum, and Z is a
-        // chain of k accumulations, one per exponential.
-        let z = d.checked_add(depth)?.checked_add(k)?;
-        // Each output element of the row is a chain of k accumulations of products with
-        // weights, and every weight needs Z.
-        let chains = z.checked_add(k)?.checked_add(1)?;
-        // The last of the k divisions by Z, then that weight's d products.
-        let last_weight = z
-            .checked_add(spread(m, k)?)?
-            .checked_add(spread(m, d)?)?
-            .checked_add(2)?;
-        // The k divisions and k·d products all read a value computed from Z.
-        let after_z = z
-            .checked_add(spread(m, k.checked_mul(d.checked_add(1)?)?)?)?
-            .checked_add(1)?;
-        Some(chains.max(last_weight).max(after_z))
+        let weights = k.checked_mul(rows)?;
+        let scores = if self.shared && !self.causal {
+            k.checked_mul(k + 1)? / 2
+        } else {
+            weights
+        };
+        let maxima = match self.softmax {
+            Softmax::Safe => weights - rows,
+            Softmax::Plain => 0,
+        };
+        let products = scores.checked_mul(d)?;
+        let after = weights.checked_mul(d.checked_add(1)?)?;
+        let before = products.checked_add(maxima)?.checked_add(weights)?;
+        Some((after, before, products))
     }
 
     /// The link part: the fewest cycles `T` for which the words that must cross links in a
@@ -148,6 +180,38 @@ impl Shape {
             phase1.max(phase3)
         } else {
             phase1.checked_add(phase3)?
+        })
+    }
+}
+
+/// The critical path of one row of `k` scores: `z`, the first cycle its denominator Z can be
+/// readable, and `tail`, the fewest cycles from then to the end.
+struct Row {
+    z: u64,
+    tail: u64,
+}
+
+impl Row {
+    fn new(k: u64, d: u64, m: u64, safe: bool) -> Option<Row> {
+        // The row maximum is a tree of two-operand maxima over the row's k scores.
+        let depth = if safe && k >= 2 {
+            u64::from(k.next_power_of_two().trailing_zeros())
+        } else {
+            0
+        };
+        // Every score takes d chained accumulations (readable from cycle d), the exponentials
+        // follow the maximum, and Z is a chain of k accumulations, one per exponential.
+        let z = d.checked_add(depth)?.checked_add(k)?;
+        // Each output element of the row is a chain of k accumulations of products with
+        // weights, and every weight needs Z.
+        let chains = k.checked_add(1)?;
+        // The last of the k divisions by Z, then that weight's d products.
+        let last_weight = spread(m, k)?.checked_add(spread(m, d)?)?.checked_add(2)?;
+        // The k divisions and k·d products all read a value computed from Z.
+        let after_z = spread(m, k.checked_mul(d.checked_add(1)?)?)?.checked_add(1)?;
+        Some(Row {
+            z,
+            tail: chains.max(last_weight).max(after_z),
         })
     }
 }
@@ -272,11 +336,26 @@ mod tests {
         // Safe adds the depth of a 4-score maximum tree, 2.
         let safe = shape(4, 64, false, false, Softmax::Safe);
         assert_eq!(safe.critical_path(256, Normalisation::PerWeight), Some(70 + 22));
-        // On 4 PEs the run is full after 2 cycles: 2 + 3 + 4·s' ≥ 260 gives 66 cycles.
-        assert_eq!(s.critical_path(4, Normalisation::PerWeight), Some(68 + 66));
+        // On 4 PEs the 16 divisions and 1024 products after Z need 1040 / 4 = 260 cycles.
+        assert_eq!(s.critical_path(4, Normalisation::PerWeight), Some(68 + 260));
         // The mask and sharing do not change the longest row.
         let causal = shape(4, 64, true, true, Softmax::Plain);
         assert_eq!(causal.critical_path(256, Normalisation::PerWeight), Some(90));
+    }
+
+    #[test]
+    fn work_released_after_the_denominator_fills_the_ring() {
+        // n = 8, d = 64, 64 PEs, plain: 8320 operations, LB 130. Z is readable from cycle
+        // 64 + 8 = 72 and the 64 divisions and 4096 products that read it or its weights cannot
+        // start earlier: 4160 / 64 = 65 more cycles.
+        let s = plain(8, 64);
+        let b = s.bound(64, Normalisation::PerWeight).unwrap();
+        assert_eq!((b.lower_bound, b.critical_path), (130, 72 + 65));
+        // Causal: all rows (36 scores, every Z from cycle 65 on) have 36·65 = 2340 operations
+        // after their Z, 37 cycles on 64 PEs: 102. The longest row alone needs 72 + 31 = 103
+        // (its 520 divisions and products on a run of PEs growing from 2: 31 cycles).
+        let c = shape(8, 64, false, true, Softmax::Plain);
+        assert_eq!(c.critical_path(64, Normalisation::PerWeight), Some(103));
     }
 
     #[test]
