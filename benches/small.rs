@@ -12,6 +12,9 @@
 use compiler::passes::select::Choice;
 use runtime::bound::Bound;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
 
 /// Largest layer (necessary operations) that is also verified and run: the proof and the
 /// interpreter take well under a second there, and the larger layers are the ones furthest from
@@ -100,81 +103,164 @@ fn worse(slot: &mut (f64, String), ratio: f64, what: &str) {
     }
 }
 
+/// One shape of the table.
+#[derive(Clone, Copy)]
+struct Shape {
+    n: u32,
+    m: u32,
+    d: u32,
+    heads: u32,
+    scheme: usize,
+}
+
+/// What compiling one shape gave, as plain data (the compiled programs stay in the worker).
+enum Outcome {
+    Refused { reason: String, kind: String },
+    Compiled {
+        cycles: u64,
+        lower_bound: u64,
+        bound: Bound,
+        schedule: String,
+        checked: Option<bool>,
+        secs: f64,
+    },
+}
+
+fn measure(sh: Shape) -> Outcome {
+    let extra = SCHEMES[sh.scheme].1;
+    let l = layer(&format!(
+        "layer t {{ tokens = {}; dim = {}; heads = {}; {extra} }}",
+        sh.n, sh.d, sh.heads
+    ));
+    let t = Instant::now();
+    match compile(&l, sh.m) {
+        Err(why) => Outcome::Refused {
+            reason: short_reason(&l, &why),
+            kind: why_kind(&why),
+        },
+        Ok(c) => {
+            let secs = t.elapsed().as_secs_f64();
+            Outcome::Compiled {
+                cycles: c.manifest.cycles,
+                lower_bound: c.manifest.lower_bound,
+                bound: c.manifest.bound.expect("every compile states its bound"),
+                schedule: c.manifest.schedule.clone(),
+                checked: check(&c),
+                secs,
+            }
+        }
+    }
+}
+
+/// Runs `measure` over `shapes` on every core, keeping the table's order.
+fn measure_all(shapes: &[Shape]) -> Vec<Outcome> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Outcome>>> =
+        Mutex::new((0..shapes.len()).map(|_| None).collect());
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&sh) = shapes.get(i) else { break };
+                let out = measure(sh);
+                results.lock().expect("no worker panicked")[i] = Some(out);
+            });
+        }
+    });
+    results
+        .into_inner()
+        .expect("no worker panicked")
+        .into_iter()
+        .map(|o| o.expect("every shape measured"))
+        .collect()
+}
+
 fn main() {
+    let start = Instant::now();
     let quick = std::env::args().any(|a| a == "--quick");
     let dims: &[u32] = if quick { &[8] } else { &[8, 64, 128] };
-    println!("| n | m | d | heads | scheme | cycles | LB | critical path | link | bound | cycles/LB | cycles/bound | auto chose | checked |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let mut s = Summary::default();
+    let mut shapes = Vec::new();
     for n in [1u32, 2, 3, 4, 8, 12, 16, 32] {
         for m in [4u32, 8, 16, 64, 256] {
             for &d in dims {
                 for heads in [1u32, 4] {
-                    for (scheme, extra) in SCHEMES {
-                        s.shapes += 1;
-                        let l = layer(&format!(
-                            "layer t {{ tokens = {n}; dim = {d}; heads = {heads}; {extra} }}"
-                        ));
-                        let what = format!("n={n} m={m} d={d} heads={heads} {scheme}");
-                        let plenty = u64::from(n) * u64::from(d) * u64::from(heads)
-                            >= 8 * u64::from(m);
-                        s.plenty += u32::from(plenty);
-                        let c = match compile(&l, m) {
-                            Ok(c) => c,
-                            Err(why) => {
-                                let reason = short_reason(&l, &why);
-                                println!("| {n} | {m} | {d} | {heads} | {scheme} | refused: {reason} | | | | | | | | |");
-                                *s.refused.entry(why_kind(&why)).or_default() += 1;
-                                s.plenty_refused += u32::from(plenty);
-                                continue;
-                            }
-                        };
-                        let man = &c.manifest;
-                        let b = man.bound.expect("every compile states its bound");
-                        let (to_lb, to_bound) = (
-                            man.cycles as f64 / man.lower_bound as f64,
-                            man.cycles as f64 / b.value as f64,
-                        );
-                        s.compiled += 1;
-                        s.log_bound += to_bound.ln();
-                        worse(&mut s.worst_bound, to_bound, &what);
-                        if b.value > b.lower_bound {
-                            *s.above_lb.entry(limited_by(&b)).or_default() += 1;
-                        }
-                        if plenty {
-                            worse(&mut s.worst_plenty, to_lb, &what);
-                            let hard = 5 * b.critical_path.max(b.link) > 6 * b.lower_bound;
-                            if hard {
-                                s.plenty_hard += 1;
-                            } else {
-                                worse(&mut s.worst_plenty_easy, to_lb, &what);
-                            }
-                        }
-                        let checked = match check(&c) {
-                            Some(true) => {
-                                s.checked += 1;
-                                "yes"
-                            }
-                            Some(false) => {
-                                s.failed.push(what.clone());
-                                "FAILED"
-                            }
-                            None => {
-                                s.unchecked += 1;
-                                "-"
-                            }
-                        };
-                        println!(
-                            "| {n} | {m} | {d} | {heads} | {scheme} | {} | {} | {} | {} | {} | {to_lb:.3} | {to_bound:.3} | {} | {checked} |",
-                            man.cycles,
-                            man.lower_bound,
-                            b.critical_path,
-                            b.link,
-                            b.value,
-                            man.schedule,
-                        );
+                    for scheme in 0..SCHEMES.len() {
+                        shapes.push(Shape {
+                            n,
+                            m,
+                            d,
+                            heads,
+                            scheme,
+                        });
                     }
                 }
+            }
+        }
+    }
+    let outcomes = measure_all(&shapes);
+    println!("| n | m | d | heads | scheme | cycles | LB | critical path | link | bound | cycles/LB | cycles/bound | auto chose | checked | compile s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut s = Summary::default();
+    for (sh, out) in shapes.iter().zip(&outcomes) {
+        let Shape {
+            n, m, d, heads, ..
+        } = *sh;
+        let scheme = SCHEMES[sh.scheme].0;
+        s.shapes += 1;
+        let what = format!("n={n} m={m} d={d} heads={heads} {scheme}");
+        let plenty = u64::from(n) * u64::from(d) * u64::from(heads) >= 8 * u64::from(m);
+        s.plenty += u32::from(plenty);
+        match out {
+            Outcome::Refused { reason, kind } => {
+                println!("| {n} | {m} | {d} | {heads} | {scheme} | refused: {reason} | | | | | | | | | |");
+                *s.refused.entry(kind.clone()).or_default() += 1;
+                s.plenty_refused += u32::from(plenty);
+            }
+            Outcome::Compiled {
+                cycles,
+                lower_bound,
+                bound: b,
+                schedule,
+                checked,
+                secs,
+            } => {
+                let (to_lb, to_bound) = (
+                    *cycles as f64 / *lower_bound as f64,
+                    *cycles as f64 / b.value as f64,
+                );
+                s.compiled += 1;
+                s.log_bound += to_bound.ln();
+                worse(&mut s.worst_bound, to_bound, &what);
+                if b.value > b.lower_bound {
+                    *s.above_lb.entry(limited_by(b)).or_default() += 1;
+                }
+                if plenty {
+                    worse(&mut s.worst_plenty, to_lb, &what);
+                    if 5 * b.critical_path.max(b.link) > 6 * b.lower_bound {
+                        s.plenty_hard += 1;
+                    } else {
+                        worse(&mut s.worst_plenty_easy, to_lb, &what);
+                    }
+                }
+                let checked = match checked {
+                    Some(true) => {
+                        s.checked += 1;
+                        "yes"
+                    }
+                    Some(false) => {
+                        s.failed.push(what.clone());
+                        "FAILED"
+                    }
+                    None => {
+                        s.unchecked += 1;
+                        "-"
+                    }
+                };
+                println!(
+                    "| {n} | {m} | {d} | {heads} | {scheme} | {cycles} | {lower_bound} | {} | {} | {} | {to_lb:.3} | {to_bound:.3} | {schedule} | {checked} | {secs:.2} |",
+                    b.critical_path, b.link, b.value,
+                );
             }
         }
     }
@@ -182,6 +268,12 @@ fn main() {
     summarise(&s);
     println!();
     paper_instances();
+    println!();
+    println!(
+        "bench time: {:.0} s on {} threads",
+        start.elapsed().as_secs_f64(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
 }
 
 /// The refusal as a table cell: the ring check's limit, or the compiler's first line.
