@@ -153,6 +153,7 @@ fn masked_work_is_named() {
     m.layer.mask = "causal".into();
     m.necessary_ops = causal.manifest.necessary_ops;
     m.lower_bound = causal.manifest.lower_bound;
+    m.bound = causal.manifest.bound;
     let r = verify(&full.programs, &m);
     assert!(
         r.counts.get(&Invariant::Masked).copied().unwrap_or(0) > 0,
