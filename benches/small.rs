@@ -115,7 +115,10 @@ struct Shape {
 
 /// What compiling one shape gave, as plain data (the compiled programs stay in the worker).
 enum Outcome {
-    Refused { reason: String, kind: String },
+    Refused {
+        reason: String,
+        kind: String,
+    },
     Compiled {
         cycles: u64,
         lower_bound: u64,
@@ -203,9 +206,7 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut s = Summary::default();
     for (sh, out) in shapes.iter().zip(&outcomes) {
-        let Shape {
-            n, m, d, heads, ..
-        } = *sh;
+        let Shape { n, m, d, heads, .. } = *sh;
         let scheme = SCHEMES[sh.scheme].0;
         s.shapes += 1;
         let what = format!("n={n} m={m} d={d} heads={heads} {scheme}");
@@ -387,7 +388,10 @@ fn paper_instances() {
                     c.manifest.cycles.to_string(),
                     c.manifest.lower_bound.to_string(),
                     b.value.to_string(),
-                    format!("{:.3}", c.manifest.cycles as f64 / c.manifest.lower_bound as f64),
+                    format!(
+                        "{:.3}",
+                        c.manifest.cycles as f64 / c.manifest.lower_bound as f64
+                    ),
                     format!("{:.3}", c.manifest.cycles as f64 / b.value as f64),
                     c.manifest.schedule.clone(),
                 )

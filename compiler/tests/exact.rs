@@ -283,4 +283,3 @@ fn bound_never_exceeds_a_proven_optimum() {
     }
     assert!(above_lb >= 6, "only {above_lb} layers test more than LB");
 }
-

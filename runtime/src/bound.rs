@@ -46,11 +46,7 @@ impl Shape {
         if pes == 0 {
             return None;
         }
-        let (m, k, d) = (
-            u64::from(pes),
-            u64::from(self.tokens),
-            u64::from(self.dim),
-        );
+        let (m, k, d) = (u64::from(pes), u64::from(self.tokens), u64::from(self.dim));
         if norm == Normalisation::Deferred {
             // A score (d accumulation cycles), its exponential, one product with v, the final
             // division: the rescaling of an online softmax may combine partial sums, so no
@@ -67,7 +63,11 @@ impl Shape {
         // before their Z, `tail(k0)` or more cycles before the end, and the products one cycle
         // earlier still (two with a maximum after them). On `m` PEs that takes
         // `ceil(work / m)` cycles. Causal rows have k = 1 … n; the others all have n.
-        let lengths: Vec<u64> = if self.causal { (1..=n).collect() } else { vec![n] };
+        let lengths: Vec<u64> = if self.causal {
+            (1..=n).collect()
+        } else {
+            vec![n]
+        };
         for &k0 in &lengths {
             let r = row(k0)?;
             let (mut after, mut before, mut products) = (0u64, 0u64, 0u64);
@@ -332,15 +332,24 @@ mod tests {
         // n = 4, d = 64: Z from cycle 64 + 4 = 68; the 4 divisions and 256 products after Z
         // need 22 cycles of a run growing from 2 PEs (2 + 3 + ... + 23 = 275 ≥ 260 > 252).
         let s = plain(4, 64);
-        assert_eq!(s.critical_path(256, Normalisation::PerWeight), Some(68 + 22));
+        assert_eq!(
+            s.critical_path(256, Normalisation::PerWeight),
+            Some(68 + 22)
+        );
         // Safe adds the depth of a 4-score maximum tree, 2.
         let safe = shape(4, 64, false, false, Softmax::Safe);
-        assert_eq!(safe.critical_path(256, Normalisation::PerWeight), Some(70 + 22));
+        assert_eq!(
+            safe.critical_path(256, Normalisation::PerWeight),
+            Some(70 + 22)
+        );
         // On 4 PEs the 16 divisions and 1024 products after Z need 1040 / 4 = 260 cycles.
         assert_eq!(s.critical_path(4, Normalisation::PerWeight), Some(68 + 260));
         // The mask and sharing do not change the longest row.
         let causal = shape(4, 64, true, true, Softmax::Plain);
-        assert_eq!(causal.critical_path(256, Normalisation::PerWeight), Some(90));
+        assert_eq!(
+            causal.critical_path(256, Normalisation::PerWeight),
+            Some(90)
+        );
     }
 
     #[test]
@@ -362,7 +371,10 @@ mod tests {
     fn chains_of_the_output_dominate_when_d_is_tiny() {
         // n = 8, d = 1 on 64 PEs: Z from 1 + 8 = 9; each output is a chain of 8 products.
         let s = plain(8, 1);
-        assert_eq!(s.critical_path(64, Normalisation::PerWeight), Some(9 + 8 + 1));
+        assert_eq!(
+            s.critical_path(64, Normalisation::PerWeight),
+            Some(9 + 8 + 1)
+        );
     }
 
     #[test]

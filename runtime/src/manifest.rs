@@ -571,9 +571,10 @@ mod tests {
         // A value that is not the largest part, or a lower bound that differs, is refused.
         let e = Manifest::from_json(&json.replace("\"value\": 9", "\"value\": 8")).unwrap_err();
         assert!(e.0.contains("bound.value"), "{e}");
-        let e = Manifest::from_json(
-            &json.replace("\"lower_bound\": 1,\n    \"critical", "\"lower_bound\": 2,\n    \"critical"),
-        )
+        let e = Manifest::from_json(&json.replace(
+            "\"lower_bound\": 1,\n    \"critical",
+            "\"lower_bound\": 2,\n    \"critical",
+        ))
         .unwrap_err();
         assert!(e.0.contains("bound.lower_bound"), "{e}");
     }
