@@ -40,8 +40,9 @@ impl Shape {
         })
     }
 
-    /// The critical-path part: the bound of the longest row (`tokens` unmasked scores; every
-    /// term below grows with the row length, and heads are independent).
+    /// The critical-path part: the longest row's chain (`tokens` unmasked scores) with the
+    /// cycles its results need to reach enough PEs, and the work that must wait for the rows'
+    /// denominators or be done before them, spread over the ring.
     pub fn critical_path(&self, pes: u32, norm: Normalisation) -> Option<u64> {
         if pes == 0 {
             return None;
@@ -63,22 +64,17 @@ impl Shape {
         // before their Z, `tail(k0)` or more cycles before the end, and the products one cycle
         // earlier still (two with a maximum after them). On `m` PEs that takes
         // `ceil(work / m)` cycles. Causal rows have k = 1 … n; the others all have n.
-        let lengths: Vec<u64> = if self.causal {
-            (1..=n).collect()
-        } else {
-            vec![n]
-        };
-        for &k0 in &lengths {
+        let shortest = if self.causal { 1 } else { n };
+        let per_pe = |ops: u64| -> Option<u64> { Some(ops.checked_mul(h)?.div_ceil(m)) };
+        // Longest rows first, so that the sums over the rows of at least `k0` scores grow.
+        let (mut after, mut before, mut products) = (0u64, 0u64, 0u64);
+        for k0 in (shortest..=n).rev() {
+            let (post, pre, p1) = self.row_work(k0, d)?;
+            after = after.checked_add(post)?;
+            before = before.checked_add(pre)?;
+            products = products.checked_add(p1)?;
             let r = row(k0)?;
-            let (mut after, mut before, mut products) = (0u64, 0u64, 0u64);
-            for &k in lengths.iter().filter(|&&k| k >= k0) {
-                let (post, pre, p1) = self.row_work(k, d)?;
-                after = after.checked_add(post)?;
-                before = before.checked_add(pre)?;
-                products = products.checked_add(p1)?;
-            }
-            let per_pe = |ops: u64| -> Option<u64> { Some(ops.checked_mul(h)?.div_ceil(m)) };
-            let product_tail = r.tail + 1 + u64::from(safe && k0 >= 2);
+            let product_tail = r.tail.checked_add(1 + u64::from(safe && k0 >= 2))?;
             best = best
                 .max(r.z.checked_add(per_pe(after)?)?)
                 .max(r.tail.checked_add(per_pe(before)?)?)
