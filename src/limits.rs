@@ -29,3 +29,48 @@ pub const DEFAULT_MAX_PE_CYCLES: u64 = 10_000_000_000;
 
 /// Largest `.npy` header accepted (numpy itself reads at most 10000 bytes by default).
 pub const MAX_NPY_HEADER_BYTES: u64 = 1 << 16;
+
+/// Above this many PEs a layer must give every PE at least [`MIN_WEIGHTS_PER_PE`] attention
+/// weights: the row schedule tries every count of working PEs when weights are fewer, which
+/// grows with the square of the ring.
+pub const SMALL_RING: u32 = 64;
+pub const MIN_WEIGHTS_PER_PE: u64 = 4;
+
+/// The attention weights of a layer (heads × unmasked score entries): no schedule can give a PE
+/// work without one, so this bounds the PEs a layer can use.
+pub fn attention_weights(layer: &lang::Layer) -> u64 {
+    let n = u64::from(layer.tokens);
+    let per_head = if layer.mask == lang::Mask::Causal {
+        n * (n + 1) / 2
+    } else {
+        n * n
+    };
+    u64::from(layer.heads) * per_head
+}
+
+/// The most PEs `compile` and `optimal` accept for `layer`: one per attention weight, and above
+/// [`SMALL_RING`] PEs at least [`MIN_WEIGHTS_PER_PE`] weights each.
+pub fn usable_pes(layer: &lang::Layer) -> u64 {
+    let w = attention_weights(layer);
+    let by_share = w / MIN_WEIGHTS_PER_PE;
+    if by_share >= u64::from(SMALL_RING) {
+        by_share
+    } else {
+        w.min(u64::from(SMALL_RING))
+    }
+}
+
+/// Refuses a ring larger than the layer can use, before any scheduling starts.
+pub fn check_ring(layer: &lang::Layer, pes: u32) -> Result<(), String> {
+    let most = usable_pes(layer);
+    if u64::from(pes) <= most {
+        return Ok(());
+    }
+    let w = attention_weights(layer);
+    let why = if w <= u64::from(SMALL_RING) {
+        format!("layer `{}` has {w} attention weights, so at most {most} PEs can hold any of its work; the others would only pass values on", layer.name)
+    } else {
+        format!("layer `{}` has {w} attention weights; above {SMALL_RING} PEs attnc needs at least {MIN_WEIGHTS_PER_PE} per PE, so it takes at most {most} PEs", layer.name)
+    };
+    Err(format!("--pes {pes} is more than this layer can use: {why} (use --pes {most} or fewer, or a larger layer)"))
+}

@@ -39,6 +39,8 @@ fn baseline_grid_matches_reference_and_cycle_formula() {
                             r.cycles >= c.manifest.lower_bound,
                             "{what}: below the lower bound?"
                         );
+                        let b = c.manifest.bound.expect("every compile states its bound");
+                        assert!(r.cycles >= b.value, "{what}: below the bound {b:?}");
                         checked += 1;
                     }
                 }
@@ -319,6 +321,8 @@ fn every_scheduler_forced_where_it_applies() {
                                 );
                                 assert_eq!(r.cycles, c.manifest.cycles, "{what}, {pass}");
                                 assert!(r.cycles >= c.manifest.lower_bound, "{what}, {pass}");
+                                let b = c.manifest.bound.expect("every compile states its bound");
+                                assert!(r.cycles >= b.value, "{what}, {pass}: below {b:?}");
                                 assert!(
                                     auto <= r.cycles,
                                     "{what}: auto took {auto} cycles, {pass} {}",

@@ -25,6 +25,8 @@ fn check(n: u32, d: u32, m: u32, heads: u32, shared: bool, causal: bool) {
         r.cycles >= c.manifest.lower_bound,
         "{what}: below the lower bound"
     );
+    let b = c.manifest.bound.expect("every compile states its bound");
+    assert!(r.cycles >= b.value, "{what}: below the bound {b:?}");
     let (n, d, h) = (u64::from(n), u64::from(d), u64::from(heads));
     let weights = if causal { n * (n + 1) / 2 } else { n * n };
     let distinct = if shared && !causal {

@@ -92,6 +92,8 @@ fn every_kind_of_layer_runs_from_its_files() {
                                 cycles >= c.manifest.lower_bound,
                                 "{what}: below the lower bound"
                             );
+                            let b = c.manifest.bound.expect("every compile states its bound");
+                            assert!(cycles >= b.value, "{what}: below the bound {b:?}");
                             assert_eq!(m1, c.manifest, "{what}: manifest round trip");
                             ran += 1;
                         }

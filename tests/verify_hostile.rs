@@ -153,6 +153,7 @@ fn masked_work_is_named() {
     m.layer.mask = "causal".into();
     m.necessary_ops = causal.manifest.necessary_ops;
     m.lower_bound = causal.manifest.lower_bound;
+    m.bound = causal.manifest.bound;
     let r = verify(&full.programs, &m);
     assert!(
         r.counts.get(&Invariant::Masked).copied().unwrap_or(0) > 0,
@@ -165,4 +166,25 @@ fn masked_work_is_named() {
         .unwrap();
     assert!(v.pe.is_some() && v.cycle.is_some() && v.instruction.is_some());
     assert!(v.message.contains("mask"), "{r}");
+}
+
+#[test]
+fn a_stated_bound_must_be_the_layers() {
+    let c = base();
+    let (p, m) = (&c.programs, &c.manifest);
+    assert!(verify(p, m).is_ok());
+    let b = m.bound.expect("compile states the bound");
+    // A larger critical path (and value to match) is a claim about another layer or ring.
+    let mut m2 = m.clone();
+    let claimed = b.value + 5;
+    m2.bound = Some(runtime::bound::Bound {
+        value: claimed,
+        critical_path: claimed,
+        ..b
+    });
+    rejected_for(p, &m2, Invariant::Manifest);
+    // No bound at all is an older manifest, and still proved.
+    let mut m3 = m.clone();
+    m3.bound = None;
+    assert!(verify(p, &m3).is_ok());
 }

@@ -326,6 +326,7 @@ fn the_manifest_must_declare_the_online_work_exactly() {
     };
     classic.necessary_ops = shape.necessary().unwrap().total();
     classic.lower_bound = shape.lower_bound(2).unwrap();
+    classic.bound = shape.bound(2, runtime::layer::Normalisation::PerWeight);
     let r = verify(&programs, &classic);
     assert!(r.counts.contains_key(&Invariant::OpCount), "{r}");
     // A wrong mask or sharing is a different layer.
@@ -355,6 +356,7 @@ fn a_stream_run_against_the_wrong_mask_is_masked_or_wrong() {
         man.layer.mask = "causal".into();
         man.necessary_ops = cman.necessary_ops;
         man.lower_bound = cman.lower_bound;
+        man.bound = cman.bound;
         let r = verify(&programs, &man);
         assert!(!r.is_ok());
         if !(shared && safe) {

@@ -443,6 +443,9 @@ fn build_manifest(
         pes,
         cycles: schedule.cycles() as u64,
         lower_bound: problem.lower_bound(pes),
+        bound: problem
+            .shape()
+            .bound(pes, runtime::layer::Normalisation::PerWeight),
         schedule: schedule.algorithm.into(),
         selection,
         necessary_ops: problem.necessary_ops(),

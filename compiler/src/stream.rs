@@ -92,6 +92,7 @@ pub fn manifest(
         pes,
         cycles: stream.cycles,
         lower_bound,
+        bound: shape.bound(pes, norm),
         schedule: schedule_stream::NAME.into(),
         selection: Selection {
             chosen: schedule_stream::NAME.into(),

@@ -241,3 +241,45 @@ fn neighbourhood_search_shortens_the_heuristic_schedule() {
     assert_eq!(steps.last(), Some(&out.cycles));
     assert!(max_err(&out.programs, &out.manifest) <= 1e-4);
 }
+
+#[test]
+fn bound_never_exceeds_a_proven_optimum() {
+    // Layers small enough for a full search whose critical path is above the operation count,
+    // so the bound is more than LB and a mistake in it would show as a bound above an optimum.
+    let mut above_lb = 0;
+    for (text, pes) in [
+        (src(1, 2, ""), 2),
+        (src(1, 3, ""), 3),
+        (src(1, 4, ""), 4),
+        (src(2, 1, ""), 4),
+        (src(2, 1, "qkv = shared;"), 3),
+        (src(2, 1, "mask = causal;"), 3),
+        (src(2, 2, "mask = causal;"), 3),
+        (src(3, 1, "mask = causal;"), 6),
+        (src(1, 8, ""), 8),
+        (src(2, 2, ""), 4),
+        (src(2, 4, "mask = causal;"), 6),
+        (src(3, 2, "mask = causal; qkv = shared;"), 6),
+        // Decided by the work after the denominators, above LB and the longest row's chain.
+        (src(2, 4, ""), 4),
+    ] {
+        let l = layer(&text);
+        let opts = Options {
+            strategy: Strategy::Up,
+            ..sat_only()
+        };
+        let out = exact::optimal(&l, pes, &opts).expect("searches");
+        let b = out.manifest.bound.expect("the manifest states the bound");
+        assert!(out.proved_optimal, "{text} on {pes} PEs");
+        assert!(
+            b.value <= out.cycles,
+            "{text} on {pes} PEs: bound {b:?} above the optimum {}",
+            out.cycles
+        );
+        if b.value > b.lower_bound {
+            above_lb += 1;
+        }
+        eprintln!("{text} on {pes} PEs: optimum {} cycles, {b:?}", out.cycles);
+    }
+    assert!(above_lb >= 6, "only {above_lb} layers test more than LB");
+}

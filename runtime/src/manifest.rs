@@ -6,6 +6,7 @@
 //! are flat in C order over `shape`, so element `[h][i][c]` of a tensor is at index
 //! `(h·tokens + i)·dim + c`.
 
+use crate::bound::Bound;
 use crate::layer::Normalisation;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -24,6 +25,10 @@ pub struct Manifest {
     pub pes: u32,
     pub cycles: u64,
     pub lower_bound: u64,
+    /// The cycle bound with its critical-path and link parts (`crate::bound`). Absent in
+    /// manifests written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound: Option<Bound>,
     pub schedule: String,
     /// Which schedules were considered and why this one was chosen.
     pub selection: Selection,
@@ -526,6 +531,15 @@ impl Manifest {
         if !self.outputs.contains_key("y") {
             return err("no placement for output y".into());
         }
+        if let Some(b) = &self.bound {
+            let parts = b.lower_bound.max(b.critical_path).max(b.link);
+            if b.value != parts || b.lower_bound != self.lower_bound {
+                return err(format!(
+                    "bound.value {} is not the largest of its parts ({parts}), or bound.lower_bound {} is not lower_bound {}",
+                    b.value, b.lower_bound, self.lower_bound
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -562,6 +576,7 @@ mod tests {
             pes: 1,
             cycles: 1,
             lower_bound: 1,
+            bound: None,
             schedule: "s".into(),
             selection: Selection {
                 chosen: "s".into(),
@@ -653,5 +668,31 @@ mod tests {
             "not a plain file name",
         );
         refused(json.replace("pe{pe}.bin", "pe{pe}.s"), "the same");
+    }
+
+    #[test]
+    fn bound_is_optional_and_checked_against_its_parts() {
+        // Manifests written before the bound existed load unchanged.
+        let json = manifest("plain", 0).to_json().unwrap();
+        assert!(!json.contains("\"bound\""), "{json}");
+        let mut m = manifest("plain", 0);
+        m.bound = Some(Bound {
+            value: 9,
+            lower_bound: 1,
+            critical_path: 9,
+            link: 1,
+        });
+        let json = m.to_json().unwrap();
+        assert!(json.contains("\"critical_path\": 9"), "{json}");
+        assert_eq!(Manifest::from_json(&json).unwrap(), m);
+        // A value that is not the largest part, or a lower bound that differs, is refused.
+        let e = Manifest::from_json(&json.replace("\"value\": 9", "\"value\": 8")).unwrap_err();
+        assert!(e.0.contains("bound.value"), "{e}");
+        let e = Manifest::from_json(&json.replace(
+            "\"lower_bound\": 1,\n    \"critical",
+            "\"lower_bound\": 2,\n    \"critical",
+        ))
+        .unwrap_err();
+        assert!(e.0.contains("bound.lower_bound"), "{e}");
     }
 }

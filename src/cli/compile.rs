@@ -151,7 +151,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
         }
         if !printing {
             eprintln!(
-                "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}), {} words/PE max ({}){}",
+                "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}{}), {} words/PE max ({}){}",
                 layer.name,
                 compiled
                     .scheduler
@@ -161,6 +161,11 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
                 m.cycles,
                 m.lower_bound,
                 m.cycles as f64 / m.lower_bound.max(1) as f64,
+                m.bound.map_or(String::new(), |b| format!(
+                    "; bound {}, ratio {:.3}",
+                    b.value,
+                    m.cycles as f64 / b.value.max(1) as f64
+                )),
                 m.mem_words.iter().max().unwrap_or(&0),
                 m.selection.reason,
                 if verify { "; verified" } else { "" }

@@ -167,6 +167,7 @@ fn report(
             "cycles": stats.cycles,
             "lower_bound": m.lower_bound,
             "ratio": ratio,
+            "bound": m.bound,
             "utilization": stats.utilization(),
             "schedule": m.schedule,
             "pes": m.pes,
@@ -195,6 +196,15 @@ fn report(
         );
         println!("cycles: {}", stats.cycles);
         println!("lower_bound: {} (cycles/LB {:.4})", m.lower_bound, ratio);
+        if let Some(b) = &m.bound {
+            println!(
+                "bound: {} (cycles/bound {:.4}; critical path {}, link {})",
+                b.value,
+                stats.cycles as f64 / b.value.max(1) as f64,
+                b.critical_path,
+                b.link
+            );
+        }
         let kinds: Vec<String> = by_kind.iter().map(|(m, n)| format!("{m} {n}")).collect();
         println!(
             "ops: {} add {} send {}",

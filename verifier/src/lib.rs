@@ -482,6 +482,21 @@ impl Verification {
             );
             return;
         }
+        // The bound is informational, but a manifest that states one states the bound of its
+        // layer and formulation. Checked only now: deriving it takes time in proportion to the
+        // tokens, which the programs' length now bounds.
+        if let Some(b) = &m.bound {
+            let want = shape.counting().bound(m.pes, m.normalisation);
+            if want.as_ref() != Some(b) {
+                self.fail(
+                    Invariant::Manifest,
+                    format!(
+                        "bound is {b:?}, but the layer's is {}",
+                        want.map_or("undefined".into(), |w| format!("{w:?}"))
+                    ),
+                );
+            }
+        }
 
         self.check(Invariant::Placement);
         let mut inputs_at: FxMap<(u32, u32), String> = FxMap::default();

@@ -1,0 +1,438 @@
+//! A lower bound on the cycles of every program for a layer that is stronger than counting
+//! operations when the ring has more PEs than the layer has work to spread: the longest chain of
+//! dependent operations with the ring hops it forces, and the words that must cross links.
+//! docs/scheduling.md ("When the lower bound cannot be reached") derives each part.
+//!
+//! The programs bounded are the ones the verifier accepts for the manifest's formulation: they
+//! perform exactly the necessary operations (no copies, no extra additions; see docs/verifier.md),
+//! so every sum is a chain of accumulations, one term per bundle. Nothing here assumes a
+//! placement or a schedule: inputs may be preloaded anywhere, one copy each.
+
+use crate::layer::{Normalisation, Shape, Softmax};
+use serde::{Deserialize, Serialize};
+
+/// `max(lower_bound, critical_path, link)` and its parts, in cycles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bound {
+    /// The largest part: no program of the formulation runs in fewer cycles.
+    pub value: u64,
+    /// `ceil(necessary operations / PEs)`, the manifest's `lower_bound`.
+    pub lower_bound: u64,
+    /// The longest dependent chain of a row, with the time its results need to reach enough PEs.
+    pub critical_path: u64,
+    /// Inputs and weights that must cross links, against what the links carry.
+    pub link: u64,
+}
+
+impl Shape {
+    /// The bound on `pes` PEs for programs that normalise as `norm`; `None` on overflow or an
+    /// empty ring.
+    pub fn bound(&self, pes: u32, norm: Normalisation) -> Option<Bound> {
+        let lower_bound = self.lower_bound_as(pes, norm)?;
+        let critical_path = self.critical_path(pes, norm)?;
+        let link = self.link_bound(pes, norm)?;
+        Some(Bound {
+            value: lower_bound.max(critical_path).max(link),
+            lower_bound,
+            critical_path,
+            link,
+        })
+    }
+
+    /// The critical-path part: the longest row's chain (`tokens` unmasked scores) with the
+    /// cycles its results need to reach enough PEs, and the work that must wait for the rows'
+    /// denominators or be done before them, spread over the ring.
+    pub fn critical_path(&self, pes: u32, norm: Normalisation) -> Option<u64> {
+        if pes == 0 {
+            return None;
+        }
+        let (m, k, d) = (u64::from(pes), u64::from(self.tokens), u64::from(self.dim));
+        if norm == Normalisation::Deferred {
+            // A score (d accumulation cycles), its exponential, one product with v, the final
+            // division: the rescaling of an online softmax may combine partial sums, so no
+            // chain over the row is claimed.
+            return d.checked_add(3);
+        }
+        let (h, n) = (u64::from(self.heads), k);
+        let safe = self.softmax == Softmax::Safe;
+        let row = |k: u64| Row::new(k, d, m, safe);
+        let longest = row(n)?;
+        let mut best = longest.z.checked_add(longest.tail)?;
+        // Rows of at least `k0` scores, all heads: their divisions and phase-3 products run
+        // after their own Z, from cycle `z(k0)` on; their products, maxima and exponentials run
+        // before their Z, `tail(k0)` or more cycles before the end, and the products one cycle
+        // earlier still (two with a maximum after them). On `m` PEs that takes
+        // `ceil(work / m)` cycles. Causal rows have k = 1 … n; the others all have n.
+        let shortest = if self.causal { 1 } else { n };
+        let per_pe = |ops: u64| -> Option<u64> { Some(ops.checked_mul(h)?.div_ceil(m)) };
+        // Longest rows first, so that the sums over the rows of at least `k0` scores grow.
+        let (mut after, mut before, mut products) = (0u64, 0u64, 0u64);
+        for k0 in (shortest..=n).rev() {
+            let (post, pre, p1) = self.row_work(k0, d)?;
+            after = after.checked_add(post)?;
+            before = before.checked_add(pre)?;
+            products = products.checked_add(p1)?;
+            let r = row(k0)?;
+            let product_tail = r.tail.checked_add(1 + u64::from(safe && k0 >= 2))?;
+            best = best
+                .max(r.z.checked_add(per_pe(after)?)?)
+                .max(r.tail.checked_add(per_pe(before)?)?)
+                .max(product_tail.checked_add(per_pe(products)?)?);
+        }
+        Some(best)
+    }
+
+    /// One head's operations of the rows of `k` scores (one row, or with q = k = v and no mask
+    /// all `n` rows together): after Z (divisions and phase-3 products), before Z (phase-1
+    /// products, maxima, exponentials), and the phase-1 products alone. With q = k = v and no
+    /// mask a product serves two rows, all of length n, so it is counted once for the layer.
+    fn row_work(&self, k: u64, d: u64) -> Option<(u64, u64, u64)> {
+        let rows = if self.causal {
+            1
+        } else {
+            u64::from(self.tokens)
+        };
+        let weights = k.checked_mul(rows)?;
+        let scores = if self.shared && !self.causal {
+            k.checked_mul(k + 1)? / 2
+        } else {
+            weights
+        };
+        let maxima = match self.softmax {
+            Softmax::Safe => weights - rows,
+            Softmax::Plain => 0,
+        };
+        let products = scores.checked_mul(d)?;
+        let after = weights.checked_mul(d.checked_add(1)?)?;
+        let before = products.checked_add(maxima)?.checked_add(weights)?;
+        Some((after, before, products))
+    }
+
+    /// The link part: the fewest cycles `T` for which the words that must cross links in a
+    /// `T`-cycle program fit on the `pes` links (each carries `T − 1` words a program can still
+    /// read).
+    pub fn link_bound(&self, pes: u32, norm: Normalisation) -> Option<u64> {
+        if pes == 0 {
+            return None;
+        }
+        let m = u64::from(pes);
+        let fits = |t: u64| -> Option<bool> {
+            Some(self.words_to_cross(t, norm)? <= m.checked_mul(t - 1)?)
+        };
+        // Once `T` reaches the largest group, no group needs a word from elsewhere.
+        let mut hi = 1u64;
+        while !fits(hi)? {
+            hi = hi.checked_mul(2)?;
+        }
+        let mut lo = 1u64;
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid)? {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        Some(lo)
+    }
+
+    /// Words any `t`-cycle program must receive over links, summed over groups of products that
+    /// share no operand.
+    fn words_to_cross(&self, t: u64, norm: Normalisation) -> Option<u64> {
+        let (h, n, d) = (
+            u64::from(self.heads),
+            u64::from(self.tokens),
+            u64::from(self.dim),
+        );
+        let w = self.weights_per_head()?;
+        // Phase 1, one group per head and column: column c's products of q and k (or of x with
+        // itself, one per unordered pair).
+        let phase1 = if self.shared {
+            let pairs = n.checked_mul(n + 1)? / 2;
+            short(min_words(pairs, t, triangle_side), n)
+        } else {
+            short(min_words(w, t, square_sides), 2 * n)
+        }
+        .checked_mul(h.checked_mul(d)?)?;
+        if norm == Normalisation::Deferred {
+            // Online rescaling creates several versions of a weight, so only phase 1 is counted.
+            return Some(phase1);
+        }
+        // Phase 3, one group per head and key j: the products of the weights w[i][j] (rows
+        // that see j) with the row v[j].
+        let mut phase3 = 0u64;
+        for j in 0..n {
+            let rows = if self.causal { n - j } else { n };
+            let products = rows.checked_mul(d)?;
+            phase3 = phase3.checked_add(short(
+                min_words(products, t, square_sides),
+                rows.checked_add(d)?,
+            ))?;
+        }
+        let phase3 = phase3.checked_mul(h)?;
+        // With q = k = v = x a word of x may serve both phases on one PE.
+        Some(if self.shared {
+            phase1.max(phase3)
+        } else {
+            phase1.checked_add(phase3)?
+        })
+    }
+}
+
+/// The critical path of one row of `k` scores: `z`, the first cycle its denominator Z can be
+/// readable, and `tail`, the fewest cycles from then to the end.
+struct Row {
+    z: u64,
+    tail: u64,
+}
+
+impl Row {
+    fn new(k: u64, d: u64, m: u64, safe: bool) -> Option<Row> {
+        // The row maximum is a tree of two-operand maxima over the row's k scores.
+        let depth = if safe && k >= 2 {
+            u64::from(k.next_power_of_two().trailing_zeros())
+        } else {
+            0
+        };
+        // Every score takes d chained accumulations (readable from cycle d), the exponentials
+        // follow the maximum, and Z is a chain of k accumulations, one per exponential.
+        let z = d.checked_add(depth)?.checked_add(k)?;
+        // Each output element of the row is a chain of k accumulations of products with
+        // weights, and every weight needs Z.
+        let chains = k.checked_add(1)?;
+        // The last of the k divisions by Z, then that weight's d products.
+        let last_weight = spread(m, k)?.checked_add(spread(m, d)?)?.checked_add(2)?;
+        // The k divisions and k·d products all read a value computed from Z.
+        let after_z = spread(m, k.checked_mul(d.checked_add(1)?)?)?.checked_add(1)?;
+        Some(Row {
+            z,
+            tail: chains.max(last_weight).max(after_z),
+        })
+    }
+}
+
+/// Fewest distinct operands among `products` products of a group done by PEs that do at most
+/// `t` each: `operands(p)` is the least a PE needs for `p` of them, concave with
+/// `operands(0) = 0`, so the sum over PEs is least when all but one do exactly `t`.
+fn min_words(products: u64, t: u64, operands: fn(f64) -> f64) -> f64 {
+    let full = (products / t) as f64;
+    full * operands(t as f64) + operands((products % t) as f64)
+}
+
+/// Words a group must receive: what its PEs need beyond the `local` ones that start on a PE
+/// (each input preloaded once, each weight computed once). Rounded down after a margin for
+/// floating-point error, since a count of words is whole.
+fn short(needed: f64, local: u64) -> u64 {
+    let missing = needed - local as f64 - 1e-6 * needed.max(1.0);
+    if missing <= 0.0 {
+        0
+    } else {
+        missing.ceil() as u64
+    }
+}
+
+/// `p` products `a_i·b_j` need `|I| + |J| ≥ 2√p` operands (`p ≤ |I|·|J|`).
+fn square_sides(p: f64) -> f64 {
+    2.0 * p.sqrt()
+}
+
+/// `p` products `x_a·x_b` over unordered pairs need `s` operands with `s(s + 1)/2 ≥ p`.
+fn triangle_side(p: f64) -> f64 {
+    ((8.0 * p + 1.0).sqrt() - 1.0) / 2.0
+}
+
+/// Fewest cycles `s` after a value becomes readable on at most two neighbouring PEs (the one
+/// that computed it and, through `send acc`, the next) until `ops` operations reading it or
+/// anything computed from it can have run: in the `r`-th cycle at most `min(2 + r, m)` PEs hold
+/// such a value, because a unidirectional link adds one PE per cycle to the run that holds it.
+/// Returns the `s` such that cycles `0..=s` give room for `ops`.
+fn spread(m: u64, ops: u64) -> Option<u64> {
+    let room = |s: u64| -> Option<u64> {
+        let cap = m.saturating_sub(2);
+        if s < cap {
+            (s + 1).checked_mul(s + 4).map(|x| x / 2)
+        } else {
+            let below = cap.checked_mul(cap + 3)? / 2;
+            below.checked_add((s - cap + 1).checked_mul(m)?)
+        }
+    };
+    let (mut lo, mut hi) = (0u64, ops);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if room(mid)? >= ops {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Some(lo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(n: u32, d: u32, shared: bool, causal: bool, softmax: Softmax) -> Shape {
+        Shape {
+            heads: 1,
+            tokens: n,
+            dim: d,
+            shared,
+            causal,
+            softmax,
+        }
+    }
+
+    fn plain(n: u32, d: u32) -> Shape {
+        shape(n, d, false, false, Softmax::Plain)
+    }
+
+    #[test]
+    fn spread_counts_one_more_pe_per_cycle() {
+        // 2, 3, 4, 5, ... PEs per cycle on a large ring.
+        assert_eq!(spread(256, 1), Some(0));
+        assert_eq!(spread(256, 2), Some(0));
+        assert_eq!(spread(256, 3), Some(1));
+        assert_eq!(spread(256, 5), Some(1));
+        assert_eq!(spread(256, 6), Some(2));
+        assert_eq!(spread(256, 9), Some(2));
+        assert_eq!(spread(256, 10), Some(3));
+        // One PE: one operation per cycle.
+        assert_eq!(spread(1, 3), Some(2));
+        // Two PEs: two per cycle from the start.
+        assert_eq!(spread(2, 3), Some(1));
+        // Three PEs: 2, then 3 per cycle.
+        assert_eq!(spread(3, 5), Some(1));
+        assert_eq!(spread(3, 6), Some(2));
+        assert_eq!(spread(3, 8), Some(2));
+    }
+
+    #[test]
+    fn one_token_on_a_large_ring() {
+        // Worked by hand: the score chain takes cycles 0-7 on PEs 0-7 and arrives on PE 8;
+        // exp in cycle 8, the division in 9, and the weight then reaches 2, 3, 4 PEs in cycles
+        // 10, 11, 12, which is the earliest its 8 products can be done: 13 cycles.
+        let s = plain(1, 8);
+        assert_eq!(s.critical_path(256, Normalisation::PerWeight), Some(13));
+        let b = s.bound(256, Normalisation::PerWeight).unwrap();
+        assert_eq!(b.lower_bound, 1); // 18 operations on 256 PEs
+        assert_eq!(b.value, 13);
+        // A row of one score has no maximum, so safe is the same.
+        let safe = shape(1, 8, false, false, Softmax::Safe);
+        assert_eq!(safe.critical_path(256, Normalisation::PerWeight), Some(13));
+    }
+
+    #[test]
+    fn longer_rows_pay_their_chains_and_the_spread_of_their_weights() {
+        // n = 4, d = 64: Z from cycle 64 + 4 = 68; the 4 divisions and 256 products after Z
+        // need 22 cycles of a run growing from 2 PEs (2 + 3 + ... + 23 = 275 ≥ 260 > 252).
+        let s = plain(4, 64);
+        assert_eq!(
+            s.critical_path(256, Normalisation::PerWeight),
+            Some(68 + 22)
+        );
+        // Safe adds the depth of a 4-score maximum tree, 2.
+        let safe = shape(4, 64, false, false, Softmax::Safe);
+        assert_eq!(
+            safe.critical_path(256, Normalisation::PerWeight),
+            Some(70 + 22)
+        );
+        // On 4 PEs the 16 divisions and 1024 products after Z need 1040 / 4 = 260 cycles.
+        assert_eq!(s.critical_path(4, Normalisation::PerWeight), Some(68 + 260));
+        // The mask and sharing do not change the longest row.
+        let causal = shape(4, 64, true, true, Softmax::Plain);
+        assert_eq!(
+            causal.critical_path(256, Normalisation::PerWeight),
+            Some(90)
+        );
+    }
+
+    #[test]
+    fn work_released_after_the_denominator_fills_the_ring() {
+        // n = 8, d = 64, 64 PEs, plain: 8320 operations, LB 130. Z is readable from cycle
+        // 64 + 8 = 72 and the 64 divisions and 4096 products that read it or its weights cannot
+        // start earlier: 4160 / 64 = 65 more cycles.
+        let s = plain(8, 64);
+        let b = s.bound(64, Normalisation::PerWeight).unwrap();
+        assert_eq!((b.lower_bound, b.critical_path), (130, 72 + 65));
+        // Causal: all rows (36 scores, every Z from cycle 65 on) have 36·65 = 2340 operations
+        // after their Z, 37 cycles on 64 PEs: 102. The longest row alone needs 72 + 31 = 103
+        // (its 520 divisions and products on a run of PEs growing from 2: 31 cycles).
+        let c = shape(8, 64, false, true, Softmax::Plain);
+        assert_eq!(c.critical_path(64, Normalisation::PerWeight), Some(103));
+    }
+
+    #[test]
+    fn chains_of_the_output_dominate_when_d_is_tiny() {
+        // n = 8, d = 1 on 64 PEs: Z from 1 + 8 = 9; each output is a chain of 8 products.
+        let s = plain(8, 1);
+        assert_eq!(
+            s.critical_path(64, Normalisation::PerWeight),
+            Some(9 + 8 + 1)
+        );
+    }
+
+    #[test]
+    fn deferred_claims_only_one_path() {
+        let s = shape(16, 8, false, false, Softmax::Safe);
+        assert_eq!(s.critical_path(64, Normalisation::Deferred), Some(11));
+    }
+
+    #[test]
+    fn link_bound_never_asks_for_more_than_the_operations_allow() {
+        // With plenty of work per PE the reuse of every word is high and the links idle.
+        for (n, d, m) in [(4, 4, 4), (16, 16, 4), (64, 64, 8), (32, 128, 256)] {
+            let s = plain(n, d);
+            let b = s.bound(m, Normalisation::PerWeight).unwrap();
+            assert!(b.link <= b.lower_bound, "{n} {d} {m}: {b:?}");
+        }
+    }
+
+    #[test]
+    fn link_bound_counts_missing_operands() {
+        // One column, two tokens (separate). In 1 cycle each PE does at most 1 operation.
+        // Phase 1: 4 products q[i][0]·k[j][0], 2 operands each, 4 of the 8 preloaded.
+        // Phase 3: per key j, 2 products w[i][j]·v[j][0], 4 operands, of which the 2 weights and
+        // v[j][0] start on some PE: 1 word per key.
+        let s = plain(2, 1);
+        assert_eq!(s.words_to_cross(1, Normalisation::PerWeight), Some(4 + 2));
+        // A single PE per group needs nothing from elsewhere once T covers the group.
+        assert_eq!(s.words_to_cross(4, Normalisation::PerWeight), Some(0));
+        // Shared: 3 pairs of one column on 3 PEs need at least 3·1 operands by the pair formula
+        // (1 beyond the 2 preloaded); phase 3 is as above (2). A word of x may serve both
+        // phases, so the larger count stands.
+        let shared = shape(2, 1, true, false, Softmax::Plain);
+        assert_eq!(shared.words_to_cross(1, Normalisation::PerWeight), Some(2));
+    }
+
+    #[test]
+    fn bound_is_the_largest_part_and_no_less_than_the_lower_bound() {
+        for n in [1, 2, 3, 4, 8, 12, 16, 32] {
+            for d in [1, 8, 64, 128] {
+                for m in [1, 4, 8, 16, 64, 256] {
+                    for (shared, causal) in [(false, false), (true, false), (false, true)] {
+                        let s = shape(n, d, shared, causal, Softmax::Safe);
+                        let b = s.bound(m, Normalisation::PerWeight).unwrap();
+                        assert_eq!(b.value, b.lower_bound.max(b.critical_path).max(b.link));
+                        assert_eq!(Some(b.lower_bound), s.lower_bound(m));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn overflow_and_empty_rings_are_none() {
+        assert_eq!(plain(2, 2).bound(0, Normalisation::PerWeight), None);
+        let huge = Shape {
+            heads: u32::MAX,
+            tokens: u32::MAX,
+            dim: u32::MAX,
+            shared: false,
+            causal: false,
+            softmax: Softmax::Safe,
+        };
+        assert_eq!(huge.bound(4, Normalisation::PerWeight), None);
+    }
+}
