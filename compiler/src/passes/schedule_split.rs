@@ -45,6 +45,9 @@ const AUTO_OPS: u64 = 300_000;
 /// Simulated operations spent on perturbed retries (per layer, on top of the plain runs).
 const RETRY_BUDGET: u64 = 400_000;
 
+/// Row-order weights tried (see [`Layout::row_weight`]).
+const ROW_WEIGHTS: [(i64, bool); 4] = [(0, true), (1, true), (0, false), (4, true)];
+
 /// The registry's handle on this pass.
 pub struct Split;
 
@@ -84,6 +87,12 @@ impl Scheduler for Split {
 struct Layout {
     /// Query-row groups per head; lanes = heads × groups.
     groups: u32,
+    /// How much a row's place in the finishing order weighs against the longest-path priority
+    /// (0: pure longest path; large: rows finish one after another).
+    row_weight: i64,
+    /// Ready softmax work (maxima, exponentials, divisions) goes before any product: it is
+    /// little work and everything after it waits for it.
+    softmax_first: bool,
 }
 
 /// Tries the layouts and, on small layers, perturbed priorities; keeps the shortest.
@@ -97,10 +106,19 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     };
     let mut layouts: Vec<(Layout, usize)> = Vec::new();
     for groups in candidate_groups(p, m) {
-        let layout = Layout { groups };
-        let s = build(p, m, layout, 0)?;
-        layouts.push((layout, s.cycles()));
-        keep(s, &mut best);
+        for (row_weight, softmax_first) in ROW_WEIGHTS {
+            let layout = Layout {
+                groups,
+                row_weight,
+                softmax_first,
+            };
+            let s = build(p, m, layout, 0)?;
+            if std::env::var_os("SPLIT_DEBUG").is_some() {
+                eprintln!("{layout:?}: {}", s.cycles());
+            }
+            layouts.push((layout, s.cycles()));
+            keep(s, &mut best);
+        }
     }
     // Perturbed retries on the best layouts, while the budget lasts.
     layouts.sort_by_key(|&(_, c)| c);
@@ -370,6 +388,11 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
     let mut score: HashMap<(u32, u32, u32), (usize, u32)> = HashMap::default();
     let mut k = 0u64;
     let scale = p.scale as f32;
+    // Rows in the order they should finish: longest first, so the last to finish is short.
+    let rank = |h: u32, a: u32| -> i64 {
+        let len = (0..n).filter(|&c| p.unmasked(a, c)).count() as i64;
+        (i64::from(n) - len) * i64::from(p.heads) * i64::from(n) + i64::from(a * p.heads + h)
+    };
     for h in 0..p.heads {
         for a in 0..n {
             let lane = g.lane(h, a);
@@ -403,7 +426,7 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
                                 y: Some(Opnd::V(Val::from_u32(0))),
                                 e: None,
                             },
-                            prio: 0,
+                            prio: rank(h, a),
                         });
                         input_of.push((t, false, eq));
                         input_of.push((t, true, ek));
@@ -465,7 +488,7 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
                         y: None,
                         e,
                     },
-                    prio: 0,
+                    prio: rank(h, a),
                 });
                 t
             };
@@ -522,7 +545,7 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
                 tasks.push(Task {
                     pe,
                     kind: TaskKind::Div { num: e, den: id, out },
-                    prio: 0,
+                    prio: rank(h, a),
                 });
                 weights.insert((h, a, c), (out, pe));
             }
@@ -554,7 +577,7 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
                             y: Some(Opnd::V(Val::from_u32(0))),
                             e: None,
                         },
-                        prio: 0,
+                        prio: rank(h, a),
                     });
                     input_of.push((t, true, ev));
                     ts.push(t);
@@ -619,7 +642,7 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
         reach.insert(*w, readers.iter().map(|&pe| dist(from, pe, m)).max().unwrap_or(0));
     }
 
-    prioritise(p, &g, &mut tasks, &chains, &weight_readers, &mut noise);
+    prioritise(p, &g, &mut tasks, &chains, &weight_readers, &mut noise, layout.row_weight, layout.softmax_first);
     // A preloaded word goes on the link as urgently as its most urgent reader.
     let mut urgency: HashMap<Val, i64> = HashMap::default();
     for t in &tasks {
@@ -658,6 +681,8 @@ fn prioritise(
     chains: &[Chain],
     weight_readers: &HashMap<Val, Vec<u32>>,
     noise: &mut Noise,
+    row_weight: i64,
+    softmax_first: bool,
 ) {
     let m = g.m;
     let len = |c: &Chain| c.segs.iter().map(|s| s.1.len()).sum::<usize>() as i64;
@@ -729,7 +754,15 @@ fn prioritise(
             TaskKind::Term { chain, .. } => tail[chain],
             TaskKind::Div { out, .. } => div_tail.get(&out).copied().unwrap_or(0) + 1,
         };
-        t.prio = base * 8 + noise.next(span * 8);
+        // `prio` holds the row's rank until here.
+        let eager = match t.kind {
+            TaskKind::Div { .. } => softmax_first,
+            TaskKind::Term { chain, .. } => {
+                softmax_first && !matches!(chains[chain].kind, ChainKind::Mac(_))
+            }
+        };
+        let boost = if eager { 1 << 40 } else { 0 };
+        t.prio = boost + (base - t.prio * row_weight) * 8 + noise.next(span * 8);
     }
 }
 
