@@ -49,34 +49,30 @@ pub fn ring_size(pes: Option<u32>) -> Result<u32, String> {
     }
 }
 
-/// Above this many PEs a layer must give every PE at least [`MIN_WEIGHTS_PER_PE`] attention
-/// weights: the row schedule tries every count of working PEs when weights are fewer, which
-/// grows with the square of the ring.
-pub const SMALL_RING: u32 = 64;
-pub const MIN_WEIGHTS_PER_PE: u64 = 4;
-
-/// The attention weights of a layer (heads × unmasked score entries): no schedule can give a PE
-/// work without one, so this bounds the PEs a layer can use.
-pub fn attention_weights(layer: &lang::Layer) -> u64 {
-    let n = u64::from(layer.tokens);
-    let per_head = if layer.mask == lang::Mask::Causal {
-        n * (n + 1) / 2
-    } else {
-        n * n
+/// The necessary operations of a layer (docs/scheduling.md), saturating on absurd sizes.
+pub fn necessary_ops(layer: &lang::Layer) -> u64 {
+    let shape = runtime::layer::Shape {
+        heads: layer.heads,
+        tokens: layer.tokens,
+        dim: layer.dim,
+        shared: layer.qkv == lang::Qkv::Shared,
+        causal: layer.mask == lang::Mask::Causal,
+        softmax: match layer.softmax {
+            lang::Softmax::Safe => runtime::layer::Softmax::Safe,
+            lang::Softmax::Plain => runtime::layer::Softmax::Plain,
+        },
     };
-    u64::from(layer.heads) * per_head
+    shape.necessary().map_or(u64::MAX, |n| n.total())
 }
 
-/// The most PEs `compile` and `optimal` accept for `layer`: one per attention weight, and above
-/// [`SMALL_RING`] PEs at least [`MIN_WEIGHTS_PER_PE`] weights each.
+/// The most PEs `compile` and `optimal` accept for `layer`: one per necessary operation. The split
+/// dataflow gives a PE work without a weight of its own (a share of a score's `d` products, a
+/// softmax, a column of the weighted sum), so a ring may have more PEs than weights; a PE beyond
+/// one per operation could only pass values on. Compile time stays bounded because every
+/// scheduler tries a bounded number of layouts (the row dataflow's count of working PEs is searched
+/// exhaustively only up to 64 PEs).
 pub fn usable_pes(layer: &lang::Layer) -> u64 {
-    let w = attention_weights(layer);
-    let by_share = w / MIN_WEIGHTS_PER_PE;
-    if by_share >= u64::from(SMALL_RING) {
-        by_share
-    } else {
-        w.min(u64::from(SMALL_RING))
-    }
+    necessary_ops(layer).max(1)
 }
 
 /// Refuses a ring larger than the layer can use, before any scheduling starts.
@@ -85,13 +81,10 @@ pub fn check_ring(layer: &lang::Layer, pes: u32) -> Result<(), String> {
     if u64::from(pes) <= most {
         return Ok(());
     }
-    let w = attention_weights(layer);
-    let why = if w <= u64::from(SMALL_RING) {
-        format!("layer `{}` has {w} attention weights, so at most {most} PEs can hold any of its work; the others would only pass values on", layer.name)
-    } else {
-        format!("layer `{}` has {w} attention weights; above {SMALL_RING} PEs attnc needs at least {MIN_WEIGHTS_PER_PE} per PE, so it takes at most {most} PEs", layer.name)
-    };
-    Err(format!("--pes {pes} is more than this layer can use: {why} (use --pes {most} or fewer, or a larger layer)"))
+    Err(format!(
+        "--pes {pes} is more than this layer can use: layer `{}` has {most} necessary operations, so at most {most} PEs can hold any of its work; the others would only pass values on (use --pes {most} or fewer, or a larger layer)",
+        layer.name
+    ))
 }
 
 /// `pe<N>.s`, `pe<N>.bin` and `manifest.json` under `sub`, appended to `files`.

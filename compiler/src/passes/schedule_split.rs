@@ -144,13 +144,13 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
 fn candidate_groups(p: &Problem, m: u32) -> Vec<u32> {
     let mut out = vec![1];
     let cols = p.dim + 1;
+    let r_of = |g: u32| (m / (p.heads * g)).clamp(1, cols);
     for g in 2..=p.tokens {
         let lanes = p.heads * g;
         if lanes > m {
             break;
         }
-        let r = m / lanes;
-        if r <= 2 * cols && out.iter().all(|&o| m / (p.heads * o) != r) {
+        if out.iter().all(|&o| r_of(o) != r_of(g)) {
             out.push(g);
         }
     }
@@ -249,7 +249,14 @@ struct Geometry {
 impl Geometry {
     fn new(p: &Problem, m: u32, groups: u32) -> Geometry {
         let lanes = (p.heads * groups).max(1);
-        let r = (m / lanes).max(1);
+        // One lane over the whole ring when the columns cover it; otherwise lanes of at most one
+        // PE per column plus the softmax, packed from PE 0 (a longer lane only adds hops).
+        let ring = lanes == 1 && p.dim >= m;
+        let r = if ring {
+            m
+        } else {
+            (m / lanes).clamp(1, p.dim + 1)
+        };
         let n = p.tokens;
         // Rows cut into groups of about equal weight count (row a has a + 1 under a mask, or
         // when q = k pairs are counted once, by their larger row).
@@ -279,7 +286,7 @@ impl Geometry {
             groups,
             n,
             lane_of,
-            ring: lanes == 1,
+            ring,
         }
     }
 
@@ -290,8 +297,13 @@ impl Geometry {
             .unwrap_or(0)
     }
 
+    /// First PE of `lane`; `lane = lanes` is where the last lane's phase 3 goes: the PEs after
+    /// the last lane if the ring has room, else lane 0.
     fn start(&self, lane: u32) -> u32 {
-        (lane % self.lanes) * self.r
+        if lane == self.lanes && (lane + 1) * self.r <= self.m {
+            return lane * self.r;
+        }
+        ((lane % self.lanes) * self.r) % self.m
     }
 
     /// Columns counted for the block split: the softmax is one more with several lanes.
@@ -305,10 +317,6 @@ impl Geometry {
 
     /// PE offset within a lane of column `c` (`c = d` is the softmax with several lanes).
     fn offset(&self, c: u32) -> u32 {
-        if self.ring && self.d < self.r {
-            // Spread the few columns over the ring.
-            return (c * self.r) / self.d.max(1);
-        }
         ((u64::from(c) * u64::from(self.r)) / u64::from(self.cols().max(1))) as u32
     }
 
