@@ -42,8 +42,11 @@ pub const DESCRIPTION: &str =
 pub const MAX_OPS: u64 = 2_000_000;
 /// `auto` tries the pass up to this many necessary operations.
 const AUTO_OPS: u64 = 300_000;
-/// Simulated operations spent on perturbed retries (per layer, on top of the plain runs).
-const RETRY_BUDGET: u64 = 400_000;
+/// Simulated operations spent on perturbed retries (per layer, on top of the plain runs), and the
+/// most retries. Only rings with more than half a PE per token get them: with more tokens the row
+/// dataflow is near the bound and the retries would only cost time.
+const RETRY_BUDGET: u64 = 100_000;
+const MAX_RETRIES: u64 = 200;
 
 /// Row-order weights tried (see [`Layout::row_weight`]).
 const ROW_WEIGHTS: [(i64, bool); 4] = [(0, true), (1, true), (0, false), (4, true)];
@@ -123,7 +126,11 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     // Perturbed retries on the best layouts, while the budget lasts.
     layouts.sort_by_key(|&(_, c)| c);
     let ops = p.necessary_ops().max(1);
-    let retries = (RETRY_BUDGET / ops).min(400);
+    let retries = if p.tokens < 2 * m {
+        (RETRY_BUDGET / ops).min(MAX_RETRIES)
+    } else {
+        0
+    };
     for seed in 1..=retries {
         let Some(&(layout, _)) = layouts.get((seed as usize - 1) % layouts.len().min(2)) else {
             break;
@@ -392,15 +399,45 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
             (0..n).collect()
         }
     };
-    let total_scores: u64 = u64::from(p.heads) * (0..n).map(|a| pairs_of(a).len() as u64).sum::<u64>();
     let mut score: HashMap<(u32, u32, u32), (usize, u32)> = HashMap::default();
-    let mut k = 0u64;
     let scale = p.scale as f32;
     // Rows in the order they should finish: longest first, so the last to finish is short.
     let rank = |h: u32, a: u32| -> i64 {
         let len = (0..n).filter(|&c| p.unmasked(a, c)).count() as i64;
         (i64::from(n) - len) * i64::from(p.heads) * i64::from(n) + i64::from(a * p.heads + h)
     };
+    // On the ring-spanning lane, where each weight's exponential and division go: an even cut of
+    // the row-major sequence of phase-2 operations (a row's exponentials, with its maxima, then its
+    // divisions) over the PEs, so phase-2 work is balanced to about one operation and a row's
+    // divisions sit on or just after its exponentials. A score lands where its exponential is;
+    // retries move some of them one PE on.
+    let mut phase2: HashMap<(u32, u32), (u32, u32)> = HashMap::default();
+    if g.ring {
+        let ring_pes: Vec<u32> = g.blocks(0).iter().map(|b| b.0).collect();
+        let nb = ring_pes.len().max(1) as u64;
+        let unit = if p.safe() { 2 } else { 1 };
+        let len = |a: u32| u64::from((0..n).filter(|&c| p.unmasked(a, c)).count() as u32);
+        let total: u64 = (0..n).map(|a| len(a) * (unit + 1)).sum::<u64>().max(1);
+        let mut acc = 0u64;
+        let at = |mid: u64, noise: &mut Noise| -> u32 {
+            let i = ((mid * nb) / total).min(nb - 1) as usize;
+            let bump = noise.next(2) as usize * usize::from(noise.next(3) == 0);
+            ring_pes[(i + bump) % ring_pes.len()]
+        };
+        for a in 0..n {
+            let cols: Vec<u32> = (0..n).filter(|&c| p.unmasked(a, c)).collect();
+            let mut exp_at = Vec::with_capacity(cols.len());
+            for _ in &cols {
+                exp_at.push(at(acc + unit / 2, &mut noise));
+                acc += unit;
+            }
+            for (j, &c) in cols.iter().enumerate() {
+                let div_at = at(acc, &mut noise);
+                acc += 1;
+                phase2.insert((a, c), (exp_at[j], div_at));
+            }
+        }
+    }
     for h in 0..p.heads {
         for a in 0..n {
             let lane = g.lane(h, a);
@@ -409,14 +446,14 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
                 // With q = k (no mask) the pair {bcol, a} is computed once, as (a, bcol), bcol ≤ a.
                 let (qa, kb) = (a, bcol);
                 let order: Vec<(u32, Vec<u32>)> = if g.ring {
-                    // Land on the block `k·blocks/total`: start on the block after it.
-                    let land = ((k * blocks.len() as u64) / total_scores.max(1)) as usize;
+                    // Land where the exponential is: start on the block after it.
+                    let exp_pe = phase2.get(&(a, bcol)).map_or(0, |x| x.0);
+                    let land = blocks.iter().position(|b| b.0 == exp_pe).unwrap_or(0);
                     let first = (land + 1) % blocks.len();
                     blocks[first..].iter().chain(&blocks[..first]).cloned().collect()
                 } else {
                     blocks.clone()
                 };
-                k += 1;
                 let id = chains.len();
                 let mut segs = Vec::with_capacity(order.len());
                 for (si, (pe, cols)) in order.iter().enumerate() {
@@ -462,6 +499,7 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
     }
 
     // Phase 2 per row, then phase 3.
+    let mut moved: Vec<(Val, u32)> = Vec::new();
     let mut weights: HashMap<(u32, u32, u32), (Val, u32)> = HashMap::default();
     for h in 0..p.heads {
         for a in 0..n {
@@ -469,10 +507,11 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
             // Landing PEs of the row, visited in ring order after the largest gap.
             let mut by_pe: Vec<(u32, Vec<u32>)> = Vec::new();
             for &c in &cols {
-                let Some(&(_, pe)) = score.get(&(h, a, c)) else {
+                let Some(&(_, land)) = score.get(&(h, a, c)) else {
                     b.bug(NAME, "a score with no chain");
                     continue;
                 };
+                let pe = phase2.get(&(a, c)).map_or(land, |x| x.0);
                 match by_pe.iter_mut().find(|(q, _)| *q == pe) {
                     Some((_, cs)) => cs.push(c),
                     None => by_pe.push((pe, vec![c])),
@@ -542,13 +581,21 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
                 }
                 segs.push((*pe, ts));
             }
+            let div_pe = |pe: u32, c: u32| phase2.get(&(a, c)).map_or(pe, |x| x.1);
+            let mut readers: Vec<u32> = exps.iter().map(|&(pe, c, _)| div_pe(pe, c)).collect();
+            readers.sort_unstable();
+            readers.dedup();
             chains.push(Chain {
                 kind: ChainKind::Exp { bias },
                 segs,
-                readers: by_pe.iter().map(|s| s.0).collect(),
+                readers,
                 output: None,
             });
-            for (pe, c, e) in exps {
+            for (exp_pe, c, e) in exps {
+                let pe = div_pe(exp_pe, c);
+                if pe != exp_pe {
+                    moved.push((e, dist(exp_pe, pe, m)));
+                }
                 let out = b.computed();
                 tasks.push(Task {
                     pe,
@@ -644,6 +691,7 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
             }
         }
     }
+    reach.extend(moved);
     let div_pe: HashMap<Val, u32> = weights.values().map(|&(w, pe)| (w, pe)).collect();
     for (w, readers) in &weight_readers {
         let from = div_pe.get(w).copied().unwrap_or(0);
@@ -991,6 +1039,16 @@ impl Sim<'_> {
                             return;
                         };
                         avail.insert(e, t + 1);
+                        // An exponential divided on a later PE goes there.
+                        let hops = self.reach.get(&e).copied().unwrap_or(0);
+                        if hops > 0 {
+                            link.push(Pending {
+                                val: e,
+                                hops,
+                                prio: task.prio,
+                                acc_at: None,
+                            });
+                        }
                         let bias = bias.and_then(|mx| state[mx].result);
                         let w = Work::Exp {
                             x: xv,
