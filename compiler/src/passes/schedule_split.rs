@@ -45,14 +45,14 @@ const AUTO_OPS: u64 = 300_000;
 /// Simulated operations spent on perturbed retries (per layer, on top of the plain runs), and the
 /// most retries. Only rings with more than half a PE per token get them: with more tokens the row
 /// dataflow is near the bound and the retries would only cost time.
-const RETRY_BUDGET: u64 = 40_000;
+const RETRY_BUDGET: u64 = 20_000;
 const MAX_RETRIES: u64 = 200;
 
 /// Row-order weights tried (see [`Layout::row_weight`]).
 const ROW_WEIGHTS: [(i64, bool); 6] = [
     (0, false),
-    (0, true),
     (1, false),
+    (0, true),
     (1, true),
     (4, false),
     (4, true),
@@ -124,8 +124,15 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     if p.heads > 1 && p.dim >= m {
         shapes.push((1, true));
     }
+    // With two or more tokens per PE the row dataflow is near the bound: one plain run each.
+    let few_tokens = p.tokens < 2 * m;
+    let variants = if few_tokens {
+        &ROW_WEIGHTS[..3]
+    } else {
+        &ROW_WEIGHTS[..1]
+    };
     for (groups, all_heads_on_ring) in shapes {
-        for (row_weight, softmax_first) in ROW_WEIGHTS {
+        for &(row_weight, softmax_first) in variants {
             let layout = Layout {
                 groups,
                 all_heads_on_ring,
@@ -143,7 +150,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     // Perturbed retries on the best layouts, while the budget lasts.
     layouts.sort_by_key(|&(_, c)| c);
     let ops = p.necessary_ops().max(1);
-    let retries = if p.tokens < 2 * m {
+    let retries = if few_tokens {
         (RETRY_BUDGET / ops).min(MAX_RETRIES)
     } else {
         0
