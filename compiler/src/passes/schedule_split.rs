@@ -117,6 +117,9 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         }
     };
     let mut layouts: Vec<(Layout, usize)> = Vec::new();
+    // A layout whose plan the pass finds inconsistent is skipped (its errors are reported only if
+    // no layout works), so one bad corner cannot cost a layer its schedule.
+    let mut errors: Vec<ScheduleError> = Vec::new();
     let mut shapes: Vec<(u32, bool)> = candidate_groups(p, m)
         .into_iter()
         .map(|g| (g, false))
@@ -139,12 +142,13 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
                 row_weight,
                 softmax_first,
             };
-            let s = build(p, m, layout, 0)?;
-            if std::env::var_os("SPLIT_DEBUG").is_some() {
-                eprintln!("{layout:?}: {}", s.cycles());
+            match build(p, m, layout, 0) {
+                Ok(s) => {
+                    layouts.push((layout, s.cycles()));
+                    keep(s, &mut best);
+                }
+                Err(e) => errors.extend(e),
             }
-            layouts.push((layout, s.cycles()));
-            keep(s, &mut best);
         }
     }
     // Perturbed retries on the best layouts, while the budget lasts.
@@ -167,15 +171,19 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
             softmax_first,
             ..base
         };
-        let s = build(p, m, layout, seed)?;
-        keep(s, &mut best);
+        match build(p, m, layout, seed) {
+            Ok(s) => keep(s, &mut best),
+            Err(e) => errors.extend(e),
+        }
     }
-    best.ok_or_else(|| {
-        vec![ScheduleError::Internal {
+    match best {
+        Some(s) => Ok(s),
+        None if !errors.is_empty() => Err(errors),
+        None => Err(vec![ScheduleError::Internal {
             pass: NAME,
             what: "no layout to schedule".into(),
-        }]
-    })
+        }]),
+    }
 }
 
 /// Row-group counts worth trying: one lane per head and ring-filling splits of the rows, for
@@ -873,6 +881,35 @@ struct Sim<'a> {
     reach: &'a HashMap<Val, u32>,
 }
 
+/// Words waiting to go over one PE's link. A word can be queued twice (a score that is also a
+/// row's first partial maximum); the two are merged (farthest reach, most urgent) so no word goes
+/// over one link twice.
+#[derive(Clone, Default)]
+struct Link {
+    words: Vec<Pending>,
+    queued: rustc_hash::FxHashSet<Val>,
+}
+
+impl Link {
+    fn push(&mut self, w: Pending) {
+        if !self.queued.insert(w.val) {
+            if let Some(p) = self.words.iter_mut().find(|p| p.val == w.val) {
+                p.hops = p.hops.max(w.hops);
+                p.prio = p.prio.max(w.prio);
+                p.acc_at = p.acc_at.or(w.acc_at);
+                return;
+            }
+        }
+        self.words.push(w);
+    }
+
+    fn take(&mut self, k: usize) -> Pending {
+        let w = self.words.swap_remove(k);
+        self.queued.remove(&w.val);
+        w
+    }
+}
+
 /// A word waiting to go over a PE's link: value, hops still to go, urgency, and the cycle in which
 /// it may ride `send acc` (the cycle it is made).
 #[derive(Clone, Copy)]
@@ -895,7 +932,7 @@ impl Sim<'_> {
     fn run(&self, b: &mut Builder, preloaded: &[(u32, Val, i64)]) -> Result<usize, String> {
         let m = self.m as usize;
         let mut avail: Vec<HashMap<Val, usize>> = vec![HashMap::default(); m];
-        let mut links: Vec<Vec<Pending>> = vec![Vec::new(); m];
+        let mut links: Vec<Link> = vec![Link::default(); m];
         for &(pe, v, prio) in preloaded {
             avail[pe as usize].insert(v, 0);
             let hops = self.reach.get(&v).copied().unwrap_or(0);
@@ -927,7 +964,7 @@ impl Sim<'_> {
         let mut left: usize = self.tasks.len();
         let mut t = 0usize;
         let mut idle = 0usize;
-        while left > 0 || links.iter().any(|l| !l.is_empty()) {
+        while left > 0 || links.iter().any(|l| !l.words.is_empty()) {
             let mut progressed = false;
             for pe in 0..m {
                 // Operation slot: the most urgent ready task (absorbing a maximum chain's first
@@ -954,15 +991,19 @@ impl Sim<'_> {
                 let here = |p: &Pending| {
                     p.acc_at == Some(t) || avail[pe].get(&p.val).is_some_and(|&at| at <= t)
                 };
-                if let Some(k) = (0..links[pe].len())
-                    .filter(|&k| here(&links[pe][k]))
-                    .max_by_key(|&k| (links[pe][k].prio, std::cmp::Reverse(k)))
+                if let Some(k) = (0..links[pe].words.len())
+                    .filter(|&k| here(&links[pe].words[k]))
+                    .max_by_key(|&k| (links[pe].words[k].prio, std::cmp::Reverse(k)))
                 {
-                    let w = links[pe].swap_remove(k);
-                    b.send(pe as u32, t, w.val);
+                    let w = links[pe].take(k);
                     let to = (pe + 1) % m;
-                    let at = avail[to].entry(w.val).or_insert(t + 1);
-                    *at = (*at).min(t + 1);
+                    // A word can reach a PE by two routes (a score that is also a row's first
+                    // partial maximum): the second is not sent again, only its onward hops kept.
+                    if !avail[to].contains_key(&w.val) {
+                        b.send(pe as u32, t, w.val);
+                        avail[to].insert(w.val, t + 1);
+                    }
+                    progressed = true;
                     if w.hops > 1 {
                         links[to].push(Pending {
                             hops: w.hops - 1,
@@ -970,7 +1011,6 @@ impl Sim<'_> {
                             ..w
                         });
                     }
-                    progressed = true;
                 }
             }
             t += 1;
@@ -1007,7 +1047,7 @@ impl Sim<'_> {
     }
 
     /// The first term of a maximum chain is the partial maximum itself: no operation.
-    fn absorb(&self, i: usize, t: usize, state: &mut [ChainState], link: &mut Vec<Pending>) -> bool {
+    fn absorb(&self, i: usize, t: usize, state: &mut [ChainState], link: &mut Link) -> bool {
         let TaskKind::Term { chain, x, .. } = self.tasks[i].kind else {
             return false;
         };
@@ -1035,7 +1075,7 @@ impl Sim<'_> {
         pe: usize,
         state: &mut [ChainState],
         avail: &mut HashMap<Val, usize>,
-        link: &mut Vec<Pending>,
+        link: &mut Link,
     ) {
         let task = self.tasks[i];
         let val = |o: Opnd, state: &[ChainState]| match o {
@@ -1124,7 +1164,7 @@ impl Sim<'_> {
 
     /// One term of `chain` done on `pe` in cycle `t`: moves the partial on at a segment's end,
     /// and sends the result to its readers at the chain's end.
-    fn advance(&self, chain: usize, pe: u32, t: usize, state: &mut [ChainState], link: &mut Vec<Pending>, acc: bool) {
+    fn advance(&self, chain: usize, pe: u32, t: usize, state: &mut [ChainState], link: &mut Link, acc: bool) {
         let c = &self.chains[chain];
         let s = &mut state[chain];
         s.left = s.left.saturating_sub(1);
