@@ -416,7 +416,12 @@ impl Noise {
 }
 
 /// The plan (tasks and chains) for one layout, then its simulation.
-fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule, Vec<ScheduleError>> {
+fn build(
+    p: &Problem,
+    m: u32,
+    layout: Layout,
+    seed: u64,
+) -> Result<RingSchedule, Vec<ScheduleError>> {
     let g = Geometry::new(p, m, layout.groups, layout.all_heads_on_ring);
     let (n, d) = (p.tokens, p.dim);
     let mut b = Builder::new(NAME, m);
@@ -499,7 +504,11 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
                     let exp_pe = phase2.get(&(h, a, bcol)).map_or(0, |x| x.0);
                     let land = blocks.iter().position(|b| b.0 == exp_pe).unwrap_or(0);
                     let first = (land + 1) % blocks.len();
-                    blocks[first..].iter().chain(&blocks[..first]).cloned().collect()
+                    blocks[first..]
+                        .iter()
+                        .chain(&blocks[..first])
+                        .cloned()
+                        .collect()
                 } else {
                     blocks.clone()
                 };
@@ -573,7 +582,12 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
                 let widest = (0..k).max_by_key(|&i| gap(i)).unwrap_or(0);
                 by_pe.rotate_left((widest + 1) % k);
             }
-            let term = |tasks: &mut Vec<Task>, chain: usize, seg: usize, pe: u32, x: Opnd, e: Option<Val>| {
+            let term = |tasks: &mut Vec<Task>,
+                        chain: usize,
+                        seg: usize,
+                        pe: u32,
+                        x: Opnd,
+                        e: Option<Val>| {
                 let t = tasks.len();
                 tasks.push(Task {
                     pe,
@@ -648,7 +662,11 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
                 let out = b.computed();
                 tasks.push(Task {
                     pe,
-                    kind: TaskKind::Div { num: e, den: id, out },
+                    kind: TaskKind::Div {
+                        num: e,
+                        den: id,
+                        out,
+                    },
                     prio: rank(h, a),
                 });
                 weights.insert((h, a, c), (out, pe));
@@ -716,7 +734,11 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
             .copied()
             .min_by_key(|&pe| dist(from, pe, m))
             .unwrap_or(from);
-        let far = readers.iter().map(|&pe| dist(home, pe, m)).max().unwrap_or(0);
+        let far = readers
+            .iter()
+            .map(|&pe| dist(home, pe, m))
+            .max()
+            .unwrap_or(0);
         let role = match e.tensor {
             Tensor::X if p.symmetric => Tensor::Q,
             Tensor::X => Tensor::V,
@@ -744,10 +766,25 @@ fn build(p: &Problem, m: u32, layout: Layout, seed: u64) -> Result<RingSchedule,
     let div_pe: HashMap<Val, u32> = weights.values().map(|&(w, pe)| (w, pe)).collect();
     for (w, readers) in &weight_readers {
         let from = div_pe.get(w).copied().unwrap_or(0);
-        reach.insert(*w, readers.iter().map(|&pe| dist(from, pe, m)).max().unwrap_or(0));
+        reach.insert(
+            *w,
+            readers
+                .iter()
+                .map(|&pe| dist(from, pe, m))
+                .max()
+                .unwrap_or(0),
+        );
     }
 
-    prioritise(p, &g, &mut tasks, &chains, &weight_readers, &mut noise, layout.row_weight, layout.softmax_first);
+    prioritise(
+        p,
+        &g,
+        &mut tasks,
+        &chains,
+        &weight_readers,
+        &mut noise,
+        layout,
+    );
     // A preloaded word goes on the link as urgently as its most urgent reader.
     let mut urgency: HashMap<Val, i64> = HashMap::default();
     for t in &tasks {
@@ -786,9 +823,9 @@ fn prioritise(
     chains: &[Chain],
     weight_readers: &HashMap<Val, Vec<u32>>,
     noise: &mut Noise,
-    row_weight: i64,
-    softmax_first: bool,
+    layout: Layout,
 ) {
+    let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
     let m = g.m;
     let len = |c: &Chain| c.segs.iter().map(|s| s.1.len()).sum::<usize>() as i64;
     let last_pe = |c: &Chain| c.segs.last().map_or(0, |s| s.0);
@@ -801,12 +838,14 @@ fn prioritise(
         }
     }
     let y_tail = 1 + i64::from(p.tokens);
-    let _ = g.d;
     for t in tasks.iter() {
         if let TaskKind::Div { out, .. } = t.kind {
-            let far = weight_readers
-                .get(&out)
-                .map_or(0, |rs| rs.iter().map(|&q| lat(t.pe, q, m, false)).max().unwrap_or(0));
+            let far = weight_readers.get(&out).map_or(0, |rs| {
+                rs.iter()
+                    .map(|&q| lat(t.pe, q, m, false))
+                    .max()
+                    .unwrap_or(0)
+            });
             div_tail.insert(out, far + y_tail);
         }
     }
@@ -842,7 +881,12 @@ fn prioritise(
     // Scores: their reading row chain's tail.
     let mut score_tail: Vec<i64> = vec![0; chains.len()];
     for t in tasks.iter() {
-        if let TaskKind::Term { chain, x: Opnd::Chain(s), .. } = t.kind {
+        if let TaskKind::Term {
+            chain,
+            x: Opnd::Chain(s),
+            ..
+        } = t.kind
+        {
             let c = &chains[s];
             let after = tail[chain] + lat(last_pe(c), t.pe, m, true);
             score_tail[s] = score_tail[s].max(len(c) + after);
@@ -999,9 +1043,9 @@ impl Sim<'_> {
                     let to = (pe + 1) % m;
                     // A word can reach a PE by two routes (a score that is also a row's first
                     // partial maximum): the second is not sent again, only its onward hops kept.
-                    if !avail[to].contains_key(&w.val) {
+                    if let std::collections::hash_map::Entry::Vacant(e) = avail[to].entry(w.val) {
                         b.send(pe as u32, t, w.val);
-                        avail[to].insert(w.val, t + 1);
+                        e.insert(t + 1);
                     }
                     progressed = true;
                     if w.hops > 1 {
@@ -1016,21 +1060,31 @@ impl Sim<'_> {
             t += 1;
             idle = if progressed { 0 } else { idle + 1 };
             if idle > m + 2 {
-                return Err(format!("list scheduling stalled at cycle {t} with {left} tasks left"));
+                return Err(format!(
+                    "list scheduling stalled at cycle {t} with {left} tasks left"
+                ));
             }
         }
         Ok(t)
     }
 
     /// Whether task `i` can run on its PE in cycle `t`.
-    fn ready(&self, i: usize, t: usize, avail: &HashMap<Val, usize>, state: &[ChainState]) -> Option<bool> {
+    fn ready(
+        &self,
+        i: usize,
+        t: usize,
+        avail: &HashMap<Val, usize>,
+        state: &[ChainState],
+    ) -> Option<bool> {
         let here = |v: Val| avail.get(&v).is_some_and(|&at| at <= t);
         let opnd = |o: Opnd| match o {
             Opnd::V(v) => Some(here(v)),
             Opnd::Chain(c) => state[c].result.map(here),
         };
         match self.tasks[i].kind {
-            TaskKind::Term { chain, seg, x, y, .. } => {
+            TaskKind::Term {
+                chain, seg, x, y, ..
+            } => {
                 let s = &state[chain];
                 if s.seg != seg || s.partial.is_some_and(|v| !here(v)) {
                     return Some(false);
@@ -1112,7 +1166,16 @@ impl Sim<'_> {
                             b.bug(NAME, "a product with one operand");
                             return;
                         };
-                        (ph, Work::Mac { a: xv, b: yv, acc, out }, true)
+                        (
+                            ph,
+                            Work::Mac {
+                                a: xv,
+                                b: yv,
+                                acc,
+                                out,
+                            },
+                            true,
+                        )
                     }
                     ChainKind::Exp { bias } => {
                         let Some(e) = e else {
@@ -1153,7 +1216,9 @@ impl Sim<'_> {
                 avail.insert(out, t + 1);
                 state[chain].partial = Some(out);
                 if let Some(el) = self.chains[chain].output {
-                    if state[chain].left == 1 && state[chain].seg + 1 == self.chains[chain].segs.len() {
+                    if state[chain].left == 1
+                        && state[chain].seg + 1 == self.chains[chain].segs.len()
+                    {
                         b.output(el, pe as u32, out);
                     }
                 }
@@ -1164,7 +1229,15 @@ impl Sim<'_> {
 
     /// One term of `chain` done on `pe` in cycle `t`: moves the partial on at a segment's end,
     /// and sends the result to its readers at the chain's end.
-    fn advance(&self, chain: usize, pe: u32, t: usize, state: &mut [ChainState], link: &mut Link, acc: bool) {
+    fn advance(
+        &self,
+        chain: usize,
+        pe: u32,
+        t: usize,
+        state: &mut [ChainState],
+        link: &mut Link,
+        acc: bool,
+    ) {
         let c = &self.chains[chain];
         let s = &mut state[chain];
         s.left = s.left.saturating_sub(1);
@@ -1181,14 +1254,29 @@ impl Sim<'_> {
             s.left = ts.len();
             let hops = dist(pe, *next, self.m);
             if hops > 0 {
-                link.push(Pending { val: v, hops, prio: prio * 8, acc_at });
+                link.push(Pending {
+                    val: v,
+                    hops,
+                    prio: prio * 8,
+                    acc_at,
+                });
             }
             return;
         }
         s.result = Some(v);
-        let hops = c.readers.iter().map(|&q| dist(pe, q, self.m)).max().unwrap_or(0);
+        let hops = c
+            .readers
+            .iter()
+            .map(|&q| dist(pe, q, self.m))
+            .max()
+            .unwrap_or(0);
         if hops > 0 {
-            link.push(Pending { val: v, hops, prio: prio * 8, acc_at });
+            link.push(Pending {
+                val: v,
+                hops,
+                prio: prio * 8,
+                acc_at,
+            });
         }
     }
 }
