@@ -70,7 +70,7 @@ pub fn necessary_ops(layer: &lang::Layer) -> u64 {
 /// softmax, a column of the weighted sum), so a ring may have more PEs than weights; a PE beyond
 /// one per operation could only pass values on. Compile time stays bounded because every
 /// scheduler tries a bounded number of layouts (the row dataflow's count of working PEs is searched
-/// exhaustively only up to 64 PEs).
+/// exhaustively only up to 64 PEs, on a geometric ladder above).
 pub fn usable_pes(layer: &lang::Layer) -> u64 {
     necessary_ops(layer).max(1)
 }

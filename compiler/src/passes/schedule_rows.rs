@@ -106,17 +106,17 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     })
 }
 
-/// Counts of working PEs to try: every one on rings up to [`EXHAUSTIVE`] PEs, a geometric
-/// ladder (ratio about 1.25) and the whole ring above, so a large ring costs a few dozen runs,
-/// not one per PE.
+/// Counts of working PEs to try: every one on rings up to [`EXHAUSTIVE`] PEs; above, 1 to 8 and
+/// then a geometric ladder (ratio about 1.5) up to the whole ring, so a large ring costs about
+/// twenty runs, not one per PE.
 fn active_counts(pes: u32) -> Vec<u32> {
     if pes <= EXHAUSTIVE {
         return (1..=pes).collect();
     }
-    let mut out: Vec<u32> = (1..=EXHAUSTIVE).collect();
-    let mut a = EXHAUSTIVE;
+    let mut out: Vec<u32> = (1..=8).collect();
+    let mut a = 8;
     while a < pes {
-        a = (a + a / 4).min(pes);
+        a = (a + a / 2).min(pes);
         out.push(a);
     }
     out

@@ -40,6 +40,8 @@ pub const DESCRIPTION: &str =
 /// Layers with more necessary operations than this are refused: the list scheduler's cost grows
 /// faster than linearly, and such layers have enough rows per PE for the row dataflow.
 pub const MAX_OPS: u64 = 2_000_000;
+/// Above this many necessary operations fewer layouts and variants are tried.
+const LARGE_OPS: u64 = 30_000;
 /// `auto` tries the pass up to this many necessary operations.
 const AUTO_OPS: u64 = 300_000;
 /// Simulated operations spent on perturbed retries (per layer, on top of the plain runs), and the
@@ -128,12 +130,20 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         shapes.push((1, true));
     }
     // With two or more tokens per PE the row dataflow is near the bound: one plain run each.
+    // Large layers (each run costs about a second per 100 000 operations) get the ring-spanning
+    // lane and the two largest lane counts, one variant each.
     let few_tokens = p.tokens < 2 * m;
-    let variants = if few_tokens {
+    let large = p.necessary_ops() > LARGE_OPS;
+    let variants = if few_tokens && !large {
         &ROW_WEIGHTS[..3]
     } else {
         &ROW_WEIGHTS[..1]
     };
+    if large && shapes.len() > 3 {
+        let tail = shapes.split_off(shapes.len() - 2);
+        shapes.truncate(1);
+        shapes.extend(tail);
+    }
     for (groups, all_heads_on_ring) in shapes {
         for &(row_weight, softmax_first) in variants {
             let layout = Layout {
@@ -1006,14 +1016,20 @@ impl Sim<'_> {
             q.sort_by_key(|&i| (std::cmp::Reverse(self.tasks[i].prio), i));
         }
         let mut left: usize = self.tasks.len();
+        // Per PE, the first cycle its task list needs looking at again.
+        let mut wake: Vec<usize> = vec![0; m];
         let mut t = 0usize;
         let mut idle = 0usize;
         while left > 0 || links.iter().any(|l| !l.words.is_empty()) {
             let mut progressed = false;
+            let mut arrivals: Vec<(usize, Val)> = Vec::new();
             for pe in 0..m {
                 // Operation slot: the most urgent ready task (absorbing a maximum chain's first
-                // terms costs nothing and does not use the slot).
-                let mut pos = 0;
+                // terms costs nothing and does not use the slot). A PE that found nothing ready
+                // waits for a word to reach it or for its own work to finish: nothing else can
+                // make one of its tasks ready.
+                let mut pos = if wake[pe] <= t { 0 } else { queue[pe].len() };
+                wake[pe] = usize::MAX;
                 while pos < queue[pe].len() {
                     let i = queue[pe][pos];
                     match self.ready(i, t, &avail[pe], &state) {
@@ -1026,6 +1042,7 @@ impl Sim<'_> {
                                 continue;
                             }
                             self.execute(b, i, t, pe, &mut state, &mut avail[pe], &mut links[pe]);
+                            wake[pe] = t + 1;
                             break;
                         }
                         _ => pos += 1,
@@ -1043,9 +1060,9 @@ impl Sim<'_> {
                     let to = (pe + 1) % m;
                     // A word can reach a PE by two routes (a score that is also a row's first
                     // partial maximum): the second is not sent again, only its onward hops kept.
-                    if let std::collections::hash_map::Entry::Vacant(e) = avail[to].entry(w.val) {
+                    if !avail[to].contains_key(&w.val) && !arrivals.contains(&(to, w.val)) {
                         b.send(pe as u32, t, w.val);
-                        e.insert(t + 1);
+                        arrivals.push((to, w.val));
                     }
                     progressed = true;
                     if w.hops > 1 {
@@ -1056,6 +1073,10 @@ impl Sim<'_> {
                         });
                     }
                 }
+            }
+            for (to, v) in arrivals {
+                avail[to].insert(v, t + 1);
+                wake[to] = wake[to].min(t + 1);
             }
             t += 1;
             idle = if progressed { 0 } else { idle + 1 };
