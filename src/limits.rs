@@ -30,14 +30,23 @@ pub const DEFAULT_MAX_PE_CYCLES: u64 = 10_000_000_000;
 /// Largest `.npy` header accepted (numpy itself reads at most 10000 bytes by default).
 pub const MAX_NPY_HEADER_BYTES: u64 = 1 << 16;
 
-/// Above this many PEs a layer must give every PE at least [`MIN_WEIGHTS_PER_PE`] attention
-/// weights: the row schedule tries every count of working PEs when weights are fewer, which
-/// grows with the square of the ring.
-pub const SMALL_RING: u32 = 64;
-pub const MIN_WEIGHTS_PER_PE: u64 = 4;
+/// The necessary operations of a layer (docs/scheduling.md), saturating on absurd sizes.
+pub fn necessary_ops(layer: &lang::Layer) -> u64 {
+    let shape = runtime::layer::Shape {
+        heads: layer.heads,
+        tokens: layer.tokens,
+        dim: layer.dim,
+        shared: layer.qkv == lang::Qkv::Shared,
+        causal: layer.mask == lang::Mask::Causal,
+        softmax: match layer.softmax {
+            lang::Softmax::Safe => runtime::layer::Softmax::Safe,
+            lang::Softmax::Plain => runtime::layer::Softmax::Plain,
+        },
+    };
+    shape.necessary().map_or(u64::MAX, |n| n.total())
+}
 
-/// The attention weights of a layer (heads × unmasked score entries): no schedule can give a PE
-/// work without one, so this bounds the PEs a layer can use.
+/// The attention weights of a layer (heads × unmasked score entries).
 pub fn attention_weights(layer: &lang::Layer) -> u64 {
     let n = u64::from(layer.tokens);
     let per_head = if layer.mask == lang::Mask::Causal {
@@ -48,16 +57,14 @@ pub fn attention_weights(layer: &lang::Layer) -> u64 {
     u64::from(layer.heads) * per_head
 }
 
-/// The most PEs `compile` and `optimal` accept for `layer`: one per attention weight, and above
-/// [`SMALL_RING`] PEs at least [`MIN_WEIGHTS_PER_PE`] weights each.
+/// The most PEs `compile` and `optimal` accept for `layer`: one per necessary operation. The split
+/// dataflow gives a PE work without a weight of its own (a share of a score's `d` products, a
+/// softmax, a column of the weighted sum), so a ring may have more PEs than weights; a PE beyond
+/// one per operation could only pass values on. Compile time stays bounded because every
+/// scheduler tries a bounded number of layouts (the row dataflow's count of working PEs is searched
+/// exhaustively only up to 64 PEs, on a geometric ladder above).
 pub fn usable_pes(layer: &lang::Layer) -> u64 {
-    let w = attention_weights(layer);
-    let by_share = w / MIN_WEIGHTS_PER_PE;
-    if by_share >= u64::from(SMALL_RING) {
-        by_share
-    } else {
-        w.min(u64::from(SMALL_RING))
-    }
+    necessary_ops(layer).max(1)
 }
 
 /// Refuses a ring larger than the layer can use, before any scheduling starts.
@@ -66,11 +73,8 @@ pub fn check_ring(layer: &lang::Layer, pes: u32) -> Result<(), String> {
     if u64::from(pes) <= most {
         return Ok(());
     }
-    let w = attention_weights(layer);
-    let why = if w <= u64::from(SMALL_RING) {
-        format!("layer `{}` has {w} attention weights, so at most {most} PEs can hold any of its work; the others would only pass values on", layer.name)
-    } else {
-        format!("layer `{}` has {w} attention weights; above {SMALL_RING} PEs attnc needs at least {MIN_WEIGHTS_PER_PE} per PE, so it takes at most {most} PEs", layer.name)
-    };
-    Err(format!("--pes {pes} is more than this layer can use: {why} (use --pes {most} or fewer, or a larger layer)"))
+    Err(format!(
+        "--pes {pes} is more than this layer can use: layer `{}` has {most} necessary operations, so at most {most} PEs can hold any of its work; the others would only pass values on (use --pes {most} or fewer, or a larger layer)",
+        layer.name
+    ))
 }

@@ -243,7 +243,7 @@ fn multi_head_interleaving_never_costs_more_and_sometimes_less() {
 fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: bool) -> bool {
     let divides = n.is_multiple_of(m) && d.is_multiple_of(m);
     match choice {
-        Choice::Named("rows") | Choice::Auto => true,
+        Choice::Named("rows") | Choice::Named("split") | Choice::Auto => true,
         Choice::Named("baseline") => divides,
         Choice::Named("symmetric") => shared && !causal && divides,
         Choice::Named("causal") => causal && divides,
@@ -266,6 +266,7 @@ fn every_scheduler_forced_where_it_applies() {
         (Choice::Named("symmetric"), "schedule-symmetric"),
         (Choice::Named("causal"), "schedule-causal"),
         (Choice::Named("rows"), "schedule-rows"),
+        (Choice::Named("split"), "schedule-split"),
     ];
     // A scheduler added to the registry must be added here too, with its requirements.
     let registered: Vec<&str> = compiler::scheduler::SCHEDULERS
@@ -278,7 +279,7 @@ fn every_scheduler_forced_where_it_applies() {
             "{pass} is not forced by this grid"
         );
     }
-    let mut used = [0u32; 4];
+    let mut used = [0u32; 5];
     for n in 1..=8u32 {
         let mut dims = vec![1, 2, 4, n];
         dims.sort_unstable();
@@ -337,5 +338,5 @@ fn every_scheduler_forced_where_it_applies() {
         }
     }
     // Every scheduler ran on a good part of the grid (the counts follow from the grid alone).
-    assert_eq!(used, [384, 96, 192, 1328], "programs per scheduler");
+    assert_eq!(used, [384, 96, 192, 1328, 1328], "programs per scheduler");
 }

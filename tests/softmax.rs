@@ -262,7 +262,12 @@ fn plain_keeps_the_paper_tables() {
             }
         );
         let c = build(&text, m, Choice::Auto).unwrap();
-        assert_eq!(c.manifest.cycles, cycles, "{text} on {m} PEs");
+        // The table is what the paper-table schedules give; the split dataflow may only lower it.
+        assert!(
+            c.manifest.cycles <= cycles,
+            "{text} on {m} PEs: {} cycles",
+            c.manifest.cycles
+        );
         assert!(!c.manifest.to_json().unwrap().contains("softmax"));
     }
 }

@@ -5,7 +5,9 @@
 //! file implementing [`Scheduler`] plus one line in that list.
 
 use crate::passes::select::Refusal;
-use crate::passes::{schedule_baseline, schedule_causal, schedule_rows, schedule_symmetric};
+use crate::passes::{
+    schedule_baseline, schedule_causal, schedule_rows, schedule_split, schedule_symmetric,
+};
 use crate::problem::Problem;
 use crate::schedule::{RingSchedule, ScheduleError};
 
@@ -41,6 +43,7 @@ pub static SCHEDULERS: &[&dyn Scheduler] = &[
     &schedule_causal::Causal,
     &schedule_symmetric::Symmetric,
     &schedule_rows::Rows,
+    &schedule_split::Split,
     &schedule_baseline::Baseline,
 ];
 

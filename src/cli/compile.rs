@@ -11,7 +11,8 @@ use std::path::PathBuf;
 pub struct CompileArgs {
     /// The layer description (.attn)
     pub file: PathBuf,
-    /// Number of PEs in the ring
+    /// Number of PEs in the ring: at most 65536, and at most one per necessary operation of the
+    /// layer (the split dataflow gives a PE work without an attention weight of its own)
     #[arg(long, value_name = "M")]
     pub pes: Option<u32>,
     /// Output directory (replaced atomically; written only when everything succeeded)

@@ -6,6 +6,7 @@ pub mod lower;
 pub mod schedule_baseline;
 pub mod schedule_causal;
 pub mod schedule_rows;
+pub mod schedule_split;
 pub mod schedule_stream;
 pub mod schedule_symmetric;
 pub mod select;

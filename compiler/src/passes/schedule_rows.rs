@@ -92,7 +92,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         return run_on(p, pes, pes);
     }
     let mut best: Option<RingSchedule> = None;
-    for active in 1..=pes {
+    for active in active_counts(pes) {
         let s = run_on(p, pes, active)?;
         if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
             best = Some(s);
@@ -105,6 +105,25 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         }]
     })
 }
+
+/// Counts of working PEs to try: every one on rings up to [`EXHAUSTIVE`] PEs; above, 1 to 8 and
+/// then a geometric ladder (ratio about 1.5) up to the whole ring, so a large ring costs about
+/// twenty runs, not one per PE.
+fn active_counts(pes: u32) -> Vec<u32> {
+    if pes <= EXHAUSTIVE {
+        return (1..=pes).collect();
+    }
+    let mut out: Vec<u32> = (1..=8).collect();
+    let mut a = 8;
+    while a < pes {
+        a = (a + a / 2).min(pes);
+        out.push(a);
+    }
+    out
+}
+
+/// Rings up to this many PEs try every count of working PEs.
+const EXHAUSTIVE: u32 = 64;
 
 fn columns(p: &Problem, a: u32) -> u32 {
     if p.causal {

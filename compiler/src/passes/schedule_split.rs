@@ -1,0 +1,1303 @@
+//! `schedule-split`: every axis in parallel, for rings larger than the work and for `n ≈ m`.
+//!
+//! The row dataflow gives each PE whole scores, so with fewer scores than PEs most of the ring
+//! idles, and its phases meet at row hand-offs. This pass splits along every axis instead:
+//!
+//! * **Lanes.** The ring is cut into `L` lanes of `r` consecutive PEs; a lane is one head and one
+//!   group of query rows (rows cut by their weight counts). With one lane (one head, `d` columns
+//!   spread over the whole ring) it is the paper's structure: a score's partial sum starts on any
+//!   PE and goes round the ring, so scores land evenly on every PE.
+//! * **Columns.** Within a lane, feature `c` of `q`, `k` and `v` lives on one PE (contiguous
+//!   blocks), so each score's `d` products are split over the lane's PEs and the partial sum
+//!   travels with `send acc`, which costs no cycle. With several lanes the softmax counts as one
+//!   more column on the lane's last PE (its work, `2W`, equals one column's phase-1 plus phase-3
+//!   work), where all the lane's scores land; phase 3 of lane `l` runs on lane `l + 1`'s PEs,
+//!   so weights only travel forward through one lane.
+//! * **Row sums** are chains over the PEs where the row's scores landed; the finished sum (and,
+//!   for a safe softmax, the row maximum before it) travels to the others for the divisions.
+//! * **No phase barriers.** Every accumulation is a chain whose terms a PE takes in any order
+//!   (the verifier proves sums as multisets of terms). A cycle-by-cycle list scheduler runs every
+//!   PE's ready operation of highest static priority (longest remaining path, ring hops
+//!   included), and every link's most urgent waiting word, so a finished row's softmax and its
+//!   weights overlap other rows' products. The simulated timeline is the schedule, so the
+//!   predicted cycle count is exact.
+//!
+//! Several lane counts, and on small layers priorities perturbed by a fixed pseudo-random
+//! sequence, are tried; the shortest schedule is kept. `select` keeps it only where it beats the
+//! other schedules.
+
+use crate::ir::Tensor;
+use crate::passes::select::{Culprit, Refusal};
+use crate::problem::{Inputs, Problem};
+use crate::schedule::{Builder, Element, RingSchedule, ScheduleError, Val, Work};
+use crate::scheduler::Scheduler;
+use rustc_hash::FxHashMap as HashMap;
+
+pub const NAME: &str = "schedule-split";
+pub const DESCRIPTION: &str =
+    "split dataflow: d products, heads, rows and row sums over all PEs, list-scheduled without phase barriers";
+
+/// Layers with more necessary operations than this are refused: the list scheduler's cost grows
+/// faster than linearly, and such layers have enough rows per PE for the row dataflow.
+pub const MAX_OPS: u64 = 2_000_000;
+/// Above this many necessary operations fewer layouts and variants are tried.
+const LARGE_OPS: u64 = 30_000;
+/// `auto` tries the pass up to this many necessary operations.
+const AUTO_OPS: u64 = 300_000;
+/// Simulated operations spent on perturbed retries (per layer, on top of the plain runs), and the
+/// most retries. Only rings with more than half a PE per token get them: with more tokens the row
+/// dataflow is near the bound and the retries would only cost time.
+const RETRY_BUDGET: u64 = 20_000;
+const MAX_RETRIES: u64 = 200;
+
+/// Row-order weights tried (see [`Layout::row_weight`]).
+const ROW_WEIGHTS: [(i64, bool); 6] = [
+    (0, false),
+    (1, false),
+    (0, true),
+    (1, true),
+    (4, false),
+    (4, true),
+];
+
+/// The registry's handle on this pass.
+pub struct Split;
+
+impl Scheduler for Split {
+    fn name(&self) -> &'static str {
+        "split"
+    }
+    fn pass(&self) -> &'static str {
+        NAME
+    }
+    fn description(&self) -> &'static str {
+        DESCRIPTION
+    }
+    fn title(&self) -> &'static str {
+        "split (every axis, list-scheduled)"
+    }
+    fn refusal(&self, p: &Problem, _pes: u32) -> Option<Refusal> {
+        (p.necessary_ops() > MAX_OPS).then(|| Refusal {
+            culprit: Culprit::Tokens,
+            message: format!(
+                "the split dataflow schedules at most {MAX_OPS} operations ({} here)",
+                p.necessary_ops()
+            ),
+            note: "use `--schedule rows` or `auto`, which suit layers with many rows per PE".into(),
+        })
+    }
+    fn tried_by_auto(&self, p: &Problem) -> bool {
+        p.necessary_ops() <= AUTO_OPS
+    }
+    fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+        run(p, pes)
+    }
+}
+
+/// One way to lay the layer out on the ring.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    /// Query-row groups per head; lanes = heads × groups.
+    groups: u32,
+    /// Every head on one lane spanning the ring (needs `d ≥ m`); `groups` is then 1.
+    all_heads_on_ring: bool,
+    /// How much a row's place in the finishing order weighs against the longest-path priority
+    /// (0: pure longest path; large: rows finish one after another).
+    row_weight: i64,
+    /// Ready softmax work (maxima, exponentials, divisions) goes before any product: it is
+    /// little work and everything after it waits for it.
+    softmax_first: bool,
+}
+
+/// Tries the layouts and, on small layers, perturbed priorities; keeps the shortest.
+pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+    let m = pes.max(1);
+    let mut best: Option<RingSchedule> = None;
+    let keep = |s: RingSchedule, best: &mut Option<RingSchedule>| {
+        if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
+            *best = Some(s);
+        }
+    };
+    let mut layouts: Vec<(Layout, usize)> = Vec::new();
+    // A layout whose plan the pass finds inconsistent is skipped (its errors are reported only if
+    // no layout works), so one bad corner cannot cost a layer its schedule.
+    let mut errors: Vec<ScheduleError> = Vec::new();
+    let mut shapes: Vec<(u32, bool)> = candidate_groups(p, m)
+        .into_iter()
+        .map(|g| (g, false))
+        .collect();
+    if p.heads > 1 && p.dim >= m {
+        shapes.push((1, true));
+    }
+    // With two or more tokens per PE the row dataflow is near the bound: one plain run each.
+    // Large layers (each run costs about a second per 100 000 operations) get the ring-spanning
+    // lane and the two largest lane counts, one variant each.
+    let few_tokens = p.tokens < 2 * m;
+    let large = p.necessary_ops() > LARGE_OPS;
+    let variants = if few_tokens && !large {
+        &ROW_WEIGHTS[..3]
+    } else {
+        &ROW_WEIGHTS[..1]
+    };
+    if large && shapes.len() > 3 {
+        let tail = shapes.split_off(shapes.len() - 2);
+        shapes.truncate(1);
+        shapes.extend(tail);
+    }
+    for (groups, all_heads_on_ring) in shapes {
+        for &(row_weight, softmax_first) in variants {
+            let layout = Layout {
+                groups,
+                all_heads_on_ring,
+                row_weight,
+                softmax_first,
+            };
+            match build(p, m, layout, 0) {
+                Ok(s) => {
+                    layouts.push((layout, s.cycles()));
+                    keep(s, &mut best);
+                }
+                Err(e) => errors.extend(e),
+            }
+        }
+    }
+    // Perturbed retries on the best layouts, while the budget lasts.
+    layouts.sort_by_key(|&(_, c)| c);
+    let ops = p.necessary_ops().max(1);
+    let retries = if few_tokens {
+        (RETRY_BUDGET / ops).min(MAX_RETRIES)
+    } else {
+        0
+    };
+    // Retries keep the lane count of one of the three best layouts and draw the priority variant.
+    let mut draw = Noise(0x2545_F491_4F6C_DD1D);
+    for seed in 1..=retries {
+        let Some(&(base, _)) = layouts.get((seed as usize - 1) % layouts.len().min(3)) else {
+            break;
+        };
+        let (row_weight, softmax_first) = ROW_WEIGHTS[draw.next(ROW_WEIGHTS.len() as i64) as usize];
+        let layout = Layout {
+            row_weight,
+            softmax_first,
+            ..base
+        };
+        match build(p, m, layout, seed) {
+            Ok(s) => keep(s, &mut best),
+            Err(e) => errors.extend(e),
+        }
+    }
+    match best {
+        Some(s) => Ok(s),
+        None if !errors.is_empty() => Err(errors),
+        None => Err(vec![ScheduleError::Internal {
+            pass: NAME,
+            what: "no layout to schedule".into(),
+        }]),
+    }
+}
+
+/// Row-group counts worth trying: one lane per head and ring-filling splits of the rows, for
+/// lanes of about `d + 1` PEs (one per column plus the softmax) or fewer.
+fn candidate_groups(p: &Problem, m: u32) -> Vec<u32> {
+    let mut out = vec![1];
+    let cols = p.dim + 1;
+    let r_of = |g: u32| (m / (p.heads * g)).clamp(1, cols);
+    for g in 2..=p.tokens {
+        let lanes = p.heads * g;
+        if lanes > m {
+            break;
+        }
+        if out.iter().all(|&o| r_of(o) != r_of(g)) {
+            out.push(g);
+        }
+    }
+    // Keep the count bounded: the largest splits, which fill the ring, are the interesting ones.
+    if out.len() > 6 {
+        let tail = out.split_off(out.len() - 5);
+        out.truncate(1);
+        out.extend(tail);
+    }
+    out
+}
+
+/// An operand: a fixed value, or the result of a chain (known once the chain finishes).
+#[derive(Clone, Copy, Debug)]
+enum Opnd {
+    V(Val),
+    Chain(usize),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ChainKind {
+    /// Phase-1 or phase-3 partial sum of products.
+    Mac(u8),
+    /// Row sum of exponentials; `bias` is the row's maximum chain (safe softmax).
+    Exp { bias: Option<usize> },
+    /// Row maximum.
+    Max,
+}
+
+struct Chain {
+    kind: ChainKind,
+    /// `(pe, tasks)` in the order the partial sum visits them.
+    segs: Vec<(u32, Vec<usize>)>,
+    /// Where the result is read (every PE that reads it).
+    readers: Vec<u32>,
+    output: Option<Element>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum TaskKind {
+    /// A term of a chain: `x·y` (Mac), `exp(x − bias)` kept as `e` (Exp), `max(·, x)` (Max).
+    Term {
+        chain: usize,
+        seg: usize,
+        x: Opnd,
+        y: Option<Opnd>,
+        e: Option<Val>,
+    },
+    Div {
+        num: Val,
+        den: usize,
+        out: Val,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Task {
+    pe: u32,
+    kind: TaskKind,
+    /// Larger runs first.
+    prio: i64,
+}
+
+/// Ring distance forward from `a` to `b`.
+fn dist(a: u32, b: u32, m: u32) -> u32 {
+    (b + m - a) % m
+}
+
+/// Cycles from an op on `a` to a reader on `b`: an accumulate result rides `send acc` in its own
+/// cycle, anything else is sent the cycle after.
+fn lat(a: u32, b: u32, m: u32, acc: bool) -> i64 {
+    let h = i64::from(dist(a, b, m));
+    if h == 0 {
+        1
+    } else if acc {
+        h
+    } else {
+        h + 1
+    }
+}
+
+/// Which PEs hold what in one layout.
+struct Geometry {
+    m: u32,
+    d: u32,
+    lanes: u32,
+    r: u32,
+    groups: u32,
+    n: u32,
+    /// Lane of `(head, row)`.
+    lane_of: Vec<u32>,
+    /// One lane spanning the ring: scores start anywhere and land evenly.
+    ring: bool,
+}
+
+impl Geometry {
+    fn new(p: &Problem, m: u32, groups: u32, all_heads_on_ring: bool) -> Geometry {
+        let lanes = if all_heads_on_ring {
+            1
+        } else {
+            (p.heads * groups).max(1)
+        };
+        // One lane over the whole ring when the columns cover it; otherwise lanes of at most one
+        // PE per column plus the softmax, packed from PE 0 (a longer lane only adds hops).
+        let ring = lanes == 1 && p.dim >= m;
+        let r = if ring {
+            m
+        } else {
+            (m / lanes).clamp(1, p.dim + 1)
+        };
+        let n = p.tokens;
+        // Rows cut into groups of about equal weight count (row a has a + 1 under a mask, or
+        // when q = k pairs are counted once, by their larger row).
+        let per_row = |a: u32| -> u64 {
+            if p.causal || p.symmetric {
+                u64::from(a) + 1
+            } else {
+                u64::from(n)
+            }
+        };
+        let total: u64 = (0..n).map(per_row).sum();
+        let mut lane_of = Vec::with_capacity((p.heads * n) as usize);
+        for h in 0..p.heads {
+            let mut acc = 0u64;
+            for a in 0..n {
+                let mid = acc + per_row(a) / 2;
+                acc += per_row(a);
+                let g = ((mid * u64::from(groups)) / total.max(1)).min(u64::from(groups) - 1);
+                lane_of.push(if all_heads_on_ring {
+                    0
+                } else {
+                    h * groups + g as u32
+                });
+            }
+        }
+        Geometry {
+            m,
+            d: p.dim,
+            lanes,
+            r,
+            groups,
+            n,
+            lane_of,
+            ring,
+        }
+    }
+
+    fn lane(&self, h: u32, a: u32) -> u32 {
+        self.lane_of
+            .get((h * self.n + a) as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// First PE of `lane`; `lane = lanes` is where the last lane's phase 3 goes: the PEs after
+    /// the last lane if the ring has room, else lane 0.
+    fn start(&self, lane: u32) -> u32 {
+        if lane == self.lanes && (lane + 1) * self.r <= self.m {
+            return lane * self.r;
+        }
+        ((lane % self.lanes) * self.r) % self.m
+    }
+
+    /// Columns counted for the block split: the softmax is one more with several lanes.
+    fn cols(&self) -> u32 {
+        if self.ring {
+            self.d
+        } else {
+            self.d + 1
+        }
+    }
+
+    /// PE offset within a lane of column `c` (`c = d` is the softmax with several lanes).
+    fn offset(&self, c: u32) -> u32 {
+        ((u64::from(c) * u64::from(self.r)) / u64::from(self.cols().max(1))) as u32
+    }
+
+    /// PE of phase-1 column `c` of `lane`.
+    fn p1(&self, lane: u32, c: u32) -> u32 {
+        (self.start(lane) + self.offset(c)) % self.m
+    }
+
+    /// PE of phase-3 column `c` for rows of `lane` (the next lane when there are several).
+    fn p3(&self, lane: u32, c: u32) -> u32 {
+        let l = if self.ring { lane } else { lane + 1 };
+        (self.start(l) + self.offset(c)) % self.m
+    }
+
+    /// PEs holding phase-1 columns of `lane`, in ring order, with their columns.
+    fn blocks(&self, lane: u32) -> Vec<(u32, Vec<u32>)> {
+        let mut out: Vec<(u32, Vec<u32>)> = Vec::new();
+        for c in 0..self.d {
+            let pe = self.p1(lane, c);
+            match out.last_mut() {
+                Some((q, cs)) if *q == pe => cs.push(c),
+                _ => out.push((pe, vec![c])),
+            }
+        }
+        out
+    }
+}
+
+/// Tiny deterministic generator for the perturbed retries (no dependence on the clock).
+struct Noise(u64);
+
+impl Noise {
+    fn next(&mut self, span: i64) -> i64 {
+        if self.0 == 0 || span <= 0 {
+            return 0;
+        }
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % span as u64) as i64
+    }
+}
+
+/// The plan (tasks and chains) for one layout, then its simulation.
+fn build(
+    p: &Problem,
+    m: u32,
+    layout: Layout,
+    seed: u64,
+) -> Result<RingSchedule, Vec<ScheduleError>> {
+    let g = Geometry::new(p, m, layout.groups, layout.all_heads_on_ring);
+    let (n, d) = (p.tokens, p.dim);
+    let mut b = Builder::new(NAME, m);
+    let mut noise = Noise(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | u64::from(seed != 0));
+    let mut chains: Vec<Chain> = Vec::new();
+    let mut tasks: Vec<Task> = Vec::new();
+    // Input uses: (role, head, row, col) → reading PEs; created after all readers are known.
+    let mut uses: HashMap<Element, Vec<u32>> = HashMap::default();
+    let mut want = |t: Tensor, h: u32, row: u32, col: u32, pe: u32| -> Element {
+        let e = Element {
+            tensor: p.tensor_for(t),
+            head: h,
+            row,
+            col,
+        };
+        uses.entry(e).or_default().push(pe);
+        e
+    };
+    // Input operands are patched from elements to values once homes are known.
+    let mut input_of: Vec<(usize, bool, Element)> = Vec::new();
+
+    // Scores: one chain per distinct score, landing balanced over the ring (one lane) or on the
+    // lane's softmax PE.
+    let pairs_of = |a: u32| -> Vec<u32> {
+        if p.causal || p.symmetric {
+            (0..=a).collect()
+        } else {
+            (0..n).collect()
+        }
+    };
+    let mut score: HashMap<(u32, u32, u32), (usize, u32)> = HashMap::default();
+    let scale = p.scale as f32;
+    // Rows in the order they should finish: longest first, so the last to finish is short.
+    let rank = |h: u32, a: u32| -> i64 {
+        let len = (0..n).filter(|&c| p.unmasked(a, c)).count() as i64;
+        (i64::from(n) - len) * i64::from(p.heads) * i64::from(n) + i64::from(a * p.heads + h)
+    };
+    // On the ring-spanning lane, where each weight's exponential and division go: an even cut of
+    // the row-major sequence of phase-2 operations (a row's exponentials, with its maxima, then its
+    // divisions) over the PEs, so phase-2 work is balanced to about one operation and a row's
+    // divisions sit on or just after its exponentials. A score lands where its exponential is;
+    // retries move some of them one PE on.
+    let mut phase2: HashMap<(u32, u32, u32), (u32, u32)> = HashMap::default();
+    if g.ring {
+        let ring_pes: Vec<u32> = g.blocks(0).iter().map(|b| b.0).collect();
+        let nb = ring_pes.len().max(1) as u64;
+        let unit = if p.safe() { 2 } else { 1 };
+        let len = |a: u32| u64::from((0..n).filter(|&c| p.unmasked(a, c)).count() as u32);
+        let total: u64 =
+            u64::from(p.heads) * (0..n).map(|a| len(a) * (unit + 1)).sum::<u64>().max(1);
+        let mut acc = 0u64;
+        let at = |mid: u64, noise: &mut Noise| -> u32 {
+            let i = ((mid * nb) / total).min(nb - 1) as usize;
+            let bump = noise.next(2) as usize * usize::from(noise.next(3) == 0);
+            ring_pes[(i + bump) % ring_pes.len()]
+        };
+        for (h, a) in (0..p.heads).flat_map(|h| (0..n).map(move |a| (h, a))) {
+            let cols: Vec<u32> = (0..n).filter(|&c| p.unmasked(a, c)).collect();
+            let mut exp_at = Vec::with_capacity(cols.len());
+            for _ in &cols {
+                exp_at.push(at(acc + unit / 2, &mut noise));
+                acc += unit;
+            }
+            for (j, &c) in cols.iter().enumerate() {
+                let div_at = at(acc, &mut noise);
+                acc += 1;
+                phase2.insert((h, a, c), (exp_at[j], div_at));
+            }
+        }
+    }
+    for h in 0..p.heads {
+        for a in 0..n {
+            let lane = g.lane(h, a);
+            let blocks = g.blocks(lane);
+            for bcol in pairs_of(a) {
+                // With q = k (no mask) the pair {bcol, a} is computed once, as (a, bcol), bcol ≤ a.
+                let (qa, kb) = (a, bcol);
+                let order: Vec<(u32, Vec<u32>)> = if g.ring {
+                    // Land where the exponential is: start on the block after it.
+                    let exp_pe = phase2.get(&(h, a, bcol)).map_or(0, |x| x.0);
+                    let land = blocks.iter().position(|b| b.0 == exp_pe).unwrap_or(0);
+                    let first = (land + 1) % blocks.len();
+                    blocks[first..]
+                        .iter()
+                        .chain(&blocks[..first])
+                        .cloned()
+                        .collect()
+                } else {
+                    blocks.clone()
+                };
+                let id = chains.len();
+                let mut segs = Vec::with_capacity(order.len());
+                for (si, (pe, cols)) in order.iter().enumerate() {
+                    let mut ts = Vec::with_capacity(cols.len());
+                    for &c in cols {
+                        let eq = want(Tensor::Q, h, qa, c, *pe);
+                        let ek = want(Tensor::K, h, kb, c, *pe);
+                        let t = tasks.len();
+                        tasks.push(Task {
+                            pe: *pe,
+                            kind: TaskKind::Term {
+                                chain: id,
+                                seg: si,
+                                x: Opnd::V(Val::from_u32(0)),
+                                y: Some(Opnd::V(Val::from_u32(0))),
+                                e: None,
+                            },
+                            prio: rank(h, a),
+                        });
+                        input_of.push((t, false, eq));
+                        input_of.push((t, true, ek));
+                        ts.push(t);
+                    }
+                    segs.push((*pe, ts));
+                }
+                let land = if g.ring {
+                    segs.last().map_or(0, |s| s.0)
+                } else {
+                    g.p1(lane, d)
+                };
+                chains.push(Chain {
+                    kind: ChainKind::Mac(1),
+                    segs,
+                    readers: Vec::new(),
+                    output: None,
+                });
+                score.insert((h, a, bcol), (id, land));
+                if p.symmetric && !p.causal && bcol != a {
+                    score.insert((h, bcol, a), (id, land));
+                }
+            }
+        }
+    }
+
+    // Phase 2 per row, then phase 3.
+    let mut moved: Vec<(Val, u32)> = Vec::new();
+    let mut weights: HashMap<(u32, u32, u32), (Val, u32)> = HashMap::default();
+    for h in 0..p.heads {
+        for a in 0..n {
+            let cols: Vec<u32> = (0..n).filter(|&c| p.unmasked(a, c)).collect();
+            // Landing PEs of the row, visited in ring order after the largest gap.
+            let mut by_pe: Vec<(u32, Vec<u32>)> = Vec::new();
+            for &c in &cols {
+                let Some(&(_, land)) = score.get(&(h, a, c)) else {
+                    b.bug(NAME, "a score with no chain");
+                    continue;
+                };
+                let pe = phase2.get(&(h, a, c)).map_or(land, |x| x.0);
+                match by_pe.iter_mut().find(|(q, _)| *q == pe) {
+                    Some((_, cs)) => cs.push(c),
+                    None => by_pe.push((pe, vec![c])),
+                }
+            }
+            by_pe.sort_by_key(|&(pe, _)| pe);
+            if by_pe.len() > 1 {
+                let k = by_pe.len();
+                let gap = |i: usize| dist(by_pe[i].0, by_pe[(i + 1) % k].0, m);
+                let widest = (0..k).max_by_key(|&i| gap(i)).unwrap_or(0);
+                by_pe.rotate_left((widest + 1) % k);
+            }
+            let term = |tasks: &mut Vec<Task>,
+                        chain: usize,
+                        seg: usize,
+                        pe: u32,
+                        x: Opnd,
+                        e: Option<Val>| {
+                let t = tasks.len();
+                tasks.push(Task {
+                    pe,
+                    kind: TaskKind::Term {
+                        chain,
+                        seg,
+                        x,
+                        y: None,
+                        e,
+                    },
+                    prio: rank(h, a),
+                });
+                t
+            };
+            let sc = |c: u32| score.get(&(h, a, c)).map_or(0, |s| s.0);
+            let bias = if p.safe() {
+                let id = chains.len();
+                let segs = by_pe
+                    .iter()
+                    .enumerate()
+                    .map(|(si, (pe, cs))| {
+                        let ts = cs
+                            .iter()
+                            .map(|&c| term(&mut tasks, id, si, *pe, Opnd::Chain(sc(c)), None))
+                            .collect();
+                        (*pe, ts)
+                    })
+                    .collect();
+                chains.push(Chain {
+                    kind: ChainKind::Max,
+                    segs,
+                    readers: by_pe.iter().map(|s| s.0).collect(),
+                    output: None,
+                });
+                Some(id)
+            } else {
+                None
+            };
+            // The safe sum starts on the last part, which has the maximum first.
+            let mut order = by_pe.clone();
+            if p.safe() && order.len() > 1 {
+                order.rotate_right(1);
+            }
+            let id = chains.len();
+            let mut exps: Vec<(u32, u32, Val)> = Vec::new();
+            let mut segs = Vec::new();
+            for (si, (pe, cs)) in order.iter().enumerate() {
+                let mut ts = Vec::new();
+                for &c in cs {
+                    let e = b.computed();
+                    ts.push(term(&mut tasks, id, si, *pe, Opnd::Chain(sc(c)), Some(e)));
+                    exps.push((*pe, c, e));
+                    chains[sc(c)].readers.push(*pe);
+                }
+                segs.push((*pe, ts));
+            }
+            let div_pe = |pe: u32, c: u32| phase2.get(&(h, a, c)).map_or(pe, |x| x.1);
+            let mut readers: Vec<u32> = exps.iter().map(|&(pe, c, _)| div_pe(pe, c)).collect();
+            readers.sort_unstable();
+            readers.dedup();
+            chains.push(Chain {
+                kind: ChainKind::Exp { bias },
+                segs,
+                readers,
+                output: None,
+            });
+            for (exp_pe, c, e) in exps {
+                let pe = div_pe(exp_pe, c);
+                if pe != exp_pe {
+                    moved.push((e, dist(exp_pe, pe, m)));
+                }
+                let out = b.computed();
+                tasks.push(Task {
+                    pe,
+                    kind: TaskKind::Div {
+                        num: e,
+                        den: id,
+                        out,
+                    },
+                    prio: rank(h, a),
+                });
+                weights.insert((h, a, c), (out, pe));
+            }
+        }
+    }
+    // Phase 3: y[a][c] on column c's phase-3 PE, over the row's weights in any order.
+    let mut weight_readers: HashMap<Val, Vec<u32>> = HashMap::default();
+    for h in 0..p.heads {
+        for a in 0..n {
+            let lane = g.lane(h, a);
+            for c in 0..d {
+                let pe = g.p3(lane, c);
+                let id = chains.len();
+                let mut ts = Vec::new();
+                for bcol in (0..n).filter(|&bc| p.unmasked(a, bc)) {
+                    let Some(&(w, _)) = weights.get(&(h, a, bcol)) else {
+                        b.bug(NAME, "a weight with no division");
+                        continue;
+                    };
+                    weight_readers.entry(w).or_default().push(pe);
+                    let ev = want(Tensor::V, h, bcol, c, pe);
+                    let t = tasks.len();
+                    tasks.push(Task {
+                        pe,
+                        kind: TaskKind::Term {
+                            chain: id,
+                            seg: 0,
+                            x: Opnd::V(w),
+                            y: Some(Opnd::V(Val::from_u32(0))),
+                            e: None,
+                        },
+                        prio: rank(h, a),
+                    });
+                    input_of.push((t, true, ev));
+                    ts.push(t);
+                }
+                chains.push(Chain {
+                    kind: ChainKind::Mac(3),
+                    segs: vec![(pe, ts)],
+                    readers: Vec::new(),
+                    output: Some(Element {
+                        tensor: Tensor::Y,
+                        head: h,
+                        row: a,
+                        col: c,
+                    }),
+                });
+            }
+        }
+    }
+
+    // Inputs: each element preloaded on the reader first in ring order from its head's first
+    // lane, so every other reader is ahead of it.
+    let mut inputs = Inputs::new(*p);
+    let mut reach: HashMap<Val, u32> = HashMap::default();
+    let mut preloaded: Vec<(u32, Val)> = Vec::new();
+    let mut elems: Vec<(&Element, &Vec<u32>)> = uses.iter().collect();
+    elems.sort_by_key(|(e, _)| (e.tensor as u8, e.head, e.row, e.col));
+    let mut val_of: HashMap<Element, Val> = HashMap::default();
+    for (e, readers) in elems {
+        let from = g.start(e.head * g.groups);
+        let home = readers
+            .iter()
+            .copied()
+            .min_by_key(|&pe| dist(from, pe, m))
+            .unwrap_or(from);
+        let far = readers
+            .iter()
+            .map(|&pe| dist(home, pe, m))
+            .max()
+            .unwrap_or(0);
+        let role = match e.tensor {
+            Tensor::X if p.symmetric => Tensor::Q,
+            Tensor::X => Tensor::V,
+            t => t,
+        };
+        let v = inputs.get(&mut b, role, e.head, e.row, e.col, home);
+        val_of.insert(*e, v);
+        reach.insert(v, far);
+        preloaded.push((home, v));
+    }
+    for (t, second, e) in input_of {
+        let Some(&v) = val_of.get(&e) else {
+            b.bug(NAME, "an input with no value");
+            continue;
+        };
+        if let TaskKind::Term { x, y, .. } = &mut tasks[t].kind {
+            if second {
+                *y = Some(Opnd::V(v));
+            } else {
+                *x = Opnd::V(v);
+            }
+        }
+    }
+    reach.extend(moved);
+    let div_pe: HashMap<Val, u32> = weights.values().map(|&(w, pe)| (w, pe)).collect();
+    for (w, readers) in &weight_readers {
+        let from = div_pe.get(w).copied().unwrap_or(0);
+        reach.insert(
+            *w,
+            readers
+                .iter()
+                .map(|&pe| dist(from, pe, m))
+                .max()
+                .unwrap_or(0),
+        );
+    }
+
+    prioritise(
+        p,
+        &g,
+        &mut tasks,
+        &chains,
+        &weight_readers,
+        &mut noise,
+        layout,
+    );
+    // A preloaded word goes on the link as urgently as its most urgent reader.
+    let mut urgency: HashMap<Val, i64> = HashMap::default();
+    for t in &tasks {
+        if let TaskKind::Term { x, y, .. } = t.kind {
+            for o in [Some(x), y].into_iter().flatten() {
+                if let Opnd::V(v) = o {
+                    let u = urgency.entry(v).or_insert(t.prio);
+                    *u = (*u).max(t.prio);
+                }
+            }
+        }
+    }
+    let preloaded: Vec<(u32, Val, i64)> = preloaded
+        .into_iter()
+        .map(|(pe, v)| (pe, v, urgency.get(&v).copied().unwrap_or(0)))
+        .collect();
+    let sim = Sim {
+        m,
+        scale,
+        tasks: &tasks,
+        chains: &chains,
+        reach: &reach,
+    };
+    if let Err(why) = sim.run(&mut b, &preloaded) {
+        b.bug(NAME, why);
+    }
+    b.finish()
+}
+
+/// Static priorities: the longest path from a task to the end, ring hops included (plus noise on
+/// retries). Chains are costed as a whole: every term of a chain gets the chain's figure.
+fn prioritise(
+    p: &Problem,
+    g: &Geometry,
+    tasks: &mut [Task],
+    chains: &[Chain],
+    weight_readers: &HashMap<Val, Vec<u32>>,
+    noise: &mut Noise,
+    layout: Layout,
+) {
+    let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
+    let m = g.m;
+    let len = |c: &Chain| c.segs.iter().map(|s| s.1.len()).sum::<usize>() as i64;
+    let last_pe = |c: &Chain| c.segs.last().map_or(0, |s| s.0);
+    // Tail of each chain (cycles from its first term to the end), filled phase 3 → 1.
+    let mut tail: Vec<i64> = vec![0; chains.len()];
+    let mut div_tail: HashMap<Val, i64> = HashMap::default();
+    for (i, c) in chains.iter().enumerate() {
+        if c.kind == ChainKind::Mac(3) {
+            tail[i] = len(c);
+        }
+    }
+    let y_tail = 1 + i64::from(p.tokens);
+    for t in tasks.iter() {
+        if let TaskKind::Div { out, .. } = t.kind {
+            let far = weight_readers.get(&out).map_or(0, |rs| {
+                rs.iter()
+                    .map(|&q| lat(t.pe, q, m, false))
+                    .max()
+                    .unwrap_or(0)
+            });
+            div_tail.insert(out, far + y_tail);
+        }
+    }
+    // Row sums, then the maxima they wait for.
+    let mut sum_after: Vec<i64> = vec![0; chains.len()];
+    for t in tasks.iter() {
+        if let TaskKind::Div { den, out, .. } = t.kind {
+            let dt = div_tail.get(&out).copied().unwrap_or(0);
+            sum_after[den] = sum_after[den].max(dt);
+        }
+    }
+    for (i, c) in chains.iter().enumerate() {
+        if let ChainKind::Exp { bias } = c.kind {
+            let hops = c
+                .readers
+                .iter()
+                .map(|&q| lat(last_pe(c), q, m, true))
+                .max()
+                .unwrap_or(1);
+            tail[i] = len(c) + hops + sum_after[i];
+            if let Some(mx) = bias {
+                let mc = &chains[mx];
+                let mh = mc
+                    .readers
+                    .iter()
+                    .map(|&q| lat(last_pe(mc), q, m, false))
+                    .max()
+                    .unwrap_or(1);
+                tail[mx] = tail[mx].max(len(mc) + mh + tail[i]);
+            }
+        }
+    }
+    // Scores: their reading row chain's tail.
+    let mut score_tail: Vec<i64> = vec![0; chains.len()];
+    for t in tasks.iter() {
+        if let TaskKind::Term {
+            chain,
+            x: Opnd::Chain(s),
+            ..
+        } = t.kind
+        {
+            let c = &chains[s];
+            let after = tail[chain] + lat(last_pe(c), t.pe, m, true);
+            score_tail[s] = score_tail[s].max(len(c) + after);
+        }
+    }
+    for (i, c) in chains.iter().enumerate() {
+        if c.kind == ChainKind::Mac(1) {
+            tail[i] = score_tail[i];
+        }
+    }
+    let span = if noise.0 == 0 { 0 } else { 4 };
+    for t in tasks.iter_mut() {
+        let base = match t.kind {
+            TaskKind::Term { chain, .. } => tail[chain],
+            TaskKind::Div { out, .. } => div_tail.get(&out).copied().unwrap_or(0) + 1,
+        };
+        // `prio` holds the row's rank until here.
+        let eager = match t.kind {
+            TaskKind::Div { .. } => softmax_first,
+            TaskKind::Term { chain, .. } => {
+                softmax_first && !matches!(chains[chain].kind, ChainKind::Mac(_))
+            }
+        };
+        let boost = if eager { 1 << 40 } else { 0 };
+        t.prio = boost + (base - t.prio * row_weight) * 8 + noise.next(span * 8);
+    }
+}
+
+/// The cycle-by-cycle list scheduler over pinned tasks.
+struct Sim<'a> {
+    m: u32,
+    scale: f32,
+    tasks: &'a [Task],
+    chains: &'a [Chain],
+    /// Hops each fixed value travels from where it appears.
+    reach: &'a HashMap<Val, u32>,
+}
+
+/// Words waiting to go over one PE's link. A word can be queued twice (a score that is also a
+/// row's first partial maximum); the two are merged (farthest reach, most urgent) so no word goes
+/// over one link twice.
+#[derive(Clone, Default)]
+struct Link {
+    words: Vec<Pending>,
+    queued: rustc_hash::FxHashSet<Val>,
+}
+
+impl Link {
+    fn push(&mut self, w: Pending) {
+        if !self.queued.insert(w.val) {
+            if let Some(p) = self.words.iter_mut().find(|p| p.val == w.val) {
+                p.hops = p.hops.max(w.hops);
+                p.prio = p.prio.max(w.prio);
+                p.acc_at = p.acc_at.or(w.acc_at);
+                return;
+            }
+        }
+        self.words.push(w);
+    }
+
+    fn take(&mut self, k: usize) -> Pending {
+        let w = self.words.swap_remove(k);
+        self.queued.remove(&w.val);
+        w
+    }
+}
+
+/// A word waiting to go over a PE's link: value, hops still to go, urgency, and the cycle in which
+/// it may ride `send acc` (the cycle it is made).
+#[derive(Clone, Copy)]
+struct Pending {
+    val: Val,
+    hops: u32,
+    prio: i64,
+    acc_at: Option<usize>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct ChainState {
+    seg: usize,
+    left: usize,
+    partial: Option<Val>,
+    result: Option<Val>,
+}
+
+impl Sim<'_> {
+    fn run(&self, b: &mut Builder, preloaded: &[(u32, Val, i64)]) -> Result<usize, String> {
+        let m = self.m as usize;
+        let mut avail: Vec<HashMap<Val, usize>> = vec![HashMap::default(); m];
+        let mut links: Vec<Link> = vec![Link::default(); m];
+        for &(pe, v, prio) in preloaded {
+            avail[pe as usize].insert(v, 0);
+            let hops = self.reach.get(&v).copied().unwrap_or(0);
+            if hops > 0 {
+                links[pe as usize].push(Pending {
+                    val: v,
+                    hops,
+                    prio,
+                    acc_at: None,
+                });
+            }
+        }
+        let mut state: Vec<ChainState> = self
+            .chains
+            .iter()
+            .map(|c| ChainState {
+                left: c.segs.first().map_or(0, |s| s.1.len()),
+                ..Default::default()
+            })
+            .collect();
+        // Per PE, pending tasks by priority (highest first).
+        let mut queue: Vec<Vec<usize>> = vec![Vec::new(); m];
+        for (i, t) in self.tasks.iter().enumerate() {
+            queue[t.pe as usize].push(i);
+        }
+        for q in &mut queue {
+            q.sort_by_key(|&i| (std::cmp::Reverse(self.tasks[i].prio), i));
+        }
+        let mut left: usize = self.tasks.len();
+        // Per PE, the first cycle its task list needs looking at again.
+        let mut wake: Vec<usize> = vec![0; m];
+        let mut t = 0usize;
+        let mut idle = 0usize;
+        while left > 0 || links.iter().any(|l| !l.words.is_empty()) {
+            let mut progressed = false;
+            let mut arrivals: Vec<(usize, Val)> = Vec::new();
+            for pe in 0..m {
+                // Operation slot: the most urgent ready task (absorbing a maximum chain's first
+                // terms costs nothing and does not use the slot). A PE that found nothing ready
+                // waits for a word to reach it or for its own work to finish: nothing else can
+                // make one of its tasks ready.
+                let mut pos = if wake[pe] <= t { 0 } else { queue[pe].len() };
+                wake[pe] = usize::MAX;
+                while pos < queue[pe].len() {
+                    let i = queue[pe][pos];
+                    match self.ready(i, t, &avail[pe], &state) {
+                        Some(true) => {
+                            queue[pe].remove(pos);
+                            left -= 1;
+                            progressed = true;
+                            if self.absorb(i, t, &mut state, &mut links[pe]) {
+                                pos = 0;
+                                continue;
+                            }
+                            self.execute(b, i, t, pe, &mut state, &mut avail[pe], &mut links[pe]);
+                            wake[pe] = t + 1;
+                            break;
+                        }
+                        _ => pos += 1,
+                    }
+                }
+                // Link slot: the most urgent word that is here (or made now by the accumulator).
+                let here = |p: &Pending| {
+                    p.acc_at == Some(t) || avail[pe].get(&p.val).is_some_and(|&at| at <= t)
+                };
+                if let Some(k) = (0..links[pe].words.len())
+                    .filter(|&k| here(&links[pe].words[k]))
+                    .max_by_key(|&k| (links[pe].words[k].prio, std::cmp::Reverse(k)))
+                {
+                    let w = links[pe].take(k);
+                    let to = (pe + 1) % m;
+                    // A word can reach a PE by two routes (a score that is also a row's first
+                    // partial maximum): the second is not sent again, only its onward hops kept.
+                    if !avail[to].contains_key(&w.val) && !arrivals.contains(&(to, w.val)) {
+                        b.send(pe as u32, t, w.val);
+                        arrivals.push((to, w.val));
+                    }
+                    progressed = true;
+                    if w.hops > 1 {
+                        links[to].push(Pending {
+                            hops: w.hops - 1,
+                            acc_at: None,
+                            ..w
+                        });
+                    }
+                }
+            }
+            for (to, v) in arrivals {
+                avail[to].insert(v, t + 1);
+                wake[to] = wake[to].min(t + 1);
+            }
+            t += 1;
+            idle = if progressed { 0 } else { idle + 1 };
+            if idle > m + 2 {
+                return Err(format!(
+                    "list scheduling stalled at cycle {t} with {left} tasks left"
+                ));
+            }
+        }
+        Ok(t)
+    }
+
+    /// Whether task `i` can run on its PE in cycle `t`.
+    fn ready(
+        &self,
+        i: usize,
+        t: usize,
+        avail: &HashMap<Val, usize>,
+        state: &[ChainState],
+    ) -> Option<bool> {
+        let here = |v: Val| avail.get(&v).is_some_and(|&at| at <= t);
+        let opnd = |o: Opnd| match o {
+            Opnd::V(v) => Some(here(v)),
+            Opnd::Chain(c) => state[c].result.map(here),
+        };
+        match self.tasks[i].kind {
+            TaskKind::Term {
+                chain, seg, x, y, ..
+            } => {
+                let s = &state[chain];
+                if s.seg != seg || s.partial.is_some_and(|v| !here(v)) {
+                    return Some(false);
+                }
+                if let ChainKind::Exp { bias: Some(mx) } = self.chains[chain].kind {
+                    if !opnd(Opnd::Chain(mx))? {
+                        return Some(false);
+                    }
+                }
+                Some(opnd(x)? && y.map_or(Some(true), opnd)?)
+            }
+            TaskKind::Div { num, den, .. } => Some(here(num) && opnd(Opnd::Chain(den))?),
+        }
+    }
+
+    /// The first term of a maximum chain is the partial maximum itself: no operation.
+    fn absorb(&self, i: usize, t: usize, state: &mut [ChainState], link: &mut Link) -> bool {
+        let TaskKind::Term { chain, x, .. } = self.tasks[i].kind else {
+            return false;
+        };
+        if self.chains[chain].kind != ChainKind::Max || state[chain].partial.is_some() {
+            return false;
+        }
+        let v = match x {
+            Opnd::V(v) => v,
+            Opnd::Chain(c) => match state[c].result {
+                Some(v) => v,
+                None => return false,
+            },
+        };
+        state[chain].partial = Some(v);
+        self.advance(chain, self.tasks[i].pe, t, state, link, false);
+        true
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn execute(
+        &self,
+        b: &mut Builder,
+        i: usize,
+        t: usize,
+        pe: usize,
+        state: &mut [ChainState],
+        avail: &mut HashMap<Val, usize>,
+        link: &mut Link,
+    ) {
+        let task = self.tasks[i];
+        let val = |o: Opnd, state: &[ChainState]| match o {
+            Opnd::V(v) => Some(v),
+            Opnd::Chain(c) => state[c].result,
+        };
+        match task.kind {
+            TaskKind::Div { num, den, out } => {
+                let Some(den) = state[den].result else {
+                    b.bug(NAME, "a division before its sum");
+                    return;
+                };
+                b.work(pe as u32, t, 2, Work::Div { num, den, out });
+                avail.insert(out, t + 1);
+                let hops = self.reach.get(&out).copied().unwrap_or(0);
+                if hops > 0 {
+                    link.push(Pending {
+                        val: out,
+                        hops,
+                        prio: task.prio,
+                        acc_at: None,
+                    });
+                }
+            }
+            TaskKind::Term { chain, x, y, e, .. } => {
+                let (Some(xv), acc) = (val(x, state), state[chain].partial) else {
+                    b.bug(NAME, "a term before its operand");
+                    return;
+                };
+                let out = b.computed();
+                let (phase, work, is_acc) = match self.chains[chain].kind {
+                    ChainKind::Mac(ph) => {
+                        let Some(yv) = y.and_then(|y| val(y, state)) else {
+                            b.bug(NAME, "a product with one operand");
+                            return;
+                        };
+                        (
+                            ph,
+                            Work::Mac {
+                                a: xv,
+                                b: yv,
+                                acc,
+                                out,
+                            },
+                            true,
+                        )
+                    }
+                    ChainKind::Exp { bias } => {
+                        let Some(e) = e else {
+                            b.bug(NAME, "an exponential with nowhere to keep it");
+                            return;
+                        };
+                        avail.insert(e, t + 1);
+                        // An exponential divided on a later PE goes there.
+                        let hops = self.reach.get(&e).copied().unwrap_or(0);
+                        if hops > 0 {
+                            link.push(Pending {
+                                val: e,
+                                hops,
+                                prio: task.prio,
+                                acc_at: None,
+                            });
+                        }
+                        let bias = bias.and_then(|mx| state[mx].result);
+                        let w = Work::Exp {
+                            x: xv,
+                            bias,
+                            scale: self.scale,
+                            acc,
+                            e,
+                            sum: out,
+                        };
+                        (2, w, true)
+                    }
+                    ChainKind::Max => {
+                        let Some(a) = acc else {
+                            b.bug(NAME, "a maximum with nothing to compare");
+                            return;
+                        };
+                        (2, Work::Max { a, b: xv, out }, false)
+                    }
+                };
+                b.work(pe as u32, t, phase, work);
+                avail.insert(out, t + 1);
+                state[chain].partial = Some(out);
+                if let Some(el) = self.chains[chain].output {
+                    if state[chain].left == 1
+                        && state[chain].seg + 1 == self.chains[chain].segs.len()
+                    {
+                        b.output(el, pe as u32, out);
+                    }
+                }
+                self.advance(chain, task.pe, t, state, link, is_acc);
+            }
+        }
+    }
+
+    /// One term of `chain` done on `pe` in cycle `t`: moves the partial on at a segment's end,
+    /// and sends the result to its readers at the chain's end.
+    fn advance(
+        &self,
+        chain: usize,
+        pe: u32,
+        t: usize,
+        state: &mut [ChainState],
+        link: &mut Link,
+        acc: bool,
+    ) {
+        let c = &self.chains[chain];
+        let s = &mut state[chain];
+        s.left = s.left.saturating_sub(1);
+        if s.left > 0 {
+            return;
+        }
+        let Some(v) = s.partial else {
+            return;
+        };
+        let acc_at = acc.then_some(t);
+        let prio = self.tasks.iter().len() as i64; // partial sums of a chain in flight go first
+        if let Some((next, ts)) = c.segs.get(s.seg + 1) {
+            s.seg += 1;
+            s.left = ts.len();
+            let hops = dist(pe, *next, self.m);
+            if hops > 0 {
+                link.push(Pending {
+                    val: v,
+                    hops,
+                    prio: prio * 8,
+                    acc_at,
+                });
+            }
+            return;
+        }
+        s.result = Some(v);
+        let hops = c
+            .readers
+            .iter()
+            .map(|&q| dist(pe, q, self.m))
+            .max()
+            .unwrap_or(0);
+        if hops > 0 {
+            link.push(Pending {
+                val: v,
+                hops,
+                prio: prio * 8,
+                acc_at,
+            });
+        }
+    }
+}
