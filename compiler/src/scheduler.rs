@@ -24,7 +24,7 @@ pub trait Scheduler: Sync {
     /// Why the scheduler cannot take this layer on `pes` PEs, naming the field to blame.
     fn refusal(&self, p: &Problem, pes: u32) -> Option<Refusal>;
     /// Whether `auto` tries it when it applies (a forced choice may still take it).
-    fn tried_by_auto(&self, _p: &Problem) -> bool {
+    fn tried_by_auto(&self, _p: &Problem, _pes: u32) -> bool {
         true
     }
     /// Whether every operation it emits is necessary. A scheduler that recomputes (the paper's

@@ -42,8 +42,10 @@ pub const DESCRIPTION: &str =
 pub const MAX_OPS: u64 = 2_000_000;
 /// Above this many necessary operations fewer layouts and variants are tried.
 const LARGE_OPS: u64 = 30_000;
-/// `auto` tries the pass up to this many necessary operations.
+/// `auto` tries the pass up to this many necessary operations, on rings with fewer than
+/// [`AUTO_TOKENS_PER_PE`] tokens per PE.
 const AUTO_OPS: u64 = 300_000;
+const AUTO_TOKENS_PER_PE: u64 = 4;
 /// Simulated operations spent on perturbed retries (per layer, on top of the plain runs), and the
 /// most retries. Only rings with more than half a PE per token get them: with more tokens the row
 /// dataflow is near the bound and the retries would only cost time.
@@ -86,8 +88,10 @@ impl Scheduler for Split {
             note: "use `--schedule rows` or `auto`, which suit layers with many rows per PE".into(),
         })
     }
-    fn tried_by_auto(&self, p: &Problem) -> bool {
-        p.necessary_ops() <= AUTO_OPS
+    fn tried_by_auto(&self, p: &Problem, pes: u32) -> bool {
+        // With at least 4 tokens per PE the row dataflow is within a fraction of a percent of
+        // the lower bound (the shapes table), and the list scheduler would only add seconds.
+        p.necessary_ops() <= AUTO_OPS && u64::from(p.tokens) < AUTO_TOKENS_PER_PE * u64::from(pes)
     }
     fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         run(p, pes)

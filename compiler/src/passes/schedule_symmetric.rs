@@ -71,7 +71,7 @@ impl Scheduler for Symmetric {
             chain_refusal(p, pes, "symmetric", why)
         })
     }
-    fn tried_by_auto(&self, p: &Problem) -> bool {
+    fn tried_by_auto(&self, p: &Problem, _pes: u32) -> bool {
         // Under a causal mask every unmasked score is already one unordered pair: the causal
         // schedule covers the layer.
         !p.causal

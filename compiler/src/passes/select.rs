@@ -117,7 +117,7 @@ pub fn run(p: &Problem, pes: u32, choice: Choice) -> Result<Vec<&'static dyn Sch
     let tried: Vec<&'static dyn Scheduler> = SCHEDULERS
         .iter()
         .copied()
-        .filter(|s| s.tried_by_auto(p))
+        .filter(|s| s.tried_by_auto(p, pes))
         .collect();
     let ok: Vec<&'static dyn Scheduler> = tried
         .iter()
