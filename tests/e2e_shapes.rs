@@ -82,7 +82,7 @@ fn larger_shapes_sampled() {
 
 #[test]
 fn rows_dataflow_is_near_the_lower_bound_when_rows_are_plenty() {
-    // n ≥ 4m: within 5% of the lower bound for every scheme (the target).
+    // n ≥ 4m: within 5% of the lower bound for every scheme.
     for (n, d, m) in [
         (32, 8, 4),
         (24, 5, 6),
