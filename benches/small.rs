@@ -371,7 +371,7 @@ fn paper_instances() {
         let best = match n {
             4 => "25 (proved optimal)",
             5 => "37",
-            6 => "58",
+            6 => "51",
             _ => "-",
         };
         let src = |softmax: &str| {
