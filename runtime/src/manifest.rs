@@ -195,7 +195,9 @@ impl FilePattern {
         }
     }
 
-    /// Why the pattern cannot name `pes` distinct files inside the directory, if it cannot.
+    /// Why the pattern does not give one plain file name per PE and role, if it does not. (A
+    /// text name of one PE may still equal a binary name of another, e.g. `a{pe}` and `a1{pe}`;
+    /// a loader reads all binaries or all texts, so that never mixes roles.)
     fn problem(&self) -> Option<String> {
         for (what, p) in [("text", &self.text), ("binary", &self.binary)] {
             if p.matches(PE_PLACEHOLDER).count() != 1 {

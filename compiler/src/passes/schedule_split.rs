@@ -987,21 +987,26 @@ struct ChainState {
 }
 
 impl Sim<'_> {
+    /// Queues `v` on `link` when a later PE reads it (`reach` says how many hops away).
+    fn forward(&self, v: Val, prio: i64, link: &mut Link) {
+        let hops = self.reach.get(&v).copied().unwrap_or(0);
+        if hops > 0 {
+            link.push(Pending {
+                val: v,
+                hops,
+                prio,
+                acc_at: None,
+            });
+        }
+    }
+
     fn run(&self, b: &mut Builder, preloaded: &[(u32, Val, i64)]) -> Result<usize, String> {
         let m = self.m as usize;
         let mut avail: Vec<HashMap<Val, usize>> = vec![HashMap::default(); m];
         let mut links: Vec<Link> = vec![Link::default(); m];
         for &(pe, v, prio) in preloaded {
             avail[pe as usize].insert(v, 0);
-            let hops = self.reach.get(&v).copied().unwrap_or(0);
-            if hops > 0 {
-                links[pe as usize].push(Pending {
-                    val: v,
-                    hops,
-                    prio,
-                    acc_at: None,
-                });
-            }
+            self.forward(v, prio, &mut links[pe as usize]);
         }
         let mut state: Vec<ChainState> = self
             .chains
@@ -1169,15 +1174,7 @@ impl Sim<'_> {
                 };
                 b.work(pe as u32, t, 2, Work::Div { num, den, out });
                 avail.insert(out, t + 1);
-                let hops = self.reach.get(&out).copied().unwrap_or(0);
-                if hops > 0 {
-                    link.push(Pending {
-                        val: out,
-                        hops,
-                        prio: task.prio,
-                        acc_at: None,
-                    });
-                }
+                self.forward(out, task.prio, link);
             }
             TaskKind::Term { chain, x, y, e, .. } => {
                 let (Some(xv), acc) = (val(x, state), state[chain].partial) else {
@@ -1209,15 +1206,7 @@ impl Sim<'_> {
                         };
                         avail.insert(e, t + 1);
                         // An exponential divided on a later PE goes there.
-                        let hops = self.reach.get(&e).copied().unwrap_or(0);
-                        if hops > 0 {
-                            link.push(Pending {
-                                val: e,
-                                hops,
-                                prio: task.prio,
-                                acc_at: None,
-                            });
-                        }
+                        self.forward(e, task.prio, link);
                         let bias = bias.and_then(|mx| state[mx].result);
                         let w = Work::Exp {
                             x: xv,
