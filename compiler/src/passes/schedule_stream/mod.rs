@@ -33,6 +33,8 @@ use isa::{
 
 use crate::problem::Problem;
 
+mod lagged;
+
 pub const NAME: &str = "schedule-stream";
 pub const DESCRIPTION: &str =
     "ring-attention stream schedule as loop programs (k/v blocks rotate, streamed softmax)";
@@ -554,12 +556,83 @@ impl Ctx<'_> {
     }
 }
 
+/// How far a causal safe layer's values may trail its keys ([`lagged`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Lag {
+    /// The largest lag whose working set fits `limit` words per PE (by default the PE's share
+    /// of inputs and outputs plus 5 % and 4096 words); none if no lag fits.
+    Fit(Option<u32>),
+    /// Exactly `g` ring steps: an even divisor of the ring.
+    Steps(u32),
+    /// Values with their keys: every step rescales.
+    Off,
+}
+
 /// Builds the stream schedule; `safe` subtracts a running row maximum
 /// (online softmax with rescaling) instead of exponentiating raw scores.
 pub fn run(p: &Problem, pes: u32, safe: bool) -> Result<Stream, String> {
+    run_with(p, pes, safe, Lag::Fit(None))
+}
+
+/// Words per PE the stream may use without a `--mem` limit: its share of the layer's inputs
+/// and outputs, 5 % more, and 4096 words of working set.
+pub fn allowance(p: &Problem, pes: u32) -> u64 {
+    let tensors: u64 = if p.symmetric { 2 } else { 4 };
+    let share = tensors * u64::from(p.heads) * u64::from(p.tokens) / u64::from(pes)
+        * u64::from(p.dim);
+    share + share / 20 + 4096
+}
+
+/// The lagged programs, if `lag` asks for them and they apply.
+fn lagged_programs(
+    p: &Problem,
+    pes: u32,
+    safe: bool,
+    lag: Lag,
+) -> Result<Option<Vec<LoopProgram>>, String> {
+    if !(p.causal && !p.symmetric && safe && pes >= 2) {
+        return match lag {
+            Lag::Steps(g) => Err(format!(
+                "{NAME}: a lag of {g} steps applies to causal layers with separate q/k/v and safe softmax on 2 or more PEs"
+            )),
+            _ => Ok(None),
+        };
+    }
+    let build = |g: u32| -> Option<Vec<LoopProgram>> {
+        let map = lagged::LMap::new(p, pes, g)?;
+        (0..pes)
+            .map(|pe| lagged::program(&map, pe, pes, p.heads, p.scale as f32))
+            .collect()
+    };
+    match lag {
+        Lag::Off => Ok(None),
+        Lag::Steps(g) => {
+            if g < 2 || !g.is_multiple_of(2) || !pes.is_multiple_of(g) {
+                return Err(format!(
+                    "{NAME}: a lag must be an even divisor of the ring's {pes} PEs ({g} is not)"
+                ));
+            }
+            build(g).map(Some).ok_or_else(|| {
+                format!("{NAME}: a lag of {g} steps does not fit this layer's rows or addresses")
+            })
+        }
+        Lag::Fit(limit) => {
+            let budget = limit.map_or_else(|| allowance(p, pes), u64::from);
+            Ok(lagged::lags(pes)
+                .filter(|&g| {
+                    lagged::LMap::new(p, pes, g).is_some_and(|m| u64::from(m.words) <= budget)
+                })
+                .find_map(build))
+        }
+    }
+}
+
+/// [`run`] with the lag chosen by `lag`.
+pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, pes) {
         return Err(why);
     }
+    let lagged = lagged_programs(p, pes, safe, lag)?;
     let (n, d, heads, m) = (p.tokens, p.dim, p.heads, pes);
     let shared = p.symmetric;
     let causal = p.causal;
@@ -610,9 +683,11 @@ pub fn run(p: &Problem, pes: u32, safe: bool) -> Result<Stream, String> {
         words: if safe { f + 1 } else { l + rows },
     };
     let scale = p.scale as f32;
-    let programs = (0..m)
-        .map(|pe| program(&map, pe, m, heads, causal, scale, safe))
-        .collect::<Vec<_>>();
+    let programs = lagged.unwrap_or_else(|| {
+        (0..m)
+            .map(|pe| program(&map, pe, m, heads, causal, scale, safe))
+            .collect()
+    });
     // Static: every PE's length follows from its loops; they are equal by
     // construction, which the tests check.
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);

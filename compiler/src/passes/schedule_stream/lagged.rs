@@ -1,0 +1,785 @@
+//! The causal stream with values trailing keys by `g` ring steps (separate q/k/v, safe softmax).
+//!
+//! The plain causal stream rescales every row's `l` and `y` in every ring step: `d + 3`
+//! operations per row and step, about `1/(2C)` of the work with `C = n/2m`. Here the k blocks
+//! and the v blocks rotate as two rings, the v ring `g` steps behind. A step's scores go to a
+//! ring of `2g` score slots; the row maxima of a group of `g` steps are complete before the
+//! first of its exponentials is taken, so `l` and `y` are rescaled once per group instead of
+//! once per step. Step by step, every PE does the same: its k work for step `t` (scores and
+//! running maxima) and its v work for step `t − g` (exponentials, `l`, `y`), so the PEs stay in
+//! lockstep without padding; the first `g` steps of a head have no v work and the last `g` no k
+//! work, which only shortens them.
+//!
+//! Group `j` holds steps `jg .. jg + g`; its maxima go to max slot `j mod 2`. It opens by copying
+//! the maxima of the rows with scores still to come from the other slot (`max(a, a)`, so all of
+//! its maxima read and write one slot) and, from group 2 on, by rescaling the rows of group `j − 1` before that group's v work
+//! starts (old maximum in slot `j mod 2`, new in the other: the rescale runs before the copy
+//! overwrites the old one). Rows with no score in a group (the early chunk's rows once the
+//! blocks are later than them) keep their maximum and are not rescaled; the rows that are take
+//! their place in time as no-ops, so every PE's group costs the same.
+//!
+//! Memory: the own k/v region feeds only step 0; two fixed block buffers take the odd and the
+//! even steps (k rows then v rows), step 0's triangle has a score area of its own, and the score
+//! ring takes `2g · 2C²` words. `g` is the largest even divisor of `m` whose working set fits
+//! the allowance.
+
+use super::*;
+
+/// Memory map of one PE (the same on every PE).
+pub(super) struct LMap {
+    d: u32,
+    /// Tokens per chunk; a PE owns two chunks.
+    c: u32,
+    rows: u32,
+    hd: u32,
+    q: u32,
+    kv: u32,
+    block: u32,
+    y: u32,
+    /// Block buffers: `[0]` for even steps from 2 on, `[1]` for odd steps; k rows, then v rows.
+    buf: [u32; 2],
+    /// Step 0's scores, row `r` at `tri + r·rows`.
+    tri: u32,
+    /// The score ring: slot `s mod 2g` holds step `s`'s scores.
+    sc: u32,
+    /// Words of one slot (`2C²`).
+    slot: u32,
+    pub(super) g: u32,
+    l: u32,
+    mx: u32,
+    f: u32,
+    pub(super) words: u32,
+}
+
+impl LMap {
+    /// The map for lag `g`, or `None` if it does not fit in 32-bit addresses.
+    pub(super) fn new(p: &Problem, pes: u32, g: u32) -> Option<LMap> {
+        let (n, d, heads) = (u64::from(p.tokens), u64::from(p.dim), u64::from(p.heads));
+        let rows = n / u64::from(pes);
+        let c = rows / 2;
+        let hd = rows * d;
+        let block = 2 * hd;
+        let slot = 2 * c * c;
+        let kv = heads * hd;
+        let y = kv + heads * block;
+        let buf0 = y + heads * hd;
+        let buf1 = buf0 + block;
+        let tri = buf1 + block;
+        let sc = tri + rows * rows;
+        let l = sc + 2 * u64::from(g) * slot;
+        let mx = l + rows;
+        let f = mx + 2 * rows;
+        let words = f + 1;
+        let w = |x: u64| u32::try_from(x).ok();
+        Some(LMap {
+            d: w(d)?,
+            c: w(c)?,
+            rows: w(rows)?,
+            hd: w(hd)?,
+            q: 0,
+            kv: w(kv)?,
+            block: w(block)?,
+            y: w(y)?,
+            buf: [w(buf0)?, w(buf1)?],
+            tri: w(tri)?,
+            sc: w(sc)?,
+            slot: w(slot)?,
+            g,
+            l: w(l)?,
+            mx: w(mx)?,
+            f: w(f)?,
+            words: w(words)?,
+        })
+    }
+}
+
+/// The lags worth trying on `pes` PEs, largest first: even divisors of the ring.
+pub(super) fn lags(pes: u32) -> impl Iterator<Item = u32> {
+    (2..=pes)
+        .rev()
+        .filter(move |g| g % 2 == 0 && pes.is_multiple_of(*g))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// Step 0: the PE's own rows against its own keys, a triangle.
+    Tri,
+    /// A block earlier than both own chunks: all rows against its first chunk.
+    A,
+    /// A block between the own chunks: the late chunk's rows against both of its chunks.
+    B,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fwd {
+    None,
+    /// The whole k (or v) half of the block.
+    Full,
+    /// Only the first chunk: the hop carrying PE 0's block, whose late chunk nobody further on
+    /// reads.
+    Trim,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Pat {
+    kind: Kind,
+    fwd: Fwd,
+}
+
+/// A run of consecutive steps of a group with the same k and v work.
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct Seg {
+    /// Offset of the first step in the group.
+    i0: u32,
+    count: u32,
+    k: Option<Pat>,
+    v: Option<Pat>,
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct Group {
+    /// Rescale the previous group's rows from this local row on (0, or `C` when the early
+    /// chunk's rows had no score in it).
+    rescale: Option<u32>,
+    /// Copy the maxima into this group's slot from this local row on (the early chunk's rows
+    /// only while they still have scores to come).
+    copy: Option<u32>,
+    segs: Vec<Seg>,
+}
+
+struct LCtx<'a> {
+    map: &'a LMap,
+    scale: f32,
+    pe: u32,
+    m: u32,
+}
+
+/// What [`LCtx::kwork`] computes: `rows` rows from local row `r0` against `keys` keys of the k
+/// rows at `kb`, scores of row `r0 + i` at `sc + i·stride`, running maxima at `mx + row`.
+struct KW {
+    r0: u32,
+    rows: u32,
+    keys: u32,
+    kb: Ad,
+    sc: Ad,
+    stride: i64,
+    mx: Ad,
+    /// Step 0: each row's first maximum takes two scores (or copies its only one).
+    first: bool,
+    /// Row `r0 + i` sees `keys + i` keys (stepped loops).
+    tri: bool,
+    /// Words of the block forwarded on the score loops (from their first iterations), and
+    /// where.
+    send: Option<(Ad, Ad, u32)>,
+}
+
+/// What [`LCtx::vwork`] computes: the exponentials of the scores [`KW`] left, summed into `l`,
+/// and their weighted values of the v rows at `vb` summed into `y`.
+struct VW {
+    r0: u32,
+    rows: u32,
+    keys: u32,
+    vb: Ad,
+    sc: Ad,
+    stride: i64,
+    mx: Ad,
+    /// Step 0: the first key of each row starts `l` and `y`.
+    first: bool,
+    tri: bool,
+    send: Option<(Ad, Ad, u32)>,
+}
+
+impl LCtx<'_> {
+    /// Loops over `keys − less` keys at `level`, stepped by the row loop at `lr` in a triangle.
+    fn klp(tri: bool, keys: u32, less: u32, lr: u8, body: Vec<Node>) -> Vec<Node> {
+        let count = keys - less;
+        if tri && count > 0 {
+            vec![Node::Loop(Loop {
+                count,
+                step: Some(CountStep { level: lr, per: 1 }),
+                body,
+            })]
+        } else {
+            lp(count, body)
+        }
+    }
+
+    fn kwork(&self, w: &KW, lr: u8) -> Vec<Node> {
+        let m = self.map;
+        let d = i64::from(m.d);
+        let (lb, lc) = (lr + 1, lr + 2);
+        let q = ad(m.q)
+            .t(0, i64::from(m.hd))
+            .plus(i64::from(w.r0) * d)
+            .t(lr, d);
+        let s = w.sc.clone().t(lr, w.stride);
+        let key_words = i64::from(w.keys) * d;
+        // Iteration (row a, key b, column c) of the score loops forwards word
+        // `(a − r0)·keys·d + b·d + c`; in a triangle rows differ in length, so each row forwards
+        // the same number of words from its first keys.
+        let send_at = |c0: i64, col: Option<u8>| {
+            w.send.as_ref().map(|(src, dst, words)| {
+                let per_row = if w.tri { i64::from(*words) } else { key_words };
+                let at = |a: &Ad| {
+                    let mut x = a.clone().plus(c0).t(lr, per_row).t(lb, d);
+                    if let Some(cl) = col {
+                        x = x.t(cl, 1);
+                    }
+                    x
+                };
+                let mut preds = Vec::new();
+                if w.tri {
+                    preds.push(Pred {
+                        slot: Slot::Xfer,
+                        level: lb,
+                        cmp: Cmp::Lt,
+                        value: words / m.d,
+                    });
+                } else {
+                    let full = u32::try_from(i64::from(*words) / key_words).unwrap_or(u32::MAX);
+                    let rem = i64::from(*words) % key_words;
+                    let rows_used = full.saturating_add(u32::from(rem > 0));
+                    if rows_used < w.rows {
+                        preds.push(Pred {
+                            slot: Slot::Xfer,
+                            level: lr,
+                            cmp: Cmp::Lt,
+                            value: rows_used,
+                        });
+                    }
+                    if rem > 0 {
+                        // Predicates are conjunctions: a cut inside a row is only expressible
+                        // in a one-row work, and every caller cuts only those.
+                        debug_assert_eq!(full, 0, "partial send in a row loop");
+                        preds.push(Pred {
+                            slot: Slot::Xfer,
+                            level: lb,
+                            cmp: Cmp::Lt,
+                            value: (rem / d) as u32,
+                        });
+                    }
+                }
+                Send {
+                    src: at(src),
+                    dst: at(dst),
+                    preds,
+                }
+            })
+        };
+        let k_at = |c0: i64, col: bool| {
+            let a = w.kb.clone().plus(c0).t(lb, d);
+            if col {
+                a.t(lc, 1)
+            } else {
+                a
+            }
+        };
+        let mut score = vec![B::new()
+            .mul(q.clone(), k_at(0, false), None)
+            .add(None, s.clone().t(lb, 1))
+            .send(send_at(0, None).as_ref())
+            .build()];
+        score.extend(lp(
+            m.d - 1,
+            vec![B::new()
+                .mul(q.clone().plus(1).t(lc, 1), k_at(1, true), None)
+                .add(Some(s.clone().t(lb, 1)), s.clone().t(lb, 1))
+                .send(send_at(1, Some(lc)).as_ref())
+                .build()],
+        ));
+        let mut body = Self::klp(w.tri, w.keys, 0, lr, score);
+        let mx = w.mx.clone().plus(i64::from(w.r0)).t(lr, 1);
+        let e = |off: i64| s.clone().plus(off).t(lb, 1);
+        if w.first {
+            if w.keys >= 2 {
+                body.push(
+                    B::new()
+                        .max(s.clone(), s.clone().plus(1), mx.clone())
+                        .build(),
+                );
+                body.extend(Self::klp(
+                    w.tri,
+                    w.keys,
+                    2,
+                    lr,
+                    vec![B::new().max(mx.clone(), e(2), mx.clone()).build()],
+                ));
+            } else {
+                body.push(B::new().max(s.clone(), s.clone(), mx.clone()).build());
+            }
+        } else {
+            body.extend(Self::klp(
+                w.tri,
+                w.keys,
+                0,
+                lr,
+                vec![B::new().max(mx.clone(), e(0), mx.clone()).build()],
+            ));
+        }
+        lp(w.rows, body)
+    }
+
+    fn vwork(&self, w: &VW, lr: u8) -> Vec<Node> {
+        let m = self.map;
+        let d = i64::from(m.d);
+        let (lb, lk) = (lr + 1, lr + 2);
+        let s = w.sc.clone().t(lr, w.stride);
+        let mx = w.mx.clone().plus(i64::from(w.r0)).t(lr, 1);
+        let l = ad(m.l).plus(i64::from(w.r0)).t(lr, 1);
+        let y = ad(m.y)
+            .t(0, i64::from(m.hd))
+            .plus(i64::from(w.r0) * d)
+            .t(lr, d);
+        let ex = |x: Ad| B::new().expd(x.clone(), mx.clone(), self.scale, x);
+        let mut body = Vec::new();
+        if w.first {
+            body.push(ex(s.clone()).add(None, l.clone()).build());
+            body.extend(Self::klp(
+                w.tri,
+                w.keys,
+                1,
+                lr,
+                vec![ex(s.clone().plus(1).t(lb, 1))
+                    .add(Some(l.clone()), l.clone())
+                    .build()],
+            ));
+        } else {
+            body.extend(Self::klp(
+                w.tri,
+                w.keys,
+                0,
+                lr,
+                vec![ex(s.clone().t(lb, 1))
+                    .add(Some(l.clone()), l.clone())
+                    .build()],
+            ));
+        }
+        // Columns outside, keys inside, so each y word is one running sum. Iteration (row a,
+        // column c, key b) forwards word `(a − r0)·keys·d + c·keys + b` of the v rows: any
+        // bijection will do, source and destination offsets being the same.
+        let kd = i64::from(w.keys) * d;
+        let send = w.send.as_ref().map(|(src, dst, words)| {
+            let at = |a: &Ad| {
+                a.clone()
+                    .t(lr, kd)
+                    .t(lb, i64::from(w.keys))
+                    .t(lk, 1)
+            };
+            let full = u32::try_from(i64::from(*words) / kd).unwrap_or(u32::MAX);
+            debug_assert_eq!(i64::from(*words) % kd, 0, "whole rows only");
+            Send {
+                src: at(src),
+                dst: at(dst),
+                preds: (full < w.rows)
+                    .then_some(Pred {
+                        slot: Slot::Xfer,
+                        level: lr,
+                        cmp: Cmp::Lt,
+                        value: full,
+                    })
+                    .into_iter()
+                    .collect(),
+            }
+        });
+        let yc = y.t(lb, 1);
+        let vv = |off: i64| w.vb.clone().plus(off * d).t(lb, 1).t(lk, d);
+        let ee = |off: i64| s.clone().plus(off).t(lk, 1);
+        let mut pv = Vec::new();
+        if w.first {
+            pv.push(
+                B::new()
+                    .mul(s.clone(), w.vb.clone().t(lb, 1), None)
+                    .add(None, yc.clone())
+                    .build(),
+            );
+            pv.extend(Self::klp(
+                w.tri,
+                w.keys,
+                1,
+                lr,
+                vec![B::new()
+                    .mul(ee(1), vv(1), None)
+                    .add(Some(yc.clone()), yc.clone())
+                    .build()],
+            ));
+        } else {
+            pv.extend(lp(
+                w.keys,
+                vec![B::new()
+                    .mul(ee(0), vv(0), None)
+                    .add(Some(yc.clone()), yc.clone())
+                    .send(send.as_ref())
+                    .build()],
+            ));
+        }
+        body.extend(lp(m.d, pv));
+        lp(w.rows, body)
+    }
+
+    /// The own k rows' scores of step 0 (local row `r` sees keys `0..=r`), the own block (k and
+    /// v rows, `ranges` of it) forwarded to the next PE's odd buffer on the way; rows 0 and 1
+    /// alone, then per range a stepped loop whose every row forwards [`TRI_KEYS`] keys' worth,
+    /// a row for the remainder, and the rows left. `None` if the rows cannot carry the block.
+    fn tri_k(&self, ranges: &[(u32, u32)]) -> Option<Vec<Node>> {
+        let m = self.map;
+        let own = ad(m.kv).t(0, i64::from(m.block));
+        let per_row = TRI_KEYS * m.d;
+        let mut segments = Vec::new();
+        let mut row = 2;
+        for &(offset, len) in ranges {
+            let (full, rem) = (len / per_row, len % per_row);
+            for (count, words, skip) in [
+                (full, per_row, 0),
+                (u32::from(rem > 0), rem, full * per_row),
+            ] {
+                if count > 0 {
+                    let at = i64::from(offset + skip);
+                    segments.push((
+                        row,
+                        count,
+                        Some((own.clone().plus(at), ad(m.buf[1]).plus(at), words)),
+                    ));
+                    row += count;
+                }
+            }
+        }
+        let mut nodes = Vec::new();
+        if row > m.rows {
+            // Too few rows for equal pieces: each row carries as much of the pending ranges as
+            // its score loops allow, one contiguous piece per row.
+            let mut pending: std::collections::VecDeque<(u32, u32)> =
+                ranges.iter().copied().collect();
+            for r in 0..m.rows {
+                let room = (r + 1) * m.d;
+                let send = pending.pop_front().map(|(offset, len)| {
+                    let take = room.min(len);
+                    if take < len {
+                        pending.push_front((offset + take, len - take));
+                    }
+                    let at = i64::from(offset);
+                    (own.clone().plus(at), ad(m.buf[1]).plus(at), take)
+                });
+                nodes.extend(self.kwork(&self.tri_kw(r, 1, send, false), 1));
+            }
+            return pending.is_empty().then_some(nodes);
+        }
+        if row < m.rows {
+            segments.push((row, m.rows - row, None));
+        }
+        for r in 0..2 {
+            nodes.extend(self.kwork(&self.tri_kw(r, 1, None, false), 1));
+        }
+        for (r0, count, send) in segments {
+            nodes.extend(self.kwork(&self.tri_kw(r0, count, send, count > 1), 1));
+        }
+        Some(nodes)
+    }
+
+    /// Step 0's k work for `rows` rows from `r0`.
+    fn tri_kw(&self, r0: u32, rows: u32, send: Option<(Ad, Ad, u32)>, tri: bool) -> KW {
+        let m = self.map;
+        KW {
+            r0,
+            rows,
+            keys: r0 + 1,
+            kb: ad(m.kv).t(0, i64::from(m.block)),
+            sc: ad(m.tri + r0 * m.rows),
+            stride: i64::from(m.rows),
+            mx: ad(m.mx),
+            first: true,
+            tri,
+            send,
+        }
+    }
+
+    /// Step 0's exponentials and weighted values, on the own v rows.
+    fn tri_v(&self, lr: u8) -> Vec<Node> {
+        let m = self.map;
+        let own_v = ad(m.kv + m.hd).t(0, i64::from(m.block));
+        let vw = |r0: u32, rows: u32| VW {
+            r0,
+            rows,
+            keys: r0 + 1,
+            vb: own_v.clone(),
+            sc: ad(m.tri + r0 * m.rows),
+            stride: i64::from(m.rows),
+            mx: ad(m.mx),
+            first: true,
+            tri: rows > 1,
+            send: None,
+        };
+        let mut nodes = Vec::new();
+        for r in 0..2 {
+            nodes.extend(self.vwork(&vw(r, 1), lr));
+        }
+        nodes.extend(self.vwork(&vw(2, m.rows - 2), lr));
+        nodes
+    }
+
+    fn pat(&self, s: u32) -> Pat {
+        let kind = if s == 0 {
+            Kind::Tri
+        } else if s <= self.pe {
+            Kind::A
+        } else {
+            Kind::B
+        };
+        let fwd = if s + 1 >= self.m {
+            Fwd::None
+        } else if s == self.pe {
+            Fwd::Trim
+        } else {
+            Fwd::Full
+        };
+        Pat { kind, fwd }
+    }
+
+    /// Group `j`'s steps (`0..=m/g`; the last has only v work).
+    fn group(&self, j: u32) -> Group {
+        let g = self.map.g;
+        let groups = self.m / g;
+        let mut segs: Vec<Seg> = Vec::new();
+        for i in 0..g {
+            let s = j * g + i;
+            // Step 0's k work is the triangle, emitted before the groups.
+            let k = (s < self.m && s > 0).then(|| self.pat(s));
+            let v = (j >= 1).then(|| self.pat(s - g));
+            if k.is_none() && v.is_none() {
+                continue;
+            }
+            match segs.last_mut() {
+                Some(x) if x.k == k && x.v == v && x.i0 + x.count == i => x.count += 1,
+                _ => segs.push(Seg {
+                    i0: i,
+                    count: 1,
+                    k,
+                    v,
+                }),
+            }
+        }
+        Group {
+            rescale: (j >= 2).then(|| {
+                if (j - 1) * g <= self.pe {
+                    0
+                } else {
+                    self.map.c
+                }
+            }),
+            copy: (j >= 1 && j < groups).then(|| {
+                if j * g <= self.pe {
+                    0
+                } else {
+                    self.map.c
+                }
+            }),
+            segs,
+        }
+    }
+
+    /// An address alternating with the step's parity: `even` for even steps, `odd` for odd
+    /// ones, for a run of `count` steps from group offset `i0` (`g` is even, so a step's parity
+    /// is its offset's).
+    fn by_parity(even: u32, odd: u32, i0: u32, count: u32) -> Ad {
+        let (a, b) = if i0.is_multiple_of(2) {
+            (even, odd)
+        } else {
+            (odd, even)
+        };
+        let x = ad(a);
+        if count > 1 {
+            x.wrap(2, i64::from(b) - i64::from(a), 2)
+        } else {
+            x
+        }
+    }
+
+    /// `base + per·g·((j − back) mod 2)` for group `j = j0 + i_1` of a run of `run` groups from
+    /// `j0` (the loop at level 1), `back` at most 2: where group `j − back`'s half of a
+    /// two-group ring starts.
+    fn group_slot(base: u32, per: u32, g: u32, j0: u32, back: u32, run: u32) -> Ad {
+        let par = (j0 + 2 - back) % 2;
+        let x = ad(base + par * per * g);
+        let stride = i64::from(per) * i64::from(g);
+        if run > 1 {
+            x.wrap(1, if par == 0 { stride } else { -stride }, 2)
+        } else {
+            x
+        }
+    }
+
+    /// A run of `run` identical groups starting at group `j0`, as one loop at level 1.
+    fn groups(&self, j0: u32, run: u32, grp: &Group) -> Vec<Node> {
+        let m = self.map;
+        let (d, rows) = (m.d, m.rows);
+        // Max slot of group j − back.
+        let mslot = |back: u32| Self::group_slot(m.mx, rows, 1, j0, back, run);
+        let mut body = Vec::new();
+        if let Some(r0) = grp.rescale {
+            // Group j − 1's rows move from the maximum before it (slot j mod 2) to its own.
+            let old = mslot(2).plus(i64::from(r0)).t(2, 1);
+            let new = mslot(1).plus(i64::from(r0)).t(2, 1);
+            let f = ad(m.f);
+            let l = ad(m.l).plus(i64::from(r0)).t(2, 1);
+            let y = ad(m.y)
+                .t(0, i64::from(m.hd))
+                .plus(i64::from(r0 * d))
+                .t(2, i64::from(d))
+                .t(3, 1);
+            body.extend(lp(
+                rows - r0,
+                vec![
+                    B::new().expd(old, new, self.scale, f.clone()).build(),
+                    B::new().mul(l.clone(), f.clone(), Some(l)).build(),
+                    Node::Loop(Loop::new(
+                        d,
+                        vec![B::new().mul(y.clone(), f, Some(y)).build()],
+                    )),
+                ],
+            ));
+            // The rows without a score in that group take their time as no-ops, so that every
+            // PE's group is as long.
+            body.extend(lp(r0 * (d + 2), vec![B::new().build()]));
+        }
+        if let Some(r0) = grp.copy {
+            let at = |back| mslot(back).plus(i64::from(r0)).t(2, 1);
+            body.extend(lp(
+                rows - r0,
+                vec![B::new().max(at(1), at(1), at(0)).build()],
+            ));
+            body.extend(lp(r0, vec![B::new().build()]));
+        }
+        let c = m.c;
+        for seg in &grp.segs {
+            let mut inner = Vec::new();
+            // Score slot of the step at group offset i0 + i_2 of group j − back.
+            let slot = |back: u32| {
+                let x = Self::group_slot(m.sc, m.slot, m.g, j0, back, run)
+                    .plus(i64::from(seg.i0) * i64::from(m.slot));
+                if seg.count > 1 {
+                    x.t(2, i64::from(m.slot))
+                } else {
+                    x
+                }
+            };
+            let words = |f: Fwd| match f {
+                Fwd::None => None,
+                Fwd::Full => Some(m.hd),
+                Fwd::Trim => Some(c * d),
+            };
+            if let Some(k) = seg.k {
+                let kb = Self::by_parity(m.buf[0], m.buf[1], seg.i0, seg.count);
+                let dst = Self::by_parity(m.buf[1], m.buf[0], seg.i0, seg.count);
+                let (r0, rows_, keys) = match k.kind {
+                    Kind::A => (0, rows, c),
+                    _ => (c, c, 2 * c),
+                };
+                inner.extend(self.kwork(
+                    &KW {
+                        r0,
+                        rows: rows_,
+                        keys,
+                        kb: kb.clone(),
+                        sc: slot(0),
+                        stride: i64::from(keys),
+                        mx: mslot(0),
+                        first: false,
+                        tri: false,
+                        send: words(k.fwd).map(|w| (kb, dst, w)),
+                    },
+                    3,
+                ));
+            }
+            if let Some(v) = seg.v {
+                if v.kind == Kind::Tri {
+                    inner.extend(self.tri_v(3));
+                } else {
+                    let vb = Self::by_parity(m.buf[0] + m.hd, m.buf[1] + m.hd, seg.i0, seg.count);
+                    let dst =
+                        Self::by_parity(m.buf[1] + m.hd, m.buf[0] + m.hd, seg.i0, seg.count);
+                    let (r0, rows_, keys) = match v.kind {
+                        Kind::A => (0, rows, c),
+                        _ => (c, c, 2 * c),
+                    };
+                    inner.extend(self.vwork(
+                        &VW {
+                            r0,
+                            rows: rows_,
+                            keys,
+                            vb: vb.clone(),
+                            sc: slot(1),
+                            stride: i64::from(keys),
+                            mx: mslot(1),
+                            first: false,
+                            tri: false,
+                            send: words(v.fwd).map(|w| (vb, dst, w)),
+                        },
+                        3,
+                    ));
+                }
+            }
+            body.extend(lp(seg.count, inner));
+        }
+        lp(run, body)
+    }
+}
+
+/// PE `pe`'s program, or `None` if its rows cannot carry step 0's forwarding.
+pub(super) fn program(
+    map: &LMap,
+    pe: u32,
+    m: u32,
+    heads: u32,
+    scale: f32,
+) -> Option<LoopProgram> {
+    let ctx = LCtx {
+        map,
+        scale,
+        pe,
+        m,
+    };
+    let (c, d) = (map.c, map.d);
+    let cd = c * d;
+    // Step 0 forwards the own block; PE 0's last hop (its block's late chunk is read by nobody
+    // after it) only the first chunk of its k and v rows.
+    let ranges = if m < 2 {
+        Vec::new()
+    } else if pe + 1 < m && pe == 0 {
+        vec![(0, cd), (map.hd, cd)]
+    } else {
+        vec![(0, map.block)]
+    };
+    let mut head = ctx.tri_k(&ranges)?;
+    let groups = m / map.g;
+    let mut j = 0;
+    while j <= groups {
+        let grp = ctx.group(j);
+        let mut run = 1;
+        while j + run <= groups && ctx.group(j + run) == grp {
+            run += 1;
+        }
+        head.extend(ctx.groups(j, run, &grp));
+        j += run;
+    }
+    // Deferred normalisation.
+    let rows = map.rows;
+    let di = i64::from(d);
+    head.extend(lp(
+        rows,
+        lp(
+            d,
+            vec![B::new()
+                .div(
+                    ad(map.y).t(0, i64::from(rows) * di).t(1, di).t(2, 1),
+                    ad(map.l).t(1, 1),
+                    ad(map.y).t(0, i64::from(rows) * di).t(1, di).t(2, 1),
+                )
+                .build()],
+        ),
+    ));
+    Some(LoopProgram {
+        pe,
+        pes: m,
+        mem_words: map.words,
+        body: lp(heads, head),
+    })
+}
