@@ -312,7 +312,7 @@ fn compile_stream(
     mut timings: Vec<(String, f64)>,
 ) -> Result<Compiled, CompileError> {
     let clock = std::time::Instant::now();
-    let built = stream::build(problem, opts.pes).map_err(|mut r| {
+    let built = stream::build(problem, opts.pes, opts.mem_limit).map_err(|mut r| {
         if too_big && opts.schedule == Choice::Auto {
             r.message = format!(
                 "this layer needs {} operations, more than the {MAX_OPS} attnc unrolls, and the stream schedule (loop programs, any size) does not apply: {}",

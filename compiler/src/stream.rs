@@ -12,9 +12,11 @@ use crate::{CompileError, Internal};
 use runtime::layer::Normalisation;
 use std::collections::BTreeMap;
 
-/// What building the stream schedule produced, or why it does not apply.
-pub fn build(problem: &Problem, pes: u32) -> Result<Stream, Refusal> {
-    schedule_stream::run(problem, pes, problem.safe()).map_err(|why| {
+/// What building the stream schedule produced, or why it does not apply; a lagged causal
+/// layer's working set stays within `mem_limit` words per PE (or the default allowance).
+pub fn build(problem: &Problem, pes: u32, mem_limit: Option<u32>) -> Result<Stream, Refusal> {
+    let lag = schedule_stream::Lag::Fit(mem_limit);
+    schedule_stream::run_with(problem, pes, problem.safe(), lag).map_err(|why| {
         let culprit = if problem.symmetric != problem.shared_values {
             Culprit::Qkv
         } else {

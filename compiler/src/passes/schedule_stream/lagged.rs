@@ -5,10 +5,10 @@
 //! and the v blocks rotate as two rings, the v ring `g` steps behind. A step's scores go to a
 //! ring of `2g` score slots; the row maxima of a group of `g` steps are complete before the
 //! first of its exponentials is taken, so `l` and `y` are rescaled once per group instead of
-//! once per step. Step by step, every PE does the same: its k work for step `t` (scores and
-//! running maxima) and its v work for step `t − g` (exponentials, `l`, `y`), so the PEs stay in
-//! lockstep without padding; the first `g` steps of a head have no v work and the last `g` no k
-//! work, which only shortens them.
+//! once per step. Group by group, every PE does the same: the k work of the group's `g` steps
+//! (scores and running maxima), then the v work of the previous group's (exponentials, `l`,
+//! `y`), so the PEs stay in lockstep; the first group of a head has no v work and the last no
+//! k work, which only shortens them.
 //!
 //! Group `j` holds steps `jg .. jg + g`; its maxima go to max slot `j mod 2`. It opens by copying
 //! the maxima of the rows with scores still to come from the other slot (`max(a, a)`, so all of
@@ -126,14 +126,16 @@ struct Pat {
     fwd: Fwd,
 }
 
-/// A run of consecutive steps of a group with the same k and v work.
+/// A run of consecutive steps of a group with the same k (or v) work.
 #[derive(Clone, PartialEq, Eq, Debug)]
 struct Seg {
     /// Offset of the first step in the group.
     i0: u32,
     count: u32,
-    k: Option<Pat>,
-    v: Option<Pat>,
+    pat: Pat,
+    /// The run ends with the ring's last step, which forwards nothing: a predicate on the
+    /// step loop rather than a run of its own.
+    silent_last: bool,
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -144,7 +146,35 @@ struct Group {
     /// Copy the maxima into this group's slot from this local row on (the early chunk's rows
     /// only while they still have scores to come).
     copy: Option<u32>,
-    segs: Vec<Seg>,
+    /// The group's own steps' k work, then the previous group's steps' v work: each ring
+    /// runs its `g` steps back to back, which it may, since a block is forwarded during the
+    /// step that reads it and only the next step on the next PE reads it there.
+    k: Vec<Seg>,
+    v: Vec<Seg>,
+}
+
+/// Appends step offset `i` of pattern `pat` to `segs`, merging it into the last run where the
+/// same loop body serves.
+fn push_step(segs: &mut Vec<Seg>, i: u32, pat: Pat) {
+    if let Some(x) = segs.last_mut() {
+        if x.i0 + x.count == i && !x.silent_last {
+            if x.pat == pat {
+                x.count += 1;
+                return;
+            }
+            if pat.fwd == Fwd::None && x.pat.kind == pat.kind && x.pat.fwd == Fwd::Full {
+                x.count += 1;
+                x.silent_last = true;
+                return;
+            }
+        }
+    }
+    segs.push(Seg {
+        i0: i,
+        count: 1,
+        pat,
+        silent_last: false,
+    });
 }
 
 struct LCtx<'a> {
@@ -508,11 +538,9 @@ impl LCtx<'_> {
             tri: rows > 1,
             send: None,
         };
-        let mut nodes = Vec::new();
-        for r in 0..2 {
-            nodes.extend(self.vwork(&vw(r, 1), lr));
-        }
-        nodes.extend(self.vwork(&vw(2, m.rows - 2), lr));
+        // Row 0 alone: a stepped loop over the keys after the first needs one.
+        let mut nodes = self.vwork(&vw(0, 1), lr);
+        nodes.extend(self.vwork(&vw(1, m.rows - 1), lr));
         nodes
     }
 
@@ -538,41 +566,23 @@ impl LCtx<'_> {
     fn group(&self, j: u32) -> Group {
         let g = self.map.g;
         let groups = self.m / g;
-        let mut segs: Vec<Seg> = Vec::new();
+        let (mut k, mut v) = (Vec::new(), Vec::new());
         for i in 0..g {
             let s = j * g + i;
             // Step 0's k work is the triangle, emitted before the groups.
-            let k = (s < self.m && s > 0).then(|| self.pat(s));
-            let v = (j >= 1).then(|| self.pat(s - g));
-            if k.is_none() && v.is_none() {
-                continue;
+            if s < self.m && s > 0 {
+                push_step(&mut k, i, self.pat(s));
             }
-            match segs.last_mut() {
-                Some(x) if x.k == k && x.v == v && x.i0 + x.count == i => x.count += 1,
-                _ => segs.push(Seg {
-                    i0: i,
-                    count: 1,
-                    k,
-                    v,
-                }),
+            if j >= 1 {
+                push_step(&mut v, i, self.pat(s - g));
             }
         }
+        let from = |group: u32| if group * g <= self.pe { 0 } else { self.map.c };
         Group {
-            rescale: (j >= 2).then(|| {
-                if (j - 1) * g <= self.pe {
-                    0
-                } else {
-                    self.map.c
-                }
-            }),
-            copy: (j >= 1 && j < groups).then(|| {
-                if j * g <= self.pe {
-                    0
-                } else {
-                    self.map.c
-                }
-            }),
-            segs,
+            rescale: (j >= 2).then(|| from(j - 1)),
+            copy: (j >= 1 && j < groups).then(|| from(j)),
+            k,
+            v,
         }
     }
 
@@ -614,6 +624,9 @@ impl LCtx<'_> {
         // Max slot of group j − back.
         let mslot = |back: u32| Self::group_slot(m.mx, rows, 1, j0, back, run);
         let mut body = Vec::new();
+        // Rows without a score in the group take their time as no-ops, so that every PE's
+        // group is as long.
+        let mut idle = 0;
         if let Some(r0) = grp.rescale {
             // Group j − 1's rows move from the maximum before it (slot j mod 2) to its own.
             let old = mslot(2).plus(i64::from(r0)).t(2, 1);
@@ -636,9 +649,7 @@ impl LCtx<'_> {
                     )),
                 ],
             ));
-            // The rows without a score in that group take their time as no-ops, so that every
-            // PE's group is as long.
-            body.extend(lp(r0 * (d + 2), vec![B::new().build()]));
+            idle += r0 * (d + 2);
         }
         if let Some(r0) = grp.copy {
             let at = |back| mslot(back).plus(i64::from(r0)).t(2, 1);
@@ -646,78 +657,89 @@ impl LCtx<'_> {
                 rows - r0,
                 vec![B::new().max(at(1), at(1), at(0)).build()],
             ));
-            body.extend(lp(r0, vec![B::new().build()]));
+            idle += r0;
         }
+        body.extend(lp(idle, vec![B::new().build()]));
         let c = m.c;
-        for seg in &grp.segs {
-            let mut inner = Vec::new();
-            // Score slot of the step at group offset i0 + i_2 of group j − back.
-            let slot = |back: u32| {
-                let x = Self::group_slot(m.sc, m.slot, m.g, j0, back, run)
-                    .plus(i64::from(seg.i0) * i64::from(m.slot));
-                if seg.count > 1 {
-                    x.t(2, i64::from(m.slot))
-                } else {
-                    x
-                }
-            };
-            let words = |f: Fwd| match f {
-                Fwd::None => None,
-                Fwd::Full => Some(m.hd),
-                Fwd::Trim => Some(c * d),
-            };
-            if let Some(k) = seg.k {
-                let kb = Self::by_parity(m.buf[0], m.buf[1], seg.i0, seg.count);
-                let dst = Self::by_parity(m.buf[1], m.buf[0], seg.i0, seg.count);
-                let (r0, rows_, keys) = match k.kind {
-                    Kind::A => (0, rows, c),
-                    _ => (c, c, 2 * c),
-                };
-                inner.extend(self.kwork(
-                    &KW {
-                        r0,
-                        rows: rows_,
-                        keys,
-                        kb: kb.clone(),
-                        sc: slot(0),
-                        stride: i64::from(keys),
-                        mx: mslot(0),
-                        first: false,
-                        tri: false,
-                        send: words(k.fwd).map(|w| (kb, dst, w)),
-                    },
-                    3,
-                ));
+        let words = |f: Fwd| match f {
+            Fwd::None => None,
+            Fwd::Full => Some(m.hd),
+            Fwd::Trim => Some(c * d),
+        };
+        // Rows, keys and score stride of a pattern's work.
+        let shape = |kind: Kind| match kind {
+            Kind::A => (0, rows, c),
+            _ => (c, c, 2 * c),
+        };
+        // Score slot of the step at group offset i0 + i_2 of group j − back.
+        let slot = |seg: &Seg, back: u32| {
+            let x = Self::group_slot(m.sc, m.slot, m.g, j0, back, run)
+                .plus(i64::from(seg.i0) * i64::from(m.slot));
+            if seg.count > 1 {
+                x.t(2, i64::from(m.slot))
+            } else {
+                x
             }
-            if let Some(v) = seg.v {
-                if v.kind == Kind::Tri {
-                    inner.extend(self.tri_v(3));
-                } else {
-                    let vb = Self::by_parity(m.buf[0] + m.hd, m.buf[1] + m.hd, seg.i0, seg.count);
-                    let dst =
-                        Self::by_parity(m.buf[1] + m.hd, m.buf[0] + m.hd, seg.i0, seg.count);
-                    let (r0, rows_, keys) = match v.kind {
-                        Kind::A => (0, rows, c),
-                        _ => (c, c, 2 * c),
-                    };
-                    inner.extend(self.vwork(
-                        &VW {
-                            r0,
-                            rows: rows_,
-                            keys,
-                            vb: vb.clone(),
-                            sc: slot(1),
-                            stride: i64::from(keys),
-                            mx: mslot(1),
-                            first: false,
-                            tri: false,
-                            send: words(v.fwd).map(|w| (vb, dst, w)),
-                        },
-                        3,
-                    ));
-                }
+        };
+        let silence = |seg: &Seg, mut nodes: Vec<Node>| {
+            if seg.silent_last {
+                add_xfer_preds(
+                    &mut nodes,
+                    &[Pred {
+                        slot: Slot::Xfer,
+                        level: 2,
+                        cmp: Cmp::Lt,
+                        value: seg.count - 1,
+                    }],
+                );
             }
-            body.extend(lp(seg.count, inner));
+            lp(seg.count, nodes)
+        };
+        for seg in &grp.k {
+            let kb = Self::by_parity(m.buf[0], m.buf[1], seg.i0, seg.count);
+            let dst = Self::by_parity(m.buf[1], m.buf[0], seg.i0, seg.count);
+            let (r0, n_rows, keys) = shape(seg.pat.kind);
+            let nodes = self.kwork(
+                &KW {
+                    r0,
+                    rows: n_rows,
+                    keys,
+                    kb: kb.clone(),
+                    sc: slot(seg, 0),
+                    stride: i64::from(keys),
+                    mx: mslot(0),
+                    first: false,
+                    tri: false,
+                    send: words(seg.pat.fwd).map(|w| (kb, dst, w)),
+                },
+                3,
+            );
+            body.extend(silence(seg, nodes));
+        }
+        for seg in &grp.v {
+            if seg.pat.kind == Kind::Tri {
+                body.extend(lp(seg.count, self.tri_v(3)));
+                continue;
+            }
+            let vb = Self::by_parity(m.buf[0] + m.hd, m.buf[1] + m.hd, seg.i0, seg.count);
+            let dst = Self::by_parity(m.buf[1] + m.hd, m.buf[0] + m.hd, seg.i0, seg.count);
+            let (r0, n_rows, keys) = shape(seg.pat.kind);
+            let nodes = self.vwork(
+                &VW {
+                    r0,
+                    rows: n_rows,
+                    keys,
+                    vb: vb.clone(),
+                    sc: slot(seg, 1),
+                    stride: i64::from(keys),
+                    mx: mslot(1),
+                    first: false,
+                    tri: false,
+                    send: words(seg.pat.fwd).map(|w| (vb, dst, w)),
+                },
+                3,
+            );
+            body.extend(silence(seg, nodes));
         }
         lp(run, body)
     }
