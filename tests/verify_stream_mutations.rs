@@ -8,18 +8,19 @@ mod common;
 
 use attnc::rundir;
 use common::{layer_src, parse_one};
+use compiler::passes::schedule_stream::{self, Lag};
 use compiler::passes::select::Choice;
 use isa::looped::{field, set_field, Field};
 use isa::{LoopProgram, Node};
 use rand::{RngExt, SeedableRng};
 use std::collections::BTreeMap;
 
-fn stream(src: &str, pes: u32) -> compiler::Compiled {
+fn stream(src: &str, pes: u32, mem_limit: Option<u32>) -> compiler::Compiled {
     let opts = compiler::Options {
         pes,
         schedule: Choice::Stream,
         dump_after: None,
-        mem_limit: None,
+        mem_limit,
     };
     compiler::compile(&parse_one(src), &opts).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -225,9 +226,38 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
         (32, 2, 1, false, true, 2),
         (32, 3, 1, true, true, 2),
     ];
-    for (n, d, h, shared, causal, m) in layers {
-        let what = format!("n={n} d={d} h={h} shared={shared} causal={causal} m={m}");
-        let c = stream(&layer_src(n, d, h, shared, causal), m);
+    // A lag of 2 in 4 groups on 8 PEs, as `--mem` selects it: the limit is what that lag
+    // needs, so the larger ones do not fit.
+    let grouped = {
+        let p = compiler::problem::Problem {
+            tokens: 48,
+            dim: 2,
+            heads: 1,
+            scale: 1.0 / 2f64.sqrt(),
+            symmetric: false,
+            shared_values: false,
+            causal: true,
+            softmax: runtime::layer::Softmax::Safe,
+        };
+        let st = schedule_stream::run_with(&p, 8, true, Lag::Steps(2)).unwrap();
+        st.programs[0].mem_words
+    };
+    // The layers above in the paper's formulation; with a safe softmax, values trailing keys
+    // on 4 and 8 PEs (the allowance takes the largest lag, the whole ring) and in groups.
+    let mut cases: Vec<_> = layers.iter().map(|&l| (l, false, None)).collect();
+    cases.push(((16, 2, 1, false, true, 4), true, None));
+    cases.push(((48, 2, 1, false, true, 8), true, None));
+    cases.push(((48, 2, 1, false, true, 8), true, Some(grouped)));
+    for ((n, d, h, shared, causal, m), safe, limit) in cases {
+        let what = format!("n={n} d={d} h={h} shared={shared} causal={causal} m={m} safe={safe}");
+        let mut src = layer_src(n, d, h, shared, causal);
+        if safe {
+            src = src.replace("softmax = plain", "softmax = safe");
+        }
+        let c = stream(&src, m, limit);
+        if let Some(limit) = limit {
+            assert_eq!(c.manifest.mem_words.iter().max(), Some(&limit), "{what}");
+        }
         prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
         for (k, kind) in [
             Mutation::LoopCount,

@@ -18,9 +18,12 @@
 //! blocks are later than them) keep their maximum and are not rescaled; the rows that are take
 //! their place in time as no-ops, so every PE's group costs the same.
 //!
-//! Memory: the own k/v region feeds only step 0; two fixed block buffers take the odd and the
-//! even steps (k rows then v rows), step 0's triangle has a score area of its own, and the score
-//! ring takes `2g · 2C²` words. `g` is the largest even divisor of `m` whose working set fits
+//! Memory: a head's own k/v block feeds only its step 0 and is dead after it, and the block of
+//! the head before is dead altogether; so from step 1 on even steps' blocks go to the head's own
+//! block and odd steps' to the one before it, a spare block standing in before the first head.
+//! Both move with the head by the same stride, so a step's buffer is affine in the head and the
+//! step. Step 0's triangle has a score area of its own, and the score ring takes `2g · 2C²`
+//! words. `g` is the largest even divisor of `m` whose working set fits
 //! the allowance.
 
 use super::*;
@@ -33,11 +36,10 @@ pub(super) struct LMap {
     rows: u32,
     hd: u32,
     q: u32,
-    kv: u32,
+    /// Own k/v blocks, per head `[k rows][v rows]`; one spare block below them.
+    pub(super) kv: u32,
     block: u32,
-    y: u32,
-    /// Block buffers: `[0]` for even steps from 2 on, `[1]` for odd steps; k rows, then v rows.
-    buf: [u32; 2],
+    pub(super) y: u32,
     /// Step 0's scores, row `r` at `tri + r·rows`.
     tri: u32,
     /// The score ring: slot `s mod 2g` holds step `s`'s scores.
@@ -60,11 +62,9 @@ impl LMap {
         let hd = rows * d;
         let block = 2 * hd;
         let slot = 2 * c * c;
-        let kv = heads * hd;
+        let kv = heads * hd + block;
         let y = kv + heads * block;
-        let buf0 = y + heads * hd;
-        let buf1 = buf0 + block;
-        let tri = buf1 + block;
+        let tri = y + heads * hd;
         let sc = tri + rows * rows;
         let l = sc + 2 * u64::from(g) * slot;
         let mx = l + rows;
@@ -80,7 +80,6 @@ impl LMap {
             kv: w(kv)?,
             block: w(block)?,
             y: w(y)?,
-            buf: [w(buf0)?, w(buf1)?],
             tri: w(tri)?,
             sc: w(sc)?,
             slot: w(slot)?,
@@ -467,7 +466,7 @@ impl LCtx<'_> {
                     segments.push((
                         row,
                         count,
-                        Some((own.clone().plus(at), ad(m.buf[1]).plus(at), words)),
+                        Some((own.clone().plus(at), Self::odd_buffer(m).plus(at), words)),
                     ));
                     row += count;
                 }
@@ -487,7 +486,7 @@ impl LCtx<'_> {
                         pending.push_front((offset + take, len - take));
                     }
                     let at = i64::from(offset);
-                    (own.clone().plus(at), ad(m.buf[1]).plus(at), take)
+                    (own.clone().plus(at), Self::odd_buffer(m).plus(at), take)
                 });
                 nodes.extend(self.kwork(&self.tri_kw(r, 1, send, false), 1));
             }
@@ -586,18 +585,21 @@ impl LCtx<'_> {
         }
     }
 
-    /// An address alternating with the step's parity: `even` for even steps, `odd` for odd
-    /// ones, for a run of `count` steps from group offset `i0` (`g` is even, so a step's parity
-    /// is its offset's).
-    fn by_parity(even: u32, odd: u32, i0: u32, count: u32) -> Ad {
-        let (a, b) = if i0.is_multiple_of(2) {
-            (even, odd)
-        } else {
-            (odd, even)
-        };
-        let x = ad(a);
+    /// Where the next PE keeps the block of an odd step of this head: the block before the
+    /// head's own.
+    fn odd_buffer(m: &LMap) -> Ad {
+        ad(m.kv - m.block).t(0, i64::from(m.block))
+    }
+
+    /// Offset `at` of the block of step `i0 + i_2` of a run of `count` steps (`i_2` at level 2;
+    /// `g` is even, so a step's parity is its offset's): the head's own block for even steps,
+    /// the one before for odd ones; `next` gives the buffer of the step after.
+    fn by_parity(m: &LMap, at: u32, i0: u32, count: u32, next: bool) -> Ad {
+        let block = i64::from(m.block);
+        let odd = (i0 % 2 == 1) != next;
+        let x = ad(m.kv + at).t(0, block).plus(if odd { -block } else { 0 });
         if count > 1 {
-            x.wrap(2, i64::from(b) - i64::from(a), 2)
+            x.wrap(2, if odd { block } else { -block }, 2)
         } else {
             x
         }
@@ -696,8 +698,8 @@ impl LCtx<'_> {
             lp(seg.count, nodes)
         };
         for seg in &grp.k {
-            let kb = Self::by_parity(m.buf[0], m.buf[1], seg.i0, seg.count);
-            let dst = Self::by_parity(m.buf[1], m.buf[0], seg.i0, seg.count);
+            let kb = Self::by_parity(m, 0, seg.i0, seg.count, false);
+            let dst = Self::by_parity(m, 0, seg.i0, seg.count, true);
             let (r0, n_rows, keys) = shape(seg.pat.kind);
             let nodes = self.kwork(
                 &KW {
@@ -721,8 +723,8 @@ impl LCtx<'_> {
                 body.extend(lp(seg.count, self.tri_v(3)));
                 continue;
             }
-            let vb = Self::by_parity(m.buf[0] + m.hd, m.buf[1] + m.hd, seg.i0, seg.count);
-            let dst = Self::by_parity(m.buf[1] + m.hd, m.buf[0] + m.hd, seg.i0, seg.count);
+            let vb = Self::by_parity(m, m.hd, seg.i0, seg.count, false);
+            let dst = Self::by_parity(m, m.hd, seg.i0, seg.count, true);
             let (r0, n_rows, keys) = shape(seg.pat.kind);
             let nodes = self.vwork(
                 &VW {

@@ -583,13 +583,14 @@ pub fn allowance(p: &Problem, pes: u32) -> u64 {
     share + share / 20 + 4096
 }
 
-/// The lagged programs, if `lag` asks for them and they apply.
+/// The lagged programs and their own k/v and output bases, if `lag` asks for them and they
+/// apply.
 fn lagged_programs(
     p: &Problem,
     pes: u32,
     safe: bool,
     lag: Lag,
-) -> Result<Option<Vec<LoopProgram>>, String> {
+) -> Result<Option<(Vec<LoopProgram>, u32, u32)>, String> {
     if !(p.causal && !p.symmetric && safe && pes >= 2) {
         return match lag {
             Lag::Steps(g) => Err(format!(
@@ -598,11 +599,12 @@ fn lagged_programs(
             _ => Ok(None),
         };
     }
-    let build = |g: u32| -> Option<Vec<LoopProgram>> {
+    let build = |g: u32| -> Option<(Vec<LoopProgram>, u32, u32)> {
         let map = lagged::LMap::new(p, pes, g)?;
-        (0..pes)
+        let programs = (0..pes)
             .map(|pe| lagged::program(&map, pe, pes, p.heads, p.scale as f32))
-            .collect()
+            .collect::<Option<Vec<_>>>()?;
+        Some((programs, map.kv, map.y))
     };
     match lag {
         Lag::Off => Ok(None),
@@ -683,10 +685,11 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
         words: if safe { f + 1 } else { l + rows },
     };
     let scale = p.scale as f32;
-    let programs = lagged.unwrap_or_else(|| {
-        (0..m)
+    let (programs, kv, y) = lagged.unwrap_or_else(|| {
+        let programs = (0..m)
             .map(|pe| program(&map, pe, m, heads, causal, scale, safe))
-            .collect()
+            .collect();
+        (programs, kv, y)
     });
     // Static: every PE's length follows from its loops; they are equal by
     // construction, which the tests check.
