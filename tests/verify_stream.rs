@@ -76,7 +76,8 @@ fn stream_programs_are_proved_for_many_sizes() {
                     for shared in [false, true] {
                         for causal in [false, true] {
                             for safe in [false, true] {
-                                let Some((programs, man)) = build(n, d, h, m, shared, causal, safe, Lag::Off)
+                                let Some((programs, man)) =
+                                    build(n, d, h, m, shared, causal, safe, Lag::Off)
                                 else {
                                     continue;
                                 };
@@ -108,7 +109,8 @@ fn triangular_step_zero_is_proved() {
         for d in [1, 2, 3, 8] {
             for shared in [false, true] {
                 for safe in [false, true] {
-                    let Some((programs, man)) = build(n, d, 1, m, shared, true, safe, Lag::Off) else {
+                    let Some((programs, man)) = build(n, d, 1, m, shared, true, safe, Lag::Off)
+                    else {
                         panic!("n={n} m={m} does not apply");
                     };
                     let r = verify(&programs, &man);
@@ -139,8 +141,17 @@ fn triangular_step_zero_is_proved() {
 /// PE the program is as long.
 #[test]
 fn lagged_values_are_proved() {
-    let mut proved = 0;
-    for (n, m) in [(8, 2), (16, 2), (16, 4), (24, 4), (32, 4), (24, 6), (32, 8), (48, 8)] {
+    let (mut proved, mut silent_tails) = (0, 0);
+    for (n, m) in [
+        (8, 2),
+        (16, 2),
+        (16, 4),
+        (24, 4),
+        (32, 4),
+        (24, 6),
+        (32, 8),
+        (48, 8),
+    ] {
         for d in [1, 2, 3, 5] {
             for h in [1, 2] {
                 let lags = (2..=m).filter(|g| g % 2 == 0 && m % g == 0);
@@ -158,12 +169,21 @@ fn lagged_values_are_proved() {
                     let lens: Vec<usize> = programs.iter().map(|p| p.bundles.len()).collect();
                     assert!(lens.iter().all(|&l| l == lens[0]), "{lens:?}");
                     proved += 1;
+                    // A run of groups whose last one ends with the ring's silent step.
+                    let p = problem(n, d, h, false, true, true);
+                    let st = schedule_stream::run_with(&p, m, true, lag).unwrap();
+                    silent_tails += usize::from(st.programs.iter().any(|q| {
+                        q.to_text()
+                            .lines()
+                            .any(|l| l.contains("send") && l.contains("i1 <"))
+                    }));
                 }
             }
         }
     }
-    eprintln!("{proved} lagged layers proved");
+    eprintln!("{proved} lagged layers proved, {silent_tails} with a silent tail");
     assert!(proved >= 150, "only {proved}");
+    assert!(silent_tails >= 10, "only {silent_tails}");
 }
 
 /// `(pe, index)` of every bundle whose op satisfies `f`.
@@ -232,7 +252,8 @@ fn corrupted_stream_bundles_are_rejected() {
     ];
     for (n, d, h, m, shared, causal) in cases {
         for safe in [false, true] {
-            let (programs, man) = build(n, d, h, m, shared, causal, safe, Lag::Off).expect("applies");
+            let (programs, man) =
+                build(n, d, h, m, shared, causal, safe, Lag::Off).expect("applies");
             let base = verify(&programs, &man);
             assert_eq!(base.counts, BTreeMap::new(), "{base}");
             let base = &base;

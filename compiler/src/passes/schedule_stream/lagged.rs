@@ -152,6 +152,26 @@ struct Group {
     v: Vec<Seg>,
 }
 
+impl Group {
+    /// Whether `other` is this group with its last k run ending in the ring's silent last step
+    /// (and that run longer than the step).
+    fn silenced_is(&self, other: &Group) -> bool {
+        let (Some(last), Some(theirs)) = (self.k.last(), other.k.last()) else {
+            return false;
+        };
+        let mut same = last.clone();
+        same.silent_last = true;
+        self.rescale == other.rescale
+            && self.copy == other.copy
+            && self.v == other.v
+            && self.k.len() == other.k.len()
+            && self.k[..self.k.len() - 1] == other.k[..other.k.len() - 1]
+            && !last.silent_last
+            && last.count > 1
+            && *theirs == same
+    }
+}
+
 /// Appends step offset `i` of pattern `pat` to `segs`, merging it into the last run where the
 /// same loop body serves.
 fn push_step(segs: &mut Vec<Seg>, i: u32, pat: Pat) {
@@ -249,8 +269,13 @@ impl LCtx<'_> {
         let send_at = |c0: i64, col: Option<u8>| {
             w.send.as_ref().map(|(src, dst, words)| {
                 let per_row = if w.tri { i64::from(*words) } else { key_words };
+                // When only the first row sends, the row term would add nothing.
+                let one_row = !w.tri && (w.rows == 1 || i64::from(*words) <= key_words);
                 let at = |a: &Ad| {
-                    let mut x = a.clone().plus(c0).t(lr, per_row).t(lb, d);
+                    let mut x = a.clone().plus(c0).t(lb, d);
+                    if !one_row {
+                        x = x.t(lr, per_row);
+                    }
                     if let Some(cl) = col {
                         x = x.t(cl, 1);
                     }
@@ -388,13 +413,15 @@ impl LCtx<'_> {
         // bijection will do, source and destination offsets being the same.
         let kd = i64::from(w.keys) * d;
         let send = w.send.as_ref().map(|(src, dst, words)| {
-            let at = |a: &Ad| {
-                a.clone()
-                    .t(lr, kd)
-                    .t(lb, i64::from(w.keys))
-                    .t(lk, 1)
-            };
             let full = u32::try_from(i64::from(*words) / kd).unwrap_or(u32::MAX);
+            let at = |a: &Ad| {
+                let x = a.clone().t(lb, i64::from(w.keys)).t(lk, 1);
+                if full > 1 {
+                    x.t(lr, kd)
+                } else {
+                    x
+                }
+            };
             debug_assert_eq!(i64::from(*words) % kd, 0, "whole rows only");
             Send {
                 src: at(src),
@@ -620,7 +647,9 @@ impl LCtx<'_> {
     }
 
     /// A run of `run` identical groups starting at group `j0`, as one loop at level 1.
-    fn groups(&self, j0: u32, run: u32, grp: &Group) -> Vec<Node> {
+    ///
+    /// `silent_tail`: the run's last group forwards nothing in its last k step.
+    fn groups(&self, j0: u32, run: u32, grp: &Group, silent_tail: bool) -> Vec<Node> {
         let m = self.map;
         let (d, rows) = (m.d, m.rows);
         // Max slot of group j − back.
@@ -697,7 +726,19 @@ impl LCtx<'_> {
             }
             lp(seg.count, nodes)
         };
-        for seg in &grp.k {
+        let mut k_segs: Vec<(Seg, bool)> = grp.k.iter().map(|x| (x.clone(), false)).collect();
+        if silent_tail {
+            if let Some((last, _)) = k_segs.pop() {
+                let mut tail = last.clone();
+                tail.i0 += last.count - 1;
+                tail.count = 1;
+                let mut head = last;
+                head.count -= 1;
+                k_segs.push((head, false));
+                k_segs.push((tail, true));
+            }
+        }
+        for (seg, tail) in &k_segs {
             let kb = Self::by_parity(m, 0, seg.i0, seg.count, false);
             let dst = Self::by_parity(m, 0, seg.i0, seg.count, true);
             let (r0, n_rows, keys) = shape(seg.pat.kind);
@@ -716,7 +757,19 @@ impl LCtx<'_> {
                 },
                 3,
             );
-            body.extend(silence(seg, nodes));
+            let mut nodes = silence(seg, nodes);
+            if *tail {
+                add_xfer_preds(
+                    &mut nodes,
+                    &[Pred {
+                        slot: Slot::Xfer,
+                        level: 1,
+                        cmp: Cmp::Lt,
+                        value: run - 1,
+                    }],
+                );
+            }
+            body.extend(nodes);
         }
         for seg in &grp.v {
             if seg.pat.kind == Kind::Tri {
@@ -748,19 +801,8 @@ impl LCtx<'_> {
 }
 
 /// PE `pe`'s program, or `None` if its rows cannot carry step 0's forwarding.
-pub(super) fn program(
-    map: &LMap,
-    pe: u32,
-    m: u32,
-    heads: u32,
-    scale: f32,
-) -> Option<LoopProgram> {
-    let ctx = LCtx {
-        map,
-        scale,
-        pe,
-        m,
-    };
+pub(super) fn program(map: &LMap, pe: u32, m: u32, heads: u32, scale: f32) -> Option<LoopProgram> {
+    let ctx = LCtx { map, scale, pe, m };
     let (c, d) = (map.c, map.d);
     let cd = c * d;
     // Step 0 forwards the own block; PE 0's last hop (its block's late chunk is read by nobody
@@ -781,7 +823,13 @@ pub(super) fn program(
         while j + run <= groups && ctx.group(j + run) == grp {
             run += 1;
         }
-        head.extend(ctx.groups(j, run, &grp));
+        // The last group with k work often differs from the groups before it only by its
+        // silent last step: it joins their run, that step's sends predicated by the group.
+        let silent_tail = j + run <= groups && grp.silenced_is(&ctx.group(j + run));
+        if silent_tail {
+            run += 1;
+        }
+        head.extend(ctx.groups(j, run, &grp, silent_tail));
         j += run;
     }
     // Deferred normalisation.

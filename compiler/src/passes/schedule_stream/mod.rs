@@ -578,8 +578,8 @@ pub fn run(p: &Problem, pes: u32, safe: bool) -> Result<Stream, String> {
 /// and outputs, 5 % more, and 4096 words of working set.
 pub fn allowance(p: &Problem, pes: u32) -> u64 {
     let tensors: u64 = if p.symmetric { 2 } else { 4 };
-    let share = tensors * u64::from(p.heads) * u64::from(p.tokens) / u64::from(pes)
-        * u64::from(p.dim);
+    let share =
+        tensors * u64::from(p.heads) * u64::from(p.tokens) / u64::from(pes) * u64::from(p.dim);
     share + share / 20 + 4096
 }
 
