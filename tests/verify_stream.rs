@@ -153,7 +153,8 @@ fn lagged_values_are_proved() {
         (48, 8),
     ] {
         for d in [1, 2, 3, 5] {
-            for h in [1, 2] {
+            // Three heads and more keep the first head's odd blocks in the last outputs.
+            for h in [1, 2, 3] {
                 let lags = (2..=m).filter(|g| g % 2 == 0 && m % g == 0);
                 for lag in lags.map(Lag::Steps).chain([Lag::Fit(None)]) {
                     let Some((programs, man)) = build(n, d, h, m, false, true, true, lag) else {
@@ -182,7 +183,7 @@ fn lagged_values_are_proved() {
         }
     }
     eprintln!("{proved} lagged layers proved, {silent_tails} with a silent tail");
-    assert!(proved >= 150, "only {proved}");
+    assert!(proved >= 250, "only {proved}");
     assert!(silent_tails >= 10, "only {silent_tails}");
 }
 

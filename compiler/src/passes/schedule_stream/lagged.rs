@@ -20,7 +20,8 @@
 //!
 //! Memory: a head's own k/v block feeds only its step 0 and is dead after it, and the block of
 //! the head before is dead altogether; so from step 1 on even steps' blocks go to the head's own
-//! block and odd steps' to the one before it, a spare block standing in before the first head.
+//! block and odd steps' to the one before it; before the first head that is the last two heads'
+//! outputs (three heads or more) or a spare block.
 //! Both move with the head by the same stride, so a step's buffer is affine in the head and the
 //! step. Step 0's triangle has a score area of its own, and the score ring takes `2g · 2C²`
 //! words. `g` is the largest even divisor of `m` whose working set fits
@@ -36,7 +37,8 @@ pub(super) struct LMap {
     rows: u32,
     hd: u32,
     q: u32,
-    /// Own k/v blocks, per head `[k rows][v rows]`; one spare block below them.
+    /// Own k/v blocks, per head `[k rows][v rows]`; the block below them is free in the first
+    /// head.
     pub(super) kv: u32,
     block: u32,
     pub(super) y: u32,
@@ -62,9 +64,18 @@ impl LMap {
         let hd = rows * d;
         let block = 2 * hd;
         let slot = 2 * c * c;
-        let kv = heads * hd + block;
-        let y = kv + heads * block;
-        let tri = y + heads * hd;
+        // With three heads or more the outputs go right below the own blocks: the block before
+        // the first head's is then the last two heads' outputs, unused until long after the
+        // first head. Otherwise a spare block sits there.
+        let (y, kv, tri) = if heads >= 3 {
+            let y = heads * hd;
+            let kv = y + heads * hd;
+            (y, kv, kv + heads * block)
+        } else {
+            let kv = heads * hd + block;
+            let y = kv + heads * block;
+            (y, kv, y + heads * hd)
+        };
         let sc = tri + rows * rows;
         let l = sc + 2 * u64::from(g) * slot;
         let mx = l + rows;
