@@ -28,6 +28,7 @@ fn problem(n: u32, d: u32, h: u32, shared: bool, causal: bool, safe: bool) -> Pr
 }
 
 /// The flattened programs and manifest, or `None` where the schedule does not apply.
+#[allow(clippy::too_many_arguments)] // a layer's shape, spelled out at each call
 fn build(
     n: u32,
     d: u32,
