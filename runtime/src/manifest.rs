@@ -297,6 +297,19 @@ impl Layout {
         (pe, addr)
     }
 
+    /// Whether every one of `tokens` tokens has an owner and a local row: `rows_per_pe · pes`
+    /// is exactly `tokens`, or under zigzag at most one chunk more (only the last chunk short,
+    /// its missing rows the top local rows of the PE owning it).
+    pub fn covers(&self, pes: u32, tokens: u64) -> bool {
+        let r = u64::from(self.rows_per_pe);
+        let (per, short) = match self.order {
+            RowOrder::Contiguous => (1, 0),
+            RowOrder::Zigzag => (2, r / 2),
+        };
+        let dealt = r * u64::from(pes);
+        r > 0 && r.is_multiple_of(per) && dealt >= tokens && dealt - tokens <= short
+    }
+
     /// Why the layout cannot place a `[heads, tokens, dim]` tensor on `pes` PEs with `mem`
     /// words each, one element per word, if it cannot.
     fn check(&self, pes: u32, heads: u32, tokens: u32, dim: u32, mem: &[u32]) -> Option<String> {
@@ -305,12 +318,12 @@ impl Layout {
             RowOrder::Contiguous => 1,
             RowOrder::Zigzag => 2,
         };
-        if r == 0 || !r.is_multiple_of(per) || r * u64::from(pes) != u64::from(tokens) {
+        if !self.covers(pes, u64::from(tokens)) {
             return Some(format!(
                 "{} rows per PE on {pes} PEs do not cover {tokens} tokens{}",
                 self.rows_per_pe,
                 if per == 2 {
-                    " (zigzag needs an even count)"
+                    " (zigzag needs an even count, and may only leave the last chunk short)"
                 } else {
                     ""
                 }

@@ -168,7 +168,6 @@ const MAX_EXPANDED: usize = 1 << 24;
 /// none. Refuses, rather than computing, a layout that does not cover the layer's tokens (so
 /// that locating a token cannot go out of range) or whose addresses leave 32 bits.
 fn expand_layouts(m: &Manifest) -> Result<Option<Manifest>, String> {
-    use runtime::manifest::RowOrder;
     let has_layout = m
         .inputs
         .values()
@@ -192,14 +191,7 @@ fn expand_layouts(m: &Manifest) -> Result<Option<Manifest>, String> {
                 "tensor `{name}`: placement gives both a layout and explicit entries"
             ));
         }
-        let per = match l.order {
-            RowOrder::Contiguous => 1,
-            RowOrder::Zigzag => 2,
-        };
-        let covers = l.rows_per_pe > 0
-            && l.rows_per_pe % per == 0
-            && u64::from(l.rows_per_pe) * u64::from(pes) == n as u64;
-        if !covers {
+        if !l.covers(pes, n as u64) {
             return Err(format!(
                 "tensor `{name}`: layout of {} rows per PE on {pes} PEs does not cover {n} tokens",
                 l.rows_per_pe

@@ -212,6 +212,8 @@ struct LCtx<'a> {
     scale: f32,
     pe: u32,
     m: u32,
+    /// Local rows below this hold tokens ([`super::mask_rows`]).
+    live: u32,
 }
 
 /// What [`LCtx::kwork`] computes: `rows` rows from local row `r0` against `keys` keys of the k
@@ -381,7 +383,9 @@ impl LCtx<'_> {
                 vec![B::new().max(mx.clone(), e(0), mx.clone()).build()],
             ));
         }
-        lp(w.rows, body)
+        let mut nodes = lp(w.rows, body);
+        mask_rows(&mut nodes, lr, w.r0, w.rows, self.live);
+        nodes
     }
 
     fn vwork(&self, w: &VW, lr: u8) -> Vec<Node> {
@@ -480,7 +484,9 @@ impl LCtx<'_> {
             ));
         }
         body.extend(lp(m.d, pv));
-        lp(w.rows, body)
+        let mut nodes = lp(w.rows, body);
+        mask_rows(&mut nodes, lr, w.r0, w.rows, self.live);
+        nodes
     }
 
     /// The own k rows' scores of step 0 (local row `r` sees keys `0..=r`), the own block (k and
@@ -680,7 +686,7 @@ impl LCtx<'_> {
                 .plus(i64::from(r0 * d))
                 .t(2, i64::from(d))
                 .t(3, 1);
-            body.extend(lp(
+            let mut nodes = lp(
                 rows - r0,
                 vec![
                     B::new().expd(old, new, self.scale, f.clone()).build(),
@@ -690,15 +696,16 @@ impl LCtx<'_> {
                         vec![B::new().mul(y.clone(), f, Some(y)).build()],
                     )),
                 ],
-            ));
+            );
+            mask_rows(&mut nodes, 2, r0, rows - r0, self.live);
+            body.extend(nodes);
             idle += r0 * (d + 2);
         }
         if let Some(r0) = grp.copy {
             let at = |back| mslot(back).plus(i64::from(r0)).t(2, 1);
-            body.extend(lp(
-                rows - r0,
-                vec![B::new().max(at(1), at(1), at(0)).build()],
-            ));
+            let mut nodes = lp(rows - r0, vec![B::new().max(at(1), at(1), at(0)).build()]);
+            mask_rows(&mut nodes, 2, r0, rows - r0, self.live);
+            body.extend(nodes);
             idle += r0;
         }
         body.extend(lp(idle, vec![B::new().build()]));
@@ -812,8 +819,21 @@ impl LCtx<'_> {
 }
 
 /// PE `pe`'s program, or `None` if its rows cannot carry step 0's forwarding.
-pub(super) fn program(map: &LMap, pe: u32, m: u32, heads: u32, scale: f32) -> Option<LoopProgram> {
-    let ctx = LCtx { map, scale, pe, m };
+pub(super) fn program(
+    map: &LMap,
+    pe: u32,
+    m: u32,
+    heads: u32,
+    scale: f32,
+    live: u32,
+) -> Option<LoopProgram> {
+    let ctx = LCtx {
+        map,
+        scale,
+        pe,
+        m,
+        live,
+    };
     let (c, d) = (map.c, map.d);
     let cd = c * d;
     // Step 0 forwards the own block; PE 0's last hop (its block's late chunk is read by nobody
@@ -843,22 +863,7 @@ pub(super) fn program(map: &LMap, pe: u32, m: u32, heads: u32, scale: f32) -> Op
         head.extend(ctx.groups(j, run, &grp, silent_tail));
         j += run;
     }
-    // Deferred normalisation.
-    let rows = map.rows;
-    let di = i64::from(d);
-    head.extend(lp(
-        rows,
-        lp(
-            d,
-            vec![B::new()
-                .div(
-                    ad(map.y).t(0, i64::from(rows) * di).t(1, di).t(2, 1),
-                    ad(map.l).t(1, 1),
-                    ad(map.y).t(0, i64::from(rows) * di).t(1, di).t(2, 1),
-                )
-                .build()],
-        ),
-    ));
+    head.extend(normalise(map.y, map.l, map.rows, d, live));
     Some(LoopProgram {
         pe,
         pes: m,

@@ -63,20 +63,45 @@ pub struct Stream {
 /// Why the stream schedule does not apply, if it does not.
 pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     let (n, m) = (p.tokens, pes);
-    let per = if p.causal { 4 } else { 2 };
-    if !n.is_multiple_of(per / 2 * m) || n < per * m {
-        return Some(format!(
-            "{NAME} needs `tokens` to be a multiple of {} and at least {} on {m} PEs ({n} is not)",
-            per / 2 * m,
-            per * m
-        ));
-    }
     if p.symmetric != p.shared_values {
         return Some(format!(
             "{NAME} handles q = k = v or three separate inputs, not q = k with separate v"
         ));
     }
+    if p.causal {
+        let dealt = padded_tokens(n, m);
+        let chunk = dealt / (2 * m);
+        // The last chunk keeps a token: PE 0 reads its blocks for that chunk's rows only.
+        if dealt < 4 * m || dealt - n >= chunk {
+            return Some(format!(
+                "{NAME} deals a causal layer to {m} PEs in {} chunks of at least 2 tokens, padding part of the last chunk only: {n} tokens would be {dealt} dealt in chunks of {chunk}, {} of them padding",
+                2 * m,
+                dealt - n
+            ));
+        }
+        return None;
+    }
+    if !n.is_multiple_of(m) || n < 2 * m {
+        return Some(format!(
+            "{NAME} needs `tokens` to be a multiple of {m} and at least {} on {m} PEs without a mask ({n} is not)",
+            2 * m
+        ));
+    }
     None
+}
+
+/// Tokens as the stream deals them: under a causal mask a multiple of `2m`, the tokens past
+/// the layer's end being the last chunk's last rows (no real row sees them).
+fn padded_tokens(n: u32, m: u32) -> u32 {
+    n.div_ceil(2 * m).saturating_mul(2 * m)
+}
+
+/// Local rows of PE `pe` that hold tokens of a causal layer dealt as [`padded_tokens`]: the
+/// second chunk of PE `p` is chunk `2m − 1 − p`, and only the last chunks can be short.
+fn live_rows(n: u32, m: u32, pe: u32) -> u32 {
+    let c = padded_tokens(n, m) / (2 * m);
+    let start = (2 * m - 1 - pe).saturating_mul(c);
+    c + n.saturating_sub(start).min(c)
 }
 
 /// An affine address under construction.
@@ -304,6 +329,8 @@ struct Ctx<'a> {
     depth: u8,
     /// Head loop level.
     head: u8,
+    /// Local rows below this hold tokens; the rest stand for tokens past the layer's end.
+    live: u32,
 }
 
 impl Ctx<'_> {
@@ -552,7 +579,9 @@ impl Ctx<'_> {
             ));
         }
         body.extend(lp(m.d, pv));
-        lp(w.rows, body)
+        let mut nodes = lp(w.rows, body);
+        mask_rows(&mut nodes, lr, w.r0, w.rows, self.live);
+        nodes
     }
 }
 
@@ -590,6 +619,7 @@ fn lagged_programs(
     pes: u32,
     safe: bool,
     lag: Lag,
+    live: &dyn Fn(u32) -> u32,
 ) -> Result<Option<(Vec<LoopProgram>, u32, u32)>, String> {
     if !(p.causal && !p.symmetric && safe && pes >= 2) {
         return match lag {
@@ -602,7 +632,7 @@ fn lagged_programs(
     let build = |g: u32| -> Option<(Vec<LoopProgram>, u32, u32)> {
         let map = lagged::LMap::new(p, pes, g)?;
         let programs = (0..pes)
-            .map(|pe| lagged::program(&map, pe, pes, p.heads, p.scale as f32))
+            .map(|pe| lagged::program(&map, pe, pes, p.heads, p.scale as f32, live(pe)))
             .collect::<Option<Vec<_>>>()?;
         Some((programs, map.kv, map.y))
     };
@@ -634,8 +664,24 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
     if let Some(why) = unsupported(p, pes) {
         return Err(why);
     }
-    let lagged = lagged_programs(p, pes, safe, lag)?;
-    let (n, d, heads, m) = (p.tokens, p.dim, p.heads, pes);
+    // Under a causal mask the generators see the padded layer; rows past the end are masked.
+    let dealt = Problem {
+        tokens: if p.causal {
+            padded_tokens(p.tokens, pes)
+        } else {
+            p.tokens
+        },
+        ..*p
+    };
+    let live = |pe: u32| {
+        if p.causal {
+            live_rows(p.tokens, pes, pe)
+        } else {
+            dealt.tokens / pes
+        }
+    };
+    let lagged = lagged_programs(&dealt, pes, safe, lag, &live)?;
+    let (n, d, heads, m) = (dealt.tokens, p.dim, p.heads, pes);
     let shared = p.symmetric;
     let causal = p.causal;
     let rows = n / m;
@@ -687,7 +733,7 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
     let scale = p.scale as f32;
     let (programs, kv, y) = lagged.unwrap_or_else(|| {
         let programs = (0..m)
-            .map(|pe| program(&map, pe, m, heads, causal, scale, safe))
+            .map(|pe| program(&map, pe, m, heads, causal, scale, safe, live(pe)))
             .collect();
         (programs, kv, y)
     });
@@ -698,6 +744,8 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
         .iter()
         .map(|p| p.op_counts().iter().sum::<u64>())
         .sum();
+    // The layer's own counts, not the padded ones.
+    let n = p.tokens;
     let weights = if causal {
         u64::from(n) * (u64::from(n) + 1) / 2
     } else {
@@ -740,6 +788,7 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
     })
 }
 
+#[allow(clippy::too_many_arguments)] // the layer's facts, each a plain value
 fn program(
     map: &Map,
     pe: u32,
@@ -748,6 +797,7 @@ fn program(
     causal: bool,
     scale: f32,
     safe: bool,
+    live: u32,
 ) -> LoopProgram {
     let d = i64::from(map.d);
     let block = i64::from(map.block);
@@ -756,6 +806,7 @@ fn program(
         scale,
         depth,
         head: 0,
+        live,
     };
     let own = ad(map.kv).t(0, block);
     // Under a causal mask the block of step s ≥ 1 is in buf[1] for odd s and for even s in
@@ -988,21 +1039,7 @@ fn program(
             head.extend(lp(1, step(ph, last, 1, 1)));
         }
     }
-    // Deferred normalisation.
-    let rows = map.rows;
-    head.extend(lp(
-        rows,
-        lp(
-            map.d,
-            vec![B::new()
-                .div(
-                    ad(map.y).t(0, i64::from(rows) * d).t(1, d).t(2, 1),
-                    ad(map.l).t(1, 1),
-                    ad(map.y).t(0, i64::from(rows) * d).t(1, d).t(2, 1),
-                )
-                .build()],
-        ),
-    ));
+    head.extend(normalise(map.y, map.l, map.rows, map.d, live));
     LoopProgram {
         pe,
         pes: m,
@@ -1139,6 +1176,60 @@ fn add_xfer_preds(nodes: &mut [Node], preds: &[Pred]) {
             Node::Bundle(b) => {
                 if b.bundle.xfer != Xfer::Nop {
                     b.preds.extend(preds.iter().copied());
+                    b.preds.sort();
+                    b.preds.dedup();
+                }
+            }
+        }
+    }
+}
+
+/// The deferred normalisation `y[r][c] /= l[r]` of the live rows, in the head loop.
+fn normalise(y: u32, l: u32, rows: u32, d: u32, live: u32) -> Vec<Node> {
+    let di = i64::from(d);
+    let yy = ad(y).t(0, i64::from(rows) * di).t(1, di).t(2, 1);
+    let mut nodes = lp(
+        rows,
+        lp(d, vec![B::new().div(yy.clone(), ad(l).t(1, 1), yy).build()]),
+    );
+    mask_rows(&mut nodes, 1, 0, rows, live);
+    nodes
+}
+
+/// Turns off the op and acc slots of every bundle in `nodes` (a loop over `rows` local rows
+/// `r0 + i_level`) for the rows at or past `live`, which stand for tokens past the layer's end
+/// (a ring-size multiple of tokens padded at the end, so that under a causal mask no real row
+/// sees them). Their cycles stay, so every PE keeps the same timing, and so do their sends,
+/// which carry blocks whatever row they ride on.
+fn mask_rows(nodes: &mut [Node], level: u8, r0: u32, rows: u32, live: u32) {
+    if live >= r0.saturating_add(rows) {
+        return;
+    }
+    for n in nodes {
+        match n {
+            Node::Loop(l) => mask_rows(&mut l.body, level, r0, rows, live),
+            Node::Bundle(b) => {
+                if live <= r0 {
+                    b.bundle.op = Op::Nop;
+                    b.bundle.acc = Acc::Nop;
+                    b.terms
+                        .retain(|t| matches!(t.field, Field::XferSrc | Field::XferDst));
+                    b.preds.retain(|p| p.slot == Slot::Xfer);
+                } else {
+                    let keep = live - r0;
+                    for (slot, used) in [
+                        (Slot::Op, b.bundle.op != Op::Nop),
+                        (Slot::Acc, b.bundle.acc != Acc::Nop),
+                    ] {
+                        if used {
+                            b.preds.push(Pred {
+                                slot,
+                                level,
+                                cmp: Cmp::Lt,
+                                value: keep,
+                            });
+                        }
+                    }
                     b.preds.sort();
                     b.preds.dedup();
                 }
