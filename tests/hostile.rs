@@ -622,8 +622,17 @@ fn layer_near_the_old_operation_limit_is_not_unrolled() {
         "this layer needs 29818880 operations; compiling it would take about 9.5 GB of memory",
     );
     assert_clean_failure(&o, "attnc unrolls layers of up to 6000000 operations");
-    // 127 tokens do not deal to 8 PEs: refused at once under `auto` too.
+    // 127 tokens deal to 8 PEs with the last block one short: loop programs too.
     let dir = setup("layer big { tokens = 127; dim = 64; heads = 14; softmax = plain; }\n");
-    let o = run_untouched(dir.path(), None, &["a.attn", "--pes", "8", "-o", "out"]);
+    let o = run_untouched(
+        dir.path(),
+        Some(Path::new("out")),
+        &["a.attn", "--pes", "8", "-o", "out"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    // 24 tokens on 16 PEs would be blocks of 2 with 8 tokens of padding: refused at once.
+    let dir = setup("layer big { tokens = 24; dim = 512; heads = 64; softmax = plain; }\n");
+    let o = run_untouched(dir.path(), None, &["a.attn", "--pes", "16", "-o", "out"]);
     assert_clean_failure(&o, "more than the 6000000 attnc unrolls");
+    assert_clean_failure(&o, "8 of them padding");
 }

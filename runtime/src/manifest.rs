@@ -298,12 +298,13 @@ impl Layout {
     }
 
     /// Whether every one of `tokens` tokens has an owner and a local row: `rows_per_pe · pes`
-    /// is exactly `tokens`, or under zigzag at most one chunk more (only the last chunk short,
-    /// its missing rows the top local rows of the PE owning it).
+    /// is exactly `tokens`, or a little more, only the last PE's rows (contiguous, fewer than
+    /// `rows_per_pe` more) or the last chunk (zigzag, at most a chunk more) short: the missing
+    /// tokens are the top local rows of their owner, which hold nothing.
     pub fn covers(&self, pes: u32, tokens: u64) -> bool {
         let r = u64::from(self.rows_per_pe);
         let (per, short) = match self.order {
-            RowOrder::Contiguous => (1, 0),
+            RowOrder::Contiguous => (1, r.saturating_sub(1)),
             RowOrder::Zigzag => (2, r / 2),
         };
         let dealt = r * u64::from(pes);

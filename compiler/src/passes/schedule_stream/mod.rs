@@ -81,10 +81,13 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
         }
         return None;
     }
-    if !n.is_multiple_of(m) || n < 2 * m {
+    // Without a mask the last PE's block is padded at its end; it keeps a token.
+    let rows = n.div_ceil(m);
+    let dealt = rows.saturating_mul(m);
+    if dealt < 2 * m || dealt - n >= rows {
         return Some(format!(
-            "{NAME} needs `tokens` to be a multiple of {m} and at least {} on {m} PEs without a mask ({n} is not)",
-            2 * m
+            "{NAME} deals a layer without a mask to {m} PEs in blocks of at least 2 tokens, padding part of the last block only: {n} tokens would be {dealt} dealt in blocks of {rows}, {} of them padding",
+            dealt - n
         ));
     }
     None
@@ -320,6 +323,9 @@ struct Work {
     /// In-place rotation: the last row forwards every k and v word it reads, in the cycle it
     /// reads it, to the same offset of this block on the next PE (`kb` there).
     forward_to: Option<Ad>,
+    /// Keys at or past this stand for tokens past the layer's end (no mask: a padded block):
+    /// every slot of their iterations is off, sends included, so no PE reads or forwards them.
+    key_limit: Option<u32>,
 }
 
 struct Ctx<'a> {
@@ -491,7 +497,14 @@ impl Ctx<'_> {
                 .send(fwd(k_at(1, true), send_at(1, Some(lc))).as_ref())
                 .build()],
         ));
-        body.extend(klp(0, score));
+        let live = w.key_limit.unwrap_or(w.keys);
+        let keep = |mut nodes: Vec<Node>, level: u8, less: u32| {
+            if live < w.keys {
+                mask_keys(&mut nodes, level, live.saturating_sub(less));
+            }
+            nodes
+        };
+        body.extend(keep(klp(0, score), lb, 0));
         let e = |off: i64| s.clone().plus(off).t(lb, 1);
         // Safe softmax: the row maximum so far, and for a later round the
         // factor exp(s·(m_old − m_new)) that rescales l and y.
@@ -502,14 +515,17 @@ impl Ctx<'_> {
             let f = ad(m.f);
             if w.first {
                 if w.keys >= 2 {
+                    // With one live key the maximum is of that key alone.
+                    let second = if live >= 2 { 1 } else { 0 };
                     body.push(
                         B::new()
-                            .max(s.clone(), s.clone().plus(1), mo.clone())
+                            .max(s.clone(), s.clone().plus(second), mo.clone())
                             .build(),
                     );
-                    body.extend(klp(
+                    body.extend(keep(
+                        klp(2, vec![B::new().max(mo.clone(), e(2), mo.clone()).build()]),
+                        lb,
                         2,
-                        vec![B::new().max(mo.clone(), e(2), mo.clone()).build()],
                     ));
                 } else {
                     body.push(B::new().max(s.clone(), s.clone(), mo.clone()).build());
@@ -517,9 +533,13 @@ impl Ctx<'_> {
                 shift = Some(mo);
             } else {
                 body.push(B::new().max(mo.clone(), s.clone(), mn.clone()).build());
-                body.extend(lp(
-                    w.keys - 1,
-                    vec![B::new().max(mn.clone(), e(1), mn.clone()).build()],
+                body.extend(keep(
+                    lp(
+                        w.keys - 1,
+                        vec![B::new().max(mn.clone(), e(1), mn.clone()).build()],
+                    ),
+                    lb,
+                    1,
                 ));
                 body.push(B::new().expd(mo, mn.clone(), self.scale, f.clone()).build());
                 body.push(B::new().mul(l.clone(), f.clone(), Some(l.clone())).build());
@@ -535,14 +555,19 @@ impl Ctx<'_> {
         };
         if w.first {
             body.push(ex(s.clone()).add(None, l.clone()).build());
-            body.extend(klp(
+            body.extend(keep(
+                klp(1, vec![ex(e(1)).add(Some(l.clone()), l.clone()).build()]),
+                lb,
                 1,
-                vec![ex(e(1)).add(Some(l.clone()), l.clone()).build()],
             ));
         } else {
-            body.extend(lp(
-                w.keys,
-                vec![ex(e(0)).add(Some(l.clone()), l.clone()).build()],
+            body.extend(keep(
+                lp(
+                    w.keys,
+                    vec![ex(e(0)).add(Some(l.clone()), l.clone()).build()],
+                ),
+                lb,
+                0,
             ));
         }
         // Weighted values: y[a][c] += Σ_b e[b]·v[b][c]; columns outside,
@@ -560,22 +585,30 @@ impl Ctx<'_> {
                     .send(last_row(v.clone().t(lc2, 1)).as_ref())
                     .build(),
             );
-            pv.extend(klp(
+            pv.extend(keep(
+                klp(
+                    1,
+                    vec![B::new()
+                        .mul(ee(1), vv(1), None)
+                        .add(Some(yc.clone()), yc.clone())
+                        .send(last_row(vv(1)).as_ref())
+                        .build()],
+                ),
+                lb2,
                 1,
-                vec![B::new()
-                    .mul(ee(1), vv(1), None)
-                    .add(Some(yc.clone()), yc.clone())
-                    .send(last_row(vv(1)).as_ref())
-                    .build()],
             ));
         } else {
-            pv.extend(lp(
-                w.keys,
-                vec![B::new()
-                    .mul(ee(0), vv(0), None)
-                    .add(Some(yc.clone()), yc.clone())
-                    .send(last_row(vv(0)).as_ref())
-                    .build()],
+            pv.extend(keep(
+                lp(
+                    w.keys,
+                    vec![B::new()
+                        .mul(ee(0), vv(0), None)
+                        .add(Some(yc.clone()), yc.clone())
+                        .send(last_row(vv(0)).as_ref())
+                        .build()],
+                ),
+                lb2,
+                0,
             ));
         }
         body.extend(lp(m.d, pv));
@@ -669,7 +702,7 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
         tokens: if p.causal {
             padded_tokens(p.tokens, pes)
         } else {
-            p.tokens
+            p.tokens.div_ceil(pes).saturating_mul(pes)
         },
         ..*p
     };
@@ -677,7 +710,9 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
         if p.causal {
             live_rows(p.tokens, pes, pe)
         } else {
-            dealt.tokens / pes
+            // Contiguous: only the last PE's last rows can be past the end.
+            let r = dealt.tokens / pes;
+            p.tokens.saturating_sub(pe * r).min(r)
         }
     };
     let lagged = lagged_programs(&dealt, pes, safe, lag, &live)?;
@@ -733,7 +768,10 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
     let scale = p.scale as f32;
     let (programs, kv, y) = lagged.unwrap_or_else(|| {
         let programs = (0..m)
-            .map(|pe| program(&map, pe, m, heads, causal, scale, safe, live(pe)))
+            .map(|pe| {
+                let last = live(m - 1);
+                program(&map, pe, m, heads, causal, scale, safe, live(pe), last)
+            })
             .collect();
         (programs, kv, y)
     });
@@ -798,6 +836,7 @@ fn program(
     scale: f32,
     safe: bool,
     live: u32,
+    last_live: u32,
 ) -> LoopProgram {
     let d = i64::from(map.d);
     let block = i64::from(map.block);
@@ -873,6 +912,7 @@ fn program(
             slots: slot0.clone(),
             tri: false,
             forward_to: (m > 1).then(|| rotating.clone()),
+            key_limit: (pe + 1 == m && last_live < map.rows).then_some(last_live),
         }));
     }
     // Later steps. Without a mask: all rows against the whole block. With
@@ -918,125 +958,144 @@ fn program(
         });
     }
     // One step's work, `s` being `first` plus the index of the loop at level 1 times `every`.
-    let step = |ph: &Phase, first: u32, every: u32, count: u32| -> Vec<Node> {
-        let (kb, dst) = if causal {
-            (buf_of(first), buf_of(first + 1))
-        } else {
-            (rotating.clone(), rotating.clone())
-        };
-        // Step `first + every·i` forwards unless it is the ring's last.
-        let forwards = first < m - 1;
-        let stop = (m - 1 - first).div_ceil(every);
-        let preds: Vec<Pred> = if forwards && stop < count {
-            vec![Pred {
-                slot: Slot::Xfer,
-                level: 1,
-                cmp: Cmp::Lt,
-                value: stop,
-            }]
-        } else {
-            Vec::new()
-        };
-        // Step s writes the new row maximum to slot s % 2 and reads the old one from the
-        // other (step 0 only writes slot 0).
-        let slot = |s: u32| {
-            let at = ad(map.mx + (s % 2) * map.rows);
-            if every % 2 == 1 && count > 1 {
-                // Consecutive steps alternate.
-                let stride = if s.is_multiple_of(2) { rows_i } else { -rows_i };
-                at.wrap(1, stride, 2)
+    let step =
+        |ph: &Phase, first: u32, every: u32, count: u32, key_limit: Option<u32>| -> Vec<Node> {
+            let (kb, dst) = if causal {
+                (buf_of(first), buf_of(first + 1))
             } else {
-                at
+                (rotating.clone(), rotating.clone())
+            };
+            // Step `first + every·i` forwards unless it is the ring's last.
+            let forwards = first < m - 1;
+            let stop = (m - 1 - first).div_ceil(every);
+            let preds: Vec<Pred> = if forwards && stop < count {
+                vec![Pred {
+                    slot: Slot::Xfer,
+                    level: 1,
+                    cmp: Cmp::Lt,
+                    value: stop,
+                }]
+            } else {
+                Vec::new()
+            };
+            // Step s writes the new row maximum to slot s % 2 and reads the old one from the
+            // other (step 0 only writes slot 0).
+            let slot = |s: u32| {
+                let at = ad(map.mx + (s % 2) * map.rows);
+                if every % 2 == 1 && count > 1 {
+                    // Consecutive steps alternate.
+                    let stride = if s.is_multiple_of(2) { rows_i } else { -rows_i };
+                    at.wrap(1, stride, 2)
+                } else {
+                    at
+                }
+            };
+            let n_rounds = ph.rounds.len() as u32;
+            let per_round = map.block / n_rounds;
+            let mut inner = Vec::new();
+            if forwards && count == 1 && trims(first) {
+                // One row group per range: each group's score loops carry one contiguous piece.
+                let groups = last_hop_ranges.len() as u32;
+                let rows = ph.rows / groups;
+                for (g, &(offset, len)) in last_hop_ranges.iter().enumerate() {
+                    let off = i64::from(offset);
+                    inner.extend(ctx(2).block(&Work {
+                        r0: ph.r0 + g as u32 * rows,
+                        rows,
+                        k0: 0,
+                        keys: c,
+                        kb: kb.clone(),
+                        first: false,
+                        send: Some((kb.clone().plus(off), dst.clone().plus(off), len)),
+                        slots: safe.then(|| (slot(first + 1), slot(first))),
+                        tri: false,
+                        forward_to: None,
+                        key_limit: None,
+                    }));
+                }
+                return inner;
             }
-        };
-        let n_rounds = ph.rounds.len() as u32;
-        let per_round = map.block / n_rounds;
-        let mut inner = Vec::new();
-        if forwards && count == 1 && trims(first) {
-            // One row group per range: each group's score loops carry one contiguous piece.
-            let groups = last_hop_ranges.len() as u32;
-            let rows = ph.rows / groups;
-            for (g, &(offset, len)) in last_hop_ranges.iter().enumerate() {
-                let off = i64::from(offset);
+            if n_rounds == 1 {
+                let (k0, keys) = ph.rounds[0];
                 inner.extend(ctx(2).block(&Work {
-                    r0: ph.r0 + g as u32 * rows,
-                    rows,
-                    k0: 0,
-                    keys: c,
-                    kb: kb.clone(),
-                    first: false,
-                    send: Some((kb.clone().plus(off), dst.clone().plus(off), len)),
-                    slots: safe.then(|| (slot(first + 1), slot(first))),
-                    tri: false,
-                    forward_to: None,
-                }));
-            }
-            return inner;
-        }
-        if n_rounds == 1 {
-            let (k0, keys) = ph.rounds[0];
-            inner.extend(ctx(2).block(&Work {
-                r0: ph.r0,
-                rows: ph.rows,
-                k0,
-                keys,
-                kb: kb.clone(),
-                first: false,
-                send: (forwards && causal).then(|| (kb.clone(), dst.clone(), per_round)),
-                slots: safe.then(|| (slot(first + 1), slot(first))),
-                tri: false,
-                forward_to: (forwards && !causal).then(|| rotating.clone()),
-            }));
-        } else {
-            // Equal rounds of `keys` keys as one loop at level 2 over the round `j`: keys,
-            // the forwarded piece and the max slots move with `j`. Rounds swap the slots back
-            // and forth, so the step leaves the maximum where it found it.
-            let (_, keys) = ph.rounds[0];
-            let kd = i64::from(keys) * d;
-            let piece = i64::from(per_round);
-            let cur = i64::from(map.mx + ((ph.first + 1) % 2) * map.rows);
-            let other = i64::from(map.mx + (ph.first % 2) * map.rows);
-            let alternating = |a: i64, b: i64| ad(a as u32).wrap(2, b - a, 2);
-            inner.extend(lp(
-                n_rounds,
-                ctx(3).block(&Work {
                     r0: ph.r0,
                     rows: ph.rows,
-                    k0: 0,
+                    k0,
                     keys,
-                    kb: kb.clone().t(2, kd),
+                    kb: kb.clone(),
                     first: false,
-                    send: (forwards && causal)
-                        .then(|| (kb.clone().t(2, piece), dst.clone().t(2, piece), per_round)),
-                    slots: safe.then(|| (alternating(cur, other), alternating(other, cur))),
+                    send: (forwards && causal).then(|| (kb.clone(), dst.clone(), per_round)),
+                    slots: safe.then(|| (slot(first + 1), slot(first))),
                     tri: false,
-                    forward_to: None,
-                }),
-            ));
-        }
-        if !preds.is_empty() {
-            add_xfer_preds(&mut inner, &preds);
-        }
-        inner
-    };
+                    forward_to: (forwards && !causal).then(|| rotating.clone()),
+                    key_limit,
+                }));
+            } else {
+                // Equal rounds of `keys` keys as one loop at level 2 over the round `j`: keys,
+                // the forwarded piece and the max slots move with `j`. Rounds swap the slots back
+                // and forth, so the step leaves the maximum where it found it.
+                let (_, keys) = ph.rounds[0];
+                let kd = i64::from(keys) * d;
+                let piece = i64::from(per_round);
+                let cur = i64::from(map.mx + ((ph.first + 1) % 2) * map.rows);
+                let other = i64::from(map.mx + (ph.first % 2) * map.rows);
+                let alternating = |a: i64, b: i64| ad(a as u32).wrap(2, b - a, 2);
+                inner.extend(lp(
+                    n_rounds,
+                    ctx(3).block(&Work {
+                        r0: ph.r0,
+                        rows: ph.rows,
+                        k0: 0,
+                        keys,
+                        kb: kb.clone().t(2, kd),
+                        first: false,
+                        send: (forwards && causal)
+                            .then(|| (kb.clone().t(2, piece), dst.clone().t(2, piece), per_round)),
+                        slots: safe.then(|| (alternating(cur, other), alternating(other, cur))),
+                        tri: false,
+                        forward_to: None,
+                        key_limit: None,
+                    }),
+                ));
+            }
+            if !preds.is_empty() {
+                add_xfer_preds(&mut inner, &preds);
+            }
+            inner
+        };
     for ph in &phases {
         if ph.count == 0 {
             continue;
         }
         if !causal {
-            head.extend(lp(ph.count, step(ph, ph.first, 1, ph.count)));
+            // A padded last block (PE m − 1's) is here in step `pe + 1`: a step of its own.
+            let special = (last_live < map.rows && pe + 1 < m).then_some(pe + 1);
+            match special {
+                Some(s) => {
+                    for (first, count, limit) in [
+                        (1, s - 1, None),
+                        (s, 1, Some(last_live)),
+                        (s + 1, m - 1 - s, None),
+                    ] {
+                        if count > 0 {
+                            head.extend(lp(count, step(ph, first, 1, count, limit)));
+                        }
+                    }
+                }
+                None => head.extend(lp(ph.count, step(ph, ph.first, 1, ph.count, None))),
+            }
             continue;
         }
         // Pairs of steps, then the odd one out.
         let pairs = ph.count / 2;
         if pairs > 0 {
-            let mut body = step(ph, ph.first, 2, pairs);
-            body.extend(step(ph, ph.first + 1, 2, pairs));
+            let mut body = step(ph, ph.first, 2, pairs, None);
+            body.extend(step(ph, ph.first + 1, 2, pairs, None));
             head.extend(lp(pairs, body));
         }
         if ph.count % 2 == 1 {
             let last = ph.first + ph.count - 1;
-            head.extend(lp(1, step(ph, last, 1, 1)));
+            head.extend(lp(1, step(ph, last, 1, 1, None)));
         }
     }
     head.extend(normalise(map.y, map.l, map.rows, map.d, live));
@@ -1100,6 +1159,7 @@ fn triangle(
             slots: slots.cloned(),
             tri: false,
             forward_to: None,
+            key_limit: None,
         }));
     }
     for (r0, count, send) in segments {
@@ -1116,6 +1176,7 @@ fn triangle(
             // nothing).
             tri: count > 1,
             forward_to: None,
+            key_limit: None,
         }));
     }
     Some(nodes)
@@ -1164,6 +1225,7 @@ fn unrolled_triangle(
             slots: slots.cloned(),
             tri: false,
             forward_to: None,
+            key_limit: None,
         }));
     }
     head
@@ -1233,6 +1295,45 @@ fn mask_rows(nodes: &mut [Node], level: u8, r0: u32, rows: u32, live: u32) {
                     b.preds.sort();
                     b.preds.dedup();
                 }
+            }
+        }
+    }
+}
+
+/// Turns off every slot of the bundles in `nodes` (inside a loop over keys at `level`) in the
+/// iterations at or past `keep`: keys past the layer's end, which nothing may compute with or
+/// forward. `keep = 0` leaves no-ops.
+fn mask_keys(nodes: &mut [Node], level: u8, keep: u32) {
+    for n in nodes {
+        match n {
+            Node::Loop(l) => mask_keys(&mut l.body, level, keep),
+            Node::Bundle(b) => {
+                if keep == 0 {
+                    b.bundle = Bundle {
+                        op: Op::Nop,
+                        acc: Acc::Nop,
+                        xfer: Xfer::Nop,
+                    };
+                    b.terms.clear();
+                    b.preds.clear();
+                    continue;
+                }
+                for (slot, used) in [
+                    (Slot::Op, b.bundle.op != Op::Nop),
+                    (Slot::Acc, b.bundle.acc != Acc::Nop),
+                    (Slot::Xfer, b.bundle.xfer != Xfer::Nop),
+                ] {
+                    if used {
+                        b.preds.push(Pred {
+                            slot,
+                            level,
+                            cmp: Cmp::Lt,
+                            value: keep,
+                        });
+                    }
+                }
+                b.preds.sort();
+                b.preds.dedup();
             }
         }
     }
