@@ -23,7 +23,7 @@ struct Model {
     run: bool,
 }
 
-const MODELS: [Model; 7] = [
+const MODELS: [Model; 9] = [
     Model {
         name: "BERT-base",
         n: 512,
@@ -85,6 +85,25 @@ const MODELS: [Model; 7] = [
         h: 1,
         causal: true,
         m: 16,
+        run: true,
+    },
+    // Tokens that do not divide the ring: the last chunk (or block) is padded.
+    Model {
+        name: "GPT-2 small, 1000 tokens",
+        n: 1000,
+        d: 64,
+        h: 12,
+        causal: true,
+        m: 16,
+        run: true,
+    },
+    Model {
+        name: "BERT-base, 500 tokens",
+        n: 500,
+        d: 64,
+        h: 12,
+        causal: false,
+        m: 8,
         run: true,
     },
 ];
