@@ -355,11 +355,14 @@ fn compile_stream(
                 .join("\n"),
         );
     }
-    let reason = if too_big {
+    let mut reason = if too_big {
         format!("the layer is larger than the {MAX_OPS} operations attnc unrolls; loop programs")
     } else {
         "forced with --schedule stream".to_string()
     };
+    if built.lag > 0 {
+        reason += &format!("; values trail keys by {} ring steps", built.lag);
+    }
     let manifest = stream::manifest(&layer.name, problem, opts.pes, &built, reason)?;
     Ok(Compiled {
         programs: Vec::new(),

@@ -58,6 +58,8 @@ pub struct Stream {
     /// Every operation the programs execute, running maxima and rescaling
     /// included: the necessary count of the formulation emitted.
     pub total_ops: u64,
+    /// Ring steps the values trail the keys by (0: none, every step rescales).
+    pub lag: u32,
 }
 
 /// Why the stream schedule does not apply, if it does not.
@@ -653,7 +655,7 @@ fn lagged_programs(
     safe: bool,
     lag: Lag,
     live: &dyn Fn(u32) -> u32,
-) -> Result<Option<(Vec<LoopProgram>, u32, u32)>, String> {
+) -> Result<Option<(Vec<LoopProgram>, u32, u32, u32)>, String> {
     if !(p.causal && !p.symmetric && safe && pes >= 2) {
         return match lag {
             Lag::Steps(g) => Err(format!(
@@ -662,12 +664,12 @@ fn lagged_programs(
             _ => Ok(None),
         };
     }
-    let build = |g: u32| -> Option<(Vec<LoopProgram>, u32, u32)> {
+    let build = |g: u32| -> Option<(Vec<LoopProgram>, u32, u32, u32)> {
         let map = lagged::LMap::new(p, pes, g)?;
         let programs = (0..pes)
             .map(|pe| lagged::program(&map, pe, pes, p.heads, p.scale as f32, live(pe)))
             .collect::<Option<Vec<_>>>()?;
-        Some((programs, map.kv, map.y))
+        Some((programs, map.kv, map.y, g))
     };
     match lag {
         Lag::Off => Ok(None),
@@ -716,6 +718,7 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
         }
     };
     let lagged = lagged_programs(&dealt, pes, safe, lag, &live)?;
+    let lag_steps = lagged.as_ref().map_or(0, |l| l.3);
     let (n, d, heads, m) = (dealt.tokens, p.dim, p.heads, pes);
     let shared = p.symmetric;
     let causal = p.causal;
@@ -766,14 +769,14 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
         words: if safe { f + 1 } else { l + rows },
     };
     let scale = p.scale as f32;
-    let (programs, kv, y) = lagged.unwrap_or_else(|| {
+    let (programs, kv, y, _) = lagged.unwrap_or_else(|| {
         let programs = (0..m)
             .map(|pe| {
                 let last = live(m - 1);
                 program(&map, pe, m, heads, causal, scale, safe, live(pe), last)
             })
             .collect();
-        (programs, kv, y)
+        (programs, kv, y, 0)
     });
     // Static: every PE's length follows from its loops; they are equal by
     // construction, which the tests check.
@@ -823,6 +826,7 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
         cycles,
         ops,
         total_ops,
+        lag: lag_steps,
     })
 }
 
