@@ -647,15 +647,22 @@ pub fn allowance(p: &Problem, pes: u32) -> u64 {
     share + share / 20 + 4096
 }
 
-/// The lagged programs and their own k/v and output bases, if `lag` asks for them and they
-/// apply.
+/// Lagged programs: their own k/v and output bases, and the lag.
+struct Lagged {
+    programs: Vec<LoopProgram>,
+    kv: u32,
+    y: u32,
+    g: u32,
+}
+
+/// The lagged programs, if `lag` asks for them and they apply.
 fn lagged_programs(
     p: &Problem,
     pes: u32,
     safe: bool,
     lag: Lag,
     live: &dyn Fn(u32) -> u32,
-) -> Result<Option<(Vec<LoopProgram>, u32, u32, u32)>, String> {
+) -> Result<Option<Lagged>, String> {
     if !(p.causal && !p.symmetric && safe && pes >= 2) {
         return match lag {
             Lag::Steps(g) => Err(format!(
@@ -664,12 +671,17 @@ fn lagged_programs(
             _ => Ok(None),
         };
     }
-    let build = |g: u32| -> Option<(Vec<LoopProgram>, u32, u32, u32)> {
+    let build = |g: u32| -> Option<Lagged> {
         let map = lagged::LMap::new(p, pes, g)?;
         let programs = (0..pes)
             .map(|pe| lagged::program(&map, pe, pes, p.heads, p.scale as f32, live(pe)))
             .collect::<Option<Vec<_>>>()?;
-        Some((programs, map.kv, map.y, g))
+        Some(Lagged {
+            programs,
+            kv: map.kv,
+            y: map.y,
+            g,
+        })
     };
     match lag {
         Lag::Off => Ok(None),
@@ -718,7 +730,7 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
         }
     };
     let lagged = lagged_programs(&dealt, pes, safe, lag, &live)?;
-    let lag_steps = lagged.as_ref().map_or(0, |l| l.3);
+    let lag_steps = lagged.as_ref().map_or(0, |l| l.g);
     let (n, d, heads, m) = (dealt.tokens, p.dim, p.heads, pes);
     let shared = p.symmetric;
     let causal = p.causal;
@@ -769,14 +781,14 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
         words: if safe { f + 1 } else { l + rows },
     };
     let scale = p.scale as f32;
-    let (programs, kv, y, _) = lagged.unwrap_or_else(|| {
+    let (programs, kv, y) = lagged.map(|l| (l.programs, l.kv, l.y)).unwrap_or_else(|| {
         let programs = (0..m)
             .map(|pe| {
                 let last = live(m - 1);
                 program(&map, pe, m, heads, causal, scale, safe, live(pe), last)
             })
             .collect();
-        (programs, kv, y, 0)
+        (programs, kv, y)
     });
     // Static: every PE's length follows from its loops; they are equal by
     // construction, which the tests check.
