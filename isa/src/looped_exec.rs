@@ -11,7 +11,7 @@
 //! another slot in it; otherwise it steps one cycle and tries again.
 
 use crate::inst::{Acc, AccSrc, Addr, Arith, Bundle, Op, OpKind, Xfer, XferSrc};
-use crate::looped::{field, Field, LBundle, LoopError, LoopProgram, Node, MAX_LOOP_DEPTH};
+use crate::looped::{field, Cmp, Field, LBundle, LoopError, LoopProgram, Node, MAX_LOOP_DEPTH};
 use crate::machine::{
     Domain, F32Domain, Fault, LoadError, Machine, NoObserver, Observer, PeStats, RunStats,
 };
@@ -352,11 +352,22 @@ impl LoopMachine<F32Domain> {
                 continue;
             };
             let inner = (*depth - 1) as u8;
-            // Predicates and wraps on the innermost index can change the
-            // bundle inside the window.
-            if b.preds.iter().any(|p| p.level == inner)
-                || b.terms.iter().any(|t| t.level == inner && t.wrap != 0)
-            {
+            // Wraps on the innermost index can change the bundle inside the window; a
+            // predicate on it only where it turns, so the window ends before that.
+            if b.terms.iter().any(|t| t.level == inner && t.wrap != 0) {
+                return None;
+            }
+            let i = idx[usize::from(inner)];
+            for p in b.preds.iter().filter(|p| p.level == inner) {
+                let turns = match p.cmp {
+                    Cmp::Lt | Cmp::Ge if i < p.value => p.value - i,
+                    Cmp::Eq | Cmp::Ne if i < p.value => p.value - i,
+                    Cmp::Eq | Cmp::Ne if i == p.value => 1,
+                    _ => u32::MAX,
+                };
+                w = w.min(turns);
+            }
+            if w < 2 {
                 return None;
             }
             let bundle = b.instance(idx);
