@@ -111,6 +111,74 @@ fn every_kind_of_layer_runs_from_its_files() {
     assert!(ran > 300, "only {ran} layers applied");
 }
 
+/// Causal layers with a safe softmax, whose values trail their keys (by the whole ring within
+/// the default allowance, or by 2 steps in groups under a `--mem` limit that allows no more),
+/// run from their files against the reference, tokens that do not divide the ring included.
+#[test]
+fn lagged_values_run_from_their_files() {
+    let mut ran = 0;
+    for (n, m) in [(16u32, 2u32), (30, 4), (32, 4), (47, 6), (64, 8)] {
+        for d in [1u32, 4] {
+            for heads in [1u32, 3] {
+                let src = layer_src(n, d, heads, false, true).replace("plain", "safe");
+                let what = format!("n={n} d={d} m={m} heads={heads}");
+                let whole = stream(&src, m).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    whole
+                        .manifest
+                        .selection
+                        .reason
+                        .contains("values trail keys"),
+                    "{what}: {}",
+                    whole.manifest.selection.reason
+                );
+                // The memory of a lag of 2: the least a lagged program needs.
+                let p = compiler::problem::Problem {
+                    tokens: n,
+                    dim: d,
+                    heads,
+                    scale: 1.0 / f64::from(d).sqrt(),
+                    symmetric: false,
+                    shared_values: false,
+                    causal: true,
+                    softmax: runtime::layer::Softmax::Safe,
+                };
+                let two = compiler::passes::schedule_stream::run_with(
+                    &p,
+                    m,
+                    true,
+                    compiler::passes::schedule_stream::Lag::Steps(2),
+                )
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let opts = compiler::Options {
+                    pes: m,
+                    schedule: Choice::Stream,
+                    dump_after: None,
+                    mem_limit: Some(two.programs[0].mem_words),
+                };
+                let grouped = compiler::compile(&parse_one(&src), &opts)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    grouped
+                        .manifest
+                        .selection
+                        .reason
+                        .contains("by 2 ring steps"),
+                    "{what}: {}",
+                    grouped.manifest.selection.reason
+                );
+                for c in [&whole, &grouped] {
+                    let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+                    let (_, cycles, _) = run_dir(&files(c, true), seed);
+                    assert_eq!(cycles, c.manifest.cycles, "{what}");
+                    ran += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(ran, 40);
+}
+
 #[test]
 fn placements_are_layouts_and_expand_to_distinct_words() {
     let c = stream(&layer_src(16, 4, 2, false, true), 4).unwrap();
