@@ -77,6 +77,7 @@ fn main() {
                             schedule: Choice::Auto,
                             dump_after: None,
                             mem_limit: None,
+                            reroll: true,
                         };
                         let plain = compiler::compile(&plain_layer, &opts).expect("compiles");
                         let t = Instant::now();

@@ -301,6 +301,7 @@ fn every_scheduler_forced_where_it_applies() {
                                     schedule: choice,
                                     dump_after: None,
                                     mem_limit: None,
+                                    reroll: false,
                                 };
                                 let result = compiler::compile(&layer, &opts);
                                 if !forced_applies(choice, n, d, m, shared, causal) {

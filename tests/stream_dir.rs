@@ -16,6 +16,7 @@ fn stream(src: &str, pes: u32) -> Result<compiler::Compiled, compiler::CompileEr
         schedule: Choice::Stream,
         dump_after: None,
         mem_limit: None,
+        reroll: false,
     };
     compiler::compile(&parse_one(src), &opts)
 }
@@ -171,6 +172,7 @@ fn a_layer_too_large_to_unroll_gets_loop_programs_under_auto() {
         schedule: Choice::Auto,
         dump_after: None,
         mem_limit: None,
+        reroll: false,
     };
     let c = compiler::compile(&parse_one(src), &opts).expect("compiles");
     assert_eq!(c.manifest.schedule, "schedule-stream");

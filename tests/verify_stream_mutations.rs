@@ -20,6 +20,7 @@ fn stream(src: &str, pes: u32) -> compiler::Compiled {
         schedule: Choice::Stream,
         dump_after: None,
         mem_limit: None,
+        reroll: false,
     };
     compiler::compile(&parse_one(src), &opts).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -76,14 +76,19 @@ pub struct Options {
     pub dump_after: Option<String>,
     /// Largest memory, in words per PE, a schedule may use (`--mem`).
     pub mem_limit: Option<u32>,
+    /// Fold an unrolled schedule's programs into loop programs (the `reroll` pass) and emit
+    /// those when their binaries are smaller in total than the flat ones. Off by default for
+    /// library callers, who get flat programs; `attnc compile` turns it on unless `--flat`.
+    pub reroll: bool,
 }
 
 /// Everything a compile produces; the CLI decides what to write.
 pub struct Compiled {
-    /// One flat program per PE; empty when the stream schedule was chosen (then see `loops`).
+    /// One flat program per PE from an unrolled schedule (also when the rerolled form is what
+    /// the manifest describes: both mean the same run); empty for the stream schedule.
     pub programs: Vec<isa::Program>,
-    /// One loop program per PE when the manifest's `programs` is `loops` (the stream schedule);
-    /// empty otherwise.
+    /// One loop program per PE when the manifest's `programs` is `loops` (the stream schedule,
+    /// or a rerolled unrolled one); empty otherwise. What a writer emits when not empty.
     pub loops: Vec<isa::LoopProgram>,
     pub manifest: Manifest,
     /// The ring scheduler whose schedule was kept; `None` for the stream schedule.
@@ -290,11 +295,33 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         reason,
         candidates: tried,
     };
-    let manifest = build_manifest(layer, &problem, opts.pes, &schedule, &emitted, selection);
+    let mut manifest = build_manifest(layer, &problem, opts.pes, &schedule, &emitted, selection);
     lap("manifest", &mut timings);
+    let mut loops = Vec::new();
+    if opts.reroll || wants(passes::reroll::NAME) {
+        let rerolled: Vec<isa::LoopProgram> =
+            emitted.programs.iter().map(passes::reroll::run).collect();
+        lap(passes::reroll::NAME, &mut timings);
+        if wants(passes::reroll::NAME) {
+            dump = Some(
+                rerolled
+                    .iter()
+                    .map(|p| p.to_text())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            );
+        }
+        let flat: u64 = emitted.programs.iter().map(isa::binary::encoded_len).sum();
+        let looped: u64 = rerolled.iter().map(isa::looped_binary::encoded_len).sum();
+        if opts.reroll && looped < flat {
+            manifest.format_version = manifest::LAYOUT_FORMAT_VERSION;
+            manifest.programs = manifest::ProgramKind::Loops;
+            loops = rerolled;
+        }
+    }
     Ok(Compiled {
         programs: emitted.programs,
-        loops: Vec::new(),
+        loops,
         manifest,
         scheduler: Some(chosen),
         dump,

@@ -33,6 +33,7 @@ pub fn compile_src(src: &str, pes: u32, schedule: Choice) -> Compiled {
         schedule,
         dump_after: None,
         mem_limit: None,
+        reroll: false,
     };
     compile(&layer, &opts).unwrap_or_else(|e| panic!("compile failed: {e}"))
 }

@@ -40,6 +40,10 @@ struct Life {
     /// The previous lifetime of the same value on this PE (`NONE` if none): values that come
     /// back to a PE are rare and short-listed, so a chain beats a vector per value.
     prev: u32,
+    /// A lifetime (`NONE` if none) whose word this one should take over if it is free when
+    /// this one starts: the running sum or maximum it updates, so that an accumulation stays
+    /// in one word (`add mA -> mA`) and repeats with the same addresses.
+    heir_of: u32,
 }
 
 const NONE: u32 = u32::MAX;
@@ -52,7 +56,7 @@ struct PeLives {
 }
 
 impl PeLives {
-    fn start(&mut self, val: Val, start: usize, pinned: bool) {
+    fn start(&mut self, val: Val, start: usize, pinned: bool, heir_of: u32) {
         let idx = self.lives.len() as u32;
         let prev = self.latest.insert(val, idx).unwrap_or(NONE);
         self.lives.push(Life {
@@ -61,6 +65,7 @@ impl PeLives {
             pinned,
             addr: Addr::MAX,
             prev,
+            heir_of,
         });
     }
 
@@ -119,7 +124,7 @@ pub fn run(s: &RingSchedule) -> Result<Emitted, CodegenError> {
 
     for (val, info) in s.vals.iter() {
         if let ValInfo::Input { pe, .. } = info {
-            pes[*pe as usize].start(val, 0, true);
+            pes[*pe as usize].start(val, 0, true, NONE);
         }
     }
     let output_at: HashMap<(u32, Val), ()> =
@@ -154,15 +159,27 @@ pub fn run(s: &RingSchedule) -> Result<Emitted, CodegenError> {
         for pe in 0..m {
             let slot = s.slots[pe][t];
             if let Some(work) = slot.work {
+                let updated = match work {
+                    Work::Mac { acc, out, .. } => acc.map(|a| (a, out)),
+                    Work::Exp { acc, sum, .. } => acc.map(|a| (a, sum)),
+                    Work::Max { a, out, .. } => Some((a, out)),
+                    Work::Div { .. } => None,
+                };
                 for v in work.writes() {
                     let pinned = output_at.contains_key(&(pe as u32, v));
-                    pes[pe].start(v, t + 1, pinned);
+                    let heir_of = match updated {
+                        Some((old, new)) if new == v => {
+                            pes[pe].at(old, t).map_or(NONE, |i| i as u32)
+                        }
+                        _ => NONE,
+                    };
+                    pes[pe].start(v, t + 1, pinned, heir_of);
                 }
             }
             if let Some(v) = slot.send {
                 let to = (pe + 1) % m;
                 let pinned = output_at.contains_key(&(to as u32, v));
-                pes[to].start(v, t + 1, pinned);
+                pes[to].start(v, t + 1, pinned, NONE);
             }
         }
     }
@@ -220,7 +237,15 @@ fn allocate(lives: &mut [Life]) -> u32 {
         .collect();
     order.sort_by_key(|&i| lives[i].start);
     let mut busy: BinaryHeap<Reverse<(usize, Addr)>> = BinaryHeap::new();
-    let mut free: BinaryHeap<Reverse<Addr>> = BinaryHeap::new();
+    // Last freed, first reused: any free word keeps memory at the peak of live values, and
+    // taking the most recent one makes a stretch of work that repeats reuse the same words each
+    // time (its own temporaries), so its bundles repeat with addresses that advance affinely
+    // and the reroll pass can fold them. Lowest-address-first would drag in words freed long
+    // before, in whatever order.
+    // The stack may hold words taken since they were pushed (by an heir); `is_free` says
+    // which entries still stand.
+    let mut free: Vec<Addr> = Vec::new();
+    let mut is_free: Vec<bool> = Vec::new();
     let mut words: Addr = 0;
     for i in order {
         let start = lives[i].start;
@@ -229,18 +254,31 @@ fn allocate(lives: &mut [Life]) -> u32 {
         while let Some(&Reverse((end, addr))) = busy.peek() {
             if end < start {
                 busy.pop();
-                free.push(Reverse(addr));
+                free.push(addr);
+                is_free[addr as usize] = true;
             } else {
                 break;
             }
         }
-        let addr = match free.pop() {
-            Some(Reverse(a)) => a,
-            None => {
-                words += 1;
-                words - 1
-            }
+        let inherited = lives
+            .get(lives[i].heir_of as usize)
+            .map(|h| h.addr)
+            .filter(|&a| is_free.get(a as usize).copied().unwrap_or(false));
+        let addr = match inherited {
+            Some(a) => a,
+            None => loop {
+                match free.pop() {
+                    Some(a) if is_free[a as usize] => break a,
+                    Some(_) => continue,
+                    None => {
+                        words += 1;
+                        is_free.push(false);
+                        break words - 1;
+                    }
+                }
+            },
         };
+        is_free[addr as usize] = false;
         lives[i].addr = addr;
         let end = if lives[i].pinned {
             usize::MAX
