@@ -4,6 +4,7 @@
 
 mod common;
 use common::*;
+use compiler::manifest::ProgramKind;
 use compiler::passes::select::Choice;
 
 const TOL: f64 = 1e-4;
@@ -340,4 +341,43 @@ fn every_scheduler_forced_where_it_applies() {
     }
     // Every scheduler ran on a good part of the grid (the counts follow from the grid alone).
     assert_eq!(used, [384, 96, 192, 1328, 1328], "programs per scheduler");
+}
+
+/// `Options::reroll` (what `attnc compile` does unless `--flat`): the manifest describes loop
+/// programs exactly when the compile returns them, they are smaller than the flat ones, and they
+/// run to the reference like the flat ones.
+#[test]
+fn rerolled_output_where_smaller() {
+    let mut rerolled = 0;
+    for (n, d, m) in [(4, 4, 2), (8, 8, 4), (16, 8, 4), (32, 16, 4), (24, 8, 6)] {
+        for shared in [false, true] {
+            for causal in [false, true] {
+                let what = format!("n={n} d={d} m={m} shared={shared} causal={causal}");
+                let layer = parse_one(&layer_src(n, d, 2, shared, causal));
+                let opts = compiler::Options {
+                    pes: m,
+                    reroll: true,
+                    ..Default::default()
+                };
+                let c = compiler::compile(&layer, &opts).expect("compiles");
+                let flat: u64 = c.programs.iter().map(isa::binary::encoded_len).sum();
+                if c.loops.is_empty() {
+                    assert_eq!(c.manifest.programs, ProgramKind::Flat, "{what}");
+                    continue;
+                }
+                rerolled += 1;
+                assert_eq!(c.manifest.programs, ProgramKind::Loops, "{what}");
+                let looped: u64 = c.loops.iter().map(isa::looped_binary::encoded_len).sum();
+                assert!(looped < flat, "{what}: {looped} >= {flat}");
+                let inputs = compiler::exec::random_inputs(&c.manifest, 11);
+                let (out, _) = compiler::exec::execute_loops(c.loops.clone(), &c.manifest, &inputs)
+                    .expect("runs");
+                assert_eq!(out.stats.cycles, c.manifest.cycles, "{what}");
+                let want = compiler::exec::reference_output(&c.manifest, &inputs).unwrap();
+                let err = compiler::exec::max_abs_err(&out.outputs["y"], &want);
+                assert!(err <= TOL, "{what}: {err}");
+            }
+        }
+    }
+    assert!(rerolled > 0, "no layer of the list was rerolled");
 }
