@@ -316,6 +316,8 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         if opts.reroll && looped < flat {
             manifest.format_version = manifest::LAYOUT_FORMAT_VERSION;
             manifest.programs = manifest::ProgramKind::Loops;
+            manifest.files =
+                runtime::manifest::Files::Pattern(runtime::manifest::FilePattern::standard());
             loops = rerolled;
         }
     }
