@@ -343,23 +343,35 @@ fn every_scheduler_forced_where_it_applies() {
     assert_eq!(used, [384, 96, 192, 1328, 1328], "programs per scheduler");
 }
 
-/// `Options::reroll` (what `attnc compile` does unless `--flat`): the manifest describes loop
-/// programs exactly when the compile returns them, they are smaller than the flat ones, and they
-/// run to the reference like the flat ones.
+/// `Options::reroll` (what `attnc compile` does unless `--flat`): values packed by kind, proved
+/// and run like every other compile (and rerolled, in `run_emitted`); the manifest describes loop
+/// programs exactly when the compile returns them, they are smaller than the flat ones, and
+/// they run natively to the reference; a memory limit the kind packing exceeds is still met.
 #[test]
 fn rerolled_output_where_smaller() {
     let mut rerolled = 0;
-    for (n, d, m) in [(4, 4, 2), (8, 8, 4), (16, 8, 4), (32, 16, 4), (24, 8, 6)] {
+    let mut cases: Vec<(u32, u32, u32, u32)> = Vec::new();
+    for n in [2u32, 3, 4, 6, 8] {
+        for m in divisors(n) {
+            cases.push((n, n, m, 1));
+        }
+    }
+    cases.extend([(16, 8, 4, 2), (32, 16, 4, 2), (24, 8, 6, 2), (12, 4, 8, 3)]);
+    for (n, d, m, heads) in cases {
         for shared in [false, true] {
             for causal in [false, true] {
-                let what = format!("n={n} d={d} m={m} shared={shared} causal={causal}");
-                let layer = parse_one(&layer_src(n, d, 2, shared, causal));
+                let what =
+                    format!("n={n} d={d} m={m} heads={heads} shared={shared} causal={causal}");
+                let layer = parse_one(&layer_src(n, d, heads, shared, causal));
                 let opts = compiler::Options {
                     pes: m,
                     reroll: true,
                     ..Default::default()
                 };
                 let c = compiler::compile(&layer, &opts).expect("compiles");
+                let r = run_emitted(&c, u64::from(n * 7 + m));
+                assert!(r.max_abs_err <= TOL, "{what}: {}", r.max_abs_err);
+                assert_eq!(r.cycles, c.manifest.cycles, "{what}");
                 let flat: u64 = c.programs.iter().map(isa::binary::encoded_len).sum();
                 if c.loops.is_empty() {
                     assert_eq!(c.manifest.programs, ProgramKind::Flat, "{what}");
@@ -380,4 +392,42 @@ fn rerolled_output_where_smaller() {
         }
     }
     assert!(rerolled > 0, "no layer of the list was rerolled");
+    // Packing by kind takes more words than the tight packing; a limit at the tight packing's
+    // memory is met by packing tightly where needed.
+    let layer = parse_one(&layer_src(32, 16, 2, false, false));
+    let tight = compiler::compile(
+        &layer,
+        &compiler::Options {
+            pes: 4,
+            ..Default::default()
+        },
+    )
+    .expect("compiles");
+    let limit = tight.manifest.mem_words.iter().copied().max().unwrap_or(0);
+    let free = compiler::compile(
+        &layer,
+        &compiler::Options {
+            pes: 4,
+            reroll: true,
+            ..Default::default()
+        },
+    )
+    .expect("compiles");
+    assert!(
+        free.manifest.mem_words.iter().any(|&w| w > limit),
+        "packing by kind took no more words than the tight packing here; the limit below tests nothing"
+    );
+    let c = compiler::compile(
+        &layer,
+        &compiler::Options {
+            pes: 4,
+            reroll: true,
+            mem_limit: Some(limit),
+            ..Default::default()
+        },
+    )
+    .expect("fits where the tight packing fits");
+    assert!(c.manifest.mem_words.iter().all(|&w| w <= limit));
+    assert_eq!(c.manifest.cycles, tight.manifest.cycles);
+    run_emitted(&c, 5);
 }

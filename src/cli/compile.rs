@@ -43,8 +43,9 @@ pub struct CompileArgs {
     /// Largest memory per PE, in words: choose a schedule that fits or fail
     #[arg(long = "mem", value_name = "WORDS")]
     pub mem: Option<u32>,
-    /// Write flat programs (one bundle per cycle, ISA formats 1–2) even where the rerolled loop
-    /// programs (format 3) are smaller; for reading a schedule cycle by cycle
+    /// Write flat programs (one bundle per cycle, ISA formats 1–2) with memory packed as tightly
+    /// as possible, even where rerolled loop programs (format 3, values packed by kind for some
+    /// more words) would be smaller; for reading a schedule cycle by cycle
     #[arg(long)]
     pub flat: bool,
 }
