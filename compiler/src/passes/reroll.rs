@@ -300,9 +300,14 @@ fn fold(
     (usize::from(it.depth) <= MAX_LOOP_DEPTH).then_some(it)
 }
 
-/// One sweep for block length `k`: every maximal run of two or more blocks that advance
+/// One sweep for block length `k`: every maximal run of `min_reps` or more blocks that advance
 /// affinely is folded, scanning left to right.
-fn sweep(items: Vec<Item>, k: usize, interner: &mut Interner) -> (Vec<Item>, bool) {
+fn sweep(
+    items: Vec<Item>,
+    k: usize,
+    min_reps: usize,
+    interner: &mut Interner,
+) -> (Vec<Item>, bool) {
     let n = items.len();
     if n < 2 * k {
         return (items, false);
@@ -346,6 +351,10 @@ fn sweep(items: Vec<Item>, k: usize, interner: &mut Interner) -> (Vec<Item>, boo
                 }
             }
             r += 1;
+        }
+        if r < min_reps {
+            i += 1;
+            continue;
         }
         match fold(&items[i..], k, r, &delta, interner) {
             Some(it) => {
@@ -437,15 +446,20 @@ fn reroll(p: &Program, no_steps: bool) -> LoopProgram {
             )
         })
         .collect();
-    loop {
-        let mut changed = false;
-        for k in 1..=MAX_BLOCK {
-            let (next, c) = sweep(items, k, &mut interner);
-            items = next;
-            changed |= c;
-        }
-        if !changed {
-            break;
+    // Pairs last: folding two blocks into a loop of two can hide a longer period (`a b a' b'
+    // …` paired up as `(a b) (a' b')` leaves loops whose strides differ), so runs of three or
+    // more are folded to a fixed point first.
+    for min_reps in [3, 2] {
+        loop {
+            let mut changed = false;
+            for k in 1..=MAX_BLOCK {
+                let (next, c) = sweep(items, k, min_reps, &mut interner);
+                items = next;
+                changed |= c;
+            }
+            if !changed {
+                break;
+            }
         }
     }
     LoopProgram {
