@@ -284,15 +284,17 @@ fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
         .collect();
     order.sort_by_key(|&i| lives[i].start);
     let mut busy: BinaryHeap<Reverse<(usize, Addr)>> = BinaryHeap::new();
-    // Last freed, first reused: any free word keeps memory at the peak of live values, and
-    // taking the most recent one makes a stretch of work that repeats reuse the same words each
-    // time (its own temporaries), so its bundles repeat with addresses that advance affinely
-    // and the reroll pass can fold them. Lowest-address-first would drag in words freed long
-    // before, in whatever order.
-    // The stacks may hold words taken since they were pushed (by an heir); `is_free` says
-    // which entries still stand. By kind, each kind has its own stack of the words it freed.
+    // Tight: last freed, first reused. Any free word keeps memory at the peak of live values,
+    // and taking the most recent one makes a stretch of work that repeats reuse its own
+    // temporaries, where lowest-address-first would drag in words freed long before.
+    // By kind: each kind has its own queue of the words it freed, reused in the order they were
+    // freed, so a row of values takes the words of the row before in the same order (a stack
+    // would reverse it every time).
+    // Stack and queues may hold words taken since they were pushed (by an heir); `is_free` says
+    // which entries still stand.
     let mut free: Vec<Addr> = Vec::new();
-    let mut own: Vec<Vec<Addr>> = vec![Vec::new(); KINDS];
+    let mut own: Vec<std::collections::VecDeque<Addr>> =
+        vec![std::collections::VecDeque::new(); KINDS];
     let mut kind_at: Vec<u8> = Vec::new();
     let mut is_free: Vec<bool> = Vec::new();
     let mut words: Addr = 0;
@@ -304,7 +306,7 @@ fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
             if end < start {
                 busy.pop();
                 if by_kind {
-                    own[usize::from(kind_at[addr as usize])].push(addr);
+                    own[usize::from(kind_at[addr as usize])].push_back(addr);
                 } else {
                     free.push(addr);
                 }
@@ -318,11 +320,15 @@ fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
             .map(|h| h.addr)
             .filter(|&a| is_free.get(a as usize).copied().unwrap_or(false));
         let kind = usize::from(lives[i].kind).min(KINDS - 1);
-        let stack = if by_kind { &mut own[kind] } else { &mut free };
         let addr = match inherited {
             Some(a) => a,
             None => loop {
-                match stack.pop() {
+                let next = if by_kind {
+                    own[kind].pop_front()
+                } else {
+                    free.pop()
+                };
+                match next {
                     Some(a) if is_free[a as usize] => break a,
                     Some(_) => continue,
                     None => {
