@@ -26,6 +26,7 @@ fn compile(src: &str, pes: u32) -> (compiler::Compiled, f64) {
         schedule: Choice::Auto,
         dump_after: None,
         mem_limit: None,
+        reroll: false,
     };
     let t = Instant::now();
     let c = compiler::compile(layer, &opts).expect("compiles");

@@ -1,7 +1,8 @@
 //! Realistic layer shapes, each compiled twice: with `softmax = plain` (the paper's formulation:
 //! cycles, lower bound, cycles/LB, the best paper algorithm where one applies) and with the default
 //! `softmax = safe` (cycles, its own lower bound, and cycles against the aim `plain LB + extra
-//! max operations / m`, the chosen dataflow, memory per PE, compile time and output size).
+//! max operations / m`, the chosen dataflow, memory per PE, compile time, output size and the
+//! largest PE's binary program, as `attnc compile` writes them: rerolled where that is smaller).
 //!
 //! Run: `cargo bench --bench shapes` (add `-- --quick` for the n = 64 rows only, or `-- --n N`
 //! for one sequence length).
@@ -31,8 +32,8 @@ fn main() {
     } else {
         &[64, 128, 256]
     };
-    println!("| n | d | m | heads | scheme | plain cycles | plain LB | plain/LB | best paper algo | safe cycles | safe LB | safe / (plain LB + max ops/m) | chosen (safe) | max mem words/PE | compile s | output MB |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| n | d | m | heads | scheme | plain cycles | plain LB | plain/LB | best paper algo | safe cycles | safe LB | safe / (plain LB + max ops/m) | chosen (safe) | max mem words/PE | compile s | output MB | max pe.bin KiB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut worst_safe: f64 = 0.0;
     let mut log_sum = 0.0;
     let mut count = 0;
@@ -77,16 +78,35 @@ fn main() {
                             schedule: Choice::Auto,
                             dump_after: None,
                             mem_limit: None,
+                            reroll: true,
                         };
                         let plain = compiler::compile(&plain_layer, &opts).expect("compiles");
                         let t = Instant::now();
                         let c = compiler::compile(layer, &opts).expect("compiles");
                         let secs = t.elapsed().as_secs_f64();
-                        let bytes: usize = c
-                            .programs
-                            .iter()
-                            .map(|p| isa::encode(p).map_or(0, |b| b.len()) + p.to_string().len())
-                            .sum::<usize>()
+                        // What `attnc compile` writes: the rerolled loop programs where they are
+                        // smaller, else the flat ones.
+                        let (bins, texts): (Vec<usize>, Vec<usize>) = if c.loops.is_empty() {
+                            c.programs
+                                .iter()
+                                .map(|p| {
+                                    (isa::encode(p).map_or(0, |b| b.len()), p.to_string().len())
+                                })
+                                .unzip()
+                        } else {
+                            c.loops
+                                .iter()
+                                .map(|p| {
+                                    (
+                                        isa::encode_looped(p).map_or(0, |b| b.len()),
+                                        p.to_text().len(),
+                                    )
+                                })
+                                .unzip()
+                        };
+                        let max_bin = bins.iter().copied().max().unwrap_or(0);
+                        let bytes: usize = bins.iter().sum::<usize>()
+                            + texts.iter().sum::<usize>()
                             + c.manifest.to_json().unwrap().len();
                         let man = &c.manifest;
                         let pm = &plain.manifest;
@@ -108,14 +128,15 @@ fn main() {
                             .min()
                             .map_or("n/a".to_string(), |c| c.to_string());
                         println!(
-                            "| {n} | {d} | {m} | {heads} | {scheme} | {} | {} | {ratio:.4} | {paper} | {} | {} | {safe_ratio:.4} | {} | {} | {secs:.2} | {:.1} |",
+                            "| {n} | {d} | {m} | {heads} | {scheme} | {} | {} | {ratio:.4} | {paper} | {} | {} | {safe_ratio:.4} | {} | {} | {secs:.2} | {:.1} | {:.1} |",
                             pm.cycles,
                             pm.lower_bound,
                             man.cycles,
                             man.lower_bound,
                             man.schedule,
                             man.mem_words.iter().max().unwrap_or(&0),
-                            bytes as f64 / 1e6
+                            bytes as f64 / 1e6,
+                            max_bin as f64 / 1024.0
                         );
                     }
                 }

@@ -43,6 +43,7 @@ fn compile(layer: &lang::Layer, pes: u32) -> Result<compiler::Compiled, String> 
         schedule: Choice::Auto,
         dump_after: None,
         mem_limit: None,
+        reroll: false,
     };
     compiler::compile(layer, &opts).map_err(|e| e.to_string())
 }

@@ -101,6 +101,7 @@ fn main() {
             schedule: c.schedule,
             dump_after: None,
             mem_limit: None,
+            reroll: false,
         };
         let compiled = match compiler::compile(layer, &opts) {
             Ok(x) => x,

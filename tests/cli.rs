@@ -40,13 +40,23 @@ fn s(p: &Path) -> &str {
 const LAYER: &str = "layer t { tokens = 4; dim = 4; heads = 2; }";
 
 fn compiled(dir: &Path, src: &str, pes: &str) -> PathBuf {
+    compiled_with(dir, src, pes, &[])
+}
+
+fn compiled_with(dir: &Path, src: &str, pes: &str, extra: &[&str]) -> PathBuf {
     let file = dir.join("layer.attn");
     std::fs::write(&file, src).unwrap();
     let out = dir.join("out");
-    let o = attnc(&[s(&file), "--pes", pes, "-o", s(&out)]);
+    let mut args = vec![s(&file), "--pes", pes, "-o", s(&out)];
+    args.extend_from_slice(extra);
+    let o = attnc(&args);
     assert!(o.status.success(), "{}", text(&o));
     out
 }
+
+/// The two forms `compile` writes: rerolled loop programs (the default, for a layer this size)
+/// and flat ones.
+const FORMS: [&[&str]; 2] = [&[], &["--flat"]];
 
 fn npy(shape: &[u64], data: &[f32]) -> Vec<u8> {
     let mut buf = Vec::new();
@@ -254,28 +264,35 @@ fn input_name_the_layer_does_not_take() {
 
 #[test]
 fn damaged_manifest() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = compiled(dir.path(), LAYER, "2");
-    let path = out.join("manifest.json");
-    let good = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(&path, &good[..good.len() / 2]).unwrap();
-    assert_clean_failure(&attnc(&["run", s(&out)]), "manifest.json");
-    std::fs::write(
-        &path,
-        good.replace("\"format_version\": 1", "\"format_version\": 3"),
-    )
-    .unwrap();
-    assert_clean_failure(&attnc(&["run", s(&out)]), "version 3 is not supported");
-    std::fs::write(&path, good.replace("\"cycles\": ", "\"cycles\": 1")).unwrap();
-    assert_clean_failure(&attnc(&["run", s(&out)]), "cycles");
-    std::fs::write(&path, "\u{0}\u{1}garbage").unwrap();
-    assert_clean_failure(&attnc(&["run", s(&out)]), "JSON");
+    for form in FORMS {
+        let dir = tempfile::tempdir().unwrap();
+        let out = compiled_with(dir.path(), LAYER, "2", form);
+        let path = out.join("manifest.json");
+        let good = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+        assert_clean_failure(&attnc(&["run", s(&out)]), "manifest.json");
+        let future = good
+            .replace("\"format_version\": 1", "\"format_version\": 3")
+            .replace("\"format_version\": 2", "\"format_version\": 3");
+        std::fs::write(&path, future).unwrap();
+        assert_clean_failure(&attnc(&["run", s(&out)]), "version 3 is not supported");
+        std::fs::write(&path, good.replace("\"cycles\": ", "\"cycles\": 1")).unwrap();
+        assert_clean_failure(&attnc(&["run", s(&out)]), "cycles");
+        std::fs::write(&path, "\u{0}\u{1}garbage").unwrap();
+        assert_clean_failure(&attnc(&["run", s(&out)]), "JSON");
+    }
 }
 
 #[test]
 fn damaged_microcode() {
+    for form in FORMS {
+        damaged_microcode_in(form);
+    }
+}
+
+fn damaged_microcode_in(form: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let out = compiled(dir.path(), LAYER, "2");
+    let out = compiled_with(dir.path(), LAYER, "2", form);
     let bin = out.join("pe1.bin");
     let good = std::fs::read(&bin).unwrap();
     std::fs::write(&bin, &good[..good.len() - 10]).unwrap();
@@ -294,10 +311,11 @@ fn damaged_microcode() {
     }
     let asm = out.join("pe0.s");
     let good = std::fs::read_to_string(&asm).unwrap();
-    // A safe layer's programs are format 2, a plain one's format 1.
+    // A safe layer's flat programs are format 2, a plain one's format 1; loop programs format 3.
     let other = good
         .replace(".format 1", ".format 7")
-        .replace(".format 2", ".format 7");
+        .replace(".format 2", ".format 7")
+        .replace(".format 3", ".format 7");
     std::fs::write(&asm, other).unwrap();
     assert_clean_failure(&attnc(&["run", s(&out)]), "pe0.s");
     std::fs::write(&asm, &good[..good.len() / 2]).unwrap();

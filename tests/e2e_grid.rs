@@ -4,6 +4,7 @@
 
 mod common;
 use common::*;
+use compiler::manifest::ProgramKind;
 use compiler::passes::select::Choice;
 
 const TOL: f64 = 1e-4;
@@ -301,6 +302,7 @@ fn every_scheduler_forced_where_it_applies() {
                                     schedule: choice,
                                     dump_after: None,
                                     mem_limit: None,
+                                    reroll: false,
                                 };
                                 let result = compiler::compile(&layer, &opts);
                                 if !forced_applies(choice, n, d, m, shared, causal) {
@@ -339,4 +341,93 @@ fn every_scheduler_forced_where_it_applies() {
     }
     // Every scheduler ran on a good part of the grid (the counts follow from the grid alone).
     assert_eq!(used, [384, 96, 192, 1328, 1328], "programs per scheduler");
+}
+
+/// `Options::reroll` (what `attnc compile` does unless `--flat`): values packed by kind, proved
+/// and run like every other compile (and rerolled, in `run_emitted`); the manifest describes loop
+/// programs exactly when the compile returns them, they are smaller than the flat ones, and
+/// they run natively to the reference; a memory limit the kind packing exceeds is still met.
+#[test]
+fn rerolled_output_where_smaller() {
+    let mut rerolled = 0;
+    let mut cases: Vec<(u32, u32, u32, u32)> = Vec::new();
+    for n in [2u32, 3, 4, 6, 8] {
+        for m in divisors(n) {
+            cases.push((n, n, m, 1));
+        }
+    }
+    cases.extend([(16, 8, 4, 2), (32, 16, 4, 2), (24, 8, 6, 2), (12, 4, 8, 3)]);
+    for (n, d, m, heads) in cases {
+        for shared in [false, true] {
+            for causal in [false, true] {
+                let what =
+                    format!("n={n} d={d} m={m} heads={heads} shared={shared} causal={causal}");
+                let layer = parse_one(&layer_src(n, d, heads, shared, causal));
+                let opts = compiler::Options {
+                    pes: m,
+                    reroll: true,
+                    ..Default::default()
+                };
+                let c = compiler::compile(&layer, &opts).expect("compiles");
+                let r = run_emitted(&c, u64::from(n * 7 + m));
+                assert!(r.max_abs_err <= TOL, "{what}: {}", r.max_abs_err);
+                assert_eq!(r.cycles, c.manifest.cycles, "{what}");
+                let flat: u64 = c.programs.iter().map(isa::binary::encoded_len).sum();
+                if c.loops.is_empty() {
+                    assert_eq!(c.manifest.programs, ProgramKind::Flat, "{what}");
+                    continue;
+                }
+                rerolled += 1;
+                assert_eq!(c.manifest.programs, ProgramKind::Loops, "{what}");
+                let looped: u64 = c.loops.iter().map(isa::looped_binary::encoded_len).sum();
+                assert!(looped < flat, "{what}: {looped} >= {flat}");
+                let inputs = compiler::exec::random_inputs(&c.manifest, 11);
+                let (out, _) = compiler::exec::execute_loops(c.loops.clone(), &c.manifest, &inputs)
+                    .expect("runs");
+                assert_eq!(out.stats.cycles, c.manifest.cycles, "{what}");
+                let want = compiler::exec::reference_output(&c.manifest, &inputs).unwrap();
+                let err = compiler::exec::max_abs_err(&out.outputs["y"], &want);
+                assert!(err <= TOL, "{what}: {err}");
+            }
+        }
+    }
+    assert!(rerolled > 0, "no layer of the list was rerolled");
+    // Packing by kind takes more words than the tight packing; a limit at the tight packing's
+    // memory is met by packing tightly where needed.
+    let layer = parse_one(&layer_src(32, 16, 2, false, false));
+    let tight = compiler::compile(
+        &layer,
+        &compiler::Options {
+            pes: 4,
+            ..Default::default()
+        },
+    )
+    .expect("compiles");
+    let limit = tight.manifest.mem_words.iter().copied().max().unwrap_or(0);
+    let free = compiler::compile(
+        &layer,
+        &compiler::Options {
+            pes: 4,
+            reroll: true,
+            ..Default::default()
+        },
+    )
+    .expect("compiles");
+    assert!(
+        free.manifest.mem_words.iter().any(|&w| w > limit),
+        "packing by kind took no more words than the tight packing here; the limit below tests nothing"
+    );
+    let c = compiler::compile(
+        &layer,
+        &compiler::Options {
+            pes: 4,
+            reroll: true,
+            mem_limit: Some(limit),
+            ..Default::default()
+        },
+    )
+    .expect("fits where the tight packing fits");
+    assert!(c.manifest.mem_words.iter().all(|&w| w <= limit));
+    assert_eq!(c.manifest.cycles, tight.manifest.cycles);
+    run_emitted(&c, 5);
 }

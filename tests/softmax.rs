@@ -30,6 +30,7 @@ fn build(text: &str, pes: u32, schedule: Choice) -> Result<Compiled, CompileErro
         schedule,
         dump_after: None,
         mem_limit: None,
+        reroll: false,
     };
     compile(&parse_one(text), &opts)
 }

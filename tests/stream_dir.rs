@@ -16,6 +16,7 @@ fn stream(src: &str, pes: u32) -> Result<compiler::Compiled, compiler::CompileEr
         schedule: Choice::Stream,
         dump_after: None,
         mem_limit: None,
+        reroll: false,
     };
     compiler::compile(&parse_one(src), &opts)
 }
@@ -155,6 +156,7 @@ fn lagged_values_run_from_their_files() {
                     schedule: Choice::Stream,
                     dump_after: None,
                     mem_limit: Some(two.programs[0].mem_words),
+                    reroll: false,
                 };
                 let grouped = compiler::compile(&parse_one(&src), &opts)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -245,6 +247,7 @@ fn a_layer_too_large_to_unroll_gets_loop_programs_under_auto() {
         schedule: Choice::Auto,
         dump_after: None,
         mem_limit: None,
+        reroll: false,
     };
     let c = compiler::compile(&parse_one(src), &opts).expect("compiles");
     assert_eq!(c.manifest.schedule, "schedule-stream");

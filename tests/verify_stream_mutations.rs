@@ -21,6 +21,7 @@ fn stream(src: &str, pes: u32, mem_limit: Option<u32>) -> compiler::Compiled {
         schedule: Choice::Stream,
         dump_after: None,
         mem_limit,
+        reroll: false,
     };
     compiler::compile(&parse_one(src), &opts).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -81,7 +81,11 @@ fn program_counts(dir: &Path, pes: usize) -> Vec<(u64, u64, u64)> {
     (0..pes)
         .map(|p| {
             let text = std::fs::read_to_string(dir.join(format!("pe{p}.s"))).unwrap();
-            let prog = isa::parse(&text).unwrap();
+            // Flat or rerolled; either way the bundles are the flattening.
+            let prog = match isa::parse_any(&text).unwrap() {
+                isa::AnyProgram::Flat(p) => p,
+                isa::AnyProgram::Looped(l) => l.flatten(u64::MAX).unwrap(),
+            };
             let mut c = (0, 0, 0);
             for b in &prog.bundles {
                 c.0 += u64::from(!matches!(b.op, isa::Op::Nop));

@@ -76,14 +76,21 @@ pub struct Options {
     pub dump_after: Option<String>,
     /// Largest memory, in words per PE, a schedule may use (`--mem`).
     pub mem_limit: Option<u32>,
+    /// Pack values by kind (`codegen::Packing::ByKind`, more words but repeating addresses),
+    /// fold an unrolled schedule's programs into loop programs (the `reroll` pass) and emit
+    /// those when their binaries are smaller in total than the flat ones. Off by default for
+    /// library callers, who get flat, tightly packed programs; `attnc compile` turns it on
+    /// unless `--flat`.
+    pub reroll: bool,
 }
 
 /// Everything a compile produces; the CLI decides what to write.
 pub struct Compiled {
-    /// One flat program per PE; empty when the stream schedule was chosen (then see `loops`).
+    /// One flat program per PE from an unrolled schedule (also when the rerolled form is what
+    /// the manifest describes: both mean the same run); empty for the stream schedule.
     pub programs: Vec<isa::Program>,
-    /// One loop program per PE when the manifest's `programs` is `loops` (the stream schedule);
-    /// empty otherwise.
+    /// One loop program per PE when the manifest's `programs` is `loops` (the stream schedule,
+    /// or a rerolled unrolled one); empty otherwise. What a writer emits when not empty.
     pub loops: Vec<isa::LoopProgram>,
     pub manifest: Manifest,
     /// The ring scheduler whose schedule was kept; `None` for the stream schedule.
@@ -226,7 +233,16 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         if wants(alg.pass()) {
             dump = Some(s.to_string());
         }
-        let e = codegen::run(&s).map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
+        // Loop programs only pay off when the addresses repeat; flat ones only cost words.
+        let packing = if opts.reroll {
+            codegen::Packing::ByKind {
+                limit: opts.mem_limit,
+            }
+        } else {
+            codegen::Packing::Tight
+        };
+        let e =
+            codegen::run(&s, packing).map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
         lap(&format!("{} ({})", codegen::NAME, alg.pass()), &mut timings);
         let max_mem = max_words(&e);
         let fits = opts.mem_limit.is_none_or(|limit| max_mem <= limit);
@@ -245,7 +261,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
             best = Some((alg, s, e));
         }
     }
-    let Some((chosen, schedule, emitted)) = best else {
+    let Some((chosen, schedule, mut emitted)) = best else {
         let smallest = tried.iter().min_by_key(|c| c.max_mem_words).map_or_else(
             || "no schedule was built".to_string(),
             |c| format!("the smallest, {}, needs {}", c.schedule, c.max_mem_words),
@@ -261,6 +277,36 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     };
     if wants(CHOSEN_SCHEDULE) {
         dump = Some(schedule.to_string());
+    }
+    let mut loops = Vec::new();
+    if opts.reroll || wants(passes::reroll::NAME) {
+        let rerolled: Vec<isa::LoopProgram> =
+            emitted.programs.iter().map(passes::reroll::run).collect();
+        lap(passes::reroll::NAME, &mut timings);
+        if wants(passes::reroll::NAME) {
+            dump = Some(
+                rerolled
+                    .iter()
+                    .map(|p| p.to_text())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            );
+        }
+        let flat: u64 = emitted.programs.iter().map(isa::binary::encoded_len).sum();
+        let looped: u64 = rerolled.iter().map(isa::looped_binary::encoded_len).sum();
+        if opts.reroll && looped < flat {
+            loops = rerolled;
+        } else if opts.reroll {
+            // Flat after all (a layer too small for loops to pay): the words packing by kind
+            // spent would buy nothing, so the same schedule is packed tightly.
+            emitted = codegen::run(&schedule, codegen::Packing::Tight)
+                .map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
+            let words = max_words(&emitted);
+            if let Some(c) = tried.iter_mut().find(|c| c.schedule == schedule.algorithm) {
+                c.max_mem_words = words;
+            }
+            lap(&format!("{} (tight)", codegen::NAME), &mut timings);
+        }
     }
     if wants(codegen::NAME) {
         dump = Some(
@@ -290,11 +336,17 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         reason,
         candidates: tried,
     };
-    let manifest = build_manifest(layer, &problem, opts.pes, &schedule, &emitted, selection);
+    let mut manifest = build_manifest(layer, &problem, opts.pes, &schedule, &emitted, selection);
+    if !loops.is_empty() {
+        manifest.format_version = manifest::LAYOUT_FORMAT_VERSION;
+        manifest.programs = manifest::ProgramKind::Loops;
+        manifest.files =
+            runtime::manifest::Files::Pattern(runtime::manifest::FilePattern::standard());
+    }
     lap("manifest", &mut timings);
     Ok(Compiled {
         programs: emitted.programs,
-        loops: Vec::new(),
+        loops,
         manifest,
         scheduler: Some(chosen),
         dump,
@@ -477,8 +529,8 @@ pub fn finish(
             errors,
         })
     })?;
-    let emitted =
-        codegen::run(schedule).map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
+    let emitted = codegen::run(schedule, codegen::Packing::Tight)
+        .map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
     let manifest = build_manifest(layer, problem, pes, schedule, &emitted, selection);
     Ok((emitted.programs, manifest))
 }

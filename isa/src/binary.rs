@@ -131,6 +131,12 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
+/// The length [`encode`] gives `p`, without encoding it.
+pub fn encoded_len(p: &Program) -> u64 {
+    let record = Layout::of(p.format_version()).record as u64;
+    (HEADER_BYTES + CHECKSUM_BYTES) as u64 + record * p.bundles.len() as u64
+}
+
 /// Encodes a program.
 ///
 /// A non-finite `exp` scale is encoded as is and then rejected by

@@ -79,6 +79,25 @@ pub fn encode_looped(p: &LoopProgram) -> Result<Vec<u8>, EncodeError> {
     Ok(out)
 }
 
+/// The length [`encode_looped`] gives `p`, without encoding it.
+pub fn encoded_len(p: &LoopProgram) -> u64 {
+    fn body(nodes: &[Node]) -> u64 {
+        nodes
+            .iter()
+            .map(|n| match n {
+                // Open and end records.
+                Node::Loop(l) => 8 + 4 + body(&l.body),
+                Node::Bundle(b) => {
+                    (4 + BUNDLE_BYTES_V2
+                        + b.terms.len().min(255) * TERM_BYTES
+                        + b.preds.len().min(255) * PRED_BYTES) as u64
+                }
+            })
+            .sum()
+    }
+    (HEADER_BYTES + CHECKSUM_BYTES) as u64 + body(&p.body)
+}
+
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }

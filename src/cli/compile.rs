@@ -43,6 +43,11 @@ pub struct CompileArgs {
     /// Largest memory per PE, in words: choose a schedule that fits or fail
     #[arg(long = "mem", value_name = "WORDS")]
     pub mem: Option<u32>,
+    /// Write flat programs (one bundle per cycle, ISA formats 1–2) with memory packed as tightly
+    /// as possible, even where rerolled loop programs (format 3, values packed by kind for some
+    /// more words) would be smaller; for reading a schedule cycle by cycle
+    #[arg(long)]
+    pub flat: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +102,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             schedule: args.schedule,
             dump_after: dump_after.clone(),
             mem_limit: args.mem,
+            reroll: !args.flat,
         };
         let compiled = {
             let _spinner =

@@ -142,8 +142,13 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
         rows.push(json!({
             "pe": pe,
             "bundles": sum.bundles,
-            // The binary format is a 28-byte header, 32 bytes per bundle and a 4-byte CRC.
-            "binary_bytes": 32 + 32 * sum.bundles,
+            // What the program encodes to as loaded (loops when the files hold loop programs),
+            // and what its flattening would take.
+            "binary_bytes": loaded.loops.get(pe).map_or_else(
+                || programs.get(pe).map_or(0, isa::binary::encoded_len),
+                isa::looped_binary::encoded_len,
+            ),
+            "flat_binary_bytes": programs.get(pe).map_or(0, isa::binary::encoded_len),
             "binary_file_bytes": size(&f.binary),
             "text_file_bytes": size(&f.text),
             "ops": ops,

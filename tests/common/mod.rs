@@ -33,6 +33,7 @@ pub fn compile_src(src: &str, pes: u32, schedule: Choice) -> Compiled {
         schedule,
         dump_after: None,
         mem_limit: None,
+        reroll: false,
     };
     compile(&layer, &opts).unwrap_or_else(|e| panic!("compile failed: {e}"))
 }
@@ -75,11 +76,56 @@ pub fn run_emitted(c: &Compiled, seed: u64) -> RunResult {
     )
     .unwrap_or_else(|e| panic!("execution failed: {e}"));
     let want = compiler::exec::reference_output(&manifest, &inputs).unwrap();
+    check_rerolled(c, &manifest, &inputs, &out);
     RunResult {
         cycles: out.stats.cycles,
         max_abs_err: compiler::exec::max_abs_err(&out.outputs["y"], &want),
         stats: out.stats,
     }
+}
+
+/// The rerolled form of the programs (what `attnc compile` writes when it is smaller), however
+/// the compile was asked: its binary and text forms round-trip, it flattens to the flat programs
+/// bundle for bundle (so the proof above covers it), and the loop machine runs it natively to
+/// the same cycle count and bit-identical outputs.
+fn check_rerolled(
+    c: &Compiled,
+    manifest: &compiler::manifest::Manifest,
+    inputs: &std::collections::BTreeMap<String, Vec<f32>>,
+    flat: &compiler::exec::Outcome<f32>,
+) {
+    let loops: Vec<isa::LoopProgram> = c
+        .programs
+        .iter()
+        .map(|p| {
+            let l = compiler::passes::reroll::run(p);
+            let bin = isa::encode_looped(&l).expect("encodes");
+            let back = isa::decode_looped(&bin).expect("binary round trip");
+            let back = isa::parse_looped(&back.to_text()).expect("text round trip");
+            assert_eq!(back, l, "PE {}: loop program round trip", p.pe);
+            assert_eq!(
+                &l.flatten(u64::MAX).expect("flattens"),
+                p,
+                "PE {}: reroll not exact",
+                p.pe
+            );
+            l
+        })
+        .collect();
+    let mut m = manifest.clone();
+    m.format_version = compiler::manifest::LAYOUT_FORMAT_VERSION;
+    m.programs = compiler::manifest::ProgramKind::Loops;
+    let m = compiler::manifest::Manifest::from_json(&m.to_json().unwrap())
+        .expect("a manifest of rerolled programs validates");
+    let (out, _) = compiler::exec::execute_loops(loops, &m, inputs)
+        .unwrap_or_else(|e| panic!("rerolled execution failed: {e}"));
+    assert_eq!(out.stats.cycles, flat.stats.cycles, "rerolled cycles");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&out.outputs["y"]),
+        bits(&flat.outputs["y"]),
+        "rerolled outputs"
+    );
 }
 
 pub fn divisors(n: u32) -> Vec<u32> {

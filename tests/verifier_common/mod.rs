@@ -39,6 +39,7 @@ pub fn try_build(src: &str, pes: u32, schedule: Choice) -> Result<Option<Compile
         schedule,
         dump_after: None,
         mem_limit: None,
+        reroll: false,
     };
     match compile(layer, &opts) {
         Ok(c) => Ok(Some(c)),

@@ -3,6 +3,7 @@
 pub mod analyze;
 pub mod codegen;
 pub mod lower;
+pub mod reroll;
 pub mod schedule_baseline;
 pub mod schedule_causal;
 pub mod schedule_rows;
@@ -26,5 +27,6 @@ pub fn list() -> Vec<(&'static str, &'static str)> {
     );
     v.push((schedule_stream::NAME, schedule_stream::DESCRIPTION));
     v.push((codegen::NAME, codegen::DESCRIPTION));
+    v.push((reroll::NAME, reroll::DESCRIPTION));
     v
 }
