@@ -76,9 +76,10 @@ pub struct Options {
     pub dump_after: Option<String>,
     /// Largest memory, in words per PE, a schedule may use (`--mem`).
     pub mem_limit: Option<u32>,
-    /// Pack values by kind (`codegen::Packing::ByKind`, more words but repeating addresses),
-    /// fold an unrolled schedule's programs into loop programs (the `reroll` pass) and emit
-    /// those when their binaries are smaller in total than the flat ones. Off by default for
+    /// Fold an unrolled schedule's programs into loop programs (the `reroll` pass) and emit
+    /// those when their binaries are smaller in total than the flat ones; values are packed by
+    /// kind (`codegen::Packing::ByKind`, repeating addresses) where that folds further and its
+    /// words fit `mem_limit`, or without one 5 % over the tight packing. Off by default for
     /// library callers, who get flat, tightly packed programs; `attnc compile` turns it on
     /// unless `--flat`.
     pub reroll: bool,
@@ -233,16 +234,8 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         if wants(alg.pass()) {
             dump = Some(s.to_string());
         }
-        // Loop programs only pay off when the addresses repeat; flat ones only cost words.
-        let packing = if opts.reroll {
-            codegen::Packing::ByKind {
-                limit: opts.mem_limit,
-            }
-        } else {
-            codegen::Packing::Tight
-        };
-        let e =
-            codegen::run(&s, packing).map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
+        let e = codegen::run(&s, codegen::Packing::Tight)
+            .map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
         lap(&format!("{} ({})", codegen::NAME, alg.pass()), &mut timings);
         let max_mem = max_words(&e);
         let fits = opts.mem_limit.is_none_or(|limit| max_mem <= limit);
@@ -280,9 +273,44 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     }
     let mut loops = Vec::new();
     if opts.reroll || wants(passes::reroll::NAME) {
-        let rerolled: Vec<isa::LoopProgram> =
-            emitted.programs.iter().map(passes::reroll::run).collect();
+        let reroll_all = |e: &codegen::Emitted| -> Vec<isa::LoopProgram> {
+            e.programs.iter().map(passes::reroll::run).collect()
+        };
+        let size =
+            |l: &[isa::LoopProgram]| -> u64 { l.iter().map(isa::looped_binary::encoded_len).sum() };
+        let mut rerolled = reroll_all(&emitted);
         lap(passes::reroll::NAME, &mut timings);
+        // Packing values by kind repeats addresses, so the programs fold further, but it costs
+        // words: spent within `--mem`, or without one within 5 % of the tight packing, so that
+        // loop programs never cost memory a user did not allow.
+        if opts.reroll {
+            let tight = max_words(&emitted);
+            let allowance = opts
+                .mem_limit
+                .unwrap_or_else(|| tight.saturating_add(tight / 20));
+            let by_kind = codegen::run(
+                &schedule,
+                codegen::Packing::ByKind {
+                    limit: Some(allowance),
+                },
+            )
+            .map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
+            let words = max_words(&by_kind);
+            if words <= allowance {
+                let folded = reroll_all(&by_kind);
+                if size(&folded) < size(&rerolled) {
+                    emitted = by_kind;
+                    rerolled = folded;
+                    if let Some(c) = tried.iter_mut().find(|c| c.schedule == schedule.algorithm) {
+                        c.max_mem_words = words;
+                    }
+                }
+            }
+            lap(
+                &format!("{} (by kind), reroll", codegen::NAME),
+                &mut timings,
+            );
+        }
         if wants(passes::reroll::NAME) {
             dump = Some(
                 rerolled
@@ -293,19 +321,8 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
             );
         }
         let flat: u64 = emitted.programs.iter().map(isa::binary::encoded_len).sum();
-        let looped: u64 = rerolled.iter().map(isa::looped_binary::encoded_len).sum();
-        if opts.reroll && looped < flat {
+        if opts.reroll && size(&rerolled) < flat {
             loops = rerolled;
-        } else if opts.reroll {
-            // Flat after all (a layer too small for loops to pay): the words packing by kind
-            // spent would buy nothing, so the same schedule is packed tightly.
-            emitted = codegen::run(&schedule, codegen::Packing::Tight)
-                .map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
-            let words = max_words(&emitted);
-            if let Some(c) = tried.iter_mut().find(|c| c.schedule == schedule.algorithm) {
-                c.max_mem_words = words;
-            }
-            lap(&format!("{} (tight)", codegen::NAME), &mut timings);
         }
     }
     if wants(codegen::NAME) {
