@@ -85,17 +85,27 @@ fn path(from: u32, to: u32, m: u32) -> impl Iterator<Item = u32> {
 
 /// When scores are few per PE, handing partial sums between PEs costs more than it saves, so
 /// small layers also try sharing the work among fewer PEs (the rest only pass values on) and keep
-/// the fastest.
+/// the fastest. Each count is tried with k/v rows preloaded where their trip is shortest and, if
+/// that moved any, on their own rows' first PEs: one source feeding a whole head can make its link
+/// the bottleneck.
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     let scores = u64::from(p.heads) * (0..p.tokens).map(|a| u64::from(columns(p, a))).sum::<u64>();
-    if scores >= 4 * u64::from(pes) {
-        return run_on(p, pes, pes);
-    }
+    let counts = if scores >= SUBSET_SCORES * u64::from(pes) {
+        vec![pes]
+    } else {
+        active_counts(pes, p.heads * p.tokens, scores < 4 * u64::from(pes))
+    };
     let mut best: Option<RingSchedule> = None;
-    for active in active_counts(pes) {
-        let s = run_on(p, pes, active)?;
+    let mut keep = |s: RingSchedule| {
         if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
             best = Some(s);
+        }
+    };
+    for active in counts {
+        let (s, moved) = run_on(p, pes, active, true)?;
+        keep(s);
+        if moved {
+            keep(run_on(p, pes, active, false)?.0);
         }
     }
     best.ok_or_else(|| {
@@ -106,19 +116,31 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     })
 }
 
-/// Counts of working PEs to try: every one on rings up to [`EXHAUSTIVE`] PEs; above, 1 to 8 and
-/// then a geometric ladder (ratio about 1.5) up to the whole ring, so a large ring costs about
-/// twenty runs, not one per PE.
-fn active_counts(pes: u32) -> Vec<u32> {
-    if pes <= EXHAUSTIVE {
+/// Layers with fewer scores than this per PE also try fewer working PEs. With more, every PE has
+/// a few rows, the row dataflow is near the lower bound on the whole ring, and the extra runs
+/// would only cost compile time.
+const SUBSET_SCORES: u64 = 16;
+
+/// Counts of working PEs to try: every one on rings up to [`EXHAUSTIVE`] PEs when scores are very
+/// few (`every`); otherwise 1 to 8, a geometric ladder (ratio about 1.5) up to the whole ring and
+/// the counts that give each working PE whole rows (`rows` over a small divisor, or a few PEs per
+/// row), so a large ring costs a few dozen runs, not one per PE.
+fn active_counts(pes: u32, rows: u32, every: bool) -> Vec<u32> {
+    if every && pes <= EXHAUSTIVE {
         return (1..=pes).collect();
     }
-    let mut out: Vec<u32> = (1..=8).collect();
+    let mut out: Vec<u32> = (1..=8.min(pes)).collect();
     let mut a = 8;
     while a < pes {
         a = (a + a / 2).min(pes);
         out.push(a);
     }
+    for j in 1..=8 {
+        out.extend([rows / j, rows.saturating_mul(j)]);
+    }
+    out.retain(|&a| (1..=pes).contains(&a));
+    out.sort_unstable();
+    out.dedup();
     out
 }
 
@@ -133,8 +155,15 @@ fn columns(p: &Problem, a: u32) -> u32 {
     }
 }
 
-/// The dataflow with the scores shared among PEs `0..active`.
-fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+/// The dataflow with the scores shared among PEs `0..active`; k/v rows preloaded where their trip
+/// is shortest (`spread_homes`) or on their own rows' first PEs. Also says whether the first
+/// choice moved any row.
+fn run_on(
+    p: &Problem,
+    pes: u32,
+    active: u32,
+    spread_homes: bool,
+) -> Result<(RingSchedule, bool), Vec<ScheduleError>> {
     let m = pes;
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let cols_of = |a: u32| columns(p, a);
@@ -161,6 +190,7 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
     let plan = |h: u32, a: u32| &plans[(h * n + a) as usize];
 
     let mut b = Builder::new(NAME, pes);
+    let mut moved = false;
     let mut inputs = Inputs::new(*p);
     // Tasks of all heads, per PE, in buckets taken in order at the end: phase 1; phase 2 split-row
     // heads, whole rows, continuations, divisions waiting for a sum from round the ring (the safe
@@ -204,7 +234,8 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
                 .unwrap_or(home)
         };
 
-        // Inputs: every row of q, k, v preloaded on its own row's first PE.
+        // Inputs: a row of q on its own row's first PE; k and v rows where their trip to the PEs
+        // that read them is shortest (see `broadcast_home`).
         let mut qv: HashMap<(u32, u32), Val> = HashMap::default();
         let mut kv: HashMap<(u32, u32), Val> = HashMap::default();
         let mut vv: HashMap<(u32, u32), Val> = HashMap::default();
@@ -216,40 +247,59 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
         if p.symmetric && p.shared_values && !p.causal {
             order.sort_by_key(|&r| plan(h, r).first() == plan(h, r).last());
         }
+        // With q = k = v one value plays every role: route it once, as far as any role needs.
+        let shared = p.symmetric && p.shared_values;
+        // Roles that are one tensor must be preloaded in one place.
+        let joint = p.symmetric || p.shared_values;
+        let mut kv_from: Vec<u32> = vec![0; n as usize];
         for r in order {
             let home = plan(h, r).first();
-            let far_q = plan(h, r).last();
-            let far_kv = reach(home, &needs[r as usize]);
+            let q_readers: Vec<u32> = plan(h, r).parts.iter().map(|pt| pt.pe).collect();
+            let mut readers: Vec<u32> = needs[r as usize].clone();
+            if joint {
+                readers.extend(&q_readers);
+            }
+            // A k/v row goes on from where it is preloaded to every PE that needs it; from the
+            // row's own first PE it may have to go round the whole ring to reach the PEs of the
+            // head before that one (a large ring, or a head that covers only part of it).
+            let kv_at = if spread_homes {
+                broadcast_home(home, &readers, m)
+            } else {
+                home
+            };
+            moved |= kv_at != home;
+            let q_at = if joint { kv_at } else { home };
+            let far_q = reach(q_at, &q_readers);
+            let far_kv = reach(kv_at, &needs[r as usize]);
             for c in 0..d {
-                let q = inputs.get(&mut b, Tensor::Q, h, r, c, home);
-                let k = inputs.get(&mut b, Tensor::K, h, r, c, home);
-                let v = inputs.get(&mut b, Tensor::V, h, r, c, home);
-                preloaded[home as usize].extend([q, k, v]);
+                let q = inputs.get(&mut b, Tensor::Q, h, r, c, q_at);
+                let k = inputs.get(&mut b, Tensor::K, h, r, c, kv_at);
+                let v = inputs.get(&mut b, Tensor::V, h, r, c, kv_at);
+                preloaded[q_at as usize].push(q);
+                preloaded[kv_at as usize].extend([k, v]);
                 qv.insert((r, c), q);
                 kv.insert((r, c), k);
                 vv.insert((r, c), v);
             }
-            // With q = k = v one value plays every role: route it once, as far as any role needs.
-            let shared = p.symmetric && p.shared_values;
-            let far = |a: u32, b2: u32| {
-                if (a + m - home) % m >= (b2 + m - home) % m {
-                    a
-                } else {
-                    b2
-                }
-            };
             for c in 0..d {
                 if shared {
-                    route(&mut forward, fw_q, qv[&(r, c)], home, far(far_q, far_kv));
+                    route(
+                        &mut forward,
+                        fw_q,
+                        qv[&(r, c)],
+                        kv_at,
+                        reach(kv_at, &readers),
+                    );
                 } else {
-                    route(&mut forward, fw_q, qv[&(r, c)], home, far_q);
-                    route(&mut forward, fw_k, kv[&(r, c)], home, far_kv);
-                    route(&mut forward, fw_v, vv[&(r, c)], home, far_kv);
+                    route(&mut forward, fw_q, qv[&(r, c)], q_at, far_q);
+                    route(&mut forward, fw_k, kv[&(r, c)], kv_at, far_kv);
+                    route(&mut forward, fw_v, vv[&(r, c)], kv_at, far_kv);
                 }
             }
+            kv_from[r as usize] = kv_at;
         }
         // Order in which column rows reach a PE: its own first, then by distance back home.
-        let arrival = |pe: u32, col: u32| (pe + m - plan(h, col).first()) % m;
+        let arrival = |pe: u32, col: u32| (pe + m - kv_from[col as usize]) % m;
 
         // Phase 1: every score whole on the PE that holds it. With q = k (no mask) each pair
         // {a, b} is computed once, by the holder of (a, b) or of (b, a) alternately by the
@@ -504,7 +554,7 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
     if let Err(why) = flow::simulate(&mut b, &flow) {
         b.bug(NAME, why);
     }
-    b.finish()
+    Ok((b.finish()?, moved))
 }
 
 // Phase-2 buckets of the safe form, in the order a PE takes them. Partial maxima others wait for
@@ -680,6 +730,34 @@ impl<R: FnMut(&mut Forwarding, usize, Val, u32, u32)> SafeRow<'_, R> {
             let held = std::mem::take(&mut self.held[pe]);
             self.tasks[pe][SAFE_WHOLE].extend(held);
         }
+    }
+}
+
+/// Where to preload a value read on `readers` so that its trip forward to the farthest of them
+/// is shortest: the reader just after the widest gap between readers in ring order. `home` is
+/// kept unless that trip is strictly shorter.
+fn broadcast_home(home: u32, readers: &[u32], m: u32) -> u32 {
+    let mut rs: Vec<u32> = readers.to_vec();
+    rs.sort_unstable();
+    rs.dedup();
+    let Some(&first) = rs.first() else {
+        return home;
+    };
+    let dist = |a: u32, b: u32| (b + m - a) % m;
+    let from_home = rs.iter().map(|&pe| dist(home, pe)).max().unwrap_or(0);
+    // The trip from the reader after the widest gap ends at the reader before it.
+    let k = rs.len();
+    let (mut at, mut far) = (first, dist(first, rs[k - 1]));
+    for i in 0..k.saturating_sub(1) {
+        let f = dist(rs[i + 1], rs[i]);
+        if f < far {
+            (at, far) = (rs[i + 1], f);
+        }
+    }
+    if far < from_home {
+        at
+    } else {
+        home
     }
 }
 
