@@ -90,7 +90,8 @@ fn path(from: u32, to: u32, m: u32) -> impl Iterator<Item = u32> {
 /// the bottleneck.
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     let scores = u64::from(p.heads) * (0..p.tokens).map(|a| u64::from(columns(p, a))).sum::<u64>();
-    let counts = if scores >= SUBSET_SCORES * u64::from(pes) {
+    let few = scores < SUBSET_SCORES * u64::from(pes);
+    let counts = if !few {
         vec![pes]
     } else {
         active_counts(pes, p.heads * p.tokens, scores < 4 * u64::from(pes))
@@ -101,11 +102,21 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
             best = Some(s);
         }
     };
+    // With q = k and no mask a mirrored score may have to go almost round the ring (through all
+    // the idle PEs, when some are); computing each pair on the holder behind the other avoids
+    // that at the cost of balance, so small layers try both.
+    let mirrors: &[bool] = if p.symmetric && !p.causal && few {
+        &[false, true]
+    } else {
+        &[false]
+    };
     for active in counts {
-        let (s, moved) = run_on(p, pes, active, true)?;
-        keep(s);
-        if moved {
-            keep(run_on(p, pes, active, false)?.0);
+        for &near_mirror in mirrors {
+            let (s, moved) = run_on(p, pes, active, true, near_mirror)?;
+            keep(s);
+            if moved {
+                keep(run_on(p, pes, active, false, near_mirror)?.0);
+            }
         }
     }
     best.ok_or_else(|| {
@@ -156,13 +167,15 @@ fn columns(p: &Problem, a: u32) -> u32 {
 }
 
 /// The dataflow with the scores shared among PEs `0..active`; k/v rows preloaded where their trip
-/// is shortest (`spread_homes`) or on their own rows' first PEs. Also says whether the first
-/// choice moved any row.
+/// is shortest (`spread_homes`) or on their own rows' first PEs; with q = k, each pair computed
+/// by the holder nearer behind the other (`near_mirror`) or alternately. Also says whether
+/// `spread_homes` moved any row.
 fn run_on(
     p: &Problem,
     pes: u32,
     active: u32,
     spread_homes: bool,
+    near_mirror: bool,
 ) -> Result<(RingSchedule, bool), Vec<ScheduleError>> {
     let m = pes;
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
@@ -314,6 +327,15 @@ fn run_on(
         let computes = |a: u32, col: u32| -> bool {
             if !p.symmetric || p.causal || a == col {
                 return true;
+            }
+            if near_mirror {
+                // The holder from which the other is fewer hops ahead computes: on a ring with
+                // idle PEs the other way round can cross all of them.
+                let (from, to) = (unit_pe[&(a, col)], unit_pe[&(col, a)]);
+                let (there, back) = ((to + m - from) % m, (from + m - to) % m);
+                if there != back {
+                    return there < back;
+                }
             }
             if (a + col).is_multiple_of(2) {
                 a > col

@@ -158,6 +158,9 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
             };
             match build(p, m, layout, 0) {
                 Ok(s) => {
+                    if std::env::var("SPLIT_DEBUG").is_ok() {
+                        eprintln!("{layout:?}: {}", s.cycles());
+                    }
                     layouts.push((layout, s.cycles()));
                     keep(s, &mut best);
                 }
