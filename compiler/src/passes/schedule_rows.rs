@@ -94,28 +94,37 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     let counts = if !few {
         vec![pes]
     } else {
-        active_counts(pes, p.heads * p.tokens, scores < 4 * u64::from(pes))
+        let mut c = active_counts(pes, p.heads * p.tokens, scores < 4 * u64::from(pes));
+        // Bounded compile time: the most promising counts come first.
+        let runs = (SUBSET_BUDGET / p.necessary_ops().max(1)).max(4);
+        c.truncate(usize::try_from(runs).unwrap_or(usize::MAX));
+        c
     };
     let mut best: Option<RingSchedule> = None;
-    let mut keep = |s: RingSchedule| {
-        if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
-            best = Some(s);
-        }
-    };
-    // With q = k and no mask a mirrored score may have to go almost round the ring (through all
-    // the idle PEs, when some are); computing each pair on the holder behind the other avoids
-    // that at the cost of balance, so small layers try both.
+    // With q = k and no mask, and idle PEs, a mirrored score may have to go round through all of
+    // them; computing each pair on the holder behind the other avoids that at the cost of
+    // balance, so small layers try both.
     let mirrors: &[bool] = if p.symmetric && !p.causal && few {
         &[false, true]
     } else {
         &[false]
     };
     for active in counts {
-        for &near_mirror in mirrors {
-            let (s, moved) = run_on(p, pes, active, true, near_mirror)?;
-            keep(s);
-            if moved {
-                keep(run_on(p, pes, active, false, near_mirror)?.0);
+        for &near_mirror in mirrors.iter().filter(|&&nm| !nm || active < pes) {
+            for spread_homes in [true, false] {
+                // A run that cannot beat the best so far is abandoned as soon as that is sure.
+                let limit = best
+                    .as_ref()
+                    .map_or(usize::MAX, |b| b.cycles().saturating_sub(1));
+                let (s, moved) = run_on(p, pes, active, spread_homes, near_mirror, limit)?;
+                if let Some(s) = s {
+                    if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
+                        best = Some(s);
+                    }
+                }
+                if !moved {
+                    break;
+                }
             }
         }
     }
@@ -132,10 +141,13 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
 /// would only cost compile time.
 const SUBSET_SCORES: u64 = 16;
 
+/// Operations simulated, over all counts of working PEs, before the search stops trying more.
+const SUBSET_BUDGET: u64 = 2_000_000;
+
 /// Counts of working PEs to try: every one on rings up to [`EXHAUSTIVE`] PEs when scores are very
-/// few (`every`); otherwise 1 to 8, a geometric ladder (ratio about 1.5) up to the whole ring and
-/// the counts that give each working PE whole rows (`rows` over a small divisor, or a few PEs per
-/// row), so a large ring costs a few dozen runs, not one per PE.
+/// few (`every`); otherwise 1 to 8, powers of two up to the whole ring and the counts that give
+/// each working PE whole rows (`rows` over a small divisor, or a few PEs per row), so a large ring
+/// costs a few dozen runs, not one per PE.
 fn active_counts(pes: u32, rows: u32, every: bool) -> Vec<u32> {
     if every && pes <= EXHAUSTIVE {
         return (1..=pes).collect();
@@ -143,16 +155,20 @@ fn active_counts(pes: u32, rows: u32, every: bool) -> Vec<u32> {
     let mut out: Vec<u32> = (1..=8.min(pes)).collect();
     let mut a = 8;
     while a < pes {
-        a = (a + a / 2).min(pes);
+        a = (2 * a).min(pes);
         out.push(a);
     }
-    for j in 1..=8 {
-        out.extend([rows / j, rows.saturating_mul(j)]);
-    }
-    out.retain(|&a| (1..=pes).contains(&a));
-    out.sort_unstable();
-    out.dedup();
-    out
+    // Whole rows per PE first: they are often the best, and a good first result lets later
+    // runs stop early.
+    let mut natural: Vec<u32> = (1..=8)
+        .flat_map(|j| [rows / j, rows.saturating_mul(j.min(4))])
+        .filter(|a| (1..=pes).contains(a))
+        .collect();
+    natural.sort_unstable();
+    natural.dedup();
+    out.retain(|a| !natural.contains(a));
+    natural.extend(out);
+    natural
 }
 
 /// Rings up to this many PEs try every count of working PEs.
@@ -169,14 +185,15 @@ fn columns(p: &Problem, a: u32) -> u32 {
 /// The dataflow with the scores shared among PEs `0..active`; k/v rows preloaded where their trip
 /// is shortest (`spread_homes`) or on their own rows' first PEs; with q = k, each pair computed
 /// by the holder nearer behind the other (`near_mirror`) or alternately. Also says whether
-/// `spread_homes` moved any row.
+/// `spread_homes` moved any row. No schedule if it would take more than `limit` cycles.
 fn run_on(
     p: &Problem,
     pes: u32,
     active: u32,
     spread_homes: bool,
     near_mirror: bool,
-) -> Result<(RingSchedule, bool), Vec<ScheduleError>> {
+    limit: usize,
+) -> Result<(Option<RingSchedule>, bool), Vec<ScheduleError>> {
     let m = pes;
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let cols_of = |a: u32| columns(p, a);
@@ -573,10 +590,12 @@ fn run_on(
         forward,
         preloaded,
     };
-    if let Err(why) = flow::simulate(&mut b, &flow) {
-        b.bug(NAME, why);
+    match flow::simulate_within(&mut b, &flow, limit) {
+        Ok(Some(_)) => {}
+        Ok(None) => return Ok((None, moved)),
+        Err(why) => b.bug(NAME, why),
     }
-    Ok((b.finish()?, moved))
+    Ok((Some(b.finish()?), moved))
 }
 
 // Phase-2 buckets of the safe form, in the order a PE takes them. Partial maxima others wait for
