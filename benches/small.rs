@@ -204,13 +204,13 @@ fn main() {
         for m in [4u32, 8, 16, 64, 256] {
             for &d in dims {
                 for heads in [1u32, 4] {
-                    for scheme in 0..SCHEMES.len() {
+                    for (scheme, &(scheme_name, _)) in SCHEMES.iter().enumerate() {
                         let field = |k: &str| match k {
                             "n" => n.to_string(),
                             "m" => m.to_string(),
                             "d" => d.to_string(),
                             "heads" => heads.to_string(),
-                            "scheme" => SCHEMES[scheme].0.to_string(),
+                            "scheme" => scheme_name.to_string(),
                             _ => String::new(),
                         };
                         if only.iter().any(|(k, v)| field(k) != *v) {
