@@ -111,18 +111,28 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     };
     for active in counts {
         for &near_mirror in mirrors.iter().filter(|&&nm| !nm || active < pes) {
-            for spread_homes in [true, false] {
+            // Small layers start with the shortest trips and try rows' own first PEs only if
+            // that moved any k/v row. Large layers start with rows' own first PEs, and try the
+            // shortest trips only where the busiest link forwards more than half as many words
+            // as a PE has operations (then the links, not the PEs, set the pace).
+            let order = if few { [true, false] } else { [false, true] };
+            for (i, spread_homes) in order.into_iter().enumerate() {
                 // A run that cannot beat the best so far is abandoned as soon as that is sure.
                 let limit = best
                     .as_ref()
                     .map_or(usize::MAX, |b| b.cycles().saturating_sub(1));
-                let (s, moved) = run_on(p, pes, active, spread_homes, near_mirror, limit)?;
+                let (s, moved, busiest) = run_on(p, pes, active, spread_homes, near_mirror, limit)?;
                 if let Some(s) = s {
                     if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
                         best = Some(s);
                     }
                 }
-                if !moved {
+                let again = if few {
+                    moved
+                } else {
+                    2 * busiest as u64 > p.necessary_ops() / u64::from(pes.max(1))
+                };
+                if i > 0 || !again {
                     break;
                 }
             }
@@ -185,7 +195,8 @@ fn columns(p: &Problem, a: u32) -> u32 {
 /// The dataflow with the scores shared among PEs `0..active`; k/v rows preloaded where their trip
 /// is shortest (`spread_homes`) or on their own rows' first PEs; with q = k, each pair computed
 /// by the holder nearer behind the other (`near_mirror`) or alternately. Also says whether
-/// `spread_homes` moved any row. No schedule if it would take more than `limit` cycles.
+/// `spread_homes` moved any row, and how many words the busiest link forwards. No schedule if it
+/// would take more than `limit` cycles.
 fn run_on(
     p: &Problem,
     pes: u32,
@@ -193,7 +204,7 @@ fn run_on(
     spread_homes: bool,
     near_mirror: bool,
     limit: usize,
-) -> Result<(Option<RingSchedule>, bool), Vec<ScheduleError>> {
+) -> Result<(Option<RingSchedule>, bool, usize), Vec<ScheduleError>> {
     let m = pes;
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let cols_of = |a: u32| columns(p, a);
@@ -584,6 +595,7 @@ fn run_on(
                 .collect()
         })
         .collect();
+    let busiest = forward.iter().map(Vec::len).max().unwrap_or(0);
     let tasks = tasks.into_iter().map(|buckets| buckets.concat()).collect();
     let flow = Flow {
         tasks,
@@ -592,10 +604,10 @@ fn run_on(
     };
     match flow::simulate_within(&mut b, &flow, limit) {
         Ok(Some(_)) => {}
-        Ok(None) => return Ok((None, moved)),
+        Ok(None) => return Ok((None, moved, busiest)),
         Err(why) => b.bug(NAME, why),
     }
-    Ok((Some(b.finish()?), moved))
+    Ok((Some(b.finish()?), moved, busiest))
 }
 
 // Phase-2 buckets of the safe form, in the order a PE takes them. Partial maxima others wait for
