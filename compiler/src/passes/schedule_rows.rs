@@ -825,3 +825,41 @@ fn next_part(rp: &RowPlan, pe: u32) -> Option<u32> {
 fn is_final_part(rp: &RowPlan, pe: u32) -> bool {
     rp.parts.last().is_some_and(|pt| pt.pe == pe)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{active_counts, broadcast_home};
+
+    #[test]
+    fn a_value_read_behind_its_home_moves_to_the_first_reader() {
+        // Readers 2..=5 of an 8-PE ring: from PE 4 the trip to PE 3 goes round (7 hops); from
+        // PE 2, the reader after the widest gap, every reader is at most 3 hops ahead.
+        assert_eq!(broadcast_home(4, &[2, 3, 4, 5, 5, 3], 8), 2);
+        // Readers wrapping past PE 0: 6, 7, 0, 1 from PE 0 cost 7 hops, from PE 6 three.
+        assert_eq!(broadcast_home(0, &[0, 1, 6, 7], 8), 6);
+    }
+
+    #[test]
+    fn a_home_that_is_no_worse_is_kept() {
+        // Every PE reads it: every home is as good as any other.
+        assert_eq!(broadcast_home(5, &[0, 1, 2, 3, 4, 5, 6, 7], 8), 5);
+        // Already the first reader.
+        assert_eq!(broadcast_home(2, &[2, 3, 4], 8), 2);
+        // No reader: nothing to move for.
+        assert_eq!(broadcast_home(3, &[], 8), 3);
+    }
+
+    #[test]
+    fn working_pe_counts_stay_on_the_ring_and_few() {
+        let all = active_counts(16, 3, true);
+        assert_eq!(all, (1..=16).collect::<Vec<u32>>());
+        let big = active_counts(256, 16, false);
+        assert!(big.iter().all(|&a| (1..=256).contains(&a)));
+        assert!(big.contains(&16) && big.contains(&256) && big.contains(&1));
+        let mut sorted = big.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), big.len(), "no count twice");
+        assert!(big.len() < 40, "{} counts", big.len());
+    }
+}
