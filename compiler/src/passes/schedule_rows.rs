@@ -168,14 +168,16 @@ fn active_counts(pes: u32, rows: u32, every: bool) -> Vec<u32> {
         a = (2 * a).min(pes);
         out.push(a);
     }
-    // Whole rows per PE first: they are often the best, and a good first result lets later
-    // runs stop early.
+    // The whole ring first, then whole rows per PE: they are often the best, a good first result
+    // lets later runs stop early, and the budget may cut the list short.
     let mut natural: Vec<u32> = (1..=8)
         .flat_map(|j| [rows / j, rows.saturating_mul(j.min(4))])
         .filter(|a| (1..=pes).contains(a))
         .collect();
     natural.sort_unstable();
     natural.dedup();
+    natural.retain(|&a| a != pes);
+    natural.insert(0, pes);
     out.retain(|a| !natural.contains(a));
     natural.extend(out);
     natural
@@ -855,7 +857,8 @@ mod tests {
         assert_eq!(all, (1..=16).collect::<Vec<u32>>());
         let big = active_counts(256, 16, false);
         assert!(big.iter().all(|&a| (1..=256).contains(&a)));
-        assert!(big.contains(&16) && big.contains(&256) && big.contains(&1));
+        assert!(big.contains(&16) && big.contains(&1));
+        assert_eq!(big.first(), Some(&256), "the whole ring first");
         let mut sorted = big.clone();
         sorted.sort_unstable();
         sorted.dedup();

@@ -176,6 +176,12 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         more.extend(softs.into_iter().filter(|&s| s > 1).map(|s| (g, false, s)));
     }
     shapes.extend(more);
+    let ops = p.necessary_ops().max(1);
+    let retries = if few_tokens {
+        (RETRY_BUDGET / ops).min(MAX_RETRIES)
+    } else {
+        0
+    };
     for (groups, all_heads_on_ring, soft) in shapes {
         // Fewer priority variants for the extra softmax PEs: they multiply the runs.
         let variants = if soft > 1 {
@@ -191,7 +197,13 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
                 softmax_first,
                 soft,
             };
-            match build(p, m, layout, 0, limit(&best)) {
+            // With retries to come, every plain run finishes: the best few seed them.
+            let cap = if retries > 0 {
+                usize::MAX
+            } else {
+                limit(&best)
+            };
+            match build(p, m, layout, 0, cap) {
                 Ok(Some(s)) => {
                     layouts.push((layout, s.cycles()));
                     keep(s, &mut best);
@@ -203,12 +215,6 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     }
     // Perturbed retries on the best layouts, while the budget lasts.
     layouts.sort_by_key(|&(_, c)| c);
-    let ops = p.necessary_ops().max(1);
-    let retries = if few_tokens {
-        (RETRY_BUDGET / ops).min(MAX_RETRIES)
-    } else {
-        0
-    };
     // Retries keep the lane count of one of the three best layouts and draw the priority variant.
     let mut draw = Noise(0x2545_F491_4F6C_DD1D);
     for seed in 1..=retries {
