@@ -7,7 +7,10 @@
 //! run against the f64 reference. A second table gives the paper's causal instances n = m
 //! (d = n, one head, `softmax = plain`, the formulation of the exact search's best known results).
 //!
-//! Run: `cargo bench --bench small` (`-- --quick` for d = 8 only).
+//! Run: `cargo bench --bench small` (`-- --quick` for d = 8 only; `-- --only n=16,m=256` for the
+//! shapes whose fields match every `key=value` given, keys `n`, `m`, `d`, `heads`, `scheme`;
+//! `-- --no-paper` leaves out the paper's instances). A filtered run prints its summary over the
+//! shapes it ran, so only a full run describes the table.
 
 use compiler::passes::select::Choice;
 use runtime::bound::Bound;
@@ -182,14 +185,38 @@ fn measure_all(shapes: &[Shape]) -> Vec<Outcome> {
 
 fn main() {
     let start = Instant::now();
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let paper = !args.iter().any(|a| a == "--no-paper");
+    let only: Vec<(String, String)> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|f| {
+            f.split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
     let dims: &[u32] = if quick { &[8] } else { &[8, 64, 128] };
     let mut shapes = Vec::new();
     for n in [1u32, 2, 3, 4, 8, 12, 16, 32] {
         for m in [4u32, 8, 16, 64, 256] {
             for &d in dims {
                 for heads in [1u32, 4] {
-                    for scheme in 0..SCHEMES.len() {
+                    for (scheme, &(scheme_name, _)) in SCHEMES.iter().enumerate() {
+                        let field = |k: &str| match k {
+                            "n" => n.to_string(),
+                            "m" => m.to_string(),
+                            "d" => d.to_string(),
+                            "heads" => heads.to_string(),
+                            "scheme" => scheme_name.to_string(),
+                            _ => String::new(),
+                        };
+                        if only.iter().any(|(k, v)| field(k) != *v) {
+                            continue;
+                        }
                         shapes.push(Shape {
                             n,
                             m,
@@ -269,8 +296,10 @@ fn main() {
     println!();
     summarise(&s);
     println!();
-    paper_instances();
-    println!();
+    if paper {
+        paper_instances();
+        println!();
+    }
     println!(
         "bench time: {:.0} s on {} threads",
         start.elapsed().as_secs_f64(),

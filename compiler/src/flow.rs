@@ -39,6 +39,16 @@ type Ready = Vec<BinaryHeap<Reverse<usize>>>;
 
 /// Runs the plan; returns the number of cycles or, if some task can never run, a description.
 pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
+    simulate_within(b, flow, usize::MAX).map(|t| t.unwrap_or(usize::MAX))
+}
+
+/// [`simulate`], giving up (`Ok(None)`) as soon as the schedule is sure to take more than `limit`
+/// cycles: a caller keeping the shortest of several runs need not finish the ones that lose.
+pub fn simulate_within(
+    b: &mut Builder,
+    flow: &Flow,
+    limit: usize,
+) -> Result<Option<usize>, String> {
     let m = flow.tasks.len();
     // avail[p][v] = first cycle at which v can be read on p.
     let mut avail: Avail = vec![HashMap::default(); m];
@@ -67,6 +77,10 @@ pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
     let mut t = 0usize;
     let mut idle = 0;
     while pending.iter().any(|q| !q.is_empty()) || unsent > 0 {
+        // Work left for cycle `t` means at least `t + 1` cycles.
+        if t >= limit {
+            return Ok(None);
+        }
         let mut progressed = false;
         let mut events: Vec<(usize, Val)> = Vec::new();
         for p in 0..m {
@@ -111,5 +125,5 @@ pub fn simulate(b: &mut Builder, flow: &Flow) -> Result<usize, String> {
             ));
         }
     }
-    Ok(t)
+    Ok(Some(t))
 }

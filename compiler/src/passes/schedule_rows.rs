@@ -85,17 +85,57 @@ fn path(from: u32, to: u32, m: u32) -> impl Iterator<Item = u32> {
 
 /// When scores are few per PE, handing partial sums between PEs costs more than it saves, so
 /// small layers also try sharing the work among fewer PEs (the rest only pass values on) and keep
-/// the fastest.
+/// the fastest. Each count is tried with k/v rows preloaded where their trip is shortest and, if
+/// that moved any, on their own rows' first PEs: one source feeding a whole head can make its link
+/// the bottleneck.
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     let scores = u64::from(p.heads) * (0..p.tokens).map(|a| u64::from(columns(p, a))).sum::<u64>();
-    if scores >= 4 * u64::from(pes) {
-        return run_on(p, pes, pes);
-    }
+    let few = scores < SUBSET_SCORES * u64::from(pes);
+    let counts = if !few {
+        vec![pes]
+    } else {
+        let mut c = active_counts(pes, p.heads * p.tokens, scores < 4 * u64::from(pes));
+        // Bounded compile time: the most promising counts come first.
+        let runs = (SUBSET_BUDGET / p.necessary_ops().max(1)).max(4);
+        c.truncate(usize::try_from(runs).unwrap_or(usize::MAX));
+        c
+    };
     let mut best: Option<RingSchedule> = None;
-    for active in active_counts(pes) {
-        let s = run_on(p, pes, active)?;
-        if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
-            best = Some(s);
+    // With q = k and no mask, and idle PEs, a mirrored score may have to go round through all of
+    // them; computing each pair on the holder behind the other avoids that at the cost of
+    // balance, so small layers try both.
+    let mirrors: &[bool] = if p.symmetric && !p.causal && few {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    for active in counts {
+        for &near_mirror in mirrors.iter().filter(|&&nm| !nm || active < pes) {
+            // Small layers start with the shortest trips and try rows' own first PEs only if
+            // that moved any k/v row. Large layers start with rows' own first PEs, and try the
+            // shortest trips only where the busiest link forwards more than half as many words
+            // as a PE has operations (then the links, not the PEs, set the pace).
+            let order = if few { [true, false] } else { [false, true] };
+            for (i, spread_homes) in order.into_iter().enumerate() {
+                // A run that cannot beat the best so far is abandoned as soon as that is sure.
+                let limit = best
+                    .as_ref()
+                    .map_or(usize::MAX, |b| b.cycles().saturating_sub(1));
+                let (s, moved, busiest) = run_on(p, pes, active, spread_homes, near_mirror, limit)?;
+                if let Some(s) = s {
+                    if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
+                        best = Some(s);
+                    }
+                }
+                let again = if few {
+                    moved
+                } else {
+                    2 * busiest as u64 > p.necessary_ops() / u64::from(pes.max(1))
+                };
+                if i > 0 || !again {
+                    break;
+                }
+            }
         }
     }
     best.ok_or_else(|| {
@@ -106,20 +146,41 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     })
 }
 
-/// Counts of working PEs to try: every one on rings up to [`EXHAUSTIVE`] PEs; above, 1 to 8 and
-/// then a geometric ladder (ratio about 1.5) up to the whole ring, so a large ring costs about
-/// twenty runs, not one per PE.
-fn active_counts(pes: u32) -> Vec<u32> {
-    if pes <= EXHAUSTIVE {
+/// Layers with fewer scores than this per PE also try fewer working PEs. With more, every PE has
+/// a few rows, the row dataflow is near the lower bound on the whole ring, and the extra runs
+/// would only cost compile time.
+const SUBSET_SCORES: u64 = 16;
+
+/// Operations simulated, over all counts of working PEs, before the search stops trying more.
+const SUBSET_BUDGET: u64 = 2_000_000;
+
+/// Counts of working PEs to try: every one on rings up to [`EXHAUSTIVE`] PEs when scores are very
+/// few (`every`); otherwise 1 to 8, powers of two up to the whole ring and the counts that give
+/// each working PE whole rows (`rows` over a small divisor, or a few PEs per row), so a large ring
+/// costs a few dozen runs, not one per PE.
+fn active_counts(pes: u32, rows: u32, every: bool) -> Vec<u32> {
+    if every && pes <= EXHAUSTIVE {
         return (1..=pes).collect();
     }
-    let mut out: Vec<u32> = (1..=8).collect();
+    let mut out: Vec<u32> = (1..=8.min(pes)).collect();
     let mut a = 8;
     while a < pes {
-        a = (a + a / 2).min(pes);
+        a = (2 * a).min(pes);
         out.push(a);
     }
-    out
+    // The whole ring first, then whole rows per PE: they are often the best, a good first result
+    // lets later runs stop early, and the budget may cut the list short.
+    let mut natural: Vec<u32> = (1..=8)
+        .flat_map(|j| [rows / j, rows.saturating_mul(j.min(4))])
+        .filter(|a| (1..=pes).contains(a))
+        .collect();
+    natural.sort_unstable();
+    natural.dedup();
+    natural.retain(|&a| a != pes);
+    natural.insert(0, pes);
+    out.retain(|a| !natural.contains(a));
+    natural.extend(out);
+    natural
 }
 
 /// Rings up to this many PEs try every count of working PEs.
@@ -133,8 +194,19 @@ fn columns(p: &Problem, a: u32) -> u32 {
     }
 }
 
-/// The dataflow with the scores shared among PEs `0..active`.
-fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+/// The dataflow with the scores shared among PEs `0..active`; k/v rows preloaded where their trip
+/// is shortest (`spread_homes`) or on their own rows' first PEs; with q = k, each pair computed
+/// by the holder nearer behind the other (`near_mirror`) or alternately. Also says whether
+/// `spread_homes` moved any row, and how many words the busiest link forwards. No schedule if it
+/// would take more than `limit` cycles.
+fn run_on(
+    p: &Problem,
+    pes: u32,
+    active: u32,
+    spread_homes: bool,
+    near_mirror: bool,
+    limit: usize,
+) -> Result<(Option<RingSchedule>, bool, usize), Vec<ScheduleError>> {
     let m = pes;
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let cols_of = |a: u32| columns(p, a);
@@ -161,6 +233,7 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
     let plan = |h: u32, a: u32| &plans[(h * n + a) as usize];
 
     let mut b = Builder::new(NAME, pes);
+    let mut moved = false;
     let mut inputs = Inputs::new(*p);
     // Tasks of all heads, per PE, in buckets taken in order at the end: phase 1; phase 2 split-row
     // heads, whole rows, continuations, divisions waiting for a sum from round the ring (the safe
@@ -204,7 +277,8 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
                 .unwrap_or(home)
         };
 
-        // Inputs: every row of q, k, v preloaded on its own row's first PE.
+        // Inputs: a row of q on its own row's first PE; k and v rows where their trip to the PEs
+        // that read them is shortest (see `broadcast_home`).
         let mut qv: HashMap<(u32, u32), Val> = HashMap::default();
         let mut kv: HashMap<(u32, u32), Val> = HashMap::default();
         let mut vv: HashMap<(u32, u32), Val> = HashMap::default();
@@ -216,40 +290,59 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
         if p.symmetric && p.shared_values && !p.causal {
             order.sort_by_key(|&r| plan(h, r).first() == plan(h, r).last());
         }
+        // With q = k = v one value plays every role: route it once, as far as any role needs.
+        let shared = p.symmetric && p.shared_values;
+        // Roles that are one tensor must be preloaded in one place.
+        let joint = p.symmetric || p.shared_values;
+        let mut kv_from: Vec<u32> = vec![0; n as usize];
         for r in order {
             let home = plan(h, r).first();
-            let far_q = plan(h, r).last();
-            let far_kv = reach(home, &needs[r as usize]);
+            let q_readers: Vec<u32> = plan(h, r).parts.iter().map(|pt| pt.pe).collect();
+            let mut readers: Vec<u32> = needs[r as usize].clone();
+            if joint {
+                readers.extend(&q_readers);
+            }
+            // A k/v row goes on from where it is preloaded to every PE that needs it; from the
+            // row's own first PE it may have to go round the whole ring to reach the PEs of the
+            // head before that one (a large ring, or a head that covers only part of it).
+            let kv_at = if spread_homes {
+                broadcast_home(home, &readers, m)
+            } else {
+                home
+            };
+            moved |= kv_at != home;
+            let q_at = if joint { kv_at } else { home };
+            let far_q = reach(q_at, &q_readers);
+            let far_kv = reach(kv_at, &needs[r as usize]);
             for c in 0..d {
-                let q = inputs.get(&mut b, Tensor::Q, h, r, c, home);
-                let k = inputs.get(&mut b, Tensor::K, h, r, c, home);
-                let v = inputs.get(&mut b, Tensor::V, h, r, c, home);
-                preloaded[home as usize].extend([q, k, v]);
+                let q = inputs.get(&mut b, Tensor::Q, h, r, c, q_at);
+                let k = inputs.get(&mut b, Tensor::K, h, r, c, kv_at);
+                let v = inputs.get(&mut b, Tensor::V, h, r, c, kv_at);
+                preloaded[q_at as usize].push(q);
+                preloaded[kv_at as usize].extend([k, v]);
                 qv.insert((r, c), q);
                 kv.insert((r, c), k);
                 vv.insert((r, c), v);
             }
-            // With q = k = v one value plays every role: route it once, as far as any role needs.
-            let shared = p.symmetric && p.shared_values;
-            let far = |a: u32, b2: u32| {
-                if (a + m - home) % m >= (b2 + m - home) % m {
-                    a
-                } else {
-                    b2
-                }
-            };
             for c in 0..d {
                 if shared {
-                    route(&mut forward, fw_q, qv[&(r, c)], home, far(far_q, far_kv));
+                    route(
+                        &mut forward,
+                        fw_q,
+                        qv[&(r, c)],
+                        kv_at,
+                        reach(kv_at, &readers),
+                    );
                 } else {
-                    route(&mut forward, fw_q, qv[&(r, c)], home, far_q);
-                    route(&mut forward, fw_k, kv[&(r, c)], home, far_kv);
-                    route(&mut forward, fw_v, vv[&(r, c)], home, far_kv);
+                    route(&mut forward, fw_q, qv[&(r, c)], q_at, far_q);
+                    route(&mut forward, fw_k, kv[&(r, c)], kv_at, far_kv);
+                    route(&mut forward, fw_v, vv[&(r, c)], kv_at, far_kv);
                 }
             }
+            kv_from[r as usize] = kv_at;
         }
         // Order in which column rows reach a PE: its own first, then by distance back home.
-        let arrival = |pe: u32, col: u32| (pe + m - plan(h, col).first()) % m;
+        let arrival = |pe: u32, col: u32| (pe + m - kv_from[col as usize]) % m;
 
         // Phase 1: every score whole on the PE that holds it. With q = k (no mask) each pair
         // {a, b} is computed once, by the holder of (a, b) or of (b, a) alternately by the
@@ -264,6 +357,15 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
         let computes = |a: u32, col: u32| -> bool {
             if !p.symmetric || p.causal || a == col {
                 return true;
+            }
+            if near_mirror {
+                // The holder from which the other is fewer hops ahead computes: on a ring with
+                // idle PEs the other way round can cross all of them.
+                let (from, to) = (unit_pe[&(a, col)], unit_pe[&(col, a)]);
+                let (there, back) = ((to + m - from) % m, (from + m - to) % m);
+                if there != back {
+                    return there < back;
+                }
             }
             if (a + col).is_multiple_of(2) {
                 a > col
@@ -495,16 +597,19 @@ fn run_on(p: &Problem, pes: u32, active: u32) -> Result<RingSchedule, Vec<Schedu
                 .collect()
         })
         .collect();
+    let busiest = forward.iter().map(Vec::len).max().unwrap_or(0);
     let tasks = tasks.into_iter().map(|buckets| buckets.concat()).collect();
     let flow = Flow {
         tasks,
         forward,
         preloaded,
     };
-    if let Err(why) = flow::simulate(&mut b, &flow) {
-        b.bug(NAME, why);
+    match flow::simulate_within(&mut b, &flow, limit) {
+        Ok(Some(_)) => {}
+        Ok(None) => return Ok((None, moved, busiest)),
+        Err(why) => b.bug(NAME, why),
     }
-    b.finish()
+    Ok((Some(b.finish()?), moved, busiest))
 }
 
 // Phase-2 buckets of the safe form, in the order a PE takes them. Partial maxima others wait for
@@ -683,6 +788,34 @@ impl<R: FnMut(&mut Forwarding, usize, Val, u32, u32)> SafeRow<'_, R> {
     }
 }
 
+/// Where to preload a value read on `readers` so that its trip forward to the farthest of them
+/// is shortest: the reader just after the widest gap between readers in ring order. `home` is
+/// kept unless that trip is strictly shorter.
+fn broadcast_home(home: u32, readers: &[u32], m: u32) -> u32 {
+    let mut rs: Vec<u32> = readers.to_vec();
+    rs.sort_unstable();
+    rs.dedup();
+    let Some(&first) = rs.first() else {
+        return home;
+    };
+    let dist = |a: u32, b: u32| (b + m - a) % m;
+    let from_home = rs.iter().map(|&pe| dist(home, pe)).max().unwrap_or(0);
+    // The trip from the reader after the widest gap ends at the reader before it.
+    let k = rs.len();
+    let (mut at, mut far) = (first, dist(first, rs[k - 1]));
+    for i in 0..k.saturating_sub(1) {
+        let f = dist(rs[i + 1], rs[i]);
+        if f < far {
+            (at, far) = (rs[i + 1], f);
+        }
+    }
+    if far < from_home {
+        at
+    } else {
+        home
+    }
+}
+
 /// The PE holding the part of the row after the one on `pe`.
 fn next_part(rp: &RowPlan, pe: u32) -> Option<u32> {
     let i = rp.parts.iter().position(|pt| pt.pe == pe)?;
@@ -693,4 +826,43 @@ fn next_part(rp: &RowPlan, pe: u32) -> Option<u32> {
 /// hold none and sit between parts), so the part on `pe` is final when it is the last part.
 fn is_final_part(rp: &RowPlan, pe: u32) -> bool {
     rp.parts.last().is_some_and(|pt| pt.pe == pe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{active_counts, broadcast_home};
+
+    #[test]
+    fn a_value_read_behind_its_home_moves_to_the_first_reader() {
+        // Readers 2..=5 of an 8-PE ring: from PE 4 the trip to PE 3 goes round (7 hops); from
+        // PE 2, the reader after the widest gap, every reader is at most 3 hops ahead.
+        assert_eq!(broadcast_home(4, &[2, 3, 4, 5, 5, 3], 8), 2);
+        // Readers wrapping past PE 0: 6, 7, 0, 1 from PE 0 cost 7 hops, from PE 6 three.
+        assert_eq!(broadcast_home(0, &[0, 1, 6, 7], 8), 6);
+    }
+
+    #[test]
+    fn a_home_that_is_no_worse_is_kept() {
+        // Every PE reads it: every home is as good as any other.
+        assert_eq!(broadcast_home(5, &[0, 1, 2, 3, 4, 5, 6, 7], 8), 5);
+        // Already the first reader.
+        assert_eq!(broadcast_home(2, &[2, 3, 4], 8), 2);
+        // No reader: nothing to move for.
+        assert_eq!(broadcast_home(3, &[], 8), 3);
+    }
+
+    #[test]
+    fn working_pe_counts_stay_on_the_ring_and_few() {
+        let all = active_counts(16, 3, true);
+        assert_eq!(all, (1..=16).collect::<Vec<u32>>());
+        let big = active_counts(256, 16, false);
+        assert!(big.iter().all(|&a| (1..=256).contains(&a)));
+        assert!(big.contains(&16) && big.contains(&1));
+        assert_eq!(big.first(), Some(&256), "the whole ring first");
+        let mut sorted = big.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), big.len(), "no count twice");
+        assert!(big.len() < 40, "{} counts", big.len());
+    }
 }

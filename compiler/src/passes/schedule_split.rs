@@ -111,6 +111,8 @@ struct Layout {
     /// Ready softmax work (maxima, exponentials, divisions) goes before any product: it is
     /// little work and everything after it waits for it.
     softmax_first: bool,
+    /// PEs per lane that take the softmax, after its columns, rows dealt to them in turn.
+    soft: u32,
 }
 
 /// Tries the layouts and, on small layers, perturbed priorities; keeps the shortest.
@@ -122,16 +124,21 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
             *best = Some(s);
         }
     };
+    // A run that cannot beat the best so far is abandoned as soon as that is sure.
+    let limit = |best: &Option<RingSchedule>| {
+        best.as_ref()
+            .map_or(usize::MAX, |b| b.cycles().saturating_sub(1))
+    };
     let mut layouts: Vec<(Layout, usize)> = Vec::new();
     // A layout whose plan the pass finds inconsistent is skipped (its errors are reported only if
     // no layout works), so one bad corner cannot cost a layer its schedule.
     let mut errors: Vec<ScheduleError> = Vec::new();
-    let mut shapes: Vec<(u32, bool)> = candidate_groups(p, m)
+    let mut shapes: Vec<(u32, bool, u32)> = candidate_groups(p, m)
         .into_iter()
-        .map(|g| (g, false))
+        .map(|g| (g, false, 1))
         .collect();
     if p.heads > 1 && p.dim >= m {
-        shapes.push((1, true));
+        shapes.push((1, true, 1));
     }
     // With two or more tokens per PE the row dataflow is near the bound: one plain run each.
     // Large layers (each run costs about a second per 100 000 operations) get the ring-spanning
@@ -148,31 +155,66 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         shapes.truncate(1);
         shapes.extend(tail);
     }
-    for (groups, all_heads_on_ring) in shapes {
-        for &(row_weight, softmax_first) in variants {
-            let layout = Layout {
-                groups,
-                all_heads_on_ring,
-                row_weight,
-                softmax_first,
-            };
-            match build(p, m, layout, 0) {
-                Ok(s) => {
-                    layouts.push((layout, s.cycles()));
-                    keep(s, &mut best);
-                }
-                Err(e) => errors.extend(e),
-            }
+    // Where lanes leave PEs idle, one softmax PE per lane serialises the exponentials and
+    // divisions of all the lane's rows: spare PEs can share them.
+    let mut more = Vec::new();
+    // Large layers try it only on the first lane count, with a softmax PE per row where the
+    // ring has room.
+    let soft_shapes = if large { &shapes[..1] } else { &shapes[..] };
+    for &(g, _, _) in soft_shapes {
+        let lanes = p.heads * g;
+        let spare = (m / lanes.max(1)).saturating_sub(p.dim + 1);
+        if spare == 0 || (lanes == 1 && p.dim >= m) {
+            continue;
         }
+        let rows = p.tokens.div_ceil(g);
+        let mut softs = vec![rows.min(spare + 1)];
+        if !large {
+            softs.insert(0, 2.min(rows));
+        }
+        softs.dedup();
+        more.extend(softs.into_iter().filter(|&s| s > 1).map(|s| (g, false, s)));
     }
-    // Perturbed retries on the best layouts, while the budget lasts.
-    layouts.sort_by_key(|&(_, c)| c);
+    shapes.extend(more);
     let ops = p.necessary_ops().max(1);
     let retries = if few_tokens {
         (RETRY_BUDGET / ops).min(MAX_RETRIES)
     } else {
         0
     };
+    for (groups, all_heads_on_ring, soft) in shapes {
+        // Fewer priority variants for the extra softmax PEs: they multiply the runs.
+        let variants = if soft > 1 {
+            &variants[..variants.len().min(2)]
+        } else {
+            variants
+        };
+        for &(row_weight, softmax_first) in variants {
+            let layout = Layout {
+                groups,
+                all_heads_on_ring,
+                row_weight,
+                softmax_first,
+                soft,
+            };
+            // With retries to come, every plain run finishes: the best few seed them.
+            let cap = if retries > 0 {
+                usize::MAX
+            } else {
+                limit(&best)
+            };
+            match build(p, m, layout, 0, cap) {
+                Ok(Some(s)) => {
+                    layouts.push((layout, s.cycles()));
+                    keep(s, &mut best);
+                }
+                Ok(None) => {}
+                Err(e) => errors.extend(e),
+            }
+        }
+    }
+    // Perturbed retries on the best layouts, while the budget lasts.
+    layouts.sort_by_key(|&(_, c)| c);
     // Retries keep the lane count of one of the three best layouts and draw the priority variant.
     let mut draw = Noise(0x2545_F491_4F6C_DD1D);
     for seed in 1..=retries {
@@ -185,8 +227,9 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
             softmax_first,
             ..base
         };
-        match build(p, m, layout, seed) {
-            Ok(s) => keep(s, &mut best),
+        match build(p, m, layout, seed, limit(&best)) {
+            Ok(Some(s)) => keep(s, &mut best),
+            Ok(None) => {}
             Err(e) => errors.extend(e),
         }
     }
@@ -201,23 +244,30 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
 }
 
 /// Row-group counts worth trying: one lane per head and ring-filling splits of the rows, for
-/// lanes of about `d + 1` PEs (one per column plus the softmax) or fewer.
+/// lanes of about `d + 1` PEs (one per column plus the softmax) or fewer. Where lanes of `d + 1`
+/// PEs leave part of the ring idle, the count of lanes trades rows per lane against the k and v
+/// rows every lane needs, so a ladder of such counts is tried too.
 fn candidate_groups(p: &Problem, m: u32) -> Vec<u32> {
     let mut out = vec![1];
     let cols = p.dim + 1;
     let r_of = |g: u32| (m / (p.heads * g)).clamp(1, cols);
+    let ladder = |g: u32| {
+        let odd = g >> g.trailing_zeros();
+        odd == 1 || odd == 3
+    };
     for g in 2..=p.tokens {
         let lanes = p.heads * g;
         if lanes > m {
             break;
         }
-        if out.iter().all(|&o| r_of(o) != r_of(g)) {
+        let idle = r_of(g) == cols && lanes * cols < m;
+        if out.iter().all(|&o| r_of(o) != r_of(g)) || (idle && ladder(g)) {
             out.push(g);
         }
     }
     // Keep the count bounded: the largest splits, which fill the ring, are the interesting ones.
-    if out.len() > 6 {
-        let tail = out.split_off(out.len() - 5);
+    if out.len() > 8 {
+        let tail = out.split_off(out.len() - 7);
         out.truncate(1);
         out.extend(tail);
     }
@@ -305,10 +355,13 @@ struct Geometry {
     lane_of: Vec<u32>,
     /// One lane spanning the ring: scores start anywhere and land evenly.
     ring: bool,
+    /// Softmax PEs at the end of each lane (1: the softmax shares the block split as a column).
+    soft: u32,
 }
 
 impl Geometry {
-    fn new(p: &Problem, m: u32, groups: u32, all_heads_on_ring: bool) -> Geometry {
+    fn new(p: &Problem, m: u32, layout: Layout) -> Geometry {
+        let (groups, all_heads_on_ring) = (layout.groups, layout.all_heads_on_ring);
         let lanes = if all_heads_on_ring {
             1
         } else {
@@ -317,10 +370,17 @@ impl Geometry {
         // One lane over the whole ring when the columns cover it; otherwise lanes of at most one
         // PE per column plus the softmax, packed from PE 0 (a longer lane only adds hops).
         let ring = lanes == 1 && p.dim >= m;
+        let soft_wanted = if ring { 1 } else { layout.soft.max(1) };
         let r = if ring {
             m
         } else {
-            (m / lanes).clamp(1, p.dim + 1)
+            (m / lanes).clamp(1, p.dim + soft_wanted)
+        };
+        // At least one PE of the lane holds columns.
+        let soft = if soft_wanted > 1 && r > soft_wanted {
+            soft_wanted
+        } else {
+            1
         };
         let n = p.tokens;
         // Rows cut into groups of about equal weight count (row a has a + 1 under a mask, or
@@ -356,6 +416,7 @@ impl Geometry {
             n,
             lane_of,
             ring,
+            soft,
         }
     }
 
@@ -386,7 +447,19 @@ impl Geometry {
 
     /// PE offset within a lane of column `c` (`c = d` is the softmax with several lanes).
     fn offset(&self, c: u32) -> u32 {
+        if self.soft > 1 {
+            let held = self.r - self.soft;
+            return ((u64::from(c) * u64::from(held)) / u64::from(self.d.max(1))) as u32;
+        }
         ((u64::from(c) * u64::from(self.r)) / u64::from(self.cols().max(1))) as u32
+    }
+
+    /// Where the scores of the lane's `i`-th row land for the softmax, on a lane of its own.
+    fn land(&self, lane: u32, i: u32) -> u32 {
+        if self.soft > 1 {
+            return (self.start(lane) + self.r - self.soft + i % self.soft) % self.m;
+        }
+        self.p1(lane, self.d)
     }
 
     /// PE of phase-1 column `c` of `lane`.
@@ -429,14 +502,16 @@ impl Noise {
     }
 }
 
-/// The plan (tasks and chains) for one layout, then its simulation.
+/// The plan (tasks and chains) for one layout, then its simulation; nothing if that takes more
+/// than `limit` cycles.
 fn build(
     p: &Problem,
     m: u32,
     layout: Layout,
     seed: u64,
-) -> Result<RingSchedule, Vec<ScheduleError>> {
-    let g = Geometry::new(p, m, layout.groups, layout.all_heads_on_ring);
+    limit: usize,
+) -> Result<Option<RingSchedule>, Vec<ScheduleError>> {
+    let g = Geometry::new(p, m, layout);
     let (n, d) = (p.tokens, p.dim);
     let mut b = Builder::new(NAME, m);
     let mut noise = Noise(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | u64::from(seed != 0));
@@ -506,6 +581,16 @@ fn build(
             }
         }
     }
+    // Each row's place among its lane's rows, which deals the rows to the softmax PEs.
+    let mut lane_row: Vec<u32> = Vec::with_capacity((p.heads * n) as usize);
+    let mut lane_rows: HashMap<u32, u32> = HashMap::default();
+    for h in 0..p.heads {
+        for a in 0..n {
+            let k = lane_rows.entry(g.lane(h, a)).or_insert(0);
+            lane_row.push(*k);
+            *k += 1;
+        }
+    }
     for h in 0..p.heads {
         for a in 0..n {
             let lane = g.lane(h, a);
@@ -554,7 +639,7 @@ fn build(
                 let land = if g.ring {
                     segs.last().map_or(0, |s| s.0)
                 } else {
-                    g.p1(lane, d)
+                    g.land(lane, lane_row[(h * n + a) as usize])
                 };
                 chains.push(Chain {
                     kind: ChainKind::Mac(1),
@@ -822,10 +907,12 @@ fn build(
         chains: &chains,
         reach: &reach,
     };
-    if let Err(why) = sim.run(&mut b, &preloaded) {
-        b.bug(NAME, why);
+    match sim.run(&mut b, &preloaded, limit) {
+        Ok(Some(_)) => {}
+        Ok(None) => return Ok(None),
+        Err(why) => b.bug(NAME, why),
     }
-    b.finish()
+    b.finish().map(Some)
 }
 
 /// Static priorities: the longest path from a task to the end, ring hops included (plus noise on
@@ -1000,7 +1087,12 @@ impl Sim<'_> {
         }
     }
 
-    fn run(&self, b: &mut Builder, preloaded: &[(u32, Val, i64)]) -> Result<usize, String> {
+    fn run(
+        &self,
+        b: &mut Builder,
+        preloaded: &[(u32, Val, i64)],
+        limit: usize,
+    ) -> Result<Option<usize>, String> {
         let m = self.m as usize;
         let mut avail: Vec<HashMap<Val, usize>> = vec![HashMap::default(); m];
         let mut links: Vec<Link> = vec![Link::default(); m];
@@ -1030,6 +1122,10 @@ impl Sim<'_> {
         let mut t = 0usize;
         let mut idle = 0usize;
         while left > 0 || links.iter().any(|l| !l.words.is_empty()) {
+            // Work left for cycle `t` means at least `t + 1` cycles.
+            if t >= limit {
+                return Ok(None);
+            }
             let mut progressed = false;
             let mut arrivals: Vec<(usize, Val)> = Vec::new();
             for pe in 0..m {
@@ -1095,7 +1191,7 @@ impl Sim<'_> {
                 ));
             }
         }
-        Ok(t)
+        Ok(Some(t))
     }
 
     /// Whether task `i` can run on its PE in cycle `t`.
