@@ -496,54 +496,26 @@ impl LCtx<'_> {
     fn tri_k(&self, ranges: &[(u32, u32)]) -> Option<Vec<Node>> {
         let m = self.map;
         let own = ad(m.kv).t(0, i64::from(m.block));
-        let per_row = TRI_KEYS * m.d;
-        let mut segments = Vec::new();
-        let mut row = 2;
-        for &(offset, len) in ranges {
-            let (full, rem) = (len / per_row, len % per_row);
-            for (count, words, skip) in [
-                (full, per_row, 0),
-                (u32::from(rem > 0), rem, full * per_row),
-            ] {
-                if count > 0 {
-                    let at = i64::from(offset + skip);
-                    segments.push((
-                        row,
-                        count,
-                        Some((own.clone().plus(at), Self::odd_buffer(m).plus(at), words)),
-                    ));
-                    row += count;
-                }
-            }
-        }
+        let send = |piece: Option<Piece>| {
+            piece.map(|(at, words)| {
+                let at = i64::from(at);
+                (own.clone().plus(at), Self::odd_buffer(m).plus(at), words)
+            })
+        };
         let mut nodes = Vec::new();
-        if row > m.rows {
-            // Too few rows for equal pieces: each row carries as much of the pending ranges as
-            // its score loops allow, one contiguous piece per row.
-            let mut pending: std::collections::VecDeque<(u32, u32)> =
-                ranges.iter().copied().collect();
-            for r in 0..m.rows {
-                let room = (r + 1) * m.d;
-                let send = pending.pop_front().map(|(offset, len)| {
-                    let take = room.min(len);
-                    if take < len {
-                        pending.push_front((offset + take, len - take));
-                    }
-                    let at = i64::from(offset);
-                    (own.clone().plus(at), Self::odd_buffer(m).plus(at), take)
-                });
-                nodes.extend(self.kwork(&self.tri_kw(r, 1, send, false), 1));
+        let Some(segments) = tri_segments(ranges, m.d, m.rows) else {
+            // Too few rows for equal pieces: row by row.
+            let (pieces, dealt) = tri_rows(ranges, m.d, m.rows);
+            for (r, piece) in (0..m.rows).zip(pieces) {
+                nodes.extend(self.kwork(&self.tri_kw(r, 1, send(piece), false), 1));
             }
-            return pending.is_empty().then_some(nodes);
-        }
-        if row < m.rows {
-            segments.push((row, m.rows - row, None));
-        }
+            return dealt.then_some(nodes);
+        };
         for r in 0..2 {
             nodes.extend(self.kwork(&self.tri_kw(r, 1, None, false), 1));
         }
-        for (r0, count, send) in segments {
-            nodes.extend(self.kwork(&self.tri_kw(r0, count, send, count > 1), 1));
+        for (r0, count, piece) in segments {
+            nodes.extend(self.kwork(&self.tri_kw(r0, count, send(piece), count > 1), 1));
         }
         Some(nodes)
     }

@@ -1135,33 +1135,16 @@ fn triangle(
     own: &Ad,
     slots: Option<&(Ad, Ad)>,
 ) -> Option<Vec<Node>> {
-    let rows = map.rows;
-    let per_row = TRI_KEYS * map.d;
-    let mut segments = Vec::new();
-    let mut row = 2;
-    for &(offset, len) in ranges {
-        let (full, rem) = (len / per_row, len % per_row);
-        for (count, words, skip) in [
-            (full, per_row, 0),
-            (u32::from(rem > 0), rem, full * per_row),
-        ] {
-            if count > 0 {
-                let at = i64::from(offset + skip);
-                segments.push((
-                    row,
-                    count,
-                    Some((own.clone().plus(at), ad(map.buf[1]).plus(at), words)),
-                ));
-                row += count;
-            }
-        }
-    }
-    if row > rows {
-        return None;
-    }
-    if row < rows {
-        segments.push((row, rows - row, None));
-    }
+    let segments: Vec<_> = tri_segments(ranges, map.d, map.rows)?
+        .into_iter()
+        .map(|(row, count, piece)| {
+            let send = piece.map(|(at, words)| {
+                let at = i64::from(at);
+                (own.clone().plus(at), ad(map.buf[1]).plus(at), words)
+            });
+            (row, count, send)
+        })
+        .collect();
     let mut nodes = Vec::new();
     for r in 0..2 {
         nodes.extend(ctx.block(&Work {
@@ -1202,6 +1185,62 @@ fn triangle(
 /// least 3 keys.
 const TRI_KEYS: u32 = 3;
 
+/// Words `(offset, count)` of a block one row forwards.
+type Piece = (u32, u32);
+
+/// How a causal step-0 triangle of `rows` rows forwards the block's word `ranges` in equal
+/// pieces: `(first row, rows, piece)` runs, a piece being `(offset, words)` forwarded by each row
+/// of the run from its first [`TRI_KEYS`] keys; rows 0 and 1 (too short for a stepped maximum
+/// loop) are not in it. `None` if the rows cannot carry the ranges so.
+fn tri_segments(
+    ranges: &[(u32, u32)],
+    d: u32,
+    rows: u32,
+) -> Option<Vec<(u32, u32, Option<Piece>)>> {
+    let per_row = TRI_KEYS * d;
+    let mut segments = Vec::new();
+    let mut row = 2;
+    for &(offset, len) in ranges {
+        let (full, rem) = (len / per_row, len % per_row);
+        for (count, words, skip) in [
+            (full, per_row, 0),
+            (u32::from(rem > 0), rem, full * per_row),
+        ] {
+            if count > 0 {
+                segments.push((row, count, Some((offset + skip, words))));
+                row += count;
+            }
+        }
+    }
+    if row > rows {
+        return None;
+    }
+    if row < rows {
+        segments.push((row, rows - row, None));
+    }
+    Some(segments)
+}
+
+/// The ranges dealt to a triangle's rows one by one, for rings whose rows are too few for
+/// [`tri_segments`]: row `r` forwards as much of what is pending as its `(r + 1)·d` score
+/// cycles allow, one contiguous `(offset, words)` piece; and whether every word was dealt.
+fn tri_rows(ranges: &[(u32, u32)], d: u32, rows: u32) -> (Vec<Option<Piece>>, bool) {
+    let mut pending: std::collections::VecDeque<(u32, u32)> = ranges.iter().copied().collect();
+    let pieces = (0..rows)
+        .map(|r| {
+            let room = (r + 1) * d;
+            pending.pop_front().map(|(offset, len)| {
+                let take = room.min(len);
+                if take < len {
+                    pending.push_front((offset + take, len - take));
+                }
+                (offset, take)
+            })
+        })
+        .collect();
+    (pieces, pending.is_empty())
+}
+
 /// The triangle one loop nest per row, for rings whose rows are too few to carry the block in
 /// equal pieces: each row forwards as much of the pending ranges as its score loops allow.
 fn unrolled_triangle(
@@ -1212,23 +1251,12 @@ fn unrolled_triangle(
     slots: Option<&(Ad, Ad)>,
 ) -> Vec<Node> {
     let mut head = Vec::new();
-    let c = map.rows / 2;
-    // Word ranges still to send, dealt to the triangle's rows in order; a row carries at
-    // most one contiguous piece.
-    let mut pending: std::collections::VecDeque<(u32, u32)> = ranges.into_iter().collect();
-    for r in 0..2 * c {
+    let (pieces, _) = tri_rows(&ranges, map.d, map.rows);
+    for (r, piece) in (0..map.rows).zip(pieces) {
         let keys = r + 1;
-        let words = keys * map.d;
-        let send = pending.pop_front().map(|(offset, len)| {
-            let take = words.min(len);
-            if take < len {
-                pending.push_front((offset + take, len - take));
-            }
-            (
-                own.clone().plus(i64::from(offset)),
-                ad(map.buf[1]).plus(i64::from(offset)),
-                take,
-            )
+        let send = piece.map(|(offset, take)| {
+            let at = i64::from(offset);
+            (own.clone().plus(at), ad(map.buf[1]).plus(at), take)
         });
         head.extend(ctx.block(&Work {
             r0: r,
@@ -1294,22 +1322,7 @@ fn mask_rows(nodes: &mut [Node], level: u8, r0: u32, rows: u32, live: u32) {
                         .retain(|t| matches!(t.field, Field::XferSrc | Field::XferDst));
                     b.preds.retain(|p| p.slot == Slot::Xfer);
                 } else {
-                    let keep = live - r0;
-                    for (slot, used) in [
-                        (Slot::Op, b.bundle.op != Op::Nop),
-                        (Slot::Acc, b.bundle.acc != Acc::Nop),
-                    ] {
-                        if used {
-                            b.preds.push(Pred {
-                                slot,
-                                level,
-                                cmp: Cmp::Lt,
-                                value: keep,
-                            });
-                        }
-                    }
-                    b.preds.sort();
-                    b.preds.dedup();
+                    guard(b, &[Slot::Op, Slot::Acc], level, live - r0);
                 }
             }
         }
@@ -1334,23 +1347,29 @@ fn mask_keys(nodes: &mut [Node], level: u8, keep: u32) {
                     b.preds.clear();
                     continue;
                 }
-                for (slot, used) in [
-                    (Slot::Op, b.bundle.op != Op::Nop),
-                    (Slot::Acc, b.bundle.acc != Acc::Nop),
-                    (Slot::Xfer, b.bundle.xfer != Xfer::Nop),
-                ] {
-                    if used {
-                        b.preds.push(Pred {
-                            slot,
-                            level,
-                            cmp: Cmp::Lt,
-                            value: keep,
-                        });
-                    }
-                }
-                b.preds.sort();
-                b.preds.dedup();
+                guard(b, &Slot::ALL, level, keep);
             }
         }
     }
+}
+
+/// Predicates `slots` of `b` (those it uses) on `i_level < keep`.
+fn guard(b: &mut LBundle, slots: &[Slot], level: u8, keep: u32) {
+    for &slot in slots {
+        let used = match slot {
+            Slot::Op => b.bundle.op != Op::Nop,
+            Slot::Acc => b.bundle.acc != Acc::Nop,
+            Slot::Xfer => b.bundle.xfer != Xfer::Nop,
+        };
+        if used {
+            b.preds.push(Pred {
+                slot,
+                level,
+                cmp: Cmp::Lt,
+                value: keep,
+            });
+        }
+    }
+    b.preds.sort();
+    b.preds.dedup();
 }
