@@ -958,24 +958,20 @@ fn prioritise(
             sum_after[den] = sum_after[den].max(dt);
         }
     }
+    // Hops from a chain's last PE to its farthest reader.
+    let farthest = |c: &Chain, exp: bool| {
+        c.readers
+            .iter()
+            .map(|&q| lat(last_pe(c), q, m, exp))
+            .max()
+            .unwrap_or(1)
+    };
     for (i, c) in chains.iter().enumerate() {
         if let ChainKind::Exp { bias } = c.kind {
-            let hops = c
-                .readers
-                .iter()
-                .map(|&q| lat(last_pe(c), q, m, true))
-                .max()
-                .unwrap_or(1);
-            tail[i] = len(c) + hops + sum_after[i];
+            tail[i] = len(c) + farthest(c, true) + sum_after[i];
             if let Some(mx) = bias {
                 let mc = &chains[mx];
-                let mh = mc
-                    .readers
-                    .iter()
-                    .map(|&q| lat(last_pe(mc), q, m, false))
-                    .max()
-                    .unwrap_or(1);
-                tail[mx] = tail[mx].max(len(mc) + mh + tail[i]);
+                tail[mx] = tail[mx].max(len(mc) + farthest(mc, false) + tail[i]);
             }
         }
     }
