@@ -501,6 +501,10 @@ fn inspect_trace_and_show_work_on_every_grid_directory() {
         );
         let manifest = read_json(&dir.join("manifest.json"));
         assert_valid(&v, &manifest, &format!("grid {i}"));
+        let typed = compiler::manifest::Manifest::from_json(
+            &std::fs::read_to_string(dir.join("manifest.json")).unwrap(),
+        )
+        .unwrap();
         let cycles = manifest["cycles"].as_u64().unwrap();
         let work = program_counts(&dir, pes as usize);
 
@@ -525,11 +529,10 @@ fn inspect_trace_and_show_work_on_every_grid_directory() {
             qk += r["ops"]["qk"].as_u64().unwrap();
             // Every input word the manifest places on this PE is in the memory map.
             for (name, place) in manifest["inputs"].as_object().unwrap() {
-                let here = place["pe"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|x| x.as_u64() == Some(p as u64))
+                // Per-element arrays, or an affine layout (a stream compile): count either way.
+                let place = &typed.inputs[name];
+                let here = (0..place.len())
+                    .filter(|&e| place.locate(pes, e).0 == p as u32)
                     .count();
                 let listed: u64 = r["memory"][name]
                     .as_array()

@@ -79,9 +79,10 @@ pub struct Options {
     /// Fold an unrolled schedule's programs into loop programs (the `reroll` pass) and emit
     /// those when their binaries are smaller in total than the flat ones; values are packed by
     /// kind (`codegen::Packing::ByKind`, repeating addresses) where that folds further and its
-    /// words fit `mem_limit`, or without one 5 % over the tight packing. Off by default for
-    /// library callers, who get flat, tightly packed programs; `attnc compile` turns it on
-    /// unless `--flat`.
+    /// words fit `mem_limit`, or without one 5 % over the tight packing. With it, `auto` also
+    /// weighs the stream schedule (loop programs only) against the unrolled candidates below
+    /// the unrolling limit. Off by default for library callers, who get flat, tightly packed
+    /// programs; `attnc compile` turns it on unless `--flat`.
     pub reroll: bool,
 }
 
@@ -207,6 +208,54 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     }
     let candidates =
         select::run(&problem, opts.pes, opts.schedule).map_err(CompileError::Refused)?;
+    // The stream competes below the unrolling limit too: its loop programs are built in
+    // microseconds, and where its deferred normalisation (`d` divisions per row instead of one
+    // per weight) outweighs its rescaling it takes fewer cycles than any unrolled schedule can.
+    // Only with loop output allowed (not `--flat`) and no pass dump asked for. `tight` keeps to
+    // `--mem` or the stream's default allowance; without `--mem`, `roomy` lets values trail
+    // keys as far as the ring allows and is kept only within the words the unrolled winner
+    // would take, so choosing it never costs memory.
+    let competes = opts.schedule == Choice::Auto && opts.reroll && opts.dump_after.is_none();
+    let build_stream = |limit: Option<u32>| {
+        stream::build(&problem, opts.pes, limit)
+            .ok()
+            .filter(|s| opts.mem_limit.is_none_or(|l| stream::max_words(s) <= l))
+    };
+    let tight = competes.then(|| build_stream(opts.mem_limit)).flatten();
+    let roomy = (competes && opts.mem_limit.is_none())
+        .then(|| build_stream(Some(u32::MAX)))
+        .flatten()
+        .filter(|r| tight.as_ref().is_none_or(|t| r.cycles < t.cycles));
+    if competes {
+        lap(passes::schedule_stream::NAME, &mut timings);
+    }
+    let stream_info = |s: &passes::schedule_stream::Stream| manifest::CandidateInfo {
+        schedule: passes::schedule_stream::NAME.to_string(),
+        cycles: s.cycles,
+        max_mem_words: stream::max_words(s),
+        fits: true,
+    };
+    if let Some(s) = &tight {
+        // No unrolled schedule takes fewer cycles than its formulation's lower bound.
+        let lb = problem.lower_bound(opts.pes);
+        if s.cycles < lb {
+            let reason = format!(
+                "fewest cycles: the stream's {} is below the {lb} every unrolled schedule needs (one division per weight); loop programs",
+                s.cycles
+            );
+            let tried = vec![stream_info(s)];
+            return finish_stream(
+                layer,
+                &problem,
+                opts,
+                s.clone(),
+                reason,
+                tried,
+                dump,
+                timings,
+            );
+        }
+    }
     if wants(select::NAME) {
         let names: Vec<&str> = candidates.iter().map(|a| a.title()).collect();
         dump = Some(format!("candidates: {}", names.join("; ")));
@@ -253,6 +302,32 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         {
             best = Some((alg, s, e));
         }
+    }
+    let unrolled = best
+        .as_ref()
+        .map(|(_, b, e)| (b.cycles() as u64, max_words(e)));
+    let streams: Vec<passes::schedule_stream::Stream> = tight
+        .into_iter()
+        .chain(roomy.filter(|r| unrolled.is_none_or(|(_, words)| stream::max_words(r) <= words)))
+        .collect();
+    tried.extend(streams.iter().map(stream_info));
+    // Ties go to the unrolled schedule: on a layer small enough to tie, its flat or rerolled
+    // programs can be smaller than the stream's loops.
+    if let Some(s) = streams
+        .into_iter()
+        .min_by_key(|s| (s.cycles, stream::max_words(s)))
+        .filter(|s| unrolled.is_none_or(|(cycles, _)| s.cycles < cycles))
+    {
+        let reason = format!(
+            "fewest cycles among {} candidates{}; loop programs",
+            tried.len(),
+            if opts.mem_limit.is_some() {
+                " within the memory limit"
+            } else {
+                ""
+            }
+        );
+        return finish_stream(layer, &problem, opts, s, reason, tried, dump, timings);
     }
     let Some((chosen, schedule, mut emitted)) = best else {
         let smallest = tried.iter().min_by_key(|c| c.max_mem_words).map_or_else(
@@ -424,15 +499,37 @@ fn compile_stream(
                 .join("\n"),
         );
     }
-    let mut reason = if too_big {
+    let reason = if too_big {
         format!("the layer is larger than the {MAX_OPS} operations attnc unrolls; loop programs")
     } else {
         "forced with --schedule stream".to_string()
     };
+    let tried = vec![manifest::CandidateInfo {
+        schedule: passes::schedule_stream::NAME.into(),
+        cycles: built.cycles,
+        max_mem_words: words,
+        fits: true,
+    }];
+    finish_stream(layer, problem, opts, built, reason, tried, dump, timings)
+}
+
+/// The compile's result when the stream schedule was kept, with the candidates weighed.
+#[allow(clippy::too_many_arguments)]
+fn finish_stream(
+    layer: &lang::Layer,
+    problem: &problem::Problem,
+    opts: &Options,
+    built: passes::schedule_stream::Stream,
+    mut reason: String,
+    candidates: Vec<manifest::CandidateInfo>,
+    dump: Option<String>,
+    timings: Vec<(String, f64)>,
+) -> Result<Compiled, CompileError> {
     if built.lag > 0 {
         reason += &format!("; values trail keys by {} ring steps", built.lag);
     }
-    let manifest = stream::manifest(&layer.name, problem, opts.pes, &built, reason)?;
+    let mut manifest = stream::manifest(&layer.name, problem, opts.pes, &built, reason)?;
+    manifest.selection.candidates = candidates;
     Ok(Compiled {
         programs: Vec::new(),
         loops: built.programs,

@@ -48,8 +48,19 @@ pub struct RunResult {
 /// Runs the programs as a loader would see them on disk: every program goes through its binary
 /// encoding and its text assembly before execution.
 pub fn run_emitted(c: &Compiled, seed: u64) -> RunResult {
-    let programs: Vec<isa::Program> = c
-        .programs
+    // The stream schedule emits loop programs only; these layers are small enough to flatten.
+    let flattened: Vec<isa::Program>;
+    let emitted = if c.programs.is_empty() {
+        flattened = c
+            .loops
+            .iter()
+            .map(|l| l.flatten(u64::MAX).expect("flattens"))
+            .collect();
+        &flattened
+    } else {
+        &c.programs
+    };
+    let programs: Vec<isa::Program> = emitted
         .iter()
         .map(|p| {
             let from_bin = isa::decode(&isa::encode(p).unwrap()).expect("binary round trip");
@@ -87,31 +98,35 @@ pub fn run_emitted(c: &Compiled, seed: u64) -> RunResult {
 /// The rerolled form of the programs (what `attnc compile` writes when it is smaller), however
 /// the compile was asked: its binary and text forms round-trip, it flattens to the flat programs
 /// bundle for bundle (so the proof above covers it), and the loop machine runs it natively to
-/// the same cycle count and bit-identical outputs.
+/// the same cycle count and bit-identical outputs. A stream compile has only its loop
+/// programs: those are what runs natively against their flattening.
 fn check_rerolled(
     c: &Compiled,
     manifest: &compiler::manifest::Manifest,
     inputs: &std::collections::BTreeMap<String, Vec<f32>>,
     flat: &compiler::exec::Outcome<f32>,
 ) {
-    let loops: Vec<isa::LoopProgram> = c
-        .programs
-        .iter()
-        .map(|p| {
-            let l = compiler::passes::reroll::run(p);
-            let bin = isa::encode_looped(&l).expect("encodes");
-            let back = isa::decode_looped(&bin).expect("binary round trip");
-            let back = isa::parse_looped(&back.to_text()).expect("text round trip");
-            assert_eq!(back, l, "PE {}: loop program round trip", p.pe);
-            assert_eq!(
-                &l.flatten(u64::MAX).expect("flattens"),
-                p,
-                "PE {}: reroll not exact",
-                p.pe
-            );
-            l
-        })
-        .collect();
+    let loops: Vec<isa::LoopProgram> = if c.programs.is_empty() {
+        c.loops.clone()
+    } else {
+        c.programs
+            .iter()
+            .map(|p| {
+                let l = compiler::passes::reroll::run(p);
+                let bin = isa::encode_looped(&l).expect("encodes");
+                let back = isa::decode_looped(&bin).expect("binary round trip");
+                let back = isa::parse_looped(&back.to_text()).expect("text round trip");
+                assert_eq!(back, l, "PE {}: loop program round trip", p.pe);
+                assert_eq!(
+                    &l.flatten(u64::MAX).expect("flattens"),
+                    p,
+                    "PE {}: reroll not exact",
+                    p.pe
+                );
+                l
+            })
+            .collect()
+    };
     let mut m = manifest.clone();
     m.format_version = compiler::manifest::LAYOUT_FORMAT_VERSION;
     m.programs = compiler::manifest::ProgramKind::Loops;
