@@ -249,6 +249,9 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
     cases.push(((16, 2, 1, false, true, 4), true, None));
     cases.push(((48, 2, 1, false, true, 8), true, None));
     cases.push(((48, 2, 1, false, true, 8), true, Some(grouped)));
+    // Shared scores paired across the two meetings of their blocks, on an even and an odd ring.
+    cases.push(((32, 3, 1, true, false, 4), true, None));
+    cases.push(((40, 4, 2, true, false, 5), true, None));
     for ((n, d, h, shared, causal, m), safe, limit) in cases {
         let what = format!("n={n} d={d} h={h} shared={shared} causal={causal} m={m} safe={safe}");
         let mut src = layer_src(n, d, h, shared, causal);
@@ -258,6 +261,13 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
         let c = stream(&src, m, limit);
         if let Some(limit) = limit {
             assert_eq!(c.manifest.mem_words.iter().max(), Some(&limit), "{what}");
+        }
+        if shared && !causal && safe {
+            // Paired: fewer products than one per score.
+            assert!(
+                c.manifest.ops.phase1_mac < u64::from(n * n * d * h),
+                "{what}: scores not paired"
+            );
         }
         prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
         for (k, kind) in [

@@ -34,6 +34,7 @@ use isa::{
 use crate::problem::Problem;
 
 mod lagged;
+mod paired;
 
 pub const NAME: &str = "schedule-stream";
 pub const DESCRIPTION: &str =
@@ -706,8 +707,74 @@ fn lagged_programs(
     }
 }
 
+/// Whether a shared layer without a mask computes each score block once for both of its uses
+/// ([`paired`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Pairing {
+    /// Where it applies, fits the memory and takes fewer cycles.
+    Auto,
+    /// Wherever it applies and fits the memory (an error otherwise).
+    On,
+    /// Never: every score is computed by the row that uses it.
+    Off,
+}
+
 /// [`run`] with the lag chosen by `lag`.
 pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, String> {
+    run_pairing(p, pes, safe, lag, Pairing::Auto)
+}
+
+/// [`run_with`], pairing the scores of a shared layer as `pairing` says.
+pub fn run_pairing(
+    p: &Problem,
+    pes: u32,
+    safe: bool,
+    lag: Lag,
+    pairing: Pairing,
+) -> Result<Stream, String> {
+    let plain = run_separately(p, pes, safe, lag)?;
+    let applies = p.symmetric && !p.causal && safe && paired::applies(p.tokens, pes);
+    let budget = match lag {
+        Lag::Fit(Some(limit)) => u64::from(limit),
+        _ => allowance(p, pes),
+    };
+    let map = if applies && pairing != Pairing::Off {
+        paired::PMap::new(p.tokens / pes, p.dim, p.heads).filter(|m| u64::from(m.words) <= budget)
+    } else {
+        None
+    };
+    let Some(map) = map else {
+        return match pairing {
+            Pairing::On => Err(format!(
+                "{NAME}: paired scores apply to safe shared layers without a mask, dealt evenly in blocks of an even number of at least 4 tokens on 3 PEs or more, within the memory allowance"
+            )),
+            _ => Ok(plain),
+        };
+    };
+    let programs: Vec<LoopProgram> = (0..pes)
+        .map(|pe| paired::program(&map, pe, pes, p.heads, p.scale as f32))
+        .collect();
+    let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
+    if pairing == Pairing::Auto && cycles >= plain.cycles {
+        return Ok(plain);
+    }
+    let total_ops: u64 = programs
+        .iter()
+        .map(|p| p.op_counts().iter().sum::<u64>())
+        .sum();
+    let mut ops = plain.ops;
+    ops.phase1_mac = paired::products_per_head(p.tokens, p.dim, pes) * u64::from(p.heads);
+    Ok(Stream {
+        programs,
+        cycles,
+        ops,
+        total_ops,
+        ..plain
+    })
+}
+
+/// The stream in which every row computes its own scores.
+fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, pes) {
         return Err(why);
     }

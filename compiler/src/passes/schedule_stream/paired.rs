@@ -1,0 +1,602 @@
+//! The stream schedule of a shared layer without a mask that computes each score block once
+//! and uses it for both of the rows it serves.
+//!
+//! With q = k = v = x the blocks of PEs `p` and `q = p − s` meet twice in a ring pass: at PE `p`
+//! in step `s` and at PE `q` in step `m − s`. Each meeting computes half of the score block
+//! `S(p, q)` and uses every score twice: for PE `p`'s own rows against the visiting keys, with
+//! the running state that stays on `p` (*stationary*), and, transposed, for the visiting block's
+//! rows against `p`'s own keys, with a running state (`l`, row maximum, unnormalised `y`) that
+//! travels around the ring with its block (*travelling*). Steps `s < m/2` take the first half of
+//! the own rows against the whole visiting block; steps `s > m/2` the whole own block against
+//! the visiting block's second half, so that the two meetings of a pair cover its block exactly
+//! once. In step `m/2` of an even ring the two meetings are in the same step: PEs below `m/2` take
+//! the first kind, the others the second, at the same cycle count. Step 0 is the own block in
+//! full (its products twice, declared like the unexploited layers'). After the last step the
+//! travelling state is back on its block's PE and is merged into the stationary one (one more
+//! maximum, two rescale factors), then divided once.
+
+use isa::{Cmp, Node, Pred, Slot};
+
+use super::{ad, lp, Ad, Ctx, Map, Send, Work, B};
+
+/// Memory map of one PE (the same on every PE).
+pub(super) struct PMap {
+    pub d: u32,
+    /// Tokens per PE (`B`).
+    pub rows: u32,
+    pub x: u32,
+    pub y: u32,
+    /// The visiting x block, rotated in place.
+    rot: u32,
+    /// Travelling state of the visiting block's rows: `y` rows, `l`, running maximum.
+    ytr: u32,
+    ltr: u32,
+    mtr: u32,
+    /// Scores of one step (`B/2 × B` words).
+    sc: u32,
+    /// Exponentials of one visiting row.
+    ev: u32,
+    /// New maxima of the visiting rows, forwarded into the next PE's `mtr`.
+    mnew: u32,
+    /// Stationary state: row sums and two slots of maxima.
+    l: u32,
+    mx: u32,
+    f: u32,
+    f2: u32,
+    mf: u32,
+    pub words: u32,
+}
+
+impl PMap {
+    pub fn new(rows: u32, d: u32, heads: u32) -> Option<PMap> {
+        let hd = rows.checked_mul(d)?;
+        let y = heads.checked_mul(hd)?;
+        let rot = y.checked_add(y)?;
+        let ytr = rot.checked_add(hd)?;
+        let ltr = ytr.checked_add(hd)?;
+        let mtr = ltr + rows;
+        let sc = mtr + rows;
+        let ev = sc.checked_add(rows.checked_mul(rows)? / 2)?;
+        let mnew = ev + rows;
+        let l = mnew + rows;
+        let mx = l + rows;
+        let f = mx.checked_add(2 * rows)?;
+        Some(PMap {
+            d,
+            rows,
+            x: 0,
+            y,
+            rot,
+            ytr,
+            ltr,
+            mtr,
+            sc,
+            ev,
+            mnew,
+            l,
+            mx,
+            f,
+            f2: f + 1,
+            mf: f + 2,
+            words: f.checked_add(3)?,
+        })
+    }
+}
+
+/// Whether the paired schedule applies: safe softmax, q = k = v, no mask, tokens dealt evenly
+/// in blocks of an even number of at least 4, on 3 PEs or more.
+pub(super) fn applies(n: u32, m: u32) -> bool {
+    m >= 3 && n.is_multiple_of(m) && (n / m) >= 4 && (n / m).is_multiple_of(2)
+}
+
+/// Phase-1 products executed per head: the own block in full, every other pair of blocks once.
+pub(super) fn products_per_head(n: u32, d: u32, m: u32) -> u64 {
+    let b = u64::from(n / m);
+    let m = u64::from(m);
+    u64::from(d) * b * b * m * (m + 1) / 2
+}
+
+/// Own rows of one row loop and the max slots (old, new; bases of `B` words) they use.
+struct Group {
+    r0: u32,
+    rows: u32,
+    old: Ad,
+    new: Ad,
+}
+
+/// One ring step (`s ≥ 1`).
+struct StepSpec {
+    /// Own rows `r0 .. r0 + rr` against the visiting keys `k0 .. k0 + kk` (also the visiting
+    /// rows whose travelling state this step updates, against own keys `r0 .. r0 + rr`).
+    r0: u32,
+    rr: u32,
+    k0: u32,
+    kk: u32,
+    /// The travelling state's first update (its block's first step away from home).
+    vis_first: bool,
+    groups: Vec<Group>,
+    /// Visiting keys the last own row forwards in place (keys at or past this), if any.
+    x_fwd: Option<u32>,
+    /// Whether the own rows' loops forward the travelling state; otherwise a tail does.
+    trav_inline: bool,
+}
+
+struct Gen<'a> {
+    map: &'a PMap,
+    scale: f32,
+}
+
+impl Gen<'_> {
+    fn hd(&self) -> i64 {
+        i64::from(self.map.rows) * i64::from(self.map.d)
+    }
+
+    /// Own x row `a` (head term included).
+    fn xown(&self, a: u32) -> Ad {
+        ad(self.map.x)
+            .t(0, self.hd())
+            .plus(i64::from(a) * i64::from(self.map.d))
+    }
+
+    /// Source of the travelling maximum for pieces of `kk` rows: the new maximum for the rows a
+    /// step updated (`k0` on), the arrived one for the others; `piece` is the piece's index.
+    fn m_src(&self, st: &StepSpec, piece: u32) -> i64 {
+        let at = piece * st.kk;
+        if at >= st.k0 {
+            i64::from(self.map.mnew + at)
+        } else {
+            i64::from(self.map.mtr + at)
+        }
+    }
+
+    fn step(&self, st: &StepSpec, lr: u8) -> Vec<Node> {
+        let m = self.map;
+        let d = i64::from(m.d);
+        let (lb, lc) = (lr + 1, lr + 2);
+        let kk = i64::from(st.kk);
+        let xq = ad(m.rot).plus(i64::from(st.k0) * d);
+        let mut body = Vec::new();
+        // Scores of own rows against visiting keys, row-major `(a − r0)·kk + (b − k0)`.
+        let scw = ad(m.sc).t(lr, kk).t(lb, 1);
+        let xa = self.xown(st.r0).t(lr, d);
+        let xb = xq.clone().t(lb, d);
+        let mut cols = vec![B::new()
+            .mul(xa.clone(), xb.clone(), None)
+            .add(None, scw.clone())
+            .build()];
+        cols.extend(lp(
+            m.d - 1,
+            vec![B::new()
+                .mul(xa.plus(1).t(lc, 1), xb.plus(1).t(lc, 1), None)
+                .add(Some(scw.clone()), scw)
+                .build()],
+        ));
+        body.extend(lp(st.rr, lp(st.kk, cols)));
+
+        // Visiting rows `k0 + j` (loop at lr) against own keys `r0 + i`: the scores' column j.
+        {
+            let sc = |i: u32| ad(m.sc).plus(i64::from(i) * kk).t(lr, 1);
+            let mn = ad(m.mnew).plus(i64::from(st.k0)).t(lr, 1);
+            let mt = ad(m.mtr).plus(i64::from(st.k0)).t(lr, 1);
+            let lt = ad(m.ltr).plus(i64::from(st.k0)).t(lr, 1);
+            let yt = ad(m.ytr).plus(i64::from(st.k0) * d).t(lr, d);
+            let ev = |i: u32| ad(m.ev).plus(i64::from(i));
+            let f = ad(m.f);
+            let mut v = Vec::new();
+            // i0: the first key a loop over keys starts at.
+            let i0 = if st.vis_first {
+                v.push(B::new().max(sc(0), sc(1), mn.clone()).build());
+                v.extend(lp(
+                    st.rr - 2,
+                    vec![B::new()
+                        .max(mn.clone(), sc(2).t(lb, kk), mn.clone())
+                        .build()],
+                ));
+                v.push(
+                    B::new()
+                        .expd(sc(0), mn.clone(), self.scale, ev(0))
+                        .add(None, lt.clone())
+                        .build(),
+                );
+                1
+            } else {
+                v.push(B::new().max(mt.clone(), sc(0), mn.clone()).build());
+                v.extend(lp(
+                    st.rr - 1,
+                    vec![B::new()
+                        .max(mn.clone(), sc(1).t(lb, kk), mn.clone())
+                        .build()],
+                ));
+                v.push(B::new().expd(mt, mn.clone(), self.scale, f.clone()).build());
+                v.push(
+                    B::new()
+                        .mul(lt.clone(), f.clone(), Some(lt.clone()))
+                        .build(),
+                );
+                let yc = yt.clone().t(lb, 1);
+                v.extend(lp(m.d, vec![B::new().mul(yc.clone(), f, Some(yc)).build()]));
+                0
+            };
+            v.extend(lp(
+                st.rr - i0,
+                vec![B::new()
+                    .expd(sc(i0).t(lb, kk), mn.clone(), self.scale, ev(i0).t(lb, 1))
+                    .add(Some(lt.clone()), lt)
+                    .build()],
+            ));
+            // y[b][c] += Σ_a e[a]·x[a][c]: columns outside (lb), own keys inside (lc).
+            let yc = yt.t(lb, 1);
+            let xk = |i: u32| self.xown(st.r0 + i).t(lb, 1);
+            let mut pv = Vec::new();
+            if i0 == 1 {
+                pv.push(
+                    B::new()
+                        .mul(ev(0), xk(0), None)
+                        .add(None, yc.clone())
+                        .build(),
+                );
+            }
+            pv.extend(lp(
+                st.rr - i0,
+                vec![B::new()
+                    .mul(ev(i0).t(lc, 1), xk(i0).t(lc, d), None)
+                    .add(Some(yc.clone()), yc)
+                    .build()],
+            ));
+            v.extend(lp(m.d, pv));
+            body.extend(lp(st.kk, v));
+        }
+
+        // Own rows against the visiting keys, group by group (groups differ in max slots).
+        let pieces = m.rows / st.kk;
+        // A bundle has one send: the row forwarding the keys is a loop of its own.
+        let mut groups: Vec<(&Group, u32, u32, bool)> = Vec::new();
+        let last_group = st.groups.len() - 1;
+        for (gi, g) in st.groups.iter().enumerate() {
+            if gi == last_group && st.x_fwd.is_some() {
+                if g.rows > 1 {
+                    groups.push((g, g.r0, g.rows - 1, false));
+                }
+                groups.push((g, g.r0 + g.rows - 1, 1, true));
+            } else {
+                groups.push((g, g.r0, g.rows, false));
+            }
+        }
+        for (gi, &(g, r0, rows, fwd_x)) in groups.iter().enumerate() {
+            let g = Group {
+                r0,
+                rows,
+                old: g.old.clone(),
+                new: g.new.clone(),
+            };
+            let carries = gi == 0 && st.trav_inline;
+            debug_assert!(!carries || (!fwd_x && rows >= pieces));
+            let rel = i64::from(g.r0 - st.r0) * kk;
+            let scr = ad(m.sc).plus(rel).t(lr, kk);
+            let mo = g.old.clone().plus(i64::from(g.r0)).t(lr, 1);
+            let mn = g.new.clone().plus(i64::from(g.r0)).t(lr, 1);
+            let l = ad(m.l).plus(i64::from(g.r0)).t(lr, 1);
+            let yo = ad(m.y).t(0, self.hd()).plus(i64::from(g.r0) * d).t(lr, d);
+            let f = ad(m.f);
+            let piece_pred = (g.rows > pieces).then_some(Pred {
+                slot: Slot::Xfer,
+                level: lr,
+                cmp: Cmp::Lt,
+                value: pieces,
+            });
+            let carry = |src: Ad, dst: Ad| {
+                carries.then(|| Send {
+                    src,
+                    dst,
+                    preds: piece_pred.into_iter().collect(),
+                })
+            };
+            // The travelling maximum, piece `i_lr` of `kk` words.
+            let m0 = self.m_src(st, 0);
+            let m1 = if pieces > 1 { self.m_src(st, 1) } else { m0 };
+            let msrc = ad(m0 as u32).t(lr, m1 - m0);
+            let mdst = ad(m.mtr).t(lr, kk);
+            let mut o = vec![B::new()
+                .max(mo.clone(), scr.clone(), mn.clone())
+                .send(carry(msrc.clone(), mdst.clone()).as_ref())
+                .build()];
+            o.extend(lp(
+                st.kk - 1,
+                vec![B::new()
+                    .max(mn.clone(), scr.clone().plus(1).t(lb, 1), mn.clone())
+                    .send(carry(msrc.plus(1).t(lb, 1), mdst.plus(1).t(lb, 1)).as_ref())
+                    .build()],
+            ));
+            o.push(B::new().expd(mo, mn.clone(), self.scale, f.clone()).build());
+            o.push(B::new().mul(l.clone(), f.clone(), Some(l.clone())).build());
+            let yc = yo.clone().t(lb, 1);
+            o.extend(lp(
+                m.d,
+                vec![B::new().mul(yc.clone(), f, Some(yc.clone())).build()],
+            ));
+            let lw = ad(m.ltr).t(lr, kk).t(lb, 1);
+            o.extend(lp(
+                st.kk,
+                vec![B::new()
+                    .expd(
+                        scr.clone().t(lb, 1),
+                        mn.clone(),
+                        self.scale,
+                        scr.clone().t(lb, 1),
+                    )
+                    .add(Some(l.clone()), l)
+                    .send(carry(lw.clone(), lw).as_ref())
+                    .build()],
+            ));
+            let xv = xq.clone().t(lc, d).t(lb, 1);
+            let yw = ad(m.ytr).t(lr, kk * d).t(lb, kk).t(lc, 1);
+            let send = if fwd_x {
+                let mut preds = Vec::new();
+                let from = st.x_fwd.unwrap_or(0);
+                if from > st.k0 {
+                    preds.push(Pred {
+                        slot: Slot::Xfer,
+                        level: lc,
+                        cmp: Cmp::Ge,
+                        value: from - st.k0,
+                    });
+                }
+                Some(Send {
+                    src: xv.clone(),
+                    dst: xv.clone(),
+                    preds,
+                })
+            } else {
+                carry(yw.clone(), yw)
+            };
+            o.extend(lp(
+                m.d,
+                lp(
+                    st.kk,
+                    vec![B::new()
+                        .mul(scr.t(lc, 1), xv, None)
+                        .add(Some(yc.clone()), yc)
+                        .send(send.as_ref())
+                        .build()],
+                ),
+            ));
+            body.extend(lp(g.rows, o));
+        }
+        body
+    }
+
+    /// Sends only, at level `lr`: the visiting keys from `x_from` on, then the travelling
+    /// state, the maximum taken from the new maxima for rows at or past `m_from`.
+    fn tail(&self, x_from: u32, m_from: u32, lr: u8) -> Vec<Node> {
+        let m = self.map;
+        let words = |src: Ad, dst: Ad, count: u32| {
+            lp(
+                count,
+                vec![B::new()
+                    .send(Some(&Send {
+                        src: src.t(lr, 1),
+                        dst: dst.t(lr, 1),
+                        preds: Vec::new(),
+                    }))
+                    .build()],
+            )
+        };
+        let x0 = x_from * m.d;
+        let mut v = words(ad(m.rot + x0), ad(m.rot + x0), m.rows * m.d - x0);
+        v.extend(words(ad(m.ytr), ad(m.ytr), m.rows * m.d + m.rows));
+        // Two halves, so that both kinds of PE take the same cycles.
+        let half = m.rows / 2;
+        for (at, count) in [(0, half), (half, m.rows - half)] {
+            let src = if at >= m_from { m.mnew } else { m.mtr };
+            v.extend(words(ad(src + at), ad(m.mtr + at), count));
+        }
+        v
+    }
+
+    /// Merges the travelling state into the stationary one and normalises, rows `r0 ..
+    /// r0 + rows` whose stationary maximum is in the slot at `slot`.
+    fn merge(&self, r0: u32, rows: u32, slot: u32) -> Vec<Node> {
+        let m = self.map;
+        let d = i64::from(m.d);
+        let (lr, lc) = (1, 2);
+        let r = |base: u32| ad(base).plus(i64::from(r0)).t(lr, 1);
+        let (ms, mt, l, lt) = (r(slot), r(m.mtr), r(m.l), r(m.ltr));
+        let (f, f2, mf) = (ad(m.f), ad(m.f2), ad(m.mf));
+        let y = ad(m.y)
+            .t(0, self.hd())
+            .plus(i64::from(r0) * d)
+            .t(lr, d)
+            .t(lc, 1);
+        let yt = ad(m.ytr).plus(i64::from(r0) * d).t(lr, d).t(lc, 1);
+        let mut v = vec![
+            B::new().max(ms.clone(), mt.clone(), mf.clone()).build(),
+            B::new().expd(ms, mf.clone(), self.scale, f.clone()).build(),
+            B::new().expd(mt, mf, self.scale, f2.clone()).build(),
+            B::new().mul(l.clone(), f.clone(), Some(l.clone())).build(),
+            B::new()
+                .mul(lt, f2.clone(), None)
+                .add(Some(l.clone()), l.clone())
+                .build(),
+        ];
+        v.extend(lp(
+            m.d,
+            vec![
+                B::new().mul(y.clone(), f, Some(y.clone())).build(),
+                B::new()
+                    .mul(yt, f2, None)
+                    .add(Some(y.clone()), y.clone())
+                    .build(),
+                B::new().div(y.clone(), l, y).build(),
+            ],
+        ));
+        lp(rows, v)
+    }
+}
+
+/// PE `pe`'s program.
+pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> isa::LoopProgram {
+    let g = Gen { map, scale };
+    let b = map.rows;
+    let half = b / 2;
+    let even = m.is_multiple_of(2);
+    // Steps 1 ..= low take the first half of the own rows against the whole visiting block,
+    // high .. m − 1 the whole own block against the visiting block's second half.
+    let low = (m - 1) / 2;
+    let high = m / 2 + 1;
+    let kind_b = even && pe >= m / 2;
+    // Max slots: a group touched for the j-th time writes slot j % 2 and reads the other. The
+    // first half of the own rows is touched in every step; the second in step 0, in step m/2 on
+    // the upper PEs of an even ring, and from `high` on.
+    let slot_at = |j: u32| ad(map.mx + (j % 2) * b);
+    let g_touch = |s: u32| s + 1 + u32::from(kind_b) - high;
+    let alternating = |j0: u32, count: u32| {
+        let at = slot_at(j0);
+        if count > 1 {
+            at.wrap(
+                1,
+                if j0.is_multiple_of(2) {
+                    i64::from(b)
+                } else {
+                    -i64::from(b)
+                },
+                2,
+            )
+        } else {
+            at
+        }
+    };
+    let low_groups = |s0: u32, count: u32| {
+        vec![Group {
+            r0: 0,
+            rows: half,
+            old: alternating(s0 + 1, count),
+            new: alternating(s0, count),
+        }]
+    };
+    let high_groups = |s0: u32, count: u32| {
+        vec![
+            Group {
+                r0: 0,
+                rows: half,
+                old: alternating(s0 + 1, count),
+                new: alternating(s0, count),
+            },
+            Group {
+                r0: half,
+                rows: half,
+                old: alternating(g_touch(s0) + 1, count),
+                new: alternating(g_touch(s0), count),
+            },
+        ]
+    };
+    let low_spec = |s0: u32, count: u32, x_from: u32| StepSpec {
+        r0: 0,
+        rr: half,
+        k0: 0,
+        kk: b,
+        vis_first: s0 == 1,
+        groups: low_groups(s0, count),
+        x_fwd: Some(x_from),
+        trav_inline: true,
+    };
+    let high_spec = |s0: u32, count: u32, fwd: bool| StepSpec {
+        r0: 0,
+        rr: b,
+        k0: half,
+        kk: half,
+        vis_first: false,
+        groups: high_groups(s0, count),
+        x_fwd: fwd.then_some(half),
+        trav_inline: true,
+    };
+    let mut head = Vec::new();
+    // Step 0: the own block in full, stationary state only; its x rows leave for the next PE.
+    let old_map = Map {
+        d: map.d,
+        rows: b,
+        q: map.x,
+        kv: map.x,
+        block: b * map.d,
+        v_off: 0,
+        y: map.y,
+        buf: [map.rot, map.rot],
+        s: map.sc,
+        l: map.l,
+        mx: map.mx,
+        f: map.f,
+        words: map.words,
+    };
+    let ctx = Ctx {
+        map: &old_map,
+        scale,
+        depth: 1,
+        head: 0,
+        live: b,
+    };
+    head.extend(ctx.block(&Work {
+        r0: 0,
+        rows: b,
+        k0: 0,
+        keys: b,
+        kb: ad(map.x).t(0, g.hd()),
+        first: true,
+        send: None,
+        slots: Some((ad(map.mx), ad(map.mx))),
+        tri: false,
+        forward_to: Some(ad(map.rot)),
+        key_limit: None,
+    }));
+    // Low steps: the first alone (the travelling state's first update), the last alone too: it
+    // forwards only the keys its receiver reads (a high step, or step m/2 on an upper PE, reads
+    // the second half only).
+    let last_from = if !even || (pe + 1) % m >= m / 2 {
+        half
+    } else {
+        0
+    };
+    let mut runs = vec![(1, 1)];
+    if low >= 3 {
+        runs.push((2, low - 2));
+    }
+    if low >= 2 {
+        runs.push((low, 1));
+    }
+    for (s0, count) in runs {
+        let x_from = if s0 == low { last_from } else { 0 };
+        head.extend(lp(count, g.step(&low_spec(s0, count, x_from), 2)));
+    }
+    if even {
+        let s = m / 2;
+        let spec = if kind_b {
+            StepSpec {
+                x_fwd: None,
+                trav_inline: false,
+                ..high_spec(s, 1, false)
+            }
+        } else {
+            StepSpec {
+                x_fwd: None,
+                trav_inline: false,
+                ..low_spec(s, 1, 0)
+            }
+        };
+        let mut body = g.step(&spec, 2);
+        body.extend(g.tail(half, spec.k0, 2));
+        head.extend(lp(1, body));
+    }
+    // High steps; the last forwards no keys (nobody reads them again).
+    if high < m {
+        let count = m - 1 - high;
+        head.extend(lp(count, g.step(&high_spec(high, count, true), 2)));
+        head.extend(lp(1, g.step(&high_spec(m - 1, 1, false), 2)));
+    }
+    let last_g = g_touch(m - 1);
+    head.extend(g.merge(0, half, map.mx + ((m - 1) % 2) * b));
+    head.extend(g.merge(half, half, map.mx + (last_g % 2) * b));
+    isa::LoopProgram {
+        pe,
+        pes: m,
+        mem_words: map.words,
+        body: lp(heads, head),
+    }
+}
