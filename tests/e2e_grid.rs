@@ -453,68 +453,82 @@ fn rerolled_output_where_smaller() {
 }
 
 /// Under `auto` with loop output allowed, the stream schedule competes below the unrolling
-/// limit: on causal layers whose `d` is small next to the tokens its deferred normalisation
+/// limit: on layers whose `d` is small next to the tokens its deferred normalisation
 /// (one division per output element) takes it below the lower bound every unrolled schedule is
 /// held to, so it must be kept, proved and run like the others. With `--flat` (no loops) it is
 /// not a candidate.
 #[test]
 fn auto_keeps_the_stream_where_it_is_fastest() {
-    for (n, d, m, heads) in [
-        (32u32, 4u32, 4u32, 1u32),
-        (32, 8, 4, 2),
-        (48, 4, 4, 1),
-        (64, 8, 8, 1),
+    for (n, d, m, heads, causal) in [
+        (32u32, 4u32, 4u32, 1u32, true),
+        (32, 8, 4, 2, true),
+        (48, 4, 4, 1, true),
+        (64, 8, 8, 1, true),
+        (16, 4, 4, 1, false),
+        (32, 8, 4, 3, false),
+        (24, 4, 6, 2, false),
     ] {
-        let what = format!("n={n} d={d} m={m} heads={heads} causal");
-        let layer = parse_one(&layer_src(n, d, heads, false, true));
-        let compile = |reroll: bool, mem_limit: Option<u32>| {
-            compiler::compile(
-                &layer,
-                &compiler::Options {
-                    pes: m,
-                    reroll,
-                    mem_limit,
-                    ..Default::default()
+        for safe in [false, true] {
+            let what = format!("n={n} d={d} m={m} heads={heads} causal={causal} safe={safe}");
+            let src = layer_src(n, d, heads, false, causal);
+            let layer = parse_one(&if safe {
+                src.replace("softmax = plain", "softmax = safe")
+            } else {
+                src
+            });
+            let compile = |reroll: bool, mem_limit: Option<u32>| {
+                compiler::compile(
+                    &layer,
+                    &compiler::Options {
+                        pes: m,
+                        reroll,
+                        mem_limit,
+                        ..Default::default()
+                    },
+                )
+            };
+            let unrolled_lb = runtime::layer::Shape {
+                heads,
+                tokens: n,
+                dim: d,
+                shared: false,
+                causal,
+                softmax: if safe {
+                    runtime::layer::Softmax::Safe
+                } else {
+                    runtime::layer::Softmax::Plain
                 },
-            )
-        };
-        let unrolled_lb = runtime::layer::Shape {
-            heads,
-            tokens: n,
-            dim: d,
-            shared: false,
-            causal: true,
-            softmax: runtime::layer::Softmax::Plain,
+            }
+            .lower_bound_as(m, runtime::layer::Normalisation::PerWeight)
+            .unwrap();
+            let c = compile(true, None).expect("compiles");
+            assert_eq!(c.manifest.schedule, "schedule-stream", "{what}");
+            assert!(c.scheduler.is_none() && c.programs.is_empty(), "{what}");
+            assert_eq!(c.manifest.programs, ProgramKind::Loops, "{what}");
+            assert!(
+                c.manifest.cycles < unrolled_lb,
+                "{what}: {} cycles, unrolled lower bound {unrolled_lb}",
+                c.manifest.cycles
+            );
+            let r = run_emitted(&c, u64::from(n + d));
+            assert!(r.max_abs_err <= TOL, "{what}: {}", r.max_abs_err);
+            assert_eq!(r.cycles, c.manifest.cycles, "{what}");
+            let flat = compile(false, None).expect("compiles");
+            assert_ne!(flat.manifest.schedule, "schedule-stream", "{what}");
+            assert!(
+                flat.manifest.cycles >= unrolled_lb,
+                "{what}: flat {} cycles, unrolled lower bound {unrolled_lb}",
+                flat.manifest.cycles
+            );
+            // A memory limit the stream just meets keeps it (the lag is chosen within the limit).
+            let stream_words = *c.manifest.mem_words.iter().max().unwrap();
+            let limited = compile(true, Some(stream_words)).expect("the stream fits");
+            assert_eq!(limited.manifest.schedule, "schedule-stream", "{what}");
+            assert!(limited
+                .manifest
+                .mem_words
+                .iter()
+                .all(|&w| w <= stream_words));
         }
-        .lower_bound_as(m, runtime::layer::Normalisation::PerWeight)
-        .unwrap();
-        let c = compile(true, None).expect("compiles");
-        assert_eq!(c.manifest.schedule, "schedule-stream", "{what}");
-        assert!(c.scheduler.is_none() && c.programs.is_empty(), "{what}");
-        assert_eq!(c.manifest.programs, ProgramKind::Loops, "{what}");
-        assert!(
-            c.manifest.cycles < unrolled_lb,
-            "{what}: {} cycles, unrolled lower bound {unrolled_lb}",
-            c.manifest.cycles
-        );
-        let r = run_emitted(&c, u64::from(n + d));
-        assert!(r.max_abs_err <= TOL, "{what}: {}", r.max_abs_err);
-        assert_eq!(r.cycles, c.manifest.cycles, "{what}");
-        let flat = compile(false, None).expect("compiles");
-        assert_ne!(flat.manifest.schedule, "schedule-stream", "{what}");
-        assert!(
-            flat.manifest.cycles >= unrolled_lb,
-            "{what}: flat {} cycles, unrolled lower bound {unrolled_lb}",
-            flat.manifest.cycles
-        );
-        // A memory limit the stream just meets keeps it (the lag is chosen within the limit).
-        let stream_words = *c.manifest.mem_words.iter().max().unwrap();
-        let limited = compile(true, Some(stream_words)).expect("the stream fits");
-        assert_eq!(limited.manifest.schedule, "schedule-stream", "{what}");
-        assert!(limited
-            .manifest
-            .mem_words
-            .iter()
-            .all(|&w| w <= stream_words));
     }
 }

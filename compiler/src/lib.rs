@@ -212,9 +212,9 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     // microseconds, and where its deferred normalisation (`d` divisions per row instead of one
     // per weight) outweighs its rescaling it takes fewer cycles than any unrolled schedule can.
     // Only with loop output allowed (not `--flat`) and no pass dump asked for. `tight` keeps to
-    // `--mem` or the stream's default allowance; without `--mem`, `roomy` lets values trail
-    // keys as far as the ring allows and is kept only within the words the unrolled winner
-    // would take, so choosing it never costs memory.
+    // `--mem` or the stream's default allowance; without `--mem`, `roomy` (built once the
+    // unrolled candidates are known) lets values trail keys as far as the words the unrolled
+    // winner takes allow, so choosing it never costs memory.
     let competes = opts.schedule == Choice::Auto && opts.reroll && opts.dump_after.is_none();
     let build_stream = |limit: Option<u32>| {
         stream::build(&problem, opts.pes, limit)
@@ -222,10 +222,6 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
             .filter(|s| opts.mem_limit.is_none_or(|l| stream::max_words(s) <= l))
     };
     let tight = competes.then(|| build_stream(opts.mem_limit)).flatten();
-    let roomy = (competes && opts.mem_limit.is_none())
-        .then(|| build_stream(Some(u32::MAX)))
-        .flatten()
-        .filter(|r| tight.as_ref().is_none_or(|t| r.cycles < t.cycles));
     if competes {
         lap(passes::schedule_stream::NAME, &mut timings);
     }
@@ -306,10 +302,11 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     let unrolled = best
         .as_ref()
         .map(|(_, b, e)| (b.cycles() as u64, max_words(e)));
-    let streams: Vec<passes::schedule_stream::Stream> = tight
-        .into_iter()
-        .chain(roomy.filter(|r| unrolled.is_none_or(|(_, words)| stream::max_words(r) <= words)))
-        .collect();
+    let roomy = unrolled
+        .filter(|_| competes && opts.mem_limit.is_none())
+        .and_then(|(_, words)| build_stream(Some(words)))
+        .filter(|r| tight.as_ref().is_none_or(|t| r.cycles < t.cycles));
+    let streams: Vec<passes::schedule_stream::Stream> = tight.into_iter().chain(roomy).collect();
     tried.extend(streams.iter().map(stream_info));
     // Ties go to the unrolled schedule: on a layer small enough to tie, its flat or rerolled
     // programs can be smaller than the stream's loops.

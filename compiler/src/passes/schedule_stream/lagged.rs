@@ -1,4 +1,5 @@
-//! The causal stream with values trailing keys by `g` ring steps (separate q/k/v, safe softmax).
+//! The stream with values trailing keys by `g` ring steps (separate q/k/v, safe softmax), under
+//! a causal mask or without one.
 //!
 //! The plain causal stream rescales every row's `l` and `y` in every ring step: `d + 3`
 //! operations per row and step, about `1/(2C)` of the work with `C = n/2m`. Here the k blocks
@@ -18,6 +19,10 @@
 //! blocks are later than them) keep their maximum and are not rescaled; the rows that are take
 //! their place in time as no-ops, so every PE's group costs the same.
 //!
+//! Without a mask the same plan is simpler: every step, step 0 included, is all of the PE's rows
+//! against all of the block's keys (a square instead of a triangle and two kinds of steps), every
+//! row is rescaled in every group, and every hop forwards the whole block.
+//!
 //! Memory: a head's own k/v block feeds only its step 0 and is dead after it, and the block of
 //! the head before is dead altogether; so from step 1 on even steps' blocks go to the head's own
 //! block and odd steps' to the one before it; before the first head that is the last two heads'
@@ -31,6 +36,9 @@ use super::*;
 
 /// Memory map of one PE (the same on every PE).
 pub(super) struct LMap {
+    /// Under a causal mask (zigzag chunks, a triangle, two kinds of steps); otherwise every
+    /// step is all rows against all keys.
+    causal: bool,
     d: u32,
     /// Tokens per chunk; a PE owns two chunks.
     c: u32,
@@ -46,7 +54,7 @@ pub(super) struct LMap {
     tri: u32,
     /// The score ring: slot `s mod 2g` holds step `s`'s scores.
     sc: u32,
-    /// Words of one slot (`2C²`).
+    /// Words of one slot (`2C²` causal, `rows²` without a mask).
     slot: u32,
     pub(super) g: u32,
     l: u32,
@@ -63,7 +71,7 @@ impl LMap {
         let c = rows / 2;
         let hd = rows * d;
         let block = 2 * hd;
-        let slot = 2 * c * c;
+        let slot = if p.causal { 2 * c * c } else { rows * rows };
         // With three heads or more the outputs go right below the own blocks: the block before
         // the first head's is then the last two heads' outputs, unused until long after the
         // first head. Otherwise a spare block sits there.
@@ -83,6 +91,7 @@ impl LMap {
         let words = f + 1;
         let w = |x: u64| u32::try_from(x).ok();
         Some(LMap {
+            causal: p.causal,
             d: w(d)?,
             c: w(c)?,
             rows: w(rows)?,
@@ -118,6 +127,8 @@ enum Kind {
     A,
     /// A block between the own chunks: the late chunk's rows against both of its chunks.
     B,
+    /// Without a mask: every row against every key of the block.
+    Full,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -496,6 +507,32 @@ impl LCtx<'_> {
     fn tri_k(&self, ranges: &[(u32, u32)]) -> Option<Vec<Node>> {
         let m = self.map;
         let own = ad(m.kv).t(0, i64::from(m.block));
+        if !m.causal {
+            // The square: the first two rows' score loops (`rows·d` iterations each) forward
+            // the block's `2·rows·d` words.
+            let send = match ranges {
+                [] => None,
+                [(0, words)] if *words == m.block && m.rows >= 2 => {
+                    Some((own.clone(), Self::odd_buffer(m), m.block))
+                }
+                _ => return None,
+            };
+            return Some(self.kwork(
+                &KW {
+                    r0: 0,
+                    rows: m.rows,
+                    keys: m.rows,
+                    kb: own,
+                    sc: ad(m.tri),
+                    stride: i64::from(m.rows),
+                    mx: ad(m.mx),
+                    first: true,
+                    tri: false,
+                    send,
+                },
+                1,
+            ));
+        }
         let send = |piece: Option<Piece>| {
             piece.map(|(at, words)| {
                 let at = i64::from(at);
@@ -553,6 +590,12 @@ impl LCtx<'_> {
             tri: rows > 1,
             send: None,
         };
+        if !m.causal {
+            let mut square = vw(0, m.rows);
+            square.keys = m.rows;
+            square.tri = false;
+            return self.vwork(&square, lr);
+        }
         // Row 0 alone: a stepped loop over the keys after the first needs one.
         let mut nodes = self.vwork(&vw(0, 1), lr);
         nodes.extend(self.vwork(&vw(1, m.rows - 1), lr));
@@ -562,6 +605,8 @@ impl LCtx<'_> {
     fn pat(&self, s: u32) -> Pat {
         let kind = if s == 0 {
             Kind::Tri
+        } else if !self.map.causal {
+            Kind::Full
         } else if s <= self.pe {
             Kind::A
         } else {
@@ -569,7 +614,7 @@ impl LCtx<'_> {
         };
         let fwd = if s + 1 >= self.m {
             Fwd::None
-        } else if s == self.pe {
+        } else if s == self.pe && self.map.causal {
             Fwd::Trim
         } else {
             Fwd::Full
@@ -592,7 +637,15 @@ impl LCtx<'_> {
                 push_step(&mut v, i, self.pat(s - g));
             }
         }
-        let from = |group: u32| if group * g <= self.pe { 0 } else { self.map.c };
+        // Under a causal mask the early chunk's rows have no score once the blocks are later
+        // than them; without one every row has scores in every group.
+        let from = |group: u32| {
+            if !self.map.causal || group * g <= self.pe {
+                0
+            } else {
+                self.map.c
+            }
+        };
         Group {
             rescale: (j >= 2).then(|| from(j - 1)),
             copy: (j >= 1 && j < groups).then(|| from(j)),
@@ -690,6 +743,7 @@ impl LCtx<'_> {
         // Rows, keys and score stride of a pattern's work.
         let shape = |kind: Kind| match kind {
             Kind::A => (0, rows, c),
+            Kind::Full => (0, rows, rows),
             _ => (c, c, 2 * c),
         };
         // Score slot of the step at group offset i0 + i_2 of group j − back.
@@ -812,7 +866,7 @@ pub(super) fn program(
     // after it) only the first chunk of its k and v rows.
     let ranges = if m < 2 {
         Vec::new()
-    } else if pe + 1 < m && pe == 0 {
+    } else if pe + 1 < m && pe == 0 && map.causal {
         vec![(0, cd), (map.hd, cd)]
     } else {
         vec![(0, map.block)]
