@@ -308,12 +308,28 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         .filter(|r| tight.as_ref().is_none_or(|t| r.cycles < t.cycles));
     let streams: Vec<passes::schedule_stream::Stream> = tight.into_iter().chain(roomy).collect();
     tried.extend(streams.iter().map(stream_info));
-    // Ties go to the unrolled schedule: on a layer small enough to tie, its flat or rerolled
-    // programs can be smaller than the stream's loops.
+    // A tie in cycles goes to the stream only if its loop programs are smaller than the
+    // unrolled candidate's flat ones and it needs no more words: on a layer small enough to tie
+    // the flat programs can be the smaller.
+    let flat_bytes =
+        |e: &codegen::Emitted| -> u64 { e.programs.iter().map(isa::binary::encoded_len).sum() };
+    let loop_bytes = |s: &passes::schedule_stream::Stream| -> u64 {
+        s.programs.iter().map(isa::looped_binary::encoded_len).sum()
+    };
+    let beats = |s: &passes::schedule_stream::Stream| match &best {
+        None => true,
+        Some((_, b, e)) => {
+            let cycles = b.cycles() as u64;
+            s.cycles < cycles
+                || (s.cycles == cycles
+                    && stream::max_words(s) <= max_words(e)
+                    && loop_bytes(s) < flat_bytes(e))
+        }
+    };
     if let Some(s) = streams
         .into_iter()
         .min_by_key(|s| (s.cycles, stream::max_words(s)))
-        .filter(|s| unrolled.is_none_or(|(cycles, _)| s.cycles < cycles))
+        .filter(beats)
     {
         let reason = format!(
             "fewest cycles among {} candidates{}; loop programs",
