@@ -115,10 +115,18 @@ fn compile_subcommand_and_emit_ir() {
     assert!(t.contains("softmax"), "{t}");
 }
 
+/// Both kinds of output directory take `.npy` inputs: per-element placements (`--flat`) and the
+/// stream's affine layouts (which once counted as holding no element).
 #[test]
 fn run_with_npy_inputs_and_output() {
+    for extra in [&["--flat"][..], &["--schedule", "stream"][..]] {
+        run_with_npy_inputs(extra);
+    }
+}
+
+fn run_with_npy_inputs(extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let out = compiled(dir.path(), LAYER, "2");
+    let out = compiled_with(dir.path(), LAYER, "2", extra);
     let data: Vec<f32> = (0..32).map(|i| (i as f32 * 0.37).sin()).collect();
     let mut args = vec!["run".to_string(), s(&out).to_string()];
     for name in ["q", "k", "v"] {

@@ -325,7 +325,8 @@ fn read_inputs(
                 names.join(", ")
             ));
         }
-        let elems = m.inputs[name].pe.len() as u64;
+        // Per-element arrays or an affine layout: the shape counts the elements either way.
+        let elems = m.inputs[name].len() as u64;
         // Header plus data: anything larger is refused before it is read.
         let max_bytes = 12 + attnc::limits::MAX_NPY_HEADER_BYTES + 4 * elems;
         let size = std::fs::metadata(file)
