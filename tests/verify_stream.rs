@@ -566,3 +566,43 @@ fn paired_shared_scores_are_proved() {
     }
     assert!(proved >= 60, "only {proved} paired layers");
 }
+
+/// Paired shared layers of three heads or more under a memory limit that only the reuse of
+/// idle heads' regions meets (the visiting block and the travelling rows live there), proved.
+#[test]
+fn paired_scores_in_idle_heads_regions_are_proved() {
+    use schedule_stream::Pairing;
+    let mut proved = 0;
+    for (m, b, d, h) in [
+        (3, 4, 2, 3),
+        (4, 6, 3, 3),
+        (5, 4, 1, 4),
+        (4, 8, 2, 4),
+        (6, 4, 3, 3),
+    ] {
+        let n = b * m;
+        let p = problem(n, d, h, true, false, true);
+        let own = schedule_stream::run_pairing(&p, m, true, Lag::Fit(None), Pairing::On).unwrap();
+        let words = own.programs[0].mem_words;
+        let limit = words - 2 * b * d;
+        let st = schedule_stream::run_pairing(&p, m, true, Lag::Fit(Some(limit)), Pairing::On)
+            .unwrap_or_else(|e| panic!("n={n} m={m}: {e}"));
+        assert!(st.programs.iter().all(|q| q.mem_words == limit));
+        assert_eq!(st.cycles, own.cycles, "n={n} m={m} d={d} h={h}");
+        let flat: Vec<Program> = st
+            .programs
+            .iter()
+            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+            .collect();
+        let man = stream_manifest(&p, m, &st);
+        let r = verify(&flat, &man);
+        assert_eq!(r.counts, BTreeMap::new(), "n={n} d={d} h={h} m={m}:\n{r}");
+        // One word less is refused.
+        assert!(
+            schedule_stream::run_pairing(&p, m, true, Lag::Fit(Some(limit - 1)), Pairing::On)
+                .is_err()
+        );
+        proved += 1;
+    }
+    assert_eq!(proved, 5);
+}

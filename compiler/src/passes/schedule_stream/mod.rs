@@ -739,7 +739,11 @@ pub fn run_pairing(
         _ => allowance(p, pes),
     };
     let map = if applies && pairing != Pairing::Off {
-        paired::PMap::new(p.tokens / pes, p.dim, p.heads).filter(|m| u64::from(m.words) <= budget)
+        // Own buffers where they fit, else the regions of heads not running.
+        [false, true].into_iter().find_map(|reuse| {
+            paired::PMap::new(p.tokens / pes, p.dim, p.heads, reuse)
+                .filter(|m| u64::from(m.words) <= budget)
+        })
     } else {
         None
     };

@@ -24,6 +24,8 @@ pub(super) struct PMap {
     pub d: u32,
     /// Tokens per PE (`B`).
     pub rows: u32,
+    heads: u32,
+    reuse: bool,
     pub x: u32,
     pub y: u32,
     /// The visiting x block, rotated in place.
@@ -48,22 +50,37 @@ pub(super) struct PMap {
 }
 
 impl PMap {
-    pub fn new(rows: u32, d: u32, heads: u32) -> Option<PMap> {
+    /// `reuse`: the visiting block and the travelling `y` rows of a head live in per-head
+    /// regions nothing needs while that head runs (the x rows of the two heads before it, or
+    /// the outputs of the last two heads, written only when those run); three heads or more.
+    pub fn new(rows: u32, d: u32, heads: u32, reuse: bool) -> Option<PMap> {
+        if reuse && heads < 3 {
+            return None;
+        }
         let hd = rows.checked_mul(d)?;
         let y = heads.checked_mul(hd)?;
-        let rot = y.checked_add(y)?;
-        let ytr = rot.checked_add(hd)?;
-        let ltr = ytr.checked_add(hd)?;
-        let mtr = ltr + rows;
-        let sc = mtr + rows;
+        let end = y.checked_add(y)?;
+        let (rot, ytr, ltr) = if reuse {
+            (0, 0, end)
+        } else {
+            (
+                end,
+                end.checked_add(hd)?,
+                end.checked_add(hd)?.checked_add(hd)?,
+            )
+        };
+        let mtr = ltr.checked_add(rows)?;
+        let sc = mtr.checked_add(rows)?;
         let ev = sc.checked_add(rows.checked_mul(rows)? / 2)?;
-        let mnew = ev + rows;
-        let l = mnew + rows;
-        let mx = l + rows;
+        let mnew = ev.checked_add(rows)?;
+        let l = mnew.checked_add(rows)?;
+        let mx = l.checked_add(rows)?;
         let f = mx.checked_add(2 * rows)?;
         Some(PMap {
             d,
             rows,
+            heads,
+            reuse,
             x: 0,
             y,
             rot,
@@ -124,6 +141,11 @@ struct StepSpec {
 struct Gen<'a> {
     map: &'a PMap,
     scale: f32,
+    /// The head of the head loop's first iteration (the loop is at level 0).
+    h0: u32,
+    /// Where the visiting block and the travelling `y` rows are in this head loop.
+    rot: Ad,
+    ytr: Ad,
 }
 
 impl Gen<'_> {
@@ -131,10 +153,16 @@ impl Gen<'_> {
         i64::from(self.map.rows) * i64::from(self.map.d)
     }
 
+    /// A per-head region at `base`, in the current head.
+    fn own(&self, base: u32) -> Ad {
+        ad(base)
+            .plus(i64::from(self.h0) * self.hd())
+            .t(0, self.hd())
+    }
+
     /// Own x row `a` (head term included).
     fn xown(&self, a: u32) -> Ad {
-        ad(self.map.x)
-            .t(0, self.hd())
+        self.own(self.map.x)
             .plus(i64::from(a) * i64::from(self.map.d))
     }
 
@@ -154,7 +182,7 @@ impl Gen<'_> {
         let d = i64::from(m.d);
         let (lb, lc) = (lr + 1, lr + 2);
         let kk = i64::from(st.kk);
-        let xq = ad(m.rot).plus(i64::from(st.k0) * d);
+        let xq = self.rot.clone().plus(i64::from(st.k0) * d);
         let mut body = Vec::new();
         // Scores of own rows against visiting keys, row-major `(a − r0)·kk + (b − k0)`.
         let scw = ad(m.sc).t(lr, kk).t(lb, 1);
@@ -179,7 +207,7 @@ impl Gen<'_> {
             let mn = ad(m.mnew).plus(i64::from(st.k0)).t(lr, 1);
             let mt = ad(m.mtr).plus(i64::from(st.k0)).t(lr, 1);
             let lt = ad(m.ltr).plus(i64::from(st.k0)).t(lr, 1);
-            let yt = ad(m.ytr).plus(i64::from(st.k0) * d).t(lr, d);
+            let yt = self.ytr.clone().plus(i64::from(st.k0) * d).t(lr, d);
             let ev = |i: u32| ad(m.ev).plus(i64::from(i));
             let f = ad(m.f);
             let mut v = Vec::new();
@@ -276,7 +304,7 @@ impl Gen<'_> {
             let mo = g.old.clone().plus(i64::from(g.r0)).t(lr, 1);
             let mn = g.new.clone().plus(i64::from(g.r0)).t(lr, 1);
             let l = ad(m.l).plus(i64::from(g.r0)).t(lr, 1);
-            let yo = ad(m.y).t(0, self.hd()).plus(i64::from(g.r0) * d).t(lr, d);
+            let yo = self.own(m.y).plus(i64::from(g.r0) * d).t(lr, d);
             let f = ad(m.f);
             let piece_pred = (g.rows > pieces).then_some(Pred {
                 slot: Slot::Xfer,
@@ -329,7 +357,7 @@ impl Gen<'_> {
                     .build()],
             ));
             let xv = xq.clone().t(lc, d).t(lb, 1);
-            let yw = ad(m.ytr).t(lr, kk * d).t(lb, kk).t(lc, 1);
+            let yw = self.ytr.clone().t(lr, kk * d).t(lb, kk).t(lc, 1);
             let send = if fwd_x {
                 let mut preds = Vec::new();
                 let from = st.x_fwd.unwrap_or(0);
@@ -382,8 +410,10 @@ impl Gen<'_> {
             )
         };
         let x0 = x_from * m.d;
-        let mut v = words(ad(m.rot + x0), ad(m.rot + x0), m.rows * m.d - x0);
-        v.extend(words(ad(m.ytr), ad(m.ytr), m.rows * m.d + m.rows));
+        let x = self.rot.clone().plus(i64::from(x0));
+        let mut v = words(x.clone(), x, m.rows * m.d - x0);
+        v.extend(words(self.ytr.clone(), self.ytr.clone(), m.rows * m.d));
+        v.extend(words(ad(m.ltr), ad(m.ltr), m.rows));
         // Two halves, so that both kinds of PE take the same cycles.
         let half = m.rows / 2;
         for (at, count) in [(0, half), (half, m.rows - half)] {
@@ -402,12 +432,8 @@ impl Gen<'_> {
         let r = |base: u32| ad(base).plus(i64::from(r0)).t(lr, 1);
         let (ms, mt, l, lt) = (r(slot), r(m.mtr), r(m.l), r(m.ltr));
         let (f, f2, mf) = (ad(m.f), ad(m.f2), ad(m.mf));
-        let y = ad(m.y)
-            .t(0, self.hd())
-            .plus(i64::from(r0) * d)
-            .t(lr, d)
-            .t(lc, 1);
-        let yt = ad(m.ytr).plus(i64::from(r0) * d).t(lr, d).t(lc, 1);
+        let y = self.own(m.y).plus(i64::from(r0) * d).t(lr, d).t(lc, 1);
+        let yt = self.ytr.clone().plus(i64::from(r0) * d).t(lr, d).t(lc, 1);
         let mut v = vec![
             B::new().max(ms.clone(), mt.clone(), mf.clone()).build(),
             B::new().expd(ms, mf.clone(), self.scale, f.clone()).build(),
@@ -435,7 +461,6 @@ impl Gen<'_> {
 
 /// PE `pe`'s program.
 pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> isa::LoopProgram {
-    let g = Gen { map, scale };
     let b = map.rows;
     let half = b / 2;
     let even = m.is_multiple_of(2);
@@ -509,94 +534,121 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
         x_fwd: fwd.then_some(half),
         trav_inline: true,
     };
-    let mut head = Vec::new();
     // Step 0: the own block in full, stationary state only; its x rows leave for the next PE.
-    let old_map = Map {
-        d: map.d,
-        rows: b,
-        q: map.x,
-        kv: map.x,
-        block: b * map.d,
-        v_off: 0,
-        y: map.y,
-        buf: [map.rot, map.rot],
-        s: map.sc,
-        l: map.l,
-        mx: map.mx,
-        f: map.f,
-        words: map.words,
-    };
-    let ctx = Ctx {
-        map: &old_map,
-        scale,
-        depth: 1,
-        head: 0,
-        live: b,
-    };
-    head.extend(ctx.block(&Work {
-        r0: 0,
-        rows: b,
-        k0: 0,
-        keys: b,
-        kb: ad(map.x).t(0, g.hd()),
-        first: true,
-        send: None,
-        slots: Some((ad(map.mx), ad(map.mx))),
-        tri: false,
-        forward_to: Some(ad(map.rot)),
-        key_limit: None,
-    }));
-    // Low steps: the first alone (the travelling state's first update), the last alone too: it
-    // forwards only the keys its receiver reads (a high step, or step m/2 on an upper PE, reads
-    // the second half only).
-    let last_from = if !even || (pe + 1) % m >= m / 2 {
-        half
-    } else {
-        0
-    };
-    let mut runs = vec![(1, 1)];
-    if low >= 3 {
-        runs.push((2, low - 2));
-    }
-    if low >= 2 {
-        runs.push((low, 1));
-    }
-    for (s0, count) in runs {
-        let x_from = if s0 == low { last_from } else { 0 };
-        head.extend(lp(count, g.step(&low_spec(s0, count, x_from), 2)));
-    }
-    if even {
-        let s = m / 2;
-        let spec = if kind_b {
-            StepSpec {
-                x_fwd: None,
-                trav_inline: false,
-                ..high_spec(s, 1, false)
-            }
-        } else {
-            StepSpec {
-                x_fwd: None,
-                trav_inline: false,
-                ..low_spec(s, 1, 0)
-            }
+    let hb = |g: &Gen| -> Vec<Node> {
+        let mut head = Vec::new();
+        let old_map = Map {
+            d: map.d,
+            rows: b,
+            q: map.x + g.h0 * b * map.d,
+            kv: map.x + g.h0 * b * map.d,
+            block: b * map.d,
+            v_off: 0,
+            y: map.y + g.h0 * b * map.d,
+            buf: [map.rot, map.rot],
+            s: map.sc,
+            l: map.l,
+            mx: map.mx,
+            f: map.f,
+            words: map.words,
         };
-        let mut body = g.step(&spec, 2);
-        body.extend(g.tail(half, spec.k0, 2));
-        head.extend(lp(1, body));
-    }
-    // High steps; the last forwards no keys (nobody reads them again).
-    if high < m {
-        let count = m - 1 - high;
-        head.extend(lp(count, g.step(&high_spec(high, count, true), 2)));
-        head.extend(lp(1, g.step(&high_spec(m - 1, 1, false), 2)));
-    }
-    let last_g = g_touch(m - 1);
-    head.extend(g.merge(0, half, map.mx + ((m - 1) % 2) * b));
-    head.extend(g.merge(half, half, map.mx + (last_g % 2) * b));
+        let ctx = Ctx {
+            map: &old_map,
+            scale,
+            depth: 1,
+            head: 0,
+            live: b,
+        };
+        head.extend(ctx.block(&Work {
+            r0: 0,
+            rows: b,
+            k0: 0,
+            keys: b,
+            kb: g.own(map.x),
+            first: true,
+            send: None,
+            slots: Some((ad(map.mx), ad(map.mx))),
+            tri: false,
+            forward_to: Some(g.rot.clone()),
+            key_limit: None,
+        }));
+        // Low steps: the first alone (the travelling state's first update), the last alone too: it
+        // forwards only the keys its receiver reads (a high step, or step m/2 on an upper PE, reads
+        // the second half only).
+        let last_from = if !even || (pe + 1) % m >= m / 2 {
+            half
+        } else {
+            0
+        };
+        let mut runs = vec![(1, 1)];
+        if low >= 3 {
+            runs.push((2, low - 2));
+        }
+        if low >= 2 {
+            runs.push((low, 1));
+        }
+        for (s0, count) in runs {
+            let x_from = if s0 == low { last_from } else { 0 };
+            head.extend(lp(count, g.step(&low_spec(s0, count, x_from), 2)));
+        }
+        if even {
+            let s = m / 2;
+            let spec = if kind_b {
+                StepSpec {
+                    x_fwd: None,
+                    trav_inline: false,
+                    ..high_spec(s, 1, false)
+                }
+            } else {
+                StepSpec {
+                    x_fwd: None,
+                    trav_inline: false,
+                    ..low_spec(s, 1, 0)
+                }
+            };
+            let mut body = g.step(&spec, 2);
+            body.extend(g.tail(half, spec.k0, 2));
+            head.extend(lp(1, body));
+        }
+        // High steps; the last forwards no keys (nobody reads them again).
+        if high < m {
+            let count = m - 1 - high;
+            head.extend(lp(count, g.step(&high_spec(high, count, true), 2)));
+            head.extend(lp(1, g.step(&high_spec(m - 1, 1, false), 2)));
+        }
+        let last_g = g_touch(m - 1);
+        head.extend(g.merge(0, half, map.mx + ((m - 1) % 2) * b));
+        head.extend(g.merge(half, half, map.mx + (last_g % 2) * b));
+        head
+    };
+    let hd = b * map.d;
+    let gen = |h0: u32, rot: Ad, ytr: Ad| Gen {
+        map,
+        scale,
+        h0,
+        rot,
+        ytr,
+    };
+    let (x, y, h) = (map.x, map.y, map.heads);
+    let body = if map.reuse {
+        let mut v = lp(1, hb(&gen(0, ad(y + (h - 1) * hd), ad(y + (h - 2) * hd))));
+        v.extend(lp(1, hb(&gen(1, ad(x), ad(y + (h - 1) * hd)))));
+        v.extend(lp(
+            h - 2,
+            hb(&gen(
+                2,
+                ad(x + hd).t(0, i64::from(hd)),
+                ad(x).t(0, i64::from(hd)),
+            )),
+        ));
+        v
+    } else {
+        lp(heads, hb(&gen(0, ad(map.rot), ad(map.ytr))))
+    };
     isa::LoopProgram {
         pe,
         pes: m,
         mem_words: map.words,
-        body: lp(heads, head),
+        body,
     }
 }
