@@ -535,7 +535,7 @@ fn paired_shared_scores_are_proved() {
                         schedule_stream::run_pairing(&p, m, true, Lag::Fit(None), Pairing::Off)
                             .unwrap();
                     let distinct = u64::from(n) * u64::from(n + 1) / 2 * u64::from(d * h);
-                    let own = u64::from(m * b * (b - 1) / 2 * d * h);
+                    let own = u64::from(m * (b / 2) * (b / 2 - 1) * d * h);
                     assert_eq!(st.ops.phase1_mac, distinct + own, "n={n} m={m} d={d}");
                     let cycles: Vec<u64> = st.programs.iter().map(|q| q.cycles()).collect();
                     assert!(

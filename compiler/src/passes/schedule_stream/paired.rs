@@ -10,8 +10,10 @@
 //! the own rows against the whole visiting block; steps `s > m/2` the whole own block against
 //! the visiting block's second half, so that the two meetings of a pair cover its block exactly
 //! once. In step `m/2` of an even ring the two meetings are in the same step: PEs below `m/2` take
-//! the first kind, the others the second, at the same cycle count. Step 0 is the own block in
-//! full (its products twice, declared like the unexploited layers'). After the last step the
+//! the first kind, the others the second, at the same cycle count. Step 0 pairs the own block
+//! with itself the same way in quarters: the two diagonal quarters in full for the stationary
+//! state (their products twice, declared like the unexploited layers'), the off-diagonal one once,
+//! its transpose starting the travelling state of the second half. After the last step the
 //! travelling state is back on its block's PE and is merged into the stationary one (one more
 //! maximum, two rescale factors), then divided once.
 
@@ -106,11 +108,12 @@ pub(super) fn applies(n: u32, m: u32) -> bool {
     m >= 3 && n.is_multiple_of(m) && (n / m) >= 4 && (n / m).is_multiple_of(2)
 }
 
-/// Phase-1 products executed per head: the own block in full, every other pair of blocks once.
+/// Phase-1 products executed per head: the own block's two diagonal quarters in full, every
+/// other quarter or pair of blocks once.
 pub(super) fn products_per_head(n: u32, d: u32, m: u32) -> u64 {
     let b = u64::from(n / m);
     let m = u64::from(m);
-    u64::from(d) * b * b * m * (m + 1) / 2
+    u64::from(d) * (b * b / 4) * m * (2 * m + 1)
 }
 
 /// Own rows of one row loop and the max slots (old, new; bases of `B` words) they use.
@@ -129,8 +132,12 @@ struct StepSpec {
     rr: u32,
     k0: u32,
     kk: u32,
-    /// The travelling state's first update (its block's first step away from home).
-    vis_first: bool,
+    /// Visiting rows below this get their travelling state's first update.
+    first_below: u32,
+    /// The visiting keys' x rows: the rotating block, or in step 0 the own ones.
+    xq: Option<Ad>,
+    /// Travelling rows from this one on are forwarded (those before it hold nothing yet).
+    trav_from: u32,
     groups: Vec<Group>,
     /// Visiting keys the last own row forwards in place (keys at or past this), if any.
     x_fwd: Option<u32>,
@@ -166,10 +173,10 @@ impl Gen<'_> {
             .plus(i64::from(a) * i64::from(self.map.d))
     }
 
-    /// Source of the travelling maximum for pieces of `kk` rows: the new maximum for the rows a
-    /// step updated (`k0` on), the arrived one for the others; `piece` is the piece's index.
+    /// Source of the travelling maximum for piece `piece` of `kk` rows from `trav_from` on: the
+    /// new maximum for the rows the step updated (`k0` on), the arrived one for the others.
     fn m_src(&self, st: &StepSpec, piece: u32) -> i64 {
-        let at = piece * st.kk;
+        let at = st.trav_from + piece * st.kk;
         if at >= st.k0 {
             i64::from(self.map.mnew + at)
         } else {
@@ -182,7 +189,11 @@ impl Gen<'_> {
         let d = i64::from(m.d);
         let (lb, lc) = (lr + 1, lr + 2);
         let kk = i64::from(st.kk);
-        let xq = self.rot.clone().plus(i64::from(st.k0) * d);
+        let xq = st
+            .xq
+            .clone()
+            .unwrap_or_else(|| self.rot.clone())
+            .plus(i64::from(st.k0) * d);
         let mut body = Vec::new();
         // Scores of own rows against visiting keys, row-major `(a − r0)·kk + (b − k0)`.
         let scw = ad(m.sc).t(lr, kk).t(lb, 1);
@@ -201,18 +212,27 @@ impl Gen<'_> {
         ));
         body.extend(lp(st.rr, lp(st.kk, cols)));
 
-        // Visiting rows `k0 + j` (loop at lr) against own keys `r0 + i`: the scores' column j.
-        {
-            let sc = |i: u32| ad(m.sc).plus(i64::from(i) * kk).t(lr, 1);
-            let mn = ad(m.mnew).plus(i64::from(st.k0)).t(lr, 1);
-            let mt = ad(m.mtr).plus(i64::from(st.k0)).t(lr, 1);
-            let lt = ad(m.ltr).plus(i64::from(st.k0)).t(lr, 1);
-            let yt = self.ytr.clone().plus(i64::from(st.k0) * d).t(lr, d);
+        // Visiting rows `k0 + j0 + j` (loop at lr) against own keys `r0 + i`: the scores'
+        // column `j0 + j`; rows in their first round and the others in loops of their own.
+        let split = st.first_below.clamp(st.k0, st.k0 + st.kk);
+        for (j0, rows, first) in [
+            (0, split - st.k0, true),
+            (split - st.k0, st.k0 + st.kk - split, false),
+        ] {
+            if rows == 0 {
+                continue;
+            }
+            let at = i64::from(st.k0 + j0);
+            let sc = |i: u32| ad(m.sc).plus(i64::from(i) * kk + i64::from(j0)).t(lr, 1);
+            let mn = ad(m.mnew).plus(at).t(lr, 1);
+            let mt = ad(m.mtr).plus(at).t(lr, 1);
+            let lt = ad(m.ltr).plus(at).t(lr, 1);
+            let yt = self.ytr.clone().plus(at * d).t(lr, d);
             let ev = |i: u32| ad(m.ev).plus(i64::from(i));
             let f = ad(m.f);
             let mut v = Vec::new();
             // i0: the first key a loop over keys starts at.
-            let i0 = if st.vis_first {
+            let i0 = if first {
                 v.push(B::new().max(sc(0), sc(1), mn.clone()).build());
                 v.extend(lp(
                     st.rr - 2,
@@ -272,11 +292,12 @@ impl Gen<'_> {
                     .build()],
             ));
             v.extend(lp(m.d, pv));
-            body.extend(lp(st.kk, v));
+            body.extend(lp(rows, v));
         }
 
         // Own rows against the visiting keys, group by group (groups differ in max slots).
-        let pieces = m.rows / st.kk;
+        let pieces = (m.rows - st.trav_from) / st.kk;
+        let tf = i64::from(st.trav_from);
         // A bundle has one send: the row forwarding the keys is a loop of its own.
         let mut groups: Vec<(&Group, u32, u32, bool)> = Vec::new();
         let last_group = st.groups.len() - 1;
@@ -323,7 +344,7 @@ impl Gen<'_> {
             let m0 = self.m_src(st, 0);
             let m1 = if pieces > 1 { self.m_src(st, 1) } else { m0 };
             let msrc = ad(m0 as u32).t(lr, m1 - m0);
-            let mdst = ad(m.mtr).t(lr, kk);
+            let mdst = ad(m.mtr).plus(tf).t(lr, kk);
             let mut o = vec![B::new()
                 .max(mo.clone(), scr.clone(), mn.clone())
                 .send(carry(msrc.clone(), mdst.clone()).as_ref())
@@ -342,7 +363,7 @@ impl Gen<'_> {
                 m.d,
                 vec![B::new().mul(yc.clone(), f, Some(yc.clone())).build()],
             ));
-            let lw = ad(m.ltr).t(lr, kk).t(lb, 1);
+            let lw = ad(m.ltr).plus(tf).t(lr, kk).t(lb, 1);
             o.extend(lp(
                 st.kk,
                 vec![B::new()
@@ -357,7 +378,13 @@ impl Gen<'_> {
                     .build()],
             ));
             let xv = xq.clone().t(lc, d).t(lb, 1);
-            let yw = self.ytr.clone().t(lr, kk * d).t(lb, kk).t(lc, 1);
+            let yw = self
+                .ytr
+                .clone()
+                .plus(tf * d)
+                .t(lr, kk * d)
+                .t(lb, kk)
+                .t(lc, 1);
             let send = if fwd_x {
                 let mut preds = Vec::new();
                 let from = st.x_fwd.unwrap_or(0);
@@ -490,12 +517,13 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
             at
         }
     };
+    // The first half is touched twice in step 0, so its j in step s is s + 1.
     let low_groups = |s0: u32, count: u32| {
         vec![Group {
             r0: 0,
             rows: half,
-            old: alternating(s0 + 1, count),
-            new: alternating(s0, count),
+            old: alternating(s0, count),
+            new: alternating(s0 + 1, count),
         }]
     };
     let high_groups = |s0: u32, count: u32| {
@@ -503,8 +531,8 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
             Group {
                 r0: 0,
                 rows: half,
-                old: alternating(s0 + 1, count),
-                new: alternating(s0, count),
+                old: alternating(s0, count),
+                new: alternating(s0 + 1, count),
             },
             Group {
                 r0: half,
@@ -519,7 +547,10 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
         rr: half,
         k0: 0,
         kk: b,
-        vis_first: s0 == 1,
+        // The second half's travelling rows began in step 0.
+        first_below: if s0 == 1 { half } else { 0 },
+        xq: None,
+        trav_from: 0,
         groups: low_groups(s0, count),
         x_fwd: Some(x_from),
         trav_inline: true,
@@ -529,12 +560,14 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
         rr: b,
         k0: half,
         kk: half,
-        vis_first: false,
+        first_below: 0,
+        xq: None,
+        trav_from: 0,
         groups: high_groups(s0, count),
         x_fwd: fwd.then_some(half),
         trav_inline: true,
     };
-    // Step 0: the own block in full, stationary state only; its x rows leave for the next PE.
+    // Step 0: the diagonal quarters, whose last rows forward the own x rows, then the other one.
     let hb = |g: &Gen| -> Vec<Node> {
         let mut head = Vec::new();
         let old_map = Map {
@@ -559,19 +592,41 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
             head: 0,
             live: b,
         };
-        head.extend(ctx.block(&Work {
-            r0: 0,
-            rows: b,
-            k0: 0,
-            keys: b,
-            kb: g.own(map.x),
-            first: true,
-            send: None,
-            slots: Some((ad(map.mx), ad(map.mx))),
-            tri: false,
-            forward_to: Some(g.rot.clone()),
-            key_limit: None,
-        }));
+        for r0 in [0, half] {
+            head.extend(ctx.block(&Work {
+                r0,
+                rows: half,
+                k0: r0,
+                keys: half,
+                kb: g.own(map.x),
+                first: true,
+                send: None,
+                slots: Some((ad(map.mx), ad(map.mx))),
+                tri: false,
+                forward_to: Some(g.rot.clone()),
+                key_limit: None,
+            }));
+        }
+        head.extend(g.step(
+            &StepSpec {
+                r0: 0,
+                rr: half,
+                k0: half,
+                kk: half,
+                first_below: b,
+                xq: Some(g.own(map.x)),
+                trav_from: half,
+                groups: vec![Group {
+                    r0: 0,
+                    rows: half,
+                    old: slot_at(0),
+                    new: slot_at(1),
+                }],
+                x_fwd: None,
+                trav_inline: true,
+            },
+            1,
+        ));
         // Low steps: the first alone (the travelling state's first update), the last alone too: it
         // forwards only the keys its receiver reads (a high step, or step m/2 on an upper PE, reads
         // the second half only).
@@ -617,7 +672,7 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
             head.extend(lp(1, g.step(&high_spec(m - 1, 1, false), 2)));
         }
         let last_g = g_touch(m - 1);
-        head.extend(g.merge(0, half, map.mx + ((m - 1) % 2) * b));
+        head.extend(g.merge(0, half, map.mx + (m % 2) * b));
         head.extend(g.merge(half, half, map.mx + (last_g % 2) * b));
         head
     };
