@@ -734,6 +734,8 @@ pub fn run_pairing(
 ) -> Result<Stream, String> {
     let plain = run_separately(p, pes, safe, lag)?;
     let applies = p.symmetric && !p.causal && safe && paired::applies(p.tokens, pes);
+    let rows = p.tokens.div_ceil(pes);
+    let last_live = p.tokens - (pes - 1) * rows;
     let budget = match lag {
         Lag::Fit(Some(limit)) => u64::from(limit),
         _ => allowance(p, pes),
@@ -741,8 +743,7 @@ pub fn run_pairing(
     let map = if applies && pairing != Pairing::Off {
         // Own buffers where they fit, else the regions of heads not running.
         [false, true].into_iter().find_map(|reuse| {
-            paired::PMap::new(p.tokens / pes, p.dim, p.heads, reuse)
-                .filter(|m| u64::from(m.words) <= budget)
+            paired::PMap::new(rows, p.dim, p.heads, reuse).filter(|m| u64::from(m.words) <= budget)
         })
     } else {
         None
@@ -756,7 +757,7 @@ pub fn run_pairing(
         };
     };
     let programs: Vec<LoopProgram> = (0..pes)
-        .map(|pe| paired::program(&map, pe, pes, p.heads, p.scale as f32))
+        .map(|pe| paired::program(&map, pe, pes, p.heads, p.scale as f32, last_live))
         .collect();
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     if pairing == Pairing::Auto && cycles >= plain.cycles {

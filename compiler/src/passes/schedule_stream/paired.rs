@@ -19,7 +19,7 @@
 
 use isa::{Cmp, Node, Pred, Slot};
 
-use super::{ad, lp, Ad, Ctx, Map, Send, Work, B};
+use super::{ad, lp, mask_keys, mask_rows, Ad, Ctx, Map, Send, Work, B};
 
 /// Memory map of one PE (the same on every PE).
 pub(super) struct PMap {
@@ -102,18 +102,29 @@ impl PMap {
     }
 }
 
-/// Whether the paired schedule applies: safe softmax, q = k = v, no mask, tokens dealt evenly
-/// in blocks of an even number of at least 4, on 3 PEs or more.
+/// Whether the paired schedule applies: safe softmax, q = k = v, no mask, blocks of an even
+/// number of at least 4 tokens on 3 PEs or more; when the tokens do not deal evenly, the last
+/// PE's block keeps its first half and two more (so that every range of keys a first maximum
+/// takes has two tokens).
 pub(super) fn applies(n: u32, m: u32) -> bool {
-    m >= 3 && n.is_multiple_of(m) && (n / m) >= 4 && (n / m).is_multiple_of(2)
+    let b = n.div_ceil(m);
+    m >= 3
+        && b >= 4
+        && b.is_multiple_of(2)
+        && n.checked_sub((m - 1) * b)
+            .is_some_and(|last| last >= b / 2 + 2)
 }
 
-/// Phase-1 products executed per head: the own block's two diagonal quarters in full, every
-/// other quarter or pair of blocks once.
+/// Phase-1 products executed per head: each distinct one once, and those of the own block's two
+/// diagonal quarters (done in full) a second time.
 pub(super) fn products_per_head(n: u32, d: u32, m: u32) -> u64 {
-    let b = u64::from(n / m);
-    let m = u64::from(m);
-    u64::from(d) * (b * b / 4) * m * (2 * m + 1)
+    let b = n.div_ceil(m);
+    let half = u64::from(b / 2);
+    let last_g = u64::from(n - (m - 1) * b) - half;
+    let twice = |k: u64| k * k.saturating_sub(1) / 2;
+    let n = u64::from(n);
+    let extra = u64::from(m) * twice(half) + u64::from(m - 1) * twice(half) + twice(last_g);
+    u64::from(d) * (n * (n + 1) / 2 + extra)
 }
 
 /// Own rows of one row loop and the max slots (old, new; bases of `B` words) they use.
@@ -138,6 +149,8 @@ struct StepSpec {
     xq: Option<Ad>,
     /// Travelling rows from this one on are forwarded (those before it hold nothing yet).
     trav_from: u32,
+    /// Tokens of the visiting block (fewer than its rows for the last PE's padded one).
+    vis_live: u32,
     groups: Vec<Group>,
     /// Visiting keys the last own row forwards in place (keys at or past this), if any.
     x_fwd: Option<u32>,
@@ -153,6 +166,8 @@ struct Gen<'a> {
     /// Where the visiting block and the travelling `y` rows are in this head loop.
     rot: Ad,
     ytr: Ad,
+    /// Own rows holding tokens (fewer on the last PE when the tokens do not deal evenly).
+    live: u32,
 }
 
 impl Gen<'_> {
@@ -210,7 +225,21 @@ impl Gen<'_> {
                 .add(Some(scw.clone()), scw)
                 .build()],
         ));
-        body.extend(lp(st.rr, lp(st.kk, cols)));
+        let mut scores = lp(st.rr, lp(st.kk, cols));
+        let kl = st.vis_live.saturating_sub(st.k0).min(st.kk);
+        if kl < st.kk {
+            mask_keys(&mut scores, lb, kl);
+        }
+        mask_rows(&mut scores, lr, st.r0, st.rr, self.live);
+        body.extend(scores);
+        // Own keys holding tokens; a loop over keys from key `from` keeps those.
+        let ol = self.live.saturating_sub(st.r0).min(st.rr);
+        let own_keys = |mut nodes: Vec<Node>, level: u8, from: u32| {
+            if ol < st.rr {
+                mask_keys(&mut nodes, level, ol.saturating_sub(from));
+            }
+            nodes
+        };
 
         // Visiting rows `k0 + j0 + j` (loop at lr) against own keys `r0 + i`: the scores'
         // column `j0 + j`; rows in their first round and the others in loops of their own.
@@ -234,11 +263,15 @@ impl Gen<'_> {
             // i0: the first key a loop over keys starts at.
             let i0 = if first {
                 v.push(B::new().max(sc(0), sc(1), mn.clone()).build());
-                v.extend(lp(
-                    st.rr - 2,
-                    vec![B::new()
-                        .max(mn.clone(), sc(2).t(lb, kk), mn.clone())
-                        .build()],
+                v.extend(own_keys(
+                    lp(
+                        st.rr - 2,
+                        vec![B::new()
+                            .max(mn.clone(), sc(2).t(lb, kk), mn.clone())
+                            .build()],
+                    ),
+                    lb,
+                    2,
                 ));
                 v.push(
                     B::new()
@@ -249,11 +282,15 @@ impl Gen<'_> {
                 1
             } else {
                 v.push(B::new().max(mt.clone(), sc(0), mn.clone()).build());
-                v.extend(lp(
-                    st.rr - 1,
-                    vec![B::new()
-                        .max(mn.clone(), sc(1).t(lb, kk), mn.clone())
-                        .build()],
+                v.extend(own_keys(
+                    lp(
+                        st.rr - 1,
+                        vec![B::new()
+                            .max(mn.clone(), sc(1).t(lb, kk), mn.clone())
+                            .build()],
+                    ),
+                    lb,
+                    1,
                 ));
                 v.push(B::new().expd(mt, mn.clone(), self.scale, f.clone()).build());
                 v.push(
@@ -265,12 +302,16 @@ impl Gen<'_> {
                 v.extend(lp(m.d, vec![B::new().mul(yc.clone(), f, Some(yc)).build()]));
                 0
             };
-            v.extend(lp(
-                st.rr - i0,
-                vec![B::new()
-                    .expd(sc(i0).t(lb, kk), mn.clone(), self.scale, ev(i0).t(lb, 1))
-                    .add(Some(lt.clone()), lt)
-                    .build()],
+            v.extend(own_keys(
+                lp(
+                    st.rr - i0,
+                    vec![B::new()
+                        .expd(sc(i0).t(lb, kk), mn.clone(), self.scale, ev(i0).t(lb, 1))
+                        .add(Some(lt.clone()), lt)
+                        .build()],
+                ),
+                lb,
+                i0,
             ));
             // y[b][c] += Σ_a e[a]·x[a][c]: columns outside (lb), own keys inside (lc).
             let yc = yt.t(lb, 1);
@@ -284,42 +325,65 @@ impl Gen<'_> {
                         .build(),
                 );
             }
-            pv.extend(lp(
-                st.rr - i0,
-                vec![B::new()
-                    .mul(ev(i0).t(lc, 1), xk(i0).t(lc, d), None)
-                    .add(Some(yc.clone()), yc)
-                    .build()],
+            pv.extend(own_keys(
+                lp(
+                    st.rr - i0,
+                    vec![B::new()
+                        .mul(ev(i0).t(lc, 1), xk(i0).t(lc, d), None)
+                        .add(Some(yc.clone()), yc)
+                        .build()],
+                ),
+                lc,
+                i0,
             ));
             v.extend(lp(m.d, pv));
-            body.extend(lp(rows, v));
+            let mut vis = lp(rows, v);
+            mask_rows(&mut vis, lr, st.k0 + j0, rows, st.vis_live);
+            body.extend(vis);
         }
 
         // Own rows against the visiting keys, group by group (groups differ in max slots).
         let pieces = (m.rows - st.trav_from) / st.kk;
-        let tf = i64::from(st.trav_from);
-        // A bundle has one send: the row forwarding the keys is a loop of its own.
-        let mut groups: Vec<(&Group, u32, u32, bool)> = Vec::new();
+        let tf = st.trav_from;
+        #[derive(Clone, Copy, PartialEq)]
+        enum Role {
+            Plain,
+            /// Forwards piece `p` of the travelling state (one row).
+            Carry(u32),
+            /// Forwards the visiting keys (one row).
+            Keys,
+        }
+        // A bundle has one send: each row that forwards something is a loop of its own.
+        let mut loops: Vec<(&Group, u32, u32, Role)> = Vec::new();
         let last_group = st.groups.len() - 1;
         for (gi, g) in st.groups.iter().enumerate() {
-            if gi == last_group && st.x_fwd.is_some() {
-                if g.rows > 1 {
-                    groups.push((g, g.r0, g.rows - 1, false));
+            let mut r0 = g.r0;
+            let mut end = g.r0 + g.rows;
+            if gi == 0 && st.trav_inline {
+                for p in 0..pieces {
+                    loops.push((g, r0, 1, Role::Carry(p)));
+                    r0 += 1;
                 }
-                groups.push((g, g.r0 + g.rows - 1, 1, true));
-            } else {
-                groups.push((g, g.r0, g.rows, false));
+            }
+            let keys = gi == last_group && st.x_fwd.is_some();
+            if keys {
+                end -= 1;
+            }
+            debug_assert!(r0 <= end, "too few own rows for the sends");
+            if end > r0 {
+                loops.push((g, r0, end - r0, Role::Plain));
+            }
+            if keys {
+                loops.push((g, end, 1, Role::Keys));
             }
         }
-        for (gi, &(g, r0, rows, fwd_x)) in groups.iter().enumerate() {
+        for &(g, r0, rows, role) in &loops {
             let g = Group {
                 r0,
                 rows,
                 old: g.old.clone(),
                 new: g.new.clone(),
             };
-            let carries = gi == 0 && st.trav_inline;
-            debug_assert!(!carries || (!fwd_x && rows >= pieces));
             let rel = i64::from(g.r0 - st.r0) * kk;
             let scr = ad(m.sc).plus(rel).t(lr, kk);
             let mo = g.old.clone().plus(i64::from(g.r0)).t(lr, 1);
@@ -327,35 +391,43 @@ impl Gen<'_> {
             let l = ad(m.l).plus(i64::from(g.r0)).t(lr, 1);
             let yo = self.own(m.y).plus(i64::from(g.r0) * d).t(lr, d);
             let f = ad(m.f);
-            let piece_pred = (g.rows > pieces).then_some(Pred {
-                slot: Slot::Xfer,
-                level: lr,
-                cmp: Cmp::Lt,
-                value: pieces,
-            });
-            let carry = |src: Ad, dst: Ad| {
-                carries.then(|| Send {
-                    src,
-                    dst,
-                    preds: piece_pred.into_iter().collect(),
-                })
+            // A carrying row forwards the travelling rows `tf + p·kk + b` of its piece that
+            // hold a token, `b` being the key the bundle works on.
+            let (piece, cl) = match role {
+                Role::Carry(p) => (p, st.vis_live.saturating_sub(tf + p * st.kk).min(st.kk)),
+                _ => (0, 0),
             };
-            // The travelling maximum, piece `i_lr` of `kk` words.
-            let m0 = self.m_src(st, 0);
-            let m1 = if pieces > 1 { self.m_src(st, 1) } else { m0 };
-            let msrc = ad(m0 as u32).t(lr, m1 - m0);
-            let mdst = ad(m.mtr).plus(tf).t(lr, kk);
+            let carry = |src: Ad, dst: Ad, level: Option<u8>, less: u32| -> Option<Send> {
+                let keep = cl.checked_sub(less).filter(|&k| k > 0)?;
+                let mut preds = Vec::new();
+                if let Some(level) = level {
+                    if keep < st.kk - less {
+                        preds.push(Pred {
+                            slot: Slot::Xfer,
+                            level,
+                            cmp: Cmp::Lt,
+                            value: keep,
+                        });
+                    }
+                }
+                Some(Send { src, dst, preds })
+            };
+            let at = i64::from(tf + piece * st.kk);
+            let msrc = ad(self.m_src(st, piece) as u32);
+            let mdst = ad(m.mtr).plus(at);
             let mut o = vec![B::new()
                 .max(mo.clone(), scr.clone(), mn.clone())
-                .send(carry(msrc.clone(), mdst.clone()).as_ref())
+                .send(carry(msrc.clone(), mdst.clone(), None, 0).as_ref())
                 .build()];
-            o.extend(lp(
+            let mut more = lp(
                 st.kk - 1,
                 vec![B::new()
                     .max(mn.clone(), scr.clone().plus(1).t(lb, 1), mn.clone())
-                    .send(carry(msrc.plus(1).t(lb, 1), mdst.plus(1).t(lb, 1)).as_ref())
+                    .send(carry(msrc.plus(1).t(lb, 1), mdst.plus(1).t(lb, 1), Some(lb), 1).as_ref())
                     .build()],
-            ));
+            );
+            mask_ops(&mut more, lb, st.kk - 1, kl.saturating_sub(1));
+            o.extend(more);
             o.push(B::new().expd(mo, mn.clone(), self.scale, f.clone()).build());
             o.push(B::new().mul(l.clone(), f.clone(), Some(l.clone())).build());
             let yc = yo.clone().t(lb, 1);
@@ -363,8 +435,8 @@ impl Gen<'_> {
                 m.d,
                 vec![B::new().mul(yc.clone(), f, Some(yc.clone())).build()],
             ));
-            let lw = ad(m.ltr).plus(tf).t(lr, kk).t(lb, 1);
-            o.extend(lp(
+            let lw = ad(m.ltr).plus(at).t(lb, 1);
+            let mut ex = lp(
                 st.kk,
                 vec![B::new()
                     .expd(
@@ -374,37 +446,43 @@ impl Gen<'_> {
                         scr.clone().t(lb, 1),
                     )
                     .add(Some(l.clone()), l)
-                    .send(carry(lw.clone(), lw).as_ref())
+                    .send(carry(lw.clone(), lw, Some(lb), 0).as_ref())
                     .build()],
-            ));
+            );
+            mask_ops(&mut ex, lb, st.kk, kl);
+            o.extend(ex);
             let xv = xq.clone().t(lc, d).t(lb, 1);
-            let yw = self
-                .ytr
-                .clone()
-                .plus(tf * d)
-                .t(lr, kk * d)
-                .t(lb, kk)
-                .t(lc, 1);
-            let send = if fwd_x {
-                let mut preds = Vec::new();
-                let from = st.x_fwd.unwrap_or(0);
-                if from > st.k0 {
-                    preds.push(Pred {
-                        slot: Slot::Xfer,
-                        level: lc,
-                        cmp: Cmp::Ge,
-                        value: from - st.k0,
-                    });
+            let yw = self.ytr.clone().plus(at * d).t(lc, d).t(lb, 1);
+            let send = match role {
+                Role::Keys => {
+                    let mut preds = Vec::new();
+                    let from = st.x_fwd.unwrap_or(0);
+                    if from > st.k0 {
+                        preds.push(Pred {
+                            slot: Slot::Xfer,
+                            level: lc,
+                            cmp: Cmp::Ge,
+                            value: from - st.k0,
+                        });
+                    }
+                    if kl < st.kk {
+                        preds.push(Pred {
+                            slot: Slot::Xfer,
+                            level: lc,
+                            cmp: Cmp::Lt,
+                            value: kl,
+                        });
+                    }
+                    Some(Send {
+                        src: xv.clone(),
+                        dst: xv.clone(),
+                        preds,
+                    })
                 }
-                Some(Send {
-                    src: xv.clone(),
-                    dst: xv.clone(),
-                    preds,
-                })
-            } else {
-                carry(yw.clone(), yw)
+                Role::Carry(_) => carry(yw.clone(), yw, Some(lc), 0),
+                Role::Plain => None,
             };
-            o.extend(lp(
+            let mut pv = lp(
                 m.d,
                 lp(
                     st.kk,
@@ -414,38 +492,65 @@ impl Gen<'_> {
                         .send(send.as_ref())
                         .build()],
                 ),
-            ));
-            body.extend(lp(g.rows, o));
+            );
+            mask_ops(&mut pv, lc, st.kk, kl);
+            o.extend(pv);
+            let mut nodes = lp(g.rows, o);
+            mask_rows(&mut nodes, lr, g.r0, g.rows, self.live);
+            body.extend(nodes);
         }
         body
     }
 
     /// Sends only, at level `lr`: the visiting keys from `x_from` on, then the travelling
     /// state, the maximum taken from the new maxima for rows at or past `m_from`.
-    fn tail(&self, x_from: u32, m_from: u32, lr: u8) -> Vec<Node> {
+    /// A padded visiting block (`vis_live` tokens) keeps its missing words where they are.
+    fn tail(&self, x_from: u32, m_from: u32, vis_live: u32, lr: u8) -> Vec<Node> {
         let m = self.map;
-        let words = |src: Ad, dst: Ad, count: u32| {
-            lp(
-                count,
-                vec![B::new()
-                    .send(Some(&Send {
-                        src: src.t(lr, 1),
-                        dst: dst.t(lr, 1),
-                        preds: Vec::new(),
-                    }))
-                    .build()],
-            )
+        // `count` cycles sending the first `keep` of `count` words.
+        let words = |src: Ad, dst: Ad, count: u32, keep: u32| {
+            let keep = keep.min(count);
+            let send = (keep > 0).then(|| Send {
+                src: src.t(lr, 1),
+                dst: dst.t(lr, 1),
+                preds: (keep < count)
+                    .then_some(Pred {
+                        slot: Slot::Xfer,
+                        level: lr,
+                        cmp: Cmp::Lt,
+                        value: keep,
+                    })
+                    .into_iter()
+                    .collect(),
+            });
+            lp(count, vec![B::new().send(send.as_ref()).build()])
         };
         let x0 = x_from * m.d;
         let x = self.rot.clone().plus(i64::from(x0));
-        let mut v = words(x.clone(), x, m.rows * m.d - x0);
-        v.extend(words(self.ytr.clone(), self.ytr.clone(), m.rows * m.d));
-        v.extend(words(ad(m.ltr), ad(m.ltr), m.rows));
+        let live_words = vis_live * m.d;
+        let mut v = words(
+            x.clone(),
+            x,
+            m.rows * m.d - x0,
+            live_words.saturating_sub(x0),
+        );
+        v.extend(words(
+            self.ytr.clone(),
+            self.ytr.clone(),
+            m.rows * m.d,
+            live_words,
+        ));
+        v.extend(words(ad(m.ltr), ad(m.ltr), m.rows, vis_live));
         // Two halves, so that both kinds of PE take the same cycles.
         let half = m.rows / 2;
         for (at, count) in [(0, half), (half, m.rows - half)] {
             let src = if at >= m_from { m.mnew } else { m.mtr };
-            v.extend(words(ad(src + at), ad(m.mtr + at), count));
+            v.extend(words(
+                ad(src + at),
+                ad(m.mtr + at),
+                count,
+                vis_live.saturating_sub(at),
+            ));
         }
         v
     }
@@ -482,13 +587,50 @@ impl Gen<'_> {
                 B::new().div(y.clone(), l, y).build(),
             ],
         ));
-        lp(rows, v)
+        let mut nodes = lp(rows, v);
+        mask_rows(&mut nodes, lr, r0, rows, self.live);
+        nodes
     }
 }
 
+/// Turns off the op and acc slots of the bundles in `nodes` (a loop over keys at `level`) in the
+/// iterations at or past `keep`, keys past the layer's end; their sends, which carry other
+/// words, stay.
+fn mask_ops(nodes: &mut [Node], level: u8, count: u32, keep: u32) {
+    mask_rows(nodes, level, 0, count, keep);
+}
+
 /// PE `pe`'s program.
-pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> isa::LoopProgram {
+/// PE `pe`'s program; `last_live` of the last PE's rows hold tokens.
+pub(super) fn program(
+    map: &PMap,
+    pe: u32,
+    m: u32,
+    heads: u32,
+    scale: f32,
+    last_live: u32,
+) -> isa::LoopProgram {
     let b = map.rows;
+    let live = if pe + 1 == m { last_live } else { b };
+    // The last PE's block, padded when the tokens do not deal evenly, visits this PE in step
+    // `pe + 1` (it is its own in step 0): that step is emitted alone, its missing words masked.
+    let padded_step = (pe + 1) % m;
+    let vis_live = |s: u32| if s == padded_step { last_live } else { b };
+    // The runs of steps `s0 .. s0 + count` with the padded step alone.
+    let around = |s0: u32, count: u32| -> Vec<(u32, u32)> {
+        let end = s0 + count;
+        if last_live == b || !(s0..end).contains(&padded_step) {
+            return vec![(s0, count)];
+        }
+        [
+            (s0, padded_step - s0),
+            (padded_step, 1),
+            (padded_step + 1, end - padded_step - 1),
+        ]
+        .into_iter()
+        .filter(|&(_, c)| c > 0)
+        .collect()
+    };
     let half = b / 2;
     let even = m.is_multiple_of(2);
     // Steps 1 ..= low take the first half of the own rows against the whole visiting block,
@@ -554,6 +696,7 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
         groups: low_groups(s0, count),
         x_fwd: Some(x_from),
         trav_inline: true,
+        vis_live: vis_live(s0),
     };
     let high_spec = |s0: u32, count: u32, fwd: bool| StepSpec {
         r0: 0,
@@ -566,6 +709,7 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
         groups: high_groups(s0, count),
         x_fwd: fwd.then_some(half),
         trav_inline: true,
+        vis_live: vis_live(s0),
     };
     // Step 0: the diagonal quarters, whose last rows forward the own x rows, then the other one.
     let hb = |g: &Gen| -> Vec<Node> {
@@ -590,7 +734,7 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
             scale,
             depth: 1,
             head: 0,
-            live: b,
+            live,
         };
         for r0 in [0, half] {
             head.extend(ctx.block(&Work {
@@ -604,7 +748,7 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
                 slots: Some((ad(map.mx), ad(map.mx))),
                 tri: false,
                 forward_to: Some(g.rot.clone()),
-                key_limit: None,
+                key_limit: (live < r0 + half).then(|| live - r0),
             }));
         }
         head.extend(g.step(
@@ -624,6 +768,7 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
                 }],
                 x_fwd: None,
                 trav_inline: true,
+                vis_live: vis_live(0),
             },
             1,
         ));
@@ -644,7 +789,9 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
         }
         for (s0, count) in runs {
             let x_from = if s0 == low { last_from } else { 0 };
-            head.extend(lp(count, g.step(&low_spec(s0, count, x_from), 2)));
+            for (s0, count) in around(s0, count) {
+                head.extend(lp(count, g.step(&low_spec(s0, count, x_from), 2)));
+            }
         }
         if even {
             let s = m / 2;
@@ -662,13 +809,14 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
                 }
             };
             let mut body = g.step(&spec, 2);
-            body.extend(g.tail(half, spec.k0, 2));
+            body.extend(g.tail(half, spec.k0, spec.vis_live, 2));
             head.extend(lp(1, body));
         }
         // High steps; the last forwards no keys (nobody reads them again).
         if high < m {
-            let count = m - 1 - high;
-            head.extend(lp(count, g.step(&high_spec(high, count, true), 2)));
+            for (s0, count) in around(high, m - 1 - high) {
+                head.extend(lp(count, g.step(&high_spec(s0, count, true), 2)));
+            }
             head.extend(lp(1, g.step(&high_spec(m - 1, 1, false), 2)));
         }
         let last_g = g_touch(m - 1);
@@ -683,6 +831,7 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
         h0,
         rot,
         ytr,
+        live,
     };
     let (x, y, h) = (map.x, map.y, map.heads);
     let body = if map.reuse {
