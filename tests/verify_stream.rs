@@ -521,10 +521,13 @@ fn paired_shared_scores_are_proved() {
     use schedule_stream::Pairing;
     let mut proved = 0;
     for m in [3, 4, 5, 6, 8] {
-        for b in [4, 6, 8] {
+        for b in [4, 5, 6, 7, 8] {
+            // The halves of a block: the second is the larger when `b` is odd.
+            let (f, g) = (b / 2, b - b / 2);
             for d in [1, 2, 3, 4] {
-                for (h, pad) in [(1, 0), (2, 0), (1, 1), (1, b / 2 - 2)] {
-                    if h == 2 && (b > 4 || m > 4) || pad > 0 && (d > 3 || pad == 1 && b == 4) {
+                for (h, pad) in [(1, 0), (2, 0), (1, 1), (1, g - 2)] {
+                    // The last block keeps two tokens of its second half.
+                    if h == 2 && (b > 4 || m > 4) || pad > 0 && (d > 3 || pad > g - 2) {
                         continue;
                     }
                     // `pad` tokens short of dealing evenly: the last PE's block is padded.
@@ -537,7 +540,8 @@ fn paired_shared_scores_are_proved() {
                             .unwrap();
                     let distinct = u64::from(n) * u64::from(n + 1) / 2 * u64::from(d * h);
                     let twice = |k: u32| k * k.saturating_sub(1) / 2;
-                    let own = u64::from(((2 * m - 1) * twice(b / 2) + twice(b / 2 - pad)) * d * h);
+                    let own =
+                        u64::from((m * twice(f) + (m - 1) * twice(g) + twice(g - pad)) * d * h);
                     assert_eq!(st.ops.phase1_mac, distinct + own, "n={n} m={m} d={d}");
                     let cycles: Vec<u64> = st.programs.iter().map(|q| q.cycles()).collect();
                     assert!(

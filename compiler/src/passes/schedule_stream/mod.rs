@@ -751,7 +751,7 @@ pub fn run_pairing(
     let Some(map) = map else {
         return match pairing {
             Pairing::On => Err(format!(
-                "{NAME}: paired scores apply to safe shared layers without a mask, dealt evenly in blocks of an even number of at least 4 tokens on 3 PEs or more, within the memory allowance"
+                "{NAME}: paired scores apply to safe shared layers without a mask, in blocks of at least 4 tokens (a padded last block keeps half its tokens and two more) on 3 PEs or more, within the memory budget"
             )),
             _ => Ok(plain),
         };

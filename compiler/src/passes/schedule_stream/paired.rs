@@ -10,7 +10,8 @@
 //! the own rows against the whole visiting block; steps `s > m/2` the whole own block against
 //! the visiting block's second half, so that the two meetings of a pair cover its block exactly
 //! once. In step `m/2` of an even ring the two meetings are in the same step: PEs below `m/2` take
-//! the first kind, the others the second, at the same cycle count. Step 0 pairs the own block
+//! the first kind, the others the second (with `B` odd the second half is the larger, and the
+//! shorter kind waits before forwarding). Step 0 pairs the own block
 //! with itself the same way in quarters: the two diagonal quarters in full for the stationary
 //! state (their products twice, declared like the unexploited layers'), the off-diagonal one once,
 //! its transpose starting the travelling state of the second half. After the last step the
@@ -73,7 +74,7 @@ impl PMap {
         };
         let mtr = ltr.checked_add(rows)?;
         let sc = mtr.checked_add(rows)?;
-        let ev = sc.checked_add(rows.checked_mul(rows)? / 2)?;
+        let ev = sc.checked_add(rows.checked_mul(rows.div_ceil(2))?)?;
         let mnew = ev.checked_add(rows)?;
         let l = mnew.checked_add(rows)?;
         let mx = l.checked_add(rows)?;
@@ -102,15 +103,14 @@ impl PMap {
     }
 }
 
-/// Whether the paired schedule applies: safe softmax, q = k = v, no mask, blocks of an even
-/// number of at least 4 tokens on 3 PEs or more; when the tokens do not deal evenly, the last
+/// Whether the paired schedule applies: safe softmax, q = k = v, no mask, blocks of at least 4
+/// tokens on 3 PEs or more; when the tokens do not deal evenly, the last
 /// PE's block keeps its first half and two more (so that every range of keys a first maximum
 /// takes has two tokens).
 pub(super) fn applies(n: u32, m: u32) -> bool {
     let b = n.div_ceil(m);
     m >= 3
         && b >= 4
-        && b.is_multiple_of(2)
         && n.checked_sub((m - 1) * b)
             .is_some_and(|last| last >= b / 2 + 2)
 }
@@ -120,10 +120,11 @@ pub(super) fn applies(n: u32, m: u32) -> bool {
 pub(super) fn products_per_head(n: u32, d: u32, m: u32) -> u64 {
     let b = n.div_ceil(m);
     let half = u64::from(b / 2);
+    let g_rows = u64::from(b) - half;
     let last_g = u64::from(n - (m - 1) * b) - half;
     let twice = |k: u64| k * k.saturating_sub(1) / 2;
     let n = u64::from(n);
-    let extra = u64::from(m) * twice(half) + u64::from(m - 1) * twice(half) + twice(last_g);
+    let extra = u64::from(m) * twice(half) + u64::from(m - 1) * twice(g_rows) + twice(last_g);
     u64::from(d) * (n * (n + 1) / 2 + extra)
 }
 
@@ -135,7 +136,7 @@ struct Group {
     new: Ad,
 }
 
-/// One ring step (`s ≥ 1`).
+/// The paired work of one ring step (of step 0, its off-diagonal quarter).
 struct StepSpec {
     /// Own rows `r0 .. r0 + rr` against the visiting keys `k0 .. k0 + kk` (also the visiting
     /// rows whose travelling state this step updates, against own keys `r0 .. r0 + rr`).
@@ -186,17 +187,6 @@ impl Gen<'_> {
     fn xown(&self, a: u32) -> Ad {
         self.own(self.map.x)
             .plus(i64::from(a) * i64::from(self.map.d))
-    }
-
-    /// Source of the travelling maximum for piece `piece` of `kk` rows from `trav_from` on: the
-    /// new maximum for the rows the step updated (`k0` on), the arrived one for the others.
-    fn m_src(&self, st: &StepSpec, piece: u32) -> i64 {
-        let at = st.trav_from + piece * st.kk;
-        if at >= st.k0 {
-            i64::from(self.map.mnew + at)
-        } else {
-            i64::from(self.map.mtr + at)
-        }
     }
 
     fn step(&self, st: &StepSpec, lr: u8) -> Vec<Node> {
@@ -343,8 +333,21 @@ impl Gen<'_> {
         }
 
         // Own rows against the visiting keys, group by group (groups differ in max slots).
-        let pieces = (m.rows - st.trav_from) / st.kk;
         let tf = st.trav_from;
+        let pieces = (m.rows - tf).div_ceil(st.kk);
+        // The travelling maxima go in runs that take one source each: the rows this step did
+        // not update keep the one that arrived, the others send their new one.
+        let mut m_runs: Vec<(u32, u32, u32)> = Vec::new();
+        let cut = st.k0.clamp(tf, m.rows);
+        for (from, to, src) in [(tf, cut, m.mtr), (cut, m.rows, m.mnew)] {
+            let mut at = from;
+            while at < to {
+                let len = (to - at).min(st.kk);
+                m_runs.push((at, len, src));
+                at += len;
+            }
+        }
+        debug_assert!(m_runs.len() as u32 <= pieces, "too few carrying rows");
         #[derive(Clone, Copy, PartialEq)]
         enum Role {
             Plain,
@@ -397,33 +400,53 @@ impl Gen<'_> {
                 Role::Carry(p) => (p, st.vis_live.saturating_sub(tf + p * st.kk).min(st.kk)),
                 _ => (0, 0),
             };
-            let carry = |src: Ad, dst: Ad, level: Option<u8>, less: u32| -> Option<Send> {
-                let keep = cl.checked_sub(less).filter(|&k| k > 0)?;
-                let mut preds = Vec::new();
-                if let Some(level) = level {
-                    if keep < st.kk - less {
-                        preds.push(Pred {
-                            slot: Slot::Xfer,
-                            level,
-                            cmp: Cmp::Lt,
-                            value: keep,
-                        });
-                    }
+            // The maxima of run `piece`, if there is one: start, words holding a token, source.
+            let (m_at, m_keep, m_src) = match (role, m_runs.get(piece as usize)) {
+                (Role::Carry(_), Some(&(at, len, src))) => {
+                    (at, st.vis_live.saturating_sub(at).min(len), src)
                 }
-                Some(Send { src, dst, preds })
+                _ => (0, 0, m.mtr),
+            };
+            let carry_n =
+                |src: Ad, dst: Ad, level: Option<u8>, less: u32, cl: u32| -> Option<Send> {
+                    let keep = cl.checked_sub(less).filter(|&k| k > 0)?;
+                    let mut preds = Vec::new();
+                    if let Some(level) = level {
+                        if keep < st.kk - less {
+                            preds.push(Pred {
+                                slot: Slot::Xfer,
+                                level,
+                                cmp: Cmp::Lt,
+                                value: keep,
+                            });
+                        }
+                    }
+                    Some(Send { src, dst, preds })
+                };
+            let carry = |src: Ad, dst: Ad, level: Option<u8>, less: u32| -> Option<Send> {
+                carry_n(src, dst, level, less, cl)
             };
             let at = i64::from(tf + piece * st.kk);
-            let msrc = ad(self.m_src(st, piece) as u32);
-            let mdst = ad(m.mtr).plus(at);
+            let msrc = ad(m_src + m_at);
+            let mdst = ad(m.mtr + m_at);
             let mut o = vec![B::new()
                 .max(mo.clone(), scr.clone(), mn.clone())
-                .send(carry(msrc.clone(), mdst.clone(), None, 0).as_ref())
+                .send(carry_n(msrc.clone(), mdst.clone(), None, 0, m_keep).as_ref())
                 .build()];
             let mut more = lp(
                 st.kk - 1,
                 vec![B::new()
                     .max(mn.clone(), scr.clone().plus(1).t(lb, 1), mn.clone())
-                    .send(carry(msrc.plus(1).t(lb, 1), mdst.plus(1).t(lb, 1), Some(lb), 1).as_ref())
+                    .send(
+                        carry_n(
+                            msrc.plus(1).t(lb, 1),
+                            mdst.plus(1).t(lb, 1),
+                            Some(lb),
+                            1,
+                            m_keep,
+                        )
+                        .as_ref(),
+                    )
                     .build()],
             );
             mask_ops(&mut more, lb, st.kk - 1, kl.saturating_sub(1));
@@ -631,7 +654,9 @@ pub(super) fn program(
         .filter(|&(_, c)| c > 0)
         .collect()
     };
+    // The first half of the own rows (`F`) and the second (`G`, one more when `B` is odd).
     let half = b / 2;
+    let g_rows = b - half;
     let even = m.is_multiple_of(2);
     // Steps 1 ..= low take the first half of the own rows against the whole visiting block,
     // high .. m − 1 the whole own block against the visiting block's second half.
@@ -678,7 +703,7 @@ pub(super) fn program(
             },
             Group {
                 r0: half,
-                rows: half,
+                rows: g_rows,
                 old: alternating(g_touch(s0) + 1, count),
                 new: alternating(g_touch(s0), count),
             },
@@ -702,7 +727,7 @@ pub(super) fn program(
         r0: 0,
         rr: b,
         k0: half,
-        kk: half,
+        kk: g_rows,
         first_below: 0,
         xq: None,
         trav_from: 0,
@@ -736,19 +761,19 @@ pub(super) fn program(
             head: 0,
             live,
         };
-        for r0 in [0, half] {
+        for (r0, rows) in [(0, half), (half, g_rows)] {
             head.extend(ctx.block(&Work {
                 r0,
-                rows: half,
+                rows,
                 k0: r0,
-                keys: half,
+                keys: rows,
                 kb: g.own(map.x),
                 first: true,
                 send: None,
                 slots: Some((ad(map.mx), ad(map.mx))),
                 tri: false,
                 forward_to: Some(g.rot.clone()),
-                key_limit: (live < r0 + half).then(|| live - r0),
+                key_limit: (live < r0 + rows).then(|| live - r0),
             }));
         }
         head.extend(g.step(
@@ -756,7 +781,7 @@ pub(super) fn program(
                 r0: 0,
                 rr: half,
                 k0: half,
-                kk: half,
+                kk: g_rows,
                 first_below: b,
                 xq: Some(g.own(map.x)),
                 trav_from: half,
@@ -809,6 +834,30 @@ pub(super) fn program(
                 }
             };
             let mut body = g.step(&spec, 2);
+            // With `B` odd the two kinds differ in length: the shorter waits, so that the
+            // tails, whose sends replace words in place, run in the same cycles on both.
+            let long = [low_spec(s, 1, 0), high_spec(s, 1, false)]
+                .iter()
+                .map(|sp| {
+                    isa::LoopProgram {
+                        pe,
+                        pes: m,
+                        mem_words: map.words,
+                        body: g.step(sp, 2),
+                    }
+                    .cycles()
+                })
+                .max()
+                .unwrap_or(0);
+            let own = isa::LoopProgram {
+                pe,
+                pes: m,
+                mem_words: map.words,
+                body: body.clone(),
+            }
+            .cycles();
+            let wait = u32::try_from(long - own).expect("a step's length fits in 32 bits");
+            body.extend(lp(wait, vec![B::new().build()]));
             body.extend(g.tail(half, spec.k0, spec.vis_live, 2));
             head.extend(lp(1, body));
         }
@@ -821,7 +870,7 @@ pub(super) fn program(
         }
         let last_g = g_touch(m - 1);
         head.extend(g.merge(0, half, map.mx + (m % 2) * b));
-        head.extend(g.merge(half, half, map.mx + (last_g % 2) * b));
+        head.extend(g.merge(half, g_rows, map.mx + (last_g % 2) * b));
         head
     };
     let hd = b * map.d;
