@@ -565,13 +565,17 @@ fn paired_shared_scores_are_proved() {
     use schedule_stream::Pairing;
     let mut proved = 0;
     for m in [3, 4, 5, 6, 8] {
-        for b in [4, 6, 8] {
+        for b in [4, 5, 6, 7, 8] {
+            // The halves of a block: the second is the larger when `b` is odd.
+            let (f, g) = (b / 2, b - b / 2);
             for d in [1, 2, 3, 4] {
-                for h in [1, 2] {
-                    if h == 2 && (b > 4 || m > 4) {
+                for (h, pad) in [(1, 0), (2, 0), (1, 1), (1, g - 2)] {
+                    // The last block keeps two tokens of its second half.
+                    if h == 2 && (b > 4 || m > 4) || pad > 0 && (d > 3 || pad > g - 2) {
                         continue;
                     }
-                    let n = b * m;
+                    // `pad` tokens short of dealing evenly: the last PE's block is padded.
+                    let n = b * m - pad;
                     let p = problem(n, d, h, true, false, true);
                     let st = schedule_stream::run_pairing(&p, m, true, Lag::Fit(None), Pairing::On)
                         .unwrap_or_else(|e| panic!("n={n} m={m}: {e}"));
@@ -579,7 +583,9 @@ fn paired_shared_scores_are_proved() {
                         schedule_stream::run_pairing(&p, m, true, Lag::Fit(None), Pairing::Off)
                             .unwrap();
                     let distinct = u64::from(n) * u64::from(n + 1) / 2 * u64::from(d * h);
-                    let own = u64::from(m * b * (b - 1) / 2 * d * h);
+                    let twice = |k: u32| k * k.saturating_sub(1) / 2;
+                    let own =
+                        u64::from((m * twice(f) + (m - 1) * twice(g) + twice(g - pad)) * d * h);
                     assert_eq!(st.ops.phase1_mac, distinct + own, "n={n} m={m} d={d}");
                     let cycles: Vec<u64> = st.programs.iter().map(|q| q.cycles()).collect();
                     assert!(
@@ -608,5 +614,46 @@ fn paired_shared_scores_are_proved() {
             }
         }
     }
-    assert!(proved >= 60, "only {proved} paired layers");
+    eprintln!("{proved} paired layers proved");
+    assert!(proved >= 100, "only {proved} paired layers");
+}
+
+/// Paired shared layers of three heads or more under a memory limit that only the reuse of
+/// idle heads' regions meets (the visiting block and the travelling rows live there), proved.
+#[test]
+fn paired_scores_in_idle_heads_regions_are_proved() {
+    use schedule_stream::Pairing;
+    let mut proved = 0;
+    for (m, b, d, h) in [
+        (3, 4, 2, 3),
+        (4, 6, 3, 3),
+        (5, 4, 1, 4),
+        (4, 8, 2, 4),
+        (6, 4, 3, 3),
+    ] {
+        let n = b * m;
+        let p = problem(n, d, h, true, false, true);
+        let own = schedule_stream::run_pairing(&p, m, true, Lag::Fit(None), Pairing::On).unwrap();
+        let words = own.programs[0].mem_words;
+        let limit = words - 2 * b * d;
+        let st = schedule_stream::run_pairing(&p, m, true, Lag::Fit(Some(limit)), Pairing::On)
+            .unwrap_or_else(|e| panic!("n={n} m={m}: {e}"));
+        assert!(st.programs.iter().all(|q| q.mem_words == limit));
+        assert_eq!(st.cycles, own.cycles, "n={n} m={m} d={d} h={h}");
+        let flat: Vec<Program> = st
+            .programs
+            .iter()
+            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+            .collect();
+        let man = stream_manifest(&p, m, &st);
+        let r = verify(&flat, &man);
+        assert_eq!(r.counts, BTreeMap::new(), "n={n} d={d} h={h} m={m}:\n{r}");
+        // One word less is refused.
+        assert!(
+            schedule_stream::run_pairing(&p, m, true, Lag::Fit(Some(limit - 1)), Pairing::On)
+                .is_err()
+        );
+        proved += 1;
+    }
+    assert_eq!(proved, 5);
 }

@@ -252,6 +252,8 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
     // Shared scores paired across the two meetings of their blocks, on an even and an odd ring.
     cases.push(((32, 3, 1, true, false, 4), true, None));
     cases.push(((40, 4, 2, true, false, 5), true, None));
+    cases.push(((38, 2, 1, true, false, 4), true, None));
+    cases.push(((28, 4, 1, true, false, 4), true, None));
     for ((n, d, h, shared, causal, m), safe, limit) in cases {
         let what = format!("n={n} d={d} h={h} shared={shared} causal={causal} m={m} safe={safe}");
         let mut src = layer_src(n, d, h, shared, causal);

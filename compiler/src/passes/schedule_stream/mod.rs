@@ -737,25 +737,30 @@ pub fn run_pairing(
 ) -> Result<Stream, String> {
     let plain = run_separately(p, pes, safe, lag)?;
     let applies = p.symmetric && !p.causal && safe && paired::applies(p.tokens, pes);
+    let rows = p.tokens.div_ceil(pes);
+    let last_live = p.tokens - (pes - 1) * rows;
     let budget = match lag {
         Lag::Fit(Some(limit)) => u64::from(limit),
         _ => allowance(p, pes),
     };
     let map = if applies && pairing != Pairing::Off {
-        paired::PMap::new(p.tokens / pes, p.dim, p.heads).filter(|m| u64::from(m.words) <= budget)
+        // Own buffers where they fit, else the regions of heads not running.
+        [false, true].into_iter().find_map(|reuse| {
+            paired::PMap::new(rows, p.dim, p.heads, reuse).filter(|m| u64::from(m.words) <= budget)
+        })
     } else {
         None
     };
     let Some(map) = map else {
         return match pairing {
             Pairing::On => Err(format!(
-                "{NAME}: paired scores apply to safe shared layers without a mask, dealt evenly in blocks of an even number of at least 4 tokens on 3 PEs or more, within the memory allowance"
+                "{NAME}: paired scores apply to safe shared layers without a mask, in blocks of at least 4 tokens (a padded last block keeps half its tokens and two more) on 3 PEs or more, within the memory budget"
             )),
             _ => Ok(plain),
         };
     };
     let programs: Vec<LoopProgram> = (0..pes)
-        .map(|pe| paired::program(&map, pe, pes, p.heads, p.scale as f32))
+        .map(|pe| paired::program(&map, pe, pes, p.heads, p.scale as f32, last_live))
         .collect();
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     if pairing == Pairing::Auto && cycles >= plain.cycles {

@@ -10,20 +10,25 @@
 //! the own rows against the whole visiting block; steps `s > m/2` the whole own block against
 //! the visiting block's second half, so that the two meetings of a pair cover its block exactly
 //! once. In step `m/2` of an even ring the two meetings are in the same step: PEs below `m/2` take
-//! the first kind, the others the second, at the same cycle count. Step 0 is the own block in
-//! full (its products twice, declared like the unexploited layers'). After the last step the
+//! the first kind, the others the second (with `B` odd the second half is the larger, and the
+//! shorter kind waits before forwarding). Step 0 pairs the own block
+//! with itself the same way in quarters: the two diagonal quarters in full for the stationary
+//! state (their products twice, declared like the unexploited layers'), the off-diagonal one once,
+//! its transpose starting the travelling state of the second half. After the last step the
 //! travelling state is back on its block's PE and is merged into the stationary one (one more
 //! maximum, two rescale factors), then divided once.
 
 use isa::{Cmp, Node, Pred, Slot};
 
-use super::{ad, lp, Ad, Ctx, Map, Send, Work, B};
+use super::{ad, lp, mask_keys, mask_rows, Ad, Ctx, Map, Send, Work, B};
 
 /// Memory map of one PE (the same on every PE).
 pub(super) struct PMap {
     pub d: u32,
     /// Tokens per PE (`B`).
     pub rows: u32,
+    heads: u32,
+    reuse: bool,
     pub x: u32,
     pub y: u32,
     /// The visiting x block, rotated in place.
@@ -48,22 +53,37 @@ pub(super) struct PMap {
 }
 
 impl PMap {
-    pub fn new(rows: u32, d: u32, heads: u32) -> Option<PMap> {
+    /// `reuse`: the visiting block and the travelling `y` rows of a head live in per-head
+    /// regions nothing needs while that head runs (the x rows of the two heads before it, or
+    /// the outputs of the last two heads, written only when those run); three heads or more.
+    pub fn new(rows: u32, d: u32, heads: u32, reuse: bool) -> Option<PMap> {
+        if reuse && heads < 3 {
+            return None;
+        }
         let hd = rows.checked_mul(d)?;
         let y = heads.checked_mul(hd)?;
-        let rot = y.checked_add(y)?;
-        let ytr = rot.checked_add(hd)?;
-        let ltr = ytr.checked_add(hd)?;
-        let mtr = ltr + rows;
-        let sc = mtr + rows;
-        let ev = sc.checked_add(rows.checked_mul(rows)? / 2)?;
-        let mnew = ev + rows;
-        let l = mnew + rows;
-        let mx = l + rows;
+        let end = y.checked_add(y)?;
+        let (rot, ytr, ltr) = if reuse {
+            (0, 0, end)
+        } else {
+            (
+                end,
+                end.checked_add(hd)?,
+                end.checked_add(hd)?.checked_add(hd)?,
+            )
+        };
+        let mtr = ltr.checked_add(rows)?;
+        let sc = mtr.checked_add(rows)?;
+        let ev = sc.checked_add(rows.checked_mul(rows.div_ceil(2))?)?;
+        let mnew = ev.checked_add(rows)?;
+        let l = mnew.checked_add(rows)?;
+        let mx = l.checked_add(rows)?;
         let f = mx.checked_add(2 * rows)?;
         Some(PMap {
             d,
             rows,
+            heads,
+            reuse,
             x: 0,
             y,
             rot,
@@ -83,17 +103,29 @@ impl PMap {
     }
 }
 
-/// Whether the paired schedule applies: safe softmax, q = k = v, no mask, tokens dealt evenly
-/// in blocks of an even number of at least 4, on 3 PEs or more.
+/// Whether the paired schedule applies: safe softmax, q = k = v, no mask, blocks of at least 4
+/// tokens on 3 PEs or more; when the tokens do not deal evenly, the last
+/// PE's block keeps its first half and two more (so that every range of keys a first maximum
+/// takes has two tokens).
 pub(super) fn applies(n: u32, m: u32) -> bool {
-    m >= 3 && n.is_multiple_of(m) && (n / m) >= 4 && (n / m).is_multiple_of(2)
+    let b = n.div_ceil(m);
+    m >= 3
+        && b >= 4
+        && n.checked_sub((m - 1) * b)
+            .is_some_and(|last| last >= b / 2 + 2)
 }
 
-/// Phase-1 products executed per head: the own block in full, every other pair of blocks once.
+/// Phase-1 products executed per head: each distinct one once, and those of the own block's two
+/// diagonal quarters (done in full) a second time.
 pub(super) fn products_per_head(n: u32, d: u32, m: u32) -> u64 {
-    let b = u64::from(n / m);
-    let m = u64::from(m);
-    u64::from(d) * b * b * m * (m + 1) / 2
+    let b = n.div_ceil(m);
+    let half = u64::from(b / 2);
+    let g_rows = u64::from(b) - half;
+    let last_g = u64::from(n - (m - 1) * b) - half;
+    let twice = |k: u64| k * k.saturating_sub(1) / 2;
+    let n = u64::from(n);
+    let extra = u64::from(m) * twice(half) + u64::from(m - 1) * twice(g_rows) + twice(last_g);
+    u64::from(d) * (n * (n + 1) / 2 + extra)
 }
 
 /// Own rows of one row loop and the max slots (old, new; bases of `B` words) they use.
@@ -104,7 +136,7 @@ struct Group {
     new: Ad,
 }
 
-/// One ring step (`s ≥ 1`).
+/// The paired work of one ring step (of step 0, its off-diagonal quarter).
 struct StepSpec {
     /// Own rows `r0 .. r0 + rr` against the visiting keys `k0 .. k0 + kk` (also the visiting
     /// rows whose travelling state this step updates, against own keys `r0 .. r0 + rr`).
@@ -112,8 +144,14 @@ struct StepSpec {
     rr: u32,
     k0: u32,
     kk: u32,
-    /// The travelling state's first update (its block's first step away from home).
-    vis_first: bool,
+    /// Visiting rows below this get their travelling state's first update.
+    first_below: u32,
+    /// The visiting keys' x rows: the rotating block, or in step 0 the own ones.
+    xq: Option<Ad>,
+    /// Travelling rows from this one on are forwarded (those before it hold nothing yet).
+    trav_from: u32,
+    /// Tokens of the visiting block (fewer than its rows for the last PE's padded one).
+    vis_live: u32,
     groups: Vec<Group>,
     /// Visiting keys the last own row forwards in place (keys at or past this), if any.
     x_fwd: Option<u32>,
@@ -124,6 +162,13 @@ struct StepSpec {
 struct Gen<'a> {
     map: &'a PMap,
     scale: f32,
+    /// The head of the head loop's first iteration (the loop is at level 0).
+    h0: u32,
+    /// Where the visiting block and the travelling `y` rows are in this head loop.
+    rot: Ad,
+    ytr: Ad,
+    /// Own rows holding tokens (fewer on the last PE when the tokens do not deal evenly).
+    live: u32,
 }
 
 impl Gen<'_> {
@@ -131,22 +176,17 @@ impl Gen<'_> {
         i64::from(self.map.rows) * i64::from(self.map.d)
     }
 
-    /// Own x row `a` (head term included).
-    fn xown(&self, a: u32) -> Ad {
-        ad(self.map.x)
+    /// A per-head region at `base`, in the current head.
+    fn own(&self, base: u32) -> Ad {
+        ad(base)
+            .plus(i64::from(self.h0) * self.hd())
             .t(0, self.hd())
-            .plus(i64::from(a) * i64::from(self.map.d))
     }
 
-    /// Source of the travelling maximum for pieces of `kk` rows: the new maximum for the rows a
-    /// step updated (`k0` on), the arrived one for the others; `piece` is the piece's index.
-    fn m_src(&self, st: &StepSpec, piece: u32) -> i64 {
-        let at = piece * st.kk;
-        if at >= st.k0 {
-            i64::from(self.map.mnew + at)
-        } else {
-            i64::from(self.map.mtr + at)
-        }
+    /// Own x row `a` (head term included).
+    fn xown(&self, a: u32) -> Ad {
+        self.own(self.map.x)
+            .plus(i64::from(a) * i64::from(self.map.d))
     }
 
     fn step(&self, st: &StepSpec, lr: u8) -> Vec<Node> {
@@ -154,7 +194,11 @@ impl Gen<'_> {
         let d = i64::from(m.d);
         let (lb, lc) = (lr + 1, lr + 2);
         let kk = i64::from(st.kk);
-        let xq = ad(m.rot).plus(i64::from(st.k0) * d);
+        let xq = st
+            .xq
+            .clone()
+            .unwrap_or_else(|| self.rot.clone())
+            .plus(i64::from(st.k0) * d);
         let mut body = Vec::new();
         // Scores of own rows against visiting keys, row-major `(a − r0)·kk + (b − k0)`.
         let scw = ad(m.sc).t(lr, kk).t(lb, 1);
@@ -171,26 +215,53 @@ impl Gen<'_> {
                 .add(Some(scw.clone()), scw)
                 .build()],
         ));
-        body.extend(lp(st.rr, lp(st.kk, cols)));
+        let mut scores = lp(st.rr, lp(st.kk, cols));
+        let kl = st.vis_live.saturating_sub(st.k0).min(st.kk);
+        if kl < st.kk {
+            mask_keys(&mut scores, lb, kl);
+        }
+        mask_rows(&mut scores, lr, st.r0, st.rr, self.live);
+        body.extend(scores);
+        // Own keys holding tokens; a loop over keys from key `from` keeps those.
+        let ol = self.live.saturating_sub(st.r0).min(st.rr);
+        let own_keys = |mut nodes: Vec<Node>, level: u8, from: u32| {
+            if ol < st.rr {
+                mask_keys(&mut nodes, level, ol.saturating_sub(from));
+            }
+            nodes
+        };
 
-        // Visiting rows `k0 + j` (loop at lr) against own keys `r0 + i`: the scores' column j.
-        {
-            let sc = |i: u32| ad(m.sc).plus(i64::from(i) * kk).t(lr, 1);
-            let mn = ad(m.mnew).plus(i64::from(st.k0)).t(lr, 1);
-            let mt = ad(m.mtr).plus(i64::from(st.k0)).t(lr, 1);
-            let lt = ad(m.ltr).plus(i64::from(st.k0)).t(lr, 1);
-            let yt = ad(m.ytr).plus(i64::from(st.k0) * d).t(lr, d);
+        // Visiting rows `k0 + j0 + j` (loop at lr) against own keys `r0 + i`: the scores'
+        // column `j0 + j`; rows in their first round and the others in loops of their own.
+        let split = st.first_below.clamp(st.k0, st.k0 + st.kk);
+        for (j0, rows, first) in [
+            (0, split - st.k0, true),
+            (split - st.k0, st.k0 + st.kk - split, false),
+        ] {
+            if rows == 0 {
+                continue;
+            }
+            let at = i64::from(st.k0 + j0);
+            let sc = |i: u32| ad(m.sc).plus(i64::from(i) * kk + i64::from(j0)).t(lr, 1);
+            let mn = ad(m.mnew).plus(at).t(lr, 1);
+            let mt = ad(m.mtr).plus(at).t(lr, 1);
+            let lt = ad(m.ltr).plus(at).t(lr, 1);
+            let yt = self.ytr.clone().plus(at * d).t(lr, d);
             let ev = |i: u32| ad(m.ev).plus(i64::from(i));
             let f = ad(m.f);
             let mut v = Vec::new();
             // i0: the first key a loop over keys starts at.
-            let i0 = if st.vis_first {
+            let i0 = if first {
                 v.push(B::new().max(sc(0), sc(1), mn.clone()).build());
-                v.extend(lp(
-                    st.rr - 2,
-                    vec![B::new()
-                        .max(mn.clone(), sc(2).t(lb, kk), mn.clone())
-                        .build()],
+                v.extend(own_keys(
+                    lp(
+                        st.rr - 2,
+                        vec![B::new()
+                            .max(mn.clone(), sc(2).t(lb, kk), mn.clone())
+                            .build()],
+                    ),
+                    lb,
+                    2,
                 ));
                 v.push(
                     B::new()
@@ -201,11 +272,15 @@ impl Gen<'_> {
                 1
             } else {
                 v.push(B::new().max(mt.clone(), sc(0), mn.clone()).build());
-                v.extend(lp(
-                    st.rr - 1,
-                    vec![B::new()
-                        .max(mn.clone(), sc(1).t(lb, kk), mn.clone())
-                        .build()],
+                v.extend(own_keys(
+                    lp(
+                        st.rr - 1,
+                        vec![B::new()
+                            .max(mn.clone(), sc(1).t(lb, kk), mn.clone())
+                            .build()],
+                    ),
+                    lb,
+                    1,
                 ));
                 v.push(B::new().expd(mt, mn.clone(), self.scale, f.clone()).build());
                 v.push(
@@ -217,12 +292,16 @@ impl Gen<'_> {
                 v.extend(lp(m.d, vec![B::new().mul(yc.clone(), f, Some(yc)).build()]));
                 0
             };
-            v.extend(lp(
-                st.rr - i0,
-                vec![B::new()
-                    .expd(sc(i0).t(lb, kk), mn.clone(), self.scale, ev(i0).t(lb, 1))
-                    .add(Some(lt.clone()), lt)
-                    .build()],
+            v.extend(own_keys(
+                lp(
+                    st.rr - i0,
+                    vec![B::new()
+                        .expd(sc(i0).t(lb, kk), mn.clone(), self.scale, ev(i0).t(lb, 1))
+                        .add(Some(lt.clone()), lt)
+                        .build()],
+                ),
+                lb,
+                i0,
             ));
             // y[b][c] += Σ_a e[a]·x[a][c]: columns outside (lb), own keys inside (lc).
             let yc = yt.t(lb, 1);
@@ -236,77 +315,142 @@ impl Gen<'_> {
                         .build(),
                 );
             }
-            pv.extend(lp(
-                st.rr - i0,
-                vec![B::new()
-                    .mul(ev(i0).t(lc, 1), xk(i0).t(lc, d), None)
-                    .add(Some(yc.clone()), yc)
-                    .build()],
+            pv.extend(own_keys(
+                lp(
+                    st.rr - i0,
+                    vec![B::new()
+                        .mul(ev(i0).t(lc, 1), xk(i0).t(lc, d), None)
+                        .add(Some(yc.clone()), yc)
+                        .build()],
+                ),
+                lc,
+                i0,
             ));
             v.extend(lp(m.d, pv));
-            body.extend(lp(st.kk, v));
+            let mut vis = lp(rows, v);
+            mask_rows(&mut vis, lr, st.k0 + j0, rows, st.vis_live);
+            body.extend(vis);
         }
 
         // Own rows against the visiting keys, group by group (groups differ in max slots).
-        let pieces = m.rows / st.kk;
-        // A bundle has one send: the row forwarding the keys is a loop of its own.
-        let mut groups: Vec<(&Group, u32, u32, bool)> = Vec::new();
-        let last_group = st.groups.len() - 1;
-        for (gi, g) in st.groups.iter().enumerate() {
-            if gi == last_group && st.x_fwd.is_some() {
-                if g.rows > 1 {
-                    groups.push((g, g.r0, g.rows - 1, false));
-                }
-                groups.push((g, g.r0 + g.rows - 1, 1, true));
-            } else {
-                groups.push((g, g.r0, g.rows, false));
+        let tf = st.trav_from;
+        let pieces = (m.rows - tf).div_ceil(st.kk);
+        // The travelling maxima go in runs that take one source each: the rows this step did
+        // not update keep the one that arrived, the others send their new one.
+        let mut m_runs: Vec<(u32, u32, u32)> = Vec::new();
+        let cut = st.k0.clamp(tf, m.rows);
+        for (from, to, src) in [(tf, cut, m.mtr), (cut, m.rows, m.mnew)] {
+            let mut at = from;
+            while at < to {
+                let len = (to - at).min(st.kk);
+                m_runs.push((at, len, src));
+                at += len;
             }
         }
-        for (gi, &(g, r0, rows, fwd_x)) in groups.iter().enumerate() {
+        debug_assert!(m_runs.len() as u32 <= pieces, "too few carrying rows");
+        #[derive(Clone, Copy, PartialEq)]
+        enum Role {
+            Plain,
+            /// Forwards piece `p` of the travelling state (one row).
+            Carry(u32),
+            /// Forwards the visiting keys (one row).
+            Keys,
+        }
+        // A bundle has one send: each row that forwards something is a loop of its own.
+        let mut loops: Vec<(&Group, u32, u32, Role)> = Vec::new();
+        let last_group = st.groups.len() - 1;
+        for (gi, g) in st.groups.iter().enumerate() {
+            let mut r0 = g.r0;
+            let mut end = g.r0 + g.rows;
+            if gi == 0 && st.trav_inline {
+                for p in 0..pieces {
+                    loops.push((g, r0, 1, Role::Carry(p)));
+                    r0 += 1;
+                }
+            }
+            let keys = gi == last_group && st.x_fwd.is_some();
+            if keys {
+                end -= 1;
+            }
+            debug_assert!(r0 <= end, "too few own rows for the sends");
+            if end > r0 {
+                loops.push((g, r0, end - r0, Role::Plain));
+            }
+            if keys {
+                loops.push((g, end, 1, Role::Keys));
+            }
+        }
+        for &(g, r0, rows, role) in &loops {
             let g = Group {
                 r0,
                 rows,
                 old: g.old.clone(),
                 new: g.new.clone(),
             };
-            let carries = gi == 0 && st.trav_inline;
-            debug_assert!(!carries || (!fwd_x && rows >= pieces));
             let rel = i64::from(g.r0 - st.r0) * kk;
             let scr = ad(m.sc).plus(rel).t(lr, kk);
             let mo = g.old.clone().plus(i64::from(g.r0)).t(lr, 1);
             let mn = g.new.clone().plus(i64::from(g.r0)).t(lr, 1);
             let l = ad(m.l).plus(i64::from(g.r0)).t(lr, 1);
-            let yo = ad(m.y).t(0, self.hd()).plus(i64::from(g.r0) * d).t(lr, d);
+            let yo = self.own(m.y).plus(i64::from(g.r0) * d).t(lr, d);
             let f = ad(m.f);
-            let piece_pred = (g.rows > pieces).then_some(Pred {
-                slot: Slot::Xfer,
-                level: lr,
-                cmp: Cmp::Lt,
-                value: pieces,
-            });
-            let carry = |src: Ad, dst: Ad| {
-                carries.then(|| Send {
-                    src,
-                    dst,
-                    preds: piece_pred.into_iter().collect(),
-                })
+            // A carrying row forwards the travelling rows `tf + p·kk + b` of its piece that
+            // hold a token, `b` being the key the bundle works on.
+            let (piece, cl) = match role {
+                Role::Carry(p) => (p, st.vis_live.saturating_sub(tf + p * st.kk).min(st.kk)),
+                _ => (0, 0),
             };
-            // The travelling maximum, piece `i_lr` of `kk` words.
-            let m0 = self.m_src(st, 0);
-            let m1 = if pieces > 1 { self.m_src(st, 1) } else { m0 };
-            let msrc = ad(m0 as u32).t(lr, m1 - m0);
-            let mdst = ad(m.mtr).t(lr, kk);
+            // The maxima of run `piece`, if there is one: start, words holding a token, source.
+            let (m_at, m_keep, m_src) = match (role, m_runs.get(piece as usize)) {
+                (Role::Carry(_), Some(&(at, len, src))) => {
+                    (at, st.vis_live.saturating_sub(at).min(len), src)
+                }
+                _ => (0, 0, m.mtr),
+            };
+            let carry_n =
+                |src: Ad, dst: Ad, level: Option<u8>, less: u32, cl: u32| -> Option<Send> {
+                    let keep = cl.checked_sub(less).filter(|&k| k > 0)?;
+                    let mut preds = Vec::new();
+                    if let Some(level) = level {
+                        if keep < st.kk - less {
+                            preds.push(Pred {
+                                slot: Slot::Xfer,
+                                level,
+                                cmp: Cmp::Lt,
+                                value: keep,
+                            });
+                        }
+                    }
+                    Some(Send { src, dst, preds })
+                };
+            let carry = |src: Ad, dst: Ad, level: Option<u8>, less: u32| -> Option<Send> {
+                carry_n(src, dst, level, less, cl)
+            };
+            let at = i64::from(tf + piece * st.kk);
+            let msrc = ad(m_src + m_at);
+            let mdst = ad(m.mtr + m_at);
             let mut o = vec![B::new()
                 .max(mo.clone(), scr.clone(), mn.clone())
-                .send(carry(msrc.clone(), mdst.clone()).as_ref())
+                .send(carry_n(msrc.clone(), mdst.clone(), None, 0, m_keep).as_ref())
                 .build()];
-            o.extend(lp(
+            let mut more = lp(
                 st.kk - 1,
                 vec![B::new()
                     .max(mn.clone(), scr.clone().plus(1).t(lb, 1), mn.clone())
-                    .send(carry(msrc.plus(1).t(lb, 1), mdst.plus(1).t(lb, 1)).as_ref())
+                    .send(
+                        carry_n(
+                            msrc.plus(1).t(lb, 1),
+                            mdst.plus(1).t(lb, 1),
+                            Some(lb),
+                            1,
+                            m_keep,
+                        )
+                        .as_ref(),
+                    )
                     .build()],
-            ));
+            );
+            mask_ops(&mut more, lb, st.kk - 1, kl.saturating_sub(1));
+            o.extend(more);
             o.push(B::new().expd(mo, mn.clone(), self.scale, f.clone()).build());
             o.push(B::new().mul(l.clone(), f.clone(), Some(l.clone())).build());
             let yc = yo.clone().t(lb, 1);
@@ -314,8 +458,8 @@ impl Gen<'_> {
                 m.d,
                 vec![B::new().mul(yc.clone(), f, Some(yc.clone())).build()],
             ));
-            let lw = ad(m.ltr).t(lr, kk).t(lb, 1);
-            o.extend(lp(
+            let lw = ad(m.ltr).plus(at).t(lb, 1);
+            let mut ex = lp(
                 st.kk,
                 vec![B::new()
                     .expd(
@@ -325,31 +469,43 @@ impl Gen<'_> {
                         scr.clone().t(lb, 1),
                     )
                     .add(Some(l.clone()), l)
-                    .send(carry(lw.clone(), lw).as_ref())
+                    .send(carry(lw.clone(), lw, Some(lb), 0).as_ref())
                     .build()],
-            ));
+            );
+            mask_ops(&mut ex, lb, st.kk, kl);
+            o.extend(ex);
             let xv = xq.clone().t(lc, d).t(lb, 1);
-            let yw = ad(m.ytr).t(lr, kk * d).t(lb, kk).t(lc, 1);
-            let send = if fwd_x {
-                let mut preds = Vec::new();
-                let from = st.x_fwd.unwrap_or(0);
-                if from > st.k0 {
-                    preds.push(Pred {
-                        slot: Slot::Xfer,
-                        level: lc,
-                        cmp: Cmp::Ge,
-                        value: from - st.k0,
-                    });
+            let yw = self.ytr.clone().plus(at * d).t(lc, d).t(lb, 1);
+            let send = match role {
+                Role::Keys => {
+                    let mut preds = Vec::new();
+                    let from = st.x_fwd.unwrap_or(0);
+                    if from > st.k0 {
+                        preds.push(Pred {
+                            slot: Slot::Xfer,
+                            level: lc,
+                            cmp: Cmp::Ge,
+                            value: from - st.k0,
+                        });
+                    }
+                    if kl < st.kk {
+                        preds.push(Pred {
+                            slot: Slot::Xfer,
+                            level: lc,
+                            cmp: Cmp::Lt,
+                            value: kl,
+                        });
+                    }
+                    Some(Send {
+                        src: xv.clone(),
+                        dst: xv.clone(),
+                        preds,
+                    })
                 }
-                Some(Send {
-                    src: xv.clone(),
-                    dst: xv.clone(),
-                    preds,
-                })
-            } else {
-                carry(yw.clone(), yw)
+                Role::Carry(_) => carry(yw.clone(), yw, Some(lc), 0),
+                Role::Plain => None,
             };
-            o.extend(lp(
+            let mut pv = lp(
                 m.d,
                 lp(
                     st.kk,
@@ -359,36 +515,65 @@ impl Gen<'_> {
                         .send(send.as_ref())
                         .build()],
                 ),
-            ));
-            body.extend(lp(g.rows, o));
+            );
+            mask_ops(&mut pv, lc, st.kk, kl);
+            o.extend(pv);
+            let mut nodes = lp(g.rows, o);
+            mask_rows(&mut nodes, lr, g.r0, g.rows, self.live);
+            body.extend(nodes);
         }
         body
     }
 
     /// Sends only, at level `lr`: the visiting keys from `x_from` on, then the travelling
     /// state, the maximum taken from the new maxima for rows at or past `m_from`.
-    fn tail(&self, x_from: u32, m_from: u32, lr: u8) -> Vec<Node> {
+    /// A padded visiting block (`vis_live` tokens) keeps its missing words where they are.
+    fn tail(&self, x_from: u32, m_from: u32, vis_live: u32, lr: u8) -> Vec<Node> {
         let m = self.map;
-        let words = |src: Ad, dst: Ad, count: u32| {
-            lp(
-                count,
-                vec![B::new()
-                    .send(Some(&Send {
-                        src: src.t(lr, 1),
-                        dst: dst.t(lr, 1),
-                        preds: Vec::new(),
-                    }))
-                    .build()],
-            )
+        // `count` cycles sending the first `keep` of `count` words.
+        let words = |src: Ad, dst: Ad, count: u32, keep: u32| {
+            let keep = keep.min(count);
+            let send = (keep > 0).then(|| Send {
+                src: src.t(lr, 1),
+                dst: dst.t(lr, 1),
+                preds: (keep < count)
+                    .then_some(Pred {
+                        slot: Slot::Xfer,
+                        level: lr,
+                        cmp: Cmp::Lt,
+                        value: keep,
+                    })
+                    .into_iter()
+                    .collect(),
+            });
+            lp(count, vec![B::new().send(send.as_ref()).build()])
         };
         let x0 = x_from * m.d;
-        let mut v = words(ad(m.rot + x0), ad(m.rot + x0), m.rows * m.d - x0);
-        v.extend(words(ad(m.ytr), ad(m.ytr), m.rows * m.d + m.rows));
+        let x = self.rot.clone().plus(i64::from(x0));
+        let live_words = vis_live * m.d;
+        let mut v = words(
+            x.clone(),
+            x,
+            m.rows * m.d - x0,
+            live_words.saturating_sub(x0),
+        );
+        v.extend(words(
+            self.ytr.clone(),
+            self.ytr.clone(),
+            m.rows * m.d,
+            live_words,
+        ));
+        v.extend(words(ad(m.ltr), ad(m.ltr), m.rows, vis_live));
         // Two halves, so that both kinds of PE take the same cycles.
         let half = m.rows / 2;
         for (at, count) in [(0, half), (half, m.rows - half)] {
             let src = if at >= m_from { m.mnew } else { m.mtr };
-            v.extend(words(ad(src + at), ad(m.mtr + at), count));
+            v.extend(words(
+                ad(src + at),
+                ad(m.mtr + at),
+                count,
+                vis_live.saturating_sub(at),
+            ));
         }
         v
     }
@@ -402,12 +587,8 @@ impl Gen<'_> {
         let r = |base: u32| ad(base).plus(i64::from(r0)).t(lr, 1);
         let (ms, mt, l, lt) = (r(slot), r(m.mtr), r(m.l), r(m.ltr));
         let (f, f2, mf) = (ad(m.f), ad(m.f2), ad(m.mf));
-        let y = ad(m.y)
-            .t(0, self.hd())
-            .plus(i64::from(r0) * d)
-            .t(lr, d)
-            .t(lc, 1);
-        let yt = ad(m.ytr).plus(i64::from(r0) * d).t(lr, d).t(lc, 1);
+        let y = self.own(m.y).plus(i64::from(r0) * d).t(lr, d).t(lc, 1);
+        let yt = self.ytr.clone().plus(i64::from(r0) * d).t(lr, d).t(lc, 1);
         let mut v = vec![
             B::new().max(ms.clone(), mt.clone(), mf.clone()).build(),
             B::new().expd(ms, mf.clone(), self.scale, f.clone()).build(),
@@ -429,15 +610,53 @@ impl Gen<'_> {
                 B::new().div(y.clone(), l, y).build(),
             ],
         ));
-        lp(rows, v)
+        let mut nodes = lp(rows, v);
+        mask_rows(&mut nodes, lr, r0, rows, self.live);
+        nodes
     }
 }
 
+/// Turns off the op and acc slots of the bundles in `nodes` (a loop over keys at `level`) in the
+/// iterations at or past `keep`, keys past the layer's end; their sends, which carry other
+/// words, stay.
+fn mask_ops(nodes: &mut [Node], level: u8, count: u32, keep: u32) {
+    mask_rows(nodes, level, 0, count, keep);
+}
+
 /// PE `pe`'s program.
-pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> isa::LoopProgram {
-    let g = Gen { map, scale };
+/// PE `pe`'s program; `last_live` of the last PE's rows hold tokens.
+pub(super) fn program(
+    map: &PMap,
+    pe: u32,
+    m: u32,
+    heads: u32,
+    scale: f32,
+    last_live: u32,
+) -> isa::LoopProgram {
     let b = map.rows;
+    let live = if pe + 1 == m { last_live } else { b };
+    // The last PE's block, padded when the tokens do not deal evenly, visits this PE in step
+    // `pe + 1` (it is its own in step 0): that step is emitted alone, its missing words masked.
+    let padded_step = (pe + 1) % m;
+    let vis_live = |s: u32| if s == padded_step { last_live } else { b };
+    // The runs of steps `s0 .. s0 + count` with the padded step alone.
+    let around = |s0: u32, count: u32| -> Vec<(u32, u32)> {
+        let end = s0 + count;
+        if last_live == b || !(s0..end).contains(&padded_step) {
+            return vec![(s0, count)];
+        }
+        [
+            (s0, padded_step - s0),
+            (padded_step, 1),
+            (padded_step + 1, end - padded_step - 1),
+        ]
+        .into_iter()
+        .filter(|&(_, c)| c > 0)
+        .collect()
+    };
+    // The first half of the own rows (`F`) and the second (`G`, one more when `B` is odd).
     let half = b / 2;
+    let g_rows = b - half;
     let even = m.is_multiple_of(2);
     // Steps 1 ..= low take the first half of the own rows against the whole visiting block,
     // high .. m − 1 the whole own block against the visiting block's second half.
@@ -465,12 +684,13 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
             at
         }
     };
+    // The first half is touched twice in step 0, so its j in step s is s + 1.
     let low_groups = |s0: u32, count: u32| {
         vec![Group {
             r0: 0,
             rows: half,
-            old: alternating(s0 + 1, count),
-            new: alternating(s0, count),
+            old: alternating(s0, count),
+            new: alternating(s0 + 1, count),
         }]
     };
     let high_groups = |s0: u32, count: u32| {
@@ -478,12 +698,12 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
             Group {
                 r0: 0,
                 rows: half,
-                old: alternating(s0 + 1, count),
-                new: alternating(s0, count),
+                old: alternating(s0, count),
+                new: alternating(s0 + 1, count),
             },
             Group {
                 r0: half,
-                rows: half,
+                rows: g_rows,
                 old: alternating(g_touch(s0) + 1, count),
                 new: alternating(g_touch(s0), count),
             },
@@ -494,109 +714,194 @@ pub(super) fn program(map: &PMap, pe: u32, m: u32, heads: u32, scale: f32) -> is
         rr: half,
         k0: 0,
         kk: b,
-        vis_first: s0 == 1,
+        // The second half's travelling rows began in step 0.
+        first_below: if s0 == 1 { half } else { 0 },
+        xq: None,
+        trav_from: 0,
         groups: low_groups(s0, count),
         x_fwd: Some(x_from),
         trav_inline: true,
+        vis_live: vis_live(s0),
     };
     let high_spec = |s0: u32, count: u32, fwd: bool| StepSpec {
         r0: 0,
         rr: b,
         k0: half,
-        kk: half,
-        vis_first: false,
+        kk: g_rows,
+        first_below: 0,
+        xq: None,
+        trav_from: 0,
         groups: high_groups(s0, count),
         x_fwd: fwd.then_some(half),
         trav_inline: true,
+        vis_live: vis_live(s0),
     };
-    let mut head = Vec::new();
-    // Step 0: the own block in full, stationary state only; its x rows leave for the next PE.
-    let old_map = Map {
-        d: map.d,
-        rows: b,
-        q: map.x,
-        kv: map.x,
-        block: b * map.d,
-        v_off: 0,
-        y: map.y,
-        buf: [map.rot, map.rot],
-        s: map.sc,
-        l: map.l,
-        mx: map.mx,
-        f: map.f,
-        words: map.words,
-    };
-    let ctx = Ctx {
-        map: &old_map,
-        scale,
-        depth: 1,
-        head: 0,
-        live: b,
-    };
-    head.extend(ctx.block(&Work {
-        r0: 0,
-        rows: b,
-        k0: 0,
-        keys: b,
-        kb: ad(map.x).t(0, g.hd()),
-        first: true,
-        send: None,
-        slots: Some((ad(map.mx), ad(map.mx))),
-        tri: false,
-        forward_to: Some(ad(map.rot)),
-        key_limit: None,
-    }));
-    // Low steps: the first alone (the travelling state's first update), the last alone too: it
-    // forwards only the keys its receiver reads (a high step, or step m/2 on an upper PE, reads
-    // the second half only).
-    let last_from = if !even || (pe + 1) % m >= m / 2 {
-        half
-    } else {
-        0
-    };
-    let mut runs = vec![(1, 1)];
-    if low >= 3 {
-        runs.push((2, low - 2));
-    }
-    if low >= 2 {
-        runs.push((low, 1));
-    }
-    for (s0, count) in runs {
-        let x_from = if s0 == low { last_from } else { 0 };
-        head.extend(lp(count, g.step(&low_spec(s0, count, x_from), 2)));
-    }
-    if even {
-        let s = m / 2;
-        let spec = if kind_b {
-            StepSpec {
-                x_fwd: None,
-                trav_inline: false,
-                ..high_spec(s, 1, false)
-            }
-        } else {
-            StepSpec {
-                x_fwd: None,
-                trav_inline: false,
-                ..low_spec(s, 1, 0)
-            }
+    // Step 0: the diagonal quarters, whose last rows forward the own x rows, then the other one.
+    let hb = |g: &Gen| -> Vec<Node> {
+        let mut head = Vec::new();
+        let old_map = Map {
+            d: map.d,
+            rows: b,
+            q: map.x + g.h0 * b * map.d,
+            kv: map.x + g.h0 * b * map.d,
+            block: b * map.d,
+            v_off: 0,
+            y: map.y + g.h0 * b * map.d,
+            buf: [map.rot, map.rot],
+            s: map.sc,
+            l: map.l,
+            mx: map.mx,
+            f: map.f,
+            words: map.words,
         };
-        let mut body = g.step(&spec, 2);
-        body.extend(g.tail(half, spec.k0, 2));
-        head.extend(lp(1, body));
-    }
-    // High steps; the last forwards no keys (nobody reads them again).
-    if high < m {
-        let count = m - 1 - high;
-        head.extend(lp(count, g.step(&high_spec(high, count, true), 2)));
-        head.extend(lp(1, g.step(&high_spec(m - 1, 1, false), 2)));
-    }
-    let last_g = g_touch(m - 1);
-    head.extend(g.merge(0, half, map.mx + ((m - 1) % 2) * b));
-    head.extend(g.merge(half, half, map.mx + (last_g % 2) * b));
+        let ctx = Ctx {
+            map: &old_map,
+            scale,
+            depth: 1,
+            head: 0,
+            live,
+        };
+        for (r0, rows) in [(0, half), (half, g_rows)] {
+            head.extend(ctx.block(&Work {
+                r0,
+                rows,
+                k0: r0,
+                keys: rows,
+                kb: g.own(map.x),
+                first: true,
+                send: None,
+                slots: Some((ad(map.mx), ad(map.mx))),
+                tri: false,
+                forward_to: Some(g.rot.clone()),
+                key_limit: (live < r0 + rows).then(|| live - r0),
+            }));
+        }
+        head.extend(g.step(
+            &StepSpec {
+                r0: 0,
+                rr: half,
+                k0: half,
+                kk: g_rows,
+                first_below: b,
+                xq: Some(g.own(map.x)),
+                trav_from: half,
+                groups: vec![Group {
+                    r0: 0,
+                    rows: half,
+                    old: slot_at(0),
+                    new: slot_at(1),
+                }],
+                x_fwd: None,
+                trav_inline: true,
+                vis_live: vis_live(0),
+            },
+            1,
+        ));
+        // Low steps: the first alone (the travelling state's first update), the last alone too: it
+        // forwards only the keys its receiver reads (a high step, or step m/2 on an upper PE, reads
+        // the second half only).
+        let last_from = if !even || (pe + 1) % m >= m / 2 {
+            half
+        } else {
+            0
+        };
+        let mut runs = vec![(1, 1)];
+        if low >= 3 {
+            runs.push((2, low - 2));
+        }
+        if low >= 2 {
+            runs.push((low, 1));
+        }
+        for (s0, count) in runs {
+            let x_from = if s0 == low { last_from } else { 0 };
+            for (s0, count) in around(s0, count) {
+                head.extend(lp(count, g.step(&low_spec(s0, count, x_from), 2)));
+            }
+        }
+        if even {
+            let s = m / 2;
+            let spec = if kind_b {
+                StepSpec {
+                    x_fwd: None,
+                    trav_inline: false,
+                    ..high_spec(s, 1, false)
+                }
+            } else {
+                StepSpec {
+                    x_fwd: None,
+                    trav_inline: false,
+                    ..low_spec(s, 1, 0)
+                }
+            };
+            let mut body = g.step(&spec, 2);
+            // With `B` odd the two kinds differ in length: the shorter waits, so that the
+            // tails, whose sends replace words in place, run in the same cycles on both.
+            let long = [low_spec(s, 1, 0), high_spec(s, 1, false)]
+                .iter()
+                .map(|sp| {
+                    isa::LoopProgram {
+                        pe,
+                        pes: m,
+                        mem_words: map.words,
+                        body: g.step(sp, 2),
+                    }
+                    .cycles()
+                })
+                .max()
+                .unwrap_or(0);
+            let own = isa::LoopProgram {
+                pe,
+                pes: m,
+                mem_words: map.words,
+                body: body.clone(),
+            }
+            .cycles();
+            let wait = u32::try_from(long - own).expect("a step's length fits in 32 bits");
+            body.extend(lp(wait, vec![B::new().build()]));
+            body.extend(g.tail(half, spec.k0, spec.vis_live, 2));
+            head.extend(lp(1, body));
+        }
+        // High steps; the last forwards no keys (nobody reads them again).
+        if high < m {
+            for (s0, count) in around(high, m - 1 - high) {
+                head.extend(lp(count, g.step(&high_spec(s0, count, true), 2)));
+            }
+            head.extend(lp(1, g.step(&high_spec(m - 1, 1, false), 2)));
+        }
+        let last_g = g_touch(m - 1);
+        head.extend(g.merge(0, half, map.mx + (m % 2) * b));
+        head.extend(g.merge(half, g_rows, map.mx + (last_g % 2) * b));
+        head
+    };
+    let hd = b * map.d;
+    let gen = |h0: u32, rot: Ad, ytr: Ad| Gen {
+        map,
+        scale,
+        h0,
+        rot,
+        ytr,
+        live,
+    };
+    let (x, y, h) = (map.x, map.y, map.heads);
+    let body = if map.reuse {
+        let mut v = lp(1, hb(&gen(0, ad(y + (h - 1) * hd), ad(y + (h - 2) * hd))));
+        v.extend(lp(1, hb(&gen(1, ad(x), ad(y + (h - 1) * hd)))));
+        v.extend(lp(
+            h - 2,
+            hb(&gen(
+                2,
+                ad(x + hd).t(0, i64::from(hd)),
+                ad(x).t(0, i64::from(hd)),
+            )),
+        ));
+        v
+    } else {
+        lp(heads, hb(&gen(0, ad(map.rot), ad(map.ytr))))
+    };
     isa::LoopProgram {
         pe,
         pes: m,
         mem_words: map.words,
-        body: lp(heads, head),
+        body,
     }
 }
