@@ -23,7 +23,9 @@
 //!   predicted cycle count is exact.
 //!
 //! Several lane counts, and on small layers priorities perturbed by a fixed pseudo-random
-//! sequence, are tried; the shortest schedule is kept. `select` keeps it only where it beats the
+//! sequence, are tried; the shortest schedule is kept, and on small layers a local search then
+//! changes a few of its landings and priorities at a time, within a fixed budget of simulation
+//! work (so the result does not depend on the machine). `select` keeps it only where it beats the
 //! other schedules.
 
 use crate::ir::Tensor;
@@ -31,6 +33,7 @@ use crate::passes::select::{Culprit, Refusal};
 use crate::problem::{Inputs, Problem};
 use crate::schedule::{Builder, Element, RingSchedule, ScheduleError, Val, Work};
 use crate::scheduler::Scheduler;
+use cranelift_entity::EntityRef;
 use rustc_hash::FxHashMap as HashMap;
 
 pub const NAME: &str = "schedule-split";
@@ -51,6 +54,19 @@ const AUTO_TOKENS_PER_PE: u64 = 4;
 /// dataflow is near the bound and the retries would only cost time.
 const RETRY_BUDGET: u64 = 20_000;
 const MAX_RETRIES: u64 = 200;
+/// Work a layer's runs may take in all before the local search stops (plain runs and retries
+/// included), in units of the simulation's own effort — a task looked at, a word on a link
+/// looked at, a PE's cycle — plus [`PLAN_FIXED`] and [`PLAN_WORK`] per task for building each
+/// plan, so the search's length is the same on every machine: at most [`SEARCH_PER_OP`] per
+/// necessary operation (tiny layers, which the test grids compile by the thousand, stay fast)
+/// and at most [`SEARCH_BUDGET`] (about a second here). Also the most search steps, and the
+/// largest layer (necessary operations) searched.
+const SEARCH_BUDGET: u64 = 50_000_000;
+const SEARCH_PER_OP: u64 = 30_000;
+const PLAN_FIXED: u64 = 1_000;
+const PLAN_WORK: u64 = 8;
+const MAX_SEARCH: u64 = 20_000;
+const SEARCH_MAX_OPS: u64 = 20_000;
 
 /// Row-order weights tried (see [`Layout::row_weight`]).
 const ROW_WEIGHTS: [(i64, bool); 6] = [
@@ -118,18 +134,26 @@ struct Layout {
 /// Tries the layouts and, on small layers, perturbed priorities; keeps the shortest.
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     let m = pes.max(1);
-    let mut best: Option<RingSchedule> = None;
-    let keep = |s: RingSchedule, best: &mut Option<RingSchedule>| {
-        if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
-            *best = Some(s);
+    let mut best: Option<Best> = None;
+    let keep = |r: Run, layout: Layout, tweaks: Tweaks, best: &mut Option<Best>| {
+        if best
+            .as_ref()
+            .is_none_or(|b| r.schedule.cycles() < b.run.schedule.cycles())
+        {
+            *best = Some(Best {
+                run: r,
+                layout,
+                tweaks,
+            });
         }
     };
     // A run that cannot beat the best so far is abandoned as soon as that is sure.
-    let limit = |best: &Option<RingSchedule>| {
+    let limit = |best: &Option<Best>| {
         best.as_ref()
-            .map_or(usize::MAX, |b| b.cycles().saturating_sub(1))
+            .map_or(usize::MAX, |b| b.run.schedule.cycles().saturating_sub(1))
     };
     let mut layouts: Vec<(Layout, usize)> = Vec::new();
+    let mut spent = 0u64;
     // A layout whose plan the pass finds inconsistent is skipped (its errors are reported only if
     // no layout works), so one bad corner cannot cost a layer its schedule.
     let mut errors: Vec<ScheduleError> = Vec::new();
@@ -203,10 +227,11 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
             } else {
                 limit(&best)
             };
-            match build(p, m, layout, 0, cap) {
-                Ok(Some(s)) => {
-                    layouts.push((layout, s.cycles()));
-                    keep(s, &mut best);
+            let mut tweaks = Tweaks::seeded(0);
+            match build(p, m, layout, &mut tweaks, cap, &mut spent) {
+                Ok(Some(r)) => {
+                    layouts.push((layout, r.schedule.cycles()));
+                    keep(r, layout, tweaks, &mut best);
                 }
                 Ok(None) => {}
                 Err(e) => errors.extend(e),
@@ -227,19 +252,82 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
             softmax_first,
             ..base
         };
-        match build(p, m, layout, seed, limit(&best)) {
-            Ok(Some(s)) => keep(s, &mut best),
+        let mut tweaks = Tweaks::seeded(seed);
+        match build(p, m, layout, &mut tweaks, limit(&best), &mut spent) {
+            Ok(Some(r)) => keep(r, layout, tweaks, &mut best),
             Ok(None) => {}
             Err(e) => errors.extend(e),
         }
     }
+    if let Some(b) = best.as_mut() {
+        // The plain runs and retries count against the search's budget, so a layer whose runs
+        // are already slow gets no search.
+        if few_tokens && ops <= SEARCH_MAX_OPS {
+            let budget = SEARCH_BUDGET.min(SEARCH_PER_OP * ops);
+            search(p, m, b, budget.saturating_sub(spent));
+        }
+    }
     match best {
-        Some(s) => Ok(s),
+        Some(b) => Ok(b.run.schedule),
         None if !errors.is_empty() => Err(errors),
         None => Err(vec![ScheduleError::Internal {
             pass: NAME,
             what: "no layout to schedule".into(),
         }]),
+    }
+}
+
+/// The shortest schedule so far and what made it.
+struct Best {
+    run: Run,
+    layout: Layout,
+    tweaks: Tweaks,
+}
+
+/// Local search from the best schedule: change a few landings or task priorities at a time and
+/// keep the change when the schedule is no longer, and among equally long ones when its PEs
+/// finish no later in total. Plateaus are walked, not just descended: the cycle count alone
+/// rarely moves with one change.
+fn search(p: &Problem, m: u32, best: &mut Best, budget: u64) {
+    // No schedule is shorter than the operations spread evenly: stop there.
+    let floor = p.necessary_ops().div_ceil(u64::from(m.max(1)));
+    let mut draw = Noise(0x9E6C_63D0_676A_9A99);
+    let mut cur = best.tweaks.replaying();
+    let mut cur_score = (best.run.schedule.cycles(), best.run.spread);
+    let tasks = cur.prio.len().max(1) as i64;
+    let bumps = cur.bump.len() as i64;
+    let mut spent = 0u64;
+    let mut steps = 0u64;
+    while spent < budget && steps < MAX_SEARCH && best.run.schedule.cycles() as u64 > floor {
+        steps += 1;
+        let mut t = cur.replaying();
+        if t.prio.len() < tasks as usize {
+            t.prio.resize(tasks as usize, 0);
+        }
+        for _ in 0..=draw.next(3) {
+            // One change in four moves a landing, the rest shift a priority.
+            if bumps > 0 && draw.next(4) == 0 {
+                let i = draw.next(bumps) as usize;
+                t.bump[i] = [0, 1, 2, m.saturating_sub(1)][draw.next(4) as usize];
+            } else {
+                let i = draw.next(tasks) as usize;
+                // Up to 8 cycles of longest path either way (priorities are in eighths).
+                t.prio[i] = draw.next(2 * 64) - 64;
+            }
+        }
+        let mut run_t = t.replaying();
+        // A change whose plan the pass finds inconsistent is dropped like a longer one.
+        if let Ok(Some(r)) = build(p, m, best.layout, &mut run_t, cur_score.0, &mut spent) {
+            let score = (r.schedule.cycles(), r.spread);
+            if score <= cur_score {
+                cur = t;
+                cur_score = score;
+                if score.0 < best.run.schedule.cycles() {
+                    best.run = r;
+                    best.tweaks = cur.replaying();
+                }
+            }
+        }
     }
 }
 
@@ -488,6 +576,7 @@ impl Geometry {
 }
 
 /// Tiny deterministic generator for the perturbed retries (no dependence on the clock).
+#[derive(Clone, Copy, Default)]
 struct Noise(u64);
 
 impl Noise {
@@ -502,19 +591,76 @@ impl Noise {
     }
 }
 
+/// The perturbations of one run: landings moved by some PEs and priority offsets per task. A run
+/// either draws them from a seeded [`Noise`] (and records them) or replays given ones, so the
+/// local search can change a few of them at a time.
+#[derive(Clone, Default)]
+struct Tweaks {
+    noise: Noise,
+    replay: bool,
+    bump: Vec<u32>,
+    prio: Vec<i64>,
+    next_bump: usize,
+}
+
+impl Tweaks {
+    fn seeded(seed: u64) -> Tweaks {
+        Tweaks {
+            noise: Noise(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | u64::from(seed != 0)),
+            ..Tweaks::default()
+        }
+    }
+
+    /// The same perturbations again, for a run whose plan is built from the start.
+    fn replaying(&self) -> Tweaks {
+        Tweaks {
+            noise: Noise(0),
+            replay: true,
+            bump: self.bump.clone(),
+            prio: self.prio.clone(),
+            next_bump: 0,
+        }
+    }
+
+    /// PEs a landing moves on (a seeded run moves about one in six by one PE).
+    fn bump(&mut self) -> u32 {
+        let i = self.next_bump;
+        self.next_bump += 1;
+        if self.replay {
+            return self.bump.get(i).copied().unwrap_or(0);
+        }
+        let v = self.noise.next(2) as u32 * u32::from(self.noise.next(3) == 0);
+        self.bump.push(v);
+        v
+    }
+
+    /// Priority offset of task `i`.
+    fn prio(&mut self, i: usize, span: i64) -> i64 {
+        if self.replay {
+            return self.prio.get(i).copied().unwrap_or(0);
+        }
+        let v = self.noise.next(span);
+        if self.prio.len() <= i {
+            self.prio.resize(i + 1, 0);
+        }
+        self.prio[i] = v;
+        v
+    }
+}
+
 /// The plan (tasks and chains) for one layout, then its simulation; nothing if that takes more
 /// than `limit` cycles.
 fn build(
     p: &Problem,
     m: u32,
     layout: Layout,
-    seed: u64,
+    tweaks: &mut Tweaks,
     limit: usize,
-) -> Result<Option<RingSchedule>, Vec<ScheduleError>> {
+    work: &mut u64,
+) -> Result<Option<Run>, Vec<ScheduleError>> {
     let g = Geometry::new(p, m, layout);
     let (n, d) = (p.tokens, p.dim);
     let mut b = Builder::new(NAME, m);
-    let mut noise = Noise(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | u64::from(seed != 0));
     let mut chains: Vec<Chain> = Vec::new();
     let mut tasks: Vec<Task> = Vec::new();
     // Input uses: (role, head, row, col) → reading PEs; created after all readers are known.
@@ -562,20 +708,19 @@ fn build(
         let total: u64 =
             u64::from(p.heads) * (0..n).map(|a| len(a) * (unit + 1)).sum::<u64>().max(1);
         let mut acc = 0u64;
-        let at = |mid: u64, noise: &mut Noise| -> u32 {
+        let at = |mid: u64, tweaks: &mut Tweaks| -> u32 {
             let i = ((mid * nb) / total).min(nb - 1) as usize;
-            let bump = noise.next(2) as usize * usize::from(noise.next(3) == 0);
-            ring_pes[(i + bump) % ring_pes.len()]
+            ring_pes[(i + tweaks.bump() as usize) % ring_pes.len()]
         };
         for (h, a) in (0..p.heads).flat_map(|h| (0..n).map(move |a| (h, a))) {
             let cols: Vec<u32> = (0..n).filter(|&c| p.unmasked(a, c)).collect();
             let mut exp_at = Vec::with_capacity(cols.len());
             for _ in &cols {
-                exp_at.push(at(acc + unit / 2, &mut noise));
+                exp_at.push(at(acc + unit / 2, tweaks));
                 acc += unit;
             }
             for (j, &c) in cols.iter().enumerate() {
-                let div_at = at(acc, &mut noise);
+                let div_at = at(acc, tweaks);
                 acc += 1;
                 phase2.insert((h, a, c), (exp_at[j], div_at));
             }
@@ -875,15 +1020,7 @@ fn build(
         );
     }
 
-    prioritise(
-        p,
-        &g,
-        &mut tasks,
-        &chains,
-        &weight_readers,
-        &mut noise,
-        layout,
-    );
+    prioritise(p, &g, &mut tasks, &chains, &weight_readers, tweaks, layout);
     // A preloaded word goes on the link as urgently as its most urgent reader.
     let mut urgency: HashMap<Val, i64> = HashMap::default();
     for t in &tasks {
@@ -907,12 +1044,24 @@ fn build(
         chains: &chains,
         reach: &reach,
     };
-    match sim.run(&mut b, &preloaded, limit) {
-        Ok(Some(_)) => {}
+    *work += PLAN_WORK * tasks.len() as u64 + PLAN_FIXED;
+    let spread = match sim.run(&mut b, &preloaded, limit, work) {
+        Ok(Some((_, spread))) => spread,
         Ok(None) => return Ok(None),
-        Err(why) => b.bug(NAME, why),
-    }
-    b.finish().map(Some)
+        Err(why) => {
+            b.bug(NAME, why);
+            0
+        }
+    };
+    b.finish().map(|schedule| Some(Run { schedule, spread }))
+}
+
+/// One run's schedule and how far its PEs' last operations spread before the end (the local
+/// search prefers, among equally long schedules, one whose PEs finish earlier: a cycle is then
+/// closer to being saved).
+struct Run {
+    schedule: RingSchedule,
+    spread: u64,
 }
 
 /// Static priorities: the longest path from a task to the end, ring hops included (plus noise on
@@ -923,7 +1072,7 @@ fn prioritise(
     tasks: &mut [Task],
     chains: &[Chain],
     weight_readers: &HashMap<Val, Vec<u32>>,
-    noise: &mut Noise,
+    tweaks: &mut Tweaks,
     layout: Layout,
 ) {
     let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
@@ -994,8 +1143,8 @@ fn prioritise(
             tail[i] = score_tail[i];
         }
     }
-    let span = if noise.0 == 0 { 0 } else { 4 };
-    for t in tasks.iter_mut() {
+    let span = if tweaks.noise.0 == 0 { 0 } else { 4 };
+    for (i, t) in tasks.iter_mut().enumerate() {
         let base = match t.kind {
             TaskKind::Term { chain, .. } => tail[chain],
             TaskKind::Div { out, .. } => div_tail.get(&out).copied().unwrap_or(0) + 1,
@@ -1008,7 +1157,50 @@ fn prioritise(
             }
         };
         let boost = if eager { 1 << 40 } else { 0 };
-        t.prio = boost + (base - t.prio * row_weight) * 8 + noise.next(span * 8);
+        t.prio = boost + (base - t.prio * row_weight) * 8 + tweaks.prio(i, span * 8);
+    }
+}
+
+/// Words on a PE and the cycle from which each can be read. The simulation asks this for every
+/// operand of every task it looks at, so small layers index a vector by value (the local search
+/// runs thousands of simulations) and large ones, where that would take too much memory, hash.
+enum Avail {
+    Dense(Vec<u32>),
+    Sparse(HashMap<Val, usize>),
+}
+
+/// Most words (PEs × values) given a dense [`Avail`].
+const DENSE_AVAIL: u64 = 1 << 24;
+
+impl Avail {
+    fn get(&self, v: &Val) -> Option<usize> {
+        match self {
+            Avail::Dense(at) => at
+                .get(v.index())
+                .copied()
+                .filter(|&c| c != u32::MAX)
+                .map(|c| c as usize),
+            Avail::Sparse(at) => at.get(v).copied(),
+        }
+    }
+
+    fn contains_key(&self, v: &Val) -> bool {
+        self.get(v).is_some()
+    }
+
+    fn insert(&mut self, v: Val, cycle: usize) {
+        match self {
+            Avail::Dense(at) => {
+                let i = v.index();
+                if at.len() <= i {
+                    at.resize(i + 1, u32::MAX);
+                }
+                at[i] = u32::try_from(cycle).unwrap_or(u32::MAX - 1);
+            }
+            Avail::Sparse(at) => {
+                at.insert(v, cycle);
+            }
+        }
     }
 }
 
@@ -1088,9 +1280,20 @@ impl Sim<'_> {
         b: &mut Builder,
         preloaded: &[(u32, Val, i64)],
         limit: usize,
-    ) -> Result<Option<usize>, String> {
+        work: &mut u64,
+    ) -> Result<Option<(usize, u64)>, String> {
         let m = self.m as usize;
-        let mut avail: Vec<HashMap<Val, usize>> = vec![HashMap::default(); m];
+        let mut last_op: Vec<usize> = vec![0; m];
+        let dense = (m as u64) * 3 * (self.tasks.len() as u64) <= DENSE_AVAIL;
+        let mut avail: Vec<Avail> = (0..m)
+            .map(|_| {
+                if dense {
+                    Avail::Dense(Vec::new())
+                } else {
+                    Avail::Sparse(HashMap::default())
+                }
+            })
+            .collect();
         let mut links: Vec<Link> = vec![Link::default(); m];
         for &(pe, v, prio) in preloaded {
             avail[pe as usize].insert(v, 0);
@@ -1124,6 +1327,7 @@ impl Sim<'_> {
             }
             let mut progressed = false;
             let mut arrivals: Vec<(usize, Val)> = Vec::new();
+            *work += m as u64;
             for pe in 0..m {
                 // Operation slot: the most urgent ready task (absorbing a maximum chain's first
                 // terms costs nothing and does not use the slot). A PE that found nothing ready
@@ -1133,6 +1337,7 @@ impl Sim<'_> {
                 wake[pe] = usize::MAX;
                 while pos < queue[pe].len() {
                     let i = queue[pe][pos];
+                    *work += 1;
                     match self.ready(i, t, &avail[pe], &state) {
                         Some(true) => {
                             queue[pe].remove(pos);
@@ -1143,6 +1348,7 @@ impl Sim<'_> {
                                 continue;
                             }
                             self.execute(b, i, t, pe, &mut state, &mut avail[pe], &mut links[pe]);
+                            last_op[pe] = t;
                             wake[pe] = t + 1;
                             break;
                         }
@@ -1150,8 +1356,9 @@ impl Sim<'_> {
                     }
                 }
                 // Link slot: the most urgent word that is here (or made now by the accumulator).
+                *work += links[pe].words.len() as u64;
                 let here = |p: &Pending| {
-                    p.acc_at == Some(t) || avail[pe].get(&p.val).is_some_and(|&at| at <= t)
+                    p.acc_at == Some(t) || avail[pe].get(&p.val).is_some_and(|at| at <= t)
                 };
                 if let Some(k) = (0..links[pe].words.len())
                     .filter(|&k| here(&links[pe].words[k]))
@@ -1187,18 +1394,17 @@ impl Sim<'_> {
                 ));
             }
         }
-        Ok(Some(t))
+        // PEs busy in the last cycle weigh most, then those busy in the one before, and so on.
+        let busy = last_op
+            .iter()
+            .map(|&l| 1u64 << (2 * (8 - (t - 1 - l).min(8))))
+            .sum::<u64>();
+        Ok(Some((t, busy)))
     }
 
     /// Whether task `i` can run on its PE in cycle `t`.
-    fn ready(
-        &self,
-        i: usize,
-        t: usize,
-        avail: &HashMap<Val, usize>,
-        state: &[ChainState],
-    ) -> Option<bool> {
-        let here = |v: Val| avail.get(&v).is_some_and(|&at| at <= t);
+    fn ready(&self, i: usize, t: usize, avail: &Avail, state: &[ChainState]) -> Option<bool> {
+        let here = |v: Val| avail.get(&v).is_some_and(|at| at <= t);
         let opnd = |o: Opnd| match o {
             Opnd::V(v) => Some(here(v)),
             Opnd::Chain(c) => state[c].result.map(here),
@@ -1250,7 +1456,7 @@ impl Sim<'_> {
         t: usize,
         pe: usize,
         state: &mut [ChainState],
-        avail: &mut HashMap<Val, usize>,
+        avail: &mut Avail,
         link: &mut Link,
     ) {
         let task = self.tasks[i];
