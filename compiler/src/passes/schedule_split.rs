@@ -135,10 +135,12 @@ struct Layout {
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     let m = pes.max(1);
     let mut best: Option<Best> = None;
+    // Only a schedule that can be emitted is kept (see `emittable`).
     let keep = |r: Run, layout: Layout, tweaks: Tweaks, best: &mut Option<Best>| {
         if best
             .as_ref()
             .is_none_or(|b| r.schedule.cycles() < b.run.schedule.cycles())
+            && emittable(&r.schedule)
         {
             *best = Some(Best {
                 run: r,
@@ -277,6 +279,14 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     }
 }
 
+/// Whether codegen takes the schedule. Perturbed landings can leave a word sent to a PE that
+/// never reads it, which the contract with codegen refuses (found by the shapes grid): such a
+/// run is dropped rather than returned.
+fn emittable(s: &RingSchedule) -> bool {
+    crate::validate::validate(s).is_ok()
+        && crate::passes::codegen::run(s, crate::passes::codegen::Packing::Tight).is_ok()
+}
+
 /// The shortest schedule so far and what made it.
 struct Best {
     run: Run,
@@ -316,13 +326,14 @@ fn search(p: &Problem, m: u32, best: &mut Best, budget: u64) {
             }
         }
         let mut run_t = t.replaying();
-        // A change whose plan the pass finds inconsistent is dropped like a longer one.
+        // A change whose plan the pass finds inconsistent is dropped like a longer one; one
+        // that cannot be emitted is walked through but never kept.
         if let Ok(Some(r)) = build(p, m, best.layout, &mut run_t, cur_score.0, &mut spent) {
             let score = (r.schedule.cycles(), r.spread);
             if score <= cur_score {
                 cur = t;
                 cur_score = score;
-                if score.0 < best.run.schedule.cycles() {
+                if score.0 < best.run.schedule.cycles() && emittable(&r.schedule) {
                     best.run = r;
                     best.tweaks = cur.replaying();
                 }
