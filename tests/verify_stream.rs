@@ -63,6 +63,14 @@ fn verify(programs: &[Program], m: &Manifest) -> Report {
     )
 }
 
+/// Proves `programs` against `man`: no violation of any invariant, and the online work the
+/// verifier counted is exactly what the manifest declares.
+fn assert_proved(programs: &[Program], man: &Manifest, what: &str) {
+    let r = verify(programs, man);
+    assert_eq!(r.counts, BTreeMap::new(), "{what}:\n{r}");
+    assert_eq!(r.stats.ops.rescale, man.ops.online_rescale, "{what}");
+}
+
 #[test]
 fn stream_programs_are_proved_for_many_sizes() {
     let mut proved = 0;
@@ -82,13 +90,7 @@ fn stream_programs_are_proved_for_many_sizes() {
                                 else {
                                     continue;
                                 };
-                                let r = verify(&programs, &man);
-                                assert_eq!(
-                                    r.counts,
-                                    BTreeMap::new(),
-                                    "n={n} d={d} h={h} m={m} shared={shared} causal={causal} safe={safe}:\n{r}"
-                                );
-                                assert_eq!(r.stats.ops.rescale, man.ops.online_rescale);
+                                assert_proved(&programs, &man, &format!("n={n} d={d} h={h} m={m} shared={shared} causal={causal} safe={safe}"));
                                 proved += 1;
                             }
                         }
@@ -161,13 +163,7 @@ fn lagged_values_are_proved() {
                     let Some((programs, man)) = build(n, d, h, m, false, true, true, lag) else {
                         panic!("n={n} m={m} does not apply");
                     };
-                    let r = verify(&programs, &man);
-                    assert_eq!(
-                        r.counts,
-                        BTreeMap::new(),
-                        "n={n} d={d} h={h} m={m} {lag:?}:\n{r}"
-                    );
-                    assert_eq!(r.stats.ops.rescale, man.ops.online_rescale);
+                    assert_proved(&programs, &man, &format!("n={n} d={d} h={h} m={m} {lag:?}"));
                     let lens: Vec<usize> = programs.iter().map(|p| p.bundles.len()).collect();
                     assert!(lens.iter().all(|&l| l == lens[0]), "{lens:?}");
                     proved += 1;
@@ -214,9 +210,7 @@ fn lagged_values_without_a_mask_are_proved() {
                     let Some((programs, man)) = build(n, d, h, m, false, false, true, lag) else {
                         panic!("{what}: does not apply");
                     };
-                    let r = verify(&programs, &man);
-                    assert_eq!(r.counts, BTreeMap::new(), "{what}:\n{r}");
-                    assert_eq!(r.stats.ops.rescale, man.ops.online_rescale, "{what}");
+                    assert_proved(&programs, &man, &what);
                     let lens: Vec<usize> = programs.iter().map(|p| p.bundles.len()).collect();
                     assert!(lens.iter().all(|&l| l == lens[0]), "{what}: {lens:?}");
                     let st = schedule_stream::run_with(&p, m, true, lag).unwrap();
@@ -259,13 +253,7 @@ fn ragged_layers_are_proved() {
                             for lag in lags {
                                 let (programs, man) =
                                     build(n, d, 2, m, shared, causal, safe, lag).expect("applies");
-                                let r = verify(&programs, &man);
-                                assert_eq!(
-                                    r.counts,
-                                    BTreeMap::new(),
-                                    "n={n} d={d} m={m} shared={shared} causal={causal} safe={safe} {lag:?}:\n{r}"
-                                );
-                                assert_eq!(r.stats.ops.rescale, man.ops.online_rescale);
+                                assert_proved(&programs, &man, &format!("n={n} d={d} m={m} shared={shared} causal={causal} safe={safe} {lag:?}"));
                                 proved += usize::from(n % per != 0);
                             }
                         }
@@ -598,9 +586,7 @@ fn paired_shared_scores_are_proved() {
                         .map(|lp| lp.flatten(1 << 24).expect("flattens"))
                         .collect();
                     let man = stream_manifest(&p, m, &st);
-                    let r = verify(&flat, &man);
-                    assert_eq!(r.counts, BTreeMap::new(), "n={n} d={d} h={h} m={m}:\n{r}");
-                    assert_eq!(r.stats.ops.rescale, man.ops.online_rescale);
+                    assert_proved(&flat, &man, &format!("n={n} d={d} h={h} m={m}"));
                     if b >= 8 && d >= 3 {
                         assert!(
                             st.cycles < plain.cycles,

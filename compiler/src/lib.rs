@@ -225,12 +225,6 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     if competes {
         lap(passes::schedule_stream::NAME, &mut timings);
     }
-    let stream_info = |s: &passes::schedule_stream::Stream| manifest::CandidateInfo {
-        schedule: passes::schedule_stream::NAME.to_string(),
-        cycles: s.cycles,
-        max_mem_words: stream::max_words(s),
-        fits: true,
-    };
     if let Some(s) = &tight {
         // No unrolled schedule takes fewer cycles than its formulation's lower bound. (At the
         // bound one could tie, and a tie goes to less memory, which only building it tells.)
@@ -240,7 +234,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
                 "fewest cycles: the stream's {} is below the {lb} every unrolled schedule needs (one division per weight); loop programs",
                 s.cycles
             );
-            let tried = vec![stream_info(s)];
+            let tried = vec![stream::candidate(s)];
             return finish_stream(
                 layer,
                 &problem,
@@ -308,7 +302,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         .and_then(|(_, words)| build_stream(Some(words)))
         .filter(|r| tight.as_ref().is_none_or(|t| r.cycles < t.cycles));
     let streams: Vec<passes::schedule_stream::Stream> = tight.into_iter().chain(roomy).collect();
-    tried.extend(streams.iter().map(stream_info));
+    tried.extend(streams.iter().map(stream::candidate));
     // A tie in cycles goes to the stream only if its loop programs are smaller than the
     // unrolled candidate's flat ones and it needs no more words: on a layer small enough to tie
     // the flat programs can be the smaller.
@@ -518,12 +512,7 @@ fn compile_stream(
     } else {
         "forced with --schedule stream".to_string()
     };
-    let tried = vec![manifest::CandidateInfo {
-        schedule: passes::schedule_stream::NAME.into(),
-        cycles: built.cycles,
-        max_mem_words: words,
-        fits: true,
-    }];
+    let tried = vec![stream::candidate(&built)];
     finish_stream(layer, problem, opts, built, reason, tried, dump, timings)
 }
 

@@ -36,6 +36,16 @@ pub fn max_words(s: &Stream) -> u32 {
     s.programs.iter().map(|p| p.mem_words).max().unwrap_or(0)
 }
 
+/// The stream as a candidate of the selection (it fits: it was built within the limit).
+pub fn candidate(s: &Stream) -> CandidateInfo {
+    CandidateInfo {
+        schedule: schedule_stream::NAME.into(),
+        cycles: s.cycles,
+        max_mem_words: max_words(s),
+        fits: true,
+    }
+}
+
 /// The manifest of a stream schedule for the layer `name`: format version 2, loop programs,
 /// affine placements, deferred-normalisation counts.
 pub fn manifest(
@@ -99,12 +109,7 @@ pub fn manifest(
         selection: Selection {
             chosen: schedule_stream::NAME.into(),
             reason,
-            candidates: vec![CandidateInfo {
-                schedule: schedule_stream::NAME.into(),
-                cycles: stream.cycles,
-                max_mem_words: max_words(stream),
-                fits: true,
-            }],
+            candidates: vec![candidate(stream)],
         },
         necessary_ops: necessary.total(),
         normalisation: norm,

@@ -751,7 +751,14 @@ pub fn run_pairing(
     } else {
         None
     };
-    let Some(map) = map else {
+    // A PE whose program cannot be built (a wait that does not fit a loop count) leaves the
+    // layer to the unpaired stream, like a layout that does not fit.
+    let programs: Option<Vec<LoopProgram>> = map.as_ref().and_then(|map| {
+        (0..pes)
+            .map(|pe| paired::program(map, pe, pes, p.heads, p.scale as f32, last_live))
+            .collect()
+    });
+    let Some(programs) = programs else {
         return match pairing {
             Pairing::On => Err(format!(
                 "{NAME}: paired scores apply to safe shared layers without a mask, in blocks of at least 4 tokens (a padded last block keeps half its tokens and two more) on 3 PEs or more, within the memory budget"
@@ -759,9 +766,6 @@ pub fn run_pairing(
             _ => Ok(plain),
         };
     };
-    let programs: Vec<LoopProgram> = (0..pes)
-        .map(|pe| paired::program(&map, pe, pes, p.heads, p.scale as f32, last_live))
-        .collect();
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     if pairing == Pairing::Auto && cycles >= plain.cycles {
         return Ok(plain);

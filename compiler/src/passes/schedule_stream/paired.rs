@@ -632,7 +632,7 @@ pub(super) fn program(
     heads: u32,
     scale: f32,
     last_live: u32,
-) -> isa::LoopProgram {
+) -> Option<isa::LoopProgram> {
     let b = map.rows;
     let live = if pe + 1 == m { last_live } else { b };
     // The last PE's block, padded when the tokens do not deal evenly, visits this PE in step
@@ -737,7 +737,7 @@ pub(super) fn program(
         vis_live: vis_live(s0),
     };
     // Step 0: the diagonal quarters, whose last rows forward the own x rows, then the other one.
-    let hb = |g: &Gen| -> Vec<Node> {
+    let hb = |g: &Gen| -> Option<Vec<Node>> {
         let mut head = Vec::new();
         let old_map = Map {
             d: map.d,
@@ -856,7 +856,9 @@ pub(super) fn program(
                 body: body.clone(),
             }
             .cycles();
-            let wait = u32::try_from(long - own).expect("a step's length fits in 32 bits");
+            // The longer kind is at least as long as this one; a wait beyond 32 bits cannot be
+            // a loop count, and the layer then gets the unpaired stream.
+            let wait = long.checked_sub(own).and_then(|w| u32::try_from(w).ok())?;
             body.extend(lp(wait, vec![B::new().build()]));
             body.extend(g.tail(half, spec.k0, spec.vis_live, 2));
             head.extend(lp(1, body));
@@ -871,7 +873,7 @@ pub(super) fn program(
         let last_g = g_touch(m - 1);
         head.extend(g.merge(0, half, map.mx + (m % 2) * b));
         head.extend(g.merge(half, g_rows, map.mx + (last_g % 2) * b));
-        head
+        Some(head)
     };
     let hd = b * map.d;
     let gen = |h0: u32, rot: Ad, ytr: Ad| Gen {
@@ -884,24 +886,24 @@ pub(super) fn program(
     };
     let (x, y, h) = (map.x, map.y, map.heads);
     let body = if map.reuse {
-        let mut v = lp(1, hb(&gen(0, ad(y + (h - 1) * hd), ad(y + (h - 2) * hd))));
-        v.extend(lp(1, hb(&gen(1, ad(x), ad(y + (h - 1) * hd)))));
+        let mut v = lp(1, hb(&gen(0, ad(y + (h - 1) * hd), ad(y + (h - 2) * hd)))?);
+        v.extend(lp(1, hb(&gen(1, ad(x), ad(y + (h - 1) * hd)))?));
         v.extend(lp(
             h - 2,
             hb(&gen(
                 2,
                 ad(x + hd).t(0, i64::from(hd)),
                 ad(x).t(0, i64::from(hd)),
-            )),
+            ))?,
         ));
         v
     } else {
-        lp(heads, hb(&gen(0, ad(map.rot), ad(map.ytr))))
+        lp(heads, hb(&gen(0, ad(map.rot), ad(map.ytr)))?)
     };
-    isa::LoopProgram {
+    Some(isa::LoopProgram {
         pe,
         pes: m,
         mem_words: map.words,
         body,
-    }
+    })
 }
