@@ -458,6 +458,80 @@ fn rerolled_output_where_smaller() {
 /// held to, so it must be kept, proved and run like the others. With `--flat` (no loops) it is
 /// not a candidate.
 #[test]
+fn without_a_memory_limit_auto_lets_values_trail_keys_by_the_whole_ring() {
+    // Layers whose shares are large enough that the default allowance stops the lag short of
+    // the whole ring, where the whole lag (no rescaling) beats every unrolled schedule.
+    for (n, d, m, causal) in [(128u32, 32u32, 4u32, false), (128, 32, 4, true)] {
+        let what = format!("n={n} d={d} m={m} causal={causal}");
+        let src = layer_src(n, d, 1, false, causal).replace("softmax = plain", "softmax = safe");
+        let layer = parse_one(&src);
+        let compile = |mem_limit: Option<u32>| {
+            compiler::compile(
+                &layer,
+                &compiler::Options {
+                    pes: m,
+                    reroll: true,
+                    mem_limit,
+                    ..Default::default()
+                },
+            )
+            .expect("compiles")
+        };
+        let problem = compiler::problem::Problem {
+            tokens: n,
+            dim: d,
+            heads: 1,
+            scale: 1.0 / f64::from(d).sqrt(),
+            symmetric: false,
+            shared_values: false,
+            causal,
+            softmax: runtime::layer::Softmax::Safe,
+        };
+        let allowance = compiler::passes::schedule_stream::allowance(&problem, m);
+        let unrolled_lb = runtime::layer::Shape {
+            heads: 1,
+            tokens: n,
+            dim: d,
+            shared: false,
+            causal,
+            softmax: runtime::layer::Softmax::Safe,
+        }
+        .lower_bound_as(m, runtime::layer::Normalisation::PerWeight)
+        .unwrap();
+        let c = compile(None);
+        assert_eq!(c.manifest.schedule, "schedule-stream", "{what}");
+        let words = u64::from(*c.manifest.mem_words.iter().max().unwrap());
+        assert!(
+            words > allowance,
+            "{what}: {words} words, allowance {allowance}"
+        );
+        assert!(
+            c.manifest.cycles < unrolled_lb,
+            "{what}: {} cycles, unrolled lower bound {unrolled_lb}",
+            c.manifest.cycles
+        );
+        let r = run_emitted(&c, u64::from(n + d));
+        assert!(r.max_abs_err <= TOL, "{what}: {}", r.max_abs_err);
+        assert_eq!(r.cycles, c.manifest.cycles, "{what}");
+        // Held to the allowance, the layer costs more cycles: the words bought them.
+        let held = compile(Some(u32::try_from(allowance).unwrap()));
+        assert!(
+            held.manifest
+                .mem_words
+                .iter()
+                .all(|&w| u64::from(w) <= allowance),
+            "{what}"
+        );
+        assert!(
+            held.manifest.cycles > c.manifest.cycles,
+            "{what}: {} cycles within the allowance, {} without a limit",
+            held.manifest.cycles,
+            c.manifest.cycles
+        );
+    }
+}
+
+#[test]
 fn auto_keeps_the_stream_where_it_is_fastest() {
     for (n, d, m, heads, causal) in [
         (32u32, 4u32, 4u32, 1u32, true),

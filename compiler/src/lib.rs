@@ -212,9 +212,10 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     // microseconds, and where its deferred normalisation (`d` divisions per row instead of one
     // per weight) outweighs its rescaling it takes fewer cycles than any unrolled schedule can.
     // Only with loop output allowed (not `--flat`) and no pass dump asked for. `tight` keeps to
-    // `--mem` or the stream's default allowance; without `--mem`, `roomy` (built once the
-    // unrolled candidates are known) lets values trail keys as far as the words the unrolled
-    // winner takes allow, so choosing it never costs memory.
+    // `--mem` or the stream's default allowance; without `--mem`, `ample` (below) takes the
+    // longest lag and `roomy` (built once the unrolled candidates are known) lets values trail
+    // keys as far as the words the unrolled winner takes allow, so choosing it never costs
+    // memory.
     let competes = opts.schedule == Choice::Auto && opts.reroll && opts.dump_after.is_none();
     let build_stream = |limit: Option<u32>| {
         stream::build(&problem, opts.pes, limit)
@@ -222,10 +223,21 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
             .filter(|s| opts.mem_limit.is_none_or(|l| stream::max_words(s) <= l))
     };
     let tight = competes.then(|| build_stream(opts.mem_limit)).flatten();
+    // Without `--mem`, the fewest cycles is what was asked for: `ample` lets values trail keys
+    // by as many ring steps as help (the whole ring: no rescaling at all), whatever words that
+    // takes. The layer is below the unrolling limit, so those words are bounded by its size.
+    let ample = (competes && opts.mem_limit.is_none())
+        .then(|| build_stream(Some(u32::MAX)))
+        .flatten()
+        .filter(|a| tight.as_ref().is_none_or(|t| a.cycles < t.cycles));
     if competes {
         lap(passes::schedule_stream::NAME, &mut timings);
     }
-    if let Some(s) = &tight {
+    let fastest = tight
+        .iter()
+        .chain(&ample)
+        .min_by_key(|s| (s.cycles, stream::max_words(s)));
+    if let Some(s) = fastest {
         // No unrolled schedule takes fewer cycles than its formulation's lower bound. (At the
         // bound one could tie, and a tie goes to less memory, which only building it tells.)
         let lb = problem.lower_bound(opts.pes);
@@ -301,7 +313,8 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         .filter(|_| competes && opts.mem_limit.is_none())
         .and_then(|(_, words)| build_stream(Some(words)))
         .filter(|r| tight.as_ref().is_none_or(|t| r.cycles < t.cycles));
-    let streams: Vec<passes::schedule_stream::Stream> = tight.into_iter().chain(roomy).collect();
+    let streams: Vec<passes::schedule_stream::Stream> =
+        tight.into_iter().chain(ample).chain(roomy).collect();
     tried.extend(streams.iter().map(stream::candidate));
     // A tie in cycles goes to the stream only if its loop programs are smaller than the
     // unrolled candidate's flat ones and it needs no more words: on a layer small enough to tie
