@@ -378,18 +378,27 @@ fn memory_limit_too_small() {
 fn layer_too_large_to_unroll() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("big.attn");
-    // Too large to unroll, and 20 tokens would leave 12 of 32 padding on 16 PEs: refused on
+    // Too large to unroll, and 20 causal tokens would make chunks of 1 on 16 PEs: refused on
     // `tokens`, saying both.
     std::fs::write(
         &file,
-        "layer odd {\n  tokens = 20;\n  dim = 512;\n  heads = 96;\n}\n",
+        "layer odd {\n  tokens = 20;\n  dim = 512;\n  heads = 96;\n  mask = causal;\n}\n",
     )
     .unwrap();
     let o = attnc(&[s(&file), "--pes", "16", "-o", s(&dir.path().join("o"))]);
     assert_clean_failure(&o, "big.attn:2:");
     assert!(text(&o).contains("attnc unrolls"), "{}", text(&o));
-    assert!(text(&o).contains("of them padding"), "{}", text(&o));
+    assert!(text(&o).contains("at least 2 tokens"), "{}", text(&o));
     assert!(!dir.path().join("o").exists());
+    // Without a mask they deal in blocks of 2, the last 6 PEs owning none: loop programs.
+    std::fs::write(
+        &file,
+        "layer odd {\n  tokens = 20;\n  dim = 512;\n  heads = 96;\n}\n",
+    )
+    .unwrap();
+    let sparse = dir.path().join("sparse");
+    let o = attnc(&[s(&file), "--pes", "16", "-o", s(&sparse)]);
+    assert!(o.status.success(), "{}", text(&o));
     // 1001 tokens deal to 8 PEs with the last block 7 short: loop programs.
     std::fs::write(
         &file,

@@ -298,9 +298,12 @@ impl Layout {
     }
 
     /// Whether every one of `tokens` tokens has an owner and a local row: `rows_per_pe · pes`
-    /// is exactly `tokens`, or a little more, only the last PE's rows (contiguous, fewer than
-    /// `rows_per_pe` more) or the last chunk (zigzag, at most a chunk more) short: the missing
-    /// tokens are the top local rows of their owner, which hold nothing.
+    /// is exactly `tokens`, or a little more with only the end short. The missing tokens are the
+    /// top local rows of their owners, which hold nothing. A little more: either the last PE's
+    /// rows only (contiguous, fewer than `rows_per_pe` more) or the last chunk only (zigzag, at
+    /// most a chunk more), or the rows are the fewest that deal the tokens (fewer than `pes`
+    /// more, contiguous; fewer than `2·pes`, zigzag), so some PEs' last rows or chunks, or
+    /// the last PEs, may hold nothing.
     pub fn covers(&self, pes: u32, tokens: u64) -> bool {
         let r = u64::from(self.rows_per_pe);
         let (per, short) = match self.order {
@@ -308,7 +311,8 @@ impl Layout {
             RowOrder::Zigzag => (2, r / 2),
         };
         let dealt = r * u64::from(pes);
-        r > 0 && r.is_multiple_of(per) && dealt >= tokens && dealt - tokens <= short
+        let fewest = dealt - tokens.min(dealt) < per * u64::from(pes);
+        r > 0 && r.is_multiple_of(per) && dealt >= tokens && (dealt - tokens <= short || fewest)
     }
 
     /// Why the layout cannot place a `[heads, tokens, dim]` tensor on `pes` PEs with `mem`
@@ -324,7 +328,7 @@ impl Layout {
                 "{} rows per PE on {pes} PEs do not cover {tokens} tokens{}",
                 self.rows_per_pe,
                 if per == 2 {
-                    " (zigzag needs an even count, and may only leave the last chunk short)"
+                    " (zigzag needs an even count)"
                 } else {
                     ""
                 }

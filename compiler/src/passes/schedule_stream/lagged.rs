@@ -136,8 +136,8 @@ enum Fwd {
     None,
     /// The whole k (or v) half of the block.
     Full,
-    /// Only the first chunk: the hop carrying PE 0's block, whose late chunk nobody further on
-    /// reads.
+    /// Only the first chunk: a hop carrying a block whose late chunk nobody further on reads
+    /// (PE 0's, and the blocks of the PEs up to the first whose late chunk holds a token).
     Trim,
 }
 
@@ -225,6 +225,9 @@ struct LCtx<'a> {
     m: u32,
     /// Local rows below this hold tokens ([`super::mask_rows`]).
     live: u32,
+    /// Under a causal mask, the first PE whose second chunk holds a token: the blocks of PEs
+    /// up to it carry a second chunk nobody else reads ([`LCtx::pat`]).
+    p_live: u32,
 }
 
 /// What [`LCtx::kwork`] computes: `rows` rows from local row `r0` against `keys` keys of the k
@@ -436,10 +439,37 @@ impl LCtx<'_> {
         }
         // Columns outside, keys inside, so each y word is one running sum. Iteration (row a,
         // column c, key b) forwards word `(a − r0)·keys·d + c·keys + b` of the v rows: any
-        // bijection will do, source and destination offsets being the same.
+        // bijection will do, source and destination offsets being the same. Less than a row's
+        // worth (`wk < keys` keys' words, a trimmed hop of a step whose rows see two chunks)
+        // rides on the first row's first `wk` keys instead: word `c·wk + b`.
         let kd = i64::from(w.keys) * d;
         let send = w.send.as_ref().map(|(src, dst, words)| {
-            let full = u32::try_from(i64::from(*words) / kd).unwrap_or(u32::MAX);
+            let words = i64::from(*words);
+            if words < kd {
+                debug_assert_eq!(words % d, 0, "whole keys only");
+                let wk = words / d;
+                let at = |a: &Ad| a.clone().t(lb, wk).t(lk, 1);
+                let mut preds = vec![Pred {
+                    slot: Slot::Xfer,
+                    level: lk,
+                    cmp: Cmp::Lt,
+                    value: wk as u32,
+                }];
+                if w.rows > 1 {
+                    preds.push(Pred {
+                        slot: Slot::Xfer,
+                        level: lr,
+                        cmp: Cmp::Lt,
+                        value: 1,
+                    });
+                }
+                return Send {
+                    src: at(src),
+                    dst: at(dst),
+                    preds,
+                };
+            }
+            let full = u32::try_from(words / kd).unwrap_or(u32::MAX);
             let at = |a: &Ad| {
                 let x = a.clone().t(lb, i64::from(w.keys)).t(lk, 1);
                 if full > 1 {
@@ -448,7 +478,7 @@ impl LCtx<'_> {
                     x
                 }
             };
-            debug_assert_eq!(i64::from(*words) % kd, 0, "whole rows only");
+            debug_assert_eq!(words % kd, 0, "whole rows only");
             Send {
                 src: at(src),
                 dst: at(dst),
@@ -612,9 +642,17 @@ impl LCtx<'_> {
         } else {
             Kind::B
         };
-        let fwd = if s + 1 >= self.m {
+        // The block held in step `s` is PE `b`'s, on its way b → … → m − 1 → 0 → … → b − 1.
+        // Its second chunk (chunk 2m − 1 − b) is read only by the rows of later chunks, the
+        // second chunks of PEs below `b`; its first by the first chunks of the PEs above `b` and
+        // those same second chunks. Where all of those second chunks are padding
+        // (`b ≤ p_live`), no hop carries the second chunk, and so no hop carries padding, and
+        // past PE m − 1 nothing is carried at all.
+        let b = (self.pe + self.m - s % self.m) % self.m;
+        let unread_beyond = self.map.causal && b <= self.p_live;
+        let fwd = if s + 1 >= self.m || (unread_beyond && (self.pe < b || self.pe + 1 == self.m)) {
             Fwd::None
-        } else if s == self.pe && self.map.causal {
+        } else if unread_beyond {
             Fwd::Trim
         } else {
             Fwd::Full
@@ -852,6 +890,7 @@ pub(super) fn program(
     heads: u32,
     scale: f32,
     live: u32,
+    p_live: u32,
 ) -> Option<LoopProgram> {
     let ctx = LCtx {
         map,
@@ -859,14 +898,16 @@ pub(super) fn program(
         pe,
         m,
         live,
+        p_live,
     };
     let (c, d) = (map.c, map.d);
     let cd = c * d;
-    // Step 0 forwards the own block; PE 0's last hop (its block's late chunk is read by nobody
-    // after it) only the first chunk of its k and v rows.
-    let ranges = if m < 2 {
+    // Step 0 forwards the own block: only the first chunk of its k and v rows where the second
+    // is read by nobody after it ([`LCtx::pat`]).
+    let unread_beyond = map.causal && pe <= p_live;
+    let ranges = if m < 2 || (unread_beyond && pe + 1 == m && pe > 0) {
         Vec::new()
-    } else if pe + 1 < m && pe == 0 && map.causal {
+    } else if pe + 1 < m && unread_beyond {
         vec![(0, cd), (map.hd, cd)]
     } else {
         vec![(0, map.block)]

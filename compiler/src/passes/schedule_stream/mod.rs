@@ -74,30 +74,42 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     if p.causal {
         let dealt = padded_tokens(n, m);
         let chunk = dealt / (2 * m);
-        // The last chunk keeps a token: PE 0 reads its blocks for that chunk's rows only.
-        if dealt < 4 * m || dealt - n >= chunk {
+        if dealt < 4 * m {
             return Some(format!(
-                "{NAME} deals a causal layer to {m} PEs in {} chunks of at least 2 tokens, padding part of the last chunk only: {n} tokens would be {dealt} dealt in chunks of {chunk}, {} of them padding",
-                2 * m,
-                dealt - n
+                "{NAME} deals a causal layer to {m} PEs in {} chunks of at least 2 tokens: {n} tokens would be {dealt} dealt in chunks of {chunk}",
+                2 * m
             ));
         }
         return None;
     }
-    // Without a mask the last PE's block is padded at its end; it keeps a token.
+    // Without a mask the last PEs' blocks are padded at their ends (short or empty).
     let rows = n.div_ceil(m);
     let dealt = rows.saturating_mul(m);
-    if dealt < 2 * m || dealt - n >= rows {
+    if dealt < 2 * m {
         return Some(format!(
-            "{NAME} deals a layer without a mask to {m} PEs in blocks of at least 2 tokens, padding part of the last block only: {n} tokens would be {dealt} dealt in blocks of {rows}, {} of them padding",
-            dealt - n
+            "{NAME} deals a layer without a mask to {m} PEs in blocks of at least 2 tokens: {n} tokens would be {dealt} dealt in blocks of {rows}"
         ));
     }
     None
 }
 
+/// Why only the lagged programs can deal a causal layer, if so: its padding takes more than
+/// part of the last chunk. The lagged programs keep every hop from carrying padding; the
+/// others forward whole blocks except PE 0's.
+pub fn padding_beyond_last_chunk(p: &Problem, pes: u32) -> Option<String> {
+    let (n, m) = (p.tokens, pes);
+    let dealt = padded_tokens(n, m);
+    let chunk = dealt / (2 * m);
+    (p.causal && dealt - n >= chunk).then(|| {
+        format!(
+            "{NAME} pads only part of the last chunk of a causal layer unless its values trail its keys (safe softmax, separate q/k/v, an even ring): {n} tokens on {m} PEs would be {dealt} dealt in chunks of {chunk}, {} of them padding",
+            dealt - n
+        )
+    })
+}
+
 /// Tokens as the stream deals them: under a causal mask a multiple of `2m`, the tokens past
-/// the layer's end being the last chunk's last rows (no real row sees them).
+/// the layer's end being the last chunks' last rows (no real row sees them).
 fn padded_tokens(n: u32, m: u32) -> u32 {
     n.div_ceil(2 * m).saturating_mul(2 * m)
 }
@@ -534,6 +546,22 @@ impl Ctx<'_> {
                     body.push(B::new().max(s.clone(), s.clone(), mo.clone()).build());
                 }
                 shift = Some(mo);
+            } else if live == 0 {
+                // A block of padding only: the maximum moves to the new slot unchanged and
+                // nothing is rescaled; the rescaling's cycles stay, so the PEs keep in step.
+                body.push(B::new().max(mo.clone(), mo, mn.clone()).build());
+                body.extend(keep(
+                    lp(
+                        w.keys - 1,
+                        vec![B::new().max(mn.clone(), e(1), mn.clone()).build()],
+                    ),
+                    lb,
+                    1,
+                ));
+                body.push(B::new().build());
+                body.push(B::new().build());
+                body.extend(lp(m.d, vec![B::new().build()]));
+                shift = Some(mn);
             } else {
                 body.push(B::new().max(mo.clone(), s.clone(), mn.clone()).build());
                 body.extend(keep(
@@ -617,6 +645,11 @@ impl Ctx<'_> {
         body.extend(lp(m.d, pv));
         let mut nodes = lp(w.rows, body);
         mask_rows(&mut nodes, lr, w.r0, w.rows, self.live);
+        if w.first && live == 0 {
+            // The PE's own block is padding only, and so are its rows: nothing to compute or
+            // forward (the first key's bundles stand outside the masked key loops).
+            mask_keys(&mut nodes, lb, 0);
+        }
         nodes
     }
 }
@@ -675,10 +708,13 @@ fn lagged_programs(
             _ => Ok(None),
         };
     }
+    // The first PE whose second chunk holds a token (every first chunk is whole).
+    let chunk = p.tokens / pes / 2;
+    let p_live = (0..pes).find(|&q| live(q) > chunk).unwrap_or(pes);
     let build = |g: u32| -> Option<Lagged> {
         let map = lagged::LMap::new(p, pes, g)?;
         let programs = (0..pes)
-            .map(|pe| lagged::program(&map, pe, pes, p.heads, p.scale as f32, live(pe)))
+            .map(|pe| lagged::program(&map, pe, pes, p.heads, p.scale as f32, live(pe), p_live))
             .collect::<Option<Vec<_>>>()?;
         Some(Lagged {
             programs,
@@ -738,7 +774,7 @@ pub fn run_pairing(
     let plain = run_separately(p, pes, safe, lag)?;
     let applies = p.symmetric && !p.causal && safe && paired::applies(p.tokens, pes);
     let rows = p.tokens.div_ceil(pes);
-    let last_live = p.tokens - (pes - 1) * rows;
+    let last_live = p.tokens.saturating_sub((pes - 1).saturating_mul(rows));
     let budget = match lag {
         Lag::Fit(Some(limit)) => u64::from(limit),
         _ => allowance(p, pes),
@@ -809,6 +845,11 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
         }
     };
     let lagged = lagged_programs(&dealt, pes, safe, lag, &live)?;
+    if lagged.is_none() {
+        if let Some(why) = padding_beyond_last_chunk(p, pes) {
+            return Err(why);
+        }
+    }
     let lag_steps = lagged.as_ref().map_or(0, |l| l.g);
     let (n, d, heads, m) = (dealt.tokens, p.dim, p.heads, pes);
     let shared = p.symmetric;
@@ -861,11 +902,9 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
     };
     let scale = p.scale as f32;
     let (programs, kv, y) = lagged.map(|l| (l.programs, l.kv, l.y)).unwrap_or_else(|| {
+        let lives: Vec<u32> = (0..m).map(live).collect();
         let programs = (0..m)
-            .map(|pe| {
-                let last = live(m - 1);
-                program(&map, pe, m, heads, causal, scale, safe, live(pe), last)
-            })
+            .map(|pe| program(&map, pe, m, heads, causal, scale, safe, &lives))
             .collect();
         (programs, kv, y)
     });
@@ -930,9 +969,21 @@ fn program(
     causal: bool,
     scale: f32,
     safe: bool,
-    live: u32,
-    last_live: u32,
+    lives: &[u32],
 ) -> LoopProgram {
+    // Rows of PE `b` that hold tokens: without a mask also the keys of its block.
+    let live_of = |b: u32| lives.get(b as usize).copied().unwrap_or(0);
+    let live = live_of(pe);
+    // Steps before this forward their block: a block forwarded in step `s` is held by the
+    // next PEs in steps `s + 1, …`, up to the ring's last, and must reach one that computes
+    // with it. Without a mask, the PEs right after this one may hold padding only (`dead`
+    // of them), which only pass blocks on.
+    let dead = if causal {
+        0
+    } else {
+        (1..m).take_while(|j| live_of((pe + j) % m) == 0).count() as u32
+    };
+    let fwd_end = (m - 1).saturating_sub(dead);
     let d = i64::from(map.d);
     let block = i64::from(map.block);
     let ctx = |depth: u8| Ctx {
@@ -1006,8 +1057,8 @@ fn program(
             send: None,
             slots: slot0.clone(),
             tri: false,
-            forward_to: (m > 1).then(|| rotating.clone()),
-            key_limit: (pe + 1 == m && last_live < map.rows).then_some(last_live),
+            forward_to: (fwd_end > 0).then(|| rotating.clone()),
+            key_limit: (live < map.rows).then_some(live),
         }));
     }
     // Later steps. Without a mask: all rows against the whole block. With
@@ -1060,9 +1111,9 @@ fn program(
             } else {
                 (rotating.clone(), rotating.clone())
             };
-            // Step `first + every·i` forwards unless it is the ring's last.
-            let forwards = first < m - 1;
-            let stop = (m - 1 - first).div_ceil(every);
+            // Step `first + every·i` forwards unless it is the last that reaches a reader.
+            let forwards = first < fwd_end;
+            let stop = fwd_end.saturating_sub(first).div_ceil(every);
             let preds: Vec<Pred> = if forwards && stop < count {
                 vec![Pred {
                     slot: Slot::Xfer,
@@ -1163,21 +1214,28 @@ fn program(
             continue;
         }
         if !causal {
-            // A padded last block (PE m − 1's) is here in step `pe + 1`: a step of its own.
-            let special = (last_live < map.rows && pe + 1 < m).then_some(pe + 1);
-            match special {
-                Some(s) => {
-                    for (first, count, limit) in [
-                        (1, s - 1, None),
-                        (s, 1, Some(last_live)),
-                        (s + 1, m - 1 - s, None),
-                    ] {
-                        if count > 0 {
-                            head.extend(lp(count, step(ph, first, 1, count, limit)));
-                        }
-                    }
+            // Step `s` holds PE `(pe − s) mod m`'s block; the padded blocks (the last PEs',
+            // short or empty) take runs of steps of their own, their missing keys masked.
+            let limit = |s: u32| {
+                let b = (pe + m - s % m) % m;
+                let l = live_of(b);
+                (l < map.rows).then_some(l)
+            };
+            let mut first = ph.first;
+            let end = ph.first + ph.count;
+            while first < end {
+                let mut count = 1;
+                while first + count < end && limit(first + count) == limit(first) {
+                    count += 1;
                 }
-                None => head.extend(lp(ph.count, step(ph, ph.first, 1, ph.count, None))),
+                let mut nodes = step(ph, first, 1, count, limit(first));
+                if limit(first) == Some(0) && first + count == end {
+                    // Padding-only blocks to the ring's end: their maxima would be copied
+                    // for steps that never come.
+                    drop_copies(&mut nodes);
+                }
+                head.extend(lp(count, nodes));
+                first += count;
             }
             continue;
         }
@@ -1402,6 +1460,35 @@ fn mask_rows(nodes: &mut [Node], level: u8, r0: u32, rows: u32, live: u32) {
                     b.preds.retain(|p| p.slot == Slot::Xfer);
                 } else {
                     guard(b, &[Slot::Op, Slot::Acc], level, live - r0);
+                }
+            }
+        }
+    }
+}
+
+/// Turns every running-maximum copy (`max a, a`) in `nodes` into a no-op, keeping its cycle.
+fn drop_copies(nodes: &mut [Node]) {
+    for n in nodes {
+        match n {
+            Node::Loop(l) => drop_copies(&mut l.body),
+            Node::Bundle(b) => {
+                if let Op::Arith(a) = b.bundle.op {
+                    let a_terms: Vec<_> =
+                        b.terms.iter().filter(|t| t.field == Field::OpA).collect();
+                    let b_terms: Vec<_> =
+                        b.terms.iter().filter(|t| t.field == Field::OpB).collect();
+                    let same = a.kind == isa::OpKind::Max
+                        && a.b == a.a
+                        && a_terms.len() == b_terms.len()
+                        && a_terms.iter().zip(&b_terms).all(|(x, y)| {
+                            (x.level, x.stride, x.wrap) == (y.level, y.stride, y.wrap)
+                        });
+                    if same {
+                        b.bundle.op = Op::Nop;
+                        b.terms
+                            .retain(|t| !matches!(t.field, Field::OpA | Field::OpB | Field::OpDst));
+                        b.preds.retain(|p| p.slot != Slot::Op);
+                    }
                 }
             }
         }
