@@ -630,9 +630,11 @@ fn layer_near_the_old_operation_limit_is_not_unrolled() {
         &["a.attn", "--pes", "8", "-o", "out"],
     );
     assert!(o.status.success(), "{}", text(&o));
-    // 24 tokens on 16 PEs would be blocks of 2 with 8 tokens of padding: refused at once.
-    let dir = setup("layer big { tokens = 24; dim = 512; heads = 64; softmax = plain; }\n");
+    // 24 causal tokens on 16 PEs would be chunks of 1: refused at once.
+    let dir = setup(
+        "layer big { tokens = 24; dim = 512; heads = 64; softmax = plain; mask = causal; }\n",
+    );
     let o = run_untouched(dir.path(), None, &["a.attn", "--pes", "16", "-o", "out"]);
     assert_clean_failure(&o, "more than the 6000000 attnc unrolls");
-    assert_clean_failure(&o, "8 of them padding");
+    assert_clean_failure(&o, "chunks of at least 2 tokens");
 }
