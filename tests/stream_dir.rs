@@ -67,13 +67,11 @@ fn every_kind_of_layer_runs_from_its_files() {
                         for causal in [false, true] {
                             // A causal layer is dealt in 2m chunks of at least 2 tokens, only
                             // the last one short (the plain softmax does not lag the values);
-                            // one without a mask in blocks of at least 2, the last PEs' short or
+                            // one without a mask in any case, the last PEs' blocks short or
                             // empty.
-                            let applies = if causal {
+                            let applies = !causal || {
                                 let dealt = n.div_ceil(2 * m) * 2 * m;
                                 dealt >= 4 * m && dealt - n < dealt / (2 * m)
-                            } else {
-                                n.div_ceil(m) >= 2
                             };
                             let src = layer_src(n, d, heads, shared, causal);
                             let what = format!(

@@ -80,16 +80,8 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
                 2 * m
             ));
         }
-        return None;
     }
-    // Without a mask the last PEs' blocks are padded at their ends (short or empty).
-    let rows = n.div_ceil(m);
-    let dealt = rows.saturating_mul(m);
-    if dealt < 2 * m {
-        return Some(format!(
-            "{NAME} deals a layer without a mask to {m} PEs in blocks of at least 2 tokens: {n} tokens would be {dealt} dealt in blocks of {rows}"
-        ));
-    }
+    // Without a mask any count deals: blocks of `⌈n/m⌉` tokens, the last PEs' short or empty.
     None
 }
 
