@@ -74,6 +74,8 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     if p.causal {
         let dealt = padded_tokens(n, m);
         let chunk = dealt / (2 * m);
+        // Step 0's triangle carries the own block to the next PE on its score loops:
+        // `C(2C + 1)·d` iterations for `4C·d` words, enough from `C = 2` on.
         if dealt < 4 * m {
             return Some(format!(
                 "{NAME} deals a causal layer to {m} PEs in {} chunks of at least 2 tokens: {n} tokens would be {dealt} dealt in chunks of {chunk}",
