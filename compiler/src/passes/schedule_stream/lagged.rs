@@ -132,16 +132,6 @@ enum Kind {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Fwd {
-    None,
-    /// The whole k (or v) half of the block.
-    Full,
-    /// Only the first chunk: a hop carrying a block whose late chunk nobody further on reads
-    /// (PE 0's, and the blocks of the PEs up to the first whose late chunk holds a token).
-    Trim,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Pat {
     kind: Kind,
     fwd: Fwd,
@@ -642,21 +632,7 @@ impl LCtx<'_> {
         } else {
             Kind::B
         };
-        // The block held in step `s` is PE `b`'s, on its way b → … → m − 1 → 0 → … → b − 1.
-        // Its second chunk (chunk 2m − 1 − b) is read only by the rows of later chunks, the
-        // second chunks of PEs below `b`; its first by the first chunks of the PEs above `b` and
-        // those same second chunks. Where all of those second chunks are padding
-        // (`b ≤ p_live`), no hop carries the second chunk, and so no hop carries padding, and
-        // past PE m − 1 nothing is carried at all.
-        let b = (self.pe + self.m - s % self.m) % self.m;
-        let unread_beyond = self.map.causal && b <= self.p_live;
-        let fwd = if s + 1 >= self.m || (unread_beyond && (self.pe < b || self.pe + 1 == self.m)) {
-            Fwd::None
-        } else if unread_beyond {
-            Fwd::Trim
-        } else {
-            Fwd::Full
-        };
+        let fwd = hop(self.pe, self.m, s, self.map.causal, self.p_live);
         Pat { kind, fwd }
     }
 
@@ -903,14 +879,11 @@ pub(super) fn program(
     let (c, d) = (map.c, map.d);
     let cd = c * d;
     // Step 0 forwards the own block: only the first chunk of its k and v rows where the second
-    // is read by nobody after it ([`LCtx::pat`]).
-    let unread_beyond = map.causal && pe <= p_live;
-    let ranges = if m < 2 || (unread_beyond && pe + 1 == m && pe > 0) {
-        Vec::new()
-    } else if pe + 1 < m && unread_beyond {
-        vec![(0, cd), (map.hd, cd)]
-    } else {
-        vec![(0, map.block)]
+    // is read by nobody after it ([`hop`]).
+    let ranges = match hop(pe, m, 0, map.causal, p_live) {
+        Fwd::None => Vec::new(),
+        Fwd::Trim => vec![(0, cd), (map.hd, cd)],
+        Fwd::Full => vec![(0, map.block)],
     };
     let mut head = ctx.tri_k(&ranges)?;
     let groups = m / map.g;

@@ -87,19 +87,36 @@ pub fn unsupported(p: &Problem, pes: u32) -> Option<String> {
     None
 }
 
-/// Why only the lagged programs can deal a causal layer, if so: its padding takes more than
-/// part of the last chunk. The lagged programs keep every hop from carrying padding; the
-/// others forward whole blocks except PE 0's.
-pub fn padding_beyond_last_chunk(p: &Problem, pes: u32) -> Option<String> {
-    let (n, m) = (p.tokens, pes);
-    let dealt = padded_tokens(n, m);
-    let chunk = dealt / (2 * m);
-    (p.causal && dealt - n >= chunk).then(|| {
-        format!(
-            "{NAME} pads only part of the last chunk of a causal layer unless its values trail its keys (safe softmax, separate q/k/v, an even ring): {n} tokens on {m} PEs would be {dealt} dealt in chunks of {chunk}, {} of them padding",
-            dealt - n
-        )
-    })
+/// What a PE forwards of the block it holds in a ring step.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fwd {
+    None,
+    /// The whole block (or, in the lagged programs, the whole k or v half of it).
+    Full,
+    /// Only the first chunk (of the k rows and of the v rows): a hop carrying a block whose
+    /// late chunk nobody further on reads.
+    Trim,
+}
+
+/// What PE `pe` forwards in step `s` of a ring of `m`, `p_live` being the first PE whose late
+/// chunk holds a token under a causal mask.
+///
+/// The block held in step `s` is PE `b`'s, on its way b → … → m − 1 → 0 → … → b − 1. Its late
+/// chunk (chunk 2m − 1 − b) is read only by the rows of later chunks, the late chunks of the
+/// PEs below `b`; its first chunk by the first chunks of the PEs above `b` and those same late
+/// chunks. Where all of those late chunks are padding (`b ≤ p_live`: PE 0's block always), no
+/// hop carries the late chunk, so none carries padding, and past PE m − 1 nothing is carried.
+/// The ring's last step forwards nothing.
+fn hop(pe: u32, m: u32, s: u32, causal: bool, p_live: u32) -> Fwd {
+    let b = (pe + m - s % m) % m;
+    let unread_beyond = causal && b <= p_live;
+    if s + 1 >= m || (unread_beyond && (pe < b || pe + 1 == m)) {
+        Fwd::None
+    } else if unread_beyond {
+        Fwd::Trim
+    } else {
+        Fwd::Full
+    }
 }
 
 /// Tokens as the stream deals them: under a causal mask a multiple of `2m`, the tokens past
@@ -839,11 +856,6 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
         }
     };
     let lagged = lagged_programs(&dealt, pes, safe, lag, &live)?;
-    if lagged.is_none() {
-        if let Some(why) = padding_beyond_last_chunk(p, pes) {
-            return Err(why);
-        }
-    }
     let lag_steps = lagged.as_ref().map_or(0, |l| l.g);
     let (n, d, heads, m) = (dealt.tokens, p.dim, p.heads, pes);
     let shared = p.symmetric;
@@ -1013,7 +1025,8 @@ fn program(
     // Under a causal mask PE 0's block holds the earliest and the latest tokens, and every other
     // PE sees only its first chunk (PE p > 0 is later than chunk 0 and earlier than chunk
     // 2m − 1). So the block's second chunk is never read away from PE 0, and every hop of PE 0's
-    // block (PE p's send in step p, p < m − 1) carries only the first chunk.
+    // block (PE p's send in step p, p < m − 1) carries only the first chunk; likewise the blocks
+    // of the next PEs where the late chunks past them are padding ([`hop`]).
     let c = map.rows / 2;
     let cd = c * map.d;
     let last_hop_ranges: Vec<(u32, u32)> = if map.v_off == 0 {
@@ -1021,15 +1034,15 @@ fn program(
     } else {
         vec![(0, cd), (map.v_off, cd)]
     };
-    let trims = |step: u32| causal && step == pe && pe + 1 < m;
+    let p_live = (0..m).find(|&q| live_of(q) > c).unwrap_or(m);
+    let fwd_at = |s: u32| hop(pe, m, s, causal, p_live);
     // Step 0.
     if causal {
-        let ranges = if trims(0) {
-            last_hop_ranges.clone()
-        } else {
-            vec![(0, map.block)]
+        let ranges = match fwd_at(0) {
+            Fwd::None => Vec::new(),
+            Fwd::Trim => last_hop_ranges.clone(),
+            Fwd::Full => vec![(0, map.block)],
         };
-        let ranges = if m > 1 { ranges } else { Vec::new() };
         match triangle(&ctx(1), map, &ranges, &own, slot0.as_ref()) {
             Some(nodes) => head.extend(nodes),
             None => head.extend(unrolled_triangle(
@@ -1070,17 +1083,13 @@ fn program(
     }
     let mut phases = Vec::new();
     if causal {
-        // The trimmed hop is a step of its own (see `trims`).
-        let split = pe >= 1 && trims(pe);
-        for (first, count) in [(1, pe - u32::from(split)), (pe, u32::from(split))] {
-            phases.push(Phase {
-                first,
-                count,
-                r0: 0,
-                rows: 2 * c,
-                rounds: vec![(0, c)],
-            });
-        }
+        phases.push(Phase {
+            first: 1,
+            count: pe,
+            r0: 0,
+            rows: 2 * c,
+            rounds: vec![(0, c)],
+        });
         phases.push(Phase {
             first: pe + 1,
             count: m - 1 - pe,
@@ -1098,111 +1107,125 @@ fn program(
         });
     }
     // One step's work, `s` being `first` plus the index of the loop at level 1 times `every`.
-    let step =
-        |ph: &Phase, first: u32, every: u32, count: u32, key_limit: Option<u32>| -> Vec<Node> {
-            let (kb, dst) = if causal {
-                (buf_of(first), buf_of(first + 1))
+    let step = |ph: &Phase,
+                first: u32,
+                every: u32,
+                count: u32,
+                key_limit: Option<u32>,
+                fwd: Fwd|
+     -> Vec<Node> {
+        let (kb, dst) = if causal {
+            (buf_of(first), buf_of(first + 1))
+        } else {
+            (rotating.clone(), rotating.clone())
+        };
+        // Step `first + every·i` forwards unless it is the last that reaches a reader (under
+        // a causal mask the run's steps all forward alike, `fwd`).
+        let (forwards, stop) = if causal {
+            (fwd != Fwd::None, count)
+        } else {
+            (
+                first < fwd_end,
+                fwd_end.saturating_sub(first).div_ceil(every),
+            )
+        };
+        let preds: Vec<Pred> = if forwards && stop < count {
+            vec![Pred {
+                slot: Slot::Xfer,
+                level: 1,
+                cmp: Cmp::Lt,
+                value: stop,
+            }]
+        } else {
+            Vec::new()
+        };
+        // Step s writes the new row maximum to slot s % 2 and reads the old one from the
+        // other (step 0 only writes slot 0).
+        let slot = |s: u32| {
+            let at = ad(map.mx + (s % 2) * map.rows);
+            if every % 2 == 1 && count > 1 {
+                // Consecutive steps alternate.
+                let stride = if s.is_multiple_of(2) { rows_i } else { -rows_i };
+                at.wrap(1, stride, 2)
             } else {
-                (rotating.clone(), rotating.clone())
-            };
-            // Step `first + every·i` forwards unless it is the last that reaches a reader.
-            let forwards = first < fwd_end;
-            let stop = fwd_end.saturating_sub(first).div_ceil(every);
-            let preds: Vec<Pred> = if forwards && stop < count {
-                vec![Pred {
-                    slot: Slot::Xfer,
-                    level: 1,
-                    cmp: Cmp::Lt,
-                    value: stop,
-                }]
-            } else {
-                Vec::new()
-            };
-            // Step s writes the new row maximum to slot s % 2 and reads the old one from the
-            // other (step 0 only writes slot 0).
-            let slot = |s: u32| {
-                let at = ad(map.mx + (s % 2) * map.rows);
-                if every % 2 == 1 && count > 1 {
-                    // Consecutive steps alternate.
-                    let stride = if s.is_multiple_of(2) { rows_i } else { -rows_i };
-                    at.wrap(1, stride, 2)
-                } else {
-                    at
-                }
-            };
-            let n_rounds = ph.rounds.len() as u32;
-            let per_round = map.block / n_rounds;
-            let mut inner = Vec::new();
-            if forwards && count == 1 && trims(first) {
-                // One row group per range: each group's score loops carry one contiguous piece.
-                let groups = last_hop_ranges.len() as u32;
-                let rows = ph.rows / groups;
-                for (g, &(offset, len)) in last_hop_ranges.iter().enumerate() {
-                    let off = i64::from(offset);
-                    inner.extend(ctx(2).block(&Work {
-                        r0: ph.r0 + g as u32 * rows,
-                        rows,
-                        k0: 0,
-                        keys: c,
-                        kb: kb.clone(),
-                        first: false,
-                        send: Some((kb.clone().plus(off), dst.clone().plus(off), len)),
-                        slots: safe.then(|| (slot(first + 1), slot(first))),
-                        tri: false,
-                        forward_to: None,
-                        key_limit: None,
-                    }));
-                }
-                return inner;
+                at
             }
-            if n_rounds == 1 {
-                let (k0, keys) = ph.rounds[0];
+        };
+        let n_rounds = ph.rounds.len() as u32;
+        let per_round = map.block / n_rounds;
+        let mut inner = Vec::new();
+        if fwd == Fwd::Trim {
+            // Only steps that see the block's first chunk alone are trimmed ([`hop`]).
+            debug_assert_eq!(ph.rounds.len(), 1, "a trimmed step of the second kind");
+            // One row group per range: each group's score loops carry one contiguous piece.
+            let groups = last_hop_ranges.len() as u32;
+            let rows = ph.rows / groups;
+            for (g, &(offset, len)) in last_hop_ranges.iter().enumerate() {
+                let off = i64::from(offset);
                 inner.extend(ctx(2).block(&Work {
-                    r0: ph.r0,
-                    rows: ph.rows,
-                    k0,
-                    keys,
+                    r0: ph.r0 + g as u32 * rows,
+                    rows,
+                    k0: 0,
+                    keys: c,
                     kb: kb.clone(),
                     first: false,
-                    send: (forwards && causal).then(|| (kb.clone(), dst.clone(), per_round)),
+                    send: Some((kb.clone().plus(off), dst.clone().plus(off), len)),
                     slots: safe.then(|| (slot(first + 1), slot(first))),
                     tri: false,
-                    forward_to: (forwards && !causal).then(|| rotating.clone()),
-                    key_limit,
+                    forward_to: None,
+                    key_limit: None,
                 }));
-            } else {
-                // Equal rounds of `keys` keys as one loop at level 2 over the round `j`: keys,
-                // the forwarded piece and the max slots move with `j`. Rounds swap the slots back
-                // and forth, so the step leaves the maximum where it found it.
-                let (_, keys) = ph.rounds[0];
-                let kd = i64::from(keys) * d;
-                let piece = i64::from(per_round);
-                let cur = i64::from(map.mx + ((ph.first + 1) % 2) * map.rows);
-                let other = i64::from(map.mx + (ph.first % 2) * map.rows);
-                let alternating = |a: i64, b: i64| ad(a as u32).wrap(2, b - a, 2);
-                inner.extend(lp(
-                    n_rounds,
-                    ctx(3).block(&Work {
-                        r0: ph.r0,
-                        rows: ph.rows,
-                        k0: 0,
-                        keys,
-                        kb: kb.clone().t(2, kd),
-                        first: false,
-                        send: (forwards && causal)
-                            .then(|| (kb.clone().t(2, piece), dst.clone().t(2, piece), per_round)),
-                        slots: safe.then(|| (alternating(cur, other), alternating(other, cur))),
-                        tri: false,
-                        forward_to: None,
-                        key_limit: None,
-                    }),
-                ));
             }
-            if !preds.is_empty() {
-                add_xfer_preds(&mut inner, &preds);
-            }
-            inner
-        };
+            return inner;
+        }
+        if n_rounds == 1 {
+            let (k0, keys) = ph.rounds[0];
+            inner.extend(ctx(2).block(&Work {
+                r0: ph.r0,
+                rows: ph.rows,
+                k0,
+                keys,
+                kb: kb.clone(),
+                first: false,
+                send: (forwards && causal).then(|| (kb.clone(), dst.clone(), per_round)),
+                slots: safe.then(|| (slot(first + 1), slot(first))),
+                tri: false,
+                forward_to: (forwards && !causal).then(|| rotating.clone()),
+                key_limit,
+            }));
+        } else {
+            // Equal rounds of `keys` keys as one loop at level 2 over the round `j`: keys,
+            // the forwarded piece and the max slots move with `j`. Rounds swap the slots back
+            // and forth, so the step leaves the maximum where it found it.
+            let (_, keys) = ph.rounds[0];
+            let kd = i64::from(keys) * d;
+            let piece = i64::from(per_round);
+            let cur = i64::from(map.mx + ((ph.first + 1) % 2) * map.rows);
+            let other = i64::from(map.mx + (ph.first % 2) * map.rows);
+            let alternating = |a: i64, b: i64| ad(a as u32).wrap(2, b - a, 2);
+            inner.extend(lp(
+                n_rounds,
+                ctx(3).block(&Work {
+                    r0: ph.r0,
+                    rows: ph.rows,
+                    k0: 0,
+                    keys,
+                    kb: kb.clone().t(2, kd),
+                    first: false,
+                    send: (forwards && causal)
+                        .then(|| (kb.clone().t(2, piece), dst.clone().t(2, piece), per_round)),
+                    slots: safe.then(|| (alternating(cur, other), alternating(other, cur))),
+                    tri: false,
+                    forward_to: None,
+                    key_limit: None,
+                }),
+            ));
+        }
+        if !preds.is_empty() {
+            add_xfer_preds(&mut inner, &preds);
+        }
+        inner
+    };
     for ph in &phases {
         if ph.count == 0 {
             continue;
@@ -1222,7 +1245,7 @@ fn program(
                 while first + count < end && limit(first + count) == limit(first) {
                     count += 1;
                 }
-                let mut nodes = step(ph, first, 1, count, limit(first));
+                let mut nodes = step(ph, first, 1, count, limit(first), Fwd::Full);
                 if limit(first) == Some(0) && first + count == end {
                     // Padding-only blocks to the ring's end: their maxima would be copied
                     // for steps that never come.
@@ -1233,16 +1256,26 @@ fn program(
             }
             continue;
         }
-        // Pairs of steps, then the odd one out.
-        let pairs = ph.count / 2;
-        if pairs > 0 {
-            let mut body = step(ph, ph.first, 2, pairs, None);
-            body.extend(step(ph, ph.first + 1, 2, pairs, None));
-            head.extend(lp(pairs, body));
-        }
-        if ph.count % 2 == 1 {
-            let last = ph.first + ph.count - 1;
-            head.extend(lp(1, step(ph, last, 1, 1, None)));
+        // Runs of steps that forward alike; each as pairs of steps, then the odd one out.
+        let end = ph.first + ph.count;
+        let mut first = ph.first;
+        while first < end {
+            let fwd = fwd_at(first);
+            let mut count = 1;
+            while first + count < end && fwd_at(first + count) == fwd {
+                count += 1;
+            }
+            let pairs = count / 2;
+            if pairs > 0 {
+                let mut body = step(ph, first, 2, pairs, None, fwd);
+                body.extend(step(ph, first + 1, 2, pairs, None, fwd));
+                head.extend(lp(pairs, body));
+            }
+            if count % 2 == 1 {
+                let last = first + count - 1;
+                head.extend(lp(1, step(ph, last, 1, 1, None, fwd)));
+            }
+            first += count;
         }
     }
     head.extend(normalise(map.y, map.l, map.rows, map.d, live));
