@@ -77,6 +77,7 @@
 //! Wrong outputs show the expected and found expressions abbreviated, descending to the first
 //! subexpression where they differ.
 
+pub mod compact;
 mod expr;
 mod report;
 mod spec;
@@ -380,6 +381,23 @@ impl Verification {
         let len = shape.tensor_len();
         let dims = [l.heads as usize, l.tokens as usize, l.dim as usize];
         for (name, p) in m.inputs.iter().chain(&m.outputs) {
+            // The flattened proof spells layouts out before it gets here; the compact proof
+            // keeps them affine and checks their extent in closed form.
+            if let Some(l) = &p.layout {
+                if p.shape != dims || !p.pe.is_empty() || !p.addr.is_empty() {
+                    self.fail(
+                        Invariant::Manifest,
+                        format!(
+                            "tensor `{name}`: layout of shape {:?} (with {} explicit entries); the layer needs shape {dims:?}",
+                            p.shape,
+                            p.pe.len()
+                        ),
+                    );
+                } else if let Some(why) = compact::layout_problem(l, m, &shape) {
+                    self.fail(Invariant::Manifest, format!("tensor `{name}`: {why}"));
+                }
+                continue;
+            }
             if p.shape != dims || Some(p.pe.len()) != len || Some(p.addr.len()) != len {
                 self.fail(
                     Invariant::Manifest,
