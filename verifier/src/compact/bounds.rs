@@ -227,11 +227,11 @@ pub fn extent(b: &LBundle, f: Field, levels: &[Level], limit: u64) -> Option<Ext
 mod tests {
     use super::*;
     use isa::looped::Term;
-    use isa::{Acc, Bundle, Op, OpKind, Xfer};
+    use isa::{Acc, Bundle, Op, Xfer};
 
     fn mul(a: u32, b: u32, dst: u32) -> Bundle {
         Bundle {
-            op: Op::binary(OpKind::Mul, a, b, Some(dst)),
+            op: Op::mul(a, b, Some(dst)),
             acc: Acc::Nop,
             xfer: Xfer::Nop,
         }
