@@ -19,10 +19,10 @@ pub struct Level {
 
 /// The indices in `[lo, hi)` except `nes`, at which a slot can execute at one level.
 #[derive(Clone, Debug)]
-struct Span {
-    lo: u64,
-    hi: u64,
-    nes: Vec<u64>,
+pub(crate) struct Span {
+    pub lo: u64,
+    pub hi: u64,
+    pub nes: Vec<u64>,
 }
 
 impl Span {
@@ -63,16 +63,31 @@ impl Span {
         Span { lo, hi, nes }
     }
 
-    fn contains(&self, i: u64) -> bool {
+    pub fn contains(&self, i: u64) -> bool {
         i >= self.lo && i < self.hi && self.nes.binary_search(&i).is_err()
     }
 
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.hi.saturating_sub(self.lo) <= self.nes.len() as u64
     }
 
-    fn first(&self) -> Option<u64> {
+    pub fn first(&self) -> Option<u64> {
         (self.lo..self.hi).find(|&i| self.contains(i))
+    }
+
+    pub fn last(&self) -> Option<u64> {
+        (self.lo..self.hi).rev().find(|&i| self.contains(i))
+    }
+
+    /// An index of `self` that `other` lacks, if any.
+    pub fn not_in(&self, other: &Span) -> Option<u64> {
+        if let Some(f) = self.first().filter(|&f| f < other.lo) {
+            return Some(f);
+        }
+        if let Some(l) = self.last().filter(|&l| l >= other.hi) {
+            return Some(l);
+        }
+        other.nes.iter().copied().find(|&x| self.contains(x))
     }
 
     /// Indices from both ends that include, for every value of `i mod wrap` the span attains,
@@ -111,6 +126,42 @@ pub enum Extent {
     Unknown { lo: i64, hi: i64 },
 }
 
+/// Per level, the indices at which `slot` can execute (a stepped level up to its largest trip
+/// count over the indices of the level it follows: the product over-approximates a triangle),
+/// or `None` if it never executes.
+pub(crate) fn spans(levels: &[Level], preds: &[Pred], slot: Slot) -> Option<Vec<Span>> {
+    let mut spans: Vec<Span> = Vec::with_capacity(levels.len());
+    for (k, lv) in levels.iter().enumerate() {
+        let bound = match lv.step {
+            None => u64::from(lv.count),
+            Some(st) => {
+                let outer = spans.get(usize::from(st.level))?;
+                let i = if st.per > 0 {
+                    outer.last()
+                } else {
+                    outer.first()
+                }?;
+                let t = i128::from(lv.count) + i128::from(st.per) * i128::from(i);
+                u64::try_from(t.max(0)).unwrap_or(0)
+            }
+        };
+        spans.push(Span::of(bound, preds, k, slot));
+    }
+    (!spans.iter().any(Span::is_empty)).then_some(spans)
+}
+
+/// Whether the loop indices `at` (outermost first) are inside every stepped trip count.
+pub(crate) fn feasible(levels: &[Level], at: &[u64]) -> bool {
+    levels.iter().enumerate().all(|(k, lv)| match lv.step {
+        None => true,
+        Some(st) => {
+            let o = at.get(usize::from(st.level)).copied().unwrap_or(0);
+            let trips = i128::from(lv.count) + i128::from(st.per) * i128::from(o);
+            i128::from(at.get(k).copied().unwrap_or(0)) < trips
+        }
+    })
+}
+
 fn slot_of(f: Field) -> Slot {
     match f {
         Field::OpA | Field::OpB | Field::OpDst => Slot::Op,
@@ -123,34 +174,9 @@ fn slot_of(f: Field) -> Slot {
 /// bundle does not use the field.
 pub fn extent(b: &LBundle, f: Field, levels: &[Level], limit: u64) -> Option<Extent> {
     let base = i64::from(field(&b.bundle, f)?);
-    let slot = slot_of(f);
-    // Per level, the indices at which the slot can execute; a stepped level takes its largest
-    // trip count over the indices of the level it follows.
-    let mut spans: Vec<Span> = Vec::with_capacity(levels.len());
-    for (k, lv) in levels.iter().enumerate() {
-        let bound = match lv.step {
-            None => u64::from(lv.count),
-            Some(st) => {
-                let Some(outer) = spans.get(usize::from(st.level)) else {
-                    return Some(Extent::Unknown { lo: 0, hi: 0 });
-                };
-                let pick = if st.per > 0 {
-                    (outer.lo..outer.hi).rev().find(|&i| outer.contains(i))
-                } else {
-                    outer.first()
-                };
-                let Some(i) = pick else {
-                    return Some(Extent::Never);
-                };
-                let t = i128::from(lv.count) + i128::from(st.per) * i128::from(i);
-                u64::try_from(t.max(0)).unwrap_or(0)
-            }
-        };
-        spans.push(Span::of(bound, &b.preds, k, slot));
-    }
-    if spans.iter().any(Span::is_empty) {
+    let Some(spans) = spans(levels, &b.preds, slot_of(f)) else {
         return Some(Extent::Never);
-    }
+    };
     let (mut lo, mut hi) = (base, base);
     let mut at_lo: Vec<u64> = spans.iter().map(|s| s.first().unwrap_or(0)).collect();
     let mut at_hi = at_lo.clone();
@@ -198,16 +224,7 @@ pub fn extent(b: &LBundle, f: Field, levels: &[Level], limit: u64) -> Option<Ext
     if lo >= 0 && hi < limit {
         return Some(Extent::Inside { lo, hi });
     }
-    let feasible = |at: &[u64]| {
-        levels.iter().enumerate().all(|(k, lv)| match lv.step {
-            None => true,
-            Some(st) => {
-                let o = at.get(usize::from(st.level)).copied().unwrap_or(0);
-                let trips = i128::from(lv.count) + i128::from(st.per) * i128::from(o);
-                i128::from(at.get(k).copied().unwrap_or(0)) < trips
-            }
-        })
-    };
+    let feasible = |at: &[u64]| feasible(levels, at);
     if exact && hi >= limit && feasible(&at_hi) {
         return Some(Extent::Outside {
             addr: hi,

@@ -15,6 +15,7 @@
 //! says so in [`Compact::undecided`] instead of guessing.
 
 mod bounds;
+mod slots;
 
 pub use bounds::{extent, Extent, Level};
 
@@ -51,7 +52,7 @@ pub const COVERAGE: [(Invariant, Coverage); 12] = [
     (
         Invariant::Fault,
         Coverage::Partial(
-            "every address every executing slot uses (transfer destinations in the receiver's memory) lies inside the declared memory; not reads of unwritten words, write conflicts or slot misuse",
+            "every address every executing slot uses (transfer destinations in the receiver's memory) lies inside the declared memory; no acc without its op, no send acc without its acc, no op and acc writing one word in one instance; not reads of unwritten words, nor a transfer arriving in a word written in the same cycle",
         ),
     ),
     (
@@ -75,7 +76,9 @@ pub const COVERAGE: [(Invariant, Coverage); 12] = [
     ),
     (
         Invariant::LostValue,
-        Coverage::Not("needs which write each read sees"),
+        Coverage::Partial(
+            "no op or acc result dropped on the spot (neither written, accumulated nor sent); not that every written word is read before it is overwritten",
+        ),
     ),
     (
         Invariant::UnreadTransfer,
@@ -316,6 +319,7 @@ pub fn check_loops(programs: &[LoopProgram], manifest: &Manifest, opts: &Options
     }
     if setup_ok {
         v.check(Invariant::Fault);
+        v.check(Invariant::LostValue);
         for p in programs {
             let next = if p.pe + 1 >= manifest.pes { 0 } else { p.pe + 1 };
             let own = u64::from(p.mem_words);
@@ -410,6 +414,27 @@ fn ranges(
                 levels.pop();
             }
             Node::Bundle(b) => {
+                for found in slots::check(b, levels) {
+                    match found {
+                        slots::Finding::Broken { rule, at } => {
+                            let inv = if rule.is_fault() {
+                                Invariant::Fault
+                            } else {
+                                Invariant::LostValue
+                            };
+                            let msg = format!("{} (at {})", rule.message(), indices(&at));
+                            let text = b.to_string();
+                            v.sink.report(inv, || Violation {
+                                pe: Some(pe),
+                                instruction: Some(text),
+                                ..plain(inv, msg)
+                            });
+                        }
+                        slots::Finding::Undecided(why) => {
+                            undecided.push(format!("PE {pe} `{b}`: {why}"))
+                        }
+                    }
+                }
                 for f in Field::ALL {
                     let limit = if f == Field::XferDst { theirs } else { own };
                     match extent(b, f, levels, limit) {
@@ -420,19 +445,10 @@ fn ranges(
                             } else {
                                 "its"
                             };
-                            let at: Vec<String> = at
-                                .iter()
-                                .enumerate()
-                                .map(|(k, i)| format!("i{k} = {i}"))
-                                .collect();
                             let msg = format!(
                                 "{} reaches m{addr} at {}, outside {whose} {limit} words",
                                 f.name(),
-                                if at.is_empty() {
-                                    "every run".to_string()
-                                } else {
-                                    at.join(", ")
-                                }
+                                indices(&at)
                             );
                             let text = b.to_string();
                             v.sink.report(Invariant::Fault, || Violation {
@@ -450,6 +466,19 @@ fn ranges(
             }
         }
     }
+}
+
+/// Loop indices as the text form names them.
+fn indices(at: &[u64]) -> String {
+    if at.is_empty() {
+        return "every run".into();
+    }
+    let at: Vec<String> = at
+        .iter()
+        .enumerate()
+        .map(|(k, i)| format!("i{k} = {i}"))
+        .collect();
+    at.join(", ")
 }
 
 fn op_counts(
