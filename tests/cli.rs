@@ -445,6 +445,46 @@ fn verify_proves_emitted_code_and_rejects_a_tampered_program() {
     assert_clean_failure(&o, "verification failed");
 }
 
+/// Loop programs too large to flatten: `verify` says they are not proved, reports what it
+/// checked without unrolling and what it did not, and locates an address that leaves memory.
+#[test]
+fn verify_checks_loop_programs_too_large_to_flatten_without_claiming_a_proof() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = compiled(
+        dir.path(),
+        "layer bert { tokens = 512; dim = 64; heads = 12; mask = none; }",
+        "8",
+    );
+    let o = attnc(&["verify", s(&out)]);
+    assert_clean_failure(&o, "checks without unrolling found 0 violation(s)");
+    let t = text(&o);
+    assert!(t.contains("NOT proved"), "{t}");
+    assert!(t.contains("not checked (needs the flattened proof): output"), "{t}");
+    assert!(!t.contains("undecided"), "{t}");
+    let o = attnc(&["verify", "--json", s(&out)]);
+    let json: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    assert_eq!(json["ok"], false);
+    assert_eq!(json["compact"], true);
+    assert_eq!(json["coverage"]["manifest"], "full");
+    // A base address moved so that the last key's score lands past the end of memory.
+    for pe in 0..8 {
+        std::fs::remove_file(out.join(format!("pe{pe}.bin"))).unwrap();
+    }
+    let asm = out.join("pe3.s");
+    let good = std::fs::read_to_string(&asm).unwrap();
+    let bad = good.replacen("add 0 -> m[196608 + 1*i2]", "add 0 -> m[196808 + 1*i2]", 1);
+    assert_ne!(bad, good);
+    std::fs::write(&asm, bad).unwrap();
+    let o = attnc(&["verify", s(&out)]);
+    assert_clean_failure(&o, "found 1 violation(s)");
+    assert!(
+        text(&o).contains("[fault] PE 3"),
+        "{}",
+        text(&o)
+    );
+}
+
 #[test]
 fn compile_reports_verification() {
     let dir = tempfile::tempdir().unwrap();
