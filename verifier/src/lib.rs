@@ -73,6 +73,13 @@
 //!
 //! Affine placements (manifest format 2) are spelt out element by element before anything else.
 //!
+//! # Loop programs too large to flatten
+//!
+//! [`verify_with`] takes flat programs; loop programs are flattened first, which bounds what it
+//! can prove. [`compact::check_loops`] checks loop programs from their loop structure in closed
+//! form, in time that grows with their size; it never reports a proof, and
+//! [`compact::COVERAGE`] says which invariants, or which parts of them, it establishes.
+//!
 //! Each violation names the PE, cycle and bundle text where that makes sense, and the invariant.
 //! Wrong outputs show the expected and found expressions abbreviated, descending to the first
 //! subexpression where they differ.
