@@ -459,7 +459,10 @@ fn verify_checks_loop_programs_too_large_to_flatten_without_claiming_a_proof() {
     assert_clean_failure(&o, "checks without unrolling found 0 violation(s)");
     let t = text(&o);
     assert!(t.contains("NOT proved"), "{t}");
-    assert!(t.contains("not checked (needs the flattened proof): output"), "{t}");
+    assert!(
+        t.contains("not checked (needs the flattened proof): output"),
+        "{t}"
+    );
     assert!(!t.contains("undecided"), "{t}");
     let o = attnc(&["verify", "--json", s(&out)]);
     let json: serde_json::Value =
@@ -478,11 +481,7 @@ fn verify_checks_loop_programs_too_large_to_flatten_without_claiming_a_proof() {
     std::fs::write(&asm, bad).unwrap();
     let o = attnc(&["verify", s(&out)]);
     assert_clean_failure(&o, "found 1 violation(s)");
-    assert!(
-        text(&o).contains("[fault] PE 3"),
-        "{}",
-        text(&o)
-    );
+    assert!(text(&o).contains("[fault] PE 3"), "{}", text(&o));
 }
 
 #[test]

@@ -187,7 +187,11 @@ pub fn extent(b: &LBundle, f: Field, levels: &[Level], limit: u64) -> Option<Ext
             return Some(Extent::Unknown { lo, hi });
         };
         let value = |i: u64| {
-            let g = if t.wrap == 0 { i } else { i % u64::from(t.wrap) };
+            let g = if t.wrap == 0 {
+                i
+            } else {
+                i % u64::from(t.wrap)
+            };
             i64::from(t.stride) * g as i64
         };
         match span.candidates(u64::from(t.wrap)) {
@@ -312,10 +316,7 @@ mod tests {
         };
         let b = LBundle {
             bundle,
-            terms: vec![
-                term(Field::OpA, 0, 64, 2),
-                term(Field::XferSrc, 0, 1, 0),
-            ],
+            terms: vec![term(Field::OpA, 0, 64, 2), term(Field::XferSrc, 0, 1, 0)],
             preds: vec![Pred {
                 slot: Slot::Xfer,
                 level: 0,

@@ -14,8 +14,11 @@
 //! program the flattened proof accepts never gets one; a check that cannot conclude either way
 //! says so in [`Compact::undecided`] instead of guessing.
 
+mod aff;
 mod bounds;
+pub mod prove;
 mod slots;
+mod term;
 
 pub use bounds::{extent, Extent, Level};
 
@@ -199,7 +202,11 @@ impl fmt::Display for Compact {
             .collect();
         writeln!(f, "checked without unrolling: {}", names.join(", "))?;
         let not: Vec<&str> = self.not_covered().iter().map(|i| i.name()).collect();
-        writeln!(f, "not checked (needs the flattened proof): {}", not.join(", "))?;
+        writeln!(
+            f,
+            "not checked (needs the flattened proof): {}",
+            not.join(", ")
+        )?;
         for u in &self.undecided {
             writeln!(f, "undecided: {u}")?;
         }
@@ -225,7 +232,9 @@ pub(crate) fn layout_problem(l: &Layout, m: &Manifest, shape: &crate::Shape) -> 
         ));
     }
     let Some((_, last)) = span(l, shape) else {
-        return Some("layout rows or heads overlap (a stride smaller than what it steps over)".into());
+        return Some(
+            "layout rows or heads overlap (a stride smaller than what it steps over)".into(),
+        );
     };
     if m.mem_words.len() != m.pes as usize {
         return Some(format!(
@@ -259,10 +268,8 @@ fn span(l: &Layout, shape: &crate::Shape) -> Option<(u64, u64)> {
     if shape.heads > 1 && u64::from(l.head_stride) < row_span {
         return None;
     }
-    let last = u64::from(l.base)
-        + u64::from(shape.heads - 1) * u64::from(l.head_stride)
-        + row_span
-        - 1;
+    let last =
+        u64::from(l.base) + u64::from(shape.heads - 1) * u64::from(l.head_stride) + row_span - 1;
     Some((row_span, last))
 }
 
@@ -310,7 +317,10 @@ pub fn check_loops(programs: &[LoopProgram], manifest: &Manifest, opts: &Options
     }
     for p in programs {
         if let Err(e) = p.validate() {
-            v.fail(Invariant::Setup, format!("PE {}: invalid loop program: {e}", p.pe));
+            v.fail(
+                Invariant::Setup,
+                format!("PE {}: invalid loop program: {e}", p.pe),
+            );
             setup_ok = false;
         }
     }
@@ -321,7 +331,11 @@ pub fn check_loops(programs: &[LoopProgram], manifest: &Manifest, opts: &Options
         v.check(Invariant::Fault);
         v.check(Invariant::LostValue);
         for p in programs {
-            let next = if p.pe + 1 >= manifest.pes { 0 } else { p.pe + 1 };
+            let next = if p.pe + 1 >= manifest.pes {
+                0
+            } else {
+                p.pe + 1
+            };
             let own = u64::from(p.mem_words);
             let theirs = manifest
                 .mem_words
@@ -580,4 +594,189 @@ fn op_counts(
             ops.online_rescale
         ));
     }
+}
+
+/// The outcome of [`prove_loops`].
+#[derive(Debug)]
+pub struct Proof {
+    /// The checks without unrolling, which run first.
+    pub checks: Compact,
+    /// The statement proved, or why the programs are not proved without unrolling.
+    pub outcome: Result<String, String>,
+    /// Bundle evaluations the proof performed (its work, against `checks.bundles`).
+    pub evaluations: u64,
+    pub expressions: usize,
+    pub time: Duration,
+}
+
+impl Proof {
+    pub fn proved(&self) -> bool {
+        self.outcome.is_ok()
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut j = self.checks.to_json();
+        j["ok"] = self.proved().into();
+        j["proved"] = self.outcome.as_ref().ok().cloned().into();
+        if let Err(why) = &self.outcome {
+            j["not_proved"] = why.clone().into();
+        }
+        j["stats"]["time_s"] = self.time.as_secs_f64().into();
+        j["stats"]["evaluations"] = self.evaluations.into();
+        j["stats"]["expressions"] = self.expressions.into();
+        j
+    }
+}
+
+/// What the proof without unrolling establishes beyond [`COVERAGE`] when it succeeds.
+pub const PROOF_COVERS: [Invariant; 9] = [
+    Invariant::Manifest,
+    Invariant::Setup,
+    Invariant::Placement,
+    Invariant::Fault,
+    Invariant::Output,
+    Invariant::Masked,
+    Invariant::Unnecessary,
+    Invariant::Duplicate,
+    Invariant::OpCount,
+];
+
+impl fmt::Display for Proof {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.outcome {
+            Ok(statement) => {
+                writeln!(f, "proved without unrolling: {statement}")?;
+                writeln!(f, "0 violations")?;
+                let names: Vec<&str> = PROOF_COVERS.iter().map(|i| i.name()).collect();
+                writeln!(f, "invariants proved: {}", names.join(", "))?;
+                writeln!(
+                    f,
+                    "not checked without unrolling: lost-value (only results dropped on the spot), unread-transfer, unused-input"
+                )?;
+            }
+            Err(why) => {
+                writeln!(f, "{}", self.checks)?;
+                writeln!(f, "not proved without unrolling: {why}")?;
+            }
+        }
+        write!(
+            f,
+            "time: {:.2} ms; {} bundle evaluations and {} expressions for {} bundle templates standing for {} bundles",
+            self.time.as_secs_f64() * 1e3,
+            self.evaluations,
+            self.expressions,
+            self.checks.templates,
+            self.checks.bundles
+        )
+    }
+}
+
+/// Proves loop programs without unrolling where [`prove`] covers them (every PE running one
+/// program, separate q, k, v, no mask, online formulation); otherwise says why not, after the
+/// checks of [`check_loops`]. Never panics, whatever the inputs.
+pub fn prove_loops(programs: &[LoopProgram], manifest: &Manifest, opts: &Options) -> Proof {
+    let start = Instant::now();
+    let checks = check_loops(programs, manifest, opts);
+    let mut proof = Proof {
+        outcome: Err(String::new()),
+        evaluations: 0,
+        expressions: 0,
+        time: Duration::ZERO,
+        checks,
+    };
+    proof.outcome = outcome(programs, manifest, opts, &mut proof);
+    proof.time = start.elapsed();
+    proof
+}
+
+fn outcome(
+    programs: &[LoopProgram],
+    m: &Manifest,
+    opts: &Options,
+    proof: &mut Proof,
+) -> Result<String, String> {
+    if proof.checks.total_violations() > 0 {
+        return Err("the checks without unrolling found violations".into());
+    }
+    if !proof.checks.undecided.is_empty() {
+        return Err("some checks without unrolling are undecided".into());
+    }
+    let ev = prove::evaluate(programs, m).map_err(|why| format!("not covered: {why}"))?;
+    proof.evaluations = ev.evaluations;
+    proof.expressions = ev.expressions;
+    if ev.wrong_count > 0 {
+        return Err(format!(
+            "{} output row(s) of PE 0 differ from the specification, e.g. {}",
+            ev.wrong_count,
+            ev.wrong.join("; ")
+        ));
+    }
+    let l = &m.layer;
+    let shape = crate::Shape {
+        heads: l.heads,
+        tokens: l.tokens,
+        dim: l.dim,
+        shared: false,
+        causal: false,
+        scale: l.scale as f32,
+        softmax: l.softmax().unwrap_or_default(),
+    };
+    let need = shape
+        .counting()
+        .necessary_as(m.normalisation)
+        .ok_or("the layer is too large to count")?;
+    let o = &ev.ops;
+    let c = &m.ops;
+    for (what, got, need, claim) in [
+        ("phase-1 mul", o.phase1_mul, need.phase1_mul, c.phase1_mac),
+        ("exp", o.exp, need.exp, c.phase2_exp),
+        ("div", o.div, need.div, c.phase2_div),
+        ("phase-3 mul", o.phase3_mul, need.phase3_mul, c.phase3_mac),
+        ("max", o.max, need.max, c.phase2_max),
+        (
+            "online rescale",
+            o.rescale,
+            c.online_rescale,
+            c.online_rescale,
+        ),
+    ] {
+        if got != need || got != claim {
+            return Err(format!(
+                "executed {got} {what}; the layer needs {need} and the manifest claims {claim}"
+            ));
+        }
+    }
+    // The classes add up to what the loop structure says in closed form.
+    let mut closed = 0u64;
+    for p in programs {
+        closed = p
+            .op_counts()
+            .iter()
+            .fold(closed, |a, &x| a.saturating_add(x));
+    }
+    let total = o.phase1_mul + o.phase3_mul + o.exp + o.div + o.max + o.rescale;
+    if total != closed {
+        return Err(format!(
+            "the evaluation counted {total} operations, the loop structure has {closed}"
+        ));
+    }
+    let _ = opts;
+    Ok(format!(
+        "for all inputs, y = attention(q, k, v, mask = none, scale = {}, softmax = {}, online: y = (Σ e·v) / Σ e{}) for {} head(s) × {} tokens × dim {}, on {} PEs in {} cycles, with {} operations: mul {} + {}, exp {}, div {} (one per output element), max {}, and {} running-maximum copies, rescale factors and rescaled partial sums, as the manifest declares; PE 0 evaluated with symbolic loop indices, every other PE by the ring's rotation symmetry (all run one program)",
+        l.scale as f32,
+        l.softmax,
+        if l.softmax == "safe" { " with e = exp(s·(S − M)), M exactly each row's maximum" } else { "" },
+        l.heads,
+        l.tokens,
+        l.dim,
+        m.pes,
+        m.cycles,
+        total,
+        o.phase1_mul,
+        o.phase3_mul,
+        o.exp,
+        o.div,
+        o.max,
+        o.rescale
+    ))
 }

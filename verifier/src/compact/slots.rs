@@ -121,7 +121,10 @@ pub fn check(b: &LBundle, levels: &[Level]) -> Vec<Finding> {
         }
     }
     if let (Some(a), Acc::Add { dst: None, .. }) = (&acc, bundle.acc) {
-        rule(Rule::AccResultDropped, without(levels, a, send_acc.as_deref()));
+        rule(
+            Rule::AccResultDropped,
+            without(levels, a, send_acc.as_deref()),
+        );
     }
     // The op and acc destinations of one instance: a conflict needs both slots to execute
     // and the destinations' difference, affine in the indices, to be 0.
@@ -167,7 +170,10 @@ fn difference(b: &LBundle, spans: &[Span], base: i64) -> Difference {
             _ => continue,
         };
         let s = sign * i64::from(t.stride);
-        match net.iter_mut().find(|(l, w, _)| *l == t.level && *w == t.wrap) {
+        match net
+            .iter_mut()
+            .find(|(l, w, _)| *l == t.level && *w == t.wrap)
+        {
             Some(e) => e.2 += s,
             None => net.push((t.level, t.wrap, s)),
         }
@@ -265,7 +271,10 @@ mod tests {
             }]
         );
         let b = LBundle {
-            preds: vec![pred(Slot::Acc, 1, Cmp::Lt, 3), pred(Slot::Op, 1, Cmp::Lt, 3)],
+            preds: vec![
+                pred(Slot::Acc, 1, Cmp::Lt, 3),
+                pred(Slot::Op, 1, Cmp::Lt, 3),
+            ],
             ..b
         };
         assert_eq!(check(&b, &levels(&[2, 4])), vec![]);
