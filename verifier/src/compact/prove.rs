@@ -130,7 +130,7 @@ struct Eval {
 
 fn sorted_dims(mut d: Vec<(Var, i64, u64)>) -> Vec<(Var, i64, u64)> {
     d.retain(|&(_, _, n)| n > 1);
-    d.sort_by(|a, b| b.1.cmp(&a.1));
+    d.sort_by_key(|x| std::cmp::Reverse(x.1));
     d
 }
 
@@ -142,11 +142,34 @@ impl Eval {
         v
     }
 
+    /// `a` with every variable that has a single value replaced by it (0).
+    fn pin(&self, a: Aff) -> Aff {
+        if a.t.iter().all(|&(v, _)| self.counts.get(&v) != Some(&1)) {
+            return a;
+        }
+        Aff {
+            c: a.c,
+            t: a
+                .t
+                .into_iter()
+                .filter(|&(v, _)| self.counts.get(&v) != Some(&1))
+                .collect(),
+        }
+    }
+
     fn bounds(&self, a: &Aff) -> Option<(i64, i64)> {
         a.bounds(&|v| self.counts.get(&v).copied())
     }
 
-    fn fact(&self, base: Aff, dims: Vec<(Var, i64, u64)>, value: Id, computed: bool) -> R<Fact> {
+    fn fact(&mut self, base: Aff, dims: Vec<(Var, i64, u64)>, value: Id, computed: bool) -> R<Fact> {
+        // A coordinate with one value is 0 everywhere, the value included.
+        let mut value = value;
+        for &(v, _, n) in &dims {
+            if n <= 1 {
+                value = self.tm.subst(value, v, &Aff::cst(0));
+            }
+        }
+        let base = self.pin(base);
         let dims = sorted_dims(dims);
         let (mut lo, mut hi) = self
             .bounds(&base)
@@ -392,6 +415,7 @@ impl Eval {
 
     /// The value at `addr` and whether the programs computed it.
     fn read(&mut self, addr: &Aff) -> R<(Id, bool)> {
+        let addr = &self.pin(addr.clone());
         let ab = self
             .bounds(addr)
             .ok_or_else(|| Fail::Decline("an address with an unbounded index".into()))?;
@@ -457,6 +481,7 @@ impl Eval {
     }
 
     fn write(&mut self, addr: Aff, value: Id, computed: bool) -> R<()> {
+        let addr = self.pin(addr);
         let f = self.fact(addr, Vec::new(), value, computed)?;
         self.push(f);
         Ok(())
@@ -525,7 +550,7 @@ impl Eval {
 
     fn bundle(&mut self, b: &LBundle, env: &[Ix]) -> R<()> {
         self.evaluations += 1;
-        if self.evaluations % 1024 == 0 && std::time::Instant::now() > self.deadline {
+        if self.evaluations.is_multiple_of(1024) && std::time::Instant::now() > self.deadline {
             return Err(Fail::Decline(format!(
                 "more than {} s of evaluation",
                 MAX_TIME.as_secs()
@@ -991,7 +1016,8 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
                 Ok(x) => x,
                 Err(Fail::Retry(why)) | Err(Fail::Decline(why)) => return Err(why),
             };
-            let want = spec(&mut e, h, r, c, (tokens, dim), scale, safe);
+            let cv = e.pin(Aff::var(c));
+            let want = spec(&mut e, h, r, cv, (tokens, dim), scale, safe);
             if !computed || e.tm.norm(found) != want {
                 wrong_count += 1;
                 if wrong.len() < 5 {
@@ -1020,8 +1046,8 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
     })
 }
 
-/// `y[h][r][c]` of the online formulation, `c` a variable.
-fn spec(e: &mut Eval, h: i64, r: i64, c: Var, (n, d): (i64, i64), scale: f32, safe: bool) -> Id {
+/// `y[h][r][c]` of the online formulation, `c` a column variable (or 0 for one column).
+fn spec(e: &mut Eval, h: i64, r: i64, c: Aff, (n, d): (i64, i64), scale: f32, safe: bool) -> Id {
     let j = e.fresh(n as u64);
     let k = e.fresh(d as u64);
     let (hh, rr) = (Aff::cst(h), Aff::cst(r));
@@ -1036,7 +1062,7 @@ fn spec(e: &mut Eval, h: i64, r: i64, c: Var, (n, d): (i64, i64), scale: f32, sa
         e.tm.exp(score, scale)
     };
     let l = e.tm.range(true, j, 0, n, ex);
-    let v = e.tm.atom(2, hh, Aff::var(j), Aff::var(c));
+    let v = e.tm.atom(2, hh, Aff::var(j), c);
     let term = e.tm.mul(ex, v, true);
     let y = e.tm.range(true, j, 0, n, term);
     e.tm.div(y, l)
