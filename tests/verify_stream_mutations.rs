@@ -331,7 +331,11 @@ fn uniform_mutants_are_proved_without_unrolling_only_if_proved_flattened() {
     let mut proved_layers = 0;
     // Per kind: mutants, rejected flattened, rejected without unrolling.
     let mut seen = [[0u32; 3]; 3];
-    for (n, d, h, m, safe) in [(16, 4, 2, 4, true), (12, 3, 1, 3, false), (16, 8, 1, 2, true)] {
+    for (n, d, h, m, safe) in [
+        (16, 4, 2, 4, true),
+        (12, 3, 1, 3, false),
+        (16, 8, 1, 2, true),
+    ] {
         let p = compiler::problem::Problem {
             tokens: n,
             dim: d,

@@ -77,8 +77,9 @@
 //!
 //! [`verify_with`] takes flat programs; loop programs are flattened first, which bounds what it
 //! can prove. [`compact::check_loops`] checks loop programs from their loop structure in closed
-//! form, in time that grows with their size; it never reports a proof, and
-//! [`compact::COVERAGE`] says which invariants, or which parts of them, it establishes.
+//! form, in time that grows with their size, and never reports a proof ([`compact::COVERAGE`]
+//! says what it establishes); [`compact::prove_loops`] adds the proof of outputs without
+//! unrolling where [`compact::prove`] covers the programs (docs/verifier.md).
 //!
 //! Each violation names the PE, cycle and bundle text where that makes sense, and the invariant.
 //! Wrong outputs show the expected and found expressions abbreviated, descending to the first

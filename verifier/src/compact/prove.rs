@@ -149,8 +149,7 @@ impl Eval {
         }
         Aff {
             c: a.c,
-            t: a
-                .t
+            t: a.t
                 .into_iter()
                 .filter(|&(v, _)| self.counts.get(&v) != Some(&1))
                 .collect(),
@@ -161,7 +160,13 @@ impl Eval {
         a.bounds(&|v| self.counts.get(&v).copied())
     }
 
-    fn fact(&mut self, base: Aff, dims: Vec<(Var, i64, u64)>, value: Id, computed: bool) -> R<Fact> {
+    fn fact(
+        &mut self,
+        base: Aff,
+        dims: Vec<(Var, i64, u64)>,
+        value: Id,
+        computed: bool,
+    ) -> R<Fact> {
         // A coordinate with one value is 0 everywhere, the value included.
         let mut value = value;
         for &(v, _, n) in &dims {
