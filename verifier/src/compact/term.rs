@@ -260,6 +260,12 @@ impl Terms {
                         {
                             Some((lo.min(l2), hi.max(h2)))
                         }
+                        // Only a term of the body's kind can be the body at one index.
+                        _ if std::mem::discriminant(self.node(all[j]))
+                            != std::mem::discriminant(self.node(body)) =>
+                        {
+                            None
+                        }
                         _ => {
                             if all[j] == self.subst(body, bv, &Aff::cst(lo - 1)) {
                                 Some((lo - 1, hi))
