@@ -454,6 +454,51 @@ fn verify_proves_emitted_code_and_rejects_a_tampered_program() {
     assert_clean_failure(&o, "verification failed");
 }
 
+/// Loop programs too large to flatten: `verify` proves a uniform unmasked ring without
+/// unrolling; a program moved out of uniformity is not proved, and an address that leaves
+/// memory is located.
+#[test]
+fn verify_proves_loop_programs_too_large_to_flatten_without_unrolling() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = compiled(
+        dir.path(),
+        "layer mid { tokens = 256; dim = 64; heads = 2; mask = none; }",
+        "4",
+    );
+    let o = attnc(&["verify", s(&out)]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("more than the 8000000 the symbolic proof flattens"),
+        "{t}"
+    );
+    assert!(
+        t.contains("proved without unrolling: for all inputs"),
+        "{t}"
+    );
+    let o = attnc(&["verify", "--json", s(&out)]);
+    let json: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    assert_eq!(json["ok"], true);
+    assert_eq!(json["compact"], true);
+    assert_eq!(json["coverage"]["manifest"], "full");
+    // A base address moved on one PE so that the last key's score lands past the end of
+    // memory: the PEs no longer run one program, and the checks locate the address.
+    for pe in 0..4 {
+        std::fs::remove_file(out.join(format!("pe{pe}.bin"))).unwrap();
+    }
+    let asm = out.join("pe3.s");
+    let good = std::fs::read_to_string(&asm).unwrap();
+    let bad = good.replacen("add 0 -> m[32768 + 1*i2]", "add 0 -> m[32968 + 1*i2]", 1);
+    assert_ne!(bad, good);
+    std::fs::write(&asm, bad).unwrap();
+    let o = attnc(&["verify", s(&out)]);
+    assert_clean_failure(&o, "found 1 violation(s)");
+    let t = text(&o);
+    assert!(t.contains("NOT proved"), "{t}");
+    assert!(t.contains("[fault] PE 3"), "{t}");
+}
+
 #[test]
 fn compile_reports_verification() {
     let dir = tempfile::tempdir().unwrap();

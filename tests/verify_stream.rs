@@ -44,12 +44,18 @@ fn build(
         return None;
     }
     let st = schedule_stream::run_with(&p, m, safe, lag).unwrap_or_else(|e| panic!("{e}"));
+    let man = stream_manifest(&p, m, &st);
+    assert_compact_clean(
+        &st.programs,
+        &man,
+        &format!("n={n} d={d} h={h} m={m} shared={shared} causal={causal} safe={safe} {lag:?}"),
+    );
     let flat = st
         .programs
         .iter()
         .map(|lp| lp.flatten(1 << 24).expect("flattens"))
         .collect();
-    Some((flat, stream_manifest(&p, m, &st)))
+    Some((flat, man))
 }
 
 fn verify(programs: &[Program], m: &Manifest) -> Report {
@@ -61,6 +67,34 @@ fn verify(programs: &[Program], m: &Manifest) -> Report {
             ..Options::default()
         },
     )
+}
+
+/// The checks without unrolling find nothing wrong with programs the flattened proof proves,
+/// and conclude every check they make (no address extent left undecided). Every layer built
+/// here is also proved flattened, so this is the cross-check of the two.
+fn assert_compact_clean(loops: &[isa::LoopProgram], man: &Manifest, what: &str) {
+    let c = verifier::compact::check_loops(loops, man, &Options::default());
+    assert_eq!(c.counts, BTreeMap::new(), "{what}: compact:\n{c}");
+    assert_eq!(c.undecided, Vec::<String>::new(), "{what}: compact:\n{c}");
+    assert!(!c.proved());
+    // The proof without unrolling, where it applies, proves what the flattened proof proves
+    // (every caller proves these programs flattened too).
+    let p = verifier::compact::prove_loops(loops, man, &Options::default());
+    let applies = verifier::compact::prove::applies(loops, man).is_ok();
+    COMPACT.with(|c| {
+        let mut c = c.borrow_mut();
+        c.0 += usize::from(applies);
+        c.1 += usize::from(p.proved());
+        if applies && !p.proved() && c.2.len() < 5 {
+            c.2.push(format!("{what}: {:?}", p.outcome));
+        }
+    });
+}
+
+thread_local! {
+    /// Per test thread: layers the proof without unrolling applies to, proves, and why some
+    /// it applies to are not proved.
+    static COMPACT: std::cell::RefCell<(usize, usize, Vec<String>)> = Default::default();
 }
 
 /// Proves `programs` against `man`: no violation of any invariant, and the online work the
@@ -100,6 +134,13 @@ fn stream_programs_are_proved_for_many_sizes() {
         }
     }
     eprintln!("{proved} stream layers proved");
+    COMPACT.with(|c| {
+        let c = c.borrow();
+        eprintln!(
+            "without unrolling: applies to {}, proved {}; e.g. not proved: {:#?}",
+            c.0, c.1, c.2
+        );
+    });
     assert!(proved >= 600, "only {proved} layers applied");
 }
 
@@ -679,6 +720,7 @@ fn paired_shared_scores_are_proved() {
                         .map(|lp| lp.flatten(1 << 24).expect("flattens"))
                         .collect();
                     let man = stream_manifest(&p, m, &st);
+                    assert_compact_clean(&st.programs, &man, &format!("n={n} d={d} h={h} m={m}"));
                     assert_proved(&flat, &man, &format!("n={n} d={d} h={h} m={m}"));
                     if b >= 8 && d >= 3 {
                         assert!(
@@ -725,6 +767,7 @@ fn paired_scores_in_idle_heads_regions_are_proved() {
             .map(|lp| lp.flatten(1 << 24).expect("flattens"))
             .collect();
         let man = stream_manifest(&p, m, &st);
+        assert_compact_clean(&st.programs, &man, &format!("n={n} d={d} h={h} m={m}"));
         let r = verify(&flat, &man);
         assert_eq!(r.counts, BTreeMap::new(), "n={n} d={d} h={h} m={m}:\n{r}");
         // One word less is refused.

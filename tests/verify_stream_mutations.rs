@@ -217,6 +217,9 @@ fn mutate(p: &mut LoopProgram, kind: Mutation, rng: &mut impl RngExt) -> Option<
 fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut rejected = [0u32; 4];
+    // Per kind, mutants the compact checks reject with the original manifest and with one
+    // whose cycle count follows the mutant.
+    let mut caught = [[0u32; 2]; 4];
     let layers = [
         (8, 2, 1, false, false, 2),
         (8, 3, 2, true, false, 4),
@@ -291,15 +294,99 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
                 // count follows the loops, so the mutant is not refused just for the length.
                 let mut manifest = c.manifest.clone();
                 manifest.cycles = loops.iter().map(LoopProgram::cycles).max().unwrap_or(0);
-                for m in [&c.manifest, &manifest] {
+                for (careless, m) in [(false, &c.manifest), (true, &manifest)] {
                     let r = prove(&files(&loops, m));
                     assert!(r.is_err(), "{what}: PE {pe}, {how}: the mutant was proved");
+                    // The checks without unrolling never prove; a violation they report is
+                    // always one the flattened proof agrees is wrong (asserted just above).
+                    let compact =
+                        verifier::compact::check_loops(&loops, m, &verifier::Options::default());
+                    assert!(!compact.proved());
+                    if compact.total_violations() > 0 {
+                        caught[k][usize::from(careless)] += 1;
+                    }
                 }
                 rejected[k] += 1;
             }
         }
     }
+    eprintln!("mutants rejected by the flattened proof {rejected:?}; by the compact checks (original manifest, careless manifest) {caught:?}");
+    // A loop count or count step changes the length, which the compact checks derive in closed
+    // form; with a manifest that follows the length, usually the work too. Strides and base
+    // addresses are caught only where they leave memory: the rest needs the flattened proof.
+    for k in [0, 3] {
+        assert_eq!(caught[k][0], rejected[k], "{caught:?} of {rejected:?}");
+    }
     assert!(rejected[..3].iter().all(|&r| r >= 20), "{rejected:?}");
     // Three layers have stepped loops.
     assert!(rejected[3] >= 18, "{rejected:?}");
+}
+
+/// The same loop-field mutation on every PE keeps the programs uniform, so the proof without
+/// unrolling applies to the mutant too: it must never prove one the flattened proof rejects.
+#[test]
+fn uniform_mutants_are_proved_without_unrolling_only_if_proved_flattened() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let opts = verifier::Options::default();
+    let mut proved_layers = 0;
+    // Per kind: mutants, rejected flattened, rejected without unrolling.
+    let mut seen = [[0u32; 3]; 3];
+    for (n, d, h, m, safe) in [
+        (16, 4, 2, 4, true),
+        (12, 3, 1, 3, false),
+        (16, 8, 1, 2, true),
+    ] {
+        let p = compiler::problem::Problem {
+            tokens: n,
+            dim: d,
+            heads: h,
+            scale: 1.0 / f64::from(d).sqrt(),
+            symmetric: false,
+            shared_values: false,
+            causal: false,
+            softmax: if safe {
+                runtime::layer::Softmax::Safe
+            } else {
+                runtime::layer::Softmax::Plain
+            },
+        };
+        let st = schedule_stream::run_with(&p, m, safe, Lag::Off).unwrap();
+        let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into()).unwrap();
+        let what = format!("n={n} d={d} h={h} m={m} safe={safe}");
+        let proof = verifier::compact::prove_loops(&st.programs, &man, &opts);
+        assert!(proof.proved(), "{what}: {proof}");
+        proved_layers += 1;
+        for (k, kind) in [Mutation::LoopCount, Mutation::Stride, Mutation::Base]
+            .into_iter()
+            .enumerate()
+        {
+            for _ in 0..8 {
+                let mut first = st.programs[0].clone();
+                let Some(how) = mutate(&mut first, kind, &mut rng) else {
+                    continue;
+                };
+                let loops: Vec<LoopProgram> = st
+                    .programs
+                    .iter()
+                    .map(|q| LoopProgram {
+                        body: first.body.clone(),
+                        ..q.clone()
+                    })
+                    .collect();
+                let mut manifest = man.clone();
+                manifest.cycles = loops.iter().map(LoopProgram::cycles).max().unwrap_or(0);
+                let flat = prove(&files(&loops, &manifest)).is_ok();
+                let compact = verifier::compact::prove_loops(&loops, &manifest, &opts);
+                assert!(
+                    flat || !compact.proved(),
+                    "{what}: {how}: proved without unrolling, rejected flattened:\n{compact}"
+                );
+                seen[k][0] += 1;
+                seen[k][1] += u32::from(!flat);
+                seen[k][2] += u32::from(!compact.proved());
+            }
+        }
+    }
+    eprintln!("uniform mutants (count, stride, base): [mutants, rejected flattened, not proved without unrolling] {seen:?}");
+    assert_eq!(proved_layers, 3);
 }

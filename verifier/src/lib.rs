@@ -73,10 +73,19 @@
 //!
 //! Affine placements (manifest format 2) are spelt out element by element before anything else.
 //!
+//! # Loop programs too large to flatten
+//!
+//! [`verify_with`] takes flat programs; loop programs are flattened first, which bounds what it
+//! can prove. [`compact::check_loops`] checks loop programs from their loop structure in closed
+//! form, in time that grows with their size, and never reports a proof ([`compact::COVERAGE`]
+//! says what it establishes); [`compact::prove_loops`] adds the proof of outputs without
+//! unrolling where [`compact::prove`] covers the programs (docs/verifier.md).
+//!
 //! Each violation names the PE, cycle and bundle text where that makes sense, and the invariant.
 //! Wrong outputs show the expected and found expressions abbreviated, descending to the first
 //! subexpression where they differ.
 
+pub mod compact;
 mod expr;
 mod report;
 mod spec;
@@ -380,6 +389,23 @@ impl Verification {
         let len = shape.tensor_len();
         let dims = [l.heads as usize, l.tokens as usize, l.dim as usize];
         for (name, p) in m.inputs.iter().chain(&m.outputs) {
+            // The flattened proof spells layouts out before it gets here; the compact proof
+            // keeps them affine and checks their extent in closed form.
+            if let Some(l) = &p.layout {
+                if p.shape != dims || !p.pe.is_empty() || !p.addr.is_empty() {
+                    self.fail(
+                        Invariant::Manifest,
+                        format!(
+                            "tensor `{name}`: layout of shape {:?} (with {} explicit entries); the layer needs shape {dims:?}",
+                            p.shape,
+                            p.pe.len()
+                        ),
+                    );
+                } else if let Some(why) = compact::layout_problem(l, m, &shape) {
+                    self.fail(Invariant::Manifest, format!("tensor `{name}`: {why}"));
+                }
+                continue;
+            }
             if p.shape != dims || Some(p.pe.len()) != len || Some(p.addr.len()) != len {
                 self.fail(
                     Invariant::Manifest,

@@ -1,0 +1,119 @@
+//! Affine functions of index variables, `c + Σ k_v·v`.
+
+/// An index variable. Those below [`BINDERS`] are bound by ranges in expressions; the others are
+/// loop indices and region coordinates, each with a range known to the evaluator.
+pub type Var = u32;
+
+/// Variables reserved for range binders (a range binds one above every binder inside it, so
+/// nesting depth bounds them).
+pub const BINDERS: Var = 1024;
+
+#[derive(Clone, PartialEq, Eq, Hash, Debug, PartialOrd, Ord, Default)]
+pub struct Aff {
+    pub c: i64,
+    /// Sorted by variable, no zero coefficient.
+    pub t: Vec<(Var, i64)>,
+}
+
+impl Aff {
+    pub fn cst(c: i64) -> Aff {
+        Aff { c, t: Vec::new() }
+    }
+
+    pub fn var(v: Var) -> Aff {
+        Aff {
+            c: 0,
+            t: vec![(v, 1)],
+        }
+    }
+
+    pub fn coef(&self, v: Var) -> i64 {
+        self.t.iter().find(|&&(w, _)| w == v).map_or(0, |&(_, k)| k)
+    }
+
+    pub fn add_const(mut self, k: i64) -> Aff {
+        self.c += k;
+        self
+    }
+
+    pub fn add_term(mut self, v: Var, k: i64) -> Aff {
+        if k == 0 {
+            return self;
+        }
+        match self.t.binary_search_by_key(&v, |&(w, _)| w) {
+            Ok(i) => {
+                self.t[i].1 += k;
+                if self.t[i].1 == 0 {
+                    self.t.remove(i);
+                }
+            }
+            Err(i) => self.t.insert(i, (v, k)),
+        }
+        self
+    }
+
+    pub fn plus(&self, o: &Aff) -> Aff {
+        let mut r = self.clone().add_const(o.c);
+        for &(v, k) in &o.t {
+            r = r.add_term(v, k);
+        }
+        r
+    }
+
+    pub fn scaled(&self, k: i64) -> Aff {
+        if k == 0 {
+            return Aff::cst(0);
+        }
+        Aff {
+            c: self.c * k,
+            t: self.t.iter().map(|&(v, x)| (v, x * k)).collect(),
+        }
+    }
+
+    pub fn minus(&self, o: &Aff) -> Aff {
+        self.plus(&o.scaled(-1))
+    }
+
+    pub fn subst(&self, v: Var, by: &Aff) -> Aff {
+        let k = self.coef(v);
+        if k == 0 {
+            return self.clone();
+        }
+        let mut r = self.clone().add_term(v, -k);
+        r = r.plus(&by.scaled(k));
+        r
+    }
+
+    pub fn as_const(&self) -> Option<i64> {
+        self.t.is_empty().then_some(self.c)
+    }
+
+    /// Smallest and largest value over the variables' ranges (`count(v)` values from 0), or
+    /// `None` if a variable has no known range.
+    pub fn bounds(&self, count: &impl Fn(Var) -> Option<u64>) -> Option<(i64, i64)> {
+        let (mut lo, mut hi) = (self.c, self.c);
+        for &(v, k) in &self.t {
+            let n = count(v)?;
+            let top = i64::try_from(n.checked_sub(1)?).ok()?;
+            let x = k.checked_mul(top)?;
+            lo = lo.checked_add(x.min(0))?;
+            hi = hi.checked_add(x.max(0))?;
+        }
+        Some((lo, hi))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arithmetic_and_bounds() {
+        let a = Aff::var(2000).scaled(64).add_const(3).add_term(2001, 1);
+        let b = a.subst(2000, &Aff::var(2001).add_const(1));
+        assert_eq!(b, Aff::var(2001).scaled(65).add_const(67));
+        assert_eq!(a.minus(&a), Aff::cst(0));
+        let count = |v: Var| Some(if v == 2000 { 4 } else { 64 });
+        assert_eq!(a.bounds(&count), Some((3, 3 + 192 + 63)));
+    }
+}

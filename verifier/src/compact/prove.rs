@@ -1,0 +1,1074 @@
+//! The proof of outputs without unrolling, for rings whose PEs all run one program.
+//!
+//! PE 0's program is evaluated with symbolic loop indices where a loop allows it (no predicate
+//! or wrapped term on its level, inner loops likewise): its body is evaluated once for an index
+//! `x`, every read resolved to the write it sees — one made earlier in the same iteration, the
+//! value a previous iteration left at the same fixed address (`Carry`), or one from before the
+//! loop once every other iteration's writes are shown to miss it — and the iteration's writes are
+//! summarised: a word written at an address that moves with `x` becomes a region over `x`, an
+//! accumulator `w ← w + t(x)` or `w ← max(w, t(x))` becomes a range sum or maximum, any other
+//! word keeps the last iteration's value. When a read or a summary cannot be decided the loop is
+//! evaluated iteration by iteration instead (its inner loops again symbolically). Every step is
+//! exact or refuses; nothing is approximated.
+//!
+//! Memory is a log of facts `{base + Σ stride·x_k : x_k < count_k} ↦ value(x)`, newest last; a
+//! read takes the newest fact that certainly holds its address, and refuses when a newer one
+//! might.
+//!
+//! The ring: every PE runs the same program (only `.pe` differs) with one layout that deals
+//! `rows_per_pe` consecutive tokens to each PE, so the machine commutes with rotating the ring
+//! by one PE and the tokens by `rows_per_pe`: PE `p − 1`'s memory is always PE `p`'s with every
+//! token index moved back by `rows_per_pe` (mod `tokens`). A word arriving at PE 0 is sent by
+//! PE `pes − 1` executing the same bundle instance in the same cycle, so it is PE 0's own source
+//! word relabelled that way; only input words (atoms) are relabelled, anything else refuses.
+//! Unmasked attention is unchanged by permuting keys and values together and permutes its
+//! outputs with its queries, so PE 0's outputs proved for all inputs prove every PE's.
+
+use super::aff::{Aff, Var, BINDERS};
+use super::term::{Id, Terms, T};
+use crate::expr::FxMap as HashMap;
+use isa::looped::{field, Field, LBundle, Slot};
+use isa::{Acc, AccSrc, Loop, LoopProgram, Node, Op, OpKind, Xfer, XferSrc};
+use runtime::manifest::{Layout, Manifest, RowOrder};
+
+/// Operations by class, as the flattened proof counts them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub phase1_mul: u64,
+    pub phase3_mul: u64,
+    pub exp: u64,
+    pub div: u64,
+    pub max: u64,
+    pub rescale: u64,
+}
+
+impl Tally {
+    fn scaled(&self, k: u64) -> Option<Tally> {
+        Some(Tally {
+            phase1_mul: self.phase1_mul.checked_mul(k)?,
+            phase3_mul: self.phase3_mul.checked_mul(k)?,
+            exp: self.exp.checked_mul(k)?,
+            div: self.div.checked_mul(k)?,
+            max: self.max.checked_mul(k)?,
+            rescale: self.rescale.checked_mul(k)?,
+        })
+    }
+}
+
+/// What evaluating PE 0 came to.
+#[derive(Debug)]
+pub struct Evaluated {
+    /// Ops of the whole ring by class.
+    pub ops: Tally,
+    /// Output elements whose expression differs from the specification (first few, described).
+    pub wrong: Vec<String>,
+    pub wrong_count: usize,
+    /// Template evaluations performed (the proof's work).
+    pub evaluations: u64,
+    pub expressions: usize,
+}
+
+#[derive(Debug)]
+enum Fail {
+    /// Symbolic evaluation cannot decide this; evaluating the enclosing symbolic loop iteration
+    /// by iteration may.
+    Retry(String),
+    /// Outside what this proof covers.
+    Decline(String),
+}
+
+type R<T> = Result<T, Fail>;
+
+#[derive(Clone, Debug)]
+struct Fact {
+    base: Aff,
+    /// `(variable, stride, count)`, strides positive and decreasing.
+    dims: Vec<(Var, i64, u64)>,
+    value: Id,
+    computed: bool,
+    lo: i64,
+    hi: i64,
+}
+
+#[derive(Clone, Copy)]
+enum Ix {
+    At(u64),
+    Sym(Var),
+}
+
+struct Active {
+    id: u32,
+    var: Var,
+    other: Var,
+    marker: usize,
+    families: Vec<Aff>,
+}
+
+/// Bounds on the proof's work: symbolic evaluation that keeps falling back to iteration by
+/// iteration is not going to scale, and a verifier must answer.
+const MAX_EVALUATIONS: u64 = 1_000_000;
+const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(20);
+
+struct Eval {
+    tm: Terms,
+    online: bool,
+    facts: Vec<Option<Fact>>,
+    keys: HashMap<(Aff, Vec<(i64, u64)>), usize>,
+    counts: HashMap<Var, u64>,
+    next_var: Var,
+    next_loop: u32,
+    loops: Vec<Active>,
+    carry_addrs: Vec<Aff>,
+    carry_slots: HashMap<Aff, usize>,
+    tally: Tally,
+    mult: u64,
+    evaluations: u64,
+    rows: i64,
+    tokens: i64,
+    deadline: std::time::Instant,
+}
+
+fn sorted_dims(mut d: Vec<(Var, i64, u64)>) -> Vec<(Var, i64, u64)> {
+    d.retain(|&(_, _, n)| n > 1);
+    d.sort_by_key(|x| std::cmp::Reverse(x.1));
+    d
+}
+
+impl Eval {
+    fn fresh(&mut self, count: u64) -> Var {
+        let v = self.next_var;
+        self.next_var += 1;
+        self.counts.insert(v, count);
+        v
+    }
+
+    /// `a` with every variable that has a single value replaced by it (0).
+    fn pin(&self, a: Aff) -> Aff {
+        if a.t.iter().all(|&(v, _)| self.counts.get(&v) != Some(&1)) {
+            return a;
+        }
+        Aff {
+            c: a.c,
+            t: a.t
+                .into_iter()
+                .filter(|&(v, _)| self.counts.get(&v) != Some(&1))
+                .collect(),
+        }
+    }
+
+    fn bounds(&self, a: &Aff) -> Option<(i64, i64)> {
+        a.bounds(&|v| self.counts.get(&v).copied())
+    }
+
+    fn fact(
+        &mut self,
+        base: Aff,
+        dims: Vec<(Var, i64, u64)>,
+        value: Id,
+        computed: bool,
+    ) -> R<Fact> {
+        // A coordinate with one value is 0 everywhere, the value included.
+        let mut value = value;
+        for &(v, _, n) in &dims {
+            if n <= 1 {
+                value = self.tm.subst(value, v, &Aff::cst(0));
+            }
+        }
+        let base = self.pin(base);
+        let dims = sorted_dims(dims);
+        let (mut lo, mut hi) = self
+            .bounds(&base)
+            .ok_or_else(|| Fail::Decline("an address with an unbounded index".into()))?;
+        for &(_, s, n) in &dims {
+            if s <= 0 {
+                return Err(Fail::Retry("a region with a negative stride".into()));
+            }
+            hi += s * (n as i64 - 1);
+        }
+        lo = lo.min(hi);
+        Ok(Fact {
+            base,
+            dims,
+            value,
+            computed,
+            lo,
+            hi,
+        })
+    }
+
+    fn floor(&self) -> usize {
+        self.loops.last().map_or(0, |l| l.marker)
+    }
+
+    /// `region` and `slab` as one fact, when `slab` is the region's next layer below or above
+    /// along one of its coordinates, holding what the region's formula gives there.
+    fn fuse(&mut self, region: &Fact, slab: &Fact) -> Option<Fact> {
+        if region.computed != slab.computed || region.dims.len() != slab.dims.len() + 1 {
+            return None;
+        }
+        for k in 0..region.dims.len() {
+            let (v, s, n) = region.dims[k];
+            let rest: Vec<&(Var, i64, u64)> = region
+                .dims
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != k)
+                .map(|(_, d)| d)
+                .collect();
+            if rest.len() != slab.dims.len()
+                || rest
+                    .iter()
+                    .zip(&slab.dims)
+                    .any(|(a, b)| (a.1, a.2) != (b.1, b.2))
+            {
+                continue;
+            }
+            let mut value = slab.value;
+            for (a, b) in rest.iter().zip(&slab.dims) {
+                value = self.tm.subst(value, b.0, &Aff::var(a.0));
+            }
+            let below = slab.base == region.base.clone().add_const(-s);
+            let above = slab.base == region.base.clone().add_const(s * n as i64);
+            let at = if below { -1 } else { n as i64 };
+            if !(below || above) || value != self.tm.subst(region.value, v, &Aff::cst(at)) {
+                continue;
+            }
+            let mut dims = region.dims.clone();
+            dims[k].2 = n + 1;
+            let (base, value) = if below {
+                (
+                    slab.base.clone(),
+                    self.tm.subst(region.value, v, &Aff::var(v).add_const(-1)),
+                )
+            } else {
+                (region.base.clone(), region.value)
+            };
+            return self.fact(base, dims, value, region.computed).ok();
+        }
+        None
+    }
+
+    fn push(&mut self, mut f: Fact) {
+        // Adjacent pieces of one family (a first element written apart from the loop over the
+        // rest) become one region, so that a later loop over all of it reads one fact.
+        let floor = self.floor();
+        let mut i = self.facts.len();
+        let mut looked = 0;
+        while i > floor && looked < 4 {
+            i -= 1;
+            let Some(g) = self.facts[i].clone() else {
+                continue;
+            };
+            looked += 1;
+            let fused = self.fuse(&f, &g).or_else(|| self.fuse(&g, &f));
+            if let Some(h) = fused {
+                let key = (
+                    g.base.clone(),
+                    g.dims.iter().map(|&(_, s, n)| (s, n)).collect(),
+                );
+                if self.keys.get(&key) == Some(&i) {
+                    self.keys.remove(&key);
+                }
+                self.facts[i] = None;
+                f = h;
+                looked = 0;
+            }
+        }
+        let key = (
+            f.base.clone(),
+            f.dims.iter().map(|&(_, s, n)| (s, n)).collect::<Vec<_>>(),
+        );
+        // A fact wholly replaced by this one goes, unless it predates the current iteration
+        // (a failed symbolic attempt must be able to restore the log by truncation).
+        if let Some(&i) = self.keys.get(&key) {
+            if i >= self.floor() {
+                self.facts[i] = None;
+            }
+        }
+        self.keys.insert(key, self.facts.len());
+        self.facts.push(Some(f));
+    }
+
+    fn truncate(&mut self, to: usize) {
+        for f in self.facts.drain(to..).flatten() {
+            let key = (f.base, f.dims.iter().map(|&(_, s, n)| (s, n)).collect());
+            if self.keys.get(&key).is_some_and(|&i| i >= to) {
+                self.keys.remove(&key);
+            }
+        }
+    }
+
+    /// Whether `d` is never 0 over the variables' ranges (with `pair = (x, x')` also assuming
+    /// `x ≠ x'`), by elimination from the largest coefficient down: the terms of one magnitude
+    /// `a` sum to a multiple of `a`, so if everything else stays strictly inside `(−a, a)` they
+    /// must sum to 0 — a contradiction when they are `a·(x − x')`.
+    fn never_zero(&self, d: &Aff, pair: Option<(Var, Var)>) -> bool {
+        fn gcd(a: i64, b: i64) -> i64 {
+            if b == 0 {
+                a
+            } else {
+                gcd(b, a % b)
+            }
+        }
+        let mut rest = d.clone();
+        loop {
+            match self.bounds(&rest) {
+                Some((lo, hi)) if lo > 0 || hi < 0 => return true,
+                None => return false,
+                _ => {}
+            }
+            let g = rest.t.iter().fold(0, |g, &(_, k)| gcd(g, k.abs()));
+            if g == 0 {
+                return rest.c != 0;
+            }
+            if rest.c % g != 0 {
+                return true;
+            }
+            let a = rest.t.iter().map(|&(_, k)| k.abs()).max().unwrap_or(1);
+            let group: Vec<(Var, i64)> = rest
+                .t
+                .iter()
+                .copied()
+                .filter(|&(_, k)| k.abs() == a)
+                .collect();
+            let mut others = rest.clone();
+            for &(v, k) in &group {
+                others = others.add_term(v, -k);
+            }
+            // The constant's multiple of `a` joins the group (which then sums to a multiple of
+            // `a` still); what remains must stay strictly inside (−a, a).
+            let r0 = rest.c.rem_euclid(a);
+            let fits = |e: &Self, r: i64| {
+                let mut o = others.clone();
+                o.c = r;
+                matches!(e.bounds(&o), Some((lo, hi)) if lo > -a && hi < a)
+            };
+            let r = if fits(self, r0) {
+                r0
+            } else if fits(self, r0 - a) {
+                r0 - a
+            } else {
+                return false;
+            };
+            if let Some((x, xp)) = pair {
+                if rest.c == r
+                    && group.len() == 2
+                    && group.iter().any(|&(v, _)| v == x)
+                    && group.iter().any(|&(v, _)| v == xp)
+                    && group[0].1 == -group[1].1
+                {
+                    return true;
+                }
+            }
+            others.c = r;
+            rest = others;
+        }
+    }
+
+    /// Whether fact `f` holds `addr` for every value of the variables: the coordinates, or
+    /// `Err(true)` if it certainly does not, `Err(false)` if undecided.
+    fn hit(&self, f: &Fact, addr: &Aff, ab: (i64, i64)) -> Result<Vec<Aff>, bool> {
+        if ab.1 < f.lo || ab.0 > f.hi {
+            return Err(true);
+        }
+        let d = addr.minus(&f.base);
+        let undecided = |e: &Self| {
+            let mut words = f.base.clone();
+            for &(v, s, _) in &f.dims {
+                words = words.add_term(v, s);
+            }
+            Err(e.never_zero(&addr.minus(&words), None))
+        };
+        let mut sol = vec![Aff::cst(0); f.dims.len()];
+        for &(v, k) in &d.t {
+            let Some(i) = f.dims.iter().position(|&(_, s, _)| k % s == 0) else {
+                return undecided(self);
+            };
+            sol[i] = sol[i].clone().add_term(v, k / f.dims[i].1);
+        }
+        let mut c = d.c;
+        for (i, &(_, s, _)) in f.dims.iter().enumerate() {
+            let q = c.div_euclid(s);
+            sol[i] = sol[i].clone().add_const(q);
+            c -= q * s;
+        }
+        if c != 0 {
+            return undecided(self);
+        }
+        for (x, &(_, _, n)) in sol.iter().zip(&f.dims) {
+            match self.bounds(x) {
+                Some((lo, hi)) if lo >= 0 && hi < n as i64 => {}
+                _ => return undecided(self),
+            }
+        }
+        Ok(sol)
+    }
+
+    /// Whether `addr` may be a word that another iteration of `l` writes through `family`:
+    /// `Ok(false)` certainly not, `Ok(true)` the same fixed word, `Err` undecided.
+    fn alias(&self, addr: &Aff, family: &Aff, l: &Active) -> Result<bool, ()> {
+        let other = family.subst(l.var, &Aff::var(l.other));
+        let d = addr.minus(&other);
+        if d.as_const() == Some(0) && family.coef(l.var) == 0 {
+            return Ok(true);
+        }
+        if self.never_zero(&d, Some((l.var, l.other))) {
+            return Ok(false);
+        }
+        Err(())
+    }
+
+    /// The value at `addr` and whether the programs computed it.
+    fn read(&mut self, addr: &Aff) -> R<(Id, bool)> {
+        let addr = &self.pin(addr.clone());
+        let ab = self
+            .bounds(addr)
+            .ok_or_else(|| Fail::Decline("an address with an unbounded index".into()))?;
+        let mut top = self.facts.len();
+        for depth in (0..=self.loops.len()).rev() {
+            let bottom = if depth == 0 {
+                0
+            } else {
+                self.loops[depth - 1].marker
+            };
+            for i in (bottom..top).rev() {
+                let Some(f) = &self.facts[i] else { continue };
+                match self.hit(f, addr, ab) {
+                    Ok(sol) => {
+                        let (mut v, computed) = (f.value, f.computed);
+                        let dims: Vec<Var> = f.dims.iter().map(|d| d.0).collect();
+                        for (var, x) in dims.into_iter().zip(sol) {
+                            v = self.tm.subst(v, var, &x);
+                        }
+                        return Ok((v, computed));
+                    }
+                    Err(true) => {}
+                    Err(false) => {
+                        return Err(Fail::Retry(format!(
+                            "a read of {addr:?} may or may not see an earlier write"
+                        )))
+                    }
+                }
+            }
+            if depth > 0 {
+                let l = &self.loops[depth - 1];
+                let mut same = false;
+                for fam in &l.families {
+                    match self.alias(addr, fam, l) {
+                        Ok(false) => {}
+                        Ok(true) => same = true,
+                        Err(()) => {
+                            return Err(Fail::Retry(
+                                "a read may see another iteration's write".into(),
+                            ))
+                        }
+                    }
+                }
+                if same {
+                    let id = l.id;
+                    let slot = match self.carry_slots.get(addr) {
+                        Some(&s) => s,
+                        None => {
+                            self.carry_addrs.push(addr.clone());
+                            self.carry_slots
+                                .insert(addr.clone(), self.carry_addrs.len() - 1);
+                            self.carry_addrs.len() - 1
+                        }
+                    };
+                    return Ok((self.tm.carry(id, slot as i64), true));
+                }
+            }
+            top = bottom;
+        }
+        Err(Fail::Decline(format!(
+            "a read of a word never written (fault), address {addr:?}"
+        )))
+    }
+
+    fn write(&mut self, addr: Aff, value: Id, computed: bool) -> R<()> {
+        let addr = self.pin(addr);
+        let f = self.fact(addr, Vec::new(), value, computed)?;
+        self.push(f);
+        Ok(())
+    }
+
+    fn addr(&self, b: &LBundle, f: Field, env: &[Ix]) -> R<Aff> {
+        let base = field(&b.bundle, f).map_or(0, i64::from);
+        let mut a = Aff::cst(base);
+        for t in b.terms.iter().filter(|t| t.field == f) {
+            match env.get(usize::from(t.level)) {
+                Some(Ix::At(k)) => a = a.add_const(t.value(*k as u32)),
+                Some(Ix::Sym(v)) if t.wrap == 0 => a = a.add_term(*v, i64::from(t.stride)),
+                _ => return Err(Fail::Retry("a wrapped term on a symbolic index".into())),
+            }
+        }
+        Ok(a)
+    }
+
+    fn executes(&self, b: &LBundle, slot: Slot, env: &[Ix]) -> R<bool> {
+        for p in b.preds.iter().filter(|p| p.slot == slot) {
+            match env.get(usize::from(p.level)) {
+                Some(Ix::At(k)) => {
+                    if !p.cmp.holds(*k as u32, p.value) {
+                        return Ok(false);
+                    }
+                }
+                _ => return Err(Fail::Retry("a predicate on a symbolic index".into())),
+            }
+        }
+        Ok(true)
+    }
+
+    /// The word PE `p − 1` holds where PE `p` holds `v`.
+    fn relabel(&mut self, v: Id) -> R<Id> {
+        let T::Atom(t, h, row, col) = self.tm.node(v).clone() else {
+            return Err(Fail::Decline(
+                "a word sent over the ring is not an input element".into(),
+            ));
+        };
+        let Some((lo, hi)) = self.bounds(&row) else {
+            return Err(Fail::Decline("a token index without bounds".into()));
+        };
+        let row = if lo >= self.rows && hi < self.tokens {
+            row.add_const(-self.rows)
+        } else if lo >= 0 && hi < self.rows {
+            row.add_const(self.tokens - self.rows)
+        } else {
+            return Err(Fail::Retry(
+                "a sent word's token straddles a PE's rows".into(),
+            ));
+        };
+        Ok(self.tm.atom(t, h, row, col))
+    }
+
+    fn is_rescale_factor(&self, x: Id) -> bool {
+        matches!(self.tm.node(x), T::Expd(a, b, _) if self.tm.is_max(*a) && self.tm.is_max(*b))
+    }
+
+    fn count(&mut self, what: fn(&mut Tally) -> &mut u64) -> R<()> {
+        let c = what(&mut self.tally);
+        *c = c
+            .checked_add(self.mult)
+            .ok_or_else(|| Fail::Decline("operation count overflows".into()))?;
+        Ok(())
+    }
+
+    fn bundle(&mut self, b: &LBundle, env: &[Ix]) -> R<()> {
+        self.evaluations += 1;
+        if self.evaluations.is_multiple_of(1024) && std::time::Instant::now() > self.deadline {
+            return Err(Fail::Decline(format!(
+                "more than {} s of evaluation",
+                MAX_TIME.as_secs()
+            )));
+        }
+        if self.evaluations > MAX_EVALUATIONS {
+            return Err(Fail::Decline(format!(
+                "more than {MAX_EVALUATIONS} bundle evaluations"
+            )));
+        }
+        let op = match b.bundle.op {
+            Op::Arith(x) if self.executes(b, Slot::Op, env)? => Some(x),
+            _ => None,
+        };
+        let acc = match b.bundle.acc {
+            Acc::Add { src, dst } if self.executes(b, Slot::Acc, env)? => Some((src, dst)),
+            _ => None,
+        };
+        let send = match b.bundle.xfer {
+            Xfer::Send { src, .. } if self.executes(b, Slot::Xfer, env)? => Some(src),
+            _ => None,
+        };
+        // Reads, in the machine's order, before any write of the cycle.
+        let mut operands = None;
+        if let Some(x) = op {
+            let a = self.read(&self.addr(b, Field::OpA, env)?)?.0;
+            let bb = if x.kind.info().reads == 2 {
+                Some(self.read(&self.addr(b, Field::OpB, env)?)?.0)
+            } else {
+                None
+            };
+            operands = Some((x, a, bb));
+        }
+        let addend = match acc {
+            Some((AccSrc::Mem(_), _)) => Some(self.read(&self.addr(b, Field::AccSrc, env)?)?.0),
+            _ => None,
+        };
+        let sent = match send {
+            Some(XferSrc::Mem(_)) => Some(self.read(&self.addr(b, Field::XferSrc, env)?)?.0),
+            _ => None,
+        };
+        let mut result = None;
+        if let Some((x, a, bb)) = operands {
+            let r = match (x.kind, bb) {
+                (OpKind::Mul, Some(bb)) => {
+                    if self.is_rescale_factor(a) || self.is_rescale_factor(bb) {
+                        self.count(|t| &mut t.rescale)?;
+                    } else if matches!(
+                        (self.tm.node(a), self.tm.node(bb)),
+                        (T::Atom(0, ..), T::Atom(1, ..)) | (T::Atom(1, ..), T::Atom(0, ..))
+                    ) {
+                        self.count(|t| &mut t.phase1_mul)?;
+                    } else {
+                        self.count(|t| &mut t.phase3_mul)?;
+                    }
+                    self.tm.mul(a, bb, self.online)
+                }
+                (OpKind::Div, Some(bb)) => {
+                    self.count(|t| &mut t.div)?;
+                    self.tm.div(a, bb)
+                }
+                (OpKind::Max, Some(bb)) => {
+                    if a == bb {
+                        self.count(|t| &mut t.rescale)?;
+                    } else {
+                        self.count(|t| &mut t.max)?;
+                    }
+                    self.tm.max(a, bb)
+                }
+                (OpKind::Exp, None) => {
+                    self.count(|t| &mut t.exp)?;
+                    self.tm.exp(a, x.imm)
+                }
+                (OpKind::Expd, Some(bb)) => {
+                    let e = self.tm.expd(a, bb, x.imm);
+                    if self.is_rescale_factor(e) {
+                        self.count(|t| &mut t.rescale)?;
+                    } else {
+                        self.count(|t| &mut t.exp)?;
+                    }
+                    e
+                }
+                _ => return Err(Fail::Decline("an op kind this proof does not know".into())),
+            };
+            result = Some(r);
+        }
+        let acc_value = match (acc, result) {
+            (Some(_), Some(r)) => Some(match addend {
+                Some(a) => self.tm.sum(&[a, r]),
+                None => r,
+            }),
+            _ => None,
+        };
+        let mut dsts = Vec::new();
+        if let (Some(x), Some(r)) = (op, result) {
+            if x.dst.is_some() {
+                let d = self.addr(b, Field::OpDst, env)?;
+                dsts.push(d.clone());
+                self.write(d, r, true)?;
+            }
+        }
+        if let (Some((_, Some(_))), Some(v)) = (acc, acc_value) {
+            let d = self.addr(b, Field::AccDst, env)?;
+            dsts.push(d.clone());
+            self.write(d, v, true)?;
+        }
+        if let Some(src) = send {
+            let word = match src {
+                XferSrc::Mem(_) => sent,
+                XferSrc::Acc => acc_value,
+            }
+            .ok_or_else(|| Fail::Decline("send acc without an acc".into()))?;
+            let arriving = self.relabel(word)?;
+            let d = self.addr(b, Field::XferDst, env)?;
+            for o in &dsts {
+                match self.bounds(&d.minus(o)) {
+                    Some((lo, hi)) if lo > 0 || hi < 0 => {}
+                    _ => {
+                        return Err(Fail::Decline(
+                            "an arriving word may meet a local write in one cycle".into(),
+                        ))
+                    }
+                }
+            }
+            self.write(d, arriving, false)?;
+        }
+        Ok(())
+    }
+
+    fn body(&mut self, nodes: &[Node], env: &mut Vec<Ix>) -> R<()> {
+        for n in nodes {
+            match n {
+                Node::Bundle(b) => self.bundle(b, env)?,
+                Node::Loop(l) => self.lp(l, env)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn lp(&mut self, l: &Loop, env: &mut Vec<Ix>) -> R<()> {
+        if l.step.is_some() {
+            return Err(Fail::Decline("a triangular (stepped) loop".into()));
+        }
+        let level = env.len();
+        if eligible(&l.body, level) {
+            let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
+            match self.symbolic(l, env) {
+                Ok(()) => return Ok(()),
+                Err(Fail::Retry(why)) => {
+                    let _ = why;
+                    self.truncate(mark);
+                    self.tally = tally;
+                    self.evaluations = evals;
+                    env.truncate(level);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        for k in 0..u64::from(l.count) {
+            env.push(Ix::At(k));
+            let r = self.body(&l.body, env);
+            env.pop();
+            r?;
+        }
+        Ok(())
+    }
+
+    fn families(&mut self, nodes: &[Node], env: &mut Vec<Ix>, out: &mut Vec<Aff>) -> R<()> {
+        for n in nodes {
+            match n {
+                Node::Bundle(b) => {
+                    if b.bundle.op.dst().is_some() && self.executes(b, Slot::Op, env)? {
+                        out.push(self.addr(b, Field::OpDst, env)?);
+                    }
+                    if matches!(b.bundle.acc, Acc::Add { dst: Some(_), .. })
+                        && self.executes(b, Slot::Acc, env)?
+                    {
+                        out.push(self.addr(b, Field::AccDst, env)?);
+                    }
+                    if b.bundle.xfer != Xfer::Nop && self.executes(b, Slot::Xfer, env)? {
+                        out.push(self.addr(b, Field::XferDst, env)?);
+                    }
+                }
+                Node::Loop(l) => {
+                    let v = self.fresh(u64::from(l.count));
+                    env.push(Ix::Sym(v));
+                    let r = self.families(&l.body, env, out);
+                    env.pop();
+                    r?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn symbolic(&mut self, l: &Loop, env: &mut Vec<Ix>) -> R<()> {
+        let n = u64::from(l.count);
+        let var = self.fresh(n);
+        let other = self.fresh(n);
+        env.push(Ix::Sym(var));
+        let mut families = Vec::new();
+        let r = self.families(&l.body, env, &mut families);
+        env.pop();
+        r?;
+        let id = self.next_loop;
+        self.next_loop += 1;
+        let marker = self.facts.len();
+        self.loops.push(Active {
+            id,
+            var,
+            other,
+            marker,
+            families,
+        });
+        let outer = self.mult;
+        self.mult = outer.saturating_mul(n);
+        env.push(Ix::Sym(var));
+        let r = self.body(&l.body, env);
+        env.pop();
+        self.mult = outer;
+        let active = self.loops.pop();
+        r?;
+        let Some(active) = active else {
+            return Err(Fail::Decline("loop stack".into()));
+        };
+        let written: Vec<Fact> = self.facts[marker..].iter().flatten().cloned().collect();
+        self.truncate(marker);
+        for f in written {
+            let g = self.summary(f, &active, n)?;
+            self.push(g);
+        }
+        Ok(())
+    }
+
+    fn carries_of(&self, x: Id, id: u32) -> bool {
+        if !self.tm.has_carry(x) {
+            return false;
+        }
+        match self.tm.node(x) {
+            T::Carry(l, _) => *l == id,
+            T::Atom(..) => false,
+            T::Mul(a, b) | T::Div(a, b) | T::Expd(a, b, _) => {
+                self.carries_of(*a, id) || self.carries_of(*b, id)
+            }
+            T::Exp(a, _) => self.carries_of(*a, id),
+            T::Max(xs) | T::Sum(xs) => xs.iter().any(|&y| self.carries_of(y, id)),
+            T::RSum(_, _, _, b) | T::RMax(_, _, _, b) => self.carries_of(*b, id),
+        }
+    }
+
+    fn summary(&mut self, f: Fact, l: &Active, n: u64) -> R<Fact> {
+        let retry = |why: &str| Err(Fail::Retry(why.into()));
+        let a = f.base.coef(l.var);
+        // The words of `f` as an address over its coordinates.
+        let mut words = f.base.clone();
+        for &(v, s, _) in &f.dims {
+            words = words.add_term(v, s);
+        }
+        if a != 0 {
+            if a < 0 || self.carries_of(f.value, l.id) {
+                return retry("a region over the loop index that carries a value");
+            }
+            for fam in &l.families {
+                if !matches!(self.alias(&words, fam, l), Ok(false)) {
+                    return retry("a region another iteration may overwrite");
+                }
+            }
+            let base = f.base.clone().add_term(l.var, -a);
+            let mut dims = f.dims.clone();
+            dims.push((l.var, a, n));
+            return self.fact(base, dims, f.value, f.computed);
+        }
+        // The same words every iteration: no other iteration's write may land in them except
+        // through the same words.
+        for fam in &l.families {
+            if fam.coef(l.var) != 0 && !self.never_zero(&words.minus(fam), None) {
+                return retry("a fixed word a moving write may hit");
+            }
+        }
+        if !self.carries_of(f.value, l.id) {
+            let last = Aff::cst(n as i64 - 1);
+            let v = self.tm.subst(f.value, l.var, &last);
+            return self.fact(f.base, f.dims, v, f.computed);
+        }
+        if !f.dims.is_empty() {
+            return retry("a carried region");
+        }
+        let own = self.carry_slots.get(&f.base).copied();
+        let (add, args) = match self.tm.node(f.value).clone() {
+            T::Sum(xs) => (true, xs),
+            T::Max(xs) => (false, xs),
+            _ => return retry("a carried value that is neither a sum nor a maximum"),
+        };
+        let mut rest = Vec::new();
+        let mut seen = false;
+        for x in args {
+            match self.tm.node(x) {
+                T::Carry(id, slot) if *id == l.id && Some(*slot as usize) == own && !seen => {
+                    seen = true
+                }
+                _ => {
+                    if self.carries_of(x, l.id) {
+                        return retry("a carried value used otherwise");
+                    }
+                    rest.push(x);
+                }
+            }
+        }
+        if !seen || rest.is_empty() {
+            return retry("an accumulator without its own previous value");
+        }
+        let t = if add {
+            self.tm.sum(&rest)
+        } else {
+            let mut m = rest[0];
+            for &x in &rest[1..] {
+                m = self.tm.max(m, x);
+            }
+            m
+        };
+        let (init, computed) = self.read(&f.base)?;
+        let range = self.tm.range(add, l.var, 0, n as i64, t);
+        let v = if add {
+            self.tm.sum(&[init, range])
+        } else {
+            self.tm.max(init, range)
+        };
+        self.fact(f.base, Vec::new(), v, computed && f.computed)
+    }
+}
+
+/// Whether a loop at `level` may be evaluated symbolically: no predicate or wrapped term of
+/// any bundle inside uses its index, and the same for every loop inside at its level.
+fn eligible(nodes: &[Node], level: usize) -> bool {
+    fn uses(nodes: &[Node], level: usize) -> bool {
+        nodes.iter().any(|n| match n {
+            Node::Bundle(b) => {
+                b.preds.iter().any(|p| usize::from(p.level) == level)
+                    || b.terms
+                        .iter()
+                        .any(|t| usize::from(t.level) == level && t.wrap != 0)
+            }
+            Node::Loop(l) => l.step.is_some() || uses(&l.body, level),
+        })
+    }
+    fn inner(nodes: &[Node], level: usize) -> bool {
+        nodes.iter().all(|n| match n {
+            Node::Bundle(_) => true,
+            Node::Loop(l) => l.step.is_none() && eligible(&l.body, level + 1),
+        })
+    }
+    !uses(nodes, level) && inner(nodes, level)
+}
+
+/// Why `programs` and `m` are outside this proof, if they are.
+pub fn applies(programs: &[LoopProgram], m: &Manifest) -> Result<(), String> {
+    let l = &m.layer;
+    if l.qkv != "separate" {
+        return Err("covers separate q, k, v only".into());
+    }
+    if l.mask != "none" {
+        return Err("covers layers without a mask only".into());
+    }
+    if !crate::is_online(m) {
+        return Err("covers the online (deferred) formulation only".into());
+    }
+    let Some(first) = programs.first() else {
+        return Err("no programs".into());
+    };
+    if programs
+        .iter()
+        .any(|p| p.body != first.body || p.mem_words != first.mem_words)
+    {
+        return Err("the PEs run different programs".into());
+    }
+    for (name, p) in m.inputs.iter().chain(&m.outputs) {
+        let Some(layout) = &p.layout else {
+            return Err(format!("`{name}` is placed element by element"));
+        };
+        if layout.order != RowOrder::Contiguous
+            || u64::from(layout.rows_per_pe) * u64::from(m.pes) != u64::from(l.tokens)
+        {
+            return Err(format!(
+                "`{name}` is not dealt in equal contiguous blocks of rows"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Evaluates PE 0 (see the module documentation) and compares its outputs with the
+/// specification. `Err` says why the proof does not cover the programs.
+pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, String> {
+    applies(programs, m)?;
+    let l = &m.layer;
+    let (heads, tokens, dim) = (i64::from(l.heads), i64::from(l.tokens), i64::from(l.dim));
+    let layout = |name: &str| -> Result<Layout, String> {
+        m.inputs
+            .get(name)
+            .or_else(|| m.outputs.get(name))
+            .and_then(|p| p.layout)
+            .ok_or_else(|| format!("no layout for `{name}`"))
+    };
+    let rows = i64::from(layout("y")?.rows_per_pe);
+    let mut e = Eval {
+        tm: Terms::default(),
+        online: true,
+        facts: Vec::new(),
+        keys: HashMap::default(),
+        counts: HashMap::default(),
+        next_var: BINDERS,
+        next_loop: 0,
+        loops: Vec::new(),
+        carry_addrs: Vec::new(),
+        carry_slots: HashMap::default(),
+        tally: Tally::default(),
+        mult: 1,
+        evaluations: 0,
+        rows,
+        tokens,
+        deadline: std::time::Instant::now() + MAX_TIME,
+    };
+    for (t, name) in ["q", "k", "v"].iter().enumerate() {
+        let lay = layout(name)?;
+        let (h, r, c) = (
+            e.fresh(heads as u64),
+            e.fresh(rows as u64),
+            e.fresh(dim as u64),
+        );
+        let value = e.tm.atom(t as u8, Aff::var(h), Aff::var(r), Aff::var(c));
+        let f = e
+            .fact(
+                Aff::cst(i64::from(lay.base)),
+                vec![
+                    (h, i64::from(lay.head_stride), heads as u64),
+                    (r, i64::from(lay.row_stride), rows as u64),
+                    (c, 1, dim as u64),
+                ],
+                value,
+                false,
+            )
+            .map_err(|_| "input layout".to_string())?;
+        e.facts.push(Some(f));
+    }
+    let mut env = Vec::new();
+    match e.body(&programs[0].body, &mut env) {
+        Ok(()) => {}
+        Err(Fail::Retry(why)) | Err(Fail::Decline(why)) => return Err(why),
+    }
+    let scale = l.scale as f32;
+    let safe = l.softmax == "safe";
+    let y = layout("y")?;
+    let mut wrong = Vec::new();
+    let mut wrong_count = 0;
+    for h in 0..heads {
+        for r in 0..rows {
+            let c = e.fresh(dim as u64);
+            let addr = Aff::cst(
+                i64::from(y.base) + h * i64::from(y.head_stride) + r * i64::from(y.row_stride),
+            )
+            .add_term(c, 1);
+            let (found, computed) = match e.read(&addr) {
+                Ok(x) => x,
+                Err(Fail::Retry(why)) | Err(Fail::Decline(why)) => return Err(why),
+            };
+            let cv = e.pin(Aff::var(c));
+            let want = spec(&mut e, h, r, cv, (tokens, dim), scale, safe);
+            if !computed || e.tm.norm(found) != want {
+                wrong_count += 1;
+                if wrong.len() < 5 {
+                    wrong.push(format!(
+                        "y[{h}][{r}][c] on PE 0 is not the specification{}",
+                        if computed {
+                            ""
+                        } else {
+                            " (not written by the programs)"
+                        }
+                    ));
+                }
+            }
+        }
+    }
+    let ops = e
+        .tally
+        .scaled(u64::from(m.pes))
+        .ok_or("operation counts overflow")?;
+    Ok(Evaluated {
+        ops,
+        wrong,
+        wrong_count,
+        evaluations: e.evaluations,
+        expressions: e.tm.len(),
+    })
+}
+
+/// `y[h][r][c]` of the online formulation, `c` a column variable (or 0 for one column).
+fn spec(e: &mut Eval, h: i64, r: i64, c: Aff, (n, d): (i64, i64), scale: f32, safe: bool) -> Id {
+    let j = e.fresh(n as u64);
+    let k = e.fresh(d as u64);
+    let (hh, rr) = (Aff::cst(h), Aff::cst(r));
+    let q = e.tm.atom(0, hh.clone(), rr, Aff::var(k));
+    let kk = e.tm.atom(1, hh.clone(), Aff::var(j), Aff::var(k));
+    let prod = e.tm.mul(q, kk, true);
+    let score = e.tm.range(true, k, 0, d, prod);
+    let ex = if safe {
+        let m = e.tm.range(false, j, 0, n, score);
+        e.tm.expd(score, m, scale)
+    } else {
+        e.tm.exp(score, scale)
+    };
+    let l = e.tm.range(true, j, 0, n, ex);
+    let v = e.tm.atom(2, hh, Aff::var(j), c);
+    let term = e.tm.mul(ex, v, true);
+    let y = e.tm.range(true, j, 0, n, term);
+    e.tm.div(y, l)
+}

@@ -1,0 +1,456 @@
+//! Expressions with symbolic indices, for the proof without unrolling: input atoms indexed by
+//! affine functions of index variables, the operations of the ISA, and sums and maxima over an
+//! index range (`Σ_{b ∈ [lo, hi)} body(b)`, `max_{b ∈ [lo, hi)} body(b)`), hash-consed so that
+//! equal expressions are equal ids.
+//!
+//! Canonical forms extend those of the flattened proof (docs/verifier.md): products of two
+//! factors with operands sorted, sums as sorted multisets, maxima as sorted sets, and, online,
+//! the product rule of shifted exponentials with distribution over sums. A range binds a
+//! variable chosen by the body's structure (one above every variable bound inside it) and is
+//! shifted so that the smallest offset at which the body uses it is 0; so the same range built
+//! in two ways is one id. Adjacent ranges of one body merge, and a term that is the body at the
+//! index just below or above a range extends it.
+
+use super::aff::{Aff, Var};
+use crate::expr::FxMap as HashMap;
+
+pub type Id = u32;
+
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub enum T {
+    /// `tensor[head][row][col]`; tensor 0 = q, 1 = k, 2 = v.
+    Atom(u8, Aff, Aff, Aff),
+    Mul(Id, Id),
+    Exp(Id, u32),
+    Expd(Id, Id, u32),
+    Div(Id, Id),
+    /// A sorted set of at least one argument, none itself a `Max`.
+    Max(Vec<Id>),
+    /// A sorted multiset of at least two terms, none itself a `Sum`.
+    Sum(Vec<Id>),
+    RSum(Var, i64, i64, Id),
+    RMax(Var, i64, i64, Id),
+    /// The value a loop's previous iteration left at an address (loop id, address).
+    Carry(u32, i64),
+}
+
+#[derive(Default)]
+pub struct Terms {
+    nodes: Vec<T>,
+    ids: HashMap<T, Id>,
+    /// One above every binder bound inside (0: none); free variables do not count.
+    depth: Vec<u32>,
+    /// Whether a `Carry` occurs inside.
+    carries: Vec<bool>,
+}
+
+impl Terms {
+    pub fn node(&self, id: Id) -> &T {
+        &self.nodes[id as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn has_carry(&self, id: Id) -> bool {
+        self.carries[id as usize]
+    }
+
+    fn intern(&mut self, t: T) -> Id {
+        if let Some(&id) = self.ids.get(&t) {
+            return id;
+        }
+        let (depth, carries) = match &t {
+            T::Atom(..) => (0, false),
+            T::Carry(..) => (0, true),
+            T::Mul(a, b) | T::Div(a, b) | T::Expd(a, b, _) => (
+                self.depth[*a as usize].max(self.depth[*b as usize]),
+                self.carries[*a as usize] || self.carries[*b as usize],
+            ),
+            T::Exp(a, _) => (self.depth[*a as usize], self.carries[*a as usize]),
+            T::Max(xs) | T::Sum(xs) => (
+                xs.iter()
+                    .map(|&x| self.depth[x as usize])
+                    .max()
+                    .unwrap_or(0),
+                xs.iter().any(|&x| self.carries[x as usize]),
+            ),
+            T::RSum(b, _, _, body) | T::RMax(b, _, _, body) => (
+                self.depth[*body as usize].max(b + 1),
+                self.carries[*body as usize],
+            ),
+        };
+        let id = self.nodes.len() as Id;
+        self.nodes.push(t.clone());
+        self.depth.push(depth);
+        self.carries.push(carries);
+        self.ids.insert(t, id);
+        id
+    }
+
+    pub fn atom(&mut self, tensor: u8, head: Aff, row: Aff, col: Aff) -> Id {
+        self.intern(T::Atom(tensor, head, row, col))
+    }
+
+    pub fn carry(&mut self, lp: u32, addr: i64) -> Id {
+        self.intern(T::Carry(lp, addr))
+    }
+
+    /// A one-element range sum as the term it stands for; anything else unchanged.
+    pub fn norm(&mut self, x: Id) -> Id {
+        if let T::RSum(b, lo, hi, body) = *self.node(x) {
+            if hi - lo == 1 {
+                return self.subst(body, b, &Aff::cst(lo));
+            }
+        }
+        x
+    }
+
+    fn pair(&mut self, a: Id, b: Id) -> Id {
+        let (a, b) = if a <= b { (a, b) } else { (b, a) };
+        self.intern(T::Mul(a, b))
+    }
+
+    fn is_expd(&self, x: Id) -> bool {
+        matches!(self.node(x), T::Expd(..))
+    }
+
+    /// `a·b` with the online identities when `online`.
+    pub fn mul(&mut self, a: Id, b: Id, online: bool) -> Id {
+        let (a, b) = (self.norm(a), self.norm(b));
+        if online {
+            for (s, f) in [(a, b), (b, a)] {
+                if !self.is_expd(f) {
+                    continue;
+                }
+                match self.node(s).clone() {
+                    T::Sum(ts) => {
+                        let scaled: Vec<Id> = ts.iter().map(|&t| self.mul(t, f, true)).collect();
+                        return self.sum(&scaled);
+                    }
+                    T::RSum(bv, lo, hi, body) => {
+                        let inner = self.mul(body, f, true);
+                        return self.range(true, bv, lo, hi, inner);
+                    }
+                    _ => {}
+                }
+            }
+            if self.is_expd(a) || self.is_expd(b) {
+                let mut fs = Vec::new();
+                self.factors(a, &mut fs);
+                self.factors(b, &mut fs);
+                let mut merged = false;
+                let mut i = 0;
+                while i < fs.len() {
+                    let mut j = 0;
+                    let mut hit = None;
+                    while j < fs.len() {
+                        if i != j {
+                            if let (T::Expd(x, y, s1), T::Expd(y2, z, s2)) =
+                                (self.node(fs[i]).clone(), self.node(fs[j]).clone())
+                            {
+                                if y == y2 && s1 == s2 {
+                                    hit = Some((j, self.intern(T::Expd(x, z, s1))));
+                                }
+                            }
+                        }
+                        if hit.is_some() {
+                            break;
+                        }
+                        j += 1;
+                    }
+                    if let Some((j, e)) = hit {
+                        fs[i] = e;
+                        fs.remove(j);
+                        merged = true;
+                        i = 0;
+                    } else {
+                        i += 1;
+                    }
+                }
+                if merged {
+                    fs.sort_unstable();
+                    let mut acc = fs[0];
+                    for &f in &fs[1..] {
+                        acc = self.pair(acc, f);
+                    }
+                    return acc;
+                }
+            }
+        }
+        self.pair(a, b)
+    }
+
+    fn factors(&self, x: Id, out: &mut Vec<Id>) {
+        match *self.node(x) {
+            T::Mul(a, b) => {
+                self.factors(a, out);
+                self.factors(b, out);
+            }
+            _ => out.push(x),
+        }
+    }
+
+    pub fn exp(&mut self, a: Id, scale: f32) -> Id {
+        let a = self.norm(a);
+        self.intern(T::Exp(a, scale.to_bits()))
+    }
+
+    pub fn expd(&mut self, a: Id, b: Id, scale: f32) -> Id {
+        let (a, b) = (self.norm(a), self.norm(b));
+        self.intern(T::Expd(a, b, scale.to_bits()))
+    }
+
+    pub fn div(&mut self, a: Id, b: Id) -> Id {
+        let (a, b) = (self.norm(a), self.norm(b));
+        self.intern(T::Div(a, b))
+    }
+
+    /// Whether `x` is a maximum node (a partial or whole row maximum).
+    pub fn is_max(&self, x: Id) -> bool {
+        matches!(self.node(x), T::Max(_) | T::RMax(..))
+    }
+
+    pub fn max(&mut self, a: Id, b: Id) -> Id {
+        let mut all = Vec::new();
+        for x in [a, b] {
+            let x = self.norm(x);
+            match self.node(x) {
+                T::Max(xs) => all.extend(xs.iter().copied()),
+                _ => all.push(x),
+            }
+        }
+        self.collect(false, all)
+    }
+
+    pub fn sum(&mut self, terms: &[Id]) -> Id {
+        let mut all = Vec::new();
+        for &x in terms {
+            match self.node(x) {
+                T::Sum(xs) => all.extend(xs.iter().copied()),
+                _ => all.push(x),
+            }
+        }
+        self.collect(true, all)
+    }
+
+    /// The sum (`add`) or maximum of `all`, with ranges merged.
+    fn collect(&mut self, add: bool, mut all: Vec<Id>) -> Id {
+        loop {
+            let mut changed = false;
+            'outer: for i in 0..all.len() {
+                let (bv, lo, hi, body) = match (add, self.node(all[i]).clone()) {
+                    (true, T::RSum(b, l, h, body)) | (false, T::RMax(b, l, h, body)) => {
+                        (b, l, h, body)
+                    }
+                    _ => continue,
+                };
+                for j in 0..all.len() {
+                    if i == j {
+                        continue;
+                    }
+                    let other = self.node(all[j]).clone();
+                    let grown = match other {
+                        T::RSum(b2, l2, h2, body2) | T::RMax(b2, l2, h2, body2)
+                            if add == matches!(other, T::RSum(..))
+                                && b2 == bv
+                                && body2 == body
+                                && (h2 == lo || l2 == hi) =>
+                        {
+                            Some((lo.min(l2), hi.max(h2)))
+                        }
+                        // Only a term of the body's kind can be the body at one index.
+                        _ if std::mem::discriminant(self.node(all[j]))
+                            != std::mem::discriminant(self.node(body)) =>
+                        {
+                            None
+                        }
+                        _ => {
+                            if all[j] == self.subst(body, bv, &Aff::cst(lo - 1)) {
+                                Some((lo - 1, hi))
+                            } else if all[j] == self.subst(body, bv, &Aff::cst(hi)) {
+                                Some((lo, hi + 1))
+                            } else {
+                                None
+                            }
+                        }
+                    };
+                    if let Some((l, h)) = grown {
+                        let node = if add {
+                            T::RSum(bv, l, h, body)
+                        } else {
+                            T::RMax(bv, l, h, body)
+                        };
+                        let merged = self.intern(node);
+                        let (a, b) = (i.min(j), i.max(j));
+                        all.remove(b);
+                        all[a] = merged;
+                        changed = true;
+                        break 'outer;
+                    }
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        all.sort_unstable();
+        if !add {
+            all.dedup();
+        }
+        if all.len() == 1 {
+            let x = all[0];
+            if add {
+                return self.norm(x);
+            }
+            if matches!(self.node(x), T::RMax(..)) {
+                return x;
+            }
+        }
+        self.intern(if add { T::Sum(all) } else { T::Max(all) })
+    }
+
+    /// `Σ` (`add`) or `max` of `body` over `v ∈ [lo, hi)`, canonical: `v` shifted so that its
+    /// smallest offset in the body's atoms is 0, and renamed to the binder one above every
+    /// binder inside.
+    pub fn range(&mut self, add: bool, v: Var, lo: i64, hi: i64, body: Id) -> Id {
+        let mut offsets = Vec::new();
+        self.offsets(body, v, &mut offsets, &mut HashMap::default());
+        let shift = if offsets.iter().all(|&(coef, _)| coef == 1) {
+            offsets.iter().map(|&(_, c)| c).min().unwrap_or(0)
+        } else {
+            0
+        };
+        // v = v' − shift, v' ∈ [lo + shift, hi + shift).
+        let moved = self.subst(body, v, &Aff::var(v).add_const(-shift));
+        let binder = self.depth[moved as usize];
+        let body = if binder == v {
+            moved
+        } else {
+            self.subst(moved, v, &Aff::var(binder))
+        };
+        let (lo, hi) = (lo + shift, hi + shift);
+        let node = if add {
+            T::RSum(binder, lo, hi, body)
+        } else {
+            T::RMax(binder, lo, hi, body)
+        };
+        let id = self.intern(node);
+        if !add && hi - lo == 1 {
+            let one = self.subst(body, binder, &Aff::cst(lo));
+            return self.intern(T::Max(vec![one]));
+        }
+        id
+    }
+
+    /// `(coefficient, constant)` of every atom index that uses `v`.
+    fn offsets(&self, x: Id, v: Var, out: &mut Vec<(i64, i64)>, seen: &mut HashMap<Id, ()>) {
+        if seen.insert(x, ()).is_some() {
+            return;
+        }
+        match self.node(x) {
+            T::Atom(_, a, b, c) => {
+                for aff in [a, b, c] {
+                    let k = aff.coef(v);
+                    if k != 0 {
+                        out.push((k, aff.c));
+                    }
+                }
+            }
+            T::Carry(..) => {}
+            T::Mul(a, b) | T::Div(a, b) | T::Expd(a, b, _) => {
+                let (a, b) = (*a, *b);
+                self.offsets(a, v, out, seen);
+                self.offsets(b, v, out, seen);
+            }
+            T::Exp(a, _) => self.offsets(*a, v, out, seen),
+            T::Max(xs) | T::Sum(xs) => {
+                for &y in xs.clone().iter() {
+                    self.offsets(y, v, out, seen);
+                }
+            }
+            T::RSum(b, _, _, body) | T::RMax(b, _, _, body) => {
+                if *b != v {
+                    self.offsets(*body, v, out, seen);
+                }
+            }
+        }
+    }
+
+    /// `x` with variable `v` replaced by `by`, rebuilt through the canonical constructors.
+    pub fn subst(&mut self, x: Id, v: Var, by: &Aff) -> Id {
+        let mut memo = HashMap::default();
+        self.subst_in(x, v, by, &mut memo)
+    }
+
+    fn subst_in(&mut self, x: Id, v: Var, by: &Aff, memo: &mut HashMap<Id, Id>) -> Id {
+        if let Some(&y) = memo.get(&x) {
+            return y;
+        }
+        let y = match self.node(x).clone() {
+            T::Atom(t, a, b, c) => {
+                if a.coef(v) == 0 && b.coef(v) == 0 && c.coef(v) == 0 {
+                    x
+                } else {
+                    self.atom(t, a.subst(v, by), b.subst(v, by), c.subst(v, by))
+                }
+            }
+            T::Carry(..) => x,
+            // Substitution never enters products' online rules: it maps each factor and
+            // multiplies them back as they were.
+            T::Mul(a, b) => {
+                let (a, b) = (self.subst_in(a, v, by, memo), self.subst_in(b, v, by, memo));
+                self.pair(a, b)
+            }
+            T::Div(a, b) => {
+                let (a, b) = (self.subst_in(a, v, by, memo), self.subst_in(b, v, by, memo));
+                self.div(a, b)
+            }
+            T::Expd(a, b, s) => {
+                let (a, b) = (self.subst_in(a, v, by, memo), self.subst_in(b, v, by, memo));
+                let (a, b) = (self.norm(a), self.norm(b));
+                self.intern(T::Expd(a, b, s))
+            }
+            T::Exp(a, s) => {
+                let a = self.subst_in(a, v, by, memo);
+                let a = self.norm(a);
+                self.intern(T::Exp(a, s))
+            }
+            T::Max(xs) => {
+                let ys: Vec<Id> = xs.iter().map(|&y| self.subst_in(y, v, by, memo)).collect();
+                let mut all = Vec::new();
+                for y in ys {
+                    let y = self.norm(y);
+                    match self.node(y) {
+                        T::Max(zs) => all.extend(zs.iter().copied()),
+                        _ => all.push(y),
+                    }
+                }
+                if all.len() == 1 && !matches!(self.node(all[0]), T::RMax(..)) {
+                    self.intern(T::Max(all))
+                } else {
+                    self.collect(false, all)
+                }
+            }
+            T::Sum(xs) => {
+                let ys: Vec<Id> = xs.iter().map(|&y| self.subst_in(y, v, by, memo)).collect();
+                self.sum(&ys)
+            }
+            T::RSum(b, lo, hi, body) | T::RMax(b, lo, hi, body) if b == v => {
+                let _ = (lo, hi, body);
+                x
+            }
+            T::RSum(b, lo, hi, body) => {
+                let body = self.subst_in(body, v, by, &mut HashMap::default());
+                self.range(true, b, lo, hi, body)
+            }
+            T::RMax(b, lo, hi, body) => {
+                let body = self.subst_in(body, v, by, &mut HashMap::default());
+                self.range(false, b, lo, hi, body)
+            }
+        };
+        memo.insert(x, y);
+        y
+    }
+}
