@@ -312,8 +312,13 @@ struct Best {
 /// finish no later in total. Plateaus are walked, not just descended: the cycle count alone
 /// rarely moves with one change.
 fn search(p: &Problem, m: u32, best: &mut Best, budget: u64) {
-    // No schedule is shorter than the operations spread evenly: stop there.
-    let floor = p.necessary_ops().div_ceil(u64::from(m.max(1)));
+    // No program is shorter than the layer's bound (the operations spread evenly, the critical
+    // path, the links; docs/scheduling.md): stop there.
+    let floor = p
+        .shape()
+        .bound(m, runtime::layer::Normalisation::PerWeight)
+        .map_or(0, |b| b.value)
+        .max(p.necessary_ops().div_ceil(u64::from(m.max(1))));
     let mut draw = Noise(0x9E6C_63D0_676A_9A99);
     let mut cur = best.tweaks.replaying();
     let mut cur_score = (best.run.schedule.cycles(), best.run.spread);
