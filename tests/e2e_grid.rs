@@ -240,7 +240,8 @@ fn multi_head_interleaving_never_costs_more_and_sometimes_less() {
 /// Whether `--schedule` may force `choice` on this layer and ring, restated from the schedulers'
 /// documented requirements rather than asked of the compiler: the pair schedules and the
 /// baseline need the ring to divide tokens and dim, the symmetric one `qkv = shared` without a
-/// mask, the causal one `mask = causal`; the row dataflow takes any shape.
+/// mask, the causal one `mask = causal`; the row dataflow takes any shape, the wide one any
+/// `qkv = shared` layer without a mask.
 fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: bool) -> bool {
     let divides = n.is_multiple_of(m) && d.is_multiple_of(m);
     match choice {
@@ -248,6 +249,7 @@ fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: 
         Choice::Named("baseline") => divides,
         Choice::Named("symmetric") => shared && !causal && divides,
         Choice::Named("causal") => causal && divides,
+        Choice::Named("wide") => shared && !causal,
         Choice::Named(other) => panic!("no documented requirements for scheduler `{other}`"),
         // Loop programs; tested by tests/stream.rs.
         Choice::Stream => panic!("the stream schedule is not part of this grid"),
@@ -268,6 +270,7 @@ fn every_scheduler_forced_where_it_applies() {
         (Choice::Named("causal"), "schedule-causal"),
         (Choice::Named("rows"), "schedule-rows"),
         (Choice::Named("split"), "schedule-split"),
+        (Choice::Named("wide"), "schedule-wide"),
     ];
     // A scheduler added to the registry must be added here too, with its requirements.
     let registered: Vec<&str> = compiler::scheduler::SCHEDULERS
@@ -280,7 +283,7 @@ fn every_scheduler_forced_where_it_applies() {
             "{pass} is not forced by this grid"
         );
     }
-    let mut used = [0u32; 5];
+    let mut used = [0u32; 6];
     for n in 1..=8u32 {
         let mut dims = vec![1, 2, 4, n];
         dims.sort_unstable();
@@ -340,7 +343,11 @@ fn every_scheduler_forced_where_it_applies() {
         }
     }
     // Every scheduler ran on a good part of the grid (the counts follow from the grid alone).
-    assert_eq!(used, [384, 96, 192, 1328, 1328], "programs per scheduler");
+    assert_eq!(
+        used,
+        [384, 96, 192, 1328, 1328, 332],
+        "programs per scheduler"
+    );
 }
 
 /// `Options::reroll` (what `attnc compile` does unless `--flat`): proved and run like every

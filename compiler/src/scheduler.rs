@@ -7,6 +7,7 @@
 use crate::passes::select::Refusal;
 use crate::passes::{
     schedule_baseline, schedule_causal, schedule_rows, schedule_split, schedule_symmetric,
+    schedule_wide,
 };
 use crate::problem::Problem;
 use crate::schedule::{RingSchedule, ScheduleError};
@@ -44,6 +45,7 @@ pub static SCHEDULERS: &[&dyn Scheduler] = &[
     &schedule_symmetric::Symmetric,
     &schedule_rows::Rows,
     &schedule_split::Split,
+    &schedule_wide::Wide,
     &schedule_baseline::Baseline,
 ];
 

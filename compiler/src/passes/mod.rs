@@ -10,6 +10,7 @@ pub mod schedule_rows;
 pub mod schedule_split;
 pub mod schedule_stream;
 pub mod schedule_symmetric;
+pub mod schedule_wide;
 pub mod select;
 
 /// `(name, description)` of every pass, in pipeline order; the names `--dump-after` accepts.

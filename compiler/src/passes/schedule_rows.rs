@@ -89,6 +89,16 @@ fn path(from: u32, to: u32, m: u32) -> impl Iterator<Item = u32> {
 /// that moved any, on their own rows' first PEs: one source feeding a whole head can make its link
 /// the bottleneck.
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+    run_with(p, pes, false)
+}
+
+/// The same search with every score of a q = k layer computed by its own row (`schedule-wide`):
+/// twice the phase-1 products, but no mirrored score travels between row holders.
+pub(crate) fn run_mirrored(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+    run_with(p, pes, true)
+}
+
+fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<ScheduleError>> {
     let scores = u64::from(p.heads) * (0..p.tokens).map(|a| u64::from(columns(p, a))).sum::<u64>();
     let few = scores < SUBSET_SCORES * u64::from(pes);
     let counts = if !few {
@@ -104,7 +114,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
     // With q = k and no mask, and idle PEs, a mirrored score may have to go round through all of
     // them; computing each pair on the holder behind the other avoids that at the cost of
     // balance, so small layers try both.
-    let mirrors: &[bool] = if p.symmetric && !p.causal && few {
+    let mirrors: &[bool] = if p.symmetric && !p.causal && few && !mirror {
         &[false, true]
     } else {
         &[false]
@@ -121,7 +131,8 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
                 let limit = best
                     .as_ref()
                     .map_or(usize::MAX, |b| b.cycles().saturating_sub(1));
-                let (s, moved, busiest) = run_on(p, pes, active, spread_homes, near_mirror, limit)?;
+                let (s, moved, busiest) =
+                    run_on(p, pes, active, spread_homes, near_mirror, mirror, limit)?;
                 if let Some(s) = s {
                     if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
                         best = Some(s);
@@ -205,6 +216,7 @@ fn run_on(
     active: u32,
     spread_homes: bool,
     near_mirror: bool,
+    mirror: bool,
     limit: usize,
 ) -> Result<(Option<RingSchedule>, bool, usize), Vec<ScheduleError>> {
     let m = pes;
@@ -355,7 +367,7 @@ fn run_on(
             }
         }
         let computes = |a: u32, col: u32| -> bool {
-            if !p.symmetric || p.causal || a == col {
+            if !p.symmetric || p.causal || a == col || mirror {
                 return true;
             }
             if near_mirror {

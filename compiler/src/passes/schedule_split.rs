@@ -129,10 +129,22 @@ struct Layout {
     softmax_first: bool,
     /// PEs per lane that take the softmax, after its columns, rows dealt to them in turn.
     soft: u32,
+    /// With q = k and no mask, every row computes its own scores, both halves of each pair
+    /// (`schedule-wide`): twice the phase-1 products, but no row waits on another's.
+    mirror: bool,
 }
 
 /// Tries the layouts and, on small layers, perturbed priorities; keeps the shortest.
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+    run_with(p, pes, false)
+}
+
+/// The same search with every score of a q = k layer computed by its own row (`mirror`).
+pub(crate) fn run_mirrored(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+    run_with(p, pes, true)
+}
+
+fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<ScheduleError>> {
     let m = pes.max(1);
     let mut best: Option<Best> = None;
     // Only a schedule that can be emitted is kept (see `emittable`).
@@ -222,6 +234,7 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
                 row_weight,
                 softmax_first,
                 soft,
+                mirror,
             };
             // With retries to come, every plain run finishes: the best few seed them.
             let cap = if retries > 0 {
@@ -299,8 +312,13 @@ struct Best {
 /// finish no later in total. Plateaus are walked, not just descended: the cycle count alone
 /// rarely moves with one change.
 fn search(p: &Problem, m: u32, best: &mut Best, budget: u64) {
-    // No schedule is shorter than the operations spread evenly: stop there.
-    let floor = p.necessary_ops().div_ceil(u64::from(m.max(1)));
+    // No program is shorter than the layer's bound (the operations spread evenly, the critical
+    // path, the links; docs/scheduling.md): stop there.
+    let floor = p
+        .shape()
+        .bound(m, runtime::layer::Normalisation::PerWeight)
+        .map_or(0, |b| b.value)
+        .max(p.necessary_ops().div_ceil(u64::from(m.max(1))));
     let mut draw = Noise(0x9E6C_63D0_676A_9A99);
     let mut cur = best.tweaks.replaying();
     let mut cur_score = (best.run.schedule.cycles(), best.run.spread);
@@ -485,7 +503,7 @@ impl Geometry {
         // Rows cut into groups of about equal weight count (row a has a + 1 under a mask, or
         // when q = k pairs are counted once, by their larger row).
         let per_row = |a: u32| -> u64 {
-            if p.causal || p.symmetric {
+            if p.causal || (p.symmetric && !layout.mirror) {
                 u64::from(a) + 1
             } else {
                 u64::from(n)
@@ -691,8 +709,9 @@ fn build(
 
     // Scores: one chain per distinct score, landing balanced over the ring (one lane) or on the
     // lane's softmax PE.
+    let pairs = p.symmetric && !p.causal && !layout.mirror;
     let pairs_of = |a: u32| -> Vec<u32> {
-        if p.causal || p.symmetric {
+        if p.causal || pairs {
             (0..=a).collect()
         } else {
             (0..n).collect()
@@ -804,7 +823,7 @@ fn build(
                     output: None,
                 });
                 score.insert((h, a, bcol), (id, land));
-                if p.symmetric && !p.causal && bcol != a {
+                if pairs && bcol != a {
                     score.insert((h, bcol, a), (id, land));
                 }
             }
@@ -984,11 +1003,18 @@ fn build(
     let mut val_of: HashMap<Element, Val> = HashMap::default();
     for (e, readers) in elems {
         let from = g.start(e.head * g.groups);
-        let home = readers
-            .iter()
-            .copied()
-            .min_by_key(|&pe| dist(from, pe, m))
-            .unwrap_or(from);
+        // Mirrored rows: an x row starts where its own row's scores read it as the query, so
+        // every lane starts on its own row and the others reach it as keys.
+        let own = (layout.mirror && e.tensor == Tensor::X)
+            .then(|| g.p1(g.lane(e.head, e.row), e.col))
+            .filter(|pe| readers.contains(pe));
+        let home = own.unwrap_or_else(|| {
+            readers
+                .iter()
+                .copied()
+                .min_by_key(|&pe| dist(from, pe, m))
+                .unwrap_or(from)
+        });
         let far = readers
             .iter()
             .map(|&pe| dist(home, pe, m))

@@ -1,0 +1,103 @@
+//! `schedule-wide`: q = k = v layers on rings larger than their rows, without pairing rows.
+//!
+//! Computing each distinct score of a shared layer once (what `schedule-rows` and
+//! `schedule-split` do) halves phase 1, but ties every pair of rows together: the score
+//! `x_a·x_b` is made where one row lives and must travel to the other. On a ring with more PEs
+//! than the work needs, phase 1 is not what sets the pace; those trips are, and the second row's
+//! softmax waits on them (16 tokens, `d = 64` on 256 PEs: 1481 cycles for a layer whose bound is
+//! 149). This pass runs both dataflows with every row computing all of its own scores, both
+//! halves of each pair, so rows are as independent as with separate q and k, and keeps the
+//! shorter schedule. Its phase-1 products are up to twice the necessary ones; the manifest
+//! declares the count it executes (`ops.phase1_mac`), which the verifier accepts for a shared
+//! layer without a mask when declared and holds exactly.
+//!
+//! `auto` tries it only where the ring has more than a quarter of a PE per token, the regime
+//! where row coupling can cost more than the products saved; `compile` keeps it only when its
+//! exact cycle count is the lowest.
+
+use crate::passes::select::{Culprit, Refusal};
+use crate::passes::{schedule_rows, schedule_split};
+use crate::problem::Problem;
+use crate::schedule::{RingSchedule, ScheduleError};
+use crate::scheduler::Scheduler;
+
+pub const NAME: &str = "schedule-wide";
+pub const DESCRIPTION: &str =
+    "q = k = v without pairing rows: every row computes all of its own scores (recomputed products), rows or split dataflow, whichever is shorter";
+
+/// `auto` tries it up to this many necessary operations (the split dataflow's own limit under
+/// `auto`), with fewer than [`AUTO_TOKENS_PER_PE`] tokens per PE.
+const AUTO_OPS: u64 = 300_000;
+const AUTO_TOKENS_PER_PE: u64 = 4;
+
+/// The registry's handle on this pass.
+pub struct Wide;
+
+impl Scheduler for Wide {
+    fn name(&self) -> &'static str {
+        "wide"
+    }
+    fn pass(&self) -> &'static str {
+        NAME
+    }
+    fn description(&self) -> &'static str {
+        DESCRIPTION
+    }
+    fn title(&self) -> &'static str {
+        "wide (q = k = v rows decoupled, scores recomputed)"
+    }
+    fn refusal(&self, p: &Problem, pes: u32) -> Option<Refusal> {
+        if !p.symmetric || !p.shared_values {
+            return Some(Refusal {
+                culprit: Culprit::Qkv,
+                message: "the wide dataflow recomputes the mirrored scores of a layer whose q, k and v are one tensor".into(),
+                note: "add `qkv = shared;` to the layer, or use `--schedule split`".into(),
+            });
+        }
+        if p.causal {
+            return Some(Refusal {
+                culprit: Culprit::Mask,
+                message: "under a causal mask no score has a mirrored twin to recompute".into(),
+                note: "use `--schedule split` or `auto`".into(),
+            });
+        }
+        if let Some(r) = schedule_split::Split.refusal(p, pes) {
+            return Some(Refusal {
+                message: r.message.replace("split dataflow", "wide dataflow"),
+                ..r
+            });
+        }
+        None
+    }
+    fn tried_by_auto(&self, p: &Problem, pes: u32) -> bool {
+        p.necessary_ops() <= AUTO_OPS && u64::from(p.tokens) < AUTO_TOKENS_PER_PE * u64::from(pes)
+    }
+    fn necessary_only(&self) -> bool {
+        false
+    }
+    fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+        run(p, pes)
+    }
+}
+
+/// Both dataflows with rows decoupled; the shorter schedule, named after this pass.
+pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+    let rows = schedule_rows::run_mirrored(p, pes);
+    let split = schedule_split::run_mirrored(p, pes);
+    let mut best = match (rows, split) {
+        (Ok(r), Ok(s)) => {
+            if s.cycles() < r.cycles() {
+                s
+            } else {
+                r
+            }
+        }
+        (Ok(s), Err(_)) | (Err(_), Ok(s)) => s,
+        (Err(mut a), Err(b)) => {
+            a.extend(b);
+            return Err(a);
+        }
+    };
+    best.algorithm = NAME;
+    Ok(best)
+}
