@@ -459,11 +459,24 @@ fn rerolled_output_where_smaller() {
     run_emitted(&c, 5);
 }
 
-/// Under `auto` with loop output allowed, the stream schedule competes below the unrolling
-/// limit: on layers whose `d` is small next to the tokens its deferred normalisation
-/// (one division per output element) takes it below the lower bound every unrolled schedule is
-/// held to, so it must be kept, proved and run like the others. With `--flat` (no loops) it is
-/// not a candidate.
+/// `c` kept the stream (loop programs only) below the lower bound of every unrolled schedule,
+/// and is proved and runs against the reference in the cycles it claims.
+fn assert_kept_stream(c: &compiler::Compiled, unrolled_lb: u64, seed: u64, what: &str) {
+    assert_eq!(c.manifest.schedule, "schedule-stream", "{what}");
+    assert!(c.scheduler.is_none() && c.programs.is_empty(), "{what}");
+    assert_eq!(c.manifest.programs, ProgramKind::Loops, "{what}");
+    assert!(
+        c.manifest.cycles < unrolled_lb,
+        "{what}: {} cycles, unrolled lower bound {unrolled_lb}",
+        c.manifest.cycles
+    );
+    let r = run_emitted(c, seed);
+    assert!(r.max_abs_err <= TOL, "{what}: {}", r.max_abs_err);
+    assert_eq!(r.cycles, c.manifest.cycles, "{what}");
+}
+
+/// Without `--mem`, the stream may take more words than its default allowance where they buy
+/// cycles: values trailing keys by the whole ring.
 #[test]
 fn without_a_memory_limit_auto_lets_values_trail_keys_by_the_whole_ring() {
     // Layers whose shares are large enough that the default allowance stops the lag short of
@@ -506,20 +519,12 @@ fn without_a_memory_limit_auto_lets_values_trail_keys_by_the_whole_ring() {
         .lower_bound_as(m, runtime::layer::Normalisation::PerWeight)
         .unwrap();
         let c = compile(None);
-        assert_eq!(c.manifest.schedule, "schedule-stream", "{what}");
+        assert_kept_stream(&c, unrolled_lb, u64::from(n + d), &what);
         let words = u64::from(*c.manifest.mem_words.iter().max().unwrap());
         assert!(
             words > allowance,
             "{what}: {words} words, allowance {allowance}"
         );
-        assert!(
-            c.manifest.cycles < unrolled_lb,
-            "{what}: {} cycles, unrolled lower bound {unrolled_lb}",
-            c.manifest.cycles
-        );
-        let r = run_emitted(&c, u64::from(n + d));
-        assert!(r.max_abs_err <= TOL, "{what}: {}", r.max_abs_err);
-        assert_eq!(r.cycles, c.manifest.cycles, "{what}");
         // Held to the allowance, the layer costs more cycles: the words bought them.
         let held = compile(Some(u32::try_from(allowance).unwrap()));
         assert!(
@@ -538,6 +543,11 @@ fn without_a_memory_limit_auto_lets_values_trail_keys_by_the_whole_ring() {
     }
 }
 
+/// Under `auto` with loop output allowed, the stream schedule competes below the unrolling
+/// limit: on layers whose `d` is small next to the tokens its deferred normalisation
+/// (one division per output element) takes it below the lower bound every unrolled schedule is
+/// held to, so it must be kept, proved and run like the others. With `--flat` (no loops) it is
+/// not a candidate.
 #[test]
 fn auto_keeps_the_stream_where_it_is_fastest() {
     for (n, d, m, heads, causal) in [
@@ -583,17 +593,7 @@ fn auto_keeps_the_stream_where_it_is_fastest() {
             .lower_bound_as(m, runtime::layer::Normalisation::PerWeight)
             .unwrap();
             let c = compile(true, None).expect("compiles");
-            assert_eq!(c.manifest.schedule, "schedule-stream", "{what}");
-            assert!(c.scheduler.is_none() && c.programs.is_empty(), "{what}");
-            assert_eq!(c.manifest.programs, ProgramKind::Loops, "{what}");
-            assert!(
-                c.manifest.cycles < unrolled_lb,
-                "{what}: {} cycles, unrolled lower bound {unrolled_lb}",
-                c.manifest.cycles
-            );
-            let r = run_emitted(&c, u64::from(n + d));
-            assert!(r.max_abs_err <= TOL, "{what}: {}", r.max_abs_err);
-            assert_eq!(r.cycles, c.manifest.cycles, "{what}");
+            assert_kept_stream(&c, unrolled_lb, u64::from(n + d), &what);
             let flat = compile(false, None).expect("compiles");
             assert_ne!(flat.manifest.schedule, "schedule-stream", "{what}");
             assert!(

@@ -307,6 +307,29 @@ fn ragged_layers_are_proved() {
     assert!(proved >= 300, "only {proved}");
 }
 
+/// Builds the layer (it must apply), proves it exactly and checks that every PE's flattened
+/// program is as long (the PEs keep in step).
+#[allow(clippy::too_many_arguments)] // a layer's shape, spelled out at each call
+fn assert_builds_proved(
+    n: u32,
+    d: u32,
+    h: u32,
+    m: u32,
+    shared: bool,
+    causal: bool,
+    safe: bool,
+    lag: Lag,
+) {
+    let what =
+        format!("n={n} d={d} h={h} m={m} shared={shared} causal={causal} safe={safe} {lag:?}");
+    let Some((programs, man)) = build(n, d, h, m, shared, causal, safe, lag) else {
+        panic!("{what}: does not apply");
+    };
+    assert_proved(&programs, &man, &what);
+    let lens: Vec<usize> = programs.iter().map(|p| p.bundles.len()).collect();
+    assert!(lens.iter().all(|&l| l == lens[0]), "{what}: {lens:?}");
+}
+
 /// Causal layers whose padding takes more than part of the last chunk (some PEs' second chunks
 /// short or empty): no hop carries a padded word or a word no PE further on reads, with and
 /// without lagged values (every lag the ring allows), shared or not, safe or plain; proved
@@ -332,17 +355,7 @@ fn causal_padding_beyond_the_last_chunk_is_proved() {
                             );
                         }
                         for lag in lags {
-                            let what = format!(
-                                "n={n} d={d} h={h} m={m} shared={shared} safe={safe} {lag:?}"
-                            );
-                            let Some((programs, man)) = build(n, d, h, m, shared, true, safe, lag)
-                            else {
-                                panic!("{what}: does not apply");
-                            };
-                            assert_proved(&programs, &man, &what);
-                            let lens: Vec<usize> =
-                                programs.iter().map(|p| p.bundles.len()).collect();
-                            assert!(lens.iter().all(|&l| l == lens[0]), "{what}: {lens:?}");
+                            assert_builds_proved(n, d, h, m, shared, true, safe, lag);
                             proved += 1;
                         }
                     }
@@ -375,18 +388,7 @@ fn padding_beyond_the_last_block_is_proved() {
                     for shared in [false, true] {
                         for safe in [false, true] {
                             for lag in [Lag::Off, Lag::Fit(None)] {
-                                let what = format!(
-                                    "n={n} d={d} h={h} m={m} shared={shared} safe={safe} {lag:?}"
-                                );
-                                let Some((programs, man)) =
-                                    build(n, d, h, m, shared, false, safe, lag)
-                                else {
-                                    panic!("{what}: does not apply");
-                                };
-                                assert_proved(&programs, &man, &what);
-                                let lens: Vec<usize> =
-                                    programs.iter().map(|p| p.bundles.len()).collect();
-                                assert!(lens.iter().all(|&l| l == lens[0]), "{what}: {lens:?}");
+                                assert_builds_proved(n, d, h, m, shared, false, safe, lag);
                                 proved += 1;
                             }
                         }
