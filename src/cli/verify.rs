@@ -30,18 +30,9 @@ pub fn run(args: &VerifyArgs) -> Result<(), String> {
         .map_err(|e| format!("{}: cannot prove: {e}", args.dir.display()))?;
     let report = verifier::verify_with(&programs, &manifest, &opts);
     if args.json {
-        let mut obj = report.to_json();
-        obj["dir"] = args.dir.display().to_string().into();
-        obj["program_source"] = loaded.source.into();
-        println!("{obj}");
+        println!("{}", decorated(report.to_json(), args, &loaded));
     } else {
-        println!(
-            "{}: {} ({} PEs, schedule {})",
-            args.dir.display(),
-            loaded.manifest.layer.name,
-            loaded.manifest.pes,
-            loaded.manifest.schedule
-        );
+        println!("{}", heading(args, &loaded));
         println!("{report}");
     }
     if report.is_ok() {
@@ -53,6 +44,28 @@ pub fn run(args: &VerifyArgs) -> Result<(), String> {
             report.total_violations()
         ))
     }
+}
+
+/// The first line of the text report: directory, layer, ring and schedule.
+fn heading(args: &VerifyArgs, loaded: &super::load::Loaded) -> String {
+    format!(
+        "{}: {} ({} PEs, schedule {})",
+        args.dir.display(),
+        loaded.manifest.layer.name,
+        loaded.manifest.pes,
+        loaded.manifest.schedule
+    )
+}
+
+/// A JSON report with the directory and where its programs were read from.
+fn decorated(
+    mut obj: serde_json::Value,
+    args: &VerifyArgs,
+    loaded: &super::load::Loaded,
+) -> serde_json::Value {
+    obj["dir"] = args.dir.display().to_string().into();
+    obj["program_source"] = loaded.source.into();
+    obj
 }
 
 /// Loop programs too large to flatten: proved without unrolling where that proof covers them,
@@ -69,19 +82,11 @@ fn compact(
         attnc::rundir::MAX_FLATTENED_BUNDLES
     );
     if args.json {
-        let mut obj = found.to_json();
-        obj["dir"] = args.dir.display().to_string().into();
-        obj["program_source"] = loaded.source.into();
+        let mut obj = decorated(found.to_json(), args, loaded);
         obj["not_flattened_because"] = why.clone().into();
         println!("{obj}");
     } else {
-        println!(
-            "{}: {} ({} PEs, schedule {})",
-            args.dir.display(),
-            loaded.manifest.layer.name,
-            loaded.manifest.pes,
-            loaded.manifest.schedule
-        );
+        println!("{}", heading(args, loaded));
         println!("{why}");
         println!("{found}");
     }

@@ -182,6 +182,32 @@ pub struct Report {
     pub redundant_ops: u64,
 }
 
+/// The listed violations as `attnc verify --json` prints them (both proofs).
+pub(crate) fn violations_json(violations: &[Violation]) -> Vec<serde_json::Value> {
+    violations
+        .iter()
+        .map(|v| {
+            serde_json::json!({
+                "invariant": v.invariant.name(),
+                "pe": v.pe,
+                "cycle": v.cycle,
+                "instruction": v.instruction,
+                "message": v.message,
+            })
+        })
+        .collect()
+}
+
+/// Violations counted per invariant, by name.
+pub(crate) fn counts_json(
+    counts: &BTreeMap<Invariant, usize>,
+) -> serde_json::Map<String, serde_json::Value> {
+    counts
+        .iter()
+        .map(|(k, v)| (k.name().to_string(), (*v).into()))
+        .collect()
+}
+
 impl Report {
     pub fn is_ok(&self) -> bool {
         self.total_violations() == 0
@@ -193,24 +219,8 @@ impl Report {
 
     /// A machine-readable form for `attnc verify --json`.
     pub fn to_json(&self) -> serde_json::Value {
-        let violations: Vec<_> = self
-            .violations
-            .iter()
-            .map(|v| {
-                serde_json::json!({
-                    "invariant": v.invariant.name(),
-                    "pe": v.pe,
-                    "cycle": v.cycle,
-                    "instruction": v.instruction,
-                    "message": v.message,
-                })
-            })
-            .collect();
-        let counts: serde_json::Map<String, serde_json::Value> = self
-            .counts
-            .iter()
-            .map(|(k, v)| (k.name().to_string(), (*v).into()))
-            .collect();
+        let violations = violations_json(&self.violations);
+        let counts = counts_json(&self.counts);
         let s = &self.stats;
         let mut json = serde_json::json!({
             "ok": self.is_ok(),

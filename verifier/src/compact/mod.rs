@@ -131,24 +131,8 @@ impl Compact {
     }
 
     pub fn to_json(&self) -> serde_json::Value {
-        let violations: Vec<_> = self
-            .violations
-            .iter()
-            .map(|v| {
-                serde_json::json!({
-                    "invariant": v.invariant.name(),
-                    "pe": v.pe,
-                    "cycle": v.cycle,
-                    "instruction": v.instruction,
-                    "message": v.message,
-                })
-            })
-            .collect();
-        let counts: serde_json::Map<String, serde_json::Value> = self
-            .counts
-            .iter()
-            .map(|(k, v)| (k.name().to_string(), (*v).into()))
-            .collect();
+        let violations = crate::report::violations_json(&self.violations);
+        let counts = crate::report::counts_json(&self.counts);
         let coverage: serde_json::Map<String, serde_json::Value> = COVERAGE
             .iter()
             .map(|(i, c)| {
