@@ -116,57 +116,73 @@ fn paper_formula(n: u64, m: u64, shared: bool, causal: bool) -> u64 {
     }
 }
 
-#[test]
-fn auto_grid_beats_paper_formulas_with_necessary_ops_only() {
+/// `auto` on every layer d = n ≤ 16, m | n, one to three heads, of one scheme: at or below the
+/// paper's formula, with exactly the necessary operations.
+fn auto_grid_beats_paper_formulas(shared: bool, causal: bool) {
     for n in 1..=16u32 {
         for m in divisors(n) {
             for heads in 1..=3u32 {
-                for shared in [false, true] {
-                    for causal in [false, true] {
-                        let src = layer_src(n, n, heads, shared, causal);
-                        let c = compile_src(&src, m, Choice::Auto);
-                        let r = run_emitted(&c, u64::from(n * 1000 + m * 10 + heads));
-                        let what =
-                            format!("n={n} m={m} heads={heads} shared={shared} causal={causal}");
-                        assert!(
-                            r.max_abs_err <= TOL,
-                            "{what}: max_abs_err {}",
-                            r.max_abs_err
-                        );
-                        let (n64, m64, h64) = (n as u64, m as u64, heads as u64);
-                        let paper = h64 * paper_formula(n64, m64, shared, causal);
-                        assert!(
-                            r.cycles <= paper,
-                            "{what}: {} cycles > paper's {paper}",
-                            r.cycles
-                        );
-                        // Exactly the necessary operations (docs/paper.md), by phase.
-                        let d = n64;
-                        let weights = if causal {
-                            n64 * (n64 + 1) / 2
-                        } else {
-                            n64 * n64
-                        };
-                        let distinct = if shared && !causal {
-                            n64 * (n64 + 1) / 2
-                        } else {
-                            weights
-                        };
-                        let ops = c.manifest.ops;
-                        assert_eq!(ops.phase1_mac, h64 * d * distinct, "{what}: phase 1");
-                        assert_eq!(ops.phase2_exp, h64 * weights, "{what}: exps");
-                        assert_eq!(ops.phase2_div, h64 * weights, "{what}: divs");
-                        assert_eq!(ops.phase3_mac, h64 * d * weights, "{what}: phase 3");
-                        let executed: u64 = r.stats.per_pe.iter().map(|p| p.total_ops()).sum();
-                        assert_eq!(
-                            executed,
-                            ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac
-                        );
-                    }
-                }
+                let src = layer_src(n, n, heads, shared, causal);
+                let c = compile_src(&src, m, Choice::Auto);
+                let r = run_emitted(&c, u64::from(n * 1000 + m * 10 + heads));
+                let what = format!("n={n} m={m} heads={heads} shared={shared} causal={causal}");
+                assert!(
+                    r.max_abs_err <= TOL,
+                    "{what}: max_abs_err {}",
+                    r.max_abs_err
+                );
+                let (n64, m64, h64) = (n as u64, m as u64, heads as u64);
+                let paper = h64 * paper_formula(n64, m64, shared, causal);
+                assert!(
+                    r.cycles <= paper,
+                    "{what}: {} cycles > paper's {paper}",
+                    r.cycles
+                );
+                // Exactly the necessary operations (docs/paper.md), by phase.
+                let d = n64;
+                let weights = if causal {
+                    n64 * (n64 + 1) / 2
+                } else {
+                    n64 * n64
+                };
+                let distinct = if shared && !causal {
+                    n64 * (n64 + 1) / 2
+                } else {
+                    weights
+                };
+                let ops = c.manifest.ops;
+                assert_eq!(ops.phase1_mac, h64 * d * distinct, "{what}: phase 1");
+                assert_eq!(ops.phase2_exp, h64 * weights, "{what}: exps");
+                assert_eq!(ops.phase2_div, h64 * weights, "{what}: divs");
+                assert_eq!(ops.phase3_mac, h64 * d * weights, "{what}: phase 3");
+                let executed: u64 = r.stats.per_pe.iter().map(|p| p.total_ops()).sum();
+                assert_eq!(
+                    executed,
+                    ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac
+                );
             }
         }
     }
+}
+
+#[test]
+fn auto_grid_beats_paper_formulas_separate() {
+    auto_grid_beats_paper_formulas(false, false);
+}
+
+#[test]
+fn auto_grid_beats_paper_formulas_shared() {
+    auto_grid_beats_paper_formulas(true, false);
+}
+
+#[test]
+fn auto_grid_beats_paper_formulas_causal() {
+    auto_grid_beats_paper_formulas(false, true);
+}
+
+#[test]
+fn auto_grid_beats_paper_formulas_shared_causal() {
+    auto_grid_beats_paper_formulas(true, true);
 }
 
 #[test]
@@ -256,98 +272,139 @@ fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: 
     }
 }
 
-/// Every scheduler, forced wherever it applies, over small layers of every kind (d ≠ n and rings
-/// that do not divide the sizes included): it must be the one used, its programs must be proved
-/// by the verifier and match the f64 reference, and `auto` must be no slower than any scheduler
-/// it considers. Where a scheduler does not apply, forcing it must be refused rather than fall
-/// back on another. Unlike the `auto` grids, this keeps every scheduler tested whatever the
-/// cost model prefers.
-#[test]
-fn every_scheduler_forced_where_it_applies() {
-    let forced = [
-        (Choice::Named("baseline"), "schedule-baseline"),
-        (Choice::Named("symmetric"), "schedule-symmetric"),
-        (Choice::Named("causal"), "schedule-causal"),
-        (Choice::Named("rows"), "schedule-rows"),
-        (Choice::Named("split"), "schedule-split"),
-        (Choice::Named("wide"), "schedule-wide"),
-    ];
-    // A scheduler added to the registry must be added here too, with its requirements.
-    let registered: Vec<&str> = compiler::scheduler::SCHEDULERS
-        .iter()
-        .map(|s| s.pass())
-        .collect();
-    for pass in &registered {
-        assert!(
-            forced.iter().any(|(_, p)| p == pass),
-            "{pass} is not forced by this grid"
-        );
-    }
-    let mut used = [0u32; 6];
-    for n in 1..=8u32 {
-        let mut dims = vec![1, 2, 4, n];
-        dims.sort_unstable();
-        dims.dedup();
-        for d in dims {
-            for m in 1..=n + 1 {
-                for heads in 1..=2u32 {
-                    for shared in [false, true] {
-                        for causal in [false, true] {
-                            let src = layer_src(n, d, heads, shared, causal);
-                            let what = format!(
-                                "n={n} d={d} m={m} heads={heads} shared={shared} causal={causal}"
-                            );
-                            let auto = compile_src(&src, m, Choice::Auto).manifest.cycles;
-                            for (k, &(choice, pass)) in forced.iter().enumerate() {
-                                let layer = parse_one(&src);
-                                let opts = compiler::Options {
-                                    pes: m,
-                                    schedule: choice,
-                                    dump_after: None,
-                                    mem_limit: None,
-                                    reroll: false,
-                                };
-                                let result = compiler::compile(&layer, &opts);
-                                if !forced_applies(choice, n, d, m, shared, causal) {
-                                    assert!(
-                                        matches!(result, Err(compiler::CompileError::Refused(_))),
-                                        "{what}: {pass} forced should be refused"
-                                    );
-                                    continue;
-                                }
-                                let c = result.unwrap_or_else(|e| {
-                                    panic!("{what}: {pass} forced was not compiled: {e}")
-                                });
-                                assert_eq!(c.manifest.schedule, pass, "{what}");
-                                let r = run_emitted(&c, u64::from(n * 100 + d * 10 + m));
-                                assert!(
-                                    r.max_abs_err <= TOL,
-                                    "{what}, {pass}: max_abs_err {}",
-                                    r.max_abs_err
-                                );
-                                assert_eq!(r.cycles, c.manifest.cycles, "{what}, {pass}");
-                                assert!(r.cycles >= c.manifest.lower_bound, "{what}, {pass}");
-                                let b = c.manifest.bound.expect("every compile states its bound");
-                                assert!(r.cycles >= b.value, "{what}, {pass}: below {b:?}");
-                                assert!(
-                                    auto <= r.cycles,
-                                    "{what}: auto took {auto} cycles, {pass} {}",
-                                    r.cycles
-                                );
-                                used[k] += 1;
-                            }
-                        }
+/// The schedulers the forced grid runs, in the order of its counts.
+const FORCED: [(Choice, &str); 6] = [
+    (Choice::Named("baseline"), "schedule-baseline"),
+    (Choice::Named("symmetric"), "schedule-symmetric"),
+    (Choice::Named("causal"), "schedule-causal"),
+    (Choice::Named("rows"), "schedule-rows"),
+    (Choice::Named("split"), "schedule-split"),
+    (Choice::Named("wide"), "schedule-wide"),
+];
+
+/// The forced grid's layers for `n` tokens: every head dim in {1, 2, 4, n}, ring 1..=n+1, one
+/// or two heads, each scheme.
+fn forced_grid_layers(n: u32) -> Vec<(u32, u32, u32, bool, bool)> {
+    let mut dims = vec![1, 2, 4, n];
+    dims.sort_unstable();
+    dims.dedup();
+    let mut layers = Vec::new();
+    for d in dims {
+        for m in 1..=n + 1 {
+            for heads in 1..=2u32 {
+                for shared in [false, true] {
+                    for causal in [false, true] {
+                        layers.push((d, m, heads, shared, causal));
                     }
                 }
             }
         }
     }
-    // Every scheduler ran on a good part of the grid (the counts follow from the grid alone).
+    layers
+}
+
+/// Every scheduler, forced wherever it applies, over the small layers of `n` tokens of every
+/// kind (d ≠ n and rings that do not divide the sizes included): it must be the one used, its programs must be proved
+/// by the verifier and match the f64 reference, and `auto` must be no slower than any scheduler
+/// it considers. Where a scheduler does not apply, forcing it must be refused rather than fall
+/// back on another. Unlike the `auto` grids, this keeps every scheduler tested whatever the
+/// cost model prefers.
+fn forced_grid(n: u32, qkv_shared: bool) {
+    for (d, m, heads, shared, causal) in forced_grid_layers(n) {
+        if shared != qkv_shared {
+            continue;
+        }
+        let src = layer_src(n, d, heads, shared, causal);
+        let what = format!("n={n} d={d} m={m} heads={heads} shared={shared} causal={causal}");
+        let auto = compile_src(&src, m, Choice::Auto).manifest.cycles;
+        for &(choice, pass) in &FORCED {
+            let layer = parse_one(&src);
+            let opts = compiler::Options {
+                pes: m,
+                schedule: choice,
+                dump_after: None,
+                mem_limit: None,
+                reroll: false,
+            };
+            let result = compiler::compile(&layer, &opts);
+            if !forced_applies(choice, n, d, m, shared, causal) {
+                assert!(
+                    matches!(result, Err(compiler::CompileError::Refused(_))),
+                    "{what}: {pass} forced should be refused"
+                );
+                continue;
+            }
+            let c =
+                result.unwrap_or_else(|e| panic!("{what}: {pass} forced was not compiled: {e}"));
+            assert_eq!(c.manifest.schedule, pass, "{what}");
+            let r = run_emitted(&c, u64::from(n * 100 + d * 10 + m));
+            assert!(
+                r.max_abs_err <= TOL,
+                "{what}, {pass}: max_abs_err {}",
+                r.max_abs_err
+            );
+            assert_eq!(r.cycles, c.manifest.cycles, "{what}, {pass}");
+            assert!(r.cycles >= c.manifest.lower_bound, "{what}, {pass}");
+            let b = c.manifest.bound.expect("every compile states its bound");
+            assert!(r.cycles >= b.value, "{what}, {pass}: below {b:?}");
+            assert!(
+                auto <= r.cycles,
+                "{what}: auto took {auto} cycles, {pass} {}",
+                r.cycles
+            );
+        }
+    }
+}
+
+/// The grid reaches every registered scheduler, each on a good part of it. (The counts follow
+/// from the grid and `forced_applies` alone; the `forced_grid_*` tests check that a forced
+/// compile succeeds exactly there.)
+#[test]
+fn forced_grid_covers_every_scheduler() {
+    // A scheduler added to the registry must be added here too, with its requirements.
+    for s in compiler::scheduler::SCHEDULERS {
+        let pass = s.pass();
+        assert!(
+            FORCED.iter().any(|(_, p)| *p == pass),
+            "{pass} is not forced by this grid"
+        );
+    }
+    let mut used = [0u32; 6];
+    for n in 1..=8u32 {
+        for (d, m, _, shared, causal) in forced_grid_layers(n) {
+            for (k, &(choice, _)) in FORCED.iter().enumerate() {
+                used[k] += u32::from(forced_applies(choice, n, d, m, shared, causal));
+            }
+        }
+    }
     assert_eq!(
         used,
         [384, 96, 192, 1328, 1328, 332],
         "programs per scheduler"
     );
+}
+
+// One test per token count and q/k/v scheme, so the harness spreads the grid over the cores.
+macro_rules! forced_grid_tests {
+    ($($name:ident: $ns:expr, $shared:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            for n in $ns {
+                forced_grid(n, $shared);
+            }
+        }
+    )*};
+}
+
+forced_grid_tests! {
+    forced_grid_up_to_5_tokens_separate: 1..=5, false;
+    forced_grid_up_to_5_tokens_shared: 1..=5, true;
+    forced_grid_6_tokens_separate: [6], false;
+    forced_grid_6_tokens_shared: [6], true;
+    forced_grid_7_tokens_separate: [7], false;
+    forced_grid_7_tokens_shared: [7], true;
+    forced_grid_8_tokens_separate: [8], false;
+    forced_grid_8_tokens_shared: [8], true;
 }
 
 /// `Options::reroll` (what `attnc compile` does unless `--flat`): proved and run like every
