@@ -90,10 +90,12 @@ struct Fact {
     hi: i64,
 }
 
+/// A loop index: a known value, or `var + offset` for a loop (or a piece of one, from
+/// `offset` on) evaluated symbolically.
 #[derive(Clone, Copy)]
 enum Ix {
     At(u64),
-    Sym(Var),
+    Sym(Var, i64),
 }
 
 struct Active {
@@ -498,25 +500,42 @@ impl Eval {
         for t in b.terms.iter().filter(|t| t.field == f) {
             match env.get(usize::from(t.level)) {
                 Some(Ix::At(k)) => a = a.add_const(t.value(*k as u32)),
-                Some(Ix::Sym(v)) if t.wrap == 0 => a = a.add_term(*v, i64::from(t.stride)),
+                Some(Ix::Sym(v, off)) if t.wrap == 0 => {
+                    a = a
+                        .add_term(*v, i64::from(t.stride))
+                        .add_const(i64::from(t.stride) * off)
+                }
                 _ => return Err(Fail::Retry("a wrapped term on a symbolic index".into())),
             }
         }
         Ok(a)
     }
 
-    fn executes(&self, b: &LBundle, slot: Slot, env: &[Ix]) -> R<bool> {
+    /// Whether `slot` of `b` executes at every index `env` stands for (`Some(true)`), at none
+    /// (`Some(false)`), or at some only (`None`).
+    fn decide(&self, b: &LBundle, slot: Slot, env: &[Ix]) -> Option<bool> {
+        let mut all = true;
         for p in b.preds.iter().filter(|p| p.slot == slot) {
-            match env.get(usize::from(p.level)) {
-                Some(Ix::At(k)) => {
-                    if !p.cmp.holds(*k as u32, p.value) {
-                        return Ok(false);
-                    }
+            let (lo, hi) = match env.get(usize::from(p.level)) {
+                Some(Ix::At(k)) => (*k as i64, *k as i64),
+                Some(Ix::Sym(v, off)) => {
+                    let n = self.counts.get(v).copied()? as i64;
+                    (*off, off + n - 1)
                 }
-                _ => return Err(Fail::Retry("a predicate on a symbolic index".into())),
+                None => return None,
+            };
+            match holds_over(p.cmp, i64::from(p.value), lo, hi) {
+                Some(true) => {}
+                Some(false) => return Some(false),
+                None => all = false,
             }
         }
-        Ok(true)
+        all.then_some(true)
+    }
+
+    fn executes(&self, b: &LBundle, slot: Slot, env: &[Ix]) -> R<bool> {
+        self.decide(b, slot, env)
+            .ok_or_else(|| Fail::Retry("a predicate that holds at some indices only".into()))
     }
 
     /// The word PE `p − 1` holds where PE `p` holds `v`.
@@ -696,25 +715,35 @@ impl Eval {
     }
 
     fn lp(&mut self, l: &Loop, env: &mut Vec<Ix>) -> R<()> {
-        if l.step.is_some() {
-            return Err(Fail::Decline("a triangular (stepped) loop".into()));
-        }
         let level = env.len();
-        if eligible(&l.body, level) {
-            let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
-            match self.symbolic(l, env) {
-                Ok(()) => return Ok(()),
-                Err(Fail::Retry(why)) => {
-                    let _ = why;
-                    self.truncate(mark);
-                    self.tally = tally;
-                    self.evaluations = evals;
-                    env.truncate(level);
-                }
-                Err(e) => return Err(e),
-            }
+        let n = self.trips(l, env, false)?;
+        if !splittable(&l.body, level) {
+            return self.iterate(l, env, 0, n);
         }
-        for k in 0..u64::from(l.count) {
+        // Pieces between the thresholds of the predicates on this index: in each, every
+        // predicate on it holds at all iterations or at none, so the piece may be symbolic.
+        for (a, b) in pieces(&l.body, level, n) {
+            if b - a >= 2 {
+                let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
+                match self.symbolic(l, env, a, b - a) {
+                    Ok(()) => continue,
+                    Err(Fail::Retry(_)) => {
+                        self.truncate(mark);
+                        self.tally = tally;
+                        self.evaluations = evals;
+                        env.truncate(level);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            self.iterate(l, env, a, b)?;
+        }
+        Ok(())
+    }
+
+    /// Iterations `from..to` of `l`, one by one.
+    fn iterate(&mut self, l: &Loop, env: &mut Vec<Ix>, from: u64, to: u64) -> R<()> {
+        for k in from..to {
             env.push(Ix::At(k));
             let r = self.body(&l.body, env);
             env.pop();
@@ -723,25 +752,55 @@ impl Eval {
         Ok(())
     }
 
+    /// The trip count of `l` entered at `env`: exact when the index its count steps with is
+    /// known; with `most`, the largest over a symbolic one (for over-approximations only).
+    fn trips(&self, l: &Loop, env: &[Ix], most: bool) -> R<u64> {
+        let Some(step) = l.step else {
+            return Ok(u64::from(l.count));
+        };
+        let (lo, hi) = match env.get(usize::from(step.level)) {
+            Some(Ix::At(k)) => (*k as i64, *k as i64),
+            Some(Ix::Sym(v, off)) if most => {
+                let n = self.counts.get(v).copied().unwrap_or(1) as i64;
+                (*off, off + n - 1)
+            }
+            _ => {
+                return Err(Fail::Retry(
+                    "a triangular loop stepped by a symbolic index".into(),
+                ))
+            }
+        };
+        let at = |i: i64| i64::from(l.count) + i64::from(step.per) * i;
+        let t = if most { at(lo).max(at(hi)) } else { at(lo) };
+        u64::try_from(t)
+            .ok()
+            .filter(|&t| t >= 1)
+            .ok_or_else(|| Fail::Decline("a loop instance without iterations".into()))
+    }
+
     fn families(&mut self, nodes: &[Node], env: &mut Vec<Ix>, out: &mut Vec<Aff>) -> R<()> {
+        // Every word a write of these nodes may reach (more is fine: a read shown to miss all
+        // of them misses every real write).
+        let may = |e: &Self, b: &LBundle, s: Slot, env: &[Ix]| e.decide(b, s, env) != Some(false);
         for n in nodes {
             match n {
                 Node::Bundle(b) => {
-                    if b.bundle.op.dst().is_some() && self.executes(b, Slot::Op, env)? {
+                    if b.bundle.op.dst().is_some() && may(self, b, Slot::Op, env) {
                         out.push(self.addr(b, Field::OpDst, env)?);
                     }
                     if matches!(b.bundle.acc, Acc::Add { dst: Some(_), .. })
-                        && self.executes(b, Slot::Acc, env)?
+                        && may(self, b, Slot::Acc, env)
                     {
                         out.push(self.addr(b, Field::AccDst, env)?);
                     }
-                    if b.bundle.xfer != Xfer::Nop && self.executes(b, Slot::Xfer, env)? {
+                    if b.bundle.xfer != Xfer::Nop && may(self, b, Slot::Xfer, env) {
                         out.push(self.addr(b, Field::XferDst, env)?);
                     }
                 }
                 Node::Loop(l) => {
-                    let v = self.fresh(u64::from(l.count));
-                    env.push(Ix::Sym(v));
+                    let count = self.trips(l, env, true)?;
+                    let v = self.fresh(count);
+                    env.push(Ix::Sym(v, 0));
                     let r = self.families(&l.body, env, out);
                     env.pop();
                     r?;
@@ -751,11 +810,12 @@ impl Eval {
         Ok(())
     }
 
-    fn symbolic(&mut self, l: &Loop, env: &mut Vec<Ix>) -> R<()> {
-        let n = u64::from(l.count);
+    /// Iterations `off..off + n` of `l` for a symbolic index (the module documentation).
+    fn symbolic(&mut self, l: &Loop, env: &mut Vec<Ix>, off: u64, n: u64) -> R<()> {
+        let off = off as i64;
         let var = self.fresh(n);
         let other = self.fresh(n);
-        env.push(Ix::Sym(var));
+        env.push(Ix::Sym(var, off));
         let mut families = Vec::new();
         let r = self.families(&l.body, env, &mut families);
         env.pop();
@@ -772,7 +832,7 @@ impl Eval {
         });
         let outer = self.mult;
         self.mult = outer.saturating_mul(n);
-        env.push(Ix::Sym(var));
+        env.push(Ix::Sym(var, off));
         let r = self.body(&l.body, env);
         env.pop();
         self.mult = outer;
@@ -887,27 +947,73 @@ impl Eval {
     }
 }
 
-/// Whether a loop at `level` may be evaluated symbolically: no predicate or wrapped term of
-/// any bundle inside uses its index, and the same for every loop inside at its level.
-fn eligible(nodes: &[Node], level: usize) -> bool {
-    fn uses(nodes: &[Node], level: usize) -> bool {
-        nodes.iter().any(|n| match n {
-            Node::Bundle(b) => {
-                b.preds.iter().any(|p| usize::from(p.level) == level)
-                    || b.terms
-                        .iter()
-                        .any(|t| usize::from(t.level) == level && t.wrap != 0)
+/// Whether `i cmp v` holds for every `i` in `lo..=hi` (`Some(true)`), for none (`Some(false)`),
+/// or for some only (`None`).
+fn holds_over(cmp: isa::looped::Cmp, v: i64, lo: i64, hi: i64) -> Option<bool> {
+    use isa::looped::Cmp;
+    let (lt_all, lt_none) = (hi < v, lo >= v);
+    let (eq_all, eq_none) = (lo == v && hi == v, v < lo || v > hi);
+    let (all, none) = match cmp {
+        Cmp::Lt => (lt_all, lt_none),
+        Cmp::Ge => (lt_none, lt_all),
+        Cmp::Eq => (eq_all, eq_none),
+        Cmp::Ne => (eq_none, eq_all),
+    };
+    if all {
+        Some(true)
+    } else if none {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Whether a loop at `level` may be evaluated symbolically, piece by piece: no wrapped term
+/// inside uses its index and no loop inside steps its count by it. (Predicates on it are
+/// resolved per piece, [`pieces`]; inner loops decide for themselves.)
+fn splittable(nodes: &[Node], level: usize) -> bool {
+    nodes.iter().all(|n| match n {
+        Node::Bundle(b) => !b
+            .terms
+            .iter()
+            .any(|t| usize::from(t.level) == level && t.wrap != 0),
+        Node::Loop(l) => {
+            l.step.is_none_or(|s| usize::from(s.level) != level) && splittable(&l.body, level)
+        }
+    })
+}
+
+/// `0..n` cut at every threshold of a predicate on the index at `level` inside `nodes`, so
+/// that each predicate holds at every iteration of a piece or at none.
+fn pieces(nodes: &[Node], level: usize, n: u64) -> Vec<(u64, u64)> {
+    fn cuts(nodes: &[Node], level: usize, out: &mut Vec<u64>) {
+        for node in nodes {
+            match node {
+                Node::Bundle(b) => {
+                    for p in b.preds.iter().filter(|p| usize::from(p.level) == level) {
+                        let v = u64::from(p.value);
+                        out.push(v);
+                        if matches!(p.cmp, isa::looped::Cmp::Eq | isa::looped::Cmp::Ne) {
+                            out.push(v + 1);
+                        }
+                    }
+                }
+                Node::Loop(l) => cuts(&l.body, level, out),
             }
-            Node::Loop(l) => l.step.is_some() || uses(&l.body, level),
-        })
+        }
     }
-    fn inner(nodes: &[Node], level: usize) -> bool {
-        nodes.iter().all(|n| match n {
-            Node::Bundle(_) => true,
-            Node::Loop(l) => l.step.is_none() && eligible(&l.body, level + 1),
-        })
+    let mut at = Vec::new();
+    cuts(nodes, level, &mut at);
+    at.retain(|&x| x > 0 && x < n);
+    at.sort_unstable();
+    at.dedup();
+    let mut out = Vec::with_capacity(at.len() + 1);
+    let mut from = 0;
+    for x in at.into_iter().chain([n]) {
+        out.push((from, x));
+        from = x;
     }
-    !uses(nodes, level) && inner(nodes, level)
+    out
 }
 
 /// Why `programs` and `m` are outside this proof, if they are.
