@@ -1178,3 +1178,61 @@ fn spec(e: &mut Eval, h: i64, r: i64, c: Aff, (n, d): (i64, i64), scale: f32, sa
     let y = e.tm.range(true, j, 0, n, term);
     e.tm.div(y, l)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isa::looped::Cmp;
+
+    fn body(src: &str) -> Vec<Node> {
+        let text = format!(".format 3\n.pe 0\n.pes 1\n.mem 64\n{src}");
+        isa::looped_text::parse_looped(&text)
+            .unwrap_or_else(|e| panic!("{e:?}"))
+            .body
+    }
+
+    #[test]
+    fn predicates_decide_over_a_range_or_leave_it_open() {
+        assert_eq!(holds_over(Cmp::Lt, 5, 0, 4), Some(true));
+        assert_eq!(holds_over(Cmp::Lt, 5, 5, 9), Some(false));
+        assert_eq!(holds_over(Cmp::Lt, 5, 4, 5), None);
+        assert_eq!(holds_over(Cmp::Ge, 5, 5, 9), Some(true));
+        assert_eq!(holds_over(Cmp::Ge, 5, 0, 4), Some(false));
+        assert_eq!(holds_over(Cmp::Eq, 3, 3, 3), Some(true));
+        assert_eq!(holds_over(Cmp::Eq, 3, 0, 2), Some(false));
+        assert_eq!(holds_over(Cmp::Eq, 3, 0, 3), None);
+        assert_eq!(holds_over(Cmp::Ne, 3, 4, 9), Some(true));
+        assert_eq!(holds_over(Cmp::Ne, 3, 3, 3), Some(false));
+        assert_eq!(holds_over(Cmp::Ne, 3, 2, 4), None);
+    }
+
+    #[test]
+    fn a_loop_is_cut_where_its_predicates_change() {
+        // Predicates on the row loop (level 0), also inside an inner loop; one on level 1
+        // does not cut level 0.
+        let b = body(
+            "loop 64 {\n  loop 4 {\n    mul m[0 + 1*i1], m[4 + 1*i1] -> m8 | nop | send m[0 + 1*i1] -> m[0 + 1*i1] if i0 == 63 && i1 < 2\n  }\n  mul m0, m1 -> m9 if i0 < 10\n}\n",
+        );
+        let Node::Loop(l) = &b[0] else { panic!() };
+        assert_eq!(pieces(&l.body, 0, 64), vec![(0, 10), (10, 63), (63, 64)]);
+        let Node::Loop(inner) = &l.body[0] else {
+            panic!()
+        };
+        assert_eq!(pieces(&inner.body, 1, 4), vec![(0, 2), (2, 4)]);
+        assert!(splittable(&l.body, 0));
+    }
+
+    #[test]
+    fn wrapped_terms_and_count_steps_keep_a_loop_concrete() {
+        let b = body("loop 4 {\n  mul m[0 + 2*(i0 % 2)], m1 -> m9\n}\n");
+        let Node::Loop(l) = &b[0] else { panic!() };
+        assert!(!splittable(&l.body, 0));
+        let b = body("loop 4 {\n  loop 1 + i0 {\n    mul m[0 + 1*i1], m1 -> m9\n  }\n}\n");
+        let Node::Loop(l) = &b[0] else { panic!() };
+        assert!(!splittable(&l.body, 0));
+        let Node::Loop(inner) = &l.body[0] else {
+            panic!()
+        };
+        assert!(splittable(&inner.body, 1));
+    }
+}
