@@ -49,6 +49,51 @@ impl Terms {
         &self.nodes[id as usize]
     }
 
+    /// `x` as text, `depth` levels deep (for messages).
+    pub fn show(&self, x: Id, depth: u32) -> String {
+        if depth == 0 {
+            return "…".into();
+        }
+        let aff = |a: &Aff| {
+            let mut s = a.c.to_string();
+            for &(v, k) in &a.t {
+                s += &format!("{k:+}·v{v}");
+            }
+            s
+        };
+        let d = depth - 1;
+        match self.node(x) {
+            T::Atom(t, h, r, c) => format!(
+                "{}[{}][{}][{}]",
+                ["q", "k", "v"].get(*t as usize).unwrap_or(&"?"),
+                aff(h),
+                aff(r),
+                aff(c)
+            ),
+            T::Mul(a, b) => format!("({}·{})", self.show(*a, d), self.show(*b, d)),
+            T::Div(a, b) => format!("({} / {})", self.show(*a, d), self.show(*b, d)),
+            T::Exp(a, _) => format!("exp({})", self.show(*a, d)),
+            T::Expd(a, b, _) => format!("exp({} − {})", self.show(*a, d), self.show(*b, d)),
+            T::Max(xs) => format!(
+                "max({})",
+                xs.iter()
+                    .map(|&y| self.show(y, d))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            T::Sum(xs) => format!(
+                "Σ({})",
+                xs.iter()
+                    .map(|&y| self.show(y, d))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            T::RSum(b, lo, hi, body) => format!("Σ_{{v{b}∈[{lo},{hi})}}{}", self.show(*body, d)),
+            T::RMax(b, lo, hi, body) => format!("max_{{v{b}∈[{lo},{hi})}}{}", self.show(*body, d)),
+            T::Carry(l, a) => format!("carry{l}@{a}"),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.nodes.len()
     }
