@@ -1408,9 +1408,12 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
                 i += 1;
             }
         }
+        for log in logs.iter_mut() {
+            e.coalesce(log).map_err(why)?;
+        }
         if std::env::var_os("ATTNC_DEBUG_PROOF").is_some() {
             let n: usize = logs.iter().map(Vec::len).sum();
-            eprintln!("resolved: {n} entries, {} splits", e.splits);
+            eprintln!("resolved and joined: {n} entries, {} splits", e.splits);
         }
         if let Some(r) = &mut e.ring {
             r.logs = logs;

@@ -381,6 +381,17 @@ impl Terms {
         } else {
             T::RMax(binder, lo, hi, body)
         };
+        // Two values as the two terms they are: a loop of two iterations and two bundles
+        // written out (a row with two keys) then meet in one form.
+        if hi - lo == 2 {
+            let a = self.subst(body, binder, &Aff::cst(lo));
+            let b = self.subst(body, binder, &Aff::cst(lo + 1));
+            return if add {
+                self.sum(&[a, b])
+            } else {
+                self.max(a, b)
+            };
+        }
         let id = self.intern(node);
         if !add && hi - lo == 1 {
             let one = self.subst(body, binder, &Aff::cst(lo));

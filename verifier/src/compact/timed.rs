@@ -483,3 +483,174 @@ pub(super) fn no_collisions(logs: &[Vec<Entry>]) -> Result<(), String> {
     }
     Ok(())
 }
+
+impl Eval {
+    /// Joins arrivals of one PE that continue each other — pieces of one block sent by
+    /// different send templates (a triangle's rows each forwarding a few keys), or halves of a
+    /// split — into regions, so that a read of the whole block meets one entry per shape. Two
+    /// entries join when one starts where the other ends along a coordinate of equal stride
+    /// and holds what the other's formula gives there, or when they have equal shapes and the
+    /// second is the first moved by constant offsets in address and in every index (then a new
+    /// coordinate of two values). The joined entry's cycles are known only as the range of
+    /// both (a fresh index over it), which keeps every later comparison sound.
+    pub(super) fn coalesce(&mut self, log: &mut Vec<Entry>) -> R<()> {
+        loop {
+            let mut merged = false;
+            let arrivals: Vec<usize> = (0..log.len())
+                .filter(|&i| {
+                    log[i].is_arrival() && log[i].value.is_some() && log[i].region.is_some()
+                })
+                .collect();
+            'outer: for (x, &i) in arrivals.iter().enumerate() {
+                for &j in &arrivals[x + 1..] {
+                    for (a, b) in [(i, j), (j, i)] {
+                        match self.join_entries(&log[a], &log[b]) {
+                            Ok(Some(e)) => {
+                                log[i] = e;
+                                log.swap_remove(j);
+                                merged = true;
+                                break 'outer;
+                            }
+                            Ok(None) | Err(Fail::Retry(_)) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+            }
+            if !merged {
+                return Ok(());
+            }
+        }
+    }
+
+    fn join_entries(&mut self, low: &Entry, high: &Entry) -> R<Option<Entry>> {
+        let (Some(fl), Some(fh)) = (&low.region, &high.region) else {
+            return Ok(None);
+        };
+        let (Some(vl), Some(vh)) = (low.value, high.value) else {
+            return Ok(None);
+        };
+        if fl.dims.len() != fh.dims.len()
+            || low.from.as_ref().map(|f| f.0) != high.from.as_ref().map(|f| f.0)
+            || high.lo <= low.hi
+        {
+            return Ok(None);
+        }
+        // The high entry's value over the low one's coordinates.
+        let mut v = vh;
+        let mut th = high.time.clone();
+        for (a, b) in fl.dims.iter().zip(&fh.dims) {
+            if (a.1, a.2) != (b.1, b.2) && a.1 != b.1 {
+                return Ok(None);
+            }
+            v = self.tm.subst(v, b.0, &Aff::var(a.0));
+            th = th.subst(b.0, &Aff::var(a.0));
+        }
+        let same_shape = fl
+            .dims
+            .iter()
+            .zip(&fh.dims)
+            .all(|(a, b)| (a.1, a.2) == (b.1, b.2));
+        let delta = fh.base.minus(&fl.base);
+        let Some(delta) = delta.as_const() else {
+            return Ok(None);
+        };
+        // Along an existing coordinate: high starts where low ends.
+        for k in 0..fl.dims.len() {
+            let (var, s, n) = fl.dims[k];
+            let others_same = (0..fl.dims.len())
+                .filter(|&i| i != k)
+                .all(|i| (fl.dims[i].1, fl.dims[i].2) == (fh.dims[i].1, fh.dims[i].2));
+            if !others_same || fh.dims[k].1 != s || delta != s * n as i64 {
+                continue;
+            }
+            let moved = self.tm.subst(vl, var, &Aff::var(var).add_const(n as i64));
+            if moved != v {
+                continue;
+            }
+            let w = self.fresh(n + fh.dims[k].2);
+            let addr = fl.dims.iter().fold(fl.base.clone(), |a, &(u, st, _)| {
+                a.add_term(if u == var { w } else { u }, st)
+            });
+            let value = self.tm.subst(vl, var, &Aff::var(w));
+            // Exact cycles if the high piece's are the low formula's continued.
+            let time = (low.time.subst(var, &Aff::var(var).add_const(n as i64)) == th)
+                .then(|| low.time.subst(var, &Aff::var(w)));
+            return self.joined(low, high, addr, value, time).map(Some);
+        }
+        // A new coordinate: equal shapes, every index moved by a constant.
+        if !same_shape || delta <= 0 {
+            return Ok(None);
+        }
+        let (super::term::T::Atom(t1, h1, r1, c1), super::term::T::Atom(t2, h2, r2, c2)) =
+            (self.tm.node(vl).clone(), self.tm.node(v).clone())
+        else {
+            return Ok(None);
+        };
+        let shift = |a: &Aff, b: &Aff| b.minus(a).as_const();
+        let (Some(dh), Some(dr), Some(dc)) = (shift(&h1, &h2), shift(&r1, &r2), shift(&c1, &c2))
+        else {
+            return Ok(None);
+        };
+        if t1 != t2 {
+            return Ok(None);
+        }
+        let w = self.fresh(2);
+        let addr = fl
+            .dims
+            .iter()
+            .fold(fl.base.clone(), |a, &(u, st, _)| a.add_term(u, st))
+            .add_term(w, delta);
+        let value = self.tm.atom(
+            t1,
+            h1.clone().add_term(w, dh),
+            r1.clone().add_term(w, dr),
+            c1.clone().add_term(w, dc),
+        );
+        let time = th
+            .minus(&low.time)
+            .as_const()
+            .map(|dt| low.time.clone().add_term(w, dt));
+        self.joined(low, high, addr, value, time).map(Some)
+    }
+
+    /// The entry for `addr` holding `value`, written at `time` if known, else some time in
+    /// both entries' cycles.
+    fn joined(
+        &mut self,
+        a: &Entry,
+        b: &Entry,
+        addr: Aff,
+        value: Id,
+        time: Option<Aff>,
+    ) -> R<Entry> {
+        if let Some(time) = time {
+            let mut e = self.make_entry(addr, time, a.from.clone())?;
+            if e.region.is_none() {
+                return Err(Fail::Retry("joined arrivals overlap".into()));
+            }
+            e.value = Some(value);
+            return Ok(e);
+        }
+        let (tlo, thi) = (a.tlo.min(b.tlo), a.thi.max(b.thi));
+        // Only pieces sent close together: a window spanning other work (another head's
+        // sends into the same buffer) would blur what reads in between see.
+        let gap = a.tlo.max(b.tlo) - a.thi.min(b.thi);
+        if gap > (a.thi - a.tlo) + (b.thi - b.tlo) + 16 {
+            return Err(Fail::Retry("pieces sent far apart".into()));
+        }
+        let z = self.fresh((thi - tlo + 1) as u64);
+        let from = a.from.clone();
+        let mut e = self.make_entry(addr, Aff::cst(tlo), from)?;
+        if e.region.is_none() {
+            return Err(Fail::Retry("joined arrivals overlap".into()));
+        }
+        // Any cycle of the range, for every word (not the latest: `make_entry` would take an
+        // index the address does not use at its last value).
+        e.time = Aff::cst(tlo).add_term(z, 1);
+        e.tlo = tlo;
+        e.thi = thi;
+        e.value = Some(value);
+        Ok(e)
+    }
+}
