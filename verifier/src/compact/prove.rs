@@ -466,6 +466,48 @@ impl Eval {
         Ok(sol)
     }
 
+    /// Where a read of `addr` that `f` holds only in part leaves (or enters) `f` along one of
+    /// its coordinates: `(x, i)`, the read's index `x` at iteration `i`. A loop cut there
+    /// reads each side from one piece of `f`.
+    pub(super) fn cut(&self, f: &Fact, addr: &Aff) -> Option<(Var, i64)> {
+        let d = addr.minus(&f.base);
+        let mut sol = vec![Aff::cst(0); f.dims.len()];
+        for &(v, k) in &d.t {
+            let i = f.dims.iter().position(|&(_, s, _)| k % s == 0)?;
+            sol[i] = sol[i].clone().add_term(v, k / f.dims[i].1);
+        }
+        let mut c = d.c;
+        for (i, &(_, s, _)) in f.dims.iter().enumerate() {
+            let q = c.div_euclid(s);
+            sol[i] = sol[i].clone().add_const(q);
+            c -= q * s;
+        }
+        for (x, &(_, _, n)) in sol.iter().zip(&f.dims) {
+            let vars: Vec<(Var, i64)> =
+                x.t.iter()
+                    .copied()
+                    .filter(|&(v, _)| self.counts.get(&v).is_some_and(|&m| m >= 2))
+                    .collect();
+            let [(v, k)] = vars[..] else { continue };
+            let count = *self.counts.get(&v)? as i64;
+            let c0 = x.c;
+            // First iteration at which k·i + c0 reaches `edge` (k > 0) or drops below it.
+            let at = |edge: i64| {
+                if k > 0 {
+                    (edge - c0 + k - 1).div_euclid(k)
+                } else {
+                    (c0 - edge + 1 + (-k) - 1).div_euclid(-k)
+                }
+            };
+            for i in [at(n as i64), at(0)] {
+                if i > 0 && i < count {
+                    return Some((v, i));
+                }
+            }
+        }
+        None
+    }
+
     /// Whether `addr` may be a word that another iteration of `l` writes through `family`:
     /// `Ok(false)` certainly not, `Ok(true)` the same fixed word, `Err` undecided.
     fn alias(&self, addr: &Aff, family: &Aff, l: &Active) -> Result<bool, ()> {
@@ -523,7 +565,8 @@ impl Eval {
                         // Where the read crosses the fact's edge: a piece boundary that may
                         // make both sides decidable.
                         let (lo, hi) = (f.lo, f.hi);
-                        self.hint = self.edge(addr, ab, lo, hi);
+                        let f = f.clone();
+                        self.hint = self.cut(&f, addr).or_else(|| self.edge(addr, ab, lo, hi));
                         return Err(Fail::Retry(format!(
                             "a read of {addr:?} may or may not see an earlier write (m{lo}..=m{hi}, {} dims)", f.dims.len()
                         )));

@@ -255,7 +255,11 @@ impl Eval {
                 Err(true) => continue,
                 Err(false) => {
                     if self.hint.is_none() {
-                        self.hint = self.edge(&addr, ab, e.lo, e.hi);
+                        self.hint = e
+                            .region
+                            .as_ref()
+                            .and_then(|f| self.cut(f, &addr))
+                            .or_else(|| self.edge(&addr, ab, e.lo, e.hi));
                     }
                     None
                 }
@@ -316,7 +320,11 @@ impl Eval {
                     |(bt, _)| matches!(self.bounds(&bt.minus(&at)), Some((_, hi)) if hi < 0),
                 );
                 if !older {
-                    return undecided("an arrival that may hold the word, not shown older");
+                    let o = &logs[pe][*j];
+                    return undecided(&format!(
+                        "an arrival to m{}..=m{} in cycles {}..={} ({}) may hold the word, not shown older than the one in cycles {alo}..={ahi}",
+                        o.lo, o.hi, o.tlo, o.thi, if c.is_some() { "certain" } else { "maybe" }
+                    ));
                 }
             }
         }
