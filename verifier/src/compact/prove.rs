@@ -1,14 +1,16 @@
 //! The proof of outputs without unrolling, for rings whose PEs all run one program.
 //!
-//! PE 0's program is evaluated with symbolic loop indices where a loop allows it (no predicate
-//! or wrapped term on its level, inner loops likewise): its body is evaluated once for an index
-//! `x`, every read resolved to the write it sees — one made earlier in the same iteration, the
+//! PE 0's program is evaluated with symbolic loop indices where a loop allows it (no wrapped
+//! term or count step on its index; its iterations cut into pieces where a predicate on the
+//! index changes, so each predicate holds at all of a piece or none): a piece's body is
+//! evaluated once for an index `x`, every read resolved to the write it sees — one made earlier in the same iteration, the
 //! value a previous iteration left at the same fixed address (`Carry`), or one from before the
 //! loop once every other iteration's writes are shown to miss it — and the iteration's writes are
 //! summarised: a word written at an address that moves with `x` becomes a region over `x`, an
 //! accumulator `w ← w + t(x)` or `w ← max(w, t(x))` becomes a range sum or maximum, any other
-//! word keeps the last iteration's value. When a read or a summary cannot be decided the loop is
-//! evaluated iteration by iteration instead (its inner loops again symbolically). Every step is
+//! word keeps the last iteration's value. When a read or a summary cannot be decided the piece
+//! is cut again where a read ran into the edge of a fact, or else evaluated iteration by
+//! iteration (its inner loops again symbolically). Every step is
 //! exact or refuses; nothing is approximated.
 //!
 //! Memory is a log of facts `{base + Σ stride·x_k : x_k < count_k} ↦ value(x)`, newest last; a
