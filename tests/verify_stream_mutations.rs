@@ -335,6 +335,10 @@ fn uniform_mutants_are_proved_without_unrolling_only_if_proved_flattened() {
         (16, 4, 2, 4, true),
         (12, 3, 1, 3, false),
         (16, 8, 1, 2, true),
+        // Shapes proved only since written-out terms meet ranges: two-key blocks, one column.
+        (8, 2, 2, 4, false),
+        (16, 2, 2, 8, true),
+        (16, 1, 1, 4, false),
     ] {
         let p = compiler::problem::Problem {
             tokens: n,
@@ -388,7 +392,7 @@ fn uniform_mutants_are_proved_without_unrolling_only_if_proved_flattened() {
         }
     }
     eprintln!("uniform mutants (count, stride, base): [mutants, rejected flattened, not proved without unrolling] {seen:?}");
-    assert_eq!(proved_layers, 3);
+    assert_eq!(proved_layers, 6);
 }
 
 /// Causal (lagged) stream programs differ per PE, which the proof without unrolling does not

@@ -261,6 +261,16 @@ impl Eval {
     /// pieces of one loop, cut where a predicate changed): same strides and counts elsewhere,
     /// `high` starting where `low` ends and holding what `low`'s formula gives there.
     fn join(&mut self, low: &Fact, high: &Fact) -> Option<Fact> {
+        // Renaming the high piece's coordinates one by one must not capture the low one's.
+        let clash = high.dims.iter().enumerate().any(|(i, h)| {
+            low.dims
+                .iter()
+                .enumerate()
+                .any(|(j, l)| l.0 == h.0 && i != j)
+        });
+        if clash {
+            return None;
+        }
         for k in 0..low.dims.len() {
             let (v, s, n) = low.dims[k];
             if high.dims[k].1 != s || high.base != low.base.clone().add_const(s * n as i64) {
@@ -295,16 +305,26 @@ impl Eval {
     fn push(&mut self, mut f: Fact) {
         // Adjacent pieces of one family (a first element written apart from the loop over the
         // rest) become one region, so that a later loop over all of it reads one fact.
+        // Joining moves the older piece up to the newest place, so only a piece that no fact
+        // between them may overlap (else reads there would see it instead of that fact).
         let floor = self.floor();
         let mut i = self.facts.len();
         let mut looked = 0;
+        let mut between: Vec<(i64, i64)> = Vec::new();
         while i > floor && looked < 4 {
             i -= 1;
             let Some(g) = self.facts[i].clone() else {
                 continue;
             };
             looked += 1;
+            if between.iter().any(|&(lo, hi)| lo <= g.hi && g.lo <= hi) {
+                between.push((g.lo, g.hi));
+                continue;
+            }
             let fused = self.fuse(&f, &g).or_else(|| self.fuse(&g, &f));
+            if fused.is_none() {
+                between.push((g.lo, g.hi));
+            }
             if let Some(h) = fused {
                 let key = (
                     g.base.clone(),
