@@ -81,6 +81,9 @@ fn assert_compact_clean(loops: &[isa::LoopProgram], man: &Manifest, what: &str) 
     // (every caller proves these programs flattened too).
     let p = verifier::compact::prove_loops(loops, man, &Options::default());
     let applies = verifier::compact::prove::applies(loops, man).is_ok();
+    // A proof that does not apply proves nothing.
+    assert!(applies || !p.proved(), "{what}: proved outside its scope");
+    let causal = man.layer.mask == "causal";
     COMPACT.with(|c| {
         let mut c = c.borrow_mut();
         c.0 += usize::from(applies);
@@ -88,13 +91,16 @@ fn assert_compact_clean(loops: &[isa::LoopProgram], man: &Manifest, what: &str) 
         if applies && !p.proved() && c.2.len() < 5 {
             c.2.push(format!("{what}: {:?}", p.outcome));
         }
+        c.3 += usize::from(causal);
+        c.4 += usize::from(causal && p.proved());
     });
 }
 
 thread_local! {
     /// Per test thread: layers the proof without unrolling applies to, proves, and why some
-    /// it applies to are not proved.
-    static COMPACT: std::cell::RefCell<(usize, usize, Vec<String>)> = Default::default();
+    /// it applies to are not proved; causal layers seen, and proved without unrolling (each
+    /// of them proved flattened by the caller too).
+    static COMPACT: std::cell::RefCell<(usize, usize, Vec<String>, usize, usize)> = Default::default();
 }
 
 /// Proves `programs` against `man`: no violation of any invariant, and the online work the
@@ -137,8 +143,8 @@ fn stream_programs_are_proved_for_many_sizes() {
     COMPACT.with(|c| {
         let c = c.borrow();
         eprintln!(
-            "without unrolling: applies to {}, proved {}; e.g. not proved: {:#?}",
-            c.0, c.1, c.2
+            "without unrolling: applies to {}, proved {}; e.g. not proved: {:#?}; causal layers {}, proved without unrolling {}",
+            c.0, c.1, c.2, c.3, c.4
         );
     });
     assert!(proved >= 600, "only {proved} layers applied");

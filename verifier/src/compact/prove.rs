@@ -1,14 +1,16 @@
 //! The proof of outputs without unrolling, for rings whose PEs all run one program.
 //!
-//! PE 0's program is evaluated with symbolic loop indices where a loop allows it (no predicate
-//! or wrapped term on its level, inner loops likewise): its body is evaluated once for an index
-//! `x`, every read resolved to the write it sees — one made earlier in the same iteration, the
+//! PE 0's program is evaluated with symbolic loop indices where a loop allows it (no wrapped
+//! term or count step on its index; its iterations cut into pieces where a predicate on the
+//! index changes, so each predicate holds at all of a piece or none): a piece's body is
+//! evaluated once for an index `x`, every read resolved to the write it sees — one made earlier in the same iteration, the
 //! value a previous iteration left at the same fixed address (`Carry`), or one from before the
 //! loop once every other iteration's writes are shown to miss it — and the iteration's writes are
 //! summarised: a word written at an address that moves with `x` becomes a region over `x`, an
 //! accumulator `w ← w + t(x)` or `w ← max(w, t(x))` becomes a range sum or maximum, any other
-//! word keeps the last iteration's value. When a read or a summary cannot be decided the loop is
-//! evaluated iteration by iteration instead (its inner loops again symbolically). Every step is
+//! word keeps the last iteration's value. When a read or a summary cannot be decided the piece
+//! is cut again where a read ran into the edge of a fact, or else evaluated iteration by
+//! iteration (its inner loops again symbolically). Every step is
 //! exact or refuses; nothing is approximated.
 //!
 //! Memory is a log of facts `{base + Σ stride·x_k : x_k < count_k} ↦ value(x)`, newest last; a
@@ -69,7 +71,7 @@ pub struct Evaluated {
 }
 
 #[derive(Debug)]
-enum Fail {
+pub(super) enum Fail {
     /// Symbolic evaluation cannot decide this; evaluating the enclosing symbolic loop iteration
     /// by iteration may.
     Retry(String),
@@ -77,23 +79,25 @@ enum Fail {
     Decline(String),
 }
 
-type R<T> = Result<T, Fail>;
+pub(super) type R<T> = Result<T, Fail>;
 
 #[derive(Clone, Debug)]
-struct Fact {
-    base: Aff,
+pub(super) struct Fact {
+    pub(super) base: Aff,
     /// `(variable, stride, count)`, strides positive and decreasing.
-    dims: Vec<(Var, i64, u64)>,
+    pub(super) dims: Vec<(Var, i64, u64)>,
     value: Id,
     computed: bool,
     lo: i64,
     hi: i64,
 }
 
+/// A loop index: a known value, or `var + offset` for a loop (or a piece of one, from
+/// `offset` on) evaluated symbolically.
 #[derive(Clone, Copy)]
-enum Ix {
+pub(super) enum Ix {
     At(u64),
-    Sym(Var),
+    Sym(Var, i64),
 }
 
 struct Active {
@@ -109,12 +113,12 @@ struct Active {
 const MAX_EVALUATIONS: u64 = 1_000_000;
 const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(20);
 
-struct Eval {
-    tm: Terms,
+pub(super) struct Eval {
+    pub(super) tm: Terms,
     online: bool,
     facts: Vec<Option<Fact>>,
     keys: HashMap<(Aff, Vec<(i64, u64)>), usize>,
-    counts: HashMap<Var, u64>,
+    pub(super) counts: HashMap<Var, u64>,
     next_var: Var,
     next_loop: u32,
     loops: Vec<Active>,
@@ -126,6 +130,8 @@ struct Eval {
     rows: i64,
     tokens: i64,
     deadline: std::time::Instant,
+    /// Where the last undecided read suggests cutting a loop (its index, the iteration).
+    pub(super) hint: Option<(Var, i64)>,
 }
 
 fn sorted_dims(mut d: Vec<(Var, i64, u64)>) -> Vec<(Var, i64, u64)> {
@@ -135,7 +141,7 @@ fn sorted_dims(mut d: Vec<(Var, i64, u64)>) -> Vec<(Var, i64, u64)> {
 }
 
 impl Eval {
-    fn fresh(&mut self, count: u64) -> Var {
+    pub(super) fn fresh(&mut self, count: u64) -> Var {
         let v = self.next_var;
         self.next_var += 1;
         self.counts.insert(v, count);
@@ -143,7 +149,7 @@ impl Eval {
     }
 
     /// `a` with every variable that has a single value replaced by it (0).
-    fn pin(&self, a: Aff) -> Aff {
+    pub(super) fn pin(&self, a: Aff) -> Aff {
         if a.t.iter().all(|&(v, _)| self.counts.get(&v) != Some(&1)) {
             return a;
         }
@@ -156,11 +162,11 @@ impl Eval {
         }
     }
 
-    fn bounds(&self, a: &Aff) -> Option<(i64, i64)> {
+    pub(super) fn bounds(&self, a: &Aff) -> Option<(i64, i64)> {
         a.bounds(&|v| self.counts.get(&v).copied())
     }
 
-    fn fact(
+    pub(super) fn fact(
         &mut self,
         base: Aff,
         dims: Vec<(Var, i64, u64)>,
@@ -203,6 +209,9 @@ impl Eval {
     /// `region` and `slab` as one fact, when `slab` is the region's next layer below or above
     /// along one of its coordinates, holding what the region's formula gives there.
     fn fuse(&mut self, region: &Fact, slab: &Fact) -> Option<Fact> {
+        if region.computed == slab.computed && region.dims.len() == slab.dims.len() {
+            return self.join(region, slab);
+        }
         if region.computed != slab.computed || region.dims.len() != slab.dims.len() + 1 {
             return None;
         }
@@ -248,19 +257,74 @@ impl Eval {
         None
     }
 
+    /// `low` and `high` as one fact, when `high` continues `low` along one coordinate (two
+    /// pieces of one loop, cut where a predicate changed): same strides and counts elsewhere,
+    /// `high` starting where `low` ends and holding what `low`'s formula gives there.
+    fn join(&mut self, low: &Fact, high: &Fact) -> Option<Fact> {
+        // Renaming the high piece's coordinates one by one must not capture the low one's.
+        let clash = high.dims.iter().enumerate().any(|(i, h)| {
+            low.dims
+                .iter()
+                .enumerate()
+                .any(|(j, l)| l.0 == h.0 && i != j)
+        });
+        if clash {
+            return None;
+        }
+        for k in 0..low.dims.len() {
+            let (v, s, n) = low.dims[k];
+            if high.dims[k].1 != s || high.base != low.base.clone().add_const(s * n as i64) {
+                continue;
+            }
+            let others = (0..low.dims.len()).filter(|&i| i != k);
+            if others
+                .clone()
+                .any(|i| (low.dims[i].1, low.dims[i].2) != (high.dims[i].1, high.dims[i].2))
+            {
+                continue;
+            }
+            let mut value = high.value;
+            for (a, b) in low.dims.iter().zip(&high.dims) {
+                value = self.tm.subst(value, b.0, &Aff::var(a.0));
+            }
+            let moved = self
+                .tm
+                .subst(low.value, v, &Aff::var(v).add_const(n as i64));
+            if value != moved {
+                continue;
+            }
+            let mut dims = low.dims.clone();
+            dims[k].2 = n + high.dims[k].2;
+            return self
+                .fact(low.base.clone(), dims, low.value, low.computed)
+                .ok();
+        }
+        None
+    }
+
     fn push(&mut self, mut f: Fact) {
         // Adjacent pieces of one family (a first element written apart from the loop over the
         // rest) become one region, so that a later loop over all of it reads one fact.
+        // Joining moves the older piece up to the newest place, so only a piece that no fact
+        // between them may overlap (else reads there would see it instead of that fact).
         let floor = self.floor();
         let mut i = self.facts.len();
         let mut looked = 0;
+        let mut between: Vec<(i64, i64)> = Vec::new();
         while i > floor && looked < 4 {
             i -= 1;
             let Some(g) = self.facts[i].clone() else {
                 continue;
             };
             looked += 1;
+            if between.iter().any(|&(lo, hi)| lo <= g.hi && g.lo <= hi) {
+                between.push((g.lo, g.hi));
+                continue;
+            }
             let fused = self.fuse(&f, &g).or_else(|| self.fuse(&g, &f));
+            if fused.is_none() {
+                between.push((g.lo, g.hi));
+            }
             if let Some(h) = fused {
                 let key = (
                     g.base.clone(),
@@ -367,7 +431,7 @@ impl Eval {
 
     /// Whether fact `f` holds `addr` for every value of the variables: the coordinates, or
     /// `Err(true)` if it certainly does not, `Err(false)` if undecided.
-    fn hit(&self, f: &Fact, addr: &Aff, ab: (i64, i64)) -> Result<Vec<Aff>, bool> {
+    pub(super) fn hit(&self, f: &Fact, addr: &Aff, ab: (i64, i64)) -> Result<Vec<Aff>, bool> {
         if ab.1 < f.lo || ab.0 > f.hi {
             return Err(true);
         }
@@ -402,6 +466,48 @@ impl Eval {
             }
         }
         Ok(sol)
+    }
+
+    /// Where a read of `addr` that `f` holds only in part leaves (or enters) `f` along one of
+    /// its coordinates: `(x, i)`, the read's index `x` at iteration `i`. A loop cut there
+    /// reads each side from one piece of `f`.
+    pub(super) fn cut(&self, f: &Fact, addr: &Aff) -> Option<(Var, i64)> {
+        let d = addr.minus(&f.base);
+        let mut sol = vec![Aff::cst(0); f.dims.len()];
+        for &(v, k) in &d.t {
+            let i = f.dims.iter().position(|&(_, s, _)| k % s == 0)?;
+            sol[i] = sol[i].clone().add_term(v, k / f.dims[i].1);
+        }
+        let mut c = d.c;
+        for (i, &(_, s, _)) in f.dims.iter().enumerate() {
+            let q = c.div_euclid(s);
+            sol[i] = sol[i].clone().add_const(q);
+            c -= q * s;
+        }
+        for (x, &(_, _, n)) in sol.iter().zip(&f.dims) {
+            let vars: Vec<(Var, i64)> =
+                x.t.iter()
+                    .copied()
+                    .filter(|&(v, _)| self.counts.get(&v).is_some_and(|&m| m >= 2))
+                    .collect();
+            let [(v, k)] = vars[..] else { continue };
+            let count = *self.counts.get(&v)? as i64;
+            let c0 = x.c;
+            // First iteration at which k·i + c0 reaches `edge` (k > 0) or drops below it.
+            let at = |edge: i64| {
+                if k > 0 {
+                    (edge - c0 + k - 1).div_euclid(k)
+                } else {
+                    (c0 - edge + 1 + (-k) - 1).div_euclid(-k)
+                }
+            };
+            for i in [at(n as i64), at(0)] {
+                if i > 0 && i < count {
+                    return Some((v, i));
+                }
+            }
+        }
+        None
     }
 
     /// Whether `addr` may be a word that another iteration of `l` writes through `family`:
@@ -444,9 +550,14 @@ impl Eval {
                     }
                     Err(true) => {}
                     Err(false) => {
+                        // Where the read crosses the fact's edge: a piece boundary that may
+                        // make both sides decidable.
+                        let (lo, hi) = (f.lo, f.hi);
+                        let f = f.clone();
+                        self.hint = self.cut(&f, addr).or_else(|| self.edge(addr, lo, hi));
                         return Err(Fail::Retry(format!(
-                            "a read of {addr:?} may or may not see an earlier write"
-                        )))
+                            "a read of {addr:?} may or may not see an earlier write (m{lo}..=m{hi}, {} dims)", f.dims.len()
+                        )));
                     }
                 }
             }
@@ -485,6 +596,32 @@ impl Eval {
         )))
     }
 
+    /// `(x, i)`: the read's only varying index `x` reaches the words `lo..=hi` from iteration
+    /// `i` on, or leaves them there.
+    pub(super) fn edge(&self, addr: &Aff, lo: i64, hi: i64) -> Option<(Var, i64)> {
+        let mut vars = addr
+            .t
+            .iter()
+            .filter(|&&(v, _)| self.counts.get(&v).is_some_and(|&n| n >= 2));
+        let &(v, k) = vars.next()?;
+        if vars.next().is_some() {
+            return None;
+        }
+        let rest = addr.clone().add_term(v, -k);
+        let c = self.bounds(&rest)?.0;
+        // First x with c + k·x >= edge (k > 0) or <= edge (k < 0).
+        let first = |edge: i64| {
+            if k > 0 {
+                (edge - c + k - 1).div_euclid(k)
+            } else {
+                (c - edge + (-k) - 1).div_euclid(-k)
+            }
+        };
+        let cuts = [first(lo), first(hi + 1)];
+        let n = *self.counts.get(&v)? as i64;
+        cuts.into_iter().find(|&x| x > 0 && x < n).map(|x| (v, x))
+    }
+
     fn write(&mut self, addr: Aff, value: Id, computed: bool) -> R<()> {
         let addr = self.pin(addr);
         let f = self.fact(addr, Vec::new(), value, computed)?;
@@ -492,31 +629,48 @@ impl Eval {
         Ok(())
     }
 
-    fn addr(&self, b: &LBundle, f: Field, env: &[Ix]) -> R<Aff> {
+    pub(super) fn addr(&self, b: &LBundle, f: Field, env: &[Ix]) -> R<Aff> {
         let base = field(&b.bundle, f).map_or(0, i64::from);
         let mut a = Aff::cst(base);
         for t in b.terms.iter().filter(|t| t.field == f) {
             match env.get(usize::from(t.level)) {
                 Some(Ix::At(k)) => a = a.add_const(t.value(*k as u32)),
-                Some(Ix::Sym(v)) if t.wrap == 0 => a = a.add_term(*v, i64::from(t.stride)),
+                Some(Ix::Sym(v, off)) if t.wrap == 0 => {
+                    a = a
+                        .add_term(*v, i64::from(t.stride))
+                        .add_const(i64::from(t.stride) * off)
+                }
                 _ => return Err(Fail::Retry("a wrapped term on a symbolic index".into())),
             }
         }
         Ok(a)
     }
 
-    fn executes(&self, b: &LBundle, slot: Slot, env: &[Ix]) -> R<bool> {
+    /// Whether `slot` of `b` executes at every index `env` stands for (`Some(true)`), at none
+    /// (`Some(false)`), or at some only (`None`).
+    fn decide(&self, b: &LBundle, slot: Slot, env: &[Ix]) -> Option<bool> {
+        let mut all = true;
         for p in b.preds.iter().filter(|p| p.slot == slot) {
-            match env.get(usize::from(p.level)) {
-                Some(Ix::At(k)) => {
-                    if !p.cmp.holds(*k as u32, p.value) {
-                        return Ok(false);
-                    }
+            let (lo, hi) = match env.get(usize::from(p.level)) {
+                Some(Ix::At(k)) => (*k as i64, *k as i64),
+                Some(Ix::Sym(v, off)) => {
+                    let n = self.counts.get(v).copied()? as i64;
+                    (*off, off + n - 1)
                 }
-                _ => return Err(Fail::Retry("a predicate on a symbolic index".into())),
+                None => return None,
+            };
+            match holds_over(p.cmp, i64::from(p.value), lo, hi) {
+                Some(true) => {}
+                Some(false) => return Some(false),
+                None => all = false,
             }
         }
-        Ok(true)
+        all.then_some(true)
+    }
+
+    pub(super) fn executes(&self, b: &LBundle, slot: Slot, env: &[Ix]) -> R<bool> {
+        self.decide(b, slot, env)
+            .ok_or_else(|| Fail::Retry("a predicate that holds at some indices only".into()))
     }
 
     /// The word PE `p − 1` holds where PE `p` holds `v`.
@@ -696,25 +850,54 @@ impl Eval {
     }
 
     fn lp(&mut self, l: &Loop, env: &mut Vec<Ix>) -> R<()> {
-        if l.step.is_some() {
-            return Err(Fail::Decline("a triangular (stepped) loop".into()));
+        let level = env.len();
+        let n = self.trips(l, env, false)?;
+        if !splittable(&l.body, level) {
+            return self.iterate(l, env, 0, n);
+        }
+        // Pieces between the thresholds of the predicates on this index: in each, every
+        // predicate on it holds at all iterations or at none, so the piece may be symbolic.
+        for (a, b) in pieces(&l.body, level, n) {
+            self.piece(l, env, a, b)?;
+        }
+        Ok(())
+    }
+
+    /// Iterations `a..b` of `l`: symbolically if that decides everything; else, when a read
+    /// ran into the edge of what an earlier write left (a value that changes shape inside the
+    /// range, e.g. a row whose first word was written apart), each side of that edge the same
+    /// way; else one by one.
+    fn piece(&mut self, l: &Loop, env: &mut Vec<Ix>, a: u64, b: u64) -> R<()> {
+        if b - a < 2 {
+            return self.iterate(l, env, a, b);
         }
         let level = env.len();
-        if eligible(&l.body, level) {
-            let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
-            match self.symbolic(l, env) {
-                Ok(()) => return Ok(()),
-                Err(Fail::Retry(why)) => {
-                    let _ = why;
-                    self.truncate(mark);
-                    self.tally = tally;
-                    self.evaluations = evals;
-                    env.truncate(level);
-                }
-                Err(e) => return Err(e),
+        let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
+        self.hint = None;
+        let var = self.next_var;
+        match self.symbolic(l, env, a, b - a) {
+            Ok(()) => Ok(()),
+            Err(Fail::Retry(_)) => {
+                self.truncate(mark);
+                self.tally = tally;
+                self.evaluations = evals;
+                env.truncate(level);
+                // At the edge a read ran into, if it was this loop's; otherwise one by one
+                // (cutting blindly costs more than it finds).
+                let mid = match self.hint.take() {
+                    Some((v, x)) if v == var && x > 0 && (x as u64) < b - a => a + x as u64,
+                    _ => return self.iterate(l, env, a, b),
+                };
+                self.piece(l, env, a, mid)?;
+                self.piece(l, env, mid, b)
             }
+            Err(e) => Err(e),
         }
-        for k in 0..u64::from(l.count) {
+    }
+
+    /// Iterations `from..to` of `l`, one by one.
+    fn iterate(&mut self, l: &Loop, env: &mut Vec<Ix>, from: u64, to: u64) -> R<()> {
+        for k in from..to {
             env.push(Ix::At(k));
             let r = self.body(&l.body, env);
             env.pop();
@@ -723,25 +906,55 @@ impl Eval {
         Ok(())
     }
 
+    /// The trip count of `l` entered at `env`: exact when the index its count steps with is
+    /// known; with `most`, the largest over a symbolic one (for over-approximations only).
+    pub(super) fn trips(&self, l: &Loop, env: &[Ix], most: bool) -> R<u64> {
+        let Some(step) = l.step else {
+            return Ok(u64::from(l.count));
+        };
+        let (lo, hi) = match env.get(usize::from(step.level)) {
+            Some(Ix::At(k)) => (*k as i64, *k as i64),
+            Some(Ix::Sym(v, off)) if most => {
+                let n = self.counts.get(v).copied().unwrap_or(1) as i64;
+                (*off, off + n - 1)
+            }
+            _ => {
+                return Err(Fail::Retry(
+                    "a triangular loop stepped by a symbolic index".into(),
+                ))
+            }
+        };
+        let at = |i: i64| i64::from(l.count) + i64::from(step.per) * i;
+        let t = if most { at(lo).max(at(hi)) } else { at(lo) };
+        u64::try_from(t)
+            .ok()
+            .filter(|&t| t >= 1)
+            .ok_or_else(|| Fail::Decline("a loop instance without iterations".into()))
+    }
+
     fn families(&mut self, nodes: &[Node], env: &mut Vec<Ix>, out: &mut Vec<Aff>) -> R<()> {
+        // Every word a write of these nodes may reach (more is fine: a read shown to miss all
+        // of them misses every real write).
+        let may = |e: &Self, b: &LBundle, s: Slot, env: &[Ix]| e.decide(b, s, env) != Some(false);
         for n in nodes {
             match n {
                 Node::Bundle(b) => {
-                    if b.bundle.op.dst().is_some() && self.executes(b, Slot::Op, env)? {
+                    if b.bundle.op.dst().is_some() && may(self, b, Slot::Op, env) {
                         out.push(self.addr(b, Field::OpDst, env)?);
                     }
                     if matches!(b.bundle.acc, Acc::Add { dst: Some(_), .. })
-                        && self.executes(b, Slot::Acc, env)?
+                        && may(self, b, Slot::Acc, env)
                     {
                         out.push(self.addr(b, Field::AccDst, env)?);
                     }
-                    if b.bundle.xfer != Xfer::Nop && self.executes(b, Slot::Xfer, env)? {
+                    if b.bundle.xfer != Xfer::Nop && may(self, b, Slot::Xfer, env) {
                         out.push(self.addr(b, Field::XferDst, env)?);
                     }
                 }
                 Node::Loop(l) => {
-                    let v = self.fresh(u64::from(l.count));
-                    env.push(Ix::Sym(v));
+                    let count = self.trips(l, env, true)?;
+                    let v = self.fresh(count);
+                    env.push(Ix::Sym(v, 0));
                     let r = self.families(&l.body, env, out);
                     env.pop();
                     r?;
@@ -751,11 +964,12 @@ impl Eval {
         Ok(())
     }
 
-    fn symbolic(&mut self, l: &Loop, env: &mut Vec<Ix>) -> R<()> {
-        let n = u64::from(l.count);
+    /// Iterations `off..off + n` of `l` for a symbolic index (the module documentation).
+    fn symbolic(&mut self, l: &Loop, env: &mut Vec<Ix>, off: u64, n: u64) -> R<()> {
+        let off = off as i64;
         let var = self.fresh(n);
         let other = self.fresh(n);
-        env.push(Ix::Sym(var));
+        env.push(Ix::Sym(var, off));
         let mut families = Vec::new();
         let r = self.families(&l.body, env, &mut families);
         env.pop();
@@ -772,7 +986,7 @@ impl Eval {
         });
         let outer = self.mult;
         self.mult = outer.saturating_mul(n);
-        env.push(Ix::Sym(var));
+        env.push(Ix::Sym(var, off));
         let r = self.body(&l.body, env);
         env.pop();
         self.mult = outer;
@@ -887,27 +1101,73 @@ impl Eval {
     }
 }
 
-/// Whether a loop at `level` may be evaluated symbolically: no predicate or wrapped term of
-/// any bundle inside uses its index, and the same for every loop inside at its level.
-fn eligible(nodes: &[Node], level: usize) -> bool {
-    fn uses(nodes: &[Node], level: usize) -> bool {
-        nodes.iter().any(|n| match n {
-            Node::Bundle(b) => {
-                b.preds.iter().any(|p| usize::from(p.level) == level)
-                    || b.terms
-                        .iter()
-                        .any(|t| usize::from(t.level) == level && t.wrap != 0)
+/// Whether `i cmp v` holds for every `i` in `lo..=hi` (`Some(true)`), for none (`Some(false)`),
+/// or for some only (`None`).
+fn holds_over(cmp: isa::looped::Cmp, v: i64, lo: i64, hi: i64) -> Option<bool> {
+    use isa::looped::Cmp;
+    let (lt_all, lt_none) = (hi < v, lo >= v);
+    let (eq_all, eq_none) = (lo == v && hi == v, v < lo || v > hi);
+    let (all, none) = match cmp {
+        Cmp::Lt => (lt_all, lt_none),
+        Cmp::Ge => (lt_none, lt_all),
+        Cmp::Eq => (eq_all, eq_none),
+        Cmp::Ne => (eq_none, eq_all),
+    };
+    if all {
+        Some(true)
+    } else if none {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Whether a loop at `level` may be evaluated symbolically, piece by piece: no wrapped term
+/// inside uses its index and no loop inside steps its count by it. (Predicates on it are
+/// resolved per piece, [`pieces`]; inner loops decide for themselves.)
+pub(super) fn splittable(nodes: &[Node], level: usize) -> bool {
+    nodes.iter().all(|n| match n {
+        Node::Bundle(b) => !b
+            .terms
+            .iter()
+            .any(|t| usize::from(t.level) == level && t.wrap != 0),
+        Node::Loop(l) => {
+            l.step.is_none_or(|s| usize::from(s.level) != level) && splittable(&l.body, level)
+        }
+    })
+}
+
+/// `0..n` cut at every threshold of a predicate on the index at `level` inside `nodes`, so
+/// that each predicate holds at every iteration of a piece or at none.
+pub(super) fn pieces(nodes: &[Node], level: usize, n: u64) -> Vec<(u64, u64)> {
+    fn cuts(nodes: &[Node], level: usize, out: &mut Vec<u64>) {
+        for node in nodes {
+            match node {
+                Node::Bundle(b) => {
+                    for p in b.preds.iter().filter(|p| usize::from(p.level) == level) {
+                        let v = u64::from(p.value);
+                        out.push(v);
+                        if matches!(p.cmp, isa::looped::Cmp::Eq | isa::looped::Cmp::Ne) {
+                            out.push(v + 1);
+                        }
+                    }
+                }
+                Node::Loop(l) => cuts(&l.body, level, out),
             }
-            Node::Loop(l) => l.step.is_some() || uses(&l.body, level),
-        })
+        }
     }
-    fn inner(nodes: &[Node], level: usize) -> bool {
-        nodes.iter().all(|n| match n {
-            Node::Bundle(_) => true,
-            Node::Loop(l) => l.step.is_none() && eligible(&l.body, level + 1),
-        })
+    let mut at = Vec::new();
+    cuts(nodes, level, &mut at);
+    at.retain(|&x| x > 0 && x < n);
+    at.sort_unstable();
+    at.dedup();
+    let mut out = Vec::with_capacity(at.len() + 1);
+    let mut from = 0;
+    for x in at.into_iter().chain([n]) {
+        out.push((from, x));
+        from = x;
     }
-    !uses(nodes, level) && inner(nodes, level)
+    out
 }
 
 /// Why `programs` and `m` are outside this proof, if they are.
@@ -977,6 +1237,7 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
         rows,
         tokens,
         deadline: std::time::Instant::now() + MAX_TIME,
+        hint: None,
     };
     for (t, name) in ["q", "k", "v"].iter().enumerate() {
         let lay = layout(name)?;
@@ -1000,11 +1261,10 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
             .map_err(|_| "input layout".to_string())?;
         e.facts.push(Some(f));
     }
-    let mut env = Vec::new();
-    match e.body(&programs[0].body, &mut env) {
-        Ok(()) => {}
-        Err(Fail::Retry(why)) | Err(Fail::Decline(why)) => return Err(why),
-    }
+    let why = |f: Fail| match f {
+        Fail::Retry(why) | Fail::Decline(why) => why,
+    };
+    e.body(&programs[0].body, &mut Vec::new()).map_err(why)?;
     let scale = l.scale as f32;
     let safe = l.softmax == "safe";
     let y = layout("y")?;
@@ -1017,22 +1277,37 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
                 i64::from(y.base) + h * i64::from(y.head_stride) + r * i64::from(y.row_stride),
             )
             .add_term(c, 1);
-            let (found, computed) = match e.read(&addr) {
-                Ok(x) => x,
-                Err(Fail::Retry(why)) | Err(Fail::Decline(why)) => return Err(why),
+            // All columns at once, or, where the row's words are pieces of several writes,
+            // column by column.
+            let cols: Vec<(Aff, Aff)> = match e.read(&addr) {
+                Ok(_) => vec![(addr.clone(), e.pin(Aff::var(c)))],
+                Err(Fail::Retry(_)) => (0..dim)
+                    .map(|k| (addr.subst(c, &Aff::cst(k)), Aff::cst(k)))
+                    .collect(),
+                Err(f) => return Err(why(f)),
             };
-            let cv = e.pin(Aff::var(c));
-            let want = spec(&mut e, h, r, cv, (tokens, dim), scale, safe);
-            if !computed || e.tm.norm(found) != want {
+            let mut differs = None;
+            for (at, cv) in cols {
+                let (found, computed) = e.read(&at).map_err(why)?;
+                let want = spec(&mut e, h, r, cv, (tokens, dim), scale, safe);
+                let found = e.tm.norm(found);
+                if differs.is_none() && (!computed || found != want) {
+                    differs = Some(if computed {
+                        format!(
+                            "found {}, expected {}",
+                            e.tm.show(found, 4),
+                            e.tm.show(want, 4)
+                        )
+                    } else {
+                        "not written by the programs".into()
+                    });
+                }
+            }
+            if let Some(how) = differs {
                 wrong_count += 1;
                 if wrong.len() < 5 {
                     wrong.push(format!(
-                        "y[{h}][{r}][c] on PE 0 is not the specification{}",
-                        if computed {
-                            ""
-                        } else {
-                            " (not written by the programs)"
-                        }
+                        "y[{h}][{r}][c] on PE 0 is not the specification: {how}"
                     ));
                 }
             }
@@ -1071,4 +1346,62 @@ fn spec(e: &mut Eval, h: i64, r: i64, c: Aff, (n, d): (i64, i64), scale: f32, sa
     let term = e.tm.mul(ex, v, true);
     let y = e.tm.range(true, j, 0, n, term);
     e.tm.div(y, l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isa::looped::Cmp;
+
+    fn body(src: &str) -> Vec<Node> {
+        let text = format!(".format 3\n.pe 0\n.pes 1\n.mem 64\n{src}");
+        isa::looped_text::parse_looped(&text)
+            .unwrap_or_else(|e| panic!("{e:?}"))
+            .body
+    }
+
+    #[test]
+    fn predicates_decide_over_a_range_or_leave_it_open() {
+        assert_eq!(holds_over(Cmp::Lt, 5, 0, 4), Some(true));
+        assert_eq!(holds_over(Cmp::Lt, 5, 5, 9), Some(false));
+        assert_eq!(holds_over(Cmp::Lt, 5, 4, 5), None);
+        assert_eq!(holds_over(Cmp::Ge, 5, 5, 9), Some(true));
+        assert_eq!(holds_over(Cmp::Ge, 5, 0, 4), Some(false));
+        assert_eq!(holds_over(Cmp::Eq, 3, 3, 3), Some(true));
+        assert_eq!(holds_over(Cmp::Eq, 3, 0, 2), Some(false));
+        assert_eq!(holds_over(Cmp::Eq, 3, 0, 3), None);
+        assert_eq!(holds_over(Cmp::Ne, 3, 4, 9), Some(true));
+        assert_eq!(holds_over(Cmp::Ne, 3, 3, 3), Some(false));
+        assert_eq!(holds_over(Cmp::Ne, 3, 2, 4), None);
+    }
+
+    #[test]
+    fn a_loop_is_cut_where_its_predicates_change() {
+        // Predicates on the row loop (level 0), also inside an inner loop; one on level 1
+        // does not cut level 0.
+        let b = body(
+            "loop 64 {\n  loop 4 {\n    mul m[0 + 1*i1], m[4 + 1*i1] -> m8 | nop | send m[0 + 1*i1] -> m[0 + 1*i1] if i0 == 63 && i1 < 2\n  }\n  mul m0, m1 -> m9 if i0 < 10\n}\n",
+        );
+        let Node::Loop(l) = &b[0] else { panic!() };
+        assert_eq!(pieces(&l.body, 0, 64), vec![(0, 10), (10, 63), (63, 64)]);
+        let Node::Loop(inner) = &l.body[0] else {
+            panic!()
+        };
+        assert_eq!(pieces(&inner.body, 1, 4), vec![(0, 2), (2, 4)]);
+        assert!(splittable(&l.body, 0));
+    }
+
+    #[test]
+    fn wrapped_terms_and_count_steps_keep_a_loop_concrete() {
+        let b = body("loop 4 {\n  mul m[0 + 2*(i0 % 2)], m1 -> m9\n}\n");
+        let Node::Loop(l) = &b[0] else { panic!() };
+        assert!(!splittable(&l.body, 0));
+        let b = body("loop 4 {\n  loop 1 + i0 {\n    mul m[0 + 1*i1], m1 -> m9\n  }\n}\n");
+        let Node::Loop(l) = &b[0] else { panic!() };
+        assert!(!splittable(&l.body, 0));
+        let Node::Loop(inner) = &l.body[0] else {
+            panic!()
+        };
+        assert!(splittable(&inner.body, 1));
+    }
 }

@@ -16,6 +16,12 @@ use crate::expr::FxMap as HashMap;
 
 pub type Id = u32;
 
+/// The variable a seeded range is built over before `range` renames it (never a loop's).
+const SEED: Var = u32::MAX - 1;
+
+/// Candidate bodies [`Terms::seed`] tries in one proof.
+const MAX_SEED_TRIES: u32 = 20_000;
+
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub enum T {
     /// `tensor[head][row][col]`; tensor 0 = q, 1 = k, 2 = v.
@@ -42,11 +48,62 @@ pub struct Terms {
     depth: Vec<u32>,
     /// Whether a `Carry` occurs inside.
     carries: Vec<bool>,
+    /// Inside [`Terms::seed`]: the terms it builds to compare are not seeded themselves (that
+    /// would nest attempts without bound).
+    seeding: bool,
+    /// Candidate bodies tried so far: seeding only merges (it never changes what a term
+    /// means), so past a budget it stops, and terms it would have merged stay apart.
+    seed_tries: u32,
 }
 
 impl Terms {
     pub fn node(&self, id: Id) -> &T {
         &self.nodes[id as usize]
+    }
+
+    /// `x` as text, `depth` levels deep (for messages).
+    pub fn show(&self, x: Id, depth: u32) -> String {
+        if depth == 0 {
+            return "…".into();
+        }
+        let aff = |a: &Aff| {
+            let mut s = a.c.to_string();
+            for &(v, k) in &a.t {
+                s += &format!("{k:+}·v{v}");
+            }
+            s
+        };
+        let d = depth - 1;
+        match self.node(x) {
+            T::Atom(t, h, r, c) => format!(
+                "{}[{}][{}][{}]",
+                ["q", "k", "v"].get(*t as usize).unwrap_or(&"?"),
+                aff(h),
+                aff(r),
+                aff(c)
+            ),
+            T::Mul(a, b) => format!("({}·{})", self.show(*a, d), self.show(*b, d)),
+            T::Div(a, b) => format!("({} / {})", self.show(*a, d), self.show(*b, d)),
+            T::Exp(a, _) => format!("exp({})", self.show(*a, d)),
+            T::Expd(a, b, _) => format!("exp({} − {})", self.show(*a, d), self.show(*b, d)),
+            T::Max(xs) => format!(
+                "max({})",
+                xs.iter()
+                    .map(|&y| self.show(y, d))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            T::Sum(xs) => format!(
+                "Σ({})",
+                xs.iter()
+                    .map(|&y| self.show(y, d))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            T::RSum(b, lo, hi, body) => format!("Σ_{{v{b}∈[{lo},{hi})}}{}", self.show(*body, d)),
+            T::RMax(b, lo, hi, body) => format!("max_{{v{b}∈[{lo},{hi})}}{}", self.show(*body, d)),
+            T::Carry(l, a) => format!("carry{l}@{a}"),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -235,8 +292,210 @@ impl Terms {
         self.collect(true, all)
     }
 
+    /// `x` with every atom index at `pos` (0 head, 1 row, 2 column) that is the constant
+    /// `val` replaced by `val + b`.
+    fn shift_index(&mut self, x: Id, pos: usize, val: i64, b: Var) -> Id {
+        let mut memo = HashMap::default();
+        self.shift_in(x, pos, val, b, &mut memo)
+    }
+
+    fn shift_in(&mut self, x: Id, pos: usize, val: i64, b: Var, memo: &mut HashMap<Id, Id>) -> Id {
+        if let Some(&y) = memo.get(&x) {
+            return y;
+        }
+        let mut go = |tm: &mut Self, y: Id| tm.shift_in(y, pos, val, b, memo);
+        let y = match self.node(x).clone() {
+            T::Atom(t, h, r, c) => {
+                let mut ix = [h, r, c];
+                if ix[pos].as_const() == Some(val) {
+                    ix[pos] = Aff::var(b).add_const(val);
+                    let [h, r, c] = ix;
+                    self.atom(t, h, r, c)
+                } else {
+                    x
+                }
+            }
+            T::Carry(..) => x,
+            T::Mul(a, c) => {
+                let (a, c) = (go(self, a), go(self, c));
+                self.pair(a, c)
+            }
+            T::Div(a, c) => {
+                let (a, c) = (go(self, a), go(self, c));
+                self.div(a, c)
+            }
+            T::Expd(a, c, sc) => {
+                let (a, c) = (go(self, a), go(self, c));
+                self.intern(T::Expd(a, c, sc))
+            }
+            T::Exp(a, sc) => {
+                let a = go(self, a);
+                self.intern(T::Exp(a, sc))
+            }
+            T::Max(xs) => {
+                let ys: Vec<Id> = xs.iter().map(|&y| go(self, y)).collect();
+                if ys.len() == 1 {
+                    self.intern(T::Max(ys))
+                } else {
+                    self.collect(false, ys)
+                }
+            }
+            T::Sum(xs) => {
+                let ys: Vec<Id> = xs.iter().map(|&y| go(self, y)).collect();
+                self.sum(&ys)
+            }
+            T::RSum(v, lo, hi, body) => {
+                let body = go(self, body);
+                self.range(true, v, lo, hi, body)
+            }
+            T::RMax(v, lo, hi, body) => {
+                let body = go(self, body);
+                self.range(false, v, lo, hi, body)
+            }
+        };
+        memo.insert(x, y);
+        y
+    }
+
+    /// Whether `x` has at most `cap` distinct nodes (those already counted in `seen`).
+    fn small(&self, x: Id, cap: usize, seen: &mut HashMap<Id, ()>) -> bool {
+        if seen.insert(x, ()).is_some() {
+            return true;
+        }
+        if seen.len() > cap {
+            return false;
+        }
+        match self.node(x) {
+            T::Atom(..) | T::Carry(..) => true,
+            T::Mul(a, b) | T::Div(a, b) | T::Expd(a, b, _) => {
+                let (a, b) = (*a, *b);
+                self.small(a, cap, seen) && self.small(b, cap, seen)
+            }
+            T::Exp(a, _) => self.small(*a, cap, seen),
+            T::Max(xs) | T::Sum(xs) => xs.clone().iter().all(|&y| self.small(y, cap, seen)),
+            T::RSum(_, _, _, body) | T::RMax(_, _, _, body) => self.small(*body, cap, seen),
+        }
+    }
+
+    /// Constant atom indices inside `x`, `(position, value)`, at most `cap`.
+    fn constants(
+        &self,
+        x: Id,
+        out: &mut Vec<(usize, i64)>,
+        cap: usize,
+        seen: &mut HashMap<Id, ()>,
+    ) {
+        if out.len() >= cap || seen.insert(x, ()).is_some() {
+            return;
+        }
+        match self.node(x) {
+            T::Atom(_, h, r, c) => {
+                for (p, a) in [h, r, c].into_iter().enumerate() {
+                    if let Some(k) = a.as_const() {
+                        if !out.contains(&(p, k)) && out.len() < cap {
+                            out.push((p, k));
+                        }
+                    }
+                }
+            }
+            T::Carry(..) => {}
+            T::Mul(a, b) | T::Div(a, b) | T::Expd(a, b, _) => {
+                let (a, b) = (*a, *b);
+                self.constants(a, out, cap, seen);
+                self.constants(b, out, cap, seen);
+            }
+            T::Exp(a, _) => self.constants(*a, out, cap, seen),
+            T::Max(xs) | T::Sum(xs) => {
+                for &y in xs.clone().iter() {
+                    self.constants(y, out, cap, seen);
+                }
+            }
+            T::RSum(_, _, _, body) | T::RMax(_, _, _, body) => {
+                self.constants(*body, out, cap, seen)
+            }
+        }
+    }
+
+    /// Three terms of `all` that are one body at three consecutive values of an atom index
+    /// (terms written out one by one, e.g. keys of a row iterated one at a time) as one
+    /// range, so that they meet the range the specification builds; `None` if there are none.
+    fn seed(&mut self, add: bool, all: &[Id]) -> Option<(Vec<usize>, Id)> {
+        if self.seeding || self.seed_tries >= MAX_SEED_TRIES {
+            return None;
+        }
+        self.seeding = true;
+        let found = self.seed_in(add, all);
+        self.seeding = false;
+        found
+    }
+
+    fn seed_in(&mut self, add: bool, all: &[Id]) -> Option<(Vec<usize>, Id)> {
+        let plain: Vec<usize> = (0..all.len())
+            .filter(|&i| match self.node(all[i]) {
+                T::RSum(..) => !add,
+                T::RMax(..) => add,
+                _ => true,
+            })
+            .collect();
+        // Few written-out terms only: what rows of a few keys and short loops iterated one by
+        // one leave (a long list of unrelated terms would be tried over and over).
+        if plain.len() < 3 || plain.len() > 12 {
+            return None;
+        }
+        let at: HashMap<Id, usize> = plain.iter().map(|&i| (all[i], i)).collect();
+        for &i in &plain {
+            let x = all[i];
+            // Small terms only: rebuilding a large one per candidate costs more than seeding
+            // saves (canonical rows stay small, their long sums and maxima being ranges).
+            if !self.small(x, 96, &mut HashMap::default()) {
+                continue;
+            }
+            let mut cands = Vec::new();
+            self.constants(x, &mut cands, 8, &mut HashMap::default());
+            for (pos, val) in cands {
+                self.seed_tries += 1;
+                if self.seed_tries > MAX_SEED_TRIES {
+                    return None;
+                }
+                let body = self.shift_index(x, pos, val, SEED);
+                // The body must give back `x` itself at 0, the other two at 1 and 2.
+                if self.subst(body, SEED, &Aff::cst(0)) != x {
+                    continue;
+                }
+                let one = self.subst(body, SEED, &Aff::cst(1));
+
+                let Some(&j) = at.get(&one) else { continue };
+                let two = self.subst(body, SEED, &Aff::cst(2));
+                let Some(&k) = at.get(&two) else { continue };
+                if i == j || j == k || i == k {
+                    continue;
+                }
+                let r = self.range(add, SEED, 0, 3, body);
+                if matches!(
+                    (add, self.node(r)),
+                    (true, T::RSum(..)) | (false, T::RMax(..))
+                ) {
+                    return Some((vec![i, j, k], r));
+                }
+            }
+        }
+        None
+    }
+
     /// The sum (`add`) or maximum of `all`, with ranges merged.
     fn collect(&mut self, add: bool, mut all: Vec<Id>) -> Id {
+        if !add {
+            all.sort_unstable();
+            all.dedup();
+        }
+        while let Some((used, r)) = self.seed(add, &all) {
+            let mut used = used;
+            used.sort_unstable();
+            for &u in used.iter().rev() {
+                all.remove(u);
+            }
+            all.push(r);
+        }
         loop {
             let mut changed = false;
             'outer: for i in 0..all.len() {
@@ -336,6 +595,17 @@ impl Terms {
         } else {
             T::RMax(binder, lo, hi, body)
         };
+        // Two values as the two terms they are: a loop of two iterations and two bundles
+        // written out (a row with two keys) then meet in one form.
+        if hi - lo == 2 {
+            let a = self.subst(body, binder, &Aff::cst(lo));
+            let b = self.subst(body, binder, &Aff::cst(lo + 1));
+            return if add {
+                self.sum(&[a, b])
+            } else {
+                self.max(a, b)
+            };
+        }
         let id = self.intern(node);
         if !add && hi - lo == 1 {
             let one = self.subst(body, binder, &Aff::cst(lo));
