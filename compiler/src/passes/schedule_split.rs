@@ -67,6 +67,23 @@ const PLAN_FIXED: u64 = 1_000;
 const PLAN_WORK: u64 = 8;
 const MAX_SEARCH: u64 = 20_000;
 const SEARCH_MAX_OPS: u64 = 20_000;
+/// The search's allowance on one causal head whose columns span the ring (the paper's causal
+/// instances and their kin), from [`SEARCH_RING_MIN_OPS`] necessary operations: four times the
+/// above. There the list scheduler's first schedules sit 3–5 % above the lower bound, the gap
+/// shrinks steadily with the search's length (n = m = d = 16: 304 cycles unsearched, 300 after
+/// the usual allowance, 295 after this one; LB 289), and each step costs a whole simulation. The
+/// test grids compile a few such layers (n = m = d = 12 to 16), each some seconds longer.
+const SEARCH_RING_BUDGET: u64 = 4 * SEARCH_BUDGET;
+const SEARCH_RING_PER_OP: u64 = 4 * SEARCH_PER_OP;
+const SEARCH_RING_STEPS: u64 = 4 * MAX_SEARCH;
+const SEARCH_RING_MIN_OPS: u64 = 2_000;
+const SEARCH_RING_MAX_OPS: u64 = 30_000;
+/// From this many necessary operations (n = m = d = 18 on) such layers get three times that
+/// again: their steps cost more and the gap closes more slowly (n = 20: 460 cycles with the usual
+/// allowance, 457 with four times it, 450 with about twelve times; LB 441). No test grid has
+/// such a layer; the price is seconds of compile time per layer (docs/scheduling.md).
+const SEARCH_LONG_RING_OPS: u64 = 6_000;
+const SEARCH_LONG_RING_FACTOR: u64 = 3;
 
 /// Row-order weights tried (see [`Layout::row_weight`]).
 const ROW_WEIGHTS: [(i64, bool); 6] = [
@@ -277,9 +294,34 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
     if let Some(b) = best.as_mut() {
         // The plain runs and retries count against the search's budget, so a layer whose runs
         // are already slow gets no search.
-        if few_tokens && ops <= SEARCH_MAX_OPS {
-            let budget = SEARCH_BUDGET.min(SEARCH_PER_OP * ops);
-            search(p, m, b, budget.saturating_sub(spent));
+        let ring_causal = p.causal && p.heads == 1 && p.dim == m && ops >= SEARCH_RING_MIN_OPS;
+        let max_ops = if ring_causal {
+            SEARCH_RING_MAX_OPS
+        } else {
+            SEARCH_MAX_OPS
+        };
+        if few_tokens && ops <= max_ops {
+            let allowance = if ring_causal {
+                let f = if ops >= SEARCH_LONG_RING_OPS {
+                    SEARCH_LONG_RING_FACTOR
+                } else {
+                    1
+                };
+                Allowance {
+                    budget: (f * SEARCH_RING_BUDGET).min(f * SEARCH_RING_PER_OP * ops),
+                    max_steps: f * SEARCH_RING_STEPS,
+                }
+            } else {
+                Allowance {
+                    budget: SEARCH_BUDGET.min(SEARCH_PER_OP * ops),
+                    max_steps: MAX_SEARCH,
+                }
+            };
+            let allowance = Allowance {
+                budget: allowance.budget.saturating_sub(spent),
+                ..allowance
+            };
+            search(p, m, b, allowance);
         }
     }
     match best {
@@ -300,6 +342,12 @@ fn emittable(s: &RingSchedule) -> bool {
         && crate::passes::codegen::run(s, crate::passes::codegen::Packing::Tight).is_ok()
 }
 
+/// How long the local search may go: work units and steps.
+struct Allowance {
+    budget: u64,
+    max_steps: u64,
+}
+
 /// The shortest schedule so far and what made it.
 struct Best {
     run: Run,
@@ -311,7 +359,7 @@ struct Best {
 /// keep the change when the schedule is no longer, and among equally long ones when its PEs
 /// finish no later in total. Plateaus are walked, not just descended: the cycle count alone
 /// rarely moves with one change.
-fn search(p: &Problem, m: u32, best: &mut Best, budget: u64) {
+fn search(p: &Problem, m: u32, best: &mut Best, allowance: Allowance) {
     // No program is shorter than the layer's bound (the operations spread evenly, the critical
     // path, the links; docs/scheduling.md): stop there.
     let floor = p
@@ -326,7 +374,8 @@ fn search(p: &Problem, m: u32, best: &mut Best, budget: u64) {
     let bumps = cur.bump.len() as i64;
     let mut spent = 0u64;
     let mut steps = 0u64;
-    while spent < budget && steps < MAX_SEARCH && best.run.schedule.cycles() as u64 > floor {
+    let Allowance { budget, max_steps } = allowance;
+    while spent < budget && steps < max_steps && best.run.schedule.cycles() as u64 > floor {
         steps += 1;
         let mut t = cur.replaying();
         if t.prio.len() < tasks as usize {
@@ -1353,13 +1402,25 @@ impl Sim<'_> {
             q.sort_by_key(|&i| (std::cmp::Reverse(self.tasks[i].prio), i));
         }
         let mut left: usize = self.tasks.len();
+        // Per PE, the operations still to run: its tasks but the first term of each maximum
+        // chain that starts on it (absorbed, no operation).
+        let mut ops_left: Vec<usize> = queue.iter().map(Vec::len).collect();
+        for c in self.chains.iter().filter(|c| c.kind == ChainKind::Max) {
+            if let Some((pe, _)) = c.segs.first().filter(|s| !s.1.is_empty()) {
+                ops_left[*pe as usize] = ops_left[*pe as usize].saturating_sub(1);
+            }
+        }
         // Per PE, the first cycle its task list needs looking at again.
         let mut wake: Vec<usize> = vec![0; m];
         let mut t = 0usize;
         let mut idle = 0usize;
         while left > 0 || links.iter().any(|l| !l.words.is_empty()) {
-            // Work left for cycle `t` means at least `t + 1` cycles.
-            if t >= limit {
+            // Work left for cycle `t` means at least `t + 1` cycles, and a PE with `k`
+            // operations to go needs `t + k`: a run that cannot finish within `limit` is
+            // abandoned as soon as that is sure. It returns what the run would have returned, in
+            // fewer steps, so the search's budget pays for a few more runs (about 9 % on
+            // n = m = d = 20 causal, whose runs mostly fall behind only near their end).
+            if t >= limit || ops_left.iter().any(|&k| t.saturating_add(k) > limit) {
                 return Ok(None);
             }
             let mut progressed = false;
@@ -1385,6 +1446,7 @@ impl Sim<'_> {
                                 continue;
                             }
                             self.execute(b, i, t, pe, &mut state, &mut avail[pe], &mut links[pe]);
+                            ops_left[pe] = ops_left[pe].saturating_sub(1);
                             last_op[pe] = t;
                             wake[pe] = t + 1;
                             break;
