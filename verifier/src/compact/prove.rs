@@ -443,19 +443,9 @@ impl Eval {
             }
             Err(e.never_zero(&addr.minus(&words), None))
         };
-        let mut sol = vec![Aff::cst(0); f.dims.len()];
-        for &(v, k) in &d.t {
-            let Some(i) = f.dims.iter().position(|&(_, s, _)| k % s == 0) else {
-                return undecided(self);
-            };
-            sol[i] = sol[i].clone().add_term(v, k / f.dims[i].1);
-        }
-        let mut c = d.c;
-        for (i, &(_, s, _)) in f.dims.iter().enumerate() {
-            let q = c.div_euclid(s);
-            sol[i] = sol[i].clone().add_const(q);
-            c -= q * s;
-        }
+        let Some((sol, c)) = coords(f, &d) else {
+            return undecided(self);
+        };
         if c != 0 {
             return undecided(self);
         }
@@ -473,17 +463,7 @@ impl Eval {
     /// reads each side from one piece of `f`.
     pub(super) fn cut(&self, f: &Fact, addr: &Aff) -> Option<(Var, i64)> {
         let d = addr.minus(&f.base);
-        let mut sol = vec![Aff::cst(0); f.dims.len()];
-        for &(v, k) in &d.t {
-            let i = f.dims.iter().position(|&(_, s, _)| k % s == 0)?;
-            sol[i] = sol[i].clone().add_term(v, k / f.dims[i].1);
-        }
-        let mut c = d.c;
-        for (i, &(_, s, _)) in f.dims.iter().enumerate() {
-            let q = c.div_euclid(s);
-            sol[i] = sol[i].clone().add_const(q);
-            c -= q * s;
-        }
+        let (sol, _) = coords(f, &d)?;
         for (x, &(_, _, n)) in sol.iter().zip(&f.dims) {
             let vars: Vec<(Var, i64)> =
                 x.t.iter()
@@ -1348,6 +1328,23 @@ fn spec(e: &mut Eval, h: i64, r: i64, c: Aff, (n, d): (i64, i64), scale: f32, sa
     e.tm.div(y, l)
 }
 
+/// The coordinates in `f` of the offset `d` from its base, term by term on the dimension whose
+/// stride divides each coefficient, and the constant left over (0 when `d` lands on an element).
+fn coords(f: &Fact, d: &Aff) -> Option<(Vec<Aff>, i64)> {
+    let mut sol = vec![Aff::cst(0); f.dims.len()];
+    for &(v, k) in &d.t {
+        let i = f.dims.iter().position(|&(_, s, _)| k % s == 0)?;
+        sol[i] = sol[i].clone().add_term(v, k / f.dims[i].1);
+    }
+    let mut c = d.c;
+    for (i, &(_, s, _)) in f.dims.iter().enumerate() {
+        let q = c.div_euclid(s);
+        sol[i] = sol[i].clone().add_const(q);
+        c -= q * s;
+    }
+    Some((sol, c))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1382,10 +1379,12 @@ mod tests {
         let b = body(
             "loop 64 {\n  loop 4 {\n    mul m[0 + 1*i1], m[4 + 1*i1] -> m8 | nop | send m[0 + 1*i1] -> m[0 + 1*i1] if i0 == 63 && i1 < 2\n  }\n  mul m0, m1 -> m9 if i0 < 10\n}\n",
         );
-        let Node::Loop(l) = &b[0] else { panic!() };
+        let Node::Loop(l) = &b[0] else {
+            panic!("the body is one loop")
+        };
         assert_eq!(pieces(&l.body, 0, 64), vec![(0, 10), (10, 63), (63, 64)]);
         let Node::Loop(inner) = &l.body[0] else {
-            panic!()
+            panic!("the loop's body starts with a loop")
         };
         assert_eq!(pieces(&inner.body, 1, 4), vec![(0, 2), (2, 4)]);
         assert!(splittable(&l.body, 0));
@@ -1394,13 +1393,17 @@ mod tests {
     #[test]
     fn wrapped_terms_and_count_steps_keep_a_loop_concrete() {
         let b = body("loop 4 {\n  mul m[0 + 2*(i0 % 2)], m1 -> m9\n}\n");
-        let Node::Loop(l) = &b[0] else { panic!() };
+        let Node::Loop(l) = &b[0] else {
+            panic!("the body is one loop")
+        };
         assert!(!splittable(&l.body, 0));
         let b = body("loop 4 {\n  loop 1 + i0 {\n    mul m[0 + 1*i1], m1 -> m9\n  }\n}\n");
-        let Node::Loop(l) = &b[0] else { panic!() };
+        let Node::Loop(l) = &b[0] else {
+            panic!("the body is one loop")
+        };
         assert!(!splittable(&l.body, 0));
         let Node::Loop(inner) = &l.body[0] else {
-            panic!()
+            panic!("the loop's body starts with a loop")
         };
         assert!(splittable(&inner.body, 1));
     }
