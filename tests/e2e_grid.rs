@@ -242,7 +242,12 @@ fn multi_head_interleaving_never_costs_more_and_sometimes_less() {
 /// baseline need the ring to divide tokens and dim, the symmetric one `qkv = shared` without a
 /// mask, the causal one `mask = causal`; the row dataflow takes any shape, the wide one any
 /// `qkv = shared` layer without a mask.
-fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: bool) -> bool {
+fn forced_applies(
+    choice: Choice,
+    (n, d, m, heads): (u32, u32, u32, u32),
+    shared: bool,
+    causal: bool,
+) -> bool {
     let divides = n.is_multiple_of(m) && d.is_multiple_of(m);
     match choice {
         Choice::Named("rows") | Choice::Named("split") | Choice::Auto => true,
@@ -250,6 +255,8 @@ fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: 
         Choice::Named("symmetric") => shared && !causal && divides,
         Choice::Named("causal") => causal && divides,
         Choice::Named("wide") => shared && !causal,
+        // A lane of q/k columns, softmax and v columns per head.
+        Choice::Named("cols") => m >= 3 * heads,
         Choice::Named(other) => panic!("no documented requirements for scheduler `{other}`"),
         // Loop programs; tested by tests/stream.rs.
         Choice::Stream => panic!("the stream schedule is not part of this grid"),
@@ -271,6 +278,7 @@ fn every_scheduler_forced_where_it_applies() {
         (Choice::Named("rows"), "schedule-rows"),
         (Choice::Named("split"), "schedule-split"),
         (Choice::Named("wide"), "schedule-wide"),
+        (Choice::Named("cols"), "schedule-cols"),
     ];
     // A scheduler added to the registry must be added here too, with its requirements.
     let registered: Vec<&str> = compiler::scheduler::SCHEDULERS
@@ -283,7 +291,7 @@ fn every_scheduler_forced_where_it_applies() {
             "{pass} is not forced by this grid"
         );
     }
-    let mut used = [0u32; 6];
+    let mut used = [0u32; 7];
     for n in 1..=8u32 {
         let mut dims = vec![1, 2, 4, n];
         dims.sort_unstable();
@@ -308,7 +316,7 @@ fn every_scheduler_forced_where_it_applies() {
                                     reroll: false,
                                 };
                                 let result = compiler::compile(&layer, &opts);
-                                if !forced_applies(choice, n, d, m, shared, causal) {
+                                if !forced_applies(choice, (n, d, m, heads), shared, causal) {
                                     assert!(
                                         matches!(result, Err(compiler::CompileError::Refused(_))),
                                         "{what}: {pass} forced should be refused"
@@ -345,7 +353,7 @@ fn every_scheduler_forced_where_it_applies() {
     // Every scheduler ran on a good part of the grid (the counts follow from the grid alone).
     assert_eq!(
         used,
-        [384, 96, 192, 1328, 1328, 332],
+        [384, 96, 192, 1328, 1328, 332, 592],
         "programs per scheduler"
     );
 }

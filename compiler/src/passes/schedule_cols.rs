@@ -33,8 +33,9 @@ pub const DESCRIPTION: &str =
 /// fewer than [`AUTO_TOKENS_PER_PE`] tokens per PE.
 const AUTO_OPS: u64 = 300_000;
 const AUTO_TOKENS_PER_PE: u64 = 4;
-/// Layouts simulated per layer (the best by the estimate in [`candidates`]).
-const TRIED: usize = 4;
+/// Above this many necessary operations each kind of lane is simulated once (see
+/// [`candidates`]).
+const LARGE_OPS: u64 = 30_000;
 
 /// The registry's handle on this pass.
 pub struct Cols;
@@ -86,11 +87,56 @@ impl Scheduler for Cols {
     }
 }
 
-/// Layouts `(row groups, lane)` worth simulating, best first by a rough estimate: the busiest
-/// part's work, or the words a link must carry when row groups share k and v rows (or x rows
-/// travel from the q/k part to the v part), plus the hops and chains a row waits through.
+/// Layouts `(row groups, lane)` worth simulating. Each kind of lane — v columns apart or on the
+/// q/k PEs, one row group or several — gets the part lengths a rough estimate likes best: the
+/// busiest part's work, or the words its busiest link forwards, plus the hops and chains a row
+/// waits through. Its softmax PEs are then tried at that count and at a half and a quarter of
+/// it: rows finish one after another, so a softmax PE's rows overlap the column parts' work
+/// more than the estimate assumes, and each softmax PE adds a hop to every weight. Several row
+/// groups are tried only where their estimate beats one group's.
 pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let large = p.necessary_ops() > LARGE_OPS;
+    let mut best: Vec<(u64, u32, Apart)> = Vec::new();
+    for groups in [1u32, 2, 4] {
+        for wrap in [true, false] {
+            if wrap && groups > 1 {
+                continue;
+            }
+            if let Some((est, lane)) = best_lane(p, pes, groups, wrap) {
+                best.push((est, groups, lane));
+            }
+        }
+    }
+    let one_group = best
+        .iter()
+        .filter(|b| b.1 == 1)
+        .map(|b| b.0)
+        .min()
+        .unwrap_or(u64::MAX);
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    for (est, groups, lane) in best {
+        if groups > 1 && est >= one_group {
+            continue;
+        }
+        let ladder: &[u32] = if large { &[1] } else { &[1, 2, 4] };
+        for &k in ladder {
+            let soft = (lane.soft / k).max(1);
+            let c = (groups, Apart { soft, ..lane });
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// The lane of `groups` row groups per head (v columns on the q/k PEs when `wrap`) with the
+/// lowest estimate, and that estimate; `None` when no lane fits.
+fn best_lane(p: &Problem, pes: u32, groups: u32, wrap: bool) -> Option<(u64, Apart)> {
     let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
+    if groups > p.tokens {
+        return None;
+    }
     let weights = if p.causal { n * (n + 1) / 2 } else { n * n };
     // Distinct scores per head: q = k without a mask computes each pair once.
     let scores = if p.symmetric && !p.causal {
@@ -98,48 +144,51 @@ pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     } else {
         weights
     };
+    let lanes = p.heads * groups;
+    let per = u64::from(pes / lanes.max(1));
+    let g = u64::from(groups);
+    let rows = n.div_ceil(g);
+    // Words the busiest link forwards: with several groups the k and v rows (preloaded in the
+    // first) cross every link up to the last; with q = k = v and v columns apart the x rows
+    // cross from the q/k part to the v part; with v on the q/k PEs every head's weights go
+    // round the whole ring.
+    let link = if wrap {
+        weights * u64::from(lanes)
+    } else {
+        let replicated = if groups > 1 { 2 * n * d } else { 0 };
+        let shared_x = if p.shared_values { n * d } else { 0 };
+        replicated.max(shared_x)
+    };
     // Column counts per PE worth trying: each gives the fewest PEs holding that many.
     let mut widths: Vec<u64> = (1..=d).map(|c| d.div_ceil(c)).collect();
     widths.dedup();
-    let mut out: Vec<(u64, (u32, Apart))> = Vec::new();
-    for groups in [1u32, 2, 4] {
-        if groups > p.tokens {
-            break;
-        }
-        let lanes = p.heads * groups;
-        let per = u64::from(pes / lanes.max(1));
-        if per < 3 {
-            break;
-        }
-        let g = u64::from(groups);
-        let rows = n.div_ceil(g);
-        // Words every link of the busiest stretch forwards: k and v rows to the other groups,
-        // x rows from the q/k part to the v part.
-        let replicated = 2 * n * d * (g - 1) / g;
-        let shared_x = if p.shared_values { n * d } else { 0 };
-        let link = replicated.max(shared_x);
-        for soft in 1..=rows.min(8) {
-            for &r1 in &widths {
-                for &r3 in &widths {
-                    if r1 + soft + r3 > per {
-                        continue;
-                    }
-                    let work1 = scores.div_ceil(g) * d.div_ceil(r1);
-                    let work3 = weights.div_ceil(g) * d.div_ceil(r3);
-                    // Maximum, exponential and division per weight of the rows a PE takes.
-                    let work2 = rows.div_ceil(soft) * 3 * n;
-                    let busiest = work1.max(work3).max(work2).max(link);
-                    let waits = d + 2 * soft + r3 + 4 * n;
-                    let lane = Apart {
-                        r1: r1 as u32,
-                        soft: soft as u32,
-                        r3: r3 as u32,
-                    };
-                    out.push((busiest + waits, (groups, lane)));
+    let r3s: Vec<u64> = if wrap { vec![0] } else { widths.clone() };
+    let mut best: Option<(u64, Apart)> = None;
+    for soft in 1..=rows {
+        // Maximum, exponential and division per weight of the rows a softmax PE takes.
+        let work2 = rows.div_ceil(soft) * 3 * n;
+        for &r1 in &widths {
+            for &r3 in &r3s {
+                if r1 + soft + r3 > per {
+                    continue;
+                }
+                let work1 = scores.div_ceil(g) * d.div_ceil(r1);
+                let (work, hops) = if wrap {
+                    (work1 + weights * d.div_ceil(r1), u64::from(pes) - r1 - soft)
+                } else {
+                    (work1.max(weights.div_ceil(g) * d.div_ceil(r3)), r3)
+                };
+                let est = work.max(link).max(work2) + d + 2 * soft + hops + 4 * n;
+                let lane = Apart {
+                    r1: r1 as u32,
+                    soft: soft as u32,
+                    r3: r3 as u32,
+                };
+                if best.is_none_or(|(e, _)| est < e) {
+                    best = Some((est, lane));
                 }
             }
         }
     }
-    out.sort_by_key(|&(est, (g, a))| (est, g, a.len()));
-    out.into_iter().map(|(_, c)| c).take(TRIED).collect()
+    best
 }

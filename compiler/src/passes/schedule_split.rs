@@ -141,7 +141,9 @@ struct Layout {
 /// sums travel through them), then `soft` PEs taking the rows' softmax in turn, then `r3` PEs
 /// holding the v columns and accumulating the outputs. Nothing but words in flight crosses
 /// from one part to the next, and no input is needed by two lanes of one head unless its rows
-/// are cut into groups.
+/// are cut into groups. `r3 = 0` puts the v columns on the q/k PEs instead: the weights then
+/// travel on round the ring to them, which costs hops but moves no input word (with
+/// q = k = v, the x rows would otherwise cross from the first part to the last).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Apart {
     pub(crate) r1: u32,
@@ -237,10 +239,12 @@ pub(crate) fn run_apart(
     let m = pes.max(1);
     let few_tokens = p.tokens < 2 * m;
     let large = p.necessary_ops() > LARGE_OPS;
-    let variants = if few_tokens && !large {
-        &ROW_WEIGHTS[..2]
+    // Rows that finish one after another let a row's phase 3 run while later rows are still in
+    // phase 1, the parts of a lane being separate PEs: a strong row order is tried first.
+    let variants: &[(i64, bool)] = if few_tokens && !large {
+        &[(64, false), (4, false), (0, false)]
     } else {
-        &ROW_WEIGHTS[..1]
+        &[(64, false)]
     };
     let bases: Vec<Layout> = parts
         .iter()
@@ -677,6 +681,9 @@ impl Geometry {
     /// PE of phase-3 column `c` for rows of `lane` (the next lane when there are several).
     fn p3(&self, lane: u32, c: u32) -> u32 {
         if let Some(a) = self.apart {
+            if a.r3 == 0 {
+                return self.p1(lane, c);
+            }
             let off = (u64::from(c) * u64::from(a.r3)) / u64::from(self.d.max(1));
             return (self.start(lane) + a.r1 + a.soft + off as u32) % self.m;
         }
@@ -937,7 +944,13 @@ fn build(
                     b.bug(NAME, "a score with no chain");
                     continue;
                 };
-                let pe = phase2.get(&(h, a, c)).map_or(land, |x| x.0);
+                // In the cols dataflow a row's softmax is all on its own softmax PE: a score
+                // computed once for two rows (q = k) goes on from the last column PE to both.
+                let pe = if g.apart.is_some() {
+                    g.land(g.lane(h, a), lane_row[(h * n + a) as usize])
+                } else {
+                    phase2.get(&(h, a, c)).map_or(land, |x| x.0)
+                };
                 match by_pe.iter_mut().find(|(q, _)| *q == pe) {
                     Some((_, cs)) => cs.push(c),
                     None => by_pe.push((pe, vec![c])),
