@@ -575,10 +575,8 @@ impl Geometry {
         } else {
             (m / lanes).clamp(1, p.dim + soft_wanted)
         };
-        // At least one PE of the lane holds columns.
-        let soft = if layout.apart.is_some() {
-            soft_wanted
-        } else if soft_wanted > 1 && r > soft_wanted {
+        // At least one PE of the lane holds columns (the cols lanes count theirs apart).
+        let soft = if layout.apart.is_some() || (soft_wanted > 1 && r > soft_wanted) {
             soft_wanted
         } else {
             1
