@@ -257,8 +257,13 @@ fn multi_head_interleaving_never_costs_more_and_sometimes_less() {
 /// documented requirements rather than asked of the compiler: the pair schedules and the
 /// baseline need the ring to divide tokens and dim, the symmetric one `qkv = shared` without a
 /// mask, the causal one `mask = causal`; the row dataflow takes any shape, the wide one any
-/// `qkv = shared` layer without a mask.
-fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: bool) -> bool {
+/// `qkv = shared` layer without a mask, the column one three PEs per head.
+fn forced_applies(
+    choice: Choice,
+    (n, d, m, heads): (u32, u32, u32, u32),
+    shared: bool,
+    causal: bool,
+) -> bool {
     let divides = n.is_multiple_of(m) && d.is_multiple_of(m);
     match choice {
         Choice::Named("rows") | Choice::Named("split") | Choice::Auto => true,
@@ -266,6 +271,8 @@ fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: 
         Choice::Named("symmetric") => shared && !causal && divides,
         Choice::Named("causal") => causal && divides,
         Choice::Named("wide") => shared && !causal,
+        // A lane of q/k columns, softmax and v columns per head.
+        Choice::Named("cols") => m >= 3 * heads,
         Choice::Named(other) => panic!("no documented requirements for scheduler `{other}`"),
         // Loop programs; tested by tests/stream.rs.
         Choice::Stream => panic!("the stream schedule is not part of this grid"),
@@ -273,13 +280,14 @@ fn forced_applies(choice: Choice, n: u32, d: u32, m: u32, shared: bool, causal: 
 }
 
 /// The schedulers the forced grid runs, in the order of its counts.
-const FORCED: [(Choice, &str); 6] = [
+const FORCED: [(Choice, &str); 7] = [
     (Choice::Named("baseline"), "schedule-baseline"),
     (Choice::Named("symmetric"), "schedule-symmetric"),
     (Choice::Named("causal"), "schedule-causal"),
     (Choice::Named("rows"), "schedule-rows"),
     (Choice::Named("split"), "schedule-split"),
     (Choice::Named("wide"), "schedule-wide"),
+    (Choice::Named("cols"), "schedule-cols"),
 ];
 
 /// The forced grid's layers for `n` tokens: every head dim in {1, 2, 4, n}, ring 1..=n+1, one
@@ -327,7 +335,7 @@ fn forced_grid(n: u32, qkv_shared: bool) {
                 reroll: false,
             };
             let result = compiler::compile(&layer, &opts);
-            if !forced_applies(choice, n, d, m, shared, causal) {
+            if !forced_applies(choice, (n, d, m, heads), shared, causal) {
                 assert!(
                     matches!(result, Err(compiler::CompileError::Refused(_))),
                     "{what}: {pass} forced should be refused"
@@ -369,17 +377,17 @@ fn forced_grid_covers_every_scheduler() {
             "{pass} is not forced by this grid"
         );
     }
-    let mut used = [0u32; 6];
+    let mut used = [0u32; 7];
     for n in 1..=8u32 {
-        for (d, m, _, shared, causal) in forced_grid_layers(n) {
+        for (d, m, heads, shared, causal) in forced_grid_layers(n) {
             for (k, &(choice, _)) in FORCED.iter().enumerate() {
-                used[k] += u32::from(forced_applies(choice, n, d, m, shared, causal));
+                used[k] += u32::from(forced_applies(choice, (n, d, m, heads), shared, causal));
             }
         }
     }
     assert_eq!(
         used,
-        [384, 96, 192, 1328, 1328, 332],
+        [384, 96, 192, 1328, 1328, 332, 592],
         "programs per scheduler"
     );
 }

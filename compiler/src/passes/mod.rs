@@ -6,6 +6,7 @@ pub mod lower;
 pub mod reroll;
 pub mod schedule_baseline;
 pub mod schedule_causal;
+pub mod schedule_cols;
 pub mod schedule_rows;
 pub mod schedule_split;
 pub mod schedule_stream;

@@ -149,6 +149,30 @@ struct Layout {
     /// With q = k and no mask, every row computes its own scores, both halves of each pair
     /// (`schedule-wide`): twice the phase-1 products, but no row waits on another's.
     mirror: bool,
+    /// The cols dataflow's lanes (`schedule-cols`): phase 1, the softmax and phase 3 each on
+    /// PEs of their own.
+    apart: Option<Apart>,
+}
+
+/// One lane of the cols dataflow: `r1` PEs holding the q and k columns (the scores' partial
+/// sums travel through them), then `soft` PEs taking the rows' softmax in turn, then `r3` PEs
+/// holding the v columns and accumulating the outputs. Nothing but words in flight crosses
+/// from one part to the next, and no input is needed by two lanes of one head unless its rows
+/// are cut into groups. `r3 = 0` puts the v columns on the q/k PEs instead: the weights then
+/// travel on round the ring to them, which costs hops but moves no input word (with
+/// q = k = v, the x rows would otherwise cross from the first part to the last).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Apart {
+    pub(crate) r1: u32,
+    pub(crate) soft: u32,
+    pub(crate) r3: u32,
+}
+
+impl Apart {
+    /// PEs of one lane.
+    pub(crate) fn len(&self) -> u32 {
+        self.r1 + self.soft + self.r3
+    }
 }
 
 /// Tries the layouts and, on small layers, perturbed priorities; keeps the shortest.
@@ -163,31 +187,6 @@ pub(crate) fn run_mirrored(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<Sc
 
 fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<ScheduleError>> {
     let m = pes.max(1);
-    let mut best: Option<Best> = None;
-    // Only a schedule that can be emitted is kept (see `emittable`).
-    let keep = |r: Run, layout: Layout, tweaks: Tweaks, best: &mut Option<Best>| {
-        if best
-            .as_ref()
-            .is_none_or(|b| r.schedule.cycles() < b.run.schedule.cycles())
-            && emittable(&r.schedule)
-        {
-            *best = Some(Best {
-                run: r,
-                layout,
-                tweaks,
-            });
-        }
-    };
-    // A run that cannot beat the best so far is abandoned as soon as that is sure.
-    let limit = |best: &Option<Best>| {
-        best.as_ref()
-            .map_or(usize::MAX, |b| b.run.schedule.cycles().saturating_sub(1))
-    };
-    let mut layouts: Vec<(Layout, usize)> = Vec::new();
-    let mut spent = 0u64;
-    // A layout whose plan the pass finds inconsistent is skipped (its errors are reported only if
-    // no layout works), so one bad corner cannot cost a layer its schedule.
-    let mut errors: Vec<ScheduleError> = Vec::new();
     let mut shapes: Vec<(u32, bool, u32)> = candidate_groups(p, m)
         .into_iter()
         .map(|g| (g, false, 1))
@@ -231,27 +230,106 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
         more.extend(softs.into_iter().filter(|&s| s > 1).map(|s| (g, false, s)));
     }
     shapes.extend(more);
+    let bases: Vec<Layout> = shapes
+        .into_iter()
+        .map(|(groups, all_heads_on_ring, soft)| Layout {
+            groups,
+            all_heads_on_ring,
+            row_weight: 0,
+            softmax_first: false,
+            soft,
+            mirror,
+            apart: None,
+        })
+        .collect();
+    explore(p, m, &bases, variants)
+}
+
+/// Lays the layer out on the ring in the cols dataflow's ways (`schedule-cols`): every base
+/// given is one lane per head and row group of phase-1 PEs, softmax PEs and phase-3 PEs apart.
+/// Plain runs, retries and the local search are those of the split dataflow.
+pub(crate) fn run_apart(
+    p: &Problem,
+    pes: u32,
+    parts: &[(u32, Apart)],
+) -> Result<RingSchedule, Vec<ScheduleError>> {
+    let m = pes.max(1);
+    let few_tokens = p.tokens < 2 * m;
+    let large = p.necessary_ops() > LARGE_OPS;
+    // Rows that finish one after another let a row's phase 3 run while later rows are still in
+    // phase 1, the parts of a lane being separate PEs: a strong row order is tried first.
+    let variants: &[(i64, bool)] = if few_tokens && !large {
+        &[(64, false), (4, false), (0, false)]
+    } else {
+        &[(64, false)]
+    };
+    let bases: Vec<Layout> = parts
+        .iter()
+        .map(|&(groups, apart)| Layout {
+            groups,
+            all_heads_on_ring: false,
+            row_weight: 0,
+            softmax_first: false,
+            soft: apart.soft,
+            mirror: false,
+            apart: Some(apart),
+        })
+        .collect();
+    explore(p, m, &bases, variants)
+}
+
+/// Runs every base layout with each priority variant, then perturbed retries and the local
+/// search on the best (small layers), and returns the shortest emittable schedule.
+fn explore(
+    p: &Problem,
+    m: u32,
+    bases: &[Layout],
+    variants: &[(i64, bool)],
+) -> Result<RingSchedule, Vec<ScheduleError>> {
+    let few_tokens = p.tokens < 2 * m;
+    let mut best: Option<Best> = None;
+    // Only a schedule that can be emitted is kept (see `emittable`).
+    let keep = |r: Run, layout: Layout, tweaks: Tweaks, best: &mut Option<Best>| {
+        if best
+            .as_ref()
+            .is_none_or(|b| r.schedule.cycles() < b.run.schedule.cycles())
+            && emittable(&r.schedule)
+        {
+            *best = Some(Best {
+                run: r,
+                layout,
+                tweaks,
+            });
+        }
+    };
+    // A run that cannot beat the best so far is abandoned as soon as that is sure.
+    let limit = |best: &Option<Best>| {
+        best.as_ref()
+            .map_or(usize::MAX, |b| b.run.schedule.cycles().saturating_sub(1))
+    };
+    let mut layouts: Vec<(Layout, usize)> = Vec::new();
+    let mut spent = 0u64;
+    // A layout whose plan the pass finds inconsistent is skipped (its errors are reported only if
+    // no layout works), so one bad corner cannot cost a layer its schedule.
+    let mut errors: Vec<ScheduleError> = Vec::new();
     let ops = p.necessary_ops().max(1);
     let retries = if few_tokens {
         (RETRY_BUDGET / ops).min(MAX_RETRIES)
     } else {
         0
     };
-    for (groups, all_heads_on_ring, soft) in shapes {
+    for &base in bases {
         // Fewer priority variants for the extra softmax PEs: they multiply the runs.
-        let variants = if soft > 1 {
+        let variants = if base.soft > 1 {
             &variants[..variants.len().min(2)]
         } else {
             variants
         };
         for &(row_weight, softmax_first) in variants {
             let layout = Layout {
-                groups,
-                all_heads_on_ring,
                 row_weight,
                 softmax_first,
-                soft,
-                mirror,
+                ..base
             };
             // With retries to come, every plain run finishes: the best few seed them.
             let cap = if retries > 0 {
@@ -523,6 +601,8 @@ struct Geometry {
     ring: bool,
     /// Softmax PEs at the end of each lane (1: the softmax shares the block split as a column).
     soft: u32,
+    /// Phase 1, softmax and phase 3 on separate PEs of each lane (see [`Apart`]).
+    apart: Option<Apart>,
 }
 
 impl Geometry {
@@ -535,15 +615,17 @@ impl Geometry {
         };
         // One lane over the whole ring when the columns cover it; otherwise lanes of at most one
         // PE per column plus the softmax, packed from PE 0 (a longer lane only adds hops).
-        let ring = lanes == 1 && p.dim >= m;
+        let ring = lanes == 1 && p.dim >= m && layout.apart.is_none();
         let soft_wanted = if ring { 1 } else { layout.soft.max(1) };
-        let r = if ring {
+        let r = if let Some(a) = layout.apart {
+            a.len()
+        } else if ring {
             m
         } else {
             (m / lanes).clamp(1, p.dim + soft_wanted)
         };
-        // At least one PE of the lane holds columns.
-        let soft = if soft_wanted > 1 && r > soft_wanted {
+        // At least one PE of the lane holds columns (the cols lanes count theirs apart).
+        let soft = if layout.apart.is_some() || (soft_wanted > 1 && r > soft_wanted) {
             soft_wanted
         } else {
             1
@@ -583,6 +665,7 @@ impl Geometry {
             lane_of,
             ring,
             soft,
+            apart: layout.apart,
         }
     }
 
@@ -596,6 +679,9 @@ impl Geometry {
     /// First PE of `lane`; `lane = lanes` is where the last lane's phase 3 goes: the PEs after
     /// the last lane if the ring has room, else lane 0.
     fn start(&self, lane: u32) -> u32 {
+        if self.apart.is_some() {
+            return ((lane % self.lanes) * self.r) % self.m;
+        }
         if lane == self.lanes && (lane + 1) * self.r <= self.m {
             return lane * self.r;
         }
@@ -613,6 +699,9 @@ impl Geometry {
 
     /// PE offset within a lane of column `c` (`c = d` is the softmax with several lanes).
     fn offset(&self, c: u32) -> u32 {
+        if let Some(a) = self.apart {
+            return ((u64::from(c) * u64::from(a.r1)) / u64::from(self.d.max(1))) as u32;
+        }
         if self.soft > 1 {
             let held = self.r - self.soft;
             return ((u64::from(c) * u64::from(held)) / u64::from(self.d.max(1))) as u32;
@@ -622,6 +711,9 @@ impl Geometry {
 
     /// Where the scores of the lane's `i`-th row land for the softmax, on a lane of its own.
     fn land(&self, lane: u32, i: u32) -> u32 {
+        if let Some(a) = self.apart {
+            return (self.start(lane) + a.r1 + i % a.soft.max(1)) % self.m;
+        }
         if self.soft > 1 {
             return (self.start(lane) + self.r - self.soft + i % self.soft) % self.m;
         }
@@ -635,6 +727,13 @@ impl Geometry {
 
     /// PE of phase-3 column `c` for rows of `lane` (the next lane when there are several).
     fn p3(&self, lane: u32, c: u32) -> u32 {
+        if let Some(a) = self.apart {
+            if a.r3 == 0 {
+                return self.p1(lane, c);
+            }
+            let off = (u64::from(c) * u64::from(a.r3)) / u64::from(self.d.max(1));
+            return (self.start(lane) + a.r1 + a.soft + off as u32) % self.m;
+        }
         let l = if self.ring { lane } else { lane + 1 };
         (self.start(l) + self.offset(c)) % self.m
     }
@@ -892,7 +991,13 @@ fn build(
                     b.bug(NAME, "a score with no chain");
                     continue;
                 };
-                let pe = phase2.get(&(h, a, c)).map_or(land, |x| x.0);
+                // In the cols dataflow a row's softmax is all on its own softmax PE: a score
+                // computed once for two rows (q = k) goes on from the last column PE to both.
+                let pe = if g.apart.is_some() {
+                    g.land(g.lane(h, a), lane_row[(h * n + a) as usize])
+                } else {
+                    phase2.get(&(h, a, c)).map_or(land, |x| x.0)
+                };
                 match by_pe.iter_mut().find(|(q, _)| *q == pe) {
                     Some((_, cs)) => cs.push(c),
                     None => by_pe.push((pe, vec![c])),

@@ -1,0 +1,201 @@
+//! `schedule-cols`: phase 1, the softmax and phase 3 on PEs of their own, for rings much larger
+//! than the sequence.
+//!
+//! The split dataflow's lanes put a head's rows on separate runs of PEs, and every run needs
+//! every k and v row: on a ring of 64 or 256 PEs those words, each preloaded once, cross most
+//! links and the links set the pace. The ring-spanning lane avoids that but sends every weight
+//! round the whole ring. This pass lays each head out as one lane of three parts:
+//!
+//! * `r1` PEs holding the head's q and k columns in contiguous blocks: every score's `d`
+//!   products run through them, its partial sum riding `send acc` from block to block;
+//! * `soft` PEs after them, where the scores land, the rows dealt to them in turn: the row
+//!   maximum, the exponentials with their sum, the divisions;
+//! * `r3` PEs after those holding the v columns: each weight travels forward through them and
+//!   `y[a][c]` accumulates on the PE of column `c`.
+//!
+//! No input word is read by two parts, so nothing but partial sums, scores and weights cross
+//! the links (with q = k = v the x rows are read in both column parts and do travel). Each part
+//! is as long as balances its work against its hops (see [`candidates`]); the list scheduler
+//! and searches of the split dataflow pin and order the tasks, so the cycle count is exact.
+//! `auto` keeps it only where that count is the lowest.
+
+use crate::passes::schedule_split::{self, Apart};
+use crate::passes::select::{Culprit, Refusal};
+use crate::problem::Problem;
+use crate::schedule::{RingSchedule, ScheduleError};
+use crate::scheduler::Scheduler;
+
+pub const NAME: &str = "schedule-cols";
+pub const DESCRIPTION: &str =
+    "cols dataflow: per head, q/k columns, softmax and v columns on separate runs of PEs, list-scheduled";
+
+/// `auto` tries it in the split dataflow's range — up to this many necessary operations, with
+/// fewer than [`AUTO_TOKENS_PER_PE`] tokens per PE — and on larger layers with fewer rows (all
+/// heads) than PEs.
+const AUTO_OPS: u64 = 300_000;
+const AUTO_TOKENS_PER_PE: u64 = 4;
+/// Above this many necessary operations each kind of lane is simulated once (see
+/// [`candidates`]).
+const LARGE_OPS: u64 = 30_000;
+
+/// The registry's handle on this pass.
+pub struct Cols;
+
+impl Scheduler for Cols {
+    fn name(&self) -> &'static str {
+        "cols"
+    }
+    fn pass(&self) -> &'static str {
+        NAME
+    }
+    fn description(&self) -> &'static str {
+        DESCRIPTION
+    }
+    fn title(&self) -> &'static str {
+        "cols (columns, softmax and outputs on separate PEs per head)"
+    }
+    fn refusal(&self, p: &Problem, pes: u32) -> Option<Refusal> {
+        if let Some(r) = schedule_split::Split.refusal(p, pes) {
+            return Some(Refusal {
+                message: r.message.replace("split dataflow", "cols dataflow"),
+                ..r
+            });
+        }
+        (pes < 3 * p.heads).then(|| Refusal {
+            culprit: Culprit::Pes,
+            message: format!(
+                "the cols dataflow needs 3 PEs per head (q/k columns, softmax, v columns): {} for {} heads, {pes} given",
+                3 * p.heads,
+                p.heads
+            ),
+            note: "use a larger `--pes`, or `--schedule split`".into(),
+        })
+    }
+    fn tried_by_auto(&self, p: &Problem, pes: u32) -> bool {
+        // Larger layers too (up to the split dataflow's refusal) while the rows of all heads
+        // are fewer than the PEs: the row dataflow then leaves most of the ring idle, and each
+        // kind of lane is one run (32 tokens, d = 128, 4 heads, causal on 256 PEs: 10928 cycles
+        // before, 2952 with this dataflow, in about 6 s).
+        let rows = u64::from(p.tokens) * u64::from(p.heads);
+        (p.necessary_ops() <= AUTO_OPS && u64::from(p.tokens) < AUTO_TOKENS_PER_PE * u64::from(pes))
+            || rows < u64::from(pes)
+    }
+    fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+        let parts = candidates(p, pes);
+        if parts.is_empty() {
+            return Err(vec![ScheduleError::Internal {
+                pass: NAME,
+                what: format!("no lane of 3 PEs per head fits {pes} PEs"),
+            }]);
+        }
+        let mut s = schedule_split::run_apart(p, pes, &parts)?;
+        s.algorithm = NAME;
+        Ok(s)
+    }
+}
+
+/// Layouts `(row groups, lane)` worth simulating. Each kind of lane — v columns apart or on the
+/// q/k PEs, one row group or several — gets the part lengths a rough estimate likes best: the
+/// busiest part's work, or the words its busiest link forwards, plus the hops and chains a row
+/// waits through. Its softmax PEs are then tried at that count and at a half and a quarter of
+/// it: rows finish one after another, so a softmax PE's rows overlap the column parts' work
+/// more than the estimate assumes, and each softmax PE adds a hop to every weight. Several row
+/// groups are tried only where their estimate beats one group's.
+pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let large = p.necessary_ops() > LARGE_OPS;
+    let mut best: Vec<(u64, u32, Apart)> = Vec::new();
+    for groups in [1u32, 2, 4] {
+        for wrap in [true, false] {
+            if wrap && groups > 1 {
+                continue;
+            }
+            if let Some((est, lane)) = best_lane(p, pes, groups, wrap) {
+                best.push((est, groups, lane));
+            }
+        }
+    }
+    let one_group = best
+        .iter()
+        .filter(|b| b.1 == 1)
+        .map(|b| b.0)
+        .min()
+        .unwrap_or(u64::MAX);
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    for (est, groups, lane) in best {
+        if groups > 1 && est >= one_group {
+            continue;
+        }
+        let ladder: &[u32] = if large { &[1] } else { &[1, 2, 4] };
+        for &k in ladder {
+            let soft = (lane.soft / k).max(1);
+            let c = (groups, Apart { soft, ..lane });
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// The lane of `groups` row groups per head (v columns on the q/k PEs when `wrap`) with the
+/// lowest estimate, and that estimate; `None` when no lane fits.
+fn best_lane(p: &Problem, pes: u32, groups: u32, wrap: bool) -> Option<(u64, Apart)> {
+    let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
+    if groups > p.tokens {
+        return None;
+    }
+    let weights = if p.causal { n * (n + 1) / 2 } else { n * n };
+    // Distinct scores per head: q = k without a mask computes each pair once.
+    let scores = if p.symmetric && !p.causal {
+        n * (n + 1) / 2
+    } else {
+        weights
+    };
+    let lanes = p.heads * groups;
+    let per = u64::from(pes / lanes.max(1));
+    let g = u64::from(groups);
+    let rows = n.div_ceil(g);
+    // Words the busiest link forwards: with several groups the k and v rows (preloaded in the
+    // first) cross every link up to the last; with q = k = v and v columns apart the x rows
+    // cross from the q/k part to the v part; with v on the q/k PEs every head's weights go
+    // round the whole ring.
+    let link = if wrap {
+        weights * u64::from(lanes)
+    } else {
+        let replicated = if groups > 1 { 2 * n * d } else { 0 };
+        let shared_x = if p.shared_values { n * d } else { 0 };
+        replicated.max(shared_x)
+    };
+    // Column counts per PE worth trying: each gives the fewest PEs holding that many.
+    let mut widths: Vec<u64> = (1..=d).map(|c| d.div_ceil(c)).collect();
+    widths.dedup();
+    let r3s: Vec<u64> = if wrap { vec![0] } else { widths.clone() };
+    let mut best: Option<(u64, Apart)> = None;
+    for soft in 1..=rows {
+        // Maximum, exponential and division per weight of the rows a softmax PE takes.
+        let work2 = rows.div_ceil(soft) * 3 * n;
+        for &r1 in &widths {
+            for &r3 in &r3s {
+                if r1 + soft + r3 > per {
+                    continue;
+                }
+                let work1 = scores.div_ceil(g) * d.div_ceil(r1);
+                let (work, hops) = if wrap {
+                    (work1 + weights * d.div_ceil(r1), u64::from(pes) - r1 - soft)
+                } else {
+                    (work1.max(weights.div_ceil(g) * d.div_ceil(r3)), r3)
+                };
+                let est = work.max(link).max(work2) + d + 2 * soft + hops + 4 * n;
+                let lane = Apart {
+                    r1: r1 as u32,
+                    soft: soft as u32,
+                    r3: r3 as u32,
+                };
+                if best.is_none_or(|(e, _)| est < e) {
+                    best = Some((est, lane));
+                }
+            }
+        }
+    }
+    best
+}
