@@ -173,6 +173,21 @@ fn binary_layer_file() {
     assert_clean_failure(&o, "UTF-8");
 }
 
+/// The help text names every schedule `--schedule` accepts (a scheduler added to the registry
+/// must be added to the text).
+#[test]
+fn compile_help_names_every_schedule() {
+    let o = attnc(&["compile", "--help"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let help = text(&o);
+    for name in compiler::passes::select::Choice::names() {
+        assert!(
+            help.contains(&format!(" {name}")),
+            "`{name}` missing from:\n{help}"
+        );
+    }
+}
+
 #[test]
 fn unknown_flag() {
     let o = attnc(&["examples/encoder.attn", "--pes", "2", "--frobnicate"]);
