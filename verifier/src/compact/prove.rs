@@ -287,15 +287,21 @@ impl Eval {
             if !(below || above) || value != self.tm.subst(region.value, v, &Aff::cst(at)) {
                 continue;
             }
+            // The grown coordinate gets a variable of its own, with the grown count (reads
+            // bound addresses by the counts of the variables).
+            let w = self.fresh(n + 1);
             let mut dims = region.dims.clone();
-            dims[k].2 = n + 1;
+            dims[k] = (w, s, n + 1);
             let (base, value) = if below {
                 (
                     slab.base.clone(),
-                    self.tm.subst(region.value, v, &Aff::var(v).add_const(-1)),
+                    self.tm.subst(region.value, v, &Aff::var(w).add_const(-1)),
                 )
             } else {
-                (region.base.clone(), region.value)
+                (
+                    region.base.clone(),
+                    self.tm.subst(region.value, v, &Aff::var(w)),
+                )
             };
             let mut f = self.fact(base, dims, value, region.computed).ok()?;
             f.remote = region.remote;
@@ -340,10 +346,13 @@ impl Eval {
             if value != moved {
                 continue;
             }
+            let grown = n + high.dims[k].2;
+            let w = self.fresh(grown);
             let mut dims = low.dims.clone();
-            dims[k].2 = n + high.dims[k].2;
+            dims[k] = (w, s, grown);
+            let value = self.tm.subst(low.value, v, &Aff::var(w));
             let mut f = self
-                .fact(low.base.clone(), dims, low.value, low.computed)
+                .fact(low.base.clone(), dims, value, low.computed)
                 .ok()?;
             f.remote = low.remote;
             return Some(f);
@@ -618,7 +627,7 @@ impl Eval {
             top = bottom;
         }
         Err(Fail::Decline(format!(
-            "a read of a word never written (fault), address {addr:?}"
+            "a read of a word never written (fault), address {addr:?} over {ab:?}"
         )))
     }
 

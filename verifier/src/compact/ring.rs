@@ -405,6 +405,7 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
     };
     let pes = programs.len();
     let mut e = Eval::new(0, tokens, true);
+    e.tm.seed_budgets(m.pes);
     let mut state: Vec<Pe> = (0..pes)
         .map(|_| Pe {
             facts: Vec::new(),
