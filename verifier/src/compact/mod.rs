@@ -656,9 +656,10 @@ impl fmt::Display for Proof {
     }
 }
 
-/// Proves loop programs without unrolling where [`prove`] covers them (every PE running one
-/// program, separate q, k, v, no mask, online formulation); otherwise says why not, after the
-/// checks of [`check_loops`]. Never panics, whatever the inputs.
+/// Proves loop programs without unrolling where [`prove`] (every PE running one program, no
+/// mask) or [`ring`] (PEs running different programs, causal or not) covers them — separate q,
+/// k, v and the online formulation either way; otherwise says why not, after the checks of
+/// [`check_loops`]. Never panics, whatever the inputs.
 pub fn prove_loops(programs: &[LoopProgram], manifest: &Manifest, opts: &Options) -> Proof {
     let start = Instant::now();
     let checks = check_loops(programs, manifest, opts);

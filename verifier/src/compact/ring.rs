@@ -662,3 +662,73 @@ fn compare(
     }
     Ok((wrong, count))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn program(src: &str) -> LoopProgram {
+        let text = format!(".format 3\n.pe 0\n.pes 2\n.mem 4096\n{src}");
+        isa::looped_text::parse_looped(&text).unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    #[test]
+    fn item_lengths_are_the_closed_form_cycles() {
+        // A triangle (count stepped by the row) inside a head loop, and a plain nest.
+        let p = program(
+            "loop 3 {\n  loop 5 {\n    loop 1 + i1 {\n      mul m[0 + 1*i2], m[64 + 1*i2] | add 0 -> m9\n    }\n    mul m0, m1 -> m10\n  }\n  loop 4 {\n    loop 2 {\n      mul m0, m1 -> m11\n    }\n  }\n}\n",
+        );
+        let mut len = Lengths::default();
+        let whole: u64 = p
+            .body
+            .iter()
+            .map(|n| len.item(&Item::Node(n, Vec::new())))
+            .sum();
+        assert_eq!(whole, p.cycles());
+        let Node::Loop(heads) = &p.body[0] else {
+            panic!("a loop")
+        };
+        // One head is a third; its parts add up to it, split as the phases split them.
+        let one = Item::Iters(heads, Vec::new(), 1, 2);
+        assert_eq!(len.item(&one) * 3, p.cycles());
+        let parts = split(&one).expect("an iteration splits into its body");
+        assert_eq!(
+            parts.iter().map(|it| len.item(it)).sum::<u64>(),
+            len.item(&one)
+        );
+        let tri = &parts[0];
+        let rows = split(tri).expect("a loop splits");
+        assert_eq!(len.item(&rows[0]), 2); // row 0: one key, one bundle after it
+        assert_eq!(len.item(&rows[1]), 3 + 4 + 5 + 6);
+    }
+
+    #[test]
+    fn extents_follow_predicates_and_wrapped_terms() {
+        let p = program(
+            "loop 8 {\n  mul m[0 + 2*(i0 % 2)], m[100 + 1*i0] -> m[200 + 1*i0] | nop | send m[300 + 1*i0] -> m[400 + 1*i0] if i0 < 3\n}\n",
+        );
+        let mut x = Ext::default();
+        extents(&Item::Node(&p.body[0], Vec::new()), &mut x);
+        assert!(x.reads.contains(&(0, 2)));
+        assert!(x.reads.contains(&(100, 107)));
+        assert!(x.reads.contains(&(300, 302)));
+        assert_eq!(x.writes, vec![(200, 207)]);
+        assert_eq!(x.sends, vec![(400, 402)]);
+        // Iterations 3.. send nothing; iteration 5 alone reads the odd wrapped word.
+        let Node::Loop(l) = &p.body[0] else {
+            panic!("a loop")
+        };
+        let mut y = Ext::default();
+        extents(&Item::Iters(l, Vec::new(), 5, 6), &mut y);
+        assert!(y.sends.is_empty());
+        assert!(y.reads.contains(&(2, 2)));
+    }
+
+    #[test]
+    fn intervals_meet_only_when_they_share_a_word() {
+        assert!(!meet(&[(0, 3), (10, 12)], &[(4, 9), (13, 20)]));
+        assert!(meet(&[(0, 3), (10, 12)], &[(12, 12)]));
+        assert!(meet(&[(5, 5)], &[(0, 2), (3, 9)]));
+        assert!(!meet(&[], &[(0, 100)]));
+    }
+}
