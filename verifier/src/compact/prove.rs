@@ -133,7 +133,7 @@ pub(super) struct Eval {
     pub(super) evaluations: u64,
     rows: i64,
     tokens: i64,
-    deadline: std::time::Instant,
+    pub(super) deadline: std::time::Instant,
     /// Where the last undecided read suggests cutting a loop (its index, the iteration).
     pub(super) hint: Option<(Var, i64)>,
     /// Sends leave facts marked remote for the caller to deliver, instead of arriving

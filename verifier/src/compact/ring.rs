@@ -442,8 +442,11 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
         .iter()
         .map(|p| p.body.iter().map(|n| Item::Node(n, Vec::new())).collect())
         .collect();
-    let mut phases = 0u64;
     loop {
+        // Cutting phases finer evaluates nothing, so the evaluation's own bound may not come.
+        if std::time::Instant::now() > e.deadline {
+            return Err("past the time bound of the evaluation".into());
+        }
         // The phase: from each PE, items up to the first cycle where all are between items.
         let mut take = vec![0usize; pes];
         let mut ends = vec![0u64; pes];
@@ -527,7 +530,6 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
             }
             continue;
         }
-        phases += 1;
         let mut sent: Vec<Vec<Fact>> = vec![Vec::new(); pes];
         for p in 0..pes {
             swap(&mut e, &mut state[p]);
@@ -590,7 +592,6 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
             }
         }
     }
-    let _ = phases;
     Ok(Evaluated {
         ops: e.tally,
         wrong,
