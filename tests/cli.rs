@@ -637,3 +637,47 @@ fn closed_stdout_is_not_a_panic() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A causal layer too large to flatten: its PEs run different programs, and `verify` proves it
+/// without unrolling by evaluating every PE in phases; a send moved by one word on one PE (the
+/// next PE then reads a word of its block that never arrived) is not proved.
+#[test]
+fn verify_proves_causal_loop_programs_without_unrolling() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = compiled(
+        dir.path(),
+        "layer c { tokens = 512; dim = 64; heads = 1; mask = causal; }",
+        "4",
+    );
+    let o = attnc(&["verify", s(&out)]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("more than the 8000000 the symbolic proof flattens"),
+        "{t}"
+    );
+    assert!(
+        t.contains(
+            "proved without unrolling: for all inputs, y = attention(q, k, v, mask = causal"
+        ),
+        "{t}"
+    );
+    assert!(t.contains("every PE evaluated"), "{t}");
+    for pe in 0..4 {
+        std::fs::remove_file(out.join(format!("pe{pe}.bin"))).unwrap();
+    }
+    let asm = out.join("pe2.s");
+    let good = std::fs::read_to_string(&asm).unwrap();
+    let bad = good.replacen(
+        "-> m[32768 + 192*i1 + 64*i2] if i2 < 3",
+        "-> m[32769 + 192*i1 + 64*i2] if i2 < 3",
+        1,
+    );
+    assert_ne!(bad, good);
+    std::fs::write(&asm, bad).unwrap();
+    let o = attnc(&["verify", s(&out)]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("NOT proved"), "{t}");
+    assert!(t.contains("not proved without unrolling"), "{t}");
+}

@@ -395,12 +395,11 @@ fn uniform_mutants_are_proved_without_unrolling_only_if_proved_flattened() {
     assert_eq!(proved_layers, 6);
 }
 
-/// Causal (lagged) stream programs differ per PE, which the proof without unrolling does not
-/// cover yet: it must decline them, and so every loop-count, count-step, stride or base mutant
-/// of one is never proved without unrolling, while the flattened proof rejects every one. (When
-/// the proof grows to cover causal layers, this is the test that keeps its mutants rejected.)
+/// Causal (lagged) stream programs differ per PE; the proof without unrolling evaluates every
+/// PE in phases and proves them. Every loop-count, count-step, stride or base mutant of one PE
+/// is rejected by the flattened proof, and must never be proved without unrolling.
 #[test]
-fn causal_mutants_are_never_proved_without_unrolling() {
+fn causal_mutants_are_rejected_without_unrolling() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(13);
     let opts = verifier::Options::default();
     // Per kind: mutants, rejected flattened, not proved without unrolling.
@@ -425,7 +424,7 @@ fn causal_mutants_are_never_proved_without_unrolling() {
         let what = format!("n={n} d={d} h={h} m={m} {lag:?}");
         prove(&files(&st.programs, &man)).unwrap_or_else(|e| panic!("{what}: {e}"));
         let original = verifier::compact::prove_loops(&st.programs, &man, &opts);
-        assert!(!original.proved(), "{what}: {original}");
+        assert!(original.proved(), "{what}: {original}");
         for (k, kind) in [
             Mutation::LoopCount,
             Mutation::Stride,
@@ -458,4 +457,134 @@ fn causal_mutants_are_never_proved_without_unrolling() {
     }
     eprintln!("causal mutants (count, stride, base, step): [mutants, rejected flattened, not proved without unrolling] {seen:?}");
     assert!(seen[..3].iter().all(|s| s[0] >= 12), "{seen:?}");
+}
+
+/// The per-PE proof decides when a word sent over the ring lands relative to the receiver's
+/// reads, so the sends are where a wrong acceptance would hide. Every send template of every PE
+/// of two causal lagged layers, mutated one at a time — its destination base moved by one word
+/// or by one row, its source base by one word, or the row bound of its predicate moved by one
+/// (a row more or less forwarded) — is never proved without unrolling unless the flattened
+/// proof finds nothing wrong beyond the invariants the proof without unrolling does not cover
+/// (a redundant send is only an `unread-transfer`).
+#[test]
+fn causal_send_mutants_are_rejected_without_unrolling() {
+    use verifier::Invariant;
+    let opts = verifier::Options::default();
+    let uncovered = [
+        Invariant::LostValue,
+        Invariant::UnreadTransfer,
+        Invariant::UnusedInput,
+    ];
+    let (mut mutants, mut rejected_compact, mut rejected_flat) = (0u32, 0u32, 0u32);
+    // Per kind: mutants, not proved without unrolling.
+    let mut kinds: BTreeMap<&str, [u32; 2]> = BTreeMap::new();
+    for (n, d, h, m, lag) in [(16, 2, 1, 2, Lag::Steps(2)), (32, 3, 2, 4, Lag::Steps(2))] {
+        let p = compiler::problem::Problem {
+            tokens: n,
+            dim: d,
+            heads: h,
+            scale: 1.0 / f64::from(d).sqrt(),
+            symmetric: false,
+            shared_values: false,
+            causal: true,
+            softmax: runtime::layer::Softmax::Safe,
+        };
+        let st = schedule_stream::run_with(&p, m, true, lag).unwrap();
+        let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into()).unwrap();
+        let what = format!("n={n} d={d} h={h} m={m} {lag:?}");
+        assert!(
+            verifier::compact::prove_loops(&st.programs, &man, &opts).proved(),
+            "{what}"
+        );
+        for pe in 0..st.programs.len() {
+            let sends = {
+                let mut loops = st.programs.clone();
+                let mut all = Vec::new();
+                bundles_mut(&mut loops[pe].body, &mut Vec::new(), &mut all);
+                all.iter()
+                    .filter(|(b, _)| b.bundle.xfer != isa::Xfer::Nop)
+                    .count()
+            };
+            for s in 0..sends {
+                for how in 0..6 {
+                    let mut loops = st.programs.clone();
+                    let mut all = Vec::new();
+                    bundles_mut(&mut loops[pe].body, &mut Vec::new(), &mut all);
+                    let mut with_send = all
+                        .into_iter()
+                        .filter(|(b, _)| b.bundle.xfer != isa::Xfer::Nop);
+                    let Some((b, _)) = with_send.nth(s) else {
+                        continue;
+                    };
+                    let shift = |b: &mut isa::LBundle, f: Field, by: i64| {
+                        let old = i64::from(field(&b.bundle, f).unwrap_or(0));
+                        set_field(&mut b.bundle, f, u32::try_from(old + by).unwrap_or(0));
+                    };
+                    let desc = match how {
+                        0 => {
+                            shift(b, Field::XferDst, 1);
+                            "destination + 1"
+                        }
+                        1 => {
+                            shift(b, Field::XferDst, -1);
+                            "destination − 1"
+                        }
+                        2 => {
+                            shift(b, Field::XferDst, i64::from(d));
+                            "destination + one row"
+                        }
+                        3 => {
+                            shift(b, Field::XferSrc, 1);
+                            "source + 1"
+                        }
+                        _ => {
+                            let Some(pr) = b
+                                .preds
+                                .iter_mut()
+                                .find(|p| p.slot == isa::Slot::Xfer && p.cmp == isa::Cmp::Lt)
+                            else {
+                                continue;
+                            };
+                            if how == 4 {
+                                pr.value += 1;
+                                "one row more forwarded"
+                            } else if pr.value > 1 {
+                                pr.value -= 1;
+                                "one row fewer forwarded"
+                            } else {
+                                continue;
+                            }
+                        }
+                    };
+                    if loops[pe].validate().is_err() {
+                        continue;
+                    }
+                    mutants += 1;
+                    let compact = verifier::compact::prove_loops(&loops, &man, &opts);
+                    let flat: Vec<isa::Program> = loops
+                        .iter()
+                        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+                        .collect();
+                    let r = verifier::verify(&flat, &man);
+                    rejected_flat += u32::from(!r.is_ok());
+                    rejected_compact += u32::from(!compact.proved());
+                    let k = kinds.entry(desc).or_default();
+                    k[0] += 1;
+                    k[1] += u32::from(!compact.proved());
+                    if compact.proved() {
+                        let beyond: Vec<_> =
+                            r.counts.keys().filter(|k| !uncovered.contains(k)).collect();
+                        assert!(
+                            beyond.is_empty(),
+                            "{what}: PE {pe}, send {s}: {desc}: proved without unrolling, flattened:\n{r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "causal send mutants: {mutants}, rejected flattened {rejected_flat}, not proved without unrolling {rejected_compact}; per kind [mutants, not proved without unrolling]: {kinds:?}"
+    );
+    assert!(mutants >= 100, "only {mutants}");
 }

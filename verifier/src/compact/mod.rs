@@ -17,6 +17,7 @@
 mod aff;
 mod bounds;
 pub mod prove;
+pub mod ring;
 mod slots;
 mod term;
 
@@ -655,9 +656,10 @@ impl fmt::Display for Proof {
     }
 }
 
-/// Proves loop programs without unrolling where [`prove`] covers them (every PE running one
-/// program, separate q, k, v, no mask, online formulation); otherwise says why not, after the
-/// checks of [`check_loops`]. Never panics, whatever the inputs.
+/// Proves loop programs without unrolling where [`prove`] (every PE running one program, no
+/// mask) or [`ring`] (PEs running different programs, causal or not) covers them — separate q,
+/// k, v and the online formulation either way; otherwise says why not, after the checks of
+/// [`check_loops`]. Never panics, whatever the inputs.
 pub fn prove_loops(programs: &[LoopProgram], manifest: &Manifest, opts: &Options) -> Proof {
     let start = Instant::now();
     let checks = check_loops(programs, manifest, opts);
@@ -685,13 +687,21 @@ fn outcome(
     if !proof.checks.undecided.is_empty() {
         return Err("some checks without unrolling are undecided".into());
     }
-    let ev = prove::evaluate(programs, m).map_err(|why| format!("not covered: {why}"))?;
+    // One program on every PE: PE 0 and the rotation symmetry; otherwise every PE in phases.
+    let uniform = prove::applies(programs, m).is_ok();
+    let ev = if uniform {
+        prove::evaluate(programs, m)
+    } else {
+        ring::evaluate(programs, m)
+    }
+    .map_err(|why| format!("not covered: {why}"))?;
     proof.evaluations = ev.evaluations;
     proof.expressions = ev.expressions;
     if ev.wrong_count > 0 {
         return Err(format!(
-            "{} output row(s) of PE 0 differ from the specification, e.g. {}",
+            "{} output row(s){} differ from the specification, e.g. {}",
             ev.wrong_count,
+            if uniform { " of PE 0" } else { "" },
             ev.wrong.join("; ")
         ));
     }
@@ -701,7 +711,7 @@ fn outcome(
         tokens: l.tokens,
         dim: l.dim,
         shared: false,
-        causal: false,
+        causal: l.mask == "causal",
         scale: l.scale as f32,
         softmax: l.softmax().unwrap_or_default(),
     };
@@ -746,7 +756,8 @@ fn outcome(
     }
     let _ = opts;
     Ok(format!(
-        "for all inputs, y = attention(q, k, v, mask = none, scale = {}, softmax = {}, online: y = (Σ e·v) / Σ e{}) for {} head(s) × {} tokens × dim {}, on {} PEs in {} cycles, with {} operations: mul {} + {}, exp {}, div {} (one per output element), max {}, and {} running-maximum copies, rescale factors and rescaled partial sums, as the manifest declares; PE 0 evaluated with symbolic loop indices, every other PE by the ring's rotation symmetry (all run one program)",
+        "for all inputs, y = attention(q, k, v, mask = {}, scale = {}, softmax = {}, online: y = (Σ e·v) / Σ e{}) for {} head(s) × {} tokens × dim {}, on {} PEs in {} cycles, with {} operations: mul {} + {}, exp {}, div {} (one per output element), max {}, and {} running-maximum copies, rescale factors and rescaled partial sums, as the manifest declares; {}",
+        l.mask,
         l.scale as f32,
         l.softmax,
         if l.softmax == "safe" { " with e = exp(s·(S − M)), M exactly each row's maximum" } else { "" },
@@ -761,6 +772,11 @@ fn outcome(
         o.exp,
         o.div,
         o.max,
-        o.rescale
+        o.rescale,
+        if uniform {
+            "PE 0 evaluated with symbolic loop indices, every other PE by the ring's rotation symmetry (all run one program)"
+        } else {
+            "every PE evaluated with symbolic loop indices, in phases whose ring arrivals are apart from every word the receiver uses in them"
+        }
     ))
 }

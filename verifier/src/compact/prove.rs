@@ -86,8 +86,10 @@ pub(super) struct Fact {
     pub(super) base: Aff,
     /// `(variable, stride, count)`, strides positive and decreasing.
     pub(super) dims: Vec<(Var, i64, u64)>,
-    value: Id,
-    computed: bool,
+    pub(super) value: Id,
+    pub(super) computed: bool,
+    /// A word sent to the next PE: not in this PE's memory (per-PE evaluation only).
+    pub(super) remote: bool,
     lo: i64,
     hi: i64,
 }
@@ -106,6 +108,8 @@ struct Active {
     other: Var,
     marker: usize,
     families: Vec<Aff>,
+    /// Where the body's sends may land on the next PE (per-PE evaluation only).
+    remote_families: Vec<Aff>,
 }
 
 /// Bounds on the proof's work: symbolic evaluation that keeps falling back to iteration by
@@ -116,22 +120,36 @@ const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(20);
 pub(super) struct Eval {
     pub(super) tm: Terms,
     online: bool,
-    facts: Vec<Option<Fact>>,
-    keys: HashMap<(Aff, Vec<(i64, u64)>), usize>,
+    pub(super) facts: Vec<Option<Fact>>,
+    pub(super) keys: HashMap<Key, usize>,
     pub(super) counts: HashMap<Var, u64>,
     next_var: Var,
     next_loop: u32,
     loops: Vec<Active>,
     carry_addrs: Vec<Aff>,
     carry_slots: HashMap<Aff, usize>,
-    tally: Tally,
+    pub(super) tally: Tally,
     mult: u64,
-    evaluations: u64,
+    pub(super) evaluations: u64,
     rows: i64,
     tokens: i64,
-    deadline: std::time::Instant,
+    pub(super) deadline: std::time::Instant,
     /// Where the last undecided read suggests cutting a loop (its index, the iteration).
     pub(super) hint: Option<(Var, i64)>,
+    /// Sends leave facts marked remote for the caller to deliver, instead of arriving
+    /// relabelled by the rotation symmetry.
+    pub(super) per_pe: bool,
+}
+
+/// A fact's place in the log, for replacing it: base, strides and counts, remote.
+pub(super) type Key = (Aff, Vec<(i64, u64)>, bool);
+
+pub(super) fn key_of(f: &Fact) -> Key {
+    (
+        f.base.clone(),
+        f.dims.iter().map(|&(_, s, n)| (s, n)).collect(),
+        f.remote,
+    )
 }
 
 fn sorted_dims(mut d: Vec<(Var, i64, u64)>) -> Vec<(Var, i64, u64)> {
@@ -141,6 +159,29 @@ fn sorted_dims(mut d: Vec<(Var, i64, u64)>) -> Vec<(Var, i64, u64)> {
 }
 
 impl Eval {
+    pub(super) fn new(rows: i64, tokens: i64, per_pe: bool) -> Eval {
+        Eval {
+            tm: Terms::default(),
+            online: true,
+            facts: Vec::new(),
+            keys: HashMap::default(),
+            counts: HashMap::default(),
+            next_var: BINDERS,
+            next_loop: 0,
+            loops: Vec::new(),
+            carry_addrs: Vec::new(),
+            carry_slots: HashMap::default(),
+            tally: Tally::default(),
+            mult: 1,
+            evaluations: 0,
+            rows,
+            tokens,
+            deadline: std::time::Instant::now() + MAX_TIME,
+            hint: None,
+            per_pe,
+        }
+    }
+
     pub(super) fn fresh(&mut self, count: u64) -> Var {
         let v = self.next_var;
         self.next_var += 1;
@@ -197,6 +238,7 @@ impl Eval {
             dims,
             value,
             computed,
+            remote: false,
             lo,
             hi,
         })
@@ -209,6 +251,9 @@ impl Eval {
     /// `region` and `slab` as one fact, when `slab` is the region's next layer below or above
     /// along one of its coordinates, holding what the region's formula gives there.
     fn fuse(&mut self, region: &Fact, slab: &Fact) -> Option<Fact> {
+        if region.remote != slab.remote {
+            return None;
+        }
         if region.computed == slab.computed && region.dims.len() == slab.dims.len() {
             return self.join(region, slab);
         }
@@ -242,17 +287,25 @@ impl Eval {
             if !(below || above) || value != self.tm.subst(region.value, v, &Aff::cst(at)) {
                 continue;
             }
+            // The grown coordinate gets a variable of its own, with the grown count (reads
+            // bound addresses by the counts of the variables).
+            let w = self.fresh(n + 1);
             let mut dims = region.dims.clone();
-            dims[k].2 = n + 1;
+            dims[k] = (w, s, n + 1);
             let (base, value) = if below {
                 (
                     slab.base.clone(),
-                    self.tm.subst(region.value, v, &Aff::var(v).add_const(-1)),
+                    self.tm.subst(region.value, v, &Aff::var(w).add_const(-1)),
                 )
             } else {
-                (region.base.clone(), region.value)
+                (
+                    region.base.clone(),
+                    self.tm.subst(region.value, v, &Aff::var(w)),
+                )
             };
-            return self.fact(base, dims, value, region.computed).ok();
+            let mut f = self.fact(base, dims, value, region.computed).ok()?;
+            f.remote = region.remote;
+            return Some(f);
         }
         None
     }
@@ -293,16 +346,21 @@ impl Eval {
             if value != moved {
                 continue;
             }
+            let grown = n + high.dims[k].2;
+            let w = self.fresh(grown);
             let mut dims = low.dims.clone();
-            dims[k].2 = n + high.dims[k].2;
-            return self
-                .fact(low.base.clone(), dims, low.value, low.computed)
-                .ok();
+            dims[k] = (w, s, grown);
+            let value = self.tm.subst(low.value, v, &Aff::var(w));
+            let mut f = self
+                .fact(low.base.clone(), dims, value, low.computed)
+                .ok()?;
+            f.remote = low.remote;
+            return Some(f);
         }
         None
     }
 
-    fn push(&mut self, mut f: Fact) {
+    pub(super) fn push(&mut self, mut f: Fact) {
         // Adjacent pieces of one family (a first element written apart from the loop over the
         // rest) become one region, so that a later loop over all of it reads one fact.
         // Joining moves the older piece up to the newest place, so only a piece that no fact
@@ -326,10 +384,7 @@ impl Eval {
                 between.push((g.lo, g.hi));
             }
             if let Some(h) = fused {
-                let key = (
-                    g.base.clone(),
-                    g.dims.iter().map(|&(_, s, n)| (s, n)).collect(),
-                );
+                let key = key_of(&g);
                 if self.keys.get(&key) == Some(&i) {
                     self.keys.remove(&key);
                 }
@@ -338,10 +393,7 @@ impl Eval {
                 looked = 0;
             }
         }
-        let key = (
-            f.base.clone(),
-            f.dims.iter().map(|&(_, s, n)| (s, n)).collect::<Vec<_>>(),
-        );
+        let key = key_of(&f);
         // A fact wholly replaced by this one goes, unless it predates the current iteration
         // (a failed symbolic attempt must be able to restore the log by truncation).
         if let Some(&i) = self.keys.get(&key) {
@@ -355,7 +407,7 @@ impl Eval {
 
     fn truncate(&mut self, to: usize) {
         for f in self.facts.drain(to..).flatten() {
-            let key = (f.base, f.dims.iter().map(|&(_, s, n)| (s, n)).collect());
+            let key = key_of(&f);
             if self.keys.get(&key).is_some_and(|&i| i >= to) {
                 self.keys.remove(&key);
             }
@@ -505,7 +557,7 @@ impl Eval {
     }
 
     /// The value at `addr` and whether the programs computed it.
-    fn read(&mut self, addr: &Aff) -> R<(Id, bool)> {
+    pub(super) fn read(&mut self, addr: &Aff) -> R<(Id, bool)> {
         let addr = &self.pin(addr.clone());
         let ab = self
             .bounds(addr)
@@ -519,6 +571,9 @@ impl Eval {
             };
             for i in (bottom..top).rev() {
                 let Some(f) = &self.facts[i] else { continue };
+                if f.remote {
+                    continue;
+                }
                 match self.hit(f, addr, ab) {
                     Ok(sol) => {
                         let (mut v, computed) = (f.value, f.computed);
@@ -572,7 +627,7 @@ impl Eval {
             top = bottom;
         }
         Err(Fail::Decline(format!(
-            "a read of a word never written (fault), address {addr:?}"
+            "a read of a word never written (fault), address {addr:?} over {ab:?}"
         )))
     }
 
@@ -687,7 +742,7 @@ impl Eval {
         Ok(())
     }
 
-    fn bundle(&mut self, b: &LBundle, env: &[Ix]) -> R<()> {
+    pub(super) fn bundle(&mut self, b: &LBundle, env: &[Ix]) -> R<()> {
         self.evaluations += 1;
         if self.evaluations.is_multiple_of(1024) && std::time::Instant::now() > self.deadline {
             return Err(Fail::Decline(format!(
@@ -802,8 +857,15 @@ impl Eval {
                 XferSrc::Acc => acc_value,
             }
             .ok_or_else(|| Fail::Decline("send acc without an acc".into()))?;
-            let arriving = self.relabel(word)?;
             let d = self.addr(b, Field::XferDst, env)?;
+            if self.per_pe {
+                // Where and when it lands is the caller's to check (it delivers the fact).
+                let mut f = self.fact(self.pin(d), Vec::new(), word, true)?;
+                f.remote = true;
+                self.push(f);
+                return Ok(());
+            }
+            let arriving = self.relabel(word)?;
             for o in &dsts {
                 match self.bounds(&d.minus(o)) {
                     Some((lo, hi)) if lo > 0 || hi < 0 => {}
@@ -829,7 +891,7 @@ impl Eval {
         Ok(())
     }
 
-    fn lp(&mut self, l: &Loop, env: &mut Vec<Ix>) -> R<()> {
+    pub(super) fn lp(&mut self, l: &Loop, env: &mut Vec<Ix>) -> R<()> {
         let level = env.len();
         let n = self.trips(l, env, false)?;
         if !splittable(&l.body, level) {
@@ -847,7 +909,7 @@ impl Eval {
     /// ran into the edge of what an earlier write left (a value that changes shape inside the
     /// range, e.g. a row whose first word was written apart), each side of that edge the same
     /// way; else one by one.
-    fn piece(&mut self, l: &Loop, env: &mut Vec<Ix>, a: u64, b: u64) -> R<()> {
+    pub(super) fn piece(&mut self, l: &Loop, env: &mut Vec<Ix>, a: u64, b: u64) -> R<()> {
         if b - a < 2 {
             return self.iterate(l, env, a, b);
         }
@@ -876,7 +938,7 @@ impl Eval {
     }
 
     /// Iterations `from..to` of `l`, one by one.
-    fn iterate(&mut self, l: &Loop, env: &mut Vec<Ix>, from: u64, to: u64) -> R<()> {
+    pub(super) fn iterate(&mut self, l: &Loop, env: &mut Vec<Ix>, from: u64, to: u64) -> R<()> {
         for k in from..to {
             env.push(Ix::At(k));
             let r = self.body(&l.body, env);
@@ -912,7 +974,13 @@ impl Eval {
             .ok_or_else(|| Fail::Decline("a loop instance without iterations".into()))
     }
 
-    fn families(&mut self, nodes: &[Node], env: &mut Vec<Ix>, out: &mut Vec<Aff>) -> R<()> {
+    fn families(
+        &mut self,
+        nodes: &[Node],
+        env: &mut Vec<Ix>,
+        out: &mut Vec<Aff>,
+        remote: &mut Vec<Aff>,
+    ) -> R<()> {
         // Every word a write of these nodes may reach (more is fine: a read shown to miss all
         // of them misses every real write).
         let may = |e: &Self, b: &LBundle, s: Slot, env: &[Ix]| e.decide(b, s, env) != Some(false);
@@ -928,14 +996,19 @@ impl Eval {
                         out.push(self.addr(b, Field::AccDst, env)?);
                     }
                     if b.bundle.xfer != Xfer::Nop && may(self, b, Slot::Xfer, env) {
-                        out.push(self.addr(b, Field::XferDst, env)?);
+                        let d = self.addr(b, Field::XferDst, env)?;
+                        if self.per_pe {
+                            remote.push(d);
+                        } else {
+                            out.push(d);
+                        }
                     }
                 }
                 Node::Loop(l) => {
                     let count = self.trips(l, env, true)?;
                     let v = self.fresh(count);
                     env.push(Ix::Sym(v, 0));
-                    let r = self.families(&l.body, env, out);
+                    let r = self.families(&l.body, env, out, remote);
                     env.pop();
                     r?;
                 }
@@ -950,8 +1023,8 @@ impl Eval {
         let var = self.fresh(n);
         let other = self.fresh(n);
         env.push(Ix::Sym(var, off));
-        let mut families = Vec::new();
-        let r = self.families(&l.body, env, &mut families);
+        let (mut families, mut remote_families) = (Vec::new(), Vec::new());
+        let r = self.families(&l.body, env, &mut families, &mut remote_families);
         env.pop();
         r?;
         let id = self.next_loop;
@@ -963,6 +1036,7 @@ impl Eval {
             other,
             marker,
             families,
+            remote_families,
         });
         let outer = self.mult;
         self.mult = outer.saturating_mul(n);
@@ -1008,11 +1082,16 @@ impl Eval {
         for &(v, s, _) in &f.dims {
             words = words.add_term(v, s);
         }
+        let families = if f.remote {
+            &l.remote_families
+        } else {
+            &l.families
+        };
         if a != 0 {
             if a < 0 || self.carries_of(f.value, l.id) {
                 return retry("a region over the loop index that carries a value");
             }
-            for fam in &l.families {
+            for fam in families {
                 if !matches!(self.alias(&words, fam, l), Ok(false)) {
                     return retry("a region another iteration may overwrite");
                 }
@@ -1020,11 +1099,13 @@ impl Eval {
             let base = f.base.clone().add_term(l.var, -a);
             let mut dims = f.dims.clone();
             dims.push((l.var, a, n));
-            return self.fact(base, dims, f.value, f.computed);
+            let mut g = self.fact(base, dims, f.value, f.computed)?;
+            g.remote = f.remote;
+            return Ok(g);
         }
         // The same words every iteration: no other iteration's write may land in them except
         // through the same words.
-        for fam in &l.families {
+        for fam in families {
             if fam.coef(l.var) != 0 && !self.never_zero(&words.minus(fam), None) {
                 return retry("a fixed word a moving write may hit");
             }
@@ -1032,9 +1113,11 @@ impl Eval {
         if !self.carries_of(f.value, l.id) {
             let last = Aff::cst(n as i64 - 1);
             let v = self.tm.subst(f.value, l.var, &last);
-            return self.fact(f.base, f.dims, v, f.computed);
+            let mut g = self.fact(f.base, f.dims, v, f.computed)?;
+            g.remote = f.remote;
+            return Ok(g);
         }
-        if !f.dims.is_empty() {
+        if !f.dims.is_empty() || f.remote {
             return retry("a carried region");
         }
         let own = self.carry_slots.get(&f.base).copied();
@@ -1200,25 +1283,7 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
             .ok_or_else(|| format!("no layout for `{name}`"))
     };
     let rows = i64::from(layout("y")?.rows_per_pe);
-    let mut e = Eval {
-        tm: Terms::default(),
-        online: true,
-        facts: Vec::new(),
-        keys: HashMap::default(),
-        counts: HashMap::default(),
-        next_var: BINDERS,
-        next_loop: 0,
-        loops: Vec::new(),
-        carry_addrs: Vec::new(),
-        carry_slots: HashMap::default(),
-        tally: Tally::default(),
-        mult: 1,
-        evaluations: 0,
-        rows,
-        tokens,
-        deadline: std::time::Instant::now() + MAX_TIME,
-        hint: None,
-    };
+    let mut e = Eval::new(rows, tokens, false);
     for (t, name) in ["q", "k", "v"].iter().enumerate() {
         let lay = layout(name)?;
         let (h, r, c) = (
@@ -1307,7 +1372,15 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
 }
 
 /// `y[h][r][c]` of the online formulation, `c` a column variable (or 0 for one column).
-fn spec(e: &mut Eval, h: i64, r: i64, c: Aff, (n, d): (i64, i64), scale: f32, safe: bool) -> Id {
+pub(super) fn spec(
+    e: &mut Eval,
+    h: i64,
+    r: i64,
+    c: Aff,
+    (n, d): (i64, i64),
+    scale: f32,
+    safe: bool,
+) -> Id {
     let j = e.fresh(n as u64);
     let k = e.fresh(d as u64);
     let (hh, rr) = (Aff::cst(h), Aff::cst(r));

@@ -54,6 +54,8 @@ pub struct Terms {
     /// Candidate bodies tried so far: seeding only merges (it never changes what a term
     /// means), so past a budget it stops, and terms it would have merged stay apart.
     seed_tries: u32,
+    /// Budgets of [`MAX_SEED_TRIES`] granted (one per PE evaluated).
+    seed_budgets: u32,
 }
 
 impl Terms {
@@ -144,6 +146,15 @@ impl Terms {
         self.carries.push(carries);
         self.ids.insert(t, id);
         id
+    }
+
+    /// Grants `n` budgets of seeding tries in all (a proof evaluating `n` PEs).
+    pub fn seed_budgets(&mut self, n: u32) {
+        self.seed_budgets = n;
+    }
+
+    fn seed_limit(&self) -> u32 {
+        MAX_SEED_TRIES.saturating_mul(self.seed_budgets.max(1))
     }
 
     pub fn atom(&mut self, tensor: u8, head: Aff, row: Aff, col: Aff) -> Id {
@@ -420,7 +431,7 @@ impl Terms {
     /// (terms written out one by one, e.g. keys of a row iterated one at a time) as one
     /// range, so that they meet the range the specification builds; `None` if there are none.
     fn seed(&mut self, add: bool, all: &[Id]) -> Option<(Vec<usize>, Id)> {
-        if self.seeding || self.seed_tries >= MAX_SEED_TRIES {
+        if self.seeding || self.seed_tries >= self.seed_limit() {
             return None;
         }
         self.seeding = true;
@@ -454,7 +465,7 @@ impl Terms {
             self.constants(x, &mut cands, 8, &mut HashMap::default());
             for (pos, val) in cands {
                 self.seed_tries += 1;
-                if self.seed_tries > MAX_SEED_TRIES {
+                if self.seed_tries > self.seed_limit() {
                     return None;
                 }
                 let body = self.shift_index(x, pos, val, SEED);
@@ -605,6 +616,10 @@ impl Terms {
             } else {
                 self.max(a, b)
             };
+        }
+        // One value of a sum is the term it stands for.
+        if add && hi - lo == 1 {
+            return self.subst(body, binder, &Aff::cst(lo));
         }
         let id = self.intern(node);
         if !add && hi - lo == 1 {

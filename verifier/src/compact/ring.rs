@@ -1,0 +1,735 @@
+//! The proof of outputs without unrolling for rings whose PEs run different programs (the
+//! causal stream: zigzag rows, a step-0 triangle, values trailing keys).
+//!
+//! Every PE is evaluated on its own, with the symbolic loops of [`super::prove`], in *phases*:
+//! stretches of cycles `[T, T')` at whose ends every PE is between two items of its program (a
+//! bundle, a loop, or a run of a loop's iterations; timing is static, so each item's length is
+//! known in closed form). Within a phase the words PE `p − 1` sends land in PE `p`'s memory at
+//! cycles this proof does not track, so the phase is accepted only if no word that may arrive
+//! in it is one PE `p` may read or write in it (extents of every slot's addresses over the
+//! item's indices, predicates included; over-approximated, so "apart" is certain). Then every
+//! read in the phase sees what it would see without the arrivals, and the arrivals, ordered
+//! among themselves by the sender's program order, can be committed at the phase's end. A
+//! phase that fails this is cut finer (its longest items split: a loop into its first iteration
+//! and the rest, an iteration into its body); a one-cycle phase needs only arrivals and local
+//! writes apart, since a cycle's reads precede its writes. Sends are therefore evaluated as
+//! facts of the receiver (`remote`), summarised over symbolic loops like any write and
+//! delivered at the phase's end; no symmetry between PEs is assumed.
+//!
+//! Inputs are preloaded per PE as the layout deals them (runs of rows holding consecutive
+//! tokens), every output row of every PE is compared with the specification of its token (keys
+//! `0..=t` under a causal mask), and operations are counted over all PEs.
+
+use super::aff::Aff;
+use super::prove::{pieces, spec, splittable, Eval, Evaluated, Fact, Fail, Ix, Key, R};
+use crate::expr::FxMap as HashMap;
+use isa::looped::{field, Cmp, Field, LBundle, Slot};
+use isa::{Acc, AccSrc, Loop, LoopProgram, Node, Op, Xfer, XferSrc};
+use runtime::manifest::{Layout, Manifest};
+
+/// A stretch of one PE's program: a node at known outer indices, or iterations `a..b` of a
+/// loop entered at known outer indices.
+#[derive(Clone)]
+enum Item<'a> {
+    Node(&'a Node, Vec<u64>),
+    Iters(&'a Loop, Vec<u64>, u64, u64),
+}
+
+/// A body's length as `c + Σ_k a[k]·i_k` over the enclosing indices (affine: a stepped loop
+/// holds no stepped loop).
+#[derive(Clone, Copy)]
+struct Lin {
+    c: i128,
+    a: [i128; isa::looped::MAX_LOOP_DEPTH],
+}
+
+#[derive(Default)]
+struct Lengths {
+    memo: HashMap<usize, Lin>,
+}
+
+impl Lengths {
+    fn body(&mut self, nodes: &[Node], depth: usize) -> Lin {
+        let key = nodes.as_ptr() as usize ^ (depth << 56);
+        if let Some(l) = self.memo.get(&key) {
+            return *l;
+        }
+        let mut t = Lin {
+            c: 0,
+            a: [0; isa::looped::MAX_LOOP_DEPTH],
+        };
+        for n in nodes {
+            match n {
+                Node::Bundle(_) => t.c += 1,
+                Node::Loop(l) => {
+                    let inner = self.body(&l.body, depth + 1);
+                    let n = i128::from(l.count);
+                    match l.step {
+                        None => {
+                            let own = inner.a.get(depth).copied().unwrap_or(0);
+                            t.c += n * inner.c + own * (n * (n - 1) / 2);
+                            for k in 0..depth.min(t.a.len()) {
+                                t.a[k] += n * inner.a[k];
+                            }
+                        }
+                        Some(s) => {
+                            t.c += n * inner.c;
+                            let k = usize::from(s.level).min(t.a.len() - 1);
+                            t.a[k] += i128::from(s.per) * inner.c;
+                        }
+                    }
+                }
+            }
+        }
+        self.memo.insert(key, t);
+        t
+    }
+
+    fn at(lin: &Lin, env: &[u64]) -> i128 {
+        lin.c
+            + env
+                .iter()
+                .zip(lin.a.iter())
+                .map(|(&i, &a)| a * i128::from(i))
+                .sum::<i128>()
+    }
+
+    /// Cycles of iterations `a..b` of `l` entered at `env`.
+    fn iters(&mut self, l: &Loop, env: &[u64], a: u64, b: u64) -> u64 {
+        let lin = self.body(&l.body, env.len() + 1);
+        let at0 = Self::at(&lin, env);
+        let own = lin.a.get(env.len()).copied().unwrap_or(0);
+        let (a, b) = (i128::from(a), i128::from(b));
+        let total = (b - a) * at0 + own * ((a + b - 1) * (b - a) / 2);
+        u64::try_from(total.max(0)).unwrap_or(u64::MAX)
+    }
+
+    fn item(&mut self, it: &Item) -> u64 {
+        match it {
+            Item::Node(Node::Bundle(_), _) => 1,
+            Item::Node(Node::Loop(l), env) => self.iters(l, env, 0, trips(l, env)),
+            Item::Iters(l, env, a, b) => self.iters(l, env, *a, *b),
+        }
+    }
+}
+
+fn trips(l: &Loop, env: &[u64]) -> u64 {
+    let idx: Vec<u32> = env.iter().map(|&k| k as u32).collect();
+    u64::from(l.trips(&idx))
+}
+
+/// An item's parts: a loop as its first iteration and the rest, one iteration as its body.
+fn split<'a>(it: &Item<'a>) -> Option<Vec<Item<'a>>> {
+    let (l, env, a, b) = match it {
+        Item::Node(Node::Bundle(_), _) => return None,
+        Item::Node(Node::Loop(l), env) => (l, env, 0, trips(l, env)),
+        Item::Iters(l, env, a, b) => (*l, env, *a, *b),
+    };
+    if b - a >= 2 {
+        return Some(vec![
+            Item::Iters(l, env.clone(), a, a + 1),
+            Item::Iters(l, env.clone(), a + 1, b),
+        ]);
+    }
+    let mut inner = env.clone();
+    inner.push(a);
+    Some(
+        l.body
+            .iter()
+            .map(|n| Item::Node(n, inner.clone()))
+            .collect(),
+    )
+}
+
+/// Word intervals an item may read, write locally, and send to the next PE.
+#[derive(Default)]
+struct Ext {
+    reads: Vec<(i64, i64)>,
+    writes: Vec<(i64, i64)>,
+    sends: Vec<(i64, i64)>,
+}
+
+fn extents(it: &Item, out: &mut Ext) {
+    let point = |env: &[u64]| {
+        env.iter()
+            .map(|&k| (k as i64, k as i64))
+            .collect::<Vec<_>>()
+    };
+    match it {
+        Item::Node(n, env) => ext_nodes(std::slice::from_ref(*n), &mut point(env), out),
+        Item::Iters(l, env, a, b) => {
+            let mut r = point(env);
+            r.push((*a as i64, *b as i64 - 1));
+            ext_nodes(&l.body, &mut r, out);
+        }
+    }
+}
+
+fn ext_nodes(nodes: &[Node], rng: &mut Vec<(i64, i64)>, out: &mut Ext) {
+    for n in nodes {
+        match n {
+            Node::Bundle(b) => ext_bundle(b, rng, out),
+            Node::Loop(l) => {
+                let most = match l.step {
+                    None => i64::from(l.count),
+                    Some(s) => {
+                        let (lo, hi) = rng[usize::from(s.level)];
+                        let at = |i: i64| i64::from(l.count) + i64::from(s.per) * i;
+                        at(lo).max(at(hi))
+                    }
+                };
+                rng.push((0, most - 1));
+                ext_nodes(&l.body, rng, out);
+                rng.pop();
+            }
+        }
+    }
+}
+
+fn ext_bundle(b: &LBundle, rng: &[(i64, i64)], out: &mut Ext) {
+    for slot in [Slot::Op, Slot::Acc, Slot::Xfer] {
+        let mut r = rng.to_vec();
+        let mut runs = true;
+        for p in b.preds.iter().filter(|p| p.slot == slot) {
+            let (lo, hi) = &mut r[usize::from(p.level)];
+            let v = i64::from(p.value);
+            match p.cmp {
+                Cmp::Lt => *hi = (*hi).min(v - 1),
+                Cmp::Ge => *lo = (*lo).max(v),
+                Cmp::Eq => {
+                    *lo = (*lo).max(v);
+                    *hi = (*hi).min(v);
+                }
+                Cmp::Ne => {
+                    if *lo == v && *hi == v {
+                        runs = false;
+                    }
+                }
+            }
+            if lo > hi {
+                runs = false;
+            }
+        }
+        if !runs {
+            continue;
+        }
+        let at = |f: Field| span(b, f, &r);
+        match slot {
+            Slot::Op => {
+                if let Op::Arith(x) = b.bundle.op {
+                    out.reads.push(at(Field::OpA));
+                    if x.kind.info().reads == 2 {
+                        out.reads.push(at(Field::OpB));
+                    }
+                    if x.dst.is_some() {
+                        out.writes.push(at(Field::OpDst));
+                    }
+                }
+            }
+            Slot::Acc => {
+                if let Acc::Add { src, dst } = b.bundle.acc {
+                    if matches!(src, AccSrc::Mem(_)) {
+                        out.reads.push(at(Field::AccSrc));
+                    }
+                    if dst.is_some() {
+                        out.writes.push(at(Field::AccDst));
+                    }
+                }
+            }
+            Slot::Xfer => {
+                if let Xfer::Send { src, .. } = b.bundle.xfer {
+                    if matches!(src, XferSrc::Mem(_)) {
+                        out.reads.push(at(Field::XferSrc));
+                    }
+                    out.sends.push(at(Field::XferDst));
+                }
+            }
+        }
+    }
+}
+
+/// The smallest and largest address of field `f` over the index box `rng`.
+fn span(b: &LBundle, f: Field, rng: &[(i64, i64)]) -> (i64, i64) {
+    let base = field(&b.bundle, f).map_or(0, i64::from);
+    let (mut lo, mut hi) = (base, base);
+    for t in b.terms.iter().filter(|t| t.field == f) {
+        let (a, z) = rng[usize::from(t.level)];
+        let (g0, g1) = if t.wrap == 0 {
+            (a, z)
+        } else {
+            let w = i64::from(t.wrap);
+            let (ra, rz) = (a.rem_euclid(w), z.rem_euclid(w));
+            if z - a + 1 >= w || ra > rz {
+                (0, w - 1)
+            } else {
+                (ra, rz)
+            }
+        };
+        let s = i64::from(t.stride);
+        lo += (s * g0).min(s * g1);
+        hi += (s * g0).max(s * g1);
+    }
+    (lo, hi)
+}
+
+/// Whether some interval of `a` meets some interval of `b`.
+fn meet(a: &[(i64, i64)], b: &[(i64, i64)]) -> bool {
+    let union = |v: &[(i64, i64)]| {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        let mut out: Vec<(i64, i64)> = Vec::new();
+        for (lo, hi) in v {
+            match out.last_mut() {
+                Some(l) if lo <= l.1 + 1 => l.1 = l.1.max(hi),
+                _ => out.push((lo, hi)),
+            }
+        }
+        out
+    };
+    let (a, b) = (union(a), union(b));
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        if a[i].1 < b[j].0 {
+            i += 1;
+        } else if b[j].1 < a[i].0 {
+            j += 1;
+        } else {
+            return true;
+        }
+    }
+    false
+}
+
+/// Why the per-PE proof does not cover `programs` and `m`, if it does not.
+pub fn applies(programs: &[LoopProgram], m: &Manifest) -> Result<(), String> {
+    let l = &m.layer;
+    if l.qkv != "separate" {
+        return Err("covers separate q, k, v only".into());
+    }
+    if l.mask != "none" && l.mask != "causal" {
+        return Err("an unknown mask".into());
+    }
+    if !crate::is_online(m) {
+        return Err("covers the online (deferred) formulation only".into());
+    }
+    if m.pes < 2 || programs.len() != m.pes as usize {
+        return Err("covers rings of two PEs or more, one program each".into());
+    }
+    for (name, p) in m.inputs.iter().chain(&m.outputs) {
+        if p.layout.is_none() {
+            return Err(format!("`{name}` is placed element by element"));
+        }
+    }
+    Ok(())
+}
+
+/// Per PE, `(first local row, first token, rows)` of every run of rows holding consecutive
+/// tokens.
+fn runs(lay: &Layout, pes: u32, tokens: u32) -> Vec<Vec<(i64, i64, u64)>> {
+    let mut out: Vec<Vec<(i64, i64, u64)>> = vec![Vec::new(); pes as usize];
+    let mut owned: Vec<Vec<(u32, u32)>> = vec![Vec::new(); pes as usize];
+    for t in 0..tokens {
+        let (p, r) = lay.owner(pes, t);
+        if let Some(v) = owned.get_mut(p as usize) {
+            v.push((r, t));
+        }
+    }
+    for (p, mut rows) in owned.into_iter().enumerate() {
+        rows.sort_unstable();
+        for (r, t) in rows {
+            match out[p].last_mut() {
+                Some((r0, t0, n))
+                    if *r0 + *n as i64 == i64::from(r) && *t0 + *n as i64 == i64::from(t) =>
+                {
+                    *n += 1
+                }
+                _ => out[p].push((i64::from(r), i64::from(t), 1)),
+            }
+        }
+    }
+    out
+}
+
+struct Pe {
+    facts: Vec<Option<Fact>>,
+    keys: HashMap<Key, usize>,
+}
+
+fn swap(e: &mut Eval, pe: &mut Pe) {
+    std::mem::swap(&mut e.facts, &mut pe.facts);
+    std::mem::swap(&mut e.keys, &mut pe.keys);
+}
+
+fn eval_item(e: &mut Eval, it: &Item) -> R<()> {
+    match it {
+        Item::Node(n, env) => {
+            let mut env: Vec<Ix> = env.iter().map(|&k| Ix::At(k)).collect();
+            match n {
+                Node::Bundle(b) => e.bundle(b, &env),
+                Node::Loop(l) => e.lp(l, &mut env),
+            }
+        }
+        Item::Iters(l, env0, a, b) => {
+            let level = env0.len();
+            let mut env: Vec<Ix> = env0.iter().map(|&k| Ix::At(k)).collect();
+            if !splittable(&l.body, level) {
+                return e.iterate(l, &mut env, *a, *b);
+            }
+            for (x, y) in pieces(&l.body, level, trips(l, env0)) {
+                let (x, y) = (x.max(*a), y.min(*b));
+                if x < y {
+                    e.piece(l, &mut env, x, y)?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Evaluates every PE in phases (the module documentation) and compares every output row with
+/// the specification. `Err` says why the proof does not cover the programs.
+pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, String> {
+    applies(programs, m)?;
+    let l = &m.layer;
+    let (heads, tokens, dim) = (i64::from(l.heads), i64::from(l.tokens), i64::from(l.dim));
+    let causal = l.mask == "causal";
+    let layout = |name: &str| -> Result<Layout, String> {
+        m.inputs
+            .get(name)
+            .or_else(|| m.outputs.get(name))
+            .and_then(|p| p.layout)
+            .ok_or_else(|| format!("no layout for `{name}`"))
+    };
+    let why = |f: Fail| match f {
+        Fail::Retry(why) | Fail::Decline(why) => why,
+    };
+    let pes = programs.len();
+    let mut e = Eval::new(0, tokens, true);
+    e.tm.seed_budgets(m.pes);
+    let mut state: Vec<Pe> = (0..pes)
+        .map(|_| Pe {
+            facts: Vec::new(),
+            keys: HashMap::default(),
+        })
+        .collect();
+    for (t, name) in ["q", "k", "v"].iter().enumerate() {
+        let lay = layout(name)?;
+        for (p, rs) in runs(&lay, m.pes, l.tokens).into_iter().enumerate() {
+            swap(&mut e, &mut state[p]);
+            for (r0, t0, n) in rs {
+                let (h, r, c) = (e.fresh(heads as u64), e.fresh(n), e.fresh(dim as u64));
+                let value =
+                    e.tm.atom(t as u8, Aff::var(h), Aff::var(r).add_const(t0), Aff::var(c));
+                let base = i64::from(lay.base) + r0 * i64::from(lay.row_stride);
+                let dims = vec![
+                    (h, i64::from(lay.head_stride), heads as u64),
+                    (r, i64::from(lay.row_stride), n),
+                    (c, 1, dim as u64),
+                ];
+                match e.fact(Aff::cst(base), dims, value, false) {
+                    Ok(f) => e.facts.push(Some(f)),
+                    Err(_) => {
+                        swap(&mut e, &mut state[p]);
+                        return Err("input layout".into());
+                    }
+                }
+            }
+            swap(&mut e, &mut state[p]);
+        }
+    }
+    let mut lengths = Lengths::default();
+    let mut queues: Vec<std::collections::VecDeque<Item>> = programs
+        .iter()
+        .map(|p| p.body.iter().map(|n| Item::Node(n, Vec::new())).collect())
+        .collect();
+    loop {
+        // Cutting phases finer evaluates nothing, so the evaluation's own bound may not come.
+        if std::time::Instant::now() > e.deadline {
+            return Err("past the time bound of the evaluation".into());
+        }
+        // The phase: from each PE, items up to the first cycle where all are between items.
+        let mut take = vec![0usize; pes];
+        let mut ends = vec![0u64; pes];
+        let mut live: Vec<bool> = queues.iter().map(|q| !q.is_empty()).collect();
+        if !live.iter().any(|&x| x) {
+            break;
+        }
+        for p in 0..pes {
+            if live[p] {
+                ends[p] = lengths.item(&queues[p][0]);
+                take[p] = 1;
+            }
+        }
+        loop {
+            let end = (0..pes)
+                .filter(|&p| live[p])
+                .map(|p| ends[p])
+                .max()
+                .unwrap_or(0);
+            let mut more = false;
+            for p in 0..pes {
+                if live[p] && ends[p] < end {
+                    if take[p] < queues[p].len() {
+                        ends[p] += lengths.item(&queues[p][take[p]]);
+                        take[p] += 1;
+                        more = true;
+                    } else {
+                        // Its program ends inside the phase: it idles from there.
+                        live[p] = false;
+                    }
+                }
+            }
+            if !more {
+                break;
+            }
+        }
+        let len = (0..pes).map(|p| ends[p]).max().unwrap_or(0);
+        let ext: Vec<Ext> = (0..pes)
+            .map(|p| {
+                let mut x = Ext::default();
+                for it in queues[p].iter().take(take[p]) {
+                    extents(it, &mut x);
+                }
+                x
+            })
+            .collect();
+        let clash = (0..pes).any(|p| {
+            let from = &ext[(p + pes - 1) % pes].sends;
+            meet(from, &ext[p].writes) || (len > 1 && meet(from, &ext[p].reads))
+        });
+        if clash {
+            // Cut finer: split the phase's longest items.
+            let mut longest = 0;
+            for p in 0..pes {
+                for it in queues[p].iter().take(take[p]) {
+                    longest = longest.max(lengths.item(it));
+                }
+            }
+            let mut split_any = false;
+            for (q, &n) in queues.iter_mut().zip(&take) {
+                let mut i = 0;
+                let mut rebuilt = std::collections::VecDeque::with_capacity(n + 4);
+                while let Some(it) = q.pop_front() {
+                    if i < n && lengths.item(&it) == longest {
+                        if let Some(parts) = split(&it) {
+                            split_any = true;
+                            rebuilt.extend(parts);
+                            i += 1;
+                            continue;
+                        }
+                    }
+                    rebuilt.push_back(it);
+                    i += 1;
+                }
+                *q = rebuilt;
+            }
+            if !split_any {
+                return Err(
+                    "a word arriving over the ring may meet a local write in one cycle".into(),
+                );
+            }
+            continue;
+        }
+        let mut sent: Vec<Vec<Fact>> = vec![Vec::new(); pes];
+        for p in 0..pes {
+            swap(&mut e, &mut state[p]);
+            let mark = e.facts.len();
+            let mut r = Ok(());
+            for _ in 0..take[p] {
+                let Some(it) = queues[p].pop_front() else {
+                    break;
+                };
+                r = eval_item(&mut e, &it);
+                if r.is_err() {
+                    break;
+                }
+            }
+            for i in mark..e.facts.len() {
+                if e.facts[i].as_ref().is_some_and(|f| f.remote) {
+                    if let Some(f) = e.facts[i].take() {
+                        e.keys.remove(&super::prove::key_of(&f));
+                        sent[p].push(f);
+                    }
+                }
+            }
+            swap(&mut e, &mut state[p]);
+            r.map_err(why)?;
+        }
+        for (p, words) in sent.into_iter().enumerate() {
+            let to = (p + 1) % pes;
+            swap(&mut e, &mut state[to]);
+            for mut f in words {
+                f.remote = false;
+                f.computed = false;
+                e.push(f);
+            }
+            swap(&mut e, &mut state[to]);
+        }
+    }
+    let scale = l.scale as f32;
+    let safe = l.softmax == "safe";
+    let y = layout("y")?;
+    let mut wrong = Vec::new();
+    let mut wrong_count = 0;
+    for (p, rs) in runs(&y, m.pes, l.tokens).into_iter().enumerate() {
+        swap(&mut e, &mut state[p]);
+        let r = compare(
+            &mut e,
+            p,
+            &rs,
+            &y,
+            (heads, tokens, dim),
+            causal,
+            scale,
+            safe,
+        );
+        swap(&mut e, &mut state[p]);
+        let (w, n) = r.map_err(why)?;
+        wrong_count += n;
+        for x in w {
+            if wrong.len() < 5 {
+                wrong.push(x);
+            }
+        }
+    }
+    Ok(Evaluated {
+        ops: e.tally,
+        wrong,
+        wrong_count,
+        evaluations: e.evaluations,
+        expressions: e.tm.len(),
+    })
+}
+
+/// PE `p`'s output rows against the specification: descriptions of the first few that differ
+/// and how many do.
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    e: &mut Eval,
+    p: usize,
+    rs: &[(i64, i64, u64)],
+    y: &Layout,
+    (heads, tokens, dim): (i64, i64, i64),
+    causal: bool,
+    scale: f32,
+    safe: bool,
+) -> R<(Vec<String>, usize)> {
+    let mut wrong = Vec::new();
+    let mut count = 0;
+    for h in 0..heads {
+        for &(r0, t0, n) in rs {
+            for k in 0..n as i64 {
+                let (r, t) = (r0 + k, t0 + k);
+                let c = e.fresh(dim as u64);
+                let addr = Aff::cst(
+                    i64::from(y.base) + h * i64::from(y.head_stride) + r * i64::from(y.row_stride),
+                )
+                .add_term(c, 1);
+                let cols: Vec<(Aff, Aff)> = match e.read(&addr) {
+                    Ok(_) => vec![(addr.clone(), e.pin(Aff::var(c)))],
+                    Err(Fail::Retry(_)) => (0..dim)
+                        .map(|k| (addr.subst(c, &Aff::cst(k)), Aff::cst(k)))
+                        .collect(),
+                    Err(f) => return Err(f),
+                };
+                let keys = if causal { t + 1 } else { tokens };
+                let mut differs = None;
+                for (at, cv) in cols {
+                    let (found, computed) = e.read(&at)?;
+                    let want = spec(e, h, t, cv, (keys, dim), scale, safe);
+                    let found = e.tm.norm(found);
+                    if differs.is_none() && (!computed || found != want) {
+                        differs = Some(if computed {
+                            format!(
+                                "found {}, expected {}",
+                                e.tm.show(found, 4),
+                                e.tm.show(want, 4)
+                            )
+                        } else {
+                            "not written by the programs".into()
+                        });
+                    }
+                }
+                if let Some(how) = differs {
+                    count += 1;
+                    if wrong.len() < 5 {
+                        wrong.push(format!(
+                            "y[{h}][{t}][c] (PE {p}, row {r}) is not the specification: {how}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok((wrong, count))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn program(src: &str) -> LoopProgram {
+        let text = format!(".format 3\n.pe 0\n.pes 2\n.mem 4096\n{src}");
+        isa::looped_text::parse_looped(&text).unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    #[test]
+    fn item_lengths_are_the_closed_form_cycles() {
+        // A triangle (count stepped by the row) inside a head loop, and a plain nest.
+        let p = program(
+            "loop 3 {\n  loop 5 {\n    loop 1 + i1 {\n      mul m[0 + 1*i2], m[64 + 1*i2] | add 0 -> m9\n    }\n    mul m0, m1 -> m10\n  }\n  loop 4 {\n    loop 2 {\n      mul m0, m1 -> m11\n    }\n  }\n}\n",
+        );
+        let mut len = Lengths::default();
+        let whole: u64 = p
+            .body
+            .iter()
+            .map(|n| len.item(&Item::Node(n, Vec::new())))
+            .sum();
+        assert_eq!(whole, p.cycles());
+        let Node::Loop(heads) = &p.body[0] else {
+            panic!("a loop")
+        };
+        // One head is a third; its parts add up to it, split as the phases split them.
+        let one = Item::Iters(heads, Vec::new(), 1, 2);
+        assert_eq!(len.item(&one) * 3, p.cycles());
+        let parts = split(&one).expect("an iteration splits into its body");
+        assert_eq!(
+            parts.iter().map(|it| len.item(it)).sum::<u64>(),
+            len.item(&one)
+        );
+        let tri = &parts[0];
+        let rows = split(tri).expect("a loop splits");
+        assert_eq!(len.item(&rows[0]), 2); // row 0: one key, one bundle after it
+        assert_eq!(len.item(&rows[1]), 3 + 4 + 5 + 6);
+    }
+
+    #[test]
+    fn extents_follow_predicates_and_wrapped_terms() {
+        let p = program(
+            "loop 8 {\n  mul m[0 + 2*(i0 % 2)], m[100 + 1*i0] -> m[200 + 1*i0] | nop | send m[300 + 1*i0] -> m[400 + 1*i0] if i0 < 3\n}\n",
+        );
+        let mut x = Ext::default();
+        extents(&Item::Node(&p.body[0], Vec::new()), &mut x);
+        assert!(x.reads.contains(&(0, 2)));
+        assert!(x.reads.contains(&(100, 107)));
+        assert!(x.reads.contains(&(300, 302)));
+        assert_eq!(x.writes, vec![(200, 207)]);
+        assert_eq!(x.sends, vec![(400, 402)]);
+        // Iterations 3.. send nothing; iteration 5 alone reads the odd wrapped word.
+        let Node::Loop(l) = &p.body[0] else {
+            panic!("a loop")
+        };
+        let mut y = Ext::default();
+        extents(&Item::Iters(l, Vec::new(), 5, 6), &mut y);
+        assert!(y.sends.is_empty());
+        assert!(y.reads.contains(&(2, 2)));
+    }
+
+    #[test]
+    fn intervals_meet_only_when_they_share_a_word() {
+        assert!(!meet(&[(0, 3), (10, 12)], &[(4, 9), (13, 20)]));
+        assert!(meet(&[(0, 3), (10, 12)], &[(12, 12)]));
+        assert!(meet(&[(5, 5)], &[(0, 2), (3, 9)]));
+        assert!(!meet(&[], &[(0, 100)]));
+    }
+}
