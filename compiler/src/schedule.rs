@@ -281,6 +281,7 @@ pub fn render_errors(errors: &[ScheduleError]) -> String {
 /// A booking mistake is a bug in a scheduling pass, not a user error: the builder records it
 /// and [`Builder::finish`] returns every one, located, so the compiler reports an internal error
 /// instead of panicking.
+#[derive(Clone)]
 pub struct Builder {
     sched: RingSchedule,
     errors: Vec<ScheduleError>,
@@ -315,6 +316,11 @@ impl Builder {
 
     pub fn input(&mut self, element: Element, pe: u32) -> Val {
         self.sched.vals.push(ValInfo::Input { element, pe })
+    }
+
+    /// Values made so far.
+    pub fn vals(&self) -> usize {
+        self.sched.vals.len()
     }
 
     pub fn computed(&mut self) -> Val {

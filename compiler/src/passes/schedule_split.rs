@@ -132,7 +132,7 @@ impl Scheduler for Split {
 }
 
 /// One way to lay the layer out on the ring.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Layout {
     /// Query-row groups per head; lanes = heads × groups.
     groups: u32,
@@ -308,6 +308,7 @@ fn explore(
             .map_or(usize::MAX, |b| b.run.schedule.cycles().saturating_sub(1))
     };
     let mut layouts: Vec<(Layout, usize)> = Vec::new();
+    let mut plans = Plans::default();
     let mut spent = 0u64;
     // A layout whose plan the pass finds inconsistent is skipped (its errors are reported only if
     // no layout works), so one bad corner cannot cost a layer its schedule.
@@ -338,7 +339,7 @@ fn explore(
                 limit(&best)
             };
             let mut tweaks = Tweaks::seeded(0);
-            match build(p, m, layout, &mut tweaks, cap, &mut spent) {
+            match build(p, m, layout, &mut tweaks, cap, &mut spent, &mut plans) {
                 Ok(Some(r)) => {
                     layouts.push((layout, r.schedule.cycles()));
                     keep(r, layout, tweaks, &mut best);
@@ -363,7 +364,7 @@ fn explore(
             ..base
         };
         let mut tweaks = Tweaks::seeded(seed);
-        match build(p, m, layout, &mut tweaks, limit(&best), &mut spent) {
+        match build(p, m, layout, &mut tweaks, limit(&best), &mut spent, &mut plans) {
             Ok(Some(r)) => keep(r, layout, tweaks, &mut best),
             Ok(None) => {}
             Err(e) => errors.extend(e),
@@ -399,7 +400,7 @@ fn explore(
                 budget: allowance.budget.saturating_sub(spent),
                 ..allowance
             };
-            search(p, m, b, allowance);
+            search(p, m, b, allowance, &mut plans);
         }
     }
     match best {
@@ -437,7 +438,7 @@ struct Best {
 /// keep the change when the schedule is no longer, and among equally long ones when its PEs
 /// finish no later in total. Plateaus are walked, not just descended: the cycle count alone
 /// rarely moves with one change.
-fn search(p: &Problem, m: u32, best: &mut Best, allowance: Allowance) {
+fn search(p: &Problem, m: u32, best: &mut Best, allowance: Allowance, plans: &mut Plans) {
     // No program is shorter than the layer's bound (the operations spread evenly, the critical
     // path, the links; docs/scheduling.md): stop there.
     let floor = p
@@ -473,7 +474,7 @@ fn search(p: &Problem, m: u32, best: &mut Best, allowance: Allowance) {
         let mut run_t = t.replaying();
         // A change whose plan the pass finds inconsistent is dropped like a longer one; one
         // that cannot be emitted is walked through but never kept.
-        if let Ok(Some(r)) = build(p, m, best.layout, &mut run_t, cur_score.0, &mut spent) {
+        if let Ok(Some(r)) = build(p, m, best.layout, &mut run_t, cur_score.0, &mut spent, plans) {
             let score = (r.schedule.cycles(), r.spread);
             if score <= cur_score {
                 cur = t;
@@ -834,7 +835,136 @@ fn build(
     tweaks: &mut Tweaks,
     limit: usize,
     work: &mut u64,
+    plans: &mut Plans,
 ) -> Result<Option<Run>, Vec<ScheduleError>> {
+    // Only the ring-spanning lane moves landings. They are drawn before any priority offset,
+    // one per phase-2 operation, so drawing them all up front keeps a seeded run's sequence.
+    let ring = Geometry::new(p, m, layout).ring;
+    let bumps: Vec<u32> = if ring {
+        let per_row: usize = (0..p.tokens)
+            .map(|a| (0..p.tokens).filter(|&c| p.unmasked(a, c)).count())
+            .sum();
+        (0..2 * per_row * p.heads as usize)
+            .map(|_| tweaks.bump())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let plan = plans.get(p, m, layout, bumps);
+    let mut b = plan.b.clone();
+    let mut tasks = plan.tasks.clone();
+    let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
+    let span = if tweaks.noise.0 == 0 { 0 } else { 4 };
+    for (i, t) in tasks.iter_mut().enumerate() {
+        // `prio` holds the row's rank until here.
+        let boost = if softmax_first && plan.eager[i] {
+            1 << 40
+        } else {
+            0
+        };
+        t.prio = boost + (plan.tail[i] - t.prio * row_weight) * 8 + tweaks.prio(i, span * 8);
+    }
+    // A preloaded word goes on the link as urgently as its most urgent reader.
+    let mut urgency: Vec<i64> = vec![i64::MIN; plan.vals];
+    for t in &tasks {
+        if let TaskKind::Term { x, y, .. } = t.kind {
+            for o in [Some(x), y].into_iter().flatten() {
+                if let Opnd::V(v) = o {
+                    if let Some(u) = urgency.get_mut(v.index()) {
+                        *u = (*u).max(t.prio);
+                    }
+                }
+            }
+        }
+    }
+    let preloaded: Vec<(u32, Val, i64)> = plan
+        .preloaded
+        .iter()
+        .map(|&(pe, v)| {
+            let u = urgency.get(v.index()).copied().unwrap_or(i64::MIN);
+            (pe, v, if u == i64::MIN { 0 } else { u })
+        })
+        .collect();
+    let sim = Sim {
+        m,
+        scale: p.scale as f32,
+        tasks: &tasks,
+        chains: &plan.chains,
+        reach: &plan.reach,
+    };
+    *work += PLAN_WORK * tasks.len() as u64 + PLAN_FIXED;
+    let spread = match sim.run(&mut b, &preloaded, limit, work) {
+        Ok(Some((_, spread))) => spread,
+        Ok(None) => return Ok(None),
+        Err(why) => {
+            b.bug(NAME, why);
+            0
+        }
+    };
+    b.finish().map(|schedule| Some(Run { schedule, spread }))
+}
+
+/// What a run needs that its priority offsets and variant do not change: the tasks and chains of
+/// a layout with its landings, the builder holding their values, and each task's longest path.
+/// The local search rebuilds a schedule per step, mostly with the same layout and landings.
+struct Plan {
+    /// The layout without its priority variant, and the landings moved.
+    layout: Layout,
+    bumps: Vec<u32>,
+    b: Builder,
+    chains: Vec<Chain>,
+    /// `prio` is the row's rank.
+    tasks: Vec<Task>,
+    /// Hops each value travels from where it appears, by value index.
+    reach: Vec<u32>,
+    preloaded: Vec<(u32, Val)>,
+    /// Values the plan made (the simulation's are numbered after them).
+    vals: usize,
+    /// Longest path from each task to the end.
+    tail: Vec<i64>,
+    /// Softmax work, which a `softmax_first` variant runs before any product.
+    eager: Vec<bool>,
+}
+
+/// The last few plans made, most recently used last.
+#[derive(Default)]
+struct Plans {
+    recent: Vec<Plan>,
+}
+
+/// Plans kept: the retries go round three layouts, and the search keeps coming back to its
+/// current landings.
+const PLANS_KEPT: usize = 4;
+
+impl Plans {
+    fn get(&mut self, p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> &Plan {
+        let key = Layout {
+            row_weight: 0,
+            softmax_first: false,
+            ..layout
+        };
+        match self
+            .recent
+            .iter()
+            .position(|q| q.layout == key && q.bumps == bumps)
+        {
+            Some(i) => {
+                let hit = self.recent.remove(i);
+                self.recent.push(hit);
+            }
+            None => {
+                if self.recent.len() >= PLANS_KEPT {
+                    self.recent.remove(0);
+                }
+                self.recent.push(plan(p, m, key, bumps));
+            }
+        }
+        self.recent.last().expect("a plan was just pushed")
+    }
+}
+
+/// The tasks and chains for one layout, with `bumps` moving landings on the ring-spanning lane.
+fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     let g = Geometry::new(p, m, layout);
     let (n, d) = (p.tokens, p.dim);
     let mut b = Builder::new(NAME, m);
@@ -866,7 +996,6 @@ fn build(
         }
     };
     let mut score: HashMap<(u32, u32, u32), (usize, u32)> = HashMap::default();
-    let scale = p.scale as f32;
     // Rows in the order they should finish: longest first, so the last to finish is short.
     let rank = |h: u32, a: u32| -> i64 {
         let len = (0..n).filter(|&c| p.unmasked(a, c)).count() as i64;
@@ -886,19 +1015,22 @@ fn build(
         let total: u64 =
             u64::from(p.heads) * (0..n).map(|a| len(a) * (unit + 1)).sum::<u64>().max(1);
         let mut acc = 0u64;
-        let at = |mid: u64, tweaks: &mut Tweaks| -> u32 {
+        let mut next_bump = 0usize;
+        let mut at = |mid: u64| -> u32 {
             let i = ((mid * nb) / total).min(nb - 1) as usize;
-            ring_pes[(i + tweaks.bump() as usize) % ring_pes.len()]
+            let bump = bumps.get(next_bump).copied().unwrap_or(0);
+            next_bump += 1;
+            ring_pes[(i + bump as usize) % ring_pes.len()]
         };
         for (h, a) in (0..p.heads).flat_map(|h| (0..n).map(move |a| (h, a))) {
             let cols: Vec<u32> = (0..n).filter(|&c| p.unmasked(a, c)).collect();
             let mut exp_at = Vec::with_capacity(cols.len());
             for _ in &cols {
-                exp_at.push(at(acc + unit / 2, tweaks));
+                exp_at.push(at(acc + unit / 2));
                 acc += unit;
             }
             for (j, &c) in cols.iter().enumerate() {
-                let div_at = at(acc, tweaks);
+                let div_at = at(acc);
                 acc += 1;
                 phase2.insert((h, a, c), (exp_at[j], div_at));
             }
@@ -1211,40 +1343,33 @@ fn build(
         );
     }
 
-    prioritise(p, &g, &mut tasks, &chains, &weight_readers, tweaks, layout);
-    // A preloaded word goes on the link as urgently as its most urgent reader.
-    let mut urgency: HashMap<Val, i64> = HashMap::default();
-    for t in &tasks {
-        if let TaskKind::Term { x, y, .. } = t.kind {
-            for o in [Some(x), y].into_iter().flatten() {
-                if let Opnd::V(v) = o {
-                    let u = urgency.entry(v).or_insert(t.prio);
-                    *u = (*u).max(t.prio);
-                }
-            }
+    let tail = tails(p, &g, &tasks, &chains, &weight_readers);
+    let eager = tasks
+        .iter()
+        .map(|t| match t.kind {
+            TaskKind::Div { .. } => true,
+            TaskKind::Term { chain, .. } => !matches!(chains[chain].kind, ChainKind::Mac(_)),
+        })
+        .collect();
+    let vals = b.vals();
+    let mut dense_reach = vec![0u32; vals];
+    for (v, &hops) in &reach {
+        if let Some(r) = dense_reach.get_mut(v.index()) {
+            *r = hops;
         }
     }
-    let preloaded: Vec<(u32, Val, i64)> = preloaded
-        .into_iter()
-        .map(|(pe, v)| (pe, v, urgency.get(&v).copied().unwrap_or(0)))
-        .collect();
-    let sim = Sim {
-        m,
-        scale,
-        tasks: &tasks,
-        chains: &chains,
-        reach: &reach,
-    };
-    *work += PLAN_WORK * tasks.len() as u64 + PLAN_FIXED;
-    let spread = match sim.run(&mut b, &preloaded, limit, work) {
-        Ok(Some((_, spread))) => spread,
-        Ok(None) => return Ok(None),
-        Err(why) => {
-            b.bug(NAME, why);
-            0
-        }
-    };
-    b.finish().map(|schedule| Some(Run { schedule, spread }))
+    Plan {
+        layout,
+        bumps,
+        b,
+        chains,
+        tasks,
+        reach: dense_reach,
+        preloaded,
+        vals,
+        tail,
+        eager,
+    }
 }
 
 /// One run's schedule and how far its PEs' last operations spread before the end (the local
@@ -1255,18 +1380,15 @@ struct Run {
     spread: u64,
 }
 
-/// Static priorities: the longest path from a task to the end, ring hops included (plus noise on
-/// retries). Chains are costed as a whole: every term of a chain gets the chain's figure.
-fn prioritise(
+/// Static priorities: the longest path from a task to the end, ring hops included. Chains are
+/// costed as a whole: every term of a chain gets the chain's figure.
+fn tails(
     p: &Problem,
     g: &Geometry,
-    tasks: &mut [Task],
+    tasks: &[Task],
     chains: &[Chain],
     weight_readers: &HashMap<Val, Vec<u32>>,
-    tweaks: &mut Tweaks,
-    layout: Layout,
-) {
-    let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
+) -> Vec<i64> {
     let m = g.m;
     let len = |c: &Chain| c.segs.iter().map(|s| s.1.len()).sum::<usize>() as i64;
     let last_pe = |c: &Chain| c.segs.last().map_or(0, |s| s.0);
@@ -1334,22 +1456,13 @@ fn prioritise(
             tail[i] = score_tail[i];
         }
     }
-    let span = if tweaks.noise.0 == 0 { 0 } else { 4 };
-    for (i, t) in tasks.iter_mut().enumerate() {
-        let base = match t.kind {
+    tasks
+        .iter()
+        .map(|t| match t.kind {
             TaskKind::Term { chain, .. } => tail[chain],
             TaskKind::Div { out, .. } => div_tail.get(&out).copied().unwrap_or(0) + 1,
-        };
-        // `prio` holds the row's rank until here.
-        let eager = match t.kind {
-            TaskKind::Div { .. } => softmax_first,
-            TaskKind::Term { chain, .. } => {
-                softmax_first && !matches!(chains[chain].kind, ChainKind::Mac(_))
-            }
-        };
-        let boost = if eager { 1 << 40 } else { 0 };
-        t.prio = boost + (base - t.prio * row_weight) * 8 + tweaks.prio(i, span * 8);
-    }
+        })
+        .collect()
 }
 
 /// Words on a PE and the cycle from which each can be read. The simulation asks this for every
@@ -1402,7 +1515,7 @@ struct Sim<'a> {
     tasks: &'a [Task],
     chains: &'a [Chain],
     /// Hops each fixed value travels from where it appears.
-    reach: &'a HashMap<Val, u32>,
+    reach: &'a [u32],
 }
 
 /// Words waiting to go over one PE's link. A word can be queued twice (a score that is also a
@@ -1455,7 +1568,7 @@ struct ChainState {
 impl Sim<'_> {
     /// Queues `v` on `link` when a later PE reads it (`reach` says how many hops away).
     fn forward(&self, v: Val, prio: i64, link: &mut Link) {
-        let hops = self.reach.get(&v).copied().unwrap_or(0);
+        let hops = self.reach.get(v.index()).copied().unwrap_or(0);
         if hops > 0 {
             link.push(Pending {
                 val: v,
