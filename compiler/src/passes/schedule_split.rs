@@ -1508,6 +1508,9 @@ impl Avail {
     }
 }
 
+/// End of a task list.
+const NIL: u32 = u32::MAX;
+
 /// The cycle-by-cycle list scheduler over pinned tasks.
 struct Sim<'a> {
     m: u32,
@@ -1521,13 +1524,63 @@ struct Sim<'a> {
 /// Words waiting to go over one PE's link. A word can be queued twice (a score that is also a
 /// row's first partial maximum); the two are merged (farthest reach, most urgent) so no word goes
 /// over one link twice.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Link {
     words: Vec<Pending>,
-    queued: rustc_hash::FxHashSet<Val>,
+    queued: Queued,
+}
+
+/// Which values a link has waiting: a bit per value where [`Avail`] is dense (it is asked on every
+/// push), hashed otherwise.
+#[derive(Clone)]
+enum Queued {
+    Dense(Vec<u64>),
+    Sparse(rustc_hash::FxHashSet<Val>),
+}
+
+impl Queued {
+    /// Marks `v`; false if it was marked already.
+    fn insert(&mut self, v: Val) -> bool {
+        match self {
+            Queued::Dense(bits) => {
+                let (i, bit) = (v.index() / 64, 1u64 << (v.index() % 64));
+                if bits.len() <= i {
+                    bits.resize(i + 1, 0);
+                }
+                let fresh = bits[i] & bit == 0;
+                bits[i] |= bit;
+                fresh
+            }
+            Queued::Sparse(set) => set.insert(v),
+        }
+    }
+
+    fn remove(&mut self, v: Val) {
+        match self {
+            Queued::Dense(bits) => {
+                if let Some(w) = bits.get_mut(v.index() / 64) {
+                    *w &= !(1u64 << (v.index() % 64));
+                }
+            }
+            Queued::Sparse(set) => {
+                set.remove(&v);
+            }
+        }
+    }
 }
 
 impl Link {
+    fn new(dense: bool) -> Link {
+        Link {
+            words: Vec::new(),
+            queued: if dense {
+                Queued::Dense(Vec::new())
+            } else {
+                Queued::Sparse(Default::default())
+            },
+        }
+    }
+
     fn push(&mut self, w: Pending) {
         if !self.queued.insert(w.val) {
             if let Some(p) = self.words.iter_mut().find(|p| p.val == w.val) {
@@ -1542,7 +1595,7 @@ impl Link {
 
     fn take(&mut self, k: usize) -> Pending {
         let w = self.words.swap_remove(k);
-        self.queued.remove(&w.val);
+        self.queued.remove(w.val);
         w
     }
 }
@@ -1598,7 +1651,7 @@ impl Sim<'_> {
                 }
             })
             .collect();
-        let mut links: Vec<Link> = vec![Link::default(); m];
+        let mut links: Vec<Link> = vec![Link::new(dense); m];
         for &(pe, v, prio) in preloaded {
             avail[pe as usize].insert(v, 0);
             self.forward(v, prio, &mut links[pe as usize]);
@@ -1611,18 +1664,29 @@ impl Sim<'_> {
                 ..Default::default()
             })
             .collect();
-        // Per PE, pending tasks by priority (highest first).
-        let mut queue: Vec<Vec<usize>> = vec![Vec::new(); m];
-        for (i, t) in self.tasks.iter().enumerate() {
-            queue[t.pe as usize].push(i);
-        }
-        for q in &mut queue {
-            q.sort_by_key(|&i| (std::cmp::Reverse(self.tasks[i].prio), i));
+        // Per PE, pending tasks by priority (highest first): a list linked through `next`, as
+        // tasks leave from anywhere in it.
+        let mut order: Vec<u32> = (0..self.tasks.len() as u32).collect();
+        order.sort_unstable_by_key(|&i| {
+            let t = &self.tasks[i as usize];
+            (t.pe, std::cmp::Reverse(t.prio), i)
+        });
+        let mut head: Vec<u32> = vec![NIL; m];
+        let mut next: Vec<u32> = vec![NIL; self.tasks.len()];
+        let mut ops_left: Vec<usize> = vec![0; m];
+        for (k, &i) in order.iter().enumerate().rev() {
+            let pe = self.tasks[i as usize].pe as usize;
+            if let Some(&after) = order.get(k + 1) {
+                if self.tasks[after as usize].pe as usize == pe {
+                    next[i as usize] = after;
+                }
+            }
+            head[pe] = i;
+            ops_left[pe] += 1;
         }
         let mut left: usize = self.tasks.len();
         // Per PE, the operations still to run: its tasks but the first term of each maximum
         // chain that starts on it (absorbed, no operation).
-        let mut ops_left: Vec<usize> = queue.iter().map(Vec::len).collect();
         for c in self.chains.iter().filter(|c| c.kind == ChainKind::Max) {
             if let Some((pe, _)) = c.segs.first().filter(|s| !s.1.is_empty()) {
                 ops_left[*pe as usize] = ops_left[*pe as usize].saturating_sub(1);
@@ -1630,6 +1694,7 @@ impl Sim<'_> {
         }
         // Per PE, the first cycle its task list needs looking at again.
         let mut wake: Vec<usize> = vec![0; m];
+        let mut arrivals: Vec<(usize, Val)> = Vec::new();
         let mut t = 0usize;
         let mut idle = 0usize;
         while left > 0 || links.iter().any(|l| !l.words.is_empty()) {
@@ -1642,45 +1707,52 @@ impl Sim<'_> {
                 return Ok(None);
             }
             let mut progressed = false;
-            let mut arrivals: Vec<(usize, Val)> = Vec::new();
+            arrivals.clear();
             *work += m as u64;
             for pe in 0..m {
                 // Operation slot: the most urgent ready task (absorbing a maximum chain's first
                 // terms costs nothing and does not use the slot). A PE that found nothing ready
                 // waits for a word to reach it or for its own work to finish: nothing else can
                 // make one of its tasks ready.
-                let mut pos = if wake[pe] <= t { 0 } else { queue[pe].len() };
+                let (mut prev, mut cur) = (NIL, if wake[pe] <= t { head[pe] } else { NIL });
                 wake[pe] = usize::MAX;
-                while pos < queue[pe].len() {
-                    let i = queue[pe][pos];
+                while cur != NIL {
+                    let i = cur as usize;
                     *work += 1;
-                    match self.ready(i, t, &avail[pe], &state) {
-                        Some(true) => {
-                            queue[pe].remove(pos);
-                            left -= 1;
-                            progressed = true;
-                            if self.absorb(i, t, &mut state, &mut links[pe]) {
-                                pos = 0;
-                                continue;
-                            }
-                            self.execute(b, i, t, pe, &mut state, &mut avail[pe], &mut links[pe]);
-                            ops_left[pe] = ops_left[pe].saturating_sub(1);
-                            last_op[pe] = t;
-                            wake[pe] = t + 1;
-                            break;
-                        }
-                        _ => pos += 1,
+                    if self.ready(i, t, &avail[pe], &state) != Some(true) {
+                        (prev, cur) = (cur, next[i]);
+                        continue;
                     }
+                    if prev == NIL {
+                        head[pe] = next[i];
+                    } else {
+                        next[prev as usize] = next[i];
+                    }
+                    left -= 1;
+                    progressed = true;
+                    if self.absorb(i, t, &mut state, &mut links[pe]) {
+                        (prev, cur) = (NIL, head[pe]);
+                        continue;
+                    }
+                    self.execute(b, i, t, pe, &mut state, &mut avail[pe], &mut links[pe]);
+                    ops_left[pe] = ops_left[pe].saturating_sub(1);
+                    last_op[pe] = t;
+                    wake[pe] = t + 1;
+                    break;
                 }
-                // Link slot: the most urgent word that is here (or made now by the accumulator).
+                // Link slot: the most urgent word that is here (or made now by the accumulator),
+                // the first in the queue among equally urgent ones.
                 *work += links[pe].words.len() as u64;
                 let here = |p: &Pending| {
                     p.acc_at == Some(t) || avail[pe].get(&p.val).is_some_and(|at| at <= t)
                 };
-                if let Some(k) = (0..links[pe].words.len())
-                    .filter(|&k| here(&links[pe].words[k]))
-                    .max_by_key(|&k| (links[pe].words[k].prio, std::cmp::Reverse(k)))
-                {
+                let mut pick: Option<(i64, usize)> = None;
+                for (k, w) in links[pe].words.iter().enumerate() {
+                    if pick.is_none_or(|(prio, _)| w.prio > prio) && here(w) {
+                        pick = Some((w.prio, k));
+                    }
+                }
+                if let Some((_, k)) = pick {
                     let w = links[pe].take(k);
                     let to = (pe + 1) % m;
                     // A word can reach a PE by two routes (a score that is also a row's first
@@ -1699,7 +1771,7 @@ impl Sim<'_> {
                     }
                 }
             }
-            for (to, v) in arrivals {
+            for &(to, v) in &arrivals {
                 avail[to].insert(v, t + 1);
                 wake[to] = wake[to].min(t + 1);
             }
