@@ -885,10 +885,12 @@ fn build(
             (pe, v, if u == i64::MIN { 0 } else { u })
         })
         .collect();
+    plan.sort(&tasks);
     let sim = Sim {
         m,
         scale: p.scale as f32,
         tasks: &tasks,
+        order: &plan.order,
         chains: &plan.chains,
         reach: &plan.reach,
     };
@@ -924,6 +926,42 @@ struct Plan {
     tail: Vec<i64>,
     /// Softmax work, which a `softmax_first` variant runs before any product.
     eager: Vec<bool>,
+    /// The last run's tasks by PE, then priority (highest first), then index, and the priorities
+    /// they were sorted by: a search step changes only a few of them.
+    order: Vec<u32>,
+    order_prio: Vec<i64>,
+}
+
+/// Most changed priorities the task order is patched for rather than sorted again.
+const RESORT: usize = 8;
+
+impl Plan {
+    /// Brings `order` up to date with the priorities of `tasks`.
+    fn sort(&mut self, tasks: &[Task]) {
+        let n = tasks.len();
+        let changed: Vec<u32> = (0..n as u32)
+            .filter(|&i| self.order_prio.get(i as usize) != Some(&tasks[i as usize].prio))
+            .take(RESORT + 1)
+            .collect();
+        if changed.is_empty() && self.order.len() == n {
+            return;
+        }
+        self.order_prio.clear();
+        self.order_prio.extend(tasks.iter().map(|t| t.prio));
+        let prio = &self.order_prio;
+        let key = |i: u32| (tasks[i as usize].pe, std::cmp::Reverse(prio[i as usize]), i);
+        if self.order.len() != n || changed.len() > RESORT {
+            self.order.clear();
+            self.order.extend(0..n as u32);
+            self.order.sort_unstable_by_key(|&i| key(i));
+            return;
+        }
+        self.order.retain(|i| !changed.contains(i));
+        for &i in &changed {
+            let at = self.order.partition_point(|&j| key(j) < key(i));
+            self.order.insert(at, i);
+        }
+    }
 }
 
 /// The last few plans made, most recently used last.
@@ -937,7 +975,7 @@ struct Plans {
 const PLANS_KEPT: usize = 4;
 
 impl Plans {
-    fn get(&mut self, p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> &Plan {
+    fn get(&mut self, p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> &mut Plan {
         let key = Layout {
             row_weight: 0,
             softmax_first: false,
@@ -959,7 +997,7 @@ impl Plans {
                 self.recent.push(plan(p, m, key, bumps));
             }
         }
-        self.recent.last().expect("a plan was just pushed")
+        self.recent.last_mut().expect("a plan was just pushed")
     }
 }
 
@@ -1369,6 +1407,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         vals,
         tail,
         eager,
+        order: Vec::new(),
+        order_prio: Vec::new(),
     }
 }
 
@@ -1516,6 +1556,8 @@ struct Sim<'a> {
     m: u32,
     scale: f32,
     tasks: &'a [Task],
+    /// Task indices by PE, then priority (highest first), then index.
+    order: &'a [u32],
     chains: &'a [Chain],
     /// Hops each fixed value travels from where it appears.
     reach: &'a [u32],
@@ -1666,11 +1708,7 @@ impl Sim<'_> {
             .collect();
         // Per PE, pending tasks by priority (highest first): a list linked through `next`, as
         // tasks leave from anywhere in it.
-        let mut order: Vec<u32> = (0..self.tasks.len() as u32).collect();
-        order.sort_unstable_by_key(|&i| {
-            let t = &self.tasks[i as usize];
-            (t.pe, std::cmp::Reverse(t.prio), i)
-        });
+        let order = self.order;
         let mut head: Vec<u32> = vec![NIL; m];
         let mut next: Vec<u32> = vec![NIL; self.tasks.len()];
         let mut ops_left: Vec<usize> = vec![0; m];
