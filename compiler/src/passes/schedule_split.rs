@@ -1551,6 +1551,42 @@ impl Avail {
 /// End of a task list.
 const NIL: u32 = u32::MAX;
 
+/// When a task can run: its chain at its segment with the partial sum here (`chain` is [`NONE`]
+/// for a division), and each operand here. An operand is a value's index, [`CHAIN`] plus a
+/// chain's (its result), or [`NONE`].
+#[derive(Clone, Copy)]
+struct Gate {
+    chain: u32,
+    seg: u32,
+    bias: u32,
+    x: u32,
+    y: u32,
+}
+
+const NONE: u32 = u32::MAX;
+const CHAIN: u32 = 1 << 31;
+
+/// Whether a task can run on its PE in cycle `t`.
+fn open(g: &Gate, t: usize, avail: &Avail, state: &[ChainState]) -> bool {
+    let here = |v: Val| avail.get(&v).is_some_and(|at| at <= t);
+    let opnd = |o: u32| {
+        if o == NONE {
+            true
+        } else if o & CHAIN != 0 {
+            state[(o & !CHAIN) as usize].result.is_some_and(here)
+        } else {
+            here(Val::from_u32(o))
+        }
+    };
+    if g.chain != NONE {
+        let s = &state[g.chain as usize];
+        if s.seg != g.seg as usize || s.partial.is_some_and(|v| !here(v)) {
+            return false;
+        }
+    }
+    opnd(g.bias) && opnd(g.x) && opnd(g.y)
+}
+
 /// The cycle-by-cycle list scheduler over pinned tasks.
 struct Sim<'a> {
     m: u32,
@@ -1708,18 +1744,21 @@ impl Sim<'_> {
             .collect();
         // Per PE, pending tasks by priority (highest first): a list linked through `next`, as
         // tasks leave from anywhere in it.
+        // The lists run over positions in `order`, with what readiness needs of each task
+        // alongside: a PE's list is then read front to back in memory.
         let order = self.order;
+        let gates: Vec<Gate> = order.iter().map(|&i| self.gate(i as usize)).collect();
         let mut head: Vec<u32> = vec![NIL; m];
-        let mut next: Vec<u32> = vec![NIL; self.tasks.len()];
+        let mut next: Vec<u32> = vec![NIL; order.len()];
         let mut ops_left: Vec<usize> = vec![0; m];
         for (k, &i) in order.iter().enumerate().rev() {
             let pe = self.tasks[i as usize].pe as usize;
             if let Some(&after) = order.get(k + 1) {
                 if self.tasks[after as usize].pe as usize == pe {
-                    next[i as usize] = after;
+                    next[k] = k as u32 + 1;
                 }
             }
-            head[pe] = i;
+            head[pe] = k as u32;
             ops_left[pe] += 1;
         }
         let mut left: usize = self.tasks.len();
@@ -1755,16 +1794,17 @@ impl Sim<'_> {
                 let (mut prev, mut cur) = (NIL, if wake[pe] <= t { head[pe] } else { NIL });
                 wake[pe] = usize::MAX;
                 while cur != NIL {
-                    let i = cur as usize;
+                    let k = cur as usize;
                     *work += 1;
-                    if self.ready(i, t, &avail[pe], &state) != Some(true) {
-                        (prev, cur) = (cur, next[i]);
+                    if !open(&gates[k], t, &avail[pe], &state) {
+                        (prev, cur) = (cur, next[k]);
                         continue;
                     }
+                    let i = order[k] as usize;
                     if prev == NIL {
-                        head[pe] = next[i];
+                        head[pe] = next[k];
                     } else {
-                        next[prev as usize] = next[i];
+                        next[prev as usize] = next[k];
                     }
                     left -= 1;
                     progressed = true;
@@ -1829,29 +1869,32 @@ impl Sim<'_> {
         Ok(Some((t, busy)))
     }
 
-    /// Whether task `i` can run on its PE in cycle `t`.
-    fn ready(&self, i: usize, t: usize, avail: &Avail, state: &[ChainState]) -> Option<bool> {
-        let here = |v: Val| avail.get(&v).is_some_and(|at| at <= t);
+    /// What [`open`] needs of task `i`.
+    fn gate(&self, i: usize) -> Gate {
         let opnd = |o: Opnd| match o {
-            Opnd::V(v) => Some(here(v)),
-            Opnd::Chain(c) => state[c].result.map(here),
+            Opnd::V(v) => v.as_u32(),
+            Opnd::Chain(c) => CHAIN | c as u32,
         };
         match self.tasks[i].kind {
             TaskKind::Term {
                 chain, seg, x, y, ..
-            } => {
-                let s = &state[chain];
-                if s.seg != seg || s.partial.is_some_and(|v| !here(v)) {
-                    return Some(false);
-                }
-                if let ChainKind::Exp { bias: Some(mx) } = self.chains[chain].kind {
-                    if !opnd(Opnd::Chain(mx))? {
-                        return Some(false);
-                    }
-                }
-                Some(opnd(x)? && y.map_or(Some(true), opnd)?)
-            }
-            TaskKind::Div { num, den, .. } => Some(here(num) && opnd(Opnd::Chain(den))?),
+            } => Gate {
+                chain: chain as u32,
+                seg: seg as u32,
+                bias: match self.chains[chain].kind {
+                    ChainKind::Exp { bias: Some(mx) } => CHAIN | mx as u32,
+                    _ => NONE,
+                },
+                x: opnd(x),
+                y: y.map_or(NONE, opnd),
+            },
+            TaskKind::Div { num, den, .. } => Gate {
+                chain: NONE,
+                seg: 0,
+                bias: NONE,
+                x: num.as_u32(),
+                y: CHAIN | den as u32,
+            },
         }
     }
 
