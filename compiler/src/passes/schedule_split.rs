@@ -850,7 +850,8 @@ fn build(
     } else {
         Vec::new()
     };
-    let plan = plans.get(p, m, layout, bumps);
+    let Plans { recent, scratch } = plans;
+    let plan = plan_for(recent, p, m, layout, bumps);
     let mut b = plan.b.clone();
     let mut tasks = plan.tasks.clone();
     let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
@@ -895,7 +896,7 @@ fn build(
         reach: &plan.reach,
     };
     *work += PLAN_WORK * tasks.len() as u64 + PLAN_FIXED;
-    let spread = match sim.run(&mut b, &preloaded, limit, work) {
+    let spread = match sim.run(&mut b, &preloaded, limit, work, scratch) {
         Ok(Some((_, spread))) => spread,
         Ok(None) => return Ok(None),
         Err(why) => {
@@ -964,41 +965,54 @@ impl Plan {
     }
 }
 
-/// The last few plans made, most recently used last.
+/// The last few plans made (most recently used last), and the simulation's buffers.
 #[derive(Default)]
 struct Plans {
     recent: Vec<Plan>,
+    scratch: Scratch,
+}
+
+/// Buffers a simulation leaves to the next: each step would otherwise allocate, and fault in,
+/// the same memory again.
+#[derive(Default)]
+struct Scratch {
+    avail: Vec<Avail>,
+    links: Vec<Link>,
 }
 
 /// Plans kept: the retries go round three layouts, and the search keeps coming back to its
 /// current landings.
 const PLANS_KEPT: usize = 4;
 
-impl Plans {
-    fn get(&mut self, p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> &mut Plan {
-        let key = Layout {
-            row_weight: 0,
-            softmax_first: false,
-            ..layout
-        };
-        match self
-            .recent
-            .iter()
-            .position(|q| q.layout == key && q.bumps == bumps)
-        {
-            Some(i) => {
-                let hit = self.recent.remove(i);
-                self.recent.push(hit);
-            }
-            None => {
-                if self.recent.len() >= PLANS_KEPT {
-                    self.recent.remove(0);
-                }
-                self.recent.push(plan(p, m, key, bumps));
-            }
+/// The plan of `layout` (its priority variant aside) with `bumps`, made if none of `recent` is.
+fn plan_for<'a>(
+    recent: &'a mut Vec<Plan>,
+    p: &Problem,
+    m: u32,
+    layout: Layout,
+    bumps: Vec<u32>,
+) -> &'a mut Plan {
+    let key = Layout {
+        row_weight: 0,
+        softmax_first: false,
+        ..layout
+    };
+    match recent
+        .iter()
+        .position(|q| q.layout == key && q.bumps == bumps)
+    {
+        Some(i) => {
+            let hit = recent.remove(i);
+            recent.push(hit);
         }
-        self.recent.last_mut().expect("a plan was just pushed")
+        None => {
+            if recent.len() >= PLANS_KEPT {
+                recent.remove(0);
+            }
+            recent.push(plan(p, m, key, bumps));
+        }
     }
+    recent.last_mut().expect("a plan was just pushed")
 }
 
 /// The tasks and chains for one layout, with `bumps` moving landings on the ring-spanning lane.
@@ -1528,6 +1542,13 @@ impl Avail {
         }
     }
 
+    fn clear(&mut self) {
+        match self {
+            Avail::Dense(at) => at.clear(),
+            Avail::Sparse(at) => at.clear(),
+        }
+    }
+
     fn contains_key(&self, v: &Val) -> bool {
         self.get(v).is_some()
     }
@@ -1659,6 +1680,14 @@ impl Link {
         }
     }
 
+    fn clear(&mut self) {
+        self.words.clear();
+        match &mut self.queued {
+            Queued::Dense(bits) => bits.clear(),
+            Queued::Sparse(set) => set.clear(),
+        }
+    }
+
     fn push(&mut self, w: Pending) {
         if !self.queued.insert(w.val) {
             if let Some(p) = self.words.iter_mut().find(|p| p.val == w.val) {
@@ -1716,20 +1745,26 @@ impl Sim<'_> {
         preloaded: &[(u32, Val, i64)],
         limit: usize,
         work: &mut u64,
+        scratch: &mut Scratch,
     ) -> Result<Option<(usize, u64)>, String> {
         let m = self.m as usize;
         let mut last_op: Vec<usize> = vec![0; m];
         let dense = (m as u64) * 3 * (self.tasks.len() as u64) <= DENSE_AVAIL;
-        let mut avail: Vec<Avail> = (0..m)
-            .map(|_| {
-                if dense {
-                    Avail::Dense(Vec::new())
-                } else {
-                    Avail::Sparse(HashMap::default())
-                }
-            })
-            .collect();
-        let mut links: Vec<Link> = vec![Link::new(dense); m];
+        let Scratch { avail, links } = scratch;
+        if avail.len() != m || links.len() != m || matches!(avail[0], Avail::Dense(_)) != dense {
+            *avail = (0..m)
+                .map(|_| {
+                    if dense {
+                        Avail::Dense(Vec::new())
+                    } else {
+                        Avail::Sparse(HashMap::default())
+                    }
+                })
+                .collect();
+            *links = vec![Link::new(dense); m];
+        }
+        avail.iter_mut().for_each(Avail::clear);
+        links.iter_mut().for_each(Link::clear);
         for &(pe, v, prio) in preloaded {
             avail[pe as usize].insert(v, 0);
             self.forward(v, prio, &mut links[pe as usize]);
