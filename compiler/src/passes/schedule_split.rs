@@ -852,7 +852,8 @@ fn build(
     };
     let Plans { recent, scratch } = plans;
     let plan = plan_for(recent, p, m, layout, bumps);
-    let mut b = plan.b.clone();
+    // Room for as many cycles as the last run of the plan took, and a value per task.
+    let mut b = plan.b.fork(plan.cycles.min(limit.saturating_add(1)), plan.tasks.len());
     let mut tasks = plan.tasks.clone();
     let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
     let span = if tweaks.noise.0 == 0 { 0 } else { 4 };
@@ -897,7 +898,10 @@ fn build(
     };
     *work += PLAN_WORK * tasks.len() as u64 + PLAN_FIXED;
     let spread = match sim.run(&mut b, &preloaded, limit, work, scratch) {
-        Ok(Some((_, spread))) => spread,
+        Ok(Some((cycles, spread))) => {
+            plan.cycles = cycles;
+            spread
+        }
         Ok(None) => return Ok(None),
         Err(why) => {
             b.bug(NAME, why);
@@ -931,6 +935,8 @@ struct Plan {
     /// they were sorted by: a search step changes only a few of them.
     order: Vec<u32>,
     order_prio: Vec<i64>,
+    /// Cycles of the last run that finished.
+    cycles: usize,
 }
 
 /// Most changed priorities the task order is patched for rather than sorted again.
@@ -1423,6 +1429,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         eager,
         order: Vec::new(),
         order_prio: Vec::new(),
+        cycles: 0,
     }
 }
 
