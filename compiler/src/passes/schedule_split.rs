@@ -364,7 +364,15 @@ fn explore(
             ..base
         };
         let mut tweaks = Tweaks::seeded(seed);
-        match build(p, m, layout, &mut tweaks, limit(&best), &mut spent, &mut plans) {
+        match build(
+            p,
+            m,
+            layout,
+            &mut tweaks,
+            limit(&best),
+            &mut spent,
+            &mut plans,
+        ) {
             Ok(Some(r)) => keep(r, layout, tweaks, &mut best),
             Ok(None) => {}
             Err(e) => errors.extend(e),
@@ -474,7 +482,15 @@ fn search(p: &Problem, m: u32, best: &mut Best, allowance: Allowance, plans: &mu
         let mut run_t = t.replaying();
         // A change whose plan the pass finds inconsistent is dropped like a longer one; one
         // that cannot be emitted is walked through but never kept.
-        if let Ok(Some(r)) = build(p, m, best.layout, &mut run_t, cur_score.0, &mut spent, plans) {
+        if let Ok(Some(r)) = build(
+            p,
+            m,
+            best.layout,
+            &mut run_t,
+            cur_score.0,
+            &mut spent,
+            plans,
+        ) {
             let score = (r.schedule.cycles(), r.spread);
             if score <= cur_score {
                 cur = t;
@@ -853,7 +869,9 @@ fn build(
     let Plans { recent, scratch } = plans;
     let plan = plan_for(recent, p, m, layout, bumps);
     // Room for as many cycles as the last run of the plan took, and a value per task.
-    let mut b = plan.b.fork(plan.cycles.min(limit.saturating_add(1)), plan.tasks.len());
+    let mut b = plan
+        .b
+        .fork(plan.cycles.min(limit.saturating_add(1)), plan.tasks.len());
     let mut tasks = plan.tasks.clone();
     let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
     let span = if tweaks.noise.0 == 0 { 0 } else { 4 };
