@@ -56,11 +56,11 @@ const RETRY_BUDGET: u64 = 20_000;
 const MAX_RETRIES: u64 = 200;
 /// Work a layer's runs may take in all before the local search stops (plain runs and retries
 /// included), in units of the simulation's own effort — a task looked at, a word on a link
-/// looked at, a PE's cycle — plus [`PLAN_FIXED`] and [`PLAN_WORK`] per task for building each
-/// plan, so the search's length is the same on every machine: at most [`SEARCH_PER_OP`] per
+/// looked at, a PE's cycle — plus [`PLAN_FIXED`] and [`PLAN_WORK`] per task for each run's plan,
+/// so the search's length is the same on every machine: at most [`SEARCH_PER_OP`] per
 /// necessary operation (tiny layers, which the test grids compile by the thousand, stay fast)
-/// and at most [`SEARCH_BUDGET`] (about a second here). Also the most search steps, and the
-/// largest layer (necessary operations) searched.
+/// and at most [`SEARCH_BUDGET`] (under half a second here). Also the most search steps, and
+/// the largest layer (necessary operations) searched.
 const SEARCH_BUDGET: u64 = 50_000_000;
 const SEARCH_PER_OP: u64 = 30_000;
 const PLAN_FIXED: u64 = 1_000;
@@ -914,6 +914,8 @@ fn build(
         chains: &plan.chains,
         reach: &plan.reach,
     };
+    // Charged per run even where the plan is reused: the search's length is counted in these
+    // units, and the same units end it at the same step.
     *work += PLAN_WORK * tasks.len() as u64 + PLAN_FIXED;
     let spread = match sim.run(&mut b, &preloaded, limit, work, scratch) {
         Ok(Some((cycles, spread))) => {
