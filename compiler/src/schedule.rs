@@ -317,6 +317,41 @@ impl Builder {
         self.sched.vals.push(ValInfo::Input { element, pe })
     }
 
+    /// Values made so far.
+    pub fn vals(&self) -> usize {
+        self.sched.vals.len()
+    }
+
+    /// A copy with room for `cycles` per PE and `vals` more values: a pass that books many
+    /// trial schedules from one start would otherwise grow both step by step in every trial.
+    pub fn fork(&self, cycles: usize, vals: usize) -> Builder {
+        let mut all = PrimaryMap::with_capacity(self.sched.vals.len() + vals);
+        for (_, &info) in self.sched.vals.iter() {
+            all.push(info);
+        }
+        let slots = self
+            .sched
+            .slots
+            .iter()
+            .map(|row| {
+                let mut r = Vec::with_capacity(cycles.max(row.len()));
+                r.extend_from_slice(row);
+                r
+            })
+            .collect();
+        Builder {
+            sched: RingSchedule {
+                algorithm: self.sched.algorithm,
+                pes: self.sched.pes,
+                vals: all,
+                slots,
+                outputs: self.sched.outputs.clone(),
+                ops: self.sched.ops,
+            },
+            errors: self.errors.clone(),
+        }
+    }
+
     pub fn computed(&mut self) -> Val {
         self.sched.vals.push(ValInfo::Computed)
     }

@@ -56,11 +56,11 @@ const RETRY_BUDGET: u64 = 20_000;
 const MAX_RETRIES: u64 = 200;
 /// Work a layer's runs may take in all before the local search stops (plain runs and retries
 /// included), in units of the simulation's own effort — a task looked at, a word on a link
-/// looked at, a PE's cycle — plus [`PLAN_FIXED`] and [`PLAN_WORK`] per task for building each
-/// plan, so the search's length is the same on every machine: at most [`SEARCH_PER_OP`] per
+/// looked at, a PE's cycle — plus [`PLAN_FIXED`] and [`PLAN_WORK`] per task for each run's plan,
+/// so the search's length is the same on every machine: at most [`SEARCH_PER_OP`] per
 /// necessary operation (tiny layers, which the test grids compile by the thousand, stay fast)
-/// and at most [`SEARCH_BUDGET`] (about a second here). Also the most search steps, and the
-/// largest layer (necessary operations) searched.
+/// and at most [`SEARCH_BUDGET`] (under half a second here). Also the most search steps, and
+/// the largest layer (necessary operations) searched.
 const SEARCH_BUDGET: u64 = 50_000_000;
 const SEARCH_PER_OP: u64 = 30_000;
 const PLAN_FIXED: u64 = 1_000;
@@ -132,7 +132,7 @@ impl Scheduler for Split {
 }
 
 /// One way to lay the layer out on the ring.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Layout {
     /// Query-row groups per head; lanes = heads × groups.
     groups: u32,
@@ -308,6 +308,7 @@ fn explore(
             .map_or(usize::MAX, |b| b.run.schedule.cycles().saturating_sub(1))
     };
     let mut layouts: Vec<(Layout, usize)> = Vec::new();
+    let mut plans = Plans::default();
     let mut spent = 0u64;
     // A layout whose plan the pass finds inconsistent is skipped (its errors are reported only if
     // no layout works), so one bad corner cannot cost a layer its schedule.
@@ -338,7 +339,7 @@ fn explore(
                 limit(&best)
             };
             let mut tweaks = Tweaks::seeded(0);
-            match build(p, m, layout, &mut tweaks, cap, &mut spent) {
+            match build(p, m, layout, &mut tweaks, cap, &mut spent, &mut plans) {
                 Ok(Some(r)) => {
                     layouts.push((layout, r.schedule.cycles()));
                     keep(r, layout, tweaks, &mut best);
@@ -363,7 +364,15 @@ fn explore(
             ..base
         };
         let mut tweaks = Tweaks::seeded(seed);
-        match build(p, m, layout, &mut tweaks, limit(&best), &mut spent) {
+        match build(
+            p,
+            m,
+            layout,
+            &mut tweaks,
+            limit(&best),
+            &mut spent,
+            &mut plans,
+        ) {
             Ok(Some(r)) => keep(r, layout, tweaks, &mut best),
             Ok(None) => {}
             Err(e) => errors.extend(e),
@@ -399,7 +408,7 @@ fn explore(
                 budget: allowance.budget.saturating_sub(spent),
                 ..allowance
             };
-            search(p, m, b, allowance);
+            search(p, m, b, allowance, &mut plans);
         }
     }
     match best {
@@ -437,7 +446,7 @@ struct Best {
 /// keep the change when the schedule is no longer, and among equally long ones when its PEs
 /// finish no later in total. Plateaus are walked, not just descended: the cycle count alone
 /// rarely moves with one change.
-fn search(p: &Problem, m: u32, best: &mut Best, allowance: Allowance) {
+fn search(p: &Problem, m: u32, best: &mut Best, allowance: Allowance, plans: &mut Plans) {
     // No program is shorter than the layer's bound (the operations spread evenly, the critical
     // path, the links; docs/scheduling.md): stop there.
     let floor = p
@@ -473,7 +482,15 @@ fn search(p: &Problem, m: u32, best: &mut Best, allowance: Allowance) {
         let mut run_t = t.replaying();
         // A change whose plan the pass finds inconsistent is dropped like a longer one; one
         // that cannot be emitted is walked through but never kept.
-        if let Ok(Some(r)) = build(p, m, best.layout, &mut run_t, cur_score.0, &mut spent) {
+        if let Ok(Some(r)) = build(
+            p,
+            m,
+            best.layout,
+            &mut run_t,
+            cur_score.0,
+            &mut spent,
+            plans,
+        ) {
             let score = (r.schedule.cycles(), r.spread);
             if score <= cur_score {
                 cur = t;
@@ -834,7 +851,198 @@ fn build(
     tweaks: &mut Tweaks,
     limit: usize,
     work: &mut u64,
+    plans: &mut Plans,
 ) -> Result<Option<Run>, Vec<ScheduleError>> {
+    // Only the ring-spanning lane moves landings. They are drawn before any priority offset,
+    // one per phase-2 operation, so drawing them all up front keeps a seeded run's sequence.
+    let ring = Geometry::new(p, m, layout).ring;
+    let bumps: Vec<u32> = if ring {
+        let per_row: usize = (0..p.tokens)
+            .map(|a| (0..p.tokens).filter(|&c| p.unmasked(a, c)).count())
+            .sum();
+        (0..2 * per_row * p.heads as usize)
+            .map(|_| tweaks.bump())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let Plans { recent, scratch } = plans;
+    let plan = plan_for(recent, p, m, layout, bumps);
+    // Room for as many cycles as the last run of the plan took, and a value per task.
+    let mut b = plan
+        .b
+        .fork(plan.cycles.min(limit.saturating_add(1)), plan.tasks.len());
+    let mut tasks = plan.tasks.clone();
+    let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
+    let span = if tweaks.noise.0 == 0 { 0 } else { 4 };
+    for (i, t) in tasks.iter_mut().enumerate() {
+        // `prio` holds the row's rank until here.
+        let boost = if softmax_first && plan.eager[i] {
+            1 << 40
+        } else {
+            0
+        };
+        t.prio = boost + (plan.tail[i] - t.prio * row_weight) * 8 + tweaks.prio(i, span * 8);
+    }
+    // A preloaded word goes on the link as urgently as its most urgent reader.
+    let mut urgency: Vec<i64> = vec![i64::MIN; plan.vals];
+    for t in &tasks {
+        if let TaskKind::Term { x, y, .. } = t.kind {
+            for o in [Some(x), y].into_iter().flatten() {
+                if let Opnd::V(v) = o {
+                    if let Some(u) = urgency.get_mut(v.index()) {
+                        *u = (*u).max(t.prio);
+                    }
+                }
+            }
+        }
+    }
+    let preloaded: Vec<(u32, Val, i64)> = plan
+        .preloaded
+        .iter()
+        .map(|&(pe, v)| {
+            let u = urgency.get(v.index()).copied().unwrap_or(i64::MIN);
+            (pe, v, if u == i64::MIN { 0 } else { u })
+        })
+        .collect();
+    plan.sort(&tasks);
+    let sim = Sim {
+        m,
+        scale: p.scale as f32,
+        tasks: &tasks,
+        order: &plan.order,
+        chains: &plan.chains,
+        reach: &plan.reach,
+    };
+    // Charged per run even where the plan is reused: the search's length is counted in these
+    // units, and the same units end it at the same step.
+    *work += PLAN_WORK * tasks.len() as u64 + PLAN_FIXED;
+    let spread = match sim.run(&mut b, &preloaded, limit, work, scratch) {
+        Ok(Some((cycles, spread))) => {
+            plan.cycles = cycles;
+            spread
+        }
+        Ok(None) => return Ok(None),
+        Err(why) => {
+            b.bug(NAME, why);
+            0
+        }
+    };
+    b.finish().map(|schedule| Some(Run { schedule, spread }))
+}
+
+/// What a run needs that its priority offsets and variant do not change: the tasks and chains of
+/// a layout with its landings, the builder holding their values, and each task's longest path.
+/// The local search rebuilds a schedule per step, mostly with the same layout and landings.
+struct Plan {
+    /// The layout without its priority variant, and the landings moved.
+    layout: Layout,
+    bumps: Vec<u32>,
+    b: Builder,
+    chains: Vec<Chain>,
+    /// `prio` is the row's rank.
+    tasks: Vec<Task>,
+    /// Hops each value travels from where it appears, by value index.
+    reach: Vec<u32>,
+    preloaded: Vec<(u32, Val)>,
+    /// Values the plan made (the simulation's are numbered after them).
+    vals: usize,
+    /// Longest path from each task to the end.
+    tail: Vec<i64>,
+    /// Softmax work, which a `softmax_first` variant runs before any product.
+    eager: Vec<bool>,
+    /// The last run's tasks by PE, then priority (highest first), then index, and the priorities
+    /// they were sorted by: a search step changes only a few of them.
+    order: Vec<u32>,
+    order_prio: Vec<i64>,
+    /// Cycles of the last run that finished.
+    cycles: usize,
+}
+
+/// Most changed priorities the task order is patched for rather than sorted again.
+const RESORT: usize = 8;
+
+impl Plan {
+    /// Brings `order` up to date with the priorities of `tasks`.
+    fn sort(&mut self, tasks: &[Task]) {
+        let n = tasks.len();
+        let changed: Vec<u32> = (0..n as u32)
+            .filter(|&i| self.order_prio.get(i as usize) != Some(&tasks[i as usize].prio))
+            .take(RESORT + 1)
+            .collect();
+        if changed.is_empty() && self.order.len() == n {
+            return;
+        }
+        self.order_prio.clear();
+        self.order_prio.extend(tasks.iter().map(|t| t.prio));
+        let prio = &self.order_prio;
+        let key = |i: u32| (tasks[i as usize].pe, std::cmp::Reverse(prio[i as usize]), i);
+        if self.order.len() != n || changed.len() > RESORT {
+            self.order.clear();
+            self.order.extend(0..n as u32);
+            self.order.sort_unstable_by_key(|&i| key(i));
+            return;
+        }
+        self.order.retain(|i| !changed.contains(i));
+        for &i in &changed {
+            let at = self.order.partition_point(|&j| key(j) < key(i));
+            self.order.insert(at, i);
+        }
+    }
+}
+
+/// The last few plans made (most recently used last), and the simulation's buffers.
+#[derive(Default)]
+struct Plans {
+    recent: Vec<Plan>,
+    scratch: Scratch,
+}
+
+/// Buffers a simulation leaves to the next: each step would otherwise allocate, and fault in,
+/// the same memory again.
+#[derive(Default)]
+struct Scratch {
+    avail: Vec<Avail>,
+    links: Vec<Link>,
+}
+
+/// Plans kept: the retries go round three layouts, and the search keeps coming back to its
+/// current landings.
+const PLANS_KEPT: usize = 4;
+
+/// The plan of `layout` (its priority variant aside) with `bumps`, made if none of `recent` is.
+fn plan_for<'a>(
+    recent: &'a mut Vec<Plan>,
+    p: &Problem,
+    m: u32,
+    layout: Layout,
+    bumps: Vec<u32>,
+) -> &'a mut Plan {
+    let key = Layout {
+        row_weight: 0,
+        softmax_first: false,
+        ..layout
+    };
+    match recent
+        .iter()
+        .position(|q| q.layout == key && q.bumps == bumps)
+    {
+        Some(i) => {
+            let hit = recent.remove(i);
+            recent.push(hit);
+        }
+        None => {
+            if recent.len() >= PLANS_KEPT {
+                recent.remove(0);
+            }
+            recent.push(plan(p, m, key, bumps));
+        }
+    }
+    recent.last_mut().expect("a plan was just pushed")
+}
+
+/// The tasks and chains for one layout, with `bumps` moving landings on the ring-spanning lane.
+fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     let g = Geometry::new(p, m, layout);
     let (n, d) = (p.tokens, p.dim);
     let mut b = Builder::new(NAME, m);
@@ -866,7 +1074,6 @@ fn build(
         }
     };
     let mut score: HashMap<(u32, u32, u32), (usize, u32)> = HashMap::default();
-    let scale = p.scale as f32;
     // Rows in the order they should finish: longest first, so the last to finish is short.
     let rank = |h: u32, a: u32| -> i64 {
         let len = (0..n).filter(|&c| p.unmasked(a, c)).count() as i64;
@@ -886,19 +1093,22 @@ fn build(
         let total: u64 =
             u64::from(p.heads) * (0..n).map(|a| len(a) * (unit + 1)).sum::<u64>().max(1);
         let mut acc = 0u64;
-        let at = |mid: u64, tweaks: &mut Tweaks| -> u32 {
+        let mut next_bump = 0usize;
+        let mut at = |mid: u64| -> u32 {
             let i = ((mid * nb) / total).min(nb - 1) as usize;
-            ring_pes[(i + tweaks.bump() as usize) % ring_pes.len()]
+            let bump = bumps.get(next_bump).copied().unwrap_or(0);
+            next_bump += 1;
+            ring_pes[(i + bump as usize) % ring_pes.len()]
         };
         for (h, a) in (0..p.heads).flat_map(|h| (0..n).map(move |a| (h, a))) {
             let cols: Vec<u32> = (0..n).filter(|&c| p.unmasked(a, c)).collect();
             let mut exp_at = Vec::with_capacity(cols.len());
             for _ in &cols {
-                exp_at.push(at(acc + unit / 2, tweaks));
+                exp_at.push(at(acc + unit / 2));
                 acc += unit;
             }
             for (j, &c) in cols.iter().enumerate() {
-                let div_at = at(acc, tweaks);
+                let div_at = at(acc);
                 acc += 1;
                 phase2.insert((h, a, c), (exp_at[j], div_at));
             }
@@ -1211,40 +1421,36 @@ fn build(
         );
     }
 
-    prioritise(p, &g, &mut tasks, &chains, &weight_readers, tweaks, layout);
-    // A preloaded word goes on the link as urgently as its most urgent reader.
-    let mut urgency: HashMap<Val, i64> = HashMap::default();
-    for t in &tasks {
-        if let TaskKind::Term { x, y, .. } = t.kind {
-            for o in [Some(x), y].into_iter().flatten() {
-                if let Opnd::V(v) = o {
-                    let u = urgency.entry(v).or_insert(t.prio);
-                    *u = (*u).max(t.prio);
-                }
-            }
+    let tail = tails(p, &g, &tasks, &chains, &weight_readers);
+    let eager = tasks
+        .iter()
+        .map(|t| match t.kind {
+            TaskKind::Div { .. } => true,
+            TaskKind::Term { chain, .. } => !matches!(chains[chain].kind, ChainKind::Mac(_)),
+        })
+        .collect();
+    let vals = b.vals();
+    let mut dense_reach = vec![0u32; vals];
+    for (v, &hops) in &reach {
+        if let Some(r) = dense_reach.get_mut(v.index()) {
+            *r = hops;
         }
     }
-    let preloaded: Vec<(u32, Val, i64)> = preloaded
-        .into_iter()
-        .map(|(pe, v)| (pe, v, urgency.get(&v).copied().unwrap_or(0)))
-        .collect();
-    let sim = Sim {
-        m,
-        scale,
-        tasks: &tasks,
-        chains: &chains,
-        reach: &reach,
-    };
-    *work += PLAN_WORK * tasks.len() as u64 + PLAN_FIXED;
-    let spread = match sim.run(&mut b, &preloaded, limit, work) {
-        Ok(Some((_, spread))) => spread,
-        Ok(None) => return Ok(None),
-        Err(why) => {
-            b.bug(NAME, why);
-            0
-        }
-    };
-    b.finish().map(|schedule| Some(Run { schedule, spread }))
+    Plan {
+        layout,
+        bumps,
+        b,
+        chains,
+        tasks,
+        reach: dense_reach,
+        preloaded,
+        vals,
+        tail,
+        eager,
+        order: Vec::new(),
+        order_prio: Vec::new(),
+        cycles: 0,
+    }
 }
 
 /// One run's schedule and how far its PEs' last operations spread before the end (the local
@@ -1255,18 +1461,15 @@ struct Run {
     spread: u64,
 }
 
-/// Static priorities: the longest path from a task to the end, ring hops included (plus noise on
-/// retries). Chains are costed as a whole: every term of a chain gets the chain's figure.
-fn prioritise(
+/// Static priorities: the longest path from a task to the end, ring hops included. Chains are
+/// costed as a whole: every term of a chain gets the chain's figure.
+fn tails(
     p: &Problem,
     g: &Geometry,
-    tasks: &mut [Task],
+    tasks: &[Task],
     chains: &[Chain],
     weight_readers: &HashMap<Val, Vec<u32>>,
-    tweaks: &mut Tweaks,
-    layout: Layout,
-) {
-    let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
+) -> Vec<i64> {
     let m = g.m;
     let len = |c: &Chain| c.segs.iter().map(|s| s.1.len()).sum::<usize>() as i64;
     let last_pe = |c: &Chain| c.segs.last().map_or(0, |s| s.0);
@@ -1334,22 +1537,13 @@ fn prioritise(
             tail[i] = score_tail[i];
         }
     }
-    let span = if tweaks.noise.0 == 0 { 0 } else { 4 };
-    for (i, t) in tasks.iter_mut().enumerate() {
-        let base = match t.kind {
+    tasks
+        .iter()
+        .map(|t| match t.kind {
             TaskKind::Term { chain, .. } => tail[chain],
             TaskKind::Div { out, .. } => div_tail.get(&out).copied().unwrap_or(0) + 1,
-        };
-        // `prio` holds the row's rank until here.
-        let eager = match t.kind {
-            TaskKind::Div { .. } => softmax_first,
-            TaskKind::Term { chain, .. } => {
-                softmax_first && !matches!(chains[chain].kind, ChainKind::Mac(_))
-            }
-        };
-        let boost = if eager { 1 << 40 } else { 0 };
-        t.prio = boost + (base - t.prio * row_weight) * 8 + tweaks.prio(i, span * 8);
-    }
+        })
+        .collect()
 }
 
 /// Words on a PE and the cycle from which each can be read. The simulation asks this for every
@@ -1375,6 +1569,13 @@ impl Avail {
         }
     }
 
+    fn clear(&mut self) {
+        match self {
+            Avail::Dense(at) => at.clear(),
+            Avail::Sparse(at) => at.clear(),
+        }
+    }
+
     fn contains_key(&self, v: &Val) -> bool {
         self.get(v).is_some()
     }
@@ -1395,26 +1596,125 @@ impl Avail {
     }
 }
 
+/// End of a task list.
+const NIL: u32 = u32::MAX;
+
+/// When a task can run: its chain at its segment with the partial sum here (`chain` is [`NONE`]
+/// for a division), and each operand here. An operand is a value's index, [`CHAIN`] plus a
+/// chain's (its result), or [`NONE`].
+#[derive(Clone, Copy)]
+struct Gate {
+    chain: u32,
+    seg: u32,
+    bias: u32,
+    x: u32,
+    y: u32,
+}
+
+const NONE: u32 = u32::MAX;
+const CHAIN: u32 = 1 << 31;
+
+/// Whether a task can run on its PE in cycle `t`.
+fn open(g: &Gate, t: usize, avail: &Avail, state: &[ChainState]) -> bool {
+    let here = |v: Val| avail.get(&v).is_some_and(|at| at <= t);
+    let opnd = |o: u32| {
+        if o == NONE {
+            true
+        } else if o & CHAIN != 0 {
+            state[(o & !CHAIN) as usize].result.is_some_and(here)
+        } else {
+            here(Val::from_u32(o))
+        }
+    };
+    if g.chain != NONE {
+        let s = &state[g.chain as usize];
+        if s.seg != g.seg as usize || s.partial.is_some_and(|v| !here(v)) {
+            return false;
+        }
+    }
+    opnd(g.bias) && opnd(g.x) && opnd(g.y)
+}
+
 /// The cycle-by-cycle list scheduler over pinned tasks.
 struct Sim<'a> {
     m: u32,
     scale: f32,
     tasks: &'a [Task],
+    /// Task indices by PE, then priority (highest first), then index.
+    order: &'a [u32],
     chains: &'a [Chain],
     /// Hops each fixed value travels from where it appears.
-    reach: &'a HashMap<Val, u32>,
+    reach: &'a [u32],
 }
 
 /// Words waiting to go over one PE's link. A word can be queued twice (a score that is also a
 /// row's first partial maximum); the two are merged (farthest reach, most urgent) so no word goes
 /// over one link twice.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Link {
     words: Vec<Pending>,
-    queued: rustc_hash::FxHashSet<Val>,
+    queued: Queued,
+}
+
+/// Which values a link has waiting: a bit per value where [`Avail`] is dense (it is asked on every
+/// push), hashed otherwise.
+#[derive(Clone)]
+enum Queued {
+    Dense(Vec<u64>),
+    Sparse(rustc_hash::FxHashSet<Val>),
+}
+
+impl Queued {
+    /// Marks `v`; false if it was marked already.
+    fn insert(&mut self, v: Val) -> bool {
+        match self {
+            Queued::Dense(bits) => {
+                let (i, bit) = (v.index() / 64, 1u64 << (v.index() % 64));
+                if bits.len() <= i {
+                    bits.resize(i + 1, 0);
+                }
+                let fresh = bits[i] & bit == 0;
+                bits[i] |= bit;
+                fresh
+            }
+            Queued::Sparse(set) => set.insert(v),
+        }
+    }
+
+    fn remove(&mut self, v: Val) {
+        match self {
+            Queued::Dense(bits) => {
+                if let Some(w) = bits.get_mut(v.index() / 64) {
+                    *w &= !(1u64 << (v.index() % 64));
+                }
+            }
+            Queued::Sparse(set) => {
+                set.remove(&v);
+            }
+        }
+    }
 }
 
 impl Link {
+    fn new(dense: bool) -> Link {
+        Link {
+            words: Vec::new(),
+            queued: if dense {
+                Queued::Dense(Vec::new())
+            } else {
+                Queued::Sparse(Default::default())
+            },
+        }
+    }
+
+    fn clear(&mut self) {
+        self.words.clear();
+        match &mut self.queued {
+            Queued::Dense(bits) => bits.clear(),
+            Queued::Sparse(set) => set.clear(),
+        }
+    }
+
     fn push(&mut self, w: Pending) {
         if !self.queued.insert(w.val) {
             if let Some(p) = self.words.iter_mut().find(|p| p.val == w.val) {
@@ -1429,7 +1729,7 @@ impl Link {
 
     fn take(&mut self, k: usize) -> Pending {
         let w = self.words.swap_remove(k);
-        self.queued.remove(&w.val);
+        self.queued.remove(w.val);
         w
     }
 }
@@ -1455,7 +1755,7 @@ struct ChainState {
 impl Sim<'_> {
     /// Queues `v` on `link` when a later PE reads it (`reach` says how many hops away).
     fn forward(&self, v: Val, prio: i64, link: &mut Link) {
-        let hops = self.reach.get(&v).copied().unwrap_or(0);
+        let hops = self.reach.get(v.index()).copied().unwrap_or(0);
         if hops > 0 {
             link.push(Pending {
                 val: v,
@@ -1472,20 +1772,26 @@ impl Sim<'_> {
         preloaded: &[(u32, Val, i64)],
         limit: usize,
         work: &mut u64,
+        scratch: &mut Scratch,
     ) -> Result<Option<(usize, u64)>, String> {
         let m = self.m as usize;
         let mut last_op: Vec<usize> = vec![0; m];
         let dense = (m as u64) * 3 * (self.tasks.len() as u64) <= DENSE_AVAIL;
-        let mut avail: Vec<Avail> = (0..m)
-            .map(|_| {
-                if dense {
-                    Avail::Dense(Vec::new())
-                } else {
-                    Avail::Sparse(HashMap::default())
-                }
-            })
-            .collect();
-        let mut links: Vec<Link> = vec![Link::default(); m];
+        let Scratch { avail, links } = scratch;
+        if avail.len() != m || links.len() != m || matches!(avail[0], Avail::Dense(_)) != dense {
+            *avail = (0..m)
+                .map(|_| {
+                    if dense {
+                        Avail::Dense(Vec::new())
+                    } else {
+                        Avail::Sparse(HashMap::default())
+                    }
+                })
+                .collect();
+            *links = vec![Link::new(dense); m];
+        }
+        avail.iter_mut().for_each(Avail::clear);
+        links.iter_mut().for_each(Link::clear);
         for &(pe, v, prio) in preloaded {
             avail[pe as usize].insert(v, 0);
             self.forward(v, prio, &mut links[pe as usize]);
@@ -1498,18 +1804,28 @@ impl Sim<'_> {
                 ..Default::default()
             })
             .collect();
-        // Per PE, pending tasks by priority (highest first).
-        let mut queue: Vec<Vec<usize>> = vec![Vec::new(); m];
-        for (i, t) in self.tasks.iter().enumerate() {
-            queue[t.pe as usize].push(i);
-        }
-        for q in &mut queue {
-            q.sort_by_key(|&i| (std::cmp::Reverse(self.tasks[i].prio), i));
+        // Per PE, pending tasks by priority (highest first): a list linked through `next`, as
+        // tasks leave from anywhere in it.
+        // The lists run over positions in `order`, with what readiness needs of each task
+        // alongside: a PE's list is then read front to back in memory.
+        let order = self.order;
+        let gates: Vec<Gate> = order.iter().map(|&i| self.gate(i as usize)).collect();
+        let mut head: Vec<u32> = vec![NIL; m];
+        let mut next: Vec<u32> = vec![NIL; order.len()];
+        let mut ops_left: Vec<usize> = vec![0; m];
+        for (k, &i) in order.iter().enumerate().rev() {
+            let pe = self.tasks[i as usize].pe as usize;
+            if let Some(&after) = order.get(k + 1) {
+                if self.tasks[after as usize].pe as usize == pe {
+                    next[k] = k as u32 + 1;
+                }
+            }
+            head[pe] = k as u32;
+            ops_left[pe] += 1;
         }
         let mut left: usize = self.tasks.len();
         // Per PE, the operations still to run: its tasks but the first term of each maximum
         // chain that starts on it (absorbed, no operation).
-        let mut ops_left: Vec<usize> = queue.iter().map(Vec::len).collect();
         for c in self.chains.iter().filter(|c| c.kind == ChainKind::Max) {
             if let Some((pe, _)) = c.segs.first().filter(|s| !s.1.is_empty()) {
                 ops_left[*pe as usize] = ops_left[*pe as usize].saturating_sub(1);
@@ -1517,6 +1833,7 @@ impl Sim<'_> {
         }
         // Per PE, the first cycle its task list needs looking at again.
         let mut wake: Vec<usize> = vec![0; m];
+        let mut arrivals: Vec<(usize, Val)> = Vec::new();
         let mut t = 0usize;
         let mut idle = 0usize;
         while left > 0 || links.iter().any(|l| !l.words.is_empty()) {
@@ -1529,45 +1846,53 @@ impl Sim<'_> {
                 return Ok(None);
             }
             let mut progressed = false;
-            let mut arrivals: Vec<(usize, Val)> = Vec::new();
+            arrivals.clear();
             *work += m as u64;
             for pe in 0..m {
                 // Operation slot: the most urgent ready task (absorbing a maximum chain's first
                 // terms costs nothing and does not use the slot). A PE that found nothing ready
                 // waits for a word to reach it or for its own work to finish: nothing else can
                 // make one of its tasks ready.
-                let mut pos = if wake[pe] <= t { 0 } else { queue[pe].len() };
+                let (mut prev, mut cur) = (NIL, if wake[pe] <= t { head[pe] } else { NIL });
                 wake[pe] = usize::MAX;
-                while pos < queue[pe].len() {
-                    let i = queue[pe][pos];
+                while cur != NIL {
+                    let k = cur as usize;
                     *work += 1;
-                    match self.ready(i, t, &avail[pe], &state) {
-                        Some(true) => {
-                            queue[pe].remove(pos);
-                            left -= 1;
-                            progressed = true;
-                            if self.absorb(i, t, &mut state, &mut links[pe]) {
-                                pos = 0;
-                                continue;
-                            }
-                            self.execute(b, i, t, pe, &mut state, &mut avail[pe], &mut links[pe]);
-                            ops_left[pe] = ops_left[pe].saturating_sub(1);
-                            last_op[pe] = t;
-                            wake[pe] = t + 1;
-                            break;
-                        }
-                        _ => pos += 1,
+                    if !open(&gates[k], t, &avail[pe], &state) {
+                        (prev, cur) = (cur, next[k]);
+                        continue;
                     }
+                    let i = order[k] as usize;
+                    if prev == NIL {
+                        head[pe] = next[k];
+                    } else {
+                        next[prev as usize] = next[k];
+                    }
+                    left -= 1;
+                    progressed = true;
+                    if self.absorb(i, t, &mut state, &mut links[pe]) {
+                        (prev, cur) = (NIL, head[pe]);
+                        continue;
+                    }
+                    self.execute(b, i, t, pe, &mut state, &mut avail[pe], &mut links[pe]);
+                    ops_left[pe] = ops_left[pe].saturating_sub(1);
+                    last_op[pe] = t;
+                    wake[pe] = t + 1;
+                    break;
                 }
-                // Link slot: the most urgent word that is here (or made now by the accumulator).
+                // Link slot: the most urgent word that is here (or made now by the accumulator),
+                // the first in the queue among equally urgent ones.
                 *work += links[pe].words.len() as u64;
                 let here = |p: &Pending| {
                     p.acc_at == Some(t) || avail[pe].get(&p.val).is_some_and(|at| at <= t)
                 };
-                if let Some(k) = (0..links[pe].words.len())
-                    .filter(|&k| here(&links[pe].words[k]))
-                    .max_by_key(|&k| (links[pe].words[k].prio, std::cmp::Reverse(k)))
-                {
+                let mut pick: Option<(i64, usize)> = None;
+                for (k, w) in links[pe].words.iter().enumerate() {
+                    if pick.is_none_or(|(prio, _)| w.prio > prio) && here(w) {
+                        pick = Some((w.prio, k));
+                    }
+                }
+                if let Some((_, k)) = pick {
                     let w = links[pe].take(k);
                     let to = (pe + 1) % m;
                     // A word can reach a PE by two routes (a score that is also a row's first
@@ -1586,7 +1911,7 @@ impl Sim<'_> {
                     }
                 }
             }
-            for (to, v) in arrivals {
+            for &(to, v) in &arrivals {
                 avail[to].insert(v, t + 1);
                 wake[to] = wake[to].min(t + 1);
             }
@@ -1606,29 +1931,32 @@ impl Sim<'_> {
         Ok(Some((t, busy)))
     }
 
-    /// Whether task `i` can run on its PE in cycle `t`.
-    fn ready(&self, i: usize, t: usize, avail: &Avail, state: &[ChainState]) -> Option<bool> {
-        let here = |v: Val| avail.get(&v).is_some_and(|at| at <= t);
+    /// What [`open`] needs of task `i`.
+    fn gate(&self, i: usize) -> Gate {
         let opnd = |o: Opnd| match o {
-            Opnd::V(v) => Some(here(v)),
-            Opnd::Chain(c) => state[c].result.map(here),
+            Opnd::V(v) => v.as_u32(),
+            Opnd::Chain(c) => CHAIN | c as u32,
         };
         match self.tasks[i].kind {
             TaskKind::Term {
                 chain, seg, x, y, ..
-            } => {
-                let s = &state[chain];
-                if s.seg != seg || s.partial.is_some_and(|v| !here(v)) {
-                    return Some(false);
-                }
-                if let ChainKind::Exp { bias: Some(mx) } = self.chains[chain].kind {
-                    if !opnd(Opnd::Chain(mx))? {
-                        return Some(false);
-                    }
-                }
-                Some(opnd(x)? && y.map_or(Some(true), opnd)?)
-            }
-            TaskKind::Div { num, den, .. } => Some(here(num) && opnd(Opnd::Chain(den))?),
+            } => Gate {
+                chain: chain as u32,
+                seg: seg as u32,
+                bias: match self.chains[chain].kind {
+                    ChainKind::Exp { bias: Some(mx) } => CHAIN | mx as u32,
+                    _ => NONE,
+                },
+                x: opnd(x),
+                y: y.map_or(NONE, opnd),
+            },
+            TaskKind::Div { num, den, .. } => Gate {
+                chain: NONE,
+                seg: 0,
+                bias: NONE,
+                x: num.as_u32(),
+                y: CHAIN | den as u32,
+            },
         }
     }
 
