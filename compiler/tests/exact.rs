@@ -287,17 +287,24 @@ fn bound_never_exceeds_a_proven_optimum() {
 
 #[test]
 fn cut_bound_never_exceeds_a_proven_optimum_on_large_rings() {
-    // Separate q, k, v (the only layers the cut part is claimed for) on rings larger than the
-    // work: the cut part must stay at or below the proven optimum, as must the whole bound.
-    for (tokens, dim, causal, pes) in [
-        (1, 2, false, 4),
-        (2, 1, false, 6),
-        (2, 2, false, 8),
-        (3, 1, false, 6),
-        (3, 1, true, 8),
-        (3, 2, true, 4),
+    // Rings larger than the work: the cut part must stay at or below the proven optimum, as
+    // must the whole bound. Separate q, k, v count both phases; q = k = v phase 3 alone.
+    for (tokens, dim, causal, shared, pes) in [
+        (1, 2, false, false, 4),
+        (2, 1, false, false, 6),
+        (2, 2, false, false, 8),
+        (3, 1, false, false, 6),
+        (3, 1, true, false, 8),
+        (3, 2, true, false, 4),
+        (2, 2, false, true, 6),
+        (2, 1, false, true, 8),
     ] {
-        let text = src(tokens, dim, if causal { "mask = causal;" } else { "" });
+        let extra = match (causal, shared) {
+            (true, _) => "mask = causal;",
+            (false, true) => "qkv = shared;",
+            (false, false) => "",
+        };
+        let text = src(tokens, dim, extra);
         let l = layer(&text);
         let opts = Options {
             strategy: Strategy::Up,
@@ -310,7 +317,7 @@ fn cut_bound_never_exceeds_a_proven_optimum_on_large_rings() {
             heads: 1,
             tokens,
             dim,
-            shared: false,
+            shared,
             causal,
             softmax: runtime::layer::Softmax::Plain,
         };

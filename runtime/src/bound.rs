@@ -189,10 +189,12 @@ impl Shape {
 
 impl Shape {
     /// The cut part: the fewest cycles `T` for which, whenever the ring is cut into `k` arcs
-    /// that each do more than `P/k − T` of the `P` products, the words that must enter the arcs
-    /// fit on their `k` incoming links (`T − 1` readable words each). docs/scheduling.md
-    /// ("Cuts") derives it. Claimed only with separate q, k, v (a word of x would serve three
-    /// lines at once) and per-weight normalisation (fact 4); otherwise 1.
+    /// that each do more than `P/k − T` of the `P` products counted, the words that must enter
+    /// the arcs fit on their `k` incoming links (`T − 1` readable words each).
+    /// docs/scheduling.md ("Cuts") derives it. With separate q, k, v both phases' products are
+    /// counted, and phase 3's alone; with q = k = v (a word of x serves lines of both phases,
+    /// and phase 1 may be recomputed) phase 3's alone. Per-weight normalisation only (fact 4);
+    /// otherwise 1.
     pub fn cut_bound(&self, pes: u32, norm: Normalisation) -> Option<u64> {
         if pes == 0 {
             return None;
@@ -202,50 +204,77 @@ impl Shape {
             u64::from(self.tokens),
             u64::from(self.dim),
         );
-        if self.shared || norm == Normalisation::Deferred || pes < 2 || n == 0 || d == 0 {
+        if norm == Normalisation::Deferred || pes < 2 || n == 0 || d == 0 {
             return Some(1);
         }
+        let m = u64::from(pes);
+        // Weights: every ordered pair that is not masked, once.
         let pairs = if self.causal {
             n.checked_mul(n + 1)? / 2
         } else {
             n.checked_mul(n)?
         }
         .checked_mul(h)?;
-        // Products: d of phase 1 and d of phase 3 per pair. Lines: one per pair, and per head
-        // four per (token, column): q[i][c], k[j][c], v[j][c] and the chain of y[i][c].
-        let products = pairs.checked_mul(d.checked_mul(2)?)?;
-        let lines = pairs.checked_add(h.checked_mul(n)?.checked_mul(d)?.checked_mul(4)?)?;
-        // Beyond f64's exact integers the counts below would be rounded: claim nothing.
-        if products > 1 << 50 || lines > 1 << 50 {
-            return Some(1);
+        let columns = h.checked_mul(n)?.checked_mul(d)?;
+        // Phase 3: d products per weight; lines: one per weight, and per (token, column) the
+        // lines of v[j][c] and of the chain y[i][c].
+        let phase3 = cut(
+            m,
+            pairs.checked_mul(d)?,
+            pairs.checked_add(columns.checked_mul(2)?)?,
+            d,
+            n,
+        );
+        if self.shared {
+            return Some(phase3);
         }
-        let most_arcs = u64::from(pes).min(MAX_ARCS);
-        let fits = |t: u64| -> bool {
-            let mut k = 2;
-            while k <= most_arcs && k * t < products {
-                // Each arc does at least `share` products and meets at least `touched` lines;
-                // all but one arc a line meets must receive one of its values.
-                let share = (products - k * t) / k + 1;
-                let touched = lines_meeting(share, 2 * d, n);
-                if ((k * (t - 1) + lines) as f64) < k as f64 * touched {
-                    return false;
-                }
-                k += 1;
-            }
-            true
-        };
-        // `T = products` always fits (no two arcs can each do more than half of them).
-        let (mut lo, mut hi) = (1u64, products.max(1));
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if fits(mid) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        Some(lo)
+        // Both phases: d products of each phase per pair on its pair line, and per (token,
+        // column) four lines: q[i][c], k[j][c], v[j][c] and the chain of y[i][c].
+        let both = cut(
+            m,
+            pairs.checked_mul(d.checked_mul(2)?)?,
+            pairs.checked_add(columns.checked_mul(4)?)?,
+            d.checked_mul(2)?,
+            n,
+        );
+        Some(both.max(phase3))
     }
+}
+
+/// The least `T` for which every cut of `m` PEs into `k ≥ 2` arcs that each do more than
+/// `products/k − T` products leaves room on the `k` incoming links (`T − 1` words each) for the
+/// words entering the arcs: all but one of the arcs a line meets receive one of its values, and
+/// an arc doing `s` products meets at least [`lines_meeting`] lines (pair lines of at most
+/// `pair_len` products, the others of at most `row_len`).
+fn cut(m: u64, products: u64, lines: u64, pair_len: u64, row_len: u64) -> u64 {
+    // Beyond f64's exact integers the counts below would be rounded: claim nothing.
+    if products > 1 << 50 || lines > 1 << 50 {
+        return 1;
+    }
+    let most_arcs = m.min(MAX_ARCS);
+    let fits = |t: u64| -> bool {
+        let mut k = 2;
+        while k <= most_arcs && k * t < products {
+            let share = (products - k * t) / k + 1;
+            let touched = lines_meeting(share, pair_len, row_len);
+            if ((k * (t - 1) + lines) as f64) < k as f64 * touched {
+                return false;
+            }
+            k += 1;
+        }
+        true
+    };
+    // `T = products` always fits (no two arcs can each do more than half of them).
+    let (mut lo, mut hi) = (1u64, products.max(1));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
 }
 
 /// Most arcs a cut is tried with: more only add conditions, so fewer keep the bound sound.
@@ -543,11 +572,24 @@ mod tests {
     }
 
     #[test]
-    fn cuts_are_claimed_only_where_every_line_has_its_own_words() {
-        for norm in [Normalisation::PerWeight, Normalisation::Deferred] {
-            let shared = shape(32, 8, true, false, Softmax::Safe);
-            assert_eq!(shared.cut_bound(256, norm), Some(1));
-        }
+    fn shared_layers_are_cut_on_their_phase_3_products() {
+        // q = k = v, n = 16, d = 8: 2048 phase-3 products on 256 weight lines and 2·128 lines
+        // of x (as v) and of y. At T = 52 four arcs each do at least (2048 − 208)/4 + 1 = 461
+        // products and meet at least 3·461^(2/3) ≈ 179.2, i.e. 180 lines: 4·180 − 512 = 208
+        // words over 4 links of 51. At 53 every cut fits.
+        assert_eq!(lines_meeting(461, 8, 16), 180.0);
+        let s = shape(16, 8, true, false, Softmax::Safe);
+        assert_eq!(s.cut_bound(256, Normalisation::PerWeight), Some(53));
+        assert_eq!(s.bound(256, Normalisation::PerWeight).unwrap().value, 53);
+        // With separate q, k, v both phases together say more than phase 3 alone.
+        let separate = shape(16, 8, false, false, Softmax::Safe);
+        assert_eq!(separate.cut_bound(256, Normalisation::PerWeight), Some(97));
+    }
+
+    #[test]
+    fn cuts_need_per_weight_normalisation_and_two_pes() {
+        let shared = shape(32, 8, true, false, Softmax::Safe);
+        assert_eq!(shared.cut_bound(256, Normalisation::Deferred), Some(1));
         let s = shape(32, 8, false, false, Softmax::Safe);
         assert_eq!(s.cut_bound(256, Normalisation::Deferred), Some(1));
         assert_eq!(s.cut_bound(1, Normalisation::PerWeight), Some(1));
