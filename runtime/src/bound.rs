@@ -572,6 +572,37 @@ mod tests {
     }
 
     #[test]
+    fn lines_met_never_exceed_those_of_any_set_of_products() {
+        // Every subset of an n × n × D grid (D points per pair line, n per other line): the
+        // fewest lines a set of each size meets is at least `lines_meeting`.
+        for (n, depth) in [(2usize, 2usize), (3, 2), (2, 4), (2, 3)] {
+            let points = n * n * depth;
+            let mut fewest = vec![usize::MAX; points + 1];
+            for set in 0u32..1 << points {
+                let (mut pair, mut row, mut col) = (0u64, 0u64, 0u64);
+                for p in 0..points {
+                    if set >> p & 1 == 1 {
+                        let (i, j, c) = (p / (n * depth), p / depth % n, p % depth);
+                        pair |= 1 << (i * n + j);
+                        row |= 1 << (i * depth + c);
+                        col |= 1 << (j * depth + c);
+                    }
+                }
+                let met = (pair.count_ones() + row.count_ones() + col.count_ones()) as usize;
+                let size = set.count_ones() as usize;
+                fewest[size] = fewest[size].min(met);
+            }
+            for (s, &f) in fewest.iter().enumerate() {
+                let claimed = lines_meeting(s as u64, depth as u64, n as u64);
+                assert!(
+                    claimed <= f as f64,
+                    "{n}×{n}×{depth}, {s} points: {claimed} > {f}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn shared_layers_are_cut_on_their_phase_3_products() {
         // q = k = v, n = 16, d = 8: 2048 phase-3 products on 256 weight lines and 2·128 lines
         // of x (as v) and of y. At T = 52 four arcs each do at least (2048 − 208)/4 + 1 = 461
