@@ -98,6 +98,8 @@ struct Summary {
     above_lb: BTreeMap<&'static str, u32>,
     checked: u32,
     failed: Vec<String>,
+    /// Programs shorter than `bound`, which would disprove it.
+    below_bound: Vec<String>,
     unchecked: u32,
 }
 
@@ -272,6 +274,11 @@ fn main() {
                         worse(&mut s.worst_plenty_easy, to_lb, &what);
                     }
                 }
+                if *cycles < b.value {
+                    // `bound` claims no program is shorter: a shorter one disproves it.
+                    s.below_bound
+                        .push(format!("{what}: {cycles} cycles, bound {}", b.value));
+                }
                 let checked = match checked {
                     Some(true) => {
                         s.checked += 1;
@@ -389,6 +396,15 @@ fn summarise(s: &Summary) {
             format!(" ({})", s.failed.join(", "))
         },
         s.unchecked
+    );
+    println!();
+    println!(
+        "programs shorter than their bound (each would disprove it): {}",
+        if s.below_bound.is_empty() {
+            "none".to_string()
+        } else {
+            s.below_bound.join(", ")
+        }
     );
 }
 

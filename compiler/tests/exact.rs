@@ -284,3 +284,54 @@ fn bound_never_exceeds_a_proven_optimum() {
     }
     assert!(above_lb >= 6, "only {above_lb} layers test more than LB");
 }
+
+#[test]
+fn cut_bound_never_exceeds_a_proven_optimum_on_large_rings() {
+    // Rings larger than the work: the cut part must stay at or below the proven optimum, as
+    // must the whole bound. Separate q, k, v count both phases; q = k = v phase 3 alone.
+    for (tokens, dim, causal, shared, pes) in [
+        (1, 2, false, false, 4),
+        (2, 1, false, false, 6),
+        (2, 2, false, false, 8),
+        (3, 1, false, false, 6),
+        (3, 1, true, false, 8),
+        (3, 2, true, false, 4),
+        (2, 2, false, true, 6),
+        (2, 1, false, true, 8),
+    ] {
+        let extra = match (causal, shared) {
+            (true, _) => "mask = causal;",
+            (false, true) => "qkv = shared;",
+            (false, false) => "",
+        };
+        let text = src(tokens, dim, extra);
+        let l = layer(&text);
+        let opts = Options {
+            strategy: Strategy::Up,
+            ..sat_only()
+        };
+        let out = exact::optimal(&l, pes, &opts).expect("searches");
+        assert!(out.proved_optimal, "{text} on {pes} PEs");
+        let b = out.manifest.bound.expect("the manifest states the bound");
+        let shape = runtime::layer::Shape {
+            heads: 1,
+            tokens,
+            dim,
+            shared,
+            causal,
+            softmax: runtime::layer::Softmax::Plain,
+        };
+        let cut = shape
+            .cut_bound(pes, runtime::layer::Normalisation::PerWeight)
+            .expect("a cut part");
+        assert!(
+            cut <= out.cycles && b.link <= out.cycles && b.value <= out.cycles,
+            "{text} on {pes} PEs: cut {cut}, bound {b:?} above the optimum {}",
+            out.cycles
+        );
+        eprintln!(
+            "{text} on {pes} PEs: optimum {} cycles, cut {cut}, {b:?}",
+            out.cycles
+        );
+    }
+}

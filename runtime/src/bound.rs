@@ -110,9 +110,16 @@ impl Shape {
     }
 
     /// The link part: the fewest cycles `T` for which the words that must cross links in a
-    /// `T`-cycle program fit on the `pes` links (each carries `T − 1` words a program can still
-    /// read).
+    /// `T`-cycle program fit on them: on all `pes` links together (each carries `T − 1` words a
+    /// program can still read), and on the links into arcs that each do an equal share of the
+    /// products ([`Shape::cut_bound`]).
     pub fn link_bound(&self, pes: u32, norm: Normalisation) -> Option<u64> {
+        Some(self.reuse_bound(pes, norm)?.max(self.cut_bound(pes, norm)?))
+    }
+
+    /// The fewest cycles `T` for which the operands the products of each group need beyond
+    /// those preloaded or computed on their PEs fit on the `pes` links together.
+    fn reuse_bound(&self, pes: u32, norm: Normalisation) -> Option<u64> {
         if pes == 0 {
             return None;
         }
@@ -178,6 +185,130 @@ impl Shape {
             phase1.checked_add(phase3)?
         })
     }
+}
+
+impl Shape {
+    /// The cut part: the fewest cycles `T` for which, whenever the ring is cut into `k` arcs
+    /// that each do more than `P/k − T` of the `P` products counted, the words that must enter
+    /// the arcs fit on their `k` incoming links (`T − 1` readable words each).
+    /// docs/scheduling.md ("Cuts") derives it. With separate q, k, v both phases' products are
+    /// counted, and phase 3's alone; with q = k = v (a word of x serves lines of both phases,
+    /// and phase 1 may be recomputed) phase 3's alone. Per-weight normalisation only (fact 4);
+    /// otherwise 1.
+    pub fn cut_bound(&self, pes: u32, norm: Normalisation) -> Option<u64> {
+        if pes == 0 {
+            return None;
+        }
+        let (h, n, d) = (
+            u64::from(self.heads),
+            u64::from(self.tokens),
+            u64::from(self.dim),
+        );
+        if norm == Normalisation::Deferred || pes < 2 || n == 0 || d == 0 {
+            return Some(1);
+        }
+        let m = u64::from(pes);
+        // Weights: every ordered pair that is not masked, once.
+        let pairs = if self.causal {
+            n.checked_mul(n + 1)? / 2
+        } else {
+            n.checked_mul(n)?
+        }
+        .checked_mul(h)?;
+        let columns = h.checked_mul(n)?.checked_mul(d)?;
+        // Phase 3: d products per weight; lines: one per weight, and per (token, column) the
+        // lines of v[j][c] and of the chain y[i][c].
+        let phase3 = cut(
+            m,
+            pairs.checked_mul(d)?,
+            pairs.checked_add(columns.checked_mul(2)?)?,
+            d,
+            n,
+        );
+        if self.shared {
+            return Some(phase3);
+        }
+        // Both phases: d products of each phase per pair on its pair line, and per (token,
+        // column) four lines: q[i][c], k[j][c], v[j][c] and the chain of y[i][c].
+        let both = cut(
+            m,
+            pairs.checked_mul(d.checked_mul(2)?)?,
+            pairs.checked_add(columns.checked_mul(4)?)?,
+            d.checked_mul(2)?,
+            n,
+        );
+        Some(both.max(phase3))
+    }
+}
+
+/// The least `T` for which every cut of `m` PEs into `k ≥ 2` arcs that each do more than
+/// `products/k − T` products leaves room on the `k` incoming links (`T − 1` words each) for the
+/// words entering the arcs: all but one of the arcs a line meets receive one of its values, and
+/// an arc doing `s` products meets at least [`lines_meeting`] lines (pair lines of at most
+/// `pair_len` products, the others of at most `row_len`).
+fn cut(m: u64, products: u64, lines: u64, pair_len: u64, row_len: u64) -> u64 {
+    // Beyond f64's exact integers the counts below would be rounded: claim nothing.
+    if products > 1 << 50 || lines > 1 << 50 {
+        return 1;
+    }
+    let most_arcs = m.min(MAX_ARCS);
+    let fits = |t: u64| -> bool {
+        let mut k = 2;
+        while k <= most_arcs && k * t < products {
+            let share = (products - k * t) / k + 1;
+            let touched = lines_meeting(share, pair_len, row_len);
+            if ((k * (t - 1) + lines) as f64) < k as f64 * touched {
+                return false;
+            }
+            k += 1;
+        }
+        true
+    };
+    // `T = products` always fits (no two arcs can each do more than half of them).
+    let (mut lo, mut hi) = (1u64, products.max(1));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
+/// Most arcs a cut is tried with: more only add conditions, so fewer keep the bound sound.
+const MAX_ARCS: u64 = 4096;
+
+/// Fewest lines a set of `s` products can meet, rounded up to a whole line: the products are
+/// points of a grid whose axis-parallel lines are the pair lines (at most `pair_len` points each)
+/// and the two other kinds (at most `row_len` each). By Loomis–Whitney the three counts of lines
+/// met, `L1, L2, L3`, have `L1·L2·L3 ≥ s²`, and `Lk ≥ s / (points per line)`; their sum is least
+/// with `Lk = max(ak, λ)` for one `λ` (the constraints are convex in `log L`).
+fn lines_meeting(s: u64, pair_len: u64, row_len: u64) -> f64 {
+    let s = s as f64;
+    let mut floors = [s / pair_len as f64, s / row_len as f64, s / row_len as f64];
+    floors.sort_by(|a, b| b.total_cmp(a));
+    let target = s * s;
+    // Raise the `free` smallest counts to a common λ; the others stay at their floors.
+    let mut best = floors.iter().sum::<f64>();
+    if floors.iter().product::<f64>() < target {
+        best = f64::INFINITY;
+        for free in 1..=3usize {
+            let fixed: f64 = floors[..3 - free].iter().product();
+            let lambda = (target / fixed).powf(1.0 / free as f64);
+            if floors[..3 - free].iter().all(|&a| a >= lambda) && lambda >= floors[3 - free] {
+                best = floors[..3 - free].iter().sum::<f64>() + free as f64 * lambda;
+                break;
+            }
+        }
+        if !best.is_finite() {
+            // Unreachable for exact arithmetic; the common level is a valid floor anyway.
+            best = 3.0 * target.cbrt();
+        }
+    }
+    // A count of lines is whole; the margin absorbs floating-point error.
+    (best - 1e-9 * best.max(1.0)).ceil().max(0.0)
 }
 
 /// The critical path of one row of `k` scores: `z`, the first cycle its denominator Z can be
@@ -404,6 +535,99 @@ mod tests {
         // phases, so the larger count stands.
         let shared = shape(2, 1, true, false, Softmax::Plain);
         assert_eq!(shared.words_to_cross(1, Normalisation::PerWeight), Some(2));
+    }
+
+    #[test]
+    fn four_arcs_decide_a_short_sequence_with_small_columns() {
+        // n = 32, d = 8, one head: 16384 products on 1024 + 4·256 = 2048 lines. At T = 228 four
+        // arcs each do at least (16384 − 4·228)/4 + 1 = 3869 products, so each meets at least
+        // 3·3869^(2/3) ≈ 739.4, i.e. 740 lines (the floors 3869/16 and 3869/32 are below that):
+        // 4·740 − 2048 = 912 words must enter over 4 links of 227 words. At 229 they fit.
+        assert_eq!(lines_meeting(3869, 16, 32), 740.0);
+        let s = shape(32, 8, false, false, Softmax::Safe);
+        assert_eq!(s.cut_bound(256, Normalisation::PerWeight), Some(229));
+        let b = s.bound(256, Normalisation::PerWeight).unwrap();
+        assert_eq!(
+            (b.lower_bound, b.critical_path, b.link, b.value),
+            (76, 81, 229, 229)
+        );
+        // The arcs need not be short: the cut does not depend on the ring once it has 4 PEs.
+        assert_eq!(s.cut_bound(4, Normalisation::PerWeight), Some(229));
+        assert_eq!(s.cut_bound(64, Normalisation::PerWeight), Some(229));
+        assert_eq!(s.bound(64, Normalisation::PerWeight).unwrap().value, 304);
+    }
+
+    #[test]
+    fn lines_met_follow_the_floors_when_a_line_kind_is_short() {
+        // 8000 points with pair lines of 16 and the others of 32: the pair floor 500 exceeds
+        // 8000^(2/3) = 400, so L1 = 500 and L2 = L3 = √(8000²/500) ≈ 357.8.
+        assert_eq!(
+            lines_meeting(8000, 16, 32),
+            (500.0 + 2.0 * 8000.0 / 500f64.sqrt()).ceil()
+        );
+        // All floors: s²  ≤ product of the floors (long lines everywhere is impossible, but
+        // the count is then just their sum).
+        assert_eq!(lines_meeting(1, 1, 1), 3.0);
+        assert_eq!(lines_meeting(0, 4, 4), 0.0);
+    }
+
+    #[test]
+    fn lines_met_never_exceed_those_of_any_set_of_products() {
+        // Every subset of an n × n × D grid (D points per pair line, n per other line): the
+        // fewest lines a set of each size meets is at least `lines_meeting`.
+        for (n, depth) in [(2usize, 2usize), (3, 2), (2, 4), (2, 3)] {
+            let points = n * n * depth;
+            let mut fewest = vec![usize::MAX; points + 1];
+            for set in 0u32..1 << points {
+                let (mut pair, mut row, mut col) = (0u64, 0u64, 0u64);
+                for p in 0..points {
+                    if set >> p & 1 == 1 {
+                        let (i, j, c) = (p / (n * depth), p / depth % n, p % depth);
+                        pair |= 1 << (i * n + j);
+                        row |= 1 << (i * depth + c);
+                        col |= 1 << (j * depth + c);
+                    }
+                }
+                let met = (pair.count_ones() + row.count_ones() + col.count_ones()) as usize;
+                let size = set.count_ones() as usize;
+                fewest[size] = fewest[size].min(met);
+            }
+            for (s, &f) in fewest.iter().enumerate() {
+                let claimed = lines_meeting(s as u64, depth as u64, n as u64);
+                assert!(
+                    claimed <= f as f64,
+                    "{n}×{n}×{depth}, {s} points: {claimed} > {f}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn shared_layers_are_cut_on_their_phase_3_products() {
+        // q = k = v, n = 16, d = 8: 2048 phase-3 products on 256 weight lines and 2·128 lines
+        // of x (as v) and of y. At T = 52 four arcs each do at least (2048 − 208)/4 + 1 = 461
+        // products and meet at least 3·461^(2/3) ≈ 179.2, i.e. 180 lines: 4·180 − 512 = 208
+        // words over 4 links of 51. At 53 every cut fits.
+        assert_eq!(lines_meeting(461, 8, 16), 180.0);
+        let s = shape(16, 8, true, false, Softmax::Safe);
+        assert_eq!(s.cut_bound(256, Normalisation::PerWeight), Some(53));
+        assert_eq!(s.bound(256, Normalisation::PerWeight).unwrap().value, 53);
+        // With separate q, k, v both phases together say more than phase 3 alone.
+        let separate = shape(16, 8, false, false, Softmax::Safe);
+        assert_eq!(separate.cut_bound(256, Normalisation::PerWeight), Some(97));
+    }
+
+    #[test]
+    fn cuts_need_per_weight_normalisation_and_two_pes() {
+        let shared = shape(32, 8, true, false, Softmax::Safe);
+        assert_eq!(shared.cut_bound(256, Normalisation::Deferred), Some(1));
+        let s = shape(32, 8, false, false, Softmax::Safe);
+        assert_eq!(s.cut_bound(256, Normalisation::Deferred), Some(1));
+        assert_eq!(s.cut_bound(1, Normalisation::PerWeight), Some(1));
+        assert_eq!(s.cut_bound(0, Normalisation::PerWeight), None);
+        // Causal rows have fewer pairs and lines: 8448 products on 528 + 1024 lines.
+        let c = shape(32, 8, false, true, Softmax::Safe);
+        assert_eq!(c.cut_bound(256, Normalisation::PerWeight), Some(102));
     }
 
     #[test]
