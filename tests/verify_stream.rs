@@ -39,17 +39,35 @@ fn build(
     safe: bool,
     lag: Lag,
 ) -> Option<(Vec<Program>, Manifest)> {
+    build_checked(n, d, h, m, shared, causal, safe, lag, true)
+}
+
+/// [`build`], with the checks and proof without unrolling only if `compact`.
+#[allow(clippy::too_many_arguments)] // a layer's shape, spelled out at each call
+fn build_checked(
+    n: u32,
+    d: u32,
+    h: u32,
+    m: u32,
+    shared: bool,
+    causal: bool,
+    safe: bool,
+    lag: Lag,
+    compact: bool,
+) -> Option<(Vec<Program>, Manifest)> {
     let p = problem(n, d, h, shared, causal, safe);
     if schedule_stream::unsupported(&p, m).is_some() {
         return None;
     }
     let st = schedule_stream::run_with(&p, m, safe, lag).unwrap_or_else(|e| panic!("{e}"));
     let man = stream_manifest(&p, m, &st);
-    assert_compact_clean(
-        &st.programs,
-        &man,
-        &format!("n={n} d={d} h={h} m={m} shared={shared} causal={causal} safe={safe} {lag:?}"),
-    );
+    if compact {
+        assert_compact_clean(
+            &st.programs,
+            &man,
+            &format!("n={n} d={d} h={h} m={m} shared={shared} causal={causal} safe={safe} {lag:?}"),
+        );
+    }
     let flat = st
         .programs
         .iter()
@@ -337,10 +355,12 @@ fn assert_builds_proved(
     causal: bool,
     safe: bool,
     lag: Lag,
+    compact: bool,
 ) {
     let what =
         format!("n={n} d={d} h={h} m={m} shared={shared} causal={causal} safe={safe} {lag:?}");
-    let Some((programs, man)) = build(n, d, h, m, shared, causal, safe, lag) else {
+    let Some((programs, man)) = build_checked(n, d, h, m, shared, causal, safe, lag, compact)
+    else {
         panic!("{what}: does not apply");
     };
     assert_proved(&programs, &man, &what);
@@ -373,7 +393,11 @@ fn causal_padding_beyond_the_last_chunk_is_proved() {
                             );
                         }
                         for lag in lags {
-                            assert_builds_proved(n, d, h, m, shared, true, safe, lag);
+                            // The proof without unrolling on every third layer: on all of them
+                            // it tripled this test's time (the main grid and the lagged layers
+                            // keep it on every layer).
+                            let compact = proved % 3 == 0;
+                            assert_builds_proved(n, d, h, m, shared, true, safe, lag, compact);
                             proved += 1;
                         }
                     }
@@ -406,7 +430,7 @@ fn padding_beyond_the_last_block_is_proved() {
                     for shared in [false, true] {
                         for safe in [false, true] {
                             for lag in [Lag::Off, Lag::Fit(None)] {
-                                assert_builds_proved(n, d, h, m, shared, false, safe, lag);
+                                assert_builds_proved(n, d, h, m, shared, false, safe, lag, true);
                                 proved += 1;
                             }
                         }
