@@ -1317,37 +1317,8 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
     let mut wrong_count = 0;
     for h in 0..heads {
         for r in 0..rows {
-            let c = e.fresh(dim as u64);
-            let addr = Aff::cst(
-                i64::from(y.base) + h * i64::from(y.head_stride) + r * i64::from(y.row_stride),
-            )
-            .add_term(c, 1);
-            // All columns at once, or, where the row's words are pieces of several writes,
-            // column by column.
-            let cols: Vec<(Aff, Aff)> = match e.read(&addr) {
-                Ok(_) => vec![(addr.clone(), e.pin(Aff::var(c)))],
-                Err(Fail::Retry(_)) => (0..dim)
-                    .map(|k| (addr.subst(c, &Aff::cst(k)), Aff::cst(k)))
-                    .collect(),
-                Err(f) => return Err(why(f)),
-            };
-            let mut differs = None;
-            for (at, cv) in cols {
-                let (found, computed) = e.read(&at).map_err(why)?;
-                let want = spec(&mut e, h, r, cv, (tokens, dim), scale, safe);
-                let found = e.tm.norm(found);
-                if differs.is_none() && (!computed || found != want) {
-                    differs = Some(if computed {
-                        format!(
-                            "found {}, expected {}",
-                            e.tm.show(found, 4),
-                            e.tm.show(want, 4)
-                        )
-                    } else {
-                        "not written by the programs".into()
-                    });
-                }
-            }
+            let differs =
+                row_difference(&mut e, &y, (h, r, r), (tokens, dim), scale, safe).map_err(why)?;
             if let Some(how) = differs {
                 wrong_count += 1;
                 if wrong.len() < 5 {
@@ -1369,6 +1340,48 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
         evaluations: e.evaluations,
         expressions: e.tm.len(),
     })
+}
+
+/// How output row `row` of head `h` differs from the specification of token `token` over its
+/// first `keys` keys, or `None` where it is that specification: read all columns at once, or,
+/// where the row's words are pieces of several writes, column by column.
+pub(super) fn row_difference(
+    e: &mut Eval,
+    y: &Layout,
+    (h, row, token): (i64, i64, i64),
+    (keys, dim): (i64, i64),
+    scale: f32,
+    safe: bool,
+) -> R<Option<String>> {
+    let c = e.fresh(dim as u64);
+    let addr =
+        Aff::cst(i64::from(y.base) + h * i64::from(y.head_stride) + row * i64::from(y.row_stride))
+            .add_term(c, 1);
+    let cols: Vec<(Aff, Aff)> = match e.read(&addr) {
+        Ok(_) => vec![(addr.clone(), e.pin(Aff::var(c)))],
+        Err(Fail::Retry(_)) => (0..dim)
+            .map(|k| (addr.subst(c, &Aff::cst(k)), Aff::cst(k)))
+            .collect(),
+        Err(f) => return Err(f),
+    };
+    let mut differs = None;
+    for (at, cv) in cols {
+        let (found, computed) = e.read(&at)?;
+        let want = spec(e, h, token, cv, (keys, dim), scale, safe);
+        let found = e.tm.norm(found);
+        if differs.is_none() && (!computed || found != want) {
+            differs = Some(if computed {
+                format!(
+                    "found {}, expected {}",
+                    e.tm.show(found, 4),
+                    e.tm.show(want, 4)
+                )
+            } else {
+                "not written by the programs".into()
+            });
+        }
+    }
+    Ok(differs)
 }
 
 /// `y[h][r][c]` of the online formulation, `c` a column variable (or 0 for one column).

@@ -21,7 +21,7 @@
 //! `0..=t` under a causal mask), and operations are counted over all PEs.
 
 use super::aff::Aff;
-use super::prove::{pieces, spec, splittable, Eval, Evaluated, Fact, Fail, Ix, Key, R};
+use super::prove::{pieces, row_difference, splittable, Eval, Evaluated, Fact, Fail, Ix, Key, R};
 use crate::expr::FxMap as HashMap;
 use isa::looped::{field, Cmp, Field, LBundle, Slot};
 use isa::{Acc, AccSrc, Loop, LoopProgram, Node, Op, Xfer, XferSrc};
@@ -620,36 +620,8 @@ fn compare(
         for &(r0, t0, n) in rs {
             for k in 0..n as i64 {
                 let (r, t) = (r0 + k, t0 + k);
-                let c = e.fresh(dim as u64);
-                let addr = Aff::cst(
-                    i64::from(y.base) + h * i64::from(y.head_stride) + r * i64::from(y.row_stride),
-                )
-                .add_term(c, 1);
-                let cols: Vec<(Aff, Aff)> = match e.read(&addr) {
-                    Ok(_) => vec![(addr.clone(), e.pin(Aff::var(c)))],
-                    Err(Fail::Retry(_)) => (0..dim)
-                        .map(|k| (addr.subst(c, &Aff::cst(k)), Aff::cst(k)))
-                        .collect(),
-                    Err(f) => return Err(f),
-                };
                 let keys = if causal { t + 1 } else { tokens };
-                let mut differs = None;
-                for (at, cv) in cols {
-                    let (found, computed) = e.read(&at)?;
-                    let want = spec(e, h, t, cv, (keys, dim), scale, safe);
-                    let found = e.tm.norm(found);
-                    if differs.is_none() && (!computed || found != want) {
-                        differs = Some(if computed {
-                            format!(
-                                "found {}, expected {}",
-                                e.tm.show(found, 4),
-                                e.tm.show(want, 4)
-                            )
-                        } else {
-                            "not written by the programs".into()
-                        });
-                    }
-                }
+                let differs = row_difference(e, y, (h, r, t), (keys, dim), scale, safe)?;
                 if let Some(how) = differs {
                     count += 1;
                     if wrong.len() < 5 {
