@@ -469,23 +469,42 @@ fn verify_proves_emitted_code_and_rejects_a_tampered_program() {
     assert_clean_failure(&o, "verification failed");
 }
 
-/// Loop programs too large to flatten: `verify` proves a uniform unmasked ring without
-/// unrolling; a program moved out of uniformity is not proved, and an address that leaves
-/// memory is located.
-#[test]
-fn verify_proves_loop_programs_too_large_to_flatten_without_unrolling() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = compiled(
-        dir.path(),
-        "layer mid { tokens = 256; dim = 64; heads = 2; mask = none; }",
-        "4",
-    );
+/// Compiles `src` on 4 PEs into loop programs too large to flatten and runs `verify` on them:
+/// it must succeed past the flatten limit. Returns the output directory and what it printed.
+fn verified_past_the_flatten_limit(dir: &Path, src: &str) -> (PathBuf, String) {
+    let out = compiled(dir, src, "4");
     let o = attnc(&["verify", s(&out)]);
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(
         t.contains("more than the 8000000 the symbolic proof flattens"),
         "{t}"
+    );
+    (out, t)
+}
+
+/// Rewrites `pe{pe}.s` in `out` with `from` replaced by `to` once (it must occur), after
+/// removing the binaries so that the text programs are the ones loaded.
+fn mutate_asm(out: &Path, pe: u32, from: &str, to: &str) {
+    for k in 0..4 {
+        std::fs::remove_file(out.join(format!("pe{k}.bin"))).unwrap();
+    }
+    let asm = out.join(format!("pe{pe}.s"));
+    let good = std::fs::read_to_string(&asm).unwrap();
+    let bad = good.replacen(from, to, 1);
+    assert_ne!(bad, good, "`{from}` not in {}", asm.display());
+    std::fs::write(&asm, bad).unwrap();
+}
+
+/// Loop programs too large to flatten: `verify` proves a uniform unmasked ring without
+/// unrolling; a program moved out of uniformity is not proved, and an address that leaves
+/// memory is located.
+#[test]
+fn verify_proves_loop_programs_too_large_to_flatten_without_unrolling() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, t) = verified_past_the_flatten_limit(
+        dir.path(),
+        "layer mid { tokens = 256; dim = 64; heads = 2; mask = none; }",
     );
     assert!(
         t.contains("proved without unrolling: for all inputs"),
@@ -499,14 +518,12 @@ fn verify_proves_loop_programs_too_large_to_flatten_without_unrolling() {
     assert_eq!(json["coverage"]["manifest"], "full");
     // A base address moved on one PE so that the last key's score lands past the end of
     // memory: the PEs no longer run one program, and the checks locate the address.
-    for pe in 0..4 {
-        std::fs::remove_file(out.join(format!("pe{pe}.bin"))).unwrap();
-    }
-    let asm = out.join("pe3.s");
-    let good = std::fs::read_to_string(&asm).unwrap();
-    let bad = good.replacen("add 0 -> m[32768 + 1*i2]", "add 0 -> m[32968 + 1*i2]", 1);
-    assert_ne!(bad, good);
-    std::fs::write(&asm, bad).unwrap();
+    mutate_asm(
+        &out,
+        3,
+        "add 0 -> m[32768 + 1*i2]",
+        "add 0 -> m[32968 + 1*i2]",
+    );
     let o = attnc(&["verify", s(&out)]);
     assert_clean_failure(&o, "found 1 violation(s)");
     let t = text(&o);
@@ -644,17 +661,9 @@ fn closed_stdout_is_not_a_panic() {
 #[test]
 fn verify_proves_causal_loop_programs_without_unrolling() {
     let dir = tempfile::tempdir().unwrap();
-    let out = compiled(
+    let (out, t) = verified_past_the_flatten_limit(
         dir.path(),
         "layer c { tokens = 512; dim = 64; heads = 1; mask = causal; }",
-        "4",
-    );
-    let o = attnc(&["verify", s(&out)]);
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
-    assert!(
-        t.contains("more than the 8000000 the symbolic proof flattens"),
-        "{t}"
     );
     assert!(
         t.contains(
@@ -663,18 +672,12 @@ fn verify_proves_causal_loop_programs_without_unrolling() {
         "{t}"
     );
     assert!(t.contains("every PE evaluated"), "{t}");
-    for pe in 0..4 {
-        std::fs::remove_file(out.join(format!("pe{pe}.bin"))).unwrap();
-    }
-    let asm = out.join("pe2.s");
-    let good = std::fs::read_to_string(&asm).unwrap();
-    let bad = good.replacen(
+    mutate_asm(
+        &out,
+        2,
         "-> m[32768 + 192*i1 + 64*i2] if i2 < 3",
         "-> m[32769 + 192*i1 + 64*i2] if i2 < 3",
-        1,
     );
-    assert_ne!(bad, good);
-    std::fs::write(&asm, bad).unwrap();
     let o = attnc(&["verify", s(&out)]);
     let t = text(&o);
     assert!(!o.status.success(), "{t}");

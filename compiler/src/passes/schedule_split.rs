@@ -1023,22 +1023,22 @@ fn plan_for<'a>(
         softmax_first: false,
         ..layout
     };
-    match recent
+    let found = recent
         .iter()
-        .position(|q| q.layout == key && q.bumps == bumps)
-    {
-        Some(i) => {
-            let hit = recent.remove(i);
-            recent.push(hit);
-        }
+        .position(|q| q.layout == key && q.bumps == bumps);
+    let hit = match found {
+        Some(i) => recent.remove(i),
         None => {
             if recent.len() >= PLANS_KEPT {
                 recent.remove(0);
             }
-            recent.push(plan(p, m, key, bumps));
+            plan(p, m, key, bumps)
         }
-    }
-    recent.last_mut().expect("a plan was just pushed")
+    };
+    // The newest plan goes last, so the oldest is the one dropped.
+    recent.push(hit);
+    let newest = recent.len() - 1;
+    &mut recent[newest]
 }
 
 /// The tasks and chains for one layout, with `bumps` moving landings on the ring-spanning lane.

@@ -1269,19 +1269,22 @@ pub fn applies(programs: &[LoopProgram], m: &Manifest) -> Result<(), String> {
     Ok(())
 }
 
+/// The affine layout the manifest gives tensor `name` (an input or the output).
+pub(super) fn tensor_layout(m: &Manifest, name: &str) -> Result<Layout, String> {
+    m.inputs
+        .get(name)
+        .or_else(|| m.outputs.get(name))
+        .and_then(|p| p.layout)
+        .ok_or_else(|| format!("no layout for `{name}`"))
+}
+
 /// Evaluates PE 0 (see the module documentation) and compares its outputs with the
 /// specification. `Err` says why the proof does not cover the programs.
 pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, String> {
     applies(programs, m)?;
     let l = &m.layer;
     let (heads, tokens, dim) = (i64::from(l.heads), i64::from(l.tokens), i64::from(l.dim));
-    let layout = |name: &str| -> Result<Layout, String> {
-        m.inputs
-            .get(name)
-            .or_else(|| m.outputs.get(name))
-            .and_then(|p| p.layout)
-            .ok_or_else(|| format!("no layout for `{name}`"))
-    };
+    let layout = |name: &str| tensor_layout(m, name);
     let rows = i64::from(layout("y")?.rows_per_pe);
     let mut e = Eval::new(rows, tokens, false);
     for (t, name) in ["q", "k", "v"].iter().enumerate() {

@@ -21,7 +21,9 @@
 //! `0..=t` under a causal mask), and operations are counted over all PEs.
 
 use super::aff::Aff;
-use super::prove::{pieces, row_difference, splittable, Eval, Evaluated, Fact, Fail, Ix, Key, R};
+use super::prove::{
+    pieces, row_difference, splittable, tensor_layout, Eval, Evaluated, Fact, Fail, Ix, Key, R,
+};
 use crate::expr::FxMap as HashMap;
 use isa::looped::{field, Cmp, Field, LBundle, Slot};
 use isa::{Acc, AccSrc, Loop, LoopProgram, Node, Op, Xfer, XferSrc};
@@ -393,13 +395,7 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
     let l = &m.layer;
     let (heads, tokens, dim) = (i64::from(l.heads), i64::from(l.tokens), i64::from(l.dim));
     let causal = l.mask == "causal";
-    let layout = |name: &str| -> Result<Layout, String> {
-        m.inputs
-            .get(name)
-            .or_else(|| m.outputs.get(name))
-            .and_then(|p| p.layout)
-            .ok_or_else(|| format!("no layout for `{name}`"))
-    };
+    let layout = |name: &str| tensor_layout(m, name);
     let why = |f: Fail| match f {
         Fail::Retry(why) | Fail::Decline(why) => why,
     };
@@ -659,7 +655,7 @@ mod tests {
             .sum();
         assert_eq!(whole, p.cycles());
         let Node::Loop(heads) = &p.body[0] else {
-            panic!("a loop")
+            panic!("expected the head loop first, found {:?}", p.body[0])
         };
         // One head is a third; its parts add up to it, split as the phases split them.
         let one = Item::Iters(heads, Vec::new(), 1, 2);
@@ -689,7 +685,7 @@ mod tests {
         assert_eq!(x.sends, vec![(400, 402)]);
         // Iterations 3.. send nothing; iteration 5 alone reads the odd wrapped word.
         let Node::Loop(l) = &p.body[0] else {
-            panic!("a loop")
+            panic!("expected the program's one loop, found {:?}", p.body[0])
         };
         let mut y = Ext::default();
         extents(&Item::Iters(l, Vec::new(), 5, 6), &mut y);
