@@ -26,6 +26,30 @@ fn stream(src: &str, pes: u32, mem_limit: Option<u32>) -> compiler::Compiled {
     compiler::compile(&parse_one(src), &opts).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The safe causal stream of `n` tokens, dim `d`, `h` heads on `m` PEs with values lagging
+/// as `lag` says, and its manifest.
+fn causal_stream(
+    n: u32,
+    d: u32,
+    h: u32,
+    m: u32,
+    lag: Lag,
+) -> (schedule_stream::Stream, runtime::manifest::Manifest) {
+    let p = compiler::problem::Problem {
+        tokens: n,
+        dim: d,
+        heads: h,
+        scale: 1.0 / f64::from(d).sqrt(),
+        symmetric: false,
+        shared_values: false,
+        causal: true,
+        softmax: runtime::layer::Softmax::Safe,
+    };
+    let st = schedule_stream::run_with(&p, m, true, lag).unwrap();
+    let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into()).unwrap();
+    (st, man)
+}
+
 fn files(
     loops: &[LoopProgram],
     manifest: &compiler::manifest::Manifest,
@@ -409,18 +433,7 @@ fn causal_mutants_are_rejected_without_unrolling() {
         (32, 3, 2, 4, Lag::Steps(4)),
         (48, 2, 1, 8, Lag::Steps(2)),
     ] {
-        let p = compiler::problem::Problem {
-            tokens: n,
-            dim: d,
-            heads: h,
-            scale: 1.0 / f64::from(d).sqrt(),
-            symmetric: false,
-            shared_values: false,
-            causal: true,
-            softmax: runtime::layer::Softmax::Safe,
-        };
-        let st = schedule_stream::run_with(&p, m, true, lag).unwrap();
-        let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into()).unwrap();
+        let (st, man) = causal_stream(n, d, h, m, lag);
         let what = format!("n={n} d={d} h={h} m={m} {lag:?}");
         prove(&files(&st.programs, &man)).unwrap_or_else(|e| panic!("{what}: {e}"));
         let original = verifier::compact::prove_loops(&st.programs, &man, &opts);
@@ -479,18 +492,7 @@ fn causal_send_mutants_are_rejected_without_unrolling() {
     // Per kind: mutants, not proved without unrolling.
     let mut kinds: BTreeMap<&str, [u32; 2]> = BTreeMap::new();
     for (n, d, h, m, lag) in [(16, 2, 1, 2, Lag::Steps(2)), (32, 3, 2, 4, Lag::Steps(2))] {
-        let p = compiler::problem::Problem {
-            tokens: n,
-            dim: d,
-            heads: h,
-            scale: 1.0 / f64::from(d).sqrt(),
-            symmetric: false,
-            shared_values: false,
-            causal: true,
-            softmax: runtime::layer::Softmax::Safe,
-        };
-        let st = schedule_stream::run_with(&p, m, true, lag).unwrap();
-        let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into()).unwrap();
+        let (st, man) = causal_stream(n, d, h, m, lag);
         let what = format!("n={n} d={d} h={h} m={m} {lag:?}");
         assert!(
             verifier::compact::prove_loops(&st.programs, &man, &opts).proved(),
