@@ -121,6 +121,21 @@ impl Cursor {
         }
     }
 
+    /// Cycles, counting the current one, that the cursor certainly stays among the bundles of
+    /// its innermost list: to the end of that loop when the list holds bundles only (it cannot
+    /// enter an inner loop), else just this one.
+    fn stay(&self, root: &[Node]) -> u64 {
+        let k = self.frames.len() - 1;
+        let list = list_at(root, &self.frames, k);
+        let top = self.frames[k];
+        if k == 0 || !list.iter().all(|n| matches!(n, Node::Bundle(_))) {
+            return 1;
+        }
+        let len = list.len() as u64;
+        let pos = top.pos as u64;
+        (len - pos) + u64::from(top.count - top.iter - 1) * len
+    }
+
     fn indices(&self, out: &mut [u32; MAX_LOOP_DEPTH]) -> usize {
         let d = self.frames.len() - 1;
         for (o, f) in out.iter_mut().zip(&self.frames[1..]) {
@@ -140,10 +155,11 @@ pub struct LoopMachine<D: Domain> {
     stats: Vec<PeStats>,
     scratch: Vec<Option<Bundle>>,
     bulk: u64,
-    /// Per PE, every word below this address is initialized. Words never
-    /// become uninitialized again, so the mark only moves up; it spares
-    /// the bulk planner most initialization scans.
-    init_mark: Vec<usize>,
+    /// Per PE, the chunks of [`CHUNK`] words known to be initialized
+    /// throughout. Words never become uninitialized again, so a chunk once
+    /// seen whole stays whole; it spares the bulk planner rescanning the
+    /// words a window reads.
+    init: Vec<InitChunks>,
 }
 
 fn count(s: &mut PeStats, b: &Bundle) {
@@ -186,7 +202,7 @@ impl<D: Domain> LoopMachine<D> {
             stats: vec![PeStats::default(); n],
             scratch: vec![None; n],
             bulk: 0,
-            init_mark: vec![0; n],
+            init: vec![InitChunks::default(); n],
         })
     }
 
@@ -232,6 +248,7 @@ impl<D: Domain> LoopMachine<D> {
     }
 
     /// Executes one cycle; returns whether cycles remain.
+    #[inline(never)]
     pub fn step<O: Observer + ?Sized>(&mut self, obs: &mut O) -> Result<bool, Fault> {
         if let Some(f) = self.m.fault() {
             return Err(f.clone());
@@ -292,6 +309,47 @@ struct Plan {
     register: bool,
 }
 
+/// Words per initialization chunk.
+const CHUNK: usize = 64;
+
+/// A bit per chunk of [`CHUNK`] words of one PE's memory: set once every
+/// word of the chunk is initialized.
+#[derive(Clone, Default, Debug)]
+struct InitChunks(Vec<u64>);
+
+impl InitChunks {
+    fn whole(&mut self, mem: &[Option<f32>], c: usize) -> bool {
+        let (word, bit) = (c / 64, 1u64 << (c % 64));
+        if self.0.get(word).is_some_and(|w| w & bit != 0) {
+            return true;
+        }
+        let end = ((c + 1) * CHUNK).min(mem.len());
+        if !mem[c * CHUNK..end].iter().all(Option::is_some) {
+            return false;
+        }
+        if self.0.len() <= word {
+            self.0.resize(word + 1, 0);
+        }
+        self.0[word] |= bit;
+        true
+    }
+
+    /// Whether every word `pr` reads in `w` steps is initialized (its
+    /// addresses are in range).
+    fn covers(&mut self, mem: &[Option<f32>], pr: Prog, w: i64) -> bool {
+        let (lo, hi) = pr.span(w);
+        let (c0, c1) = (lo as usize / CHUNK, hi as usize / CHUNK);
+        // Dense progressions by chunks; sparse ones (and any chunk not yet whole) word by word.
+        if (c1 - c0) as i64 <= w && (c0..=c1).all(|c| self.whole(mem, c)) {
+            return true;
+        }
+        (0..w).all(|t| mem[pr.at(t)].is_some())
+    }
+}
+
+/// Why no bulk window starts now: the cycles to step one by one before planning again.
+struct Stepped(u64);
+
 fn overlap(a: (i64, i64), b: (i64, i64)) -> bool {
     a.0 <= b.1 && b.0 <= a.1
 }
@@ -309,9 +367,15 @@ impl LoopMachine<F32Domain> {
                 return Ok(self.stats());
             }
             match self.plan_window() {
-                Some((w, plans)) => self.exec_window(w, &plans),
-                None => {
-                    self.step(&mut NoObserver)?;
+                Ok((w, plans)) => self.exec_window(w, &plans),
+                Err(Stepped(k)) => {
+                    // No window can start while a PE is still in a multi-bundle body: step
+                    // through it without planning again each cycle.
+                    for _ in 0..k {
+                        if !self.step(&mut NoObserver)? {
+                            break;
+                        }
+                    }
                 }
             }
         }
@@ -319,20 +383,25 @@ impl LoopMachine<F32Domain> {
 
     /// A bulk window of at least 2 cycles and a plan per PE (`None`: idle),
     /// or `None` if this cycle must be stepped.
-    fn plan_window(&mut self) -> Option<(u32, Vec<Option<Plan>>)> {
+    #[inline(never)]
+    fn plan_window(&mut self) -> Result<(u32, Vec<Option<Plan>>), Stepped> {
         let n = self.progs.len();
         let mut w = u32::MAX;
         let progs = &self.progs;
         let mut tmpl: Vec<Option<(&LBundle, [u32; MAX_LOOP_DEPTH], usize)>> = Vec::with_capacity(n);
+        let mut stay = 0u64;
         for (cur, prog) in self.cursors.iter_mut().zip(progs) {
             match cur.current(&prog.body) {
                 None => tmpl.push(None),
                 Some((b, body_len)) => {
                     let depth = cur.frames.len() - 1;
                     if body_len != 1 || depth == 0 {
-                        return None;
+                        stay = stay.max(cur.stay(&prog.body));
+                        continue;
                     }
-                    let top = cur.frames.last()?;
+                    let Some(top) = cur.frames.last() else {
+                        return Err(Stepped(1));
+                    };
                     w = w.min(top.count - top.iter);
                     let mut idx = [0u32; MAX_LOOP_DEPTH];
                     cur.indices(&mut idx);
@@ -340,10 +409,13 @@ impl LoopMachine<F32Domain> {
                 }
             }
         }
+        if stay > 0 {
+            return Err(Stepped(stay));
+        }
         let remaining = self.len - self.m.cycle();
         w = w.min(u32::try_from(remaining).unwrap_or(u32::MAX));
         if w < 2 || tmpl.iter().all(Option::is_none) {
-            return None;
+            return Err(Stepped(1));
         }
         let mut plans = Vec::with_capacity(n);
         for t in &tmpl {
@@ -355,7 +427,7 @@ impl LoopMachine<F32Domain> {
             // Wraps on the innermost index can change the bundle inside the window; a
             // predicate on it only where it turns, so the window ends before that.
             if b.terms.iter().any(|t| t.level == inner && t.wrap != 0) {
-                return None;
+                return Err(Stepped(1));
             }
             let i = idx[usize::from(inner)];
             for p in b.preds.iter().filter(|p| p.level == inner) {
@@ -368,7 +440,7 @@ impl LoopMachine<F32Domain> {
                 w = w.min(turns);
             }
             if w < 2 {
-                return None;
+                return Err(Stepped(1));
             }
             let bundle = b.instance(idx);
             let mut progs = [None; 7];
@@ -398,18 +470,12 @@ impl LoopMachine<F32Domain> {
         }
         let w64 = i64::from(w);
         let mems = self.m.mems();
-        for (p, mark) in self.init_mark.iter_mut().enumerate() {
-            let mem = &mems[p];
-            while *mark < mem.len() && mem[*mark].is_some() {
-                *mark += 1;
-            }
-        }
         for p in 0..n {
             let Some(plan) = &plans[p] else { continue };
             let b = &plan.bundle;
             // Slot-structure faults: leave them to the exact path.
             if matches!(b.op, Op::Nop) && !matches!(b.acc, Acc::Nop) {
-                return None;
+                return Err(Stepped(1));
             }
             if matches!(
                 b.xfer,
@@ -419,7 +485,7 @@ impl LoopMachine<F32Domain> {
                 }
             ) && matches!(b.acc, Acc::Nop)
             {
-                return None;
+                return Err(Stepped(1));
             }
             let mem = &mems[p];
             let size = mem.len() as i64;
@@ -431,12 +497,10 @@ impl LoopMachine<F32Domain> {
                 if let Some(pr) = plan.progs[k] {
                     let span = pr.span(w64);
                     if span.1 >= size {
-                        return None;
+                        return Err(Stepped(1));
                     }
-                    if span.1 as usize >= self.init_mark[p] {
-                        for t in 0..w64 {
-                            mem[pr.at(t)]?;
-                        }
+                    if !self.init[p].covers(mem, pr, w64) {
+                        return Err(Stepped(1));
                     }
                     reads.push((k, span));
                 }
@@ -446,7 +510,7 @@ impl LoopMachine<F32Domain> {
                 if let Some(pr) = plan.progs[k] {
                     let span = pr.span(w64);
                     if span.1 >= size {
-                        return None;
+                        return Err(Stepped(1));
                     }
                     writes.push((k, span));
                 }
@@ -455,7 +519,7 @@ impl LoopMachine<F32Domain> {
                 if let Some(pr) = pp.progs[6] {
                     let span = pr.span(w64);
                     if span.1 >= size {
-                        return None;
+                        return Err(Stepped(1));
                     }
                     writes.push((6, span));
                 }
@@ -463,26 +527,27 @@ impl LoopMachine<F32Domain> {
             // The send's destination is checked against the receiver.
             if let Some(pr) = plan.progs[6] {
                 if pr.span(w64).1 >= mems[next].len() as i64 {
-                    return None;
+                    return Err(Stepped(1));
                 }
             }
             for (i, &(kw, ws)) in writes.iter().enumerate() {
                 for &(_, ws2) in &writes[i + 1..] {
                     if overlap(ws, ws2) {
-                        return None;
+                        return Err(Stepped(1));
                     }
                 }
                 for &(kr, rs) in &reads {
                     let own_register = plan.register && kw == 4 && kr == 3;
                     if !own_register && overlap(ws, rs) {
-                        return None;
+                        return Err(Stepped(1));
                     }
                 }
             }
         }
-        Some((w, plans))
+        Ok((w, plans))
     }
 
+    #[inline(never)]
     fn exec_window(&mut self, w: u32, plans: &[Option<Plan>]) {
         let n = plans.len();
         let w64 = i64::from(w);
