@@ -618,3 +618,163 @@ fn piped_runs_print_no_progress() {
     );
     let _: Value = serde_json::from_slice(&o.stdout).expect("stdout is one JSON object");
 }
+
+/// Runs of a memory map entry as inclusive `(first, last)` pairs.
+fn runs(v: &Value) -> Vec<(u64, u64)> {
+    v.as_array()
+        .map(|rs| {
+            rs.iter()
+                .map(|r| (r[0].as_u64().unwrap(), r[1].as_u64().unwrap()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn inspect_from_the_loop_structure_agrees_with_the_flattened_walk() {
+    // The loop summary counts from trip counts and predicates, the default summary walks the
+    // flattened programs: per PE they must give the same work, traffic and placements, and
+    // every word the walk saw written must lie in a hull the loop summary lists.
+    let tmp = tempfile::tempdir().unwrap();
+    let stream = [
+        (8, 4, 2, false, false, 4),
+        (12, 3, 1, false, true, 3),
+        (16, 8, 3, false, true, 4),
+        (9, 4, 2, false, false, 4),
+        (8, 8, 1, true, false, 4),
+        (16, 4, 1, true, false, 4),
+    ];
+    let dirs = GRID
+        .into_iter()
+        .map(|l| (l, false))
+        .chain(stream.into_iter().map(|l| (l, true)));
+    let mut compared = 0;
+    for (i, ((n, d, h, shared, causal, pes), forced)) in dirs.enumerate() {
+        let src = common::layer_src(n, d, h, shared, causal);
+        let file = tmp.path().join(format!("l{i}.attn"));
+        std::fs::write(&file, &src).unwrap();
+        let dir = tmp.path().join(format!("out{i}"));
+        let pes_s = pes.to_string();
+        let mut args = vec![s(&file), "--pes", &pes_s, "-o", s(&dir)];
+        if forced {
+            args.extend_from_slice(&["--schedule", "stream"]);
+        }
+        ok(&args);
+        let manifest = read_json(&dir.join("manifest.json"));
+        if manifest["programs"] != "loops" {
+            // Flat files: `--loops` says it needs loop programs.
+            let o = attnc(&["inspect", s(&dir), "--loops"]);
+            assert!(!o.status.success());
+            continue;
+        }
+        let walk: Value =
+            serde_json::from_slice(&ok(&["inspect", s(&dir), "--json"]).stdout).unwrap();
+        let loops: Value =
+            serde_json::from_slice(&ok(&["inspect", s(&dir), "--json", "--loops"]).stdout).unwrap();
+        let (w, l) = (
+            walk["per_pe"].as_array().unwrap(),
+            loops["per_pe"].as_array().unwrap(),
+        );
+        assert_eq!(w.len(), l.len());
+        compared += 1;
+        for (p, (a, b)) in w.iter().zip(l).enumerate() {
+            let what = format!("{src} on {pes} PEs, PE {p}");
+            for key in [
+                "busy_cycles",
+                "idle_cycles",
+                "acc_adds",
+                "link_sent",
+                "link_received",
+                "mem_words",
+                "binary_file_bytes",
+                "text_file_bytes",
+            ] {
+                assert_eq!(a[key], b[key], "{what}: {key}");
+            }
+            assert_eq!(b["cycles"], manifest["cycles"], "{what}");
+            let (wm, lm) = (
+                a["memory"].as_object().unwrap(),
+                b["memory"].as_object().unwrap(),
+            );
+            let hulls: Vec<(u64, u64)> = lm
+                .iter()
+                .filter(|(k, _)| k.starts_with("written:") || *k == "received")
+                .flat_map(|(_, v)| runs(v))
+                .collect();
+            for (name, v) in wm {
+                if ["q", "k", "v", "x", "y"].contains(&name.as_str()) {
+                    // Placements from the manifest, listed alike by both.
+                    assert_eq!(runs(v), runs(&lm[name]), "{what}: {name}");
+                    continue;
+                }
+                for (lo, hi) in runs(v) {
+                    for addr in lo..=hi {
+                        assert!(
+                            hulls.iter().any(|&(a, b)| a <= addr && addr <= b),
+                            "{what}: {name} word {addr} outside every written hull {hulls:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // The grid's rerolled directories and every stream one.
+    assert!(
+        compared >= 10,
+        "only {compared} directories held loop programs"
+    );
+}
+
+#[test]
+fn inspect_summarises_a_real_layer_without_flattening() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = compile_dir(
+        tmp.path(),
+        0,
+        "layer gpt2 { tokens = 1024; dim = 64; heads = 12; mask = causal; }",
+        16,
+    );
+    let o = ok(&["inspect", s(&dir), "--json"]);
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let manifest = read_json(&dir.join("manifest.json"));
+    assert!(report["loop_summary"]
+        .as_str()
+        .unwrap()
+        .contains("flattens"));
+    let rows = report["per_pe"].as_array().unwrap();
+    assert_eq!(rows.len(), 16);
+    let (mut sent, mut received) = (0, 0);
+    for (p, r) in rows.iter().enumerate() {
+        assert_eq!(r["cycles"], manifest["cycles"]);
+        let busy: u64 = r["ops"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_u64().unwrap())
+            .sum();
+        assert_eq!(busy, r["busy_cycles"].as_u64().unwrap());
+        assert_eq!(
+            busy + r["idle_cycles"].as_u64().unwrap(),
+            manifest["cycles"].as_u64().unwrap()
+        );
+        sent += r["link_sent"].as_u64().unwrap();
+        received += r["link_received"].as_u64().unwrap();
+        // Every listed run lies inside the PE's memory.
+        let words = manifest["mem_words"][p].as_u64().unwrap();
+        for (name, v) in r["memory"].as_object().unwrap() {
+            for (_, hi) in runs(v) {
+                assert!(hi < words, "PE {p} {name} reaches {hi} of {words}");
+            }
+        }
+        // Its share of q, k, v and y: 12 heads × 64 rows × 64 columns each.
+        for name in ["q", "k", "v", "y"] {
+            let listed: u64 = runs(&r["memory"][name])
+                .iter()
+                .map(|(a, b)| b - a + 1)
+                .sum();
+            assert_eq!(listed, 12 * 64 * 64, "PE {p} {name}");
+        }
+    }
+    assert_eq!(sent, received);
+    assert!(sent > 0);
+}

@@ -262,6 +262,70 @@ impl LBundle {
         a
     }
 
+    /// The lowest and highest address `f` takes while each enclosing loop `l` runs its index
+    /// over `0..bounds[l]` (every level the terms use must be in `bounds`); `None` if the
+    /// bundle does not use `f`. Strided fields do not touch every address in between.
+    pub fn hull(&self, f: Field, bounds: &[u32]) -> Option<(i64, i64)> {
+        self.hull_within(f, |level| {
+            (0, bounds.get(level).copied().unwrap_or(1).max(1))
+        })
+    }
+
+    /// [`LBundle::hull`] over the iterations in which the slot of `f` executes: each level's
+    /// index range narrowed by that slot's `<`, `>=` and `==` predicates (a `!=` is ignored,
+    /// so the hull may still be wider than the addresses used). `None` also when the slot
+    /// never executes within `bounds`.
+    pub fn live_hull(&self, f: Field, bounds: &[u32]) -> Option<(i64, i64)> {
+        let slot = match f {
+            Field::OpA | Field::OpB | Field::OpDst => Slot::Op,
+            Field::AccSrc | Field::AccDst => Slot::Acc,
+            Field::XferSrc | Field::XferDst => Slot::Xfer,
+        };
+        let mut ranges: Vec<(u32, u32)> = bounds.iter().map(|&n| (0, n.max(1))).collect();
+        for p in self.preds.iter().filter(|p| p.slot == slot) {
+            let r = ranges.get_mut(usize::from(p.level))?;
+            match p.cmp {
+                Cmp::Lt => r.1 = r.1.min(p.value),
+                Cmp::Ge => r.0 = r.0.max(p.value),
+                Cmp::Eq => *r = (r.0.max(p.value), r.1.min(p.value.saturating_add(1))),
+                Cmp::Ne => {}
+            }
+        }
+        if ranges.iter().any(|&(lo, hi)| lo >= hi) {
+            return None;
+        }
+        self.hull_within(f, |level| ranges.get(level).copied().unwrap_or((0, 1)))
+    }
+
+    /// The hull of `f` with loop level `l`'s index in `range(l)` = `[first, end)`, not empty.
+    fn hull_within(&self, f: Field, range: impl Fn(usize) -> (u32, u32)) -> Option<(i64, i64)> {
+        let base = field(&self.bundle, f)?;
+        let (mut lo, mut hi) = (i64::from(base), i64::from(base));
+        for t in self.terms.iter().filter(|t| t.field == f) {
+            let (first, end) = range(usize::from(t.level));
+            let (a, b) = if t.wrap == 0 {
+                (first, end - 1)
+            } else if end - first >= t.wrap {
+                // The index wraps within the range: every residue occurs.
+                (0, t.wrap - 1)
+            } else {
+                let (a, b) = (first % t.wrap, (end - 1) % t.wrap);
+                if a <= b {
+                    (a, b)
+                } else {
+                    (0, t.wrap - 1)
+                }
+            };
+            let (x, y) = (
+                i64::from(t.stride) * i64::from(a),
+                i64::from(t.stride) * i64::from(b),
+            );
+            lo += x.min(y);
+            hi += x.max(y);
+        }
+        Some((lo, hi))
+    }
+
     /// The flat bundle this template executes at loop indices `idx`.
     /// Addresses are in range of `Addr` for every `idx` inside the loop
     /// bounds of a validated program.
@@ -648,17 +712,9 @@ fn validate_bundle(b: &LBundle, bounds: &[u32]) -> Result<(), String> {
         }
     }
     for f in Field::ALL {
-        let Some(base) = field(&b.bundle, f) else {
+        let Some((lo, hi)) = b.hull(f, bounds) else {
             continue;
         };
-        let (mut lo, mut hi) = (i64::from(base), i64::from(base));
-        for t in b.terms.iter().filter(|t| t.field == f) {
-            let n = bounds[usize::from(t.level)];
-            let top = if t.wrap == 0 { n } else { n.min(t.wrap) } - 1;
-            let v = i64::from(t.stride) * i64::from(top);
-            lo += v.min(0);
-            hi += v.max(0);
-        }
         if lo < 0 || hi > i64::from(Addr::MAX) {
             return Err(format!(
                 "{} ranges over {lo}..={hi}, outside the address space 0..={}",
@@ -700,71 +756,115 @@ impl LoopProgram {
     pub fn op_counts(&self) -> [u64; crate::inst::OPS.len()] {
         let mut out = [0u64; crate::inst::OPS.len()];
         let mut loops = Vec::new();
-        count_ops(&self.body, &mut loops, &mut out);
+        each_template(&self.body, &mut loops, &mut |b, loops| {
+            if let Some(k) = b.bundle.op.kind() {
+                out[k.index()] = out[k.index()].saturating_add(executions(b, loops, Slot::Op));
+            }
+        });
         out
+    }
+
+    /// Executed accumulator adds and sends, counted like [`LoopProgram::op_counts`].
+    pub fn acc_and_send_counts(&self) -> (u64, u64) {
+        let (mut acc, mut send) = (0u64, 0u64);
+        let mut loops = Vec::new();
+        each_template(&self.body, &mut loops, &mut |b, loops| {
+            if b.bundle.acc != Acc::Nop {
+                acc = acc.saturating_add(executions(b, loops, Slot::Acc));
+            }
+            if b.bundle.xfer != Xfer::Nop {
+                send = send.saturating_add(executions(b, loops, Slot::Xfer));
+            }
+        });
+        (acc, send)
+    }
+
+    /// Calls `f` on every bundle template with the most iterations each enclosing loop runs
+    /// (outermost first; a stepped loop's largest trip count), the bounds
+    /// [`LBundle::hull`] takes. For a validated program.
+    pub fn for_each_template(&self, mut f: impl FnMut(&LBundle, &[u32])) {
+        let mut loops = Vec::new();
+        let mut bounds = Vec::new();
+        each_template(&self.body, &mut loops, &mut |b, loops| {
+            bounds.clear();
+            bounds.extend(loops.iter().map(|&(count, step)| match step {
+                None => count,
+                Some(s) => {
+                    let outer = loops.get(usize::from(s.level)).map_or(1, |l| l.0);
+                    let last = i64::from(count) + i64::from(s.per) * (i64::from(outer) - 1);
+                    u32::try_from(last.max(i64::from(count))).unwrap_or(u32::MAX)
+                }
+            }));
+            f(b, &bounds);
+        });
     }
 }
 
-fn count_ops(nodes: &[Node], loops: &mut Vec<(u32, Option<CountStep>)>, out: &mut [u64]) {
+/// Every bundle template under `nodes`, with its enclosing loops' `(count, step)`.
+fn each_template(
+    nodes: &[Node],
+    loops: &mut Vec<(u32, Option<CountStep>)>,
+    f: &mut impl FnMut(&LBundle, &[(u32, Option<CountStep>)]),
+) {
     for n in nodes {
         match n {
             Node::Loop(l) => {
                 loops.push((l.count, l.step));
-                count_ops(&l.body, loops, out);
+                each_template(&l.body, loops, f);
                 loops.pop();
             }
-            Node::Bundle(b) => {
-                let Some(k) = b.bundle.op.kind() else {
-                    continue;
-                };
-                let preds_at = |level: usize| -> Vec<&Pred> {
-                    b.preds
-                        .iter()
-                        .filter(|p| p.slot == Slot::Op && usize::from(p.level) == level)
-                        .collect()
-                };
-                // At most one enclosing loop is stepped (they do not nest); its level and the
-                // level it follows are counted together.
-                let stepped = loops
-                    .iter()
-                    .enumerate()
-                    .find_map(|(lv, (_, st))| st.map(|st| (lv, st)));
-                let mut times = 1u64;
-                for (level, &(count, _)) in loops.iter().enumerate() {
-                    if let Some((s, st)) = stepped {
-                        if level == s || level == usize::from(st.level) {
-                            continue;
-                        }
-                    }
-                    times =
-                        times.saturating_mul(Hits::of(u64::from(count), &preds_at(level)).len());
-                }
-                if let Some((s, st)) = stepped {
-                    let l = usize::from(st.level);
-                    let outer = Hits::of(u64::from(loops[l].0), &preds_at(l));
-                    let inner = preds_at(s);
-                    let base = i128::from(loops[s].0);
-                    let per = i128::from(st.per);
-                    let pairs: u64 = if inner.is_empty() {
-                        // Σ over the outer hits of (base + per·i), in closed form.
-                        let n = i128::from(outer.len());
-                        let sum_i = outer.index_sum();
-                        u64::try_from(n * base + per * sum_i).unwrap_or(u64::MAX)
-                    } else {
-                        outer
-                            .iter()
-                            .map(|i| {
-                                let trips = (base + per * i128::from(i)).max(0) as u64;
-                                Hits::of(trips, &inner).len()
-                            })
-                            .fold(0u64, u64::saturating_add)
-                    };
-                    times = times.saturating_mul(pairs);
-                }
-                out[k.index()] = out[k.index()].saturating_add(times);
-            }
+            Node::Bundle(b) => f(b, loops),
         }
     }
+}
+
+/// How many times template `b` executes its `slot` inside `loops`: once per iteration of
+/// its enclosing loops in which the slot's predicates hold.
+fn executions(b: &LBundle, loops: &[(u32, Option<CountStep>)], slot: Slot) -> u64 {
+    let preds_at = |level: usize| -> Vec<&Pred> {
+        b.preds
+            .iter()
+            .filter(|p| p.slot == slot && usize::from(p.level) == level)
+            .collect()
+    };
+    // At most one enclosing loop is stepped (they do not nest); its level and the
+    // level it follows are counted together.
+    let stepped = loops
+        .iter()
+        .enumerate()
+        .find_map(|(lv, (_, st))| st.map(|st| (lv, st)));
+    let mut times = 1u64;
+    for (level, &(count, _)) in loops.iter().enumerate() {
+        if let Some((s, st)) = stepped {
+            if level == s || level == usize::from(st.level) {
+                continue;
+            }
+        }
+        times = times.saturating_mul(Hits::of(u64::from(count), &preds_at(level)).len());
+    }
+    if let Some((s, st)) = stepped {
+        let l = usize::from(st.level);
+        let outer = Hits::of(u64::from(loops[l].0), &preds_at(l));
+        let inner = preds_at(s);
+        let base = i128::from(loops[s].0);
+        let per = i128::from(st.per);
+        let pairs: u64 = if inner.is_empty() {
+            // Σ over the outer hits of (base + per·i), in closed form.
+            let n = i128::from(outer.len());
+            let sum_i = outer.index_sum();
+            u64::try_from(n * base + per * sum_i).unwrap_or(u64::MAX)
+        } else {
+            outer
+                .iter()
+                .map(|i| {
+                    let trips = (base + per * i128::from(i)).max(0) as u64;
+                    Hits::of(trips, &inner).len()
+                })
+                .fold(0u64, u64::saturating_add)
+        };
+        times = times.saturating_mul(pairs);
+    }
+    times
 }
 
 /// The iterations `[lo, hi)` minus the points `nes` of a loop of `bound` iterations in which a

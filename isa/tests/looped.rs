@@ -343,6 +343,35 @@ fn check(c: &Case) -> u64 {
             }
         }
         assert_eq!(p.op_counts(), ops);
+        let acc = flat.bundles.iter().filter(|b| b.acc != Acc::Nop).count() as u64;
+        let sends = flat.bundles.iter().filter(|b| b.xfer != Xfer::Nop).count() as u64;
+        assert_eq!(p.acc_and_send_counts(), (acc, sends));
+        // Every address a flattened bundle uses lies in the hull of some template's field
+        // over the iterations its slot executes in, and that hull within the plain one.
+        let mut hulls: Vec<(Field, (i64, i64))> = Vec::new();
+        p.for_each_template(|b, bounds| {
+            for f in Field::ALL {
+                if let Some(h) = b.live_hull(f, bounds) {
+                    let all = b.hull(f, bounds).expect("a live field is a field");
+                    assert!(all.0 <= h.0 && h.1 <= all.1, "{h:?} outside {all:?}");
+                    hulls.push((f, h));
+                }
+            }
+        });
+        for b in &flat.bundles {
+            for f in Field::ALL {
+                if let Some(a) = isa::looped::field(b, f) {
+                    let a = i64::from(a);
+                    assert!(
+                        hulls
+                            .iter()
+                            .any(|&(g, (lo, hi))| g == f && lo <= a && a <= hi),
+                        "{} at {a} outside every template's hull",
+                        f.name()
+                    );
+                }
+            }
+        }
         // Both encodings round-trip exactly.
         let text = p.to_text();
         let back = parse_looped(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));

@@ -287,6 +287,27 @@ impl Layout {
         }
     }
 
+    /// The tokens PE `pe` owns among the first `tokens`, each with its local row (the inverse
+    /// of [`Layout::owner`]).
+    pub fn tokens_of(&self, pes: u32, pe: u32, tokens: u32) -> Vec<(u32, u32)> {
+        let r = self.rows_per_pe;
+        let run = |first: u32, len: u32, row0: u32| {
+            (0..len)
+                .map(move |i| (first.saturating_add(i), row0 + i))
+                .filter(|&(t, _)| t < tokens)
+        };
+        match self.order {
+            RowOrder::Contiguous => run(pe.saturating_mul(r), r, 0).collect(),
+            RowOrder::Zigzag => {
+                let c = r / 2;
+                let back = (2 * pes - 1 - pe).saturating_mul(c);
+                run(pe.saturating_mul(c), c, 0)
+                    .chain(run(back, c, c))
+                    .collect()
+            }
+        }
+    }
+
     /// `(pe, addr)` of element `[h, t, c]`, in 64 bits (checked against 32 by validation).
     pub fn locate(&self, pes: u32, h: u32, t: u32, c: u32) -> (u32, u64) {
         let (pe, r) = self.owner(pes, t);
@@ -376,6 +397,44 @@ impl Placement {
                 (pe, addr as u32)
             }
         }
+    }
+
+    /// The addresses PE `pe` holds elements at, as sorted inclusive runs `(first, last)`,
+    /// without listing the elements one by one where the placement is a layout.
+    pub fn pe_ranges(&self, pes: u32, pe: u32) -> Vec<(u32, u32)> {
+        let mut runs: Vec<(u32, u32)> = match (&self.layout, self.shape.as_slice()) {
+            (Some(l), &[heads, tokens, dim]) if dim > 0 => {
+                let owned = l.tokens_of(pes, pe, tokens as u32);
+                (0..heads as u64)
+                    .flat_map(|h| {
+                        owned.iter().map(move |&(_, r)| {
+                            let a = u64::from(l.base)
+                                + h * u64::from(l.head_stride)
+                                + u64::from(r) * u64::from(l.row_stride);
+                            // Validation bounded every address by a PE's u32 word count.
+                            (a as u32, (a + dim as u64 - 1) as u32)
+                        })
+                    })
+                    .collect()
+            }
+            (Some(_), _) => Vec::new(),
+            (None, _) => self
+                .pe
+                .iter()
+                .zip(&self.addr)
+                .filter(|(&q, _)| q == pe)
+                .map(|(_, &a)| (a, a))
+                .collect(),
+        };
+        runs.sort_unstable();
+        let mut out: Vec<(u32, u32)> = Vec::with_capacity(runs.len());
+        for (a, b) in runs {
+            match out.last_mut() {
+                Some((_, hi)) if u64::from(*hi) + 1 >= u64::from(a) => *hi = (*hi).max(b),
+                _ => out.push((a, b)),
+            }
+        }
+        out
     }
 
     /// The explicit form: one entry per element (for tools that need the arrays; bounded by
@@ -714,5 +773,57 @@ mod tests {
         ))
         .unwrap_err();
         assert!(e.0.contains("bound.lower_bound"), "{e}");
+    }
+
+    #[test]
+    fn pe_ranges_of_a_layout_are_those_of_its_expanded_form() {
+        // Per PE, the runs a layout gives without listing elements must be exactly those the
+        // element-by-element form gives, padding (tokens missing at the end) included.
+        for (order, rows, pes, tokens) in [
+            (RowOrder::Contiguous, 3, 4, 12),
+            (RowOrder::Contiguous, 3, 4, 10),
+            (RowOrder::Contiguous, 2, 5, 7),
+            (RowOrder::Zigzag, 4, 3, 12),
+            (RowOrder::Zigzag, 4, 3, 11),
+            (RowOrder::Zigzag, 2, 4, 7),
+        ] {
+            for (heads, dim, head_stride, row_stride) in [(1, 2, 0, 2), (2, 3, 40, 5), (3, 1, 7, 1)]
+            {
+                let layout = Layout {
+                    order,
+                    rows_per_pe: rows,
+                    base: 3,
+                    head_stride: if heads == 1 { 0 } else { head_stride },
+                    row_stride,
+                };
+                let p = Placement {
+                    shape: vec![heads, tokens, dim],
+                    pe: Vec::new(),
+                    addr: Vec::new(),
+                    layout: Some(layout),
+                };
+                let flat = p.expanded(pes);
+                for pe in 0..pes {
+                    let mut want: Vec<u32> = flat
+                        .pe
+                        .iter()
+                        .zip(&flat.addr)
+                        .filter(|(&q, _)| q == pe)
+                        .map(|(_, &a)| a)
+                        .collect();
+                    want.sort_unstable();
+                    let got: Vec<u32> = p
+                        .pe_ranges(pes, pe)
+                        .into_iter()
+                        .flat_map(|(a, b)| a..=b)
+                        .collect();
+                    assert_eq!(
+                        got, want,
+                        "{order:?} rows {rows} pes {pes} tokens {tokens} heads {heads} pe {pe}"
+                    );
+                    assert_eq!(flat.pe_ranges(pes, pe), p.pe_ranges(pes, pe));
+                }
+            }
+        }
     }
 }

@@ -13,6 +13,10 @@ pub struct InspectArgs {
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
+    /// With loop programs, summarise them from their loop structure (ops by kind, sends,
+    /// address hulls) without flattening; the default for programs too long to flatten
+    #[arg(long)]
+    pub loops: bool,
 }
 
 /// Buffers found by lineage, in the order they are listed: (tag, name).
@@ -41,7 +45,7 @@ fn ranges(addrs: impl IntoIterator<Item = u32>) -> Vec<(u32, u32)> {
     out
 }
 
-fn ranges_text(r: &[(u32, u32)]) -> String {
+pub(super) fn ranges_text(r: &[(u32, u32)]) -> String {
     r.iter()
         .map(|&(a, b)| {
             if a == b {
@@ -98,9 +102,23 @@ const PHASES: [Class; 4] = [Class::Qk, Class::Softmax, Class::Av, Class::Other];
 
 pub fn run(args: &InspectArgs) -> Result<(), String> {
     let loaded = load::load_dir(&args.dir)?;
-    let (programs, m) = loaded
-        .flat()
-        .map_err(|e| format!("{}: {e}", args.dir.display()))?;
+    if args.loops {
+        if loaded.loops.is_empty() {
+            return Err(format!(
+                "{}: --loops needs loop programs; these are flat (one bundle per cycle)",
+                args.dir.display()
+            ));
+        }
+        return super::inspect_loops::run(&args.dir, &loaded, args.json, "asked with --loops");
+    }
+    let (programs, m) = match loaded.flat() {
+        Ok(flat) => flat,
+        // Too long to flatten: what the loop structure says without running it.
+        Err(why) if !loaded.loops.is_empty() => {
+            return super::inspect_loops::run(&args.dir, &loaded, args.json, &why);
+        }
+        Err(e) => return Err(format!("{}: {e}", args.dir.display())),
+    };
     let m = &*m;
     let bar = super::progress::Progress::bar(m.cycles, "cycles", args.json);
     let walk = timeline::walk(&programs, m, |t, _| {

@@ -2,6 +2,7 @@
 
 pub mod compile;
 pub mod inspect;
+pub mod inspect_loops;
 pub mod load;
 pub mod optimal;
 pub mod outdir;
