@@ -17,6 +17,8 @@ use crate::machine::{
 };
 use crate::Program;
 
+mod nest;
+
 /// Why a set of loop programs could not be loaded.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum LoopLoadError {
@@ -155,6 +157,8 @@ pub struct LoopMachine<D: Domain> {
     stats: Vec<PeStats>,
     scratch: Vec<Option<Bundle>>,
     bulk: u64,
+    /// Of `bulk`, the cycles run in windows over whole loop iterations.
+    nest: u64,
     /// Per PE, the chunks of [`CHUNK`] words known to be initialized
     /// throughout. Words never become uninitialized again, so a chunk once
     /// seen whole stays whole; it spares the bulk planner rescanning the
@@ -202,6 +206,7 @@ impl<D: Domain> LoopMachine<D> {
             stats: vec![PeStats::default(); n],
             scratch: vec![None; n],
             bulk: 0,
+            nest: 0,
             init: vec![InitChunks::default(); n],
         })
     }
@@ -238,6 +243,12 @@ impl<D: Domain> LoopMachine<D> {
     /// Cycles executed by the bulk path of [`LoopMachine::run_fast`].
     pub fn bulk_cycles(&self) -> u64 {
         self.bulk
+    }
+
+    /// Of [`LoopMachine::bulk_cycles`], those run in windows over whole iterations of a loop
+    /// whose body is bundles and one-bundle loops.
+    pub fn nest_cycles(&self) -> u64 {
+        self.nest
     }
 
     pub fn stats(&self) -> RunStats {
@@ -365,6 +376,10 @@ impl LoopMachine<F32Domain> {
             }
             if self.m.cycle() >= self.len {
                 return Ok(self.stats());
+            }
+            if let Ok((w, wins)) = self.plan_nest() {
+                self.exec_nest(w, &wins);
+                continue;
             }
             match self.plan_window() {
                 Ok((w, plans)) => self.exec_window(w, &plans),

@@ -314,7 +314,7 @@ fn flat_run(c: &Case) -> Outcome {
     (r, m.cycle(), mem_of(|p, a| m.read(p, a).copied(), pes, mem))
 }
 
-fn loop_run(c: &Case, fast: bool) -> (Outcome, u64) {
+fn loop_run(c: &Case, fast: bool) -> (Outcome, (u64, u64)) {
     let mut m = LoopMachine::new(F32Domain, c.progs.clone()).expect("load");
     for &(pe, a, v) in &c.preloads {
         m.preload(pe, a, v).expect("preload");
@@ -326,10 +326,12 @@ fn loop_run(c: &Case, fast: bool) -> (Outcome, u64) {
     };
     let (pes, mem) = (c.progs.len() as u32, c.progs[0].mem_words);
     let out = (r, m.cycle(), mem_of(|p, a| m.read(p, a).copied(), pes, mem));
-    (out, m.bulk_cycles())
+    (out, (m.bulk_cycles(), m.nest_cycles()))
 }
 
-fn check(c: &Case) -> u64 {
+/// Runs the case all three ways; the cycles run in bulk and, of those, in whole-iteration
+/// windows.
+fn check(c: &Case) -> (u64, u64) {
     for p in &c.progs {
         let cycles = p.validate().expect("generated programs are valid");
         let flat = p.flatten(1 << 20).unwrap();
@@ -410,6 +412,7 @@ fn bulk_path_runs_and_agrees_on_many_random_rings() {
     // The property tests above would pass even if the bulk path never ran;
     // this makes sure it does, often, on the same generator.
     let mut bulk = 0;
+    let mut nest = 0;
     let mut with_bulk = 0;
     let mut faults = 0;
     for seed in 0..600u64 {
@@ -417,8 +420,9 @@ fn bulk_path_runs_and_agrees_on_many_random_rings() {
             seed.wrapping_mul(0x9E37_79B9_7F4A_7C15),
             if seed % 3 == 0 { 8 } else { 0 },
         );
-        let b = check(&c);
+        let (b, w) = check(&c);
         bulk += b;
+        nest += w;
         with_bulk += u64::from(b > 0);
         faults += u64::from(flat_run(&c).0.is_err());
     }
@@ -435,7 +439,8 @@ fn bulk_path_runs_and_agrees_on_many_random_rings() {
         })
         .count();
     assert!(stepped > 50, "only {stepped} cases hold a stepped loop");
-    println!("bulk cycles {bulk} in {with_bulk} cases, {faults} faulting cases");
+    println!("bulk cycles {bulk} ({nest} in whole-iteration windows) in {with_bulk} cases, {faults} faulting cases");
+    assert!(nest > 500, "whole-iteration windows ran {nest} cycles");
     assert!(
         bulk > 2_000 && with_bulk > 50,
         "bulk cycles {bulk} in {with_bulk} cases"
@@ -506,7 +511,7 @@ fn dot_products_run_in_bulk_and_match_the_reference() {
         progs,
         preloads: pre,
     };
-    let bulk = check(&c);
+    let (bulk, _) = check(&c);
     assert_eq!(bulk, 50);
     let (mut m, stats) = isa::looped_exec::run_f32(c.progs.clone(), &c.preloads).unwrap();
     assert_eq!(stats.cycles, 51);
@@ -711,4 +716,98 @@ fn crc32(bytes: &[u8]) -> u32 {
         }
     }
     !c
+}
+
+#[test]
+fn whole_iteration_windows_match_on_moving_running_sums_and_sends() {
+    // Directed cases for windows over whole iterations of `loop 4 { first; loop k { mac } }`:
+    // the accumulator's source and destination (and the send's source and destination) move
+    // with the outer loop by every pair of strides, so a running sum kept in one word, a send
+    // that meets what the next PE touches, and two writes to one word all occur. Every case
+    // must run exactly as flattened, and the directed ring must take such windows.
+    let mut nest = 0;
+    for (src, dst) in [(0, 0), (1, 1), (1, 2), (2, 1), (0, 1), (1, 0)] {
+        for k in [1u32, 3] {
+            for (send_src, send_dst) in [(None, None), (Some(1), Some(1)), (Some(1), Some(0))] {
+                let term = |field, stride: i32| {
+                    (stride != 0).then_some(Term {
+                        field,
+                        level: 0,
+                        stride,
+                        wrap: 0,
+                    })
+                };
+                let first = LBundle {
+                    bundle: Bundle {
+                        op: Op::mul(0, 8, None),
+                        acc: Acc::Add {
+                            src: AccSrc::Zero,
+                            dst: Some(40),
+                        },
+                        xfer: Xfer::Nop,
+                    },
+                    terms: [term(Field::OpA, 1), term(Field::AccDst, src)]
+                        .into_iter()
+                        .flatten()
+                        .collect(),
+                    preds: vec![],
+                };
+                let mut terms: Vec<Term> = [
+                    term(Field::OpA, 2),
+                    term(Field::AccSrc, src),
+                    term(Field::AccDst, dst),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                let xfer = match (send_src, send_dst) {
+                    (Some(s), Some(d)) => {
+                        terms.extend(term(Field::XferSrc, s));
+                        terms.extend(term(Field::XferDst, d));
+                        Xfer::Send {
+                            src: XferSrc::Mem(16),
+                            dst: 8,
+                        }
+                    }
+                    _ => Xfer::Nop,
+                };
+                terms.push(Term {
+                    field: Field::OpB,
+                    level: 1,
+                    stride: 1,
+                    wrap: 0,
+                });
+                terms.sort_by_key(|t| (t.field, t.level));
+                let mac = LBundle {
+                    bundle: Bundle {
+                        op: Op::mul(1, 20, None),
+                        acc: Acc::Add {
+                            src: AccSrc::Mem(40),
+                            dst: Some(40),
+                        },
+                        xfer,
+                    },
+                    terms,
+                    preds: vec![],
+                };
+                let body = vec![
+                    Node::Bundle(first),
+                    Node::Loop(Loop::new(k, vec![Node::Bundle(mac)])),
+                ];
+                let progs: Vec<LoopProgram> = (0..2)
+                    .map(|pe| LoopProgram {
+                        pe,
+                        pes: 2,
+                        mem_words: 64,
+                        body: vec![Node::Loop(Loop::new(4, body.clone()))],
+                    })
+                    .collect();
+                let preloads = (0..2u32)
+                    .flat_map(|pe| (0..64u32).map(move |a| (pe, a, (a as f32 - 20.0) / 16.0)))
+                    .collect();
+                nest += check(&Case { progs, preloads }).1;
+            }
+        }
+    }
+    assert!(nest > 100, "whole-iteration windows ran {nest} cycles");
 }

@@ -1,0 +1,556 @@
+//! Bulk windows over whole iterations of a loop whose body is bundles and one-bundle loops
+//! (a score's first product and its run of accumulating ones, a row's maximum and its
+//! exponentials), not only over the innermost one-bundle loop.
+//!
+//! A PE's part of a window is the rest of the loop's current iteration, then `k` whole
+//! iterations, then the start of the next, each a list of *stretches*: one template's instance
+//! repeated with its addresses advancing by the innermost strides. The whole iterations share
+//! one list, each iteration's addresses moved by the loop's own strides, so planning costs the
+//! body, not the iterations. A PE's stretches run one after another, which is its
+//! cycle-by-cycle order; the PEs run one after another, which is only allowed because the
+//! planner shows that no word a PE's predecessor sends in the window is read or written by the
+//! PE in the window. Each stretch keeps the rules of the single-loop window (no fault possible,
+//! no word written read by another slot of the same run), shown for every iteration at once.
+
+use super::{
+    count, overlap, run_plan, Cursor, InitChunks, LoopMachine, Plan, Prog, Stepped, MAX_LOOP_DEPTH,
+};
+use crate::inst::{Acc, AccSrc, Op, Xfer, XferSrc};
+use crate::looped::{field, Cmp, Field, LBundle, Node};
+use crate::machine::{F32Domain, PeStats};
+
+/// Most cycles one window covers.
+const MAX_WINDOW: u64 = 1 << 16;
+
+/// One stretch: `plan` for `len` cycles.
+struct Segment {
+    plan: Plan,
+    len: u32,
+}
+
+/// A PE's part of a window.
+pub(super) struct PeWindow {
+    /// Frame of the loop the window runs in.
+    level: usize,
+    head: Vec<Segment>,
+    head_len: u64,
+    /// The body's stretches in the first whole iteration, with each field's move per iteration.
+    body: Vec<(Segment, [i64; 7])>,
+    /// Index of the first whole iteration, and how many.
+    first: u32,
+    iters: u32,
+    tail: Vec<Segment>,
+    tail_len: u64,
+}
+
+/// Whether a loop body takes whole-iteration windows: bundles and one-bundle loops only.
+fn simple(list: &[Node]) -> bool {
+    list.iter().all(|n| match n {
+        Node::Bundle(_) => true,
+        Node::Loop(l) => matches!(l.body.as_slice(), [Node::Bundle(_)]),
+    })
+}
+
+/// Cycles one iteration of `body` takes at loop indices `idx`.
+fn body_cycles(body: &[Node], idx: &[u32; MAX_LOOP_DEPTH]) -> u64 {
+    body.iter()
+        .map(|n| match n {
+            Node::Bundle(_) => 1,
+            Node::Loop(l) => u64::from(l.trips(idx)),
+        })
+        .sum()
+}
+
+/// Every template of `body` (directly or in its one-bundle loops).
+fn templates(body: &[Node]) -> impl Iterator<Item = &LBundle> {
+    body.iter().filter_map(|n| match n {
+        Node::Bundle(b) => Some(b),
+        Node::Loop(l) => match l.body.as_slice() {
+            [Node::Bundle(b)] => Some(b),
+            _ => None,
+        },
+    })
+}
+
+/// Iterations from index `i` before a predicate on `level` may turn.
+fn turns(p: &crate::looped::Pred, i: u32) -> u32 {
+    match p.cmp {
+        Cmp::Lt | Cmp::Ge if i < p.value => p.value - i,
+        Cmp::Eq | Cmp::Ne if i < p.value => p.value - i,
+        Cmp::Eq | Cmp::Ne if i == p.value => 1,
+        _ => u32::MAX,
+    }
+}
+
+impl Cursor {
+    /// The frame of the loop a window may run in, if the cursor's list is simple: its own
+    /// loop, or the one around it when this is a one-bundle loop in a simple body.
+    fn window_level(&self, root: &[Node]) -> Option<usize> {
+        let k = self.frames.len() - 1;
+        if k == 0 {
+            return None;
+        }
+        let list = super::list_at(root, &self.frames, k);
+        if !simple(list) {
+            return None;
+        }
+        if list.len() == 1 && k >= 2 && simple(super::list_at(root, &self.frames, k - 1)) {
+            return Some(k - 1);
+        }
+        Some(k)
+    }
+
+    /// Advances by `limit` cycles inside loop frame `level` (at most what is left of it),
+    /// calling `seg` with each stretch: the template, its loop indices, its length, and for a
+    /// run of a one-bundle loop the level of that loop's index. A run stops where one of its
+    /// slot predicates may turn or an address term wraps, so a stretch is one instance whose
+    /// addresses advance evenly.
+    fn walk<'a>(
+        &mut self,
+        root: &'a [Node],
+        level: usize,
+        limit: u64,
+        mut seg: impl FnMut(&'a LBundle, &[u32; MAX_LOOP_DEPTH], u32, Option<u8>),
+    ) {
+        let mut walked = 0u64;
+        let mut idx = [0u32; MAX_LOOP_DEPTH];
+        while walked < limit {
+            let Some((b, body_len)) = self.current(root) else {
+                return;
+            };
+            let depth = self.frames.len() - 1;
+            if depth < level {
+                return;
+            }
+            self.indices(&mut idx);
+            let top = self.frames[depth];
+            if body_len == 1 && depth > 0 {
+                let inner = depth - 1;
+                let i = idx[inner];
+                let mut k = u64::from(top.count - top.iter).min(limit - walked);
+                for p in b.preds.iter().filter(|p| usize::from(p.level) == inner) {
+                    k = k.min(u64::from(turns(p, i)));
+                }
+                for t in b.terms.iter().filter(|t| usize::from(t.level) == inner) {
+                    if t.wrap != 0 {
+                        k = k.min(u64::from(t.wrap - i % t.wrap));
+                    }
+                }
+                // Within the loop's count, so it fits.
+                let k32 = k as u32;
+                seg(b, &idx, k32, Some(inner as u8));
+                if let Some(f) = self.frames.last_mut() {
+                    f.iter += k32 - 1;
+                    f.pos = 1;
+                }
+                walked += k;
+            } else {
+                seg(b, &idx, 1, None);
+                self.advance();
+                walked += 1;
+            }
+        }
+    }
+
+    /// Marks iterations up to `last` of loop frame `level` done, wherever in it the cursor was.
+    fn finish_through(&mut self, root: &[Node], level: usize, last: u32) {
+        let len = super::list_at(root, &self.frames, level).len();
+        self.frames.truncate(level + 1);
+        let f = &mut self.frames[level];
+        f.iter = last;
+        f.pos = len;
+    }
+}
+
+/// The plan of one stretch: the instance at its first cycle, each address advancing by the
+/// stride of its term on the run's loop.
+fn plan_of(b: &LBundle, idx: &[u32; MAX_LOOP_DEPTH], inner: Option<u8>) -> Plan {
+    let bundle = b.instance(idx);
+    let mut progs = [None; 7];
+    for (k, f) in Field::ALL.into_iter().enumerate() {
+        if let Some(a) = field(&bundle, f) {
+            let stride = inner.map_or(0, |lv| term_stride(b, f, lv));
+            progs[k] = Some(Prog {
+                addr: i64::from(a),
+                stride,
+            });
+        }
+    }
+    let register = matches!(
+        bundle.acc,
+        Acc::Add { src: AccSrc::Mem(s), dst: Some(d) } if s == d
+    ) && progs[3].is_some_and(|p| p.stride == 0)
+        && progs[4].is_some_and(|p| p.stride == 0);
+    Plan {
+        bundle,
+        progs,
+        register,
+    }
+}
+
+fn term_stride(b: &LBundle, f: Field, level: u8) -> i64 {
+    b.terms
+        .iter()
+        .find(|t| t.field == f && t.level == level)
+        .map_or(0, |t| i64::from(t.stride))
+}
+
+/// The addresses field `k` of a stretch takes over `reps` repetitions, each moved by `shift`.
+fn hull(pr: Prog, len: i64, shift: i64, reps: i64) -> (i64, i64) {
+    let (lo, hi) = pr.span(len);
+    let m = shift * (reps - 1);
+    (lo.min(lo + m), hi.max(hi + m))
+}
+
+/// The single-loop window's rules for a stretch of `len` cycles repeated `reps` times, each
+/// repetition's field `k` moved by `shift[k]`: no slot-structure fault, reads in range and
+/// initialized, writes and the send in range, no two writes to one word in a cycle, and no
+/// word written in a run read by another slot of that run (a running sum kept in a register
+/// excepted). Pairs of fields that move alike are checked on the first repetition, which
+/// decides them all; others on their whole ranges.
+fn stretch_ok(
+    plan: &Plan,
+    len: i64,
+    shift: &[i64; 7],
+    reps: i64,
+    mem: &[Option<f32>],
+    next_len: usize,
+    init: &mut InitChunks,
+) -> bool {
+    let b = &plan.bundle;
+    if matches!(b.op, Op::Nop) && !matches!(b.acc, Acc::Nop) {
+        return false;
+    }
+    if matches!(
+        b.xfer,
+        Xfer::Send {
+            src: XferSrc::Acc,
+            ..
+        }
+    ) && matches!(b.acc, Acc::Nop)
+    {
+        return false;
+    }
+    let size = mem.len() as i64;
+    for (k, pr) in plan.progs.iter().enumerate() {
+        let Some(pr) = *pr else { continue };
+        let (lo, hi) = hull(pr, len, shift[k], reps);
+        let bound = if k == 6 { next_len as i64 } else { size };
+        if lo < 0 || hi >= bound {
+            return false;
+        }
+        if [0, 1, 3, 5].contains(&k) {
+            let dense = Prog {
+                addr: lo,
+                stride: 1,
+            };
+            if !init.covers(mem, dense, hi - lo + 1)
+                && !(0..reps).all(|r| {
+                    let moved = Prog {
+                        addr: pr.addr + shift[k] * r,
+                        stride: pr.stride,
+                    };
+                    init.covers(mem, moved, len)
+                })
+            {
+                return false;
+            }
+        }
+    }
+    let meets = |a: usize, c: usize| -> bool {
+        let (Some(x), Some(y)) = (plan.progs[a], plan.progs[c]) else {
+            return false;
+        };
+        if shift[a] == shift[c] {
+            overlap(x.span(len), y.span(len))
+        } else {
+            overlap(hull(x, len, shift[a], reps), hull(y, len, shift[c], reps))
+        }
+    };
+    if meets(2, 4) {
+        return false;
+    }
+    if len > 1 {
+        for w in [2usize, 4] {
+            for r in [0usize, 1, 3, 5] {
+                let own_register = plan.register && w == 4 && r == 3;
+                if !own_register && meets(w, r) {
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
+
+/// A PE's window plan before its length is known: its loop, the rest of the current iteration,
+/// the index of the first whole iteration, the whole iterations that look alike from there and
+/// their length.
+struct Shape {
+    level: usize,
+    rest: u64,
+    first: u32,
+    alike: u32,
+    iter_len: u64,
+}
+
+impl LoopMachine<F32Domain> {
+    fn shape(&mut self, p: usize) -> Option<Shape> {
+        let root = &self.progs[p].body;
+        let cur = &mut self.cursors[p];
+        cur.current(root)?;
+        let level = cur.window_level(root)?;
+        let body = super::list_at(root, &cur.frames, level);
+        let mut idx = [0u32; MAX_LOOP_DEPTH];
+        cur.indices(&mut idx);
+        let w = cur.frames[level];
+        let at_start = w.pos == 0
+            && cur.frames[level + 1..]
+                .iter()
+                .all(|f| f.iter == 0 && f.pos == 0);
+        let (rest, first) = if at_start {
+            (0, w.iter)
+        } else {
+            let rest = match cur.frames.get(level + 1) {
+                Some(inner) => {
+                    u64::from(inner.count - inner.iter) + body_cycles(&body[w.pos + 1..], &idx)
+                }
+                None => body_cycles(&body[w.pos..], &idx),
+            };
+            (rest, w.iter + 1)
+        };
+        let own = (level - 1) as u8;
+        let mut alike = w.count.saturating_sub(first);
+        idx[level - 1] = first;
+        let iter_len = body_cycles(body, &idx);
+        // An inner loop whose count steps with this loop's index: one iteration at a time.
+        let stepped = body
+            .iter()
+            .any(|n| matches!(n, Node::Loop(l) if l.step.is_some_and(|s| s.level == own)));
+        if stepped {
+            alike = alike.min(1);
+        }
+        for b in templates(body) {
+            for pr in b.preds.iter().filter(|pr| pr.level == own) {
+                alike = alike.min(turns(pr, first));
+            }
+            for t in b.terms.iter().filter(|t| t.level == own && t.wrap != 0) {
+                alike = alike.min(t.wrap - first % t.wrap);
+            }
+        }
+        Some(Shape {
+            level,
+            rest,
+            first,
+            alike,
+            iter_len: iter_len.max(1),
+        })
+    }
+
+    /// A window over whole iterations (see the module's comment) of at least 2 cycles, or why
+    /// not. Only tried where some PE can go past its innermost loop; the single-loop planner
+    /// takes the rest.
+    pub(super) fn plan_nest(&mut self) -> Result<(u32, Vec<Option<PeWindow>>), Stepped> {
+        let n = self.progs.len();
+        let mut shapes = Vec::with_capacity(n);
+        let mut extends = false;
+        let mut w = MAX_WINDOW.min(self.len - self.m.cycle());
+        for p in 0..n {
+            if self.cursors[p].done {
+                shapes.push(None);
+                continue;
+            }
+            let s = self.shape(p).ok_or(Stepped(1))?;
+            let cur = &self.cursors[p];
+            let depth = cur.frames.len() - 1;
+            extends |= s.level < depth
+                || super::list_at(&self.progs[p].body, &cur.frames, depth).len() > 1;
+            // It covers any window up to its alike iterations: the rest of this one, whole
+            // ones, and the start of the next.
+            w = w.min(
+                s.rest
+                    .saturating_add(u64::from(s.alike).saturating_mul(s.iter_len)),
+            );
+            shapes.push(Some(s));
+        }
+        if !extends || w < 2 {
+            return Err(Stepped(1));
+        }
+        let mut wins: Vec<Option<PeWindow>> = Vec::with_capacity(n);
+        for (p, s) in shapes.into_iter().enumerate() {
+            let Some(s) = s else {
+                wins.push(None);
+                continue;
+            };
+            let win = self.pe_window(p, &s, w).ok_or(Stepped(1))?;
+            wins.push(Some(win));
+        }
+        // What a PE's predecessor sends in the window never meets what the PE touches in it.
+        let ranges = |win: &PeWindow, fields: std::ops::Range<usize>| -> Vec<(i64, i64)> {
+            let one = |s: &Segment, shift: &[i64; 7], reps: i64, out: &mut Vec<(i64, i64)>| {
+                for k in fields.clone() {
+                    if let Some(pr) = s.plan.progs[k] {
+                        out.push(hull(pr, i64::from(s.len), shift[k], reps));
+                    }
+                }
+            };
+            let mut out = Vec::new();
+            for s in win.head.iter().chain(&win.tail) {
+                one(s, &[0; 7], 1, &mut out);
+            }
+            if win.iters > 0 {
+                for (s, shift) in &win.body {
+                    one(s, shift, i64::from(win.iters), &mut out);
+                }
+            }
+            out
+        };
+        for p in 0..n {
+            let prev = if p == 0 { n - 1 } else { p - 1 };
+            let (Some(mine), Some(theirs)) = (&wins[p], &wins[prev]) else {
+                continue;
+            };
+            let sends = ranges(theirs, 6..7);
+            if sends.is_empty() {
+                continue;
+            }
+            let touched = ranges(mine, 0..6);
+            if touched
+                .iter()
+                .any(|&t| sends.iter().any(|&s| overlap(s, t)))
+            {
+                return Err(Stepped(1));
+            }
+        }
+        Ok((w as u32, wins))
+    }
+
+    /// PE `p`'s part of a window of `w` cycles, checked; `None` if a stretch breaks a rule.
+    fn pe_window(&mut self, p: usize, s: &Shape, w: u64) -> Option<PeWindow> {
+        let n = self.progs.len();
+        let next = if p + 1 == n { 0 } else { p + 1 };
+        let root = &self.progs[p].body;
+        let head_len = s.rest.min(w);
+        let iters = ((w - head_len) / s.iter_len).min(u64::from(s.alike)) as u32;
+        let tail_len = w - head_len - u64::from(iters) * s.iter_len;
+        let mut probe = self.cursors[p].clone();
+        let collect = |probe: &mut Cursor, limit: u64| {
+            let mut out = Vec::new();
+            probe.walk(root, s.level, limit, |b, idx, len, inner| {
+                out.push((b, *idx, len, inner));
+            });
+            out
+        };
+        let head = collect(&mut probe, head_len);
+        let mut body = Vec::new();
+        if iters > 0 {
+            body = collect(&mut probe, s.iter_len);
+            probe.finish_through(root, s.level, s.first + iters - 1);
+        }
+        let tail = collect(&mut probe, tail_len);
+        let own = (s.level - 1) as u8;
+        let mems = self.m.mems();
+        let (mem, next_len) = (&mems[p], mems[next].len());
+        let init = &mut self.init[p];
+        let mut flat = |v: Vec<(&LBundle, [u32; MAX_LOOP_DEPTH], u32, Option<u8>)>| {
+            v.into_iter()
+                .map(|(b, idx, len, inner)| {
+                    let plan = plan_of(b, &idx, inner);
+                    stretch_ok(&plan, i64::from(len), &[0; 7], 1, mem, next_len, init)
+                        .then_some(Segment { plan, len })
+                })
+                .collect::<Option<Vec<_>>>()
+        };
+        let head = flat(head)?;
+        let tail = flat(tail)?;
+        let mut moved = Vec::with_capacity(body.len());
+        for (b, idx, len, inner) in body {
+            let mut plan = plan_of(b, &idx, inner);
+            let mut shift = [0i64; 7];
+            for (k, f) in Field::ALL.into_iter().enumerate() {
+                shift[k] = term_stride(b, f, own);
+            }
+            // A running sum stays in one word only if its source and destination move alike.
+            plan.register &= shift[3] == shift[4];
+            if !stretch_ok(
+                &plan,
+                i64::from(len),
+                &shift,
+                i64::from(iters),
+                mem,
+                next_len,
+                init,
+            ) {
+                return None;
+            }
+            moved.push((Segment { plan, len }, shift));
+        }
+        Some(PeWindow {
+            level: s.level,
+            head,
+            head_len,
+            body: moved,
+            first: s.first,
+            iters,
+            tail,
+            tail_len,
+        })
+    }
+
+    pub(super) fn exec_nest(&mut self, w: u32, wins: &[Option<PeWindow>]) {
+        let n = wins.len();
+        let mems = self.m.mems_mut();
+        for (p, win) in wins.iter().enumerate() {
+            let Some(win) = win else { continue };
+            let next = if p + 1 == n { 0 } else { p + 1 };
+            for s in &win.head {
+                run_plan(mems, p, next, &s.plan, i64::from(s.len));
+            }
+            for r in 0..i64::from(win.iters) {
+                for (s, shift) in &win.body {
+                    let mut plan = s.plan;
+                    for (pr, d) in plan.progs.iter_mut().zip(shift) {
+                        if let Some(pr) = pr {
+                            pr.addr += d * r;
+                        }
+                    }
+                    run_plan(mems, p, next, &plan, i64::from(s.len));
+                }
+            }
+            for s in &win.tail {
+                run_plan(mems, p, next, &s.plan, i64::from(s.len));
+            }
+        }
+        for (p, win) in wins.iter().enumerate() {
+            let Some(win) = win else { continue };
+            let st = &mut self.stats[p];
+            let mut add = |s: &Segment, times: u64| {
+                let mut one = PeStats::default();
+                count(&mut one, &s.plan.bundle);
+                let k = u64::from(s.len) * times;
+                for (x, y) in st.ops.iter_mut().zip(one.ops) {
+                    *x += y * k;
+                }
+                st.add += one.add * k;
+                st.send += one.send * k;
+                st.busy += one.busy * k;
+            };
+            for s in win.head.iter().chain(&win.tail) {
+                add(s, 1);
+            }
+            for (s, _) in &win.body {
+                add(s, u64::from(win.iters));
+            }
+            let root = &self.progs[p].body;
+            let cur = &mut self.cursors[p];
+            cur.walk(root, win.level, win.head_len, |_, _, _, _| {});
+            if win.iters > 0 {
+                cur.finish_through(root, win.level, win.first + win.iters - 1);
+            }
+            cur.walk(root, win.level, win.tail_len, |_, _, _, _| {});
+        }
+        self.m.advance(u64::from(w));
+        self.bulk += u64::from(w);
+        self.nest += u64::from(w);
+    }
+}
