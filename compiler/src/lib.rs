@@ -61,6 +61,11 @@ use std::collections::BTreeMap;
 /// 2.0 GB for 6.4M operations on 8 PEs), so this keeps a compile under about 2 GB.
 pub const MAX_OPS: u64 = 6_000_000;
 
+/// Above this many necessary operations a stream at the lower bound is kept without building
+/// the unrolled candidates, which can at best tie it (scheduling and unrolling them takes about
+/// a second and more from here: 64 tokens, `d = 32` on 4 PEs, 266 240 operations, about 1 s).
+const TIE_UNBUILT_OPS: u64 = 100_000;
+
 /// Peak compile memory per necessary operation, in bytes, for the refusal message.
 const PEAK_BYTES_PER_OP: u64 = 320;
 
@@ -238,14 +243,23 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         .chain(&ample)
         .min_by_key(|s| (s.cycles, stream::max_words(s)));
     if let Some(s) = fastest {
-        // No unrolled schedule takes fewer cycles than its formulation's lower bound. (At the
-        // bound one could tie, and a tie goes to less memory, which only building it tells.)
+        // No unrolled schedule takes fewer cycles than its formulation's lower bound. At the
+        // bound one could only tie, and a tie goes to fewer words, which only building it
+        // tells; on a layer of more than `TIE_UNBUILT_OPS` operations that takes a second or
+        // more, so there the stream is kept unbuilt-against (`--mem` is how to ask for fewer
+        // words).
         let lb = problem.lower_bound(opts.pes);
-        if s.cycles < lb {
-            let reason = format!(
-                "fewest cycles: the stream's {} is below the {lb} every unrolled schedule needs (one division per weight); loop programs",
-                s.cycles
-            );
+        if s.cycles < lb || (s.cycles == lb && problem.necessary_ops() > TIE_UNBUILT_OPS) {
+            let reason = if s.cycles < lb {
+                format!(
+                    "fewest cycles: the stream's {} is below the {lb} every unrolled schedule needs (one division per weight); loop programs",
+                    s.cycles
+                )
+            } else {
+                format!(
+                    "fewest cycles: the stream reaches the lower bound {lb}, which no unrolled schedule can beat; loop programs"
+                )
+            };
             let tried = vec![stream::candidate(s)];
             return finish_stream(
                 layer,

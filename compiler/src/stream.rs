@@ -9,14 +9,34 @@ use crate::passes::schedule_stream::{self, Stream};
 use crate::passes::select::{Culprit, Refusal};
 use crate::problem::Problem;
 use crate::{CompileError, Internal};
-use runtime::layer::Normalisation;
 use std::collections::BTreeMap;
 
 /// What building the stream schedule produced, or why it does not apply; a lagged causal
 /// layer's working set stays within `mem_limit` words per PE (or the default allowance).
 pub fn build(problem: &Problem, pes: u32, mem_limit: Option<u32>) -> Result<Stream, Refusal> {
     let lag = schedule_stream::Lag::Fit(mem_limit);
-    schedule_stream::run_with(problem, pes, problem.safe(), lag).map_err(|why| {
+    let fit = schedule_stream::run_with(problem, pes, problem.safe(), lag);
+    // Where rows have fewer keys than `d`, the whole ring's lag with one division per weight
+    // may take fewer cycles; it competes within the same words.
+    let budget = mem_limit.map_or_else(|| schedule_stream::allowance(problem, pes), u64::from);
+    let per_weight = schedule_stream::per_weight_pays(problem)
+        .then(|| {
+            schedule_stream::run_with(
+                problem,
+                pes,
+                problem.safe(),
+                schedule_stream::Lag::PerWeight,
+            )
+            .ok()
+        })
+        .flatten()
+        .filter(|s| u64::from(max_words(s)) <= budget);
+    let fit = match (fit, per_weight) {
+        (Ok(f), Some(w)) if (w.cycles, max_words(&w)) < (f.cycles, max_words(&f)) => Ok(w),
+        (Err(_), Some(w)) => Ok(w),
+        (fit, _) => fit,
+    };
+    fit.map_err(|why| {
         let culprit = if problem.symmetric != problem.shared_values {
             Culprit::Qkv
         } else {
@@ -47,7 +67,7 @@ pub fn candidate(s: &Stream) -> CandidateInfo {
 }
 
 /// The manifest of a stream schedule for the layer `name`: format version 2, loop programs,
-/// affine placements, deferred-normalisation counts.
+/// affine placements, the counts of the stream's normalisation.
 pub fn manifest(
     name: &str,
     problem: &Problem,
@@ -73,9 +93,9 @@ pub fn manifest(
         .collect();
     let outputs = BTreeMap::from([("y".to_string(), placement(&stream.output))]);
 
-    // Deferred normalisation: the formulation's own count (dim divisions per row), so the lower
-    // bound is the one these programs can be held to.
-    let norm = Normalisation::Deferred;
+    // The formulation's own count (deferred: dim divisions per row; per weight: one per
+    // weight), so the lower bound is the one these programs can be held to.
+    let norm = stream.normalisation;
     let shape = problem.shape();
     let overflow = || {
         CompileError::Internal(Internal::Stream(

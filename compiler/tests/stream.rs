@@ -388,3 +388,75 @@ fn every_mutated_count_stride_or_base_is_caught() {
     }
     assert!(survivors.is_empty(), "undetected mutants: {survivors:#?}");
 }
+
+#[test]
+fn one_division_per_weight_runs_exactly_its_formulation() {
+    // The whole ring's lag dividing each weight: the reference's results, bit-identical in
+    // the three ways of running, and exactly the per-weight formulation's operations (one
+    // division per weight, no rescaling, the running maxima only), so on rows with fewer keys
+    // than `d` it takes fewer cycles than the deferred stream.
+    let mut fewer = 0;
+    for (n, d, h, m, causal) in [
+        (4, 8, 1, 2, false),
+        (8, 16, 2, 2, false),
+        (8, 12, 1, 4, false),
+        (12, 16, 3, 2, false),
+        (16, 32, 1, 4, false),
+        (6, 7, 2, 2, false),
+        (8, 40, 2, 4, false),
+        (16, 20, 1, 8, false),
+        (12, 13, 1, 6, false),
+        (20, 24, 2, 4, false),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m} causal={causal}");
+        let p = problem(n, d, h, false, causal);
+        assert!(schedule_stream::per_weight_pays(&p), "{what}");
+        let st = schedule_stream::run_with(&p, m, true, schedule_stream::Lag::PerWeight)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(st.normalisation, runtime::layer::Normalisation::PerWeight);
+        assert_eq!(st.lag, m, "{what}");
+        let (y, want, stats) = run(&p, m, &st, Mode::Bulk);
+        let err = y
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (f64::from(*a) - b).abs())
+            .fold(0.0, f64::max);
+        assert!(err <= 1e-4, "{what}: max abs err {err}");
+        assert_eq!(stats.cycles, st.cycles, "{what}");
+        let weights = u64::from(h)
+            * if causal {
+                u64::from(n) * u64::from(n + 1) / 2
+            } else {
+                u64::from(n) * u64::from(n)
+            };
+        let kind = |k: OpKind| stats.per_pe.iter().map(|x| x.count(k)).sum::<u64>();
+        assert_eq!(kind(OpKind::Div), weights, "{what}");
+        assert_eq!(kind(OpKind::Expd), weights, "{what}");
+        assert_eq!(kind(OpKind::Mul), 2 * weights * u64::from(d), "{what}");
+        // One maximum per weight but each row's first: what the safe formulation needs.
+        let max = kind(OpKind::Max);
+        assert_eq!(max, weights - u64::from(h * n), "{what}");
+        assert_eq!(st.total_ops, 2 * weights * u64::from(d) + 2 * weights + max);
+        let (y2, _, s2) = run(&p, m, &st, Mode::Step);
+        let (y3, _, s3) = run(&p, m, &st, Mode::Flat);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&y2), bits(&y), "{what}");
+        assert_eq!(bits(&y3), bits(&y), "{what}");
+        assert_eq!(s2, stats, "{what}");
+        assert_eq!(s3, stats, "{what}");
+        let deferred =
+            schedule_stream::run_with(&p, m, true, schedule_stream::Lag::Steps(m)).unwrap();
+        assert!(st.cycles <= deferred.cycles, "{what}");
+        fewer += usize::from(st.cycles < deferred.cycles);
+    }
+    assert!(fewer >= 8, "per weight was faster on {fewer} layers");
+    // Where it does not apply it says so rather than building something else: q = k = v, an
+    // odd ring, a causal mask.
+    for (p, m) in [
+        (problem(8, 16, 1, true, false), 2),
+        (problem(8, 16, 1, false, false), 3),
+        (problem(8, 16, 1, false, true), 2),
+    ] {
+        assert!(schedule_stream::run_with(&p, m, true, schedule_stream::Lag::PerWeight).is_err());
+    }
+}

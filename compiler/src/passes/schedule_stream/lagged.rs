@@ -57,6 +57,11 @@ pub(super) struct LMap {
     /// Words of one slot (`2C²` causal, `rows²` without a mask).
     slot: u32,
     pub(super) g: u32,
+    /// Divide each weight by its row's sum before the values (one division per weight)
+    /// instead of each output element after them: with the whole ring's lag the sums are
+    /// complete before the first value is used, and where a row has fewer keys than `d` it
+    /// takes fewer divisions.
+    pub(super) per_weight: bool,
     l: u32,
     mx: u32,
     f: u32,
@@ -66,6 +71,15 @@ pub(super) struct LMap {
 impl LMap {
     /// The map for lag `g`, or `None` if it does not fit in 32-bit addresses.
     pub(super) fn new(p: &Problem, pes: u32, g: u32) -> Option<LMap> {
+        Self::with_norm(p, pes, g, false)
+    }
+
+    /// [`LMap::new`], with one division per weight if `per_weight` (only with the whole
+    /// ring's lag, `g = pes`).
+    pub(super) fn with_norm(p: &Problem, pes: u32, g: u32, per_weight: bool) -> Option<LMap> {
+        if per_weight && g != pes {
+            return None;
+        }
         let (n, d, heads) = (u64::from(p.tokens), u64::from(p.dim), u64::from(p.heads));
         let rows = n / u64::from(pes);
         let c = rows / 2;
@@ -104,6 +118,7 @@ impl LMap {
             sc: w(sc)?,
             slot: w(slot)?,
             g,
+            per_weight,
             l: w(l)?,
             mx: w(mx)?,
             f: w(f)?,
@@ -253,6 +268,21 @@ struct VW {
     first: bool,
     tri: bool,
     send: Option<(Ad, Ad, u32)>,
+    mode: VMode,
+}
+
+/// Which part of the v work [`LCtx::vwork`] emits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum VMode {
+    /// Exponentials, their sum and the weighted values, one row after another (deferred
+    /// normalisation).
+    Both,
+    /// The exponentials and their sum only.
+    Exp,
+    /// Each exponential divided by its row's sum, in place.
+    Div,
+    /// The weighted values only (and the v block's forwarding).
+    Mul,
 }
 
 impl LCtx<'_> {
@@ -405,7 +435,22 @@ impl LCtx<'_> {
             .t(lr, d);
         let ex = |x: Ad| B::new().expd(x.clone(), mx.clone(), self.scale, x);
         let mut body = Vec::new();
-        if w.first {
+        if w.mode == VMode::Div {
+            let e = s.clone().t(lb, 1);
+            body.extend(Self::klp(
+                w.tri,
+                w.keys,
+                0,
+                lr,
+                vec![B::new().div(e.clone(), l.clone(), e).build()],
+            ));
+            let mut nodes = lp(w.rows, body);
+            mask_rows(&mut nodes, lr, w.r0, w.rows, self.live);
+            return nodes;
+        }
+        if w.mode == VMode::Mul {
+            // The exponentials and their sum were taken in an earlier pass.
+        } else if w.first {
             body.push(ex(s.clone()).add(None, l.clone()).build());
             body.extend(Self::klp(
                 w.tri,
@@ -483,6 +528,11 @@ impl LCtx<'_> {
                     .collect(),
             }
         });
+        if w.mode == VMode::Exp {
+            let mut nodes = lp(w.rows, body);
+            mask_rows(&mut nodes, lr, w.r0, w.rows, self.live);
+            return nodes;
+        }
         let yc = y.t(lb, 1);
         let vv = |off: i64| w.vb.clone().plus(off * d).t(lb, 1).t(lk, d);
         let ee = |off: i64| s.clone().plus(off).t(lk, 1);
@@ -594,8 +644,8 @@ impl LCtx<'_> {
         }
     }
 
-    /// Step 0's exponentials and weighted values, on the own v rows.
-    fn tri_v(&self, lr: u8) -> Vec<Node> {
+    /// Step 0's exponentials and weighted values, on the own v rows (the part `mode` says).
+    fn tri_v(&self, lr: u8, mode: VMode) -> Vec<Node> {
         let m = self.map;
         let own_v = ad(m.kv + m.hd).t(0, i64::from(m.block));
         let vw = |r0: u32, rows: u32| VW {
@@ -609,6 +659,7 @@ impl LCtx<'_> {
             first: true,
             tri: rows > 1,
             send: None,
+            mode,
         };
         if !m.causal {
             let mut square = vw(0, m.rows);
@@ -829,9 +880,46 @@ impl LCtx<'_> {
             }
             body.extend(nodes);
         }
+        // Per weight, the whole ring's exponentials and sums first, then every weight
+        // divided, then the values; otherwise one pass.
+        let passes: &[VMode] = if m.per_weight {
+            &[VMode::Exp, VMode::Div, VMode::Mul]
+        } else {
+            &[VMode::Both]
+        };
+        for &mode in passes {
+            self.v_pass(
+                &mut body,
+                grp,
+                mode,
+                mslot(1),
+                &slot,
+                &words,
+                &shape,
+                &silence,
+            );
+        }
+        lp(run, body)
+    }
+
+    /// The v work of `grp`'s steps, the part `mode` says; the block forwarding rides on the
+    /// pass that uses the values.
+    #[allow(clippy::too_many_arguments)] // the run's own helpers, passed down
+    fn v_pass(
+        &self,
+        body: &mut Vec<Node>,
+        grp: &Group,
+        mode: VMode,
+        mx: Ad,
+        slot: &dyn Fn(&Seg, u32) -> Ad,
+        words: &dyn Fn(Fwd) -> Option<u32>,
+        shape: &dyn Fn(Kind) -> (u32, u32, u32),
+        silence: &dyn Fn(&Seg, Vec<Node>) -> Vec<Node>,
+    ) {
+        let m = self.map;
         for seg in &grp.v {
             if seg.pat.kind == Kind::Tri {
-                body.extend(lp(seg.count, self.tri_v(3)));
+                body.extend(lp(seg.count, self.tri_v(3, mode)));
                 continue;
             }
             let vb = Self::by_parity(m, m.hd, seg.i0, seg.count, false);
@@ -845,16 +933,18 @@ impl LCtx<'_> {
                     vb: vb.clone(),
                     sc: slot(seg, 1),
                     stride: i64::from(keys),
-                    mx: mslot(1),
+                    mx: mx.clone(),
                     first: false,
                     tri: false,
-                    send: words(seg.pat.fwd).map(|w| (vb, dst, w)),
+                    send: (mode == VMode::Both || mode == VMode::Mul)
+                        .then(|| words(seg.pat.fwd).map(|w| (vb, dst, w)))
+                        .flatten(),
+                    mode,
                 },
                 3,
             );
             body.extend(silence(seg, nodes));
         }
-        lp(run, body)
     }
 }
 
@@ -903,7 +993,9 @@ pub(super) fn program(
         head.extend(ctx.groups(j, run, &grp, silent_tail));
         j += run;
     }
-    head.extend(normalise(map.y, map.l, map.rows, d, live));
+    if !map.per_weight {
+        head.extend(normalise(map.y, map.l, map.rows, d, live));
+    }
     Some(LoopProgram {
         pe,
         pes: m,

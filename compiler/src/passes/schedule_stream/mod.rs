@@ -61,6 +61,9 @@ pub struct Stream {
     pub total_ops: u64,
     /// Ring steps the values trail the keys by (0: none, every step rescales).
     pub lag: u32,
+    /// Deferred (each output element divided once) or per weight (the whole ring's lag with
+    /// fewer keys per row than `d`).
+    pub normalisation: runtime::layer::Normalisation,
 }
 
 /// Why the stream schedule does not apply, if it does not.
@@ -675,12 +678,24 @@ pub enum Lag {
     Steps(u32),
     /// Values with their keys: every step rescales.
     Off,
+    /// The whole ring (no rescaling), each weight divided by its row's sum before the values
+    /// instead of each output element after them: fewer divisions where rows have fewer keys
+    /// than `d`. Needs an even ring.
+    PerWeight,
 }
 
 /// Builds the stream schedule; `safe` subtracts a running row maximum
 /// (online softmax with rescaling) instead of exponentiating raw scores.
 pub fn run(p: &Problem, pes: u32, safe: bool) -> Result<Stream, String> {
     run_with(p, pes, safe, Lag::Fit(None))
+}
+
+/// Whether one division per weight takes fewer divisions than one per output element: rows
+/// see fewer keys than `d`. Layers without a mask only: under a causal mask each PE's first
+/// row starts its running maximum by copying its only score of step 0, an operation the
+/// per-weight formulation does not count (the deferred one accounts it as online work).
+pub fn per_weight_pays(p: &Problem) -> bool {
+    !p.causal && p.tokens < p.dim
 }
 
 /// Words per PE the stream may use without a `--mem` limit: its share of the layer's inputs
@@ -692,12 +707,14 @@ pub fn allowance(p: &Problem, pes: u32) -> u64 {
     share + share / 20 + 4096
 }
 
-/// Lagged programs: their own k/v and output bases, and the lag.
+/// Lagged programs: their own k/v and output bases, the lag, and whether each weight is
+/// divided.
 struct Lagged {
     programs: Vec<LoopProgram>,
     kv: u32,
     y: u32,
     g: u32,
+    per_weight: bool,
 }
 
 /// The lagged programs, if `lag` asks for them and they apply.
@@ -712,18 +729,20 @@ fn lagged_programs(
     // masking that the lagged programs do not do: tokens must divide the ring there.
     let even = p.causal || live(pes - 1) == p.tokens / pes;
     if !(even && !p.symmetric && safe && pes >= 2) {
-        return match lag {
-            Lag::Steps(g) => Err(format!(
-                "{NAME}: a lag of {g} steps applies to layers with separate q/k/v and safe softmax on 2 or more PEs, without a mask only where the tokens divide the ring"
-            )),
-            _ => Ok(None),
+        let what = match lag {
+            Lag::Steps(g) => format!("a lag of {g} steps"),
+            Lag::PerWeight => "one division per weight".to_string(),
+            Lag::Fit(_) | Lag::Off => return Ok(None),
         };
+        return Err(format!(
+            "{NAME}: {what} applies to layers with separate q/k/v and safe softmax on 2 or more PEs, without a mask only where the tokens divide the ring"
+        ));
     }
     // The first PE whose second chunk holds a token (every first chunk is whole).
     let chunk = p.tokens / pes / 2;
     let p_live = (0..pes).find(|&q| live(q) > chunk).unwrap_or(pes);
-    let build = |g: u32| -> Option<Lagged> {
-        let map = lagged::LMap::new(p, pes, g)?;
+    let build_as = |g: u32, per_weight: bool| -> Option<Lagged> {
+        let map = lagged::LMap::with_norm(p, pes, g, per_weight)?;
         let programs = (0..pes)
             .map(|pe| lagged::program(&map, pe, pes, p.heads, p.scale as f32, live(pe), p_live))
             .collect::<Option<Vec<_>>>()?;
@@ -732,10 +751,18 @@ fn lagged_programs(
             kv: map.kv,
             y: map.y,
             g,
+            per_weight,
         })
     };
+    let build = |g: u32| build_as(g, false);
     match lag {
         Lag::Off => Ok(None),
+        Lag::PerWeight if p.causal => Err(format!(
+            "{NAME}: one division per weight applies to layers without a mask (under a causal mask the running maxima start with copies that formulation does not count)"
+        )),
+        Lag::PerWeight => build_as(pes, true).map(Some).ok_or_else(|| {
+            format!("{NAME}: one division per weight needs the whole ring's lag, on an even ring of {pes} PEs that this layer's rows and addresses fit")
+        }),
         Lag::Steps(g) => {
             if g < 2 || !g.is_multiple_of(2) || !pes.is_multiple_of(g) {
                 return Err(format!(
@@ -857,6 +884,7 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
     };
     let lagged = lagged_programs(&dealt, pes, safe, lag, &live)?;
     let lag_steps = lagged.as_ref().map_or(0, |l| l.g);
+    let per_weight = lagged.as_ref().is_some_and(|l| l.per_weight);
     let (n, d, heads, m) = (dealt.tokens, p.dim, p.heads, pes);
     let shared = p.symmetric;
     let causal = p.causal;
@@ -933,7 +961,11 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
         phase2_exp: weights,
         // The plain count: no maxima (the safe ones are in `total_ops`).
         phase2_max: 0,
-        phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
+        phase2_div: if per_weight {
+            weights
+        } else {
+            u64::from(n) * u64::from(d) * u64::from(heads)
+        },
         phase3_mac: weights * u64::from(d),
     };
     let lay = |base: u32, head_stride: u32| Layout {
@@ -963,6 +995,11 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
         ops,
         total_ops,
         lag: lag_steps,
+        normalisation: if per_weight {
+            runtime::layer::Normalisation::PerWeight
+        } else {
+            runtime::layer::Normalisation::Deferred
+        },
     })
 }
 
