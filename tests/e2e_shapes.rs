@@ -135,6 +135,43 @@ fn larger_shapes_sampled_shared_causal() {
     larger_shapes_sampled(true, true);
 }
 
+/// Rings up to four times the tokens and four heads, sampled, of one scheme: every program
+/// runs against the reference with exactly its operations (`check`), as on the smaller rings.
+fn large_rings_sampled(shared: bool, causal: bool) {
+    for n in 1..=8u32 {
+        for k in [2u32, 3, 4] {
+            let m = k * n;
+            for d in [1, 4, 2 * n] {
+                // Every third of the ring × dim pairs, a different third per scheme.
+                let pick = (n + k + d + u32::from(shared) + 2 * u32::from(causal)) % 3 == 0;
+                if pick {
+                    check(n, d, m, 1 + (n + d) % 4, shared, causal);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn large_rings_sampled_separate() {
+    large_rings_sampled(false, false);
+}
+
+#[test]
+fn large_rings_sampled_shared() {
+    large_rings_sampled(true, false);
+}
+
+#[test]
+fn large_rings_sampled_causal() {
+    large_rings_sampled(false, true);
+}
+
+#[test]
+fn large_rings_sampled_shared_causal() {
+    large_rings_sampled(true, true);
+}
+
 #[test]
 fn rows_dataflow_is_near_the_lower_bound_when_rows_are_plenty() {
     // n ≥ 4m: within 5% of the lower bound for every scheme.
