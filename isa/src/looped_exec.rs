@@ -361,6 +361,33 @@ impl InitChunks {
 /// Why no bulk window starts now: the cycles to step one by one before planning again.
 struct Stepped(u64);
 
+/// The plan of a stretch of template `b` from loop indices `idx`: the instance there, each
+/// address advancing by its term's stride on the loop `inner` (none: a single cycle).
+fn plan_of(b: &LBundle, idx: &[u32; MAX_LOOP_DEPTH], inner: Option<u8>) -> Plan {
+    let bundle = b.instance(idx);
+    let mut progs = [None; 7];
+    for (k, f) in Field::ALL.into_iter().enumerate() {
+        if let Some(a) = field(&bundle, f) {
+            let stride = inner.map_or(0, |lv| nest::term_stride(b, f, lv));
+            progs[k] = Some(Prog {
+                addr: i64::from(a),
+                stride,
+            });
+        }
+    }
+    // The running sum of `add mS -> mS` stays in a register over the stretch.
+    let register = matches!(
+        bundle.acc,
+        Acc::Add { src: AccSrc::Mem(s), dst: Some(d) } if s == d
+    ) && progs[3].is_some_and(|p| p.stride == 0)
+        && progs[4].is_some_and(|p| p.stride == 0);
+    Plan {
+        bundle,
+        progs,
+        register,
+    }
+}
+
 fn overlap(a: (i64, i64), b: (i64, i64)) -> bool {
     a.0 <= b.1 && b.0 <= a.1
 }
@@ -457,31 +484,7 @@ impl LoopMachine<F32Domain> {
             if w < 2 {
                 return Err(Stepped(1));
             }
-            let bundle = b.instance(idx);
-            let mut progs = [None; 7];
-            for (k, f) in Field::ALL.into_iter().enumerate() {
-                if let Some(a) = field(&bundle, f) {
-                    let stride = b
-                        .terms
-                        .iter()
-                        .find(|t| t.field == f && t.level == inner)
-                        .map_or(0, |t| i64::from(t.stride));
-                    progs[k] = Some(Prog {
-                        addr: i64::from(a),
-                        stride,
-                    });
-                }
-            }
-            let register = matches!(
-                bundle.acc,
-                Acc::Add { src: AccSrc::Mem(s), dst: Some(d) } if s == d
-            ) && progs[3].is_some_and(|p| p.stride == 0)
-                && progs[4].is_some_and(|p| p.stride == 0);
-            plans.push(Some(Plan {
-                bundle,
-                progs,
-                register,
-            }));
+            plans.push(Some(plan_of(b, idx, Some(inner))));
         }
         let w64 = i64::from(w);
         let mems = self.m.mems();

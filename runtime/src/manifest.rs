@@ -402,7 +402,7 @@ impl Placement {
     /// The addresses PE `pe` holds elements at, as sorted inclusive runs `(first, last)`,
     /// without listing the elements one by one where the placement is a layout.
     pub fn pe_ranges(&self, pes: u32, pe: u32) -> Vec<(u32, u32)> {
-        let mut runs: Vec<(u32, u32)> = match (&self.layout, self.shape.as_slice()) {
+        let runs: Vec<(u32, u32)> = match (&self.layout, self.shape.as_slice()) {
             (Some(l), &[heads, tokens, dim]) if dim > 0 => {
                 let owned = l.tokens_of(pes, pe, tokens as u32);
                 (0..heads as u64)
@@ -426,15 +426,7 @@ impl Placement {
                 .map(|(_, &a)| (a, a))
                 .collect(),
         };
-        runs.sort_unstable();
-        let mut out: Vec<(u32, u32)> = Vec::with_capacity(runs.len());
-        for (a, b) in runs {
-            match out.last_mut() {
-                Some((_, hi)) if u64::from(*hi) + 1 >= u64::from(a) => *hi = (*hi).max(b),
-                _ => out.push((a, b)),
-            }
-        }
-        out
+        merge_runs(runs)
     }
 
     /// The explicit form: one entry per element (for tools that need the arrays; bounded by
@@ -448,6 +440,19 @@ impl Placement {
             layout: None,
         }
     }
+}
+
+/// Inclusive address runs `(first, last)`, sorted, with runs that touch or overlap merged.
+pub fn merge_runs(mut runs: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+    runs.sort_unstable();
+    let mut out: Vec<(u32, u32)> = Vec::with_capacity(runs.len());
+    for (a, b) in runs {
+        match out.last_mut() {
+            Some((_, hi)) if u64::from(*hi) + 1 >= u64::from(a) => *hi = (*hi).max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
 }
 
 /// A manifest that cannot be trusted.
@@ -825,5 +830,14 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn runs_merge_when_they_touch_or_overlap() {
+        assert_eq!(
+            merge_runs(vec![(5, 9), (0, 2), (3, 4), (8, 12), (20, 20)]),
+            vec![(0, 12), (20, 20)]
+        );
+        assert!(merge_runs(Vec::new()).is_empty());
     }
 }

@@ -45,7 +45,7 @@ fn ranges(addrs: impl IntoIterator<Item = u32>) -> Vec<(u32, u32)> {
     out
 }
 
-pub(super) fn ranges_text(r: &[(u32, u32)]) -> String {
+fn ranges_text(r: &[(u32, u32)]) -> String {
     r.iter()
         .map(|&(a, b)| {
             if a == b {
@@ -223,18 +223,18 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
         "memory map (inclusive word ranges; q/k/v/x and y from the manifest, the rest by lineage):"
     );
     for (pe, sum) in walk.per_pe.iter().enumerate() {
-        let map = memory_map(pe as u32, m, sum);
-        let parts: Vec<String> = map
-            .iter()
-            .map(|(name, r)| format!("{name} {}", ranges_text(r)))
-            .collect();
-        println!(
-            "  PE {pe} ({} words): {}",
-            m.mem_words[pe],
-            parts.join("; ")
-        );
+        print_memory_line(pe, m.mem_words[pe], &memory_map(pe as u32, m, sum));
     }
     Ok(())
+}
+
+/// One PE's line of the text memory map.
+pub(super) fn print_memory_line(pe: usize, words: u32, map: &[(String, Vec<(u32, u32)>)]) {
+    let parts: Vec<String> = map
+        .iter()
+        .map(|(name, r)| format!("{name} {}", ranges_text(r)))
+        .collect();
+    println!("  PE {pe} ({words} words): {}", parts.join("; "));
 }
 
 #[cfg(test)]

@@ -9,19 +9,6 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Inclusive address runs, sorted, adjacent and overlapping runs merged.
-fn merged(mut runs: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
-    runs.sort_unstable();
-    let mut out: Vec<(u32, u32)> = Vec::with_capacity(runs.len());
-    for (a, b) in runs {
-        match out.last_mut() {
-            Some((_, hi)) if u64::from(*hi) + 1 >= u64::from(a) => *hi = (*hi).max(b),
-            _ => out.push((a, b)),
-        }
-    }
-    out
-}
-
 /// Where each written field of each template writes, as address hulls per writer: the op's
 /// kind for an op result, `acc` for the accumulator's, and (on the receiving PE) `received`.
 fn written_hulls(p: &LoopProgram, into: &mut BTreeMap<String, Vec<(u32, u32)>>, sent: bool) {
@@ -63,7 +50,11 @@ fn memory_map(loaded: &Loaded, pe: usize) -> Vec<(String, Vec<(u32, u32)>)> {
     if let Some(p) = loaded.loops.get(prev) {
         written_hulls(p, &mut written, true);
     }
-    map.extend(written.into_iter().map(|(k, v)| (k, merged(v))));
+    map.extend(
+        written
+            .into_iter()
+            .map(|(k, v)| (k, runtime::manifest::merge_runs(v))),
+    );
     for (name, p) in &m.outputs {
         map.push((name.clone(), p.pe_ranges(m.pes, pe as u32)));
     }
@@ -180,29 +171,7 @@ pub fn run(dir: &Path, loaded: &Loaded, json_out: bool, why: &str) -> Result<(),
         "memory map (inclusive word ranges; inputs and y from the manifest, the rest the hull of each writer's addresses):"
     );
     for pe in 0..n {
-        let parts: Vec<String> = memory_map(loaded, pe)
-            .iter()
-            .map(|(name, r)| format!("{name} {}", super::inspect::ranges_text(r)))
-            .collect();
-        println!(
-            "  PE {pe} ({} words): {}",
-            m.mem_words[pe],
-            parts.join("; ")
-        );
+        super::inspect::print_memory_line(pe, m.mem_words[pe], &memory_map(loaded, pe));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn runs_merge_when_they_touch_or_overlap() {
-        assert_eq!(
-            merged(vec![(5, 9), (0, 2), (3, 4), (8, 12), (20, 20)]),
-            vec![(0, 12), (20, 20)]
-        );
-        assert!(merged(Vec::new()).is_empty());
-    }
 }

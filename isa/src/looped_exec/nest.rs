@@ -13,10 +13,11 @@
 //! no word written read by another slot of the same run), shown for every iteration at once.
 
 use super::{
-    count, overlap, run_plan, Cursor, InitChunks, LoopMachine, Plan, Prog, Stepped, MAX_LOOP_DEPTH,
+    count, overlap, plan_of, run_plan, Cursor, InitChunks, LoopMachine, Plan, Prog, Stepped,
+    MAX_LOOP_DEPTH,
 };
-use crate::inst::{Acc, AccSrc, Op, Xfer, XferSrc};
-use crate::looped::{field, Cmp, Field, LBundle, Node};
+use crate::inst::{Acc, Op, Xfer, XferSrc};
+use crate::looped::{Cmp, Field, LBundle, Node};
 use crate::machine::{F32Domain, PeStats};
 
 /// Most cycles one window covers.
@@ -162,33 +163,7 @@ impl Cursor {
     }
 }
 
-/// The plan of one stretch: the instance at its first cycle, each address advancing by the
-/// stride of its term on the run's loop.
-fn plan_of(b: &LBundle, idx: &[u32; MAX_LOOP_DEPTH], inner: Option<u8>) -> Plan {
-    let bundle = b.instance(idx);
-    let mut progs = [None; 7];
-    for (k, f) in Field::ALL.into_iter().enumerate() {
-        if let Some(a) = field(&bundle, f) {
-            let stride = inner.map_or(0, |lv| term_stride(b, f, lv));
-            progs[k] = Some(Prog {
-                addr: i64::from(a),
-                stride,
-            });
-        }
-    }
-    let register = matches!(
-        bundle.acc,
-        Acc::Add { src: AccSrc::Mem(s), dst: Some(d) } if s == d
-    ) && progs[3].is_some_and(|p| p.stride == 0)
-        && progs[4].is_some_and(|p| p.stride == 0);
-    Plan {
-        bundle,
-        progs,
-        register,
-    }
-}
-
-fn term_stride(b: &LBundle, f: Field, level: u8) -> i64 {
+pub(super) fn term_stride(b: &LBundle, f: Field, level: u8) -> i64 {
     b.terms
         .iter()
         .find(|t| t.field == f && t.level == level)
