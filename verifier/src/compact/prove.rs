@@ -117,6 +117,12 @@ struct Active {
 const MAX_EVALUATIONS: u64 = 1_000_000;
 const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(20);
 
+/// The most iterations regrouped into one (`unroll`).
+const MAX_UNROLL: i64 = 16;
+
+/// Facts an undecided read looks through for the edges to cut its loop at.
+const MAX_CUT_FACTS: usize = 256;
+
 pub(super) struct Eval {
     pub(super) tm: Terms,
     online: bool,
@@ -134,8 +140,10 @@ pub(super) struct Eval {
     rows: i64,
     tokens: i64,
     pub(super) deadline: std::time::Instant,
-    /// Where the last undecided read suggests cutting a loop (its index, the iteration).
-    pub(super) hint: Option<(Var, i64)>,
+    /// Where the last undecided read suggests cutting loops (an index, the iteration).
+    pub(super) hints: Vec<(Var, i64)>,
+    /// Loops the last undecided read suggests regrouping (an index, iterations per group).
+    regroup: Vec<(Var, u64)>,
     /// Sends leave facts marked remote for the caller to deliver, instead of arriving
     /// relabelled by the rotation symmetry.
     pub(super) per_pe: bool,
@@ -177,7 +185,8 @@ impl Eval {
             rows,
             tokens,
             deadline: std::time::Instant::now() + MAX_TIME,
-            hint: None,
+            hints: Vec::new(),
+            regroup: Vec::new(),
             per_pe,
         }
     }
@@ -255,7 +264,7 @@ impl Eval {
             return None;
         }
         if region.computed == slab.computed && region.dims.len() == slab.dims.len() {
-            return self.join(region, slab);
+            return self.join(region, slab).or_else(|| self.stack(region, slab));
         }
         if region.computed != slab.computed || region.dims.len() != slab.dims.len() + 1 {
             return None;
@@ -360,6 +369,55 @@ impl Eval {
         None
     }
 
+    /// `low` and `high` as one fact with a new coordinate of two values, when they have one
+    /// shape, `high` lies wholly above every word of `low` and holds what `low` holds with its
+    /// input indices moved by constants: rows of a block written (or arriving) one by one, so
+    /// that a later loop over the block reads one fact instead of being cut at every row.
+    fn stack(&mut self, low: &Fact, high: &Fact) -> Option<Fact> {
+        if low.remote != high.remote
+            || low
+                .dims
+                .iter()
+                .zip(&high.dims)
+                .any(|(a, b)| (a.1, a.2) != (b.1, b.2))
+        {
+            return None;
+        }
+        let step = high.base.minus(&low.base).as_const()?;
+        // Past the last word of `low`, so every word of the result has one coordinate tuple
+        // (reads solve for it) and one value.
+        let extent: i64 = low.dims.iter().map(|&(_, s, n)| s * (n as i64 - 1)).sum();
+        if step <= extent {
+            return None;
+        }
+        let clash = high.dims.iter().enumerate().any(|(i, h)| {
+            low.dims
+                .iter()
+                .enumerate()
+                .any(|(j, l)| l.0 == h.0 && i != j)
+        });
+        if clash {
+            return None;
+        }
+        let mut value = high.value;
+        for (a, b) in low.dims.iter().zip(&high.dims) {
+            value = self.tm.subst(value, b.0, &Aff::var(a.0));
+        }
+        let w = self.fresh(2);
+        let body = self.tm.interpolate(low.value, value, w)?;
+        // The body means the two facts exactly: checked at both ends, not trusted.
+        if self.tm.subst(body, w, &Aff::cst(0)) != low.value
+            || self.tm.subst(body, w, &Aff::cst(1)) != value
+        {
+            return None;
+        }
+        let mut dims = low.dims.clone();
+        dims.push((w, step, 2));
+        let mut f = self.fact(low.base.clone(), dims, body, low.computed).ok()?;
+        f.remote = low.remote;
+        Some(f)
+    }
+
     pub(super) fn push(&mut self, mut f: Fact) {
         // Adjacent pieces of one family (a first element written apart from the loop over the
         // rest) become one region, so that a later loop over all of it reads one fact.
@@ -403,6 +461,57 @@ impl Eval {
         }
         self.keys.insert(key, self.facts.len());
         self.facts.push(Some(f));
+    }
+
+    /// Drops every fact whose words newer facts cover word for word, and compacts the log.
+    /// The memory the log stands for (at each word, the newest fact holding it) is unchanged,
+    /// so no read can answer differently; only facts whose words are exactly known cover
+    /// (a constant base and dense strides: the words are `lo..=hi`). Only between items, where
+    /// no failed attempt will restore the log by truncation.
+    pub(super) fn forget_shadowed(&mut self) {
+        if !self.loops.is_empty() {
+            return;
+        }
+        // Words covered by newer dense facts, as disjoint sorted intervals `lo -> hi`.
+        let mut covered: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
+        for i in (0..self.facts.len()).rev() {
+            let Some(g) = &self.facts[i] else { continue };
+            if g.remote {
+                continue;
+            }
+            let inside = covered
+                .range(..=g.lo)
+                .next_back()
+                .is_some_and(|(_, &hi)| hi >= g.hi);
+            if inside {
+                self.facts[i] = None;
+                continue;
+            }
+            if !dense(g) {
+                continue;
+            }
+            let (mut lo, mut hi) = (g.lo, g.hi);
+            // Merge with every interval it touches.
+            let touching: Vec<(i64, i64)> = covered
+                .range(..=hi.saturating_add(1))
+                .rev()
+                .take_while(|(_, &h)| h.saturating_add(1) >= lo)
+                .map(|(&l, &h)| (l, h))
+                .collect();
+            for (l, h) in touching {
+                covered.remove(&l);
+                lo = lo.min(l);
+                hi = hi.max(h);
+            }
+            covered.insert(lo, hi);
+        }
+        self.facts.retain(Option::is_some);
+        self.keys.clear();
+        for (i, g) in self.facts.iter().enumerate() {
+            if let Some(g) = g {
+                self.keys.insert(key_of(g), i);
+            }
+        }
     }
 
     fn truncate(&mut self, to: usize) {
@@ -586,12 +695,13 @@ impl Eval {
                     Err(true) => {}
                     Err(false) => {
                         // Where the read crosses the fact's edge: a piece boundary that may
-                        // make both sides decidable.
-                        let (lo, hi) = (f.lo, f.hi);
-                        let f = f.clone();
-                        self.hint = self.cut(&f, addr).or_else(|| self.edge(addr, lo, hi));
+                        // make both sides decidable. The older facts it runs into as well (up
+                        // to one that holds it all): a block written row by row is then cut at
+                        // every row at once, not one row per failed attempt.
+                        let (lo, hi, dims) = (f.lo, f.hi, f.dims.len());
+                        self.hints = self.cuts(i, addr, ab);
                         return Err(Fail::Retry(format!(
-                            "a read of {addr:?} may or may not see an earlier write (m{lo}..=m{hi}, {} dims)", f.dims.len()
+                            "a read of {addr:?} may or may not see an earlier write (m{lo}..=m{hi}, {dims} dims)"
                         )));
                     }
                 }
@@ -629,6 +739,44 @@ impl Eval {
         Err(Fail::Decline(format!(
             "a read of a word never written (fault), address {addr:?} over {ab:?}"
         )))
+    }
+
+    /// Where a read of `addr` that fact `i` holds in part should be cut: the edges of that
+    /// fact and of the older ones it runs into, down to one that holds the whole read.
+    fn cuts(&mut self, i: usize, addr: &Aff, ab: (i64, i64)) -> Vec<(Var, i64)> {
+        let mut out = Vec::new();
+        let mut partial = 0;
+        for j in (0..=i).rev() {
+            let Some(f) = &self.facts[j] else { continue };
+            if f.remote {
+                continue;
+            }
+            match self.hit(f, addr, ab) {
+                Ok(_) => break,
+                Err(true) => {}
+                Err(false) => {
+                    out.extend(self.cut(f, addr));
+                    out.extend(self.edge(addr, f.lo, f.hi));
+                    // An index whose step divides one of the fact's strides meets the
+                    // fact's coordinates in step when regrouped (`unroll`).
+                    for &(v, k) in &addr.t {
+                        if k <= 0 || self.counts.get(&v).is_none_or(|&n| n < 2) {
+                            continue;
+                        }
+                        for &(_, s, _) in &f.dims {
+                            if s > k && s % k == 0 && s / k <= MAX_UNROLL {
+                                self.regroup.push((v, (s / k) as u64));
+                            }
+                        }
+                    }
+                    partial += 1;
+                    if partial == MAX_CUT_FACTS {
+                        break;
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// `(x, i)`: the read's only varying index `x` reaches the words `lo..=hi` from iteration
@@ -915,23 +1063,55 @@ impl Eval {
         }
         let level = env.len();
         let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
-        self.hint = None;
+        self.hints.clear();
+        self.regroup.clear();
         let var = self.next_var;
         match self.symbolic(l, env, a, b - a) {
             Ok(()) => Ok(()),
-            Err(Fail::Retry(_)) => {
+            Err(Fail::Retry(why)) => {
                 self.truncate(mark);
                 self.tally = tally;
                 self.evaluations = evals;
                 env.truncate(level);
                 // At the edge a read ran into, if it was this loop's; otherwise one by one
                 // (cutting blindly costs more than it finds).
-                let mid = match self.hint.take() {
-                    Some((v, x)) if v == var && x > 0 && (x as u64) < b - a => a + x as u64,
-                    _ => return self.iterate(l, env, a, b),
+                // A read undecided over an enclosing symbolic loop's index: cutting or
+                // iterating this loop cannot decide it, that loop must be cut.
+                let names = |v: Var| {
+                    self.hints.iter().any(|h| h.0 == v) || self.regroup.iter().any(|h| h.0 == v)
                 };
-                self.piece(l, env, a, mid)?;
-                self.piece(l, env, mid, b)
+                if !names(var) && self.loops.iter().any(|l| names(l.var)) {
+                    return Err(Fail::Retry(why));
+                }
+                let regroup = std::mem::take(&mut self.regroup)
+                    .into_iter()
+                    .filter(|&(v, m)| v == var && 2 * m <= b - a)
+                    .map(|(_, m)| m)
+                    .min();
+                if let Some(m) = regroup {
+                    let q = (b - a) / m;
+                    if let Some(u) = super::unroll::unrolled(l, level, a, m, q) {
+                        self.hints.clear();
+                        self.lp(&u, env)?;
+                        return self.piece(l, env, a + m * q, b);
+                    }
+                }
+                let mut at: Vec<u64> = std::mem::take(&mut self.hints)
+                    .into_iter()
+                    .filter(|&(v, x)| v == var && x > 0 && (x as u64) < b - a)
+                    .map(|(_, x)| a + x as u64)
+                    .collect();
+                if at.is_empty() {
+                    return self.iterate(l, env, a, b);
+                }
+                at.sort_unstable();
+                at.dedup();
+                let mut from = a;
+                for x in at.into_iter().chain([b]) {
+                    self.piece(l, env, from, x)?;
+                    from = x;
+                }
+                Ok(())
             }
             Err(e) => Err(e),
         }
@@ -1162,6 +1342,22 @@ impl Eval {
         };
         self.fact(f.base, Vec::new(), v, computed && f.computed)
     }
+}
+
+/// Whether `f`'s words are exactly `f.lo..=f.hi`: a constant base, and strides decreasing, each
+/// the span of the coordinates below it, the last 1.
+fn dense(f: &Fact) -> bool {
+    if !f.base.t.is_empty() {
+        return false;
+    }
+    let mut span = 1;
+    for &(_, s, n) in f.dims.iter().rev() {
+        if s != span {
+            return false;
+        }
+        span = s * n as i64;
+    }
+    true
 }
 
 /// Whether `i cmp v` holds for every `i` in `lo..=hi` (`Some(true)`), for none (`Some(false)`),

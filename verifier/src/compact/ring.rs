@@ -561,6 +561,11 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
             }
             swap(&mut e, &mut state[to]);
         }
+        for pe in state.iter_mut() {
+            swap(&mut e, pe);
+            e.forget_shadowed();
+            swap(&mut e, pe);
+        }
     }
     let scale = l.scale as f32;
     let safe = l.softmax == "safe";

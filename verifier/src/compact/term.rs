@@ -663,6 +663,23 @@ impl Terms {
         }
     }
 
+    /// A body over `w` meant to be `a` at `w = 0` and `b` at `w = 1`, when the two are input
+    /// elements whose indices differ by constants (the caller checks both ends).
+    pub fn interpolate(&mut self, a: Id, b: Id, w: Var) -> Option<Id> {
+        if a == b {
+            return Some(a);
+        }
+        let (T::Atom(t, h, r, c), T::Atom(u, h2, r2, c2)) = (self.node(a), self.node(b)) else {
+            return None;
+        };
+        if t != u {
+            return None;
+        }
+        let step = |x: &Aff, y: &Aff| y.minus(x).as_const().map(|k| x.clone().add_term(w, k));
+        let (t, h, r, c) = (*t, step(h, h2)?, step(r, r2)?, step(c, c2)?);
+        Some(self.atom(t, h, r, c))
+    }
+
     /// `x` with variable `v` replaced by `by`, rebuilt through the canonical constructors.
     pub fn subst(&mut self, x: Id, v: Var, by: &Aff) -> Id {
         let mut memo = HashMap::default();
