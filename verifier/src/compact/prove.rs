@@ -29,7 +29,7 @@
 use super::aff::{Aff, Var, BINDERS};
 use super::term::{Id, Terms, T};
 use crate::expr::FxMap as HashMap;
-use isa::looped::{field, Field, LBundle, Slot};
+use isa::looped::{field, Cmp, Field, LBundle, Slot};
 use isa::{Acc, AccSrc, Loop, LoopProgram, Node, Op, OpKind, Xfer, XferSrc};
 use runtime::manifest::{Layout, Manifest, RowOrder};
 
@@ -90,6 +90,9 @@ pub(super) struct Fact {
     pub(super) computed: bool,
     /// A word sent to the next PE: not in this PE's memory (per-PE evaluation only).
     pub(super) remote: bool,
+    /// Words whose value after an ordered loop is not tracked (a later iteration may have
+    /// overwritten them): a read of one declines.
+    havoc: bool,
     lo: i64,
     hi: i64,
 }
@@ -102,7 +105,7 @@ pub(super) enum Ix {
     Sym(Var, i64),
 }
 
-struct Active {
+pub(super) struct Active {
     id: u32,
     var: Var,
     other: Var,
@@ -110,6 +113,19 @@ struct Active {
     families: Vec<Aff>,
     /// Where the body's sends may land on the next PE (per-PE evaluation only).
     remote_families: Vec<Aff>,
+    /// For a loop whose iterations the caller evaluates in order (the head loop of a ring):
+    /// variables of `c` values for every `c < count` (index `c`), to name the iterations after
+    /// a given one. A read then only has to miss the writes of earlier iterations, and a
+    /// region only those of later ones.
+    order: Option<Vec<Var>>,
+}
+
+/// Which other iterations of a loop an alias test is against.
+#[derive(Clone, Copy)]
+enum Others {
+    Any,
+    Earlier,
+    Later,
 }
 
 /// Bounds on the proof's work: symbolic evaluation that keeps falling back to iteration by
@@ -131,11 +147,11 @@ pub(super) struct Eval {
     pub(super) counts: HashMap<Var, u64>,
     next_var: Var,
     next_loop: u32,
-    loops: Vec<Active>,
+    pub(super) loops: Vec<Active>,
     carry_addrs: Vec<Aff>,
     carry_slots: HashMap<Aff, usize>,
     pub(super) tally: Tally,
-    mult: u64,
+    pub(super) mult: u64,
     pub(super) evaluations: u64,
     rows: i64,
     tokens: i64,
@@ -248,6 +264,7 @@ impl Eval {
             value,
             computed,
             remote: false,
+            havoc: false,
             lo,
             hi,
         })
@@ -260,7 +277,7 @@ impl Eval {
     /// `region` and `slab` as one fact, when `slab` is the region's next layer below or above
     /// along one of its coordinates, holding what the region's formula gives there.
     fn fuse(&mut self, region: &Fact, slab: &Fact) -> Option<Fact> {
-        if region.remote != slab.remote {
+        if region.remote != slab.remote || region.havoc || slab.havoc {
             return None;
         }
         if region.computed == slab.computed && region.dims.len() == slab.dims.len() {
@@ -469,12 +486,15 @@ impl Eval {
     /// (a constant base and dense strides: the words are `lo..=hi`). Only between items, where
     /// no failed attempt will restore the log by truncation.
     pub(super) fn forget_shadowed(&mut self) {
-        if !self.loops.is_empty() {
+        // Inside an ordered loop only the current iteration's facts go: those below stand
+        // for the state before the loop.
+        if self.loops.iter().any(|l| l.order.is_none()) {
             return;
         }
+        let floor = self.floor();
         // Words covered by newer dense facts, as disjoint sorted intervals `lo -> hi`.
         let mut covered: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
-        for i in (0..self.facts.len()).rev() {
+        for i in (floor..self.facts.len()).rev() {
             let Some(g) = &self.facts[i] else { continue };
             if g.remote {
                 continue;
@@ -505,7 +525,8 @@ impl Eval {
             }
             covered.insert(lo, hi);
         }
-        self.facts.retain(Option::is_some);
+        let tail = self.facts.split_off(floor);
+        self.facts.extend(tail.into_iter().filter(Option::is_some));
         self.keys.clear();
         for (i, g) in self.facts.iter().enumerate() {
             if let Some(g) = g {
@@ -653,7 +674,7 @@ impl Eval {
 
     /// Whether `addr` may be a word that another iteration of `l` writes through `family`:
     /// `Ok(false)` certainly not, `Ok(true)` the same fixed word, `Err` undecided.
-    fn alias(&self, addr: &Aff, family: &Aff, l: &Active) -> Result<bool, ()> {
+    fn alias(&self, addr: &Aff, family: &Aff, l: &Active, others: Others) -> Result<bool, ()> {
         let other = family.subst(l.var, &Aff::var(l.other));
         let d = addr.minus(&other);
         if d.as_const() == Some(0) && family.coef(l.var) == 0 {
@@ -662,7 +683,29 @@ impl Eval {
         if self.never_zero(&d, Some((l.var, l.other))) {
             return Ok(false);
         }
-        Err(())
+        let (Some(spans), Others::Earlier | Others::Later) = (&l.order, others) else {
+            return Err(());
+        };
+        // In order: for each iteration `x0` of the write (earlier) or of the region (later),
+        // the other index ranges over the iterations after it, `x0 + 1 + t`.
+        let n = spans.len() as i64;
+        for x0 in 0..n - 1 {
+            let after = Aff::cst(x0 + 1).add_term(spans[(n - x0 - 1) as usize], 1);
+            let (a, f) = match others {
+                Others::Earlier => (
+                    addr.subst(l.var, &after),
+                    family.subst(l.var, &Aff::cst(x0)),
+                ),
+                _ => (
+                    addr.subst(l.var, &Aff::cst(x0)),
+                    family.subst(l.var, &after),
+                ),
+            };
+            if !self.never_zero(&self.pin(a).minus(&self.pin(f)), None) {
+                return Err(());
+            }
+        }
+        Ok(false)
     }
 
     /// The value at `addr` and whether the programs computed it.
@@ -684,6 +727,11 @@ impl Eval {
                     continue;
                 }
                 match self.hit(f, addr, ab) {
+                    Ok(_) if f.havoc => {
+                        return Err(Fail::Decline(format!(
+                            "a read of {addr:?}, a word a later head may have overwritten"
+                        )))
+                    }
                     Ok(sol) => {
                         let (mut v, computed) = (f.value, f.computed);
                         let dims: Vec<Var> = f.dims.iter().map(|d| d.0).collect();
@@ -709,8 +757,13 @@ impl Eval {
             if depth > 0 {
                 let l = &self.loops[depth - 1];
                 let mut same = false;
+                let others = if l.order.is_some() {
+                    Others::Earlier
+                } else {
+                    Others::Any
+                };
                 for fam in &l.families {
-                    match self.alias(addr, fam, l) {
+                    match self.alias(addr, fam, l, others) {
                         Ok(false) => {}
                         Ok(true) => same = true,
                         Err(()) => {
@@ -824,6 +877,68 @@ impl Eval {
                         .add_const(i64::from(t.stride) * off)
                 }
                 _ => return Err(Fail::Retry("a wrapped term on a symbolic index".into())),
+            }
+        }
+        Ok(a)
+    }
+
+    /// Every word field `f` of `b` may address at `env`: [`Eval::addr`], with a wrapped term on
+    /// a symbolic index widened to a fresh index over the whole period (more words than the
+    /// writes reach, which is what a family may be).
+    /// An index of the nodes' own loops (`inner` on) is narrowed to the iterations where
+    /// `slot`'s predicates on it hold (a send of the first two rows only reaches two rows).
+    fn family_addr(
+        &mut self,
+        b: &LBundle,
+        f: Field,
+        slot: Slot,
+        env: &[Ix],
+        inner: usize,
+    ) -> R<Aff> {
+        let base = field(&b.bundle, f).map_or(0, i64::from);
+        let mut a = Aff::cst(base);
+        for t in b.terms.iter().filter(|t| t.field == f) {
+            let level = usize::from(t.level);
+            match env.get(level) {
+                Some(Ix::At(k)) => a = a.add_const(t.value(*k as u32)),
+                Some(&Ix::Sym(v, off)) if t.wrap == 0 && level >= inner => {
+                    let n = self.counts.get(&v).copied().unwrap_or(1) as i64;
+                    let (mut lo, mut hi) = (off, off + n - 1);
+                    for p in b
+                        .preds
+                        .iter()
+                        .filter(|p| p.slot == slot && usize::from(p.level) == level)
+                    {
+                        let x = i64::from(p.value);
+                        match p.cmp {
+                            Cmp::Lt => hi = hi.min(x - 1),
+                            Cmp::Ge => lo = lo.max(x),
+                            Cmp::Eq => {
+                                lo = lo.max(x);
+                                hi = hi.min(x);
+                            }
+                            Cmp::Ne => {}
+                        }
+                    }
+                    if lo > hi {
+                        // Never executes here: any word stands for it.
+                        lo = hi.max(off);
+                        hi = lo;
+                    }
+                    let u = self.fresh((hi - lo + 1) as u64);
+                    let s = i64::from(t.stride);
+                    a = a.add_term(u, s).add_const(s * lo);
+                }
+                Some(Ix::Sym(v, off)) if t.wrap == 0 => {
+                    a = a
+                        .add_term(*v, i64::from(t.stride))
+                        .add_const(i64::from(t.stride) * off)
+                }
+                Some(Ix::Sym(..)) => {
+                    let u = self.fresh(u64::from(t.wrap));
+                    a = a.add_term(u, i64::from(t.stride));
+                }
+                None => return Err(Fail::Decline("a term on an index out of scope".into())),
             }
         }
         Ok(a)
@@ -1085,7 +1200,9 @@ impl Eval {
                 }
                 let regroup = std::mem::take(&mut self.regroup)
                     .into_iter()
-                    .filter(|&(v, m)| v == var && 2 * m <= b - a)
+                    .filter(|&(v, m)| {
+                        v == var && 2 * m <= b - a && super::unroll::regroupable(&l.body, level)
+                    })
                     .map(|(_, m)| m)
                     .min();
                 if let Some(m) = regroup {
@@ -1154,10 +1271,12 @@ impl Eval {
             .ok_or_else(|| Fail::Decline("a loop instance without iterations".into()))
     }
 
-    fn families(
+    /// Loops at levels from `inner` on are the nodes' own (their indices are not the caller's).
+    pub(super) fn families(
         &mut self,
         nodes: &[Node],
         env: &mut Vec<Ix>,
+        inner: usize,
         out: &mut Vec<Aff>,
         remote: &mut Vec<Aff>,
     ) -> R<()> {
@@ -1168,15 +1287,15 @@ impl Eval {
             match n {
                 Node::Bundle(b) => {
                     if b.bundle.op.dst().is_some() && may(self, b, Slot::Op, env) {
-                        out.push(self.addr(b, Field::OpDst, env)?);
+                        out.push(self.family_addr(b, Field::OpDst, Slot::Op, env, inner)?);
                     }
                     if matches!(b.bundle.acc, Acc::Add { dst: Some(_), .. })
                         && may(self, b, Slot::Acc, env)
                     {
-                        out.push(self.addr(b, Field::AccDst, env)?);
+                        out.push(self.family_addr(b, Field::AccDst, Slot::Acc, env, inner)?);
                     }
                     if b.bundle.xfer != Xfer::Nop && may(self, b, Slot::Xfer, env) {
-                        let d = self.addr(b, Field::XferDst, env)?;
+                        let d = self.family_addr(b, Field::XferDst, Slot::Xfer, env, inner)?;
                         if self.per_pe {
                             remote.push(d);
                         } else {
@@ -1188,7 +1307,7 @@ impl Eval {
                     let count = self.trips(l, env, true)?;
                     let v = self.fresh(count);
                     env.push(Ix::Sym(v, 0));
-                    let r = self.families(&l.body, env, out, remote);
+                    let r = self.families(&l.body, env, inner, out, remote);
                     env.pop();
                     r?;
                 }
@@ -1204,7 +1323,8 @@ impl Eval {
         let other = self.fresh(n);
         env.push(Ix::Sym(var, off));
         let (mut families, mut remote_families) = (Vec::new(), Vec::new());
-        let r = self.families(&l.body, env, &mut families, &mut remote_families);
+        let inner = env.len();
+        let r = self.families(&l.body, env, inner, &mut families, &mut remote_families);
         env.pop();
         r?;
         let id = self.next_loop;
@@ -1217,6 +1337,7 @@ impl Eval {
             marker,
             families,
             remote_families,
+            order: None,
         });
         let outer = self.mult;
         self.mult = outer.saturating_mul(n);
@@ -1236,6 +1357,72 @@ impl Eval {
             self.push(g);
         }
         Ok(())
+    }
+
+    /// Enters a loop over `var` (`n` iterations) whose iterations the caller evaluates in
+    /// order, as one symbolic iteration: `families` are all the words the body may write
+    /// here (arrivals included), `remote_families` where its sends land.
+    pub(super) fn enter_ordered(
+        &mut self,
+        var: Var,
+        n: u64,
+        families: Vec<Aff>,
+        remote_families: Vec<Aff>,
+    ) {
+        let other = self.fresh(n);
+        let spans = (0..n).map(|c| self.fresh(c.max(1))).collect();
+        let id = self.next_loop;
+        self.next_loop += 1;
+        self.loops.push(Active {
+            id,
+            var,
+            other,
+            marker: self.facts.len(),
+            families,
+            remote_families,
+            order: Some(spans),
+        });
+    }
+
+    /// Leaves the loop [`Eval::enter_ordered`] entered: what the iteration wrote becomes
+    /// regions over the index where no later iteration may overwrite them, and words whose
+    /// final value that does not settle are marked untracked.
+    pub(super) fn leave_ordered(&mut self, n: u64) -> R<()> {
+        let Some(active) = self.loops.pop() else {
+            return Err(Fail::Decline("loop stack".into()));
+        };
+        let written: Vec<Fact> = self.facts[active.marker..]
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        self.truncate(active.marker);
+        for f in written {
+            if f.remote {
+                return Err(Fail::Decline("a send not delivered".into()));
+            }
+            let g = match self.summary(f.clone(), &active, n) {
+                Ok(g) => g,
+                Err(Fail::Retry(_)) => self.havoc(&f)?,
+                Err(e) => return Err(e),
+            };
+            self.push(g);
+        }
+        Ok(())
+    }
+
+    /// Every word `f` may hold for any value of its variables, untracked.
+    fn havoc(&mut self, f: &Fact) -> R<Fact> {
+        let w = self.fresh((f.hi - f.lo + 1) as u64);
+        let value = self.tm.carry(u32::MAX, f.lo);
+        let mut g = self.fact(
+            Aff::cst(f.lo),
+            vec![(w, 1, (f.hi - f.lo + 1) as u64)],
+            value,
+            false,
+        )?;
+        g.havoc = true;
+        Ok(g)
     }
 
     fn carries_of(&self, x: Id, id: u32) -> bool {
@@ -1271,8 +1458,13 @@ impl Eval {
             if a < 0 || self.carries_of(f.value, l.id) {
                 return retry("a region over the loop index that carries a value");
             }
+            let others = if l.order.is_some() {
+                Others::Later
+            } else {
+                Others::Any
+            };
             for fam in families {
-                if !matches!(self.alias(&words, fam, l), Ok(false)) {
+                if !matches!(self.alias(&words, fam, l, others), Ok(false)) {
                     return retry("a region another iteration may overwrite");
                 }
             }

@@ -8,8 +8,8 @@
 //! rows' coordinates only every other iteration, so no range of iterations reads one fact in
 //! one shape; two iterations at a time (`64·j + 32·p`) read row `j`, half `p`.
 
-use isa::looped::{set_field, Cmp, LBundle, Pred};
-use isa::{Loop, Node};
+use isa::looped::{set_field, Cmp, Field, LBundle, Pred};
+use isa::{Acc, Loop, Node};
 
 /// Iterations `a .. a + m·q` of `l` (at nesting `level`) as `q` iterations of `m` bodies, or
 /// `None` when a regrouped address, predicate or count does not fit its field.
@@ -24,6 +24,26 @@ pub(super) fn unrolled(l: &Loop, level: usize, a: u64, m: u64, q: u64) -> Option
         count: u32::try_from(q).ok()?,
         step: None,
         body,
+    })
+}
+
+/// Whether regrouping the loop at `level` keeps the forms of what it computes: no word its
+/// body writes stays put across its iterations. (A sum or maximum carried across the loop
+/// would become a range over pairs of terms, which no specification has.)
+pub(super) fn regroupable(nodes: &[Node], level: usize) -> bool {
+    nodes.iter().all(|n| match n {
+        Node::Bundle(b) => {
+            let moves = |f: Field| {
+                b.terms
+                    .iter()
+                    .any(|t| t.field == f && usize::from(t.level) == level)
+            };
+            let op = b.bundle.op.dst().is_none() || moves(Field::OpDst);
+            let acc =
+                !matches!(b.bundle.acc, Acc::Add { dst: Some(_), .. }) || moves(Field::AccDst);
+            op && acc
+        }
+        Node::Loop(l) => regroupable(&l.body, level),
     })
 }
 
