@@ -1709,7 +1709,8 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
     for h in 0..heads {
         for r in 0..rows {
             let differs =
-                row_difference(&mut e, &y, (h, r, r), (tokens, dim), scale, safe).map_err(why)?;
+                row_difference(&mut e, &y, (Aff::cst(h), r, r), (tokens, dim), scale, safe)
+                    .map_err(why)?;
             if let Some(how) = differs {
                 wrong_count += 1;
                 if wrong.len() < 5 {
@@ -1739,15 +1740,17 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
 pub(super) fn row_difference(
     e: &mut Eval,
     y: &Layout,
-    (h, row, token): (i64, i64, i64),
+    (h, row, token): (Aff, i64, i64),
     (keys, dim): (i64, i64),
     scale: f32,
     safe: bool,
 ) -> R<Option<String>> {
     let c = e.fresh(dim as u64);
-    let addr =
-        Aff::cst(i64::from(y.base) + h * i64::from(y.head_stride) + row * i64::from(y.row_stride))
-            .add_term(c, 1);
+    let mut addr = Aff::cst(i64::from(y.base) + row * i64::from(y.row_stride)).add_term(c, 1);
+    for &(v, k) in &h.t {
+        addr = addr.add_term(v, k * i64::from(y.head_stride));
+    }
+    let addr = addr.add_const(h.c * i64::from(y.head_stride));
     let cols: Vec<(Aff, Aff)> = match e.read(&addr) {
         Ok(_) => vec![(addr.clone(), e.pin(Aff::var(c)))],
         Err(Fail::Retry(_)) => (0..dim)
@@ -1758,7 +1761,7 @@ pub(super) fn row_difference(
     let mut differs = None;
     for (at, cv) in cols {
         let (found, computed) = e.read(&at)?;
-        let want = spec(e, h, token, cv, (keys, dim), scale, safe);
+        let want = spec(e, h.clone(), token, cv, (keys, dim), scale, safe);
         let found = e.tm.norm(found);
         if differs.is_none() && (!computed || found != want) {
             differs = Some(if computed {
@@ -1775,10 +1778,11 @@ pub(super) fn row_difference(
     Ok(differs)
 }
 
-/// `y[h][r][c]` of the online formulation, `c` a column variable (or 0 for one column).
+/// `y[h][r][c]` of the online formulation, `c` a column variable (or 0 for one column), `h` a
+/// head or a head variable.
 pub(super) fn spec(
     e: &mut Eval,
-    h: i64,
+    h: Aff,
     r: i64,
     c: Aff,
     (n, d): (i64, i64),
@@ -1787,7 +1791,7 @@ pub(super) fn spec(
 ) -> Id {
     let j = e.fresh(n as u64);
     let k = e.fresh(d as u64);
-    let (hh, rr) = (Aff::cst(h), Aff::cst(r));
+    let (hh, rr) = (h, Aff::cst(r));
     let q = e.tm.atom(0, hh.clone(), rr, Aff::var(k));
     let kk = e.tm.atom(1, hh.clone(), Aff::var(j), Aff::var(k));
     let prod = e.tm.mul(q, kk, true);

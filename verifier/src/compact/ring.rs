@@ -717,12 +717,21 @@ fn compare(
 ) -> R<(Vec<String>, usize)> {
     let mut wrong = Vec::new();
     let mut count = 0;
-    for h in 0..heads {
-        for &(r0, t0, n) in rs {
-            for k in 0..n as i64 {
-                let (r, t) = (r0 + k, t0 + k);
-                let keys = if causal { t + 1 } else { tokens };
-                let differs = row_difference(e, y, (h, r, t), (keys, dim), scale, safe)?;
+    // All heads at once for a row held as a region over the heads (a head variable: the same
+    // node for every head is the same value for every head); head by head otherwise, or when
+    // the forms differ (they may still meet once the head is known).
+    let every = e.fresh(heads as u64);
+    for &(r0, t0, n) in rs {
+        for k in 0..n as i64 {
+            let (r, t) = (r0 + k, t0 + k);
+            let keys = if causal { t + 1 } else { tokens };
+            let at = (Aff::var(every), r, t);
+            if let Ok(None) = row_difference(e, y, at, (keys, dim), scale, safe) {
+                continue;
+            }
+            for h in 0..heads {
+                let at = (Aff::cst(h), r, t);
+                let differs = row_difference(e, y, at, (keys, dim), scale, safe)?;
                 if let Some(how) = differs {
                     count += 1;
                     if wrong.len() < 5 {
