@@ -153,6 +153,8 @@ pub(super) struct Eval {
     pub(super) tally: Tally,
     pub(super) mult: u64,
     pub(super) evaluations: u64,
+    /// Bundle evaluations including those of failed attempts.
+    attempted: u64,
     rows: i64,
     tokens: i64,
     pub(super) deadline: std::time::Instant,
@@ -198,6 +200,7 @@ impl Eval {
             tally: Tally::default(),
             mult: 1,
             evaluations: 0,
+            attempted: 0,
             rows,
             tokens,
             deadline: std::time::Instant::now() + MAX_TIME,
@@ -1007,7 +1010,9 @@ impl Eval {
 
     pub(super) fn bundle(&mut self, b: &LBundle, env: &[Ix]) -> R<()> {
         self.evaluations += 1;
-        if self.evaluations.is_multiple_of(1024) && std::time::Instant::now() > self.deadline {
+        // Attempts that fail give their evaluations back, so time is watched on all of them.
+        self.attempted += 1;
+        if self.attempted.is_multiple_of(256) && std::time::Instant::now() > self.deadline {
             return Err(Fail::Decline(format!(
                 "more than {} s of evaluation",
                 MAX_TIME.as_secs()
