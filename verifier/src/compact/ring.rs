@@ -791,7 +791,7 @@ mod tests {
             "loop 8 {\n  mul m[0 + 2*(i0 % 2)], m[100 + 1*i0] -> m[200 + 1*i0] | nop | send m[300 + 1*i0] -> m[400 + 1*i0] if i0 < 3\n}\n",
         );
         let mut x = Ext::default();
-        extents(&Item::Node(&p.body[0], Vec::new()), &mut x);
+        extents(&Item::Node(&p.body[0], Vec::new()), None, &mut x);
         assert!(x.reads.contains(&(0, 2)));
         assert!(x.reads.contains(&(100, 107)));
         assert!(x.reads.contains(&(300, 302)));
@@ -802,7 +802,7 @@ mod tests {
             panic!("expected the program's one loop, found {:?}", p.body[0])
         };
         let mut y = Ext::default();
-        extents(&Item::Iters(l, Vec::new(), 5, 6), &mut y);
+        extents(&Item::Iters(l, Vec::new(), 5, 6), None, &mut y);
         assert!(y.sends.is_empty());
         assert!(y.reads.contains(&(2, 2)));
     }
