@@ -486,8 +486,11 @@ fn verified_past_the_flatten_limit(dir: &Path, src: &str) -> (PathBuf, String) {
 /// Rewrites `pe{pe}.s` in `out` with `from` replaced by `to` once (it must occur), after
 /// removing the binaries so that the text programs are the ones loaded.
 fn mutate_asm(out: &Path, pe: u32, from: &str, to: &str) {
-    for k in 0..4 {
-        std::fs::remove_file(out.join(format!("pe{k}.bin"))).unwrap();
+    for entry in std::fs::read_dir(out).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "bin") {
+            std::fs::remove_file(path).unwrap();
+        }
     }
     let asm = out.join(format!("pe{pe}.s"));
     let good = std::fs::read_to_string(&asm).unwrap();
@@ -683,4 +686,52 @@ fn verify_proves_causal_loop_programs_without_unrolling() {
     assert!(!o.status.success(), "{t}");
     assert!(t.contains("NOT proved"), "{t}");
     assert!(t.contains("not proved without unrolling"), "{t}");
+}
+
+/// A causal layer of a real model's heads and head size (12 heads of 64, 512 tokens, values
+/// trailing keys on 8 PEs: 2.1·10^8 bundles) is proved without unrolling, its heads evaluated
+/// as one symbolic head. Mutants of one PE are not: a head stride that is right for head 0
+/// only (of a query read, and of a lagged send's destination), a key row moved by its base, an
+/// inner loop one iteration short.
+#[test]
+fn verify_proves_a_model_size_causal_layer_and_not_its_mutants() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = "layer c { tokens = 512; dim = 64; heads = 12; mask = causal; }";
+    let out = compiled(dir.path(), src, "8");
+    let o = attnc(&["verify", s(&out)]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("more than the 8000000 the symbolic proof flattens"),
+        "{t}"
+    );
+    assert!(
+        t.contains(
+            "proved without unrolling: for all inputs, y = attention(q, k, v, mask = causal"
+        ),
+        "{t}"
+    );
+    assert!(t.contains("12 head(s) × 512 tokens × dim 64"), "{t}");
+    let mutants = [
+        ("mul m[0 + 4096*i0 + 64*i1]", "mul m[0 + 2048*i0 + 64*i1]"),
+        (
+            "-> m[90112 + 8192*i0 + 8192*(i2 % 2) + 64*i4] if i3 < 1",
+            "-> m[90112 + 4096*i0 + 8192*(i2 % 2) + 64*i4] if i3 < 1",
+        ),
+        (
+            "m[98304 + 8192*i0 + 64*i2] | add 0",
+            "m[98368 + 8192*i0 + 64*i2] | add 0",
+        ),
+        ("loop 63 {", "loop 62 {"),
+    ];
+    for (k, (from, to)) in mutants.iter().enumerate() {
+        let sub = dir.path().join(format!("m{k}"));
+        std::fs::create_dir(&sub).unwrap();
+        let bad = compiled(&sub, src, "8");
+        mutate_asm(&bad, 2, from, to);
+        let o = attnc(&["verify", s(&bad)]);
+        let t = text(&o);
+        assert!(!o.status.success(), "`{from}` -> `{to}`: {t}");
+        assert!(t.contains("NOT proved"), "`{from}` -> `{to}`: {t}");
+    }
 }

@@ -20,6 +20,7 @@ pub mod prove;
 pub mod ring;
 mod slots;
 mod term;
+mod unroll;
 
 pub use bounds::{extent, Extent, Level};
 

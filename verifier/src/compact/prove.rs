@@ -29,7 +29,7 @@
 use super::aff::{Aff, Var, BINDERS};
 use super::term::{Id, Terms, T};
 use crate::expr::FxMap as HashMap;
-use isa::looped::{field, Field, LBundle, Slot};
+use isa::looped::{field, Cmp, Field, LBundle, Slot};
 use isa::{Acc, AccSrc, Loop, LoopProgram, Node, Op, OpKind, Xfer, XferSrc};
 use runtime::manifest::{Layout, Manifest, RowOrder};
 
@@ -90,6 +90,9 @@ pub(super) struct Fact {
     pub(super) computed: bool,
     /// A word sent to the next PE: not in this PE's memory (per-PE evaluation only).
     pub(super) remote: bool,
+    /// Words whose value after an ordered loop is not tracked (a later iteration may have
+    /// overwritten them): a read of one declines.
+    havoc: bool,
     lo: i64,
     hi: i64,
 }
@@ -102,7 +105,7 @@ pub(super) enum Ix {
     Sym(Var, i64),
 }
 
-struct Active {
+pub(super) struct Active {
     id: u32,
     var: Var,
     other: Var,
@@ -110,12 +113,31 @@ struct Active {
     families: Vec<Aff>,
     /// Where the body's sends may land on the next PE (per-PE evaluation only).
     remote_families: Vec<Aff>,
+    /// For a loop whose iterations the caller evaluates in order (the head loop of a ring):
+    /// variables of `c` values for every `c < count` (index `c`), to name the iterations after
+    /// a given one. A read then only has to miss the writes of earlier iterations, and a
+    /// region only those of later ones.
+    order: Option<Vec<Var>>,
+}
+
+/// Which other iterations of a loop an alias test is against.
+#[derive(Clone, Copy)]
+enum Others {
+    Any,
+    Earlier,
+    Later,
 }
 
 /// Bounds on the proof's work: symbolic evaluation that keeps falling back to iteration by
 /// iteration is not going to scale, and a verifier must answer.
 const MAX_EVALUATIONS: u64 = 1_000_000;
 const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The most iterations regrouped into one (`unroll`).
+const MAX_UNROLL: i64 = 16;
+
+/// Facts an undecided read looks through for the edges to cut its loop at.
+const MAX_CUT_FACTS: usize = 256;
 
 pub(super) struct Eval {
     pub(super) tm: Terms,
@@ -125,17 +147,21 @@ pub(super) struct Eval {
     pub(super) counts: HashMap<Var, u64>,
     next_var: Var,
     next_loop: u32,
-    loops: Vec<Active>,
+    pub(super) loops: Vec<Active>,
     carry_addrs: Vec<Aff>,
     carry_slots: HashMap<Aff, usize>,
     pub(super) tally: Tally,
-    mult: u64,
+    pub(super) mult: u64,
     pub(super) evaluations: u64,
+    /// Bundle evaluations including those of failed attempts.
+    attempted: u64,
     rows: i64,
     tokens: i64,
     pub(super) deadline: std::time::Instant,
-    /// Where the last undecided read suggests cutting a loop (its index, the iteration).
-    pub(super) hint: Option<(Var, i64)>,
+    /// Where the last undecided read suggests cutting loops (an index, the iteration).
+    pub(super) hints: Vec<(Var, i64)>,
+    /// Loops the last undecided read suggests regrouping (an index, iterations per group).
+    regroup: Vec<(Var, u64)>,
     /// Sends leave facts marked remote for the caller to deliver, instead of arriving
     /// relabelled by the rotation symmetry.
     pub(super) per_pe: bool,
@@ -174,10 +200,12 @@ impl Eval {
             tally: Tally::default(),
             mult: 1,
             evaluations: 0,
+            attempted: 0,
             rows,
             tokens,
             deadline: std::time::Instant::now() + MAX_TIME,
-            hint: None,
+            hints: Vec::new(),
+            regroup: Vec::new(),
             per_pe,
         }
     }
@@ -239,6 +267,7 @@ impl Eval {
             value,
             computed,
             remote: false,
+            havoc: false,
             lo,
             hi,
         })
@@ -251,11 +280,11 @@ impl Eval {
     /// `region` and `slab` as one fact, when `slab` is the region's next layer below or above
     /// along one of its coordinates, holding what the region's formula gives there.
     fn fuse(&mut self, region: &Fact, slab: &Fact) -> Option<Fact> {
-        if region.remote != slab.remote {
+        if region.remote != slab.remote || region.havoc || slab.havoc {
             return None;
         }
         if region.computed == slab.computed && region.dims.len() == slab.dims.len() {
-            return self.join(region, slab);
+            return self.join(region, slab).or_else(|| self.stack(region, slab));
         }
         if region.computed != slab.computed || region.dims.len() != slab.dims.len() + 1 {
             return None;
@@ -360,6 +389,55 @@ impl Eval {
         None
     }
 
+    /// `low` and `high` as one fact with a new coordinate of two values, when they have one
+    /// shape, `high` lies wholly above every word of `low` and holds what `low` holds with its
+    /// input indices moved by constants: rows of a block written (or arriving) one by one, so
+    /// that a later loop over the block reads one fact instead of being cut at every row.
+    fn stack(&mut self, low: &Fact, high: &Fact) -> Option<Fact> {
+        if low.remote != high.remote
+            || low
+                .dims
+                .iter()
+                .zip(&high.dims)
+                .any(|(a, b)| (a.1, a.2) != (b.1, b.2))
+        {
+            return None;
+        }
+        let step = high.base.minus(&low.base).as_const()?;
+        // Past the last word of `low`, so every word of the result has one coordinate tuple
+        // (reads solve for it) and one value.
+        let extent: i64 = low.dims.iter().map(|&(_, s, n)| s * (n as i64 - 1)).sum();
+        if step <= extent {
+            return None;
+        }
+        let clash = high.dims.iter().enumerate().any(|(i, h)| {
+            low.dims
+                .iter()
+                .enumerate()
+                .any(|(j, l)| l.0 == h.0 && i != j)
+        });
+        if clash {
+            return None;
+        }
+        let mut value = high.value;
+        for (a, b) in low.dims.iter().zip(&high.dims) {
+            value = self.tm.subst(value, b.0, &Aff::var(a.0));
+        }
+        let w = self.fresh(2);
+        let body = self.tm.interpolate(low.value, value, w)?;
+        // The body means the two facts exactly: checked at both ends, not trusted.
+        if self.tm.subst(body, w, &Aff::cst(0)) != low.value
+            || self.tm.subst(body, w, &Aff::cst(1)) != value
+        {
+            return None;
+        }
+        let mut dims = low.dims.clone();
+        dims.push((w, step, 2));
+        let mut f = self.fact(low.base.clone(), dims, body, low.computed).ok()?;
+        f.remote = low.remote;
+        Some(f)
+    }
+
     pub(super) fn push(&mut self, mut f: Fact) {
         // Adjacent pieces of one family (a first element written apart from the loop over the
         // rest) become one region, so that a later loop over all of it reads one fact.
@@ -403,6 +481,61 @@ impl Eval {
         }
         self.keys.insert(key, self.facts.len());
         self.facts.push(Some(f));
+    }
+
+    /// Drops every fact whose words newer facts cover word for word, and compacts the log.
+    /// The memory the log stands for (at each word, the newest fact holding it) is unchanged,
+    /// so no read can answer differently; only facts whose words are exactly known cover
+    /// (a constant base and dense strides: the words are `lo..=hi`). Only between items, where
+    /// no failed attempt will restore the log by truncation.
+    pub(super) fn forget_shadowed(&mut self) {
+        // Inside an ordered loop only the current iteration's facts go: those below stand
+        // for the state before the loop.
+        if self.loops.iter().any(|l| l.order.is_none()) {
+            return;
+        }
+        let floor = self.floor();
+        // Words covered by newer dense facts, as disjoint sorted intervals `lo -> hi`.
+        let mut covered: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
+        for i in (floor..self.facts.len()).rev() {
+            let Some(g) = &self.facts[i] else { continue };
+            if g.remote {
+                continue;
+            }
+            let inside = covered
+                .range(..=g.lo)
+                .next_back()
+                .is_some_and(|(_, &hi)| hi >= g.hi);
+            if inside {
+                self.facts[i] = None;
+                continue;
+            }
+            if !dense(g) {
+                continue;
+            }
+            let (mut lo, mut hi) = (g.lo, g.hi);
+            // Merge with every interval it touches.
+            let touching: Vec<(i64, i64)> = covered
+                .range(..=hi.saturating_add(1))
+                .rev()
+                .take_while(|(_, &h)| h.saturating_add(1) >= lo)
+                .map(|(&l, &h)| (l, h))
+                .collect();
+            for (l, h) in touching {
+                covered.remove(&l);
+                lo = lo.min(l);
+                hi = hi.max(h);
+            }
+            covered.insert(lo, hi);
+        }
+        let tail = self.facts.split_off(floor);
+        self.facts.extend(tail.into_iter().filter(Option::is_some));
+        self.keys.clear();
+        for (i, g) in self.facts.iter().enumerate() {
+            if let Some(g) = g {
+                self.keys.insert(key_of(g), i);
+            }
+        }
     }
 
     fn truncate(&mut self, to: usize) {
@@ -544,7 +677,7 @@ impl Eval {
 
     /// Whether `addr` may be a word that another iteration of `l` writes through `family`:
     /// `Ok(false)` certainly not, `Ok(true)` the same fixed word, `Err` undecided.
-    fn alias(&self, addr: &Aff, family: &Aff, l: &Active) -> Result<bool, ()> {
+    fn alias(&self, addr: &Aff, family: &Aff, l: &Active, others: Others) -> Result<bool, ()> {
         let other = family.subst(l.var, &Aff::var(l.other));
         let d = addr.minus(&other);
         if d.as_const() == Some(0) && family.coef(l.var) == 0 {
@@ -553,7 +686,29 @@ impl Eval {
         if self.never_zero(&d, Some((l.var, l.other))) {
             return Ok(false);
         }
-        Err(())
+        let (Some(spans), Others::Earlier | Others::Later) = (&l.order, others) else {
+            return Err(());
+        };
+        // In order: for each iteration `x0` of the write (earlier) or of the region (later),
+        // the other index ranges over the iterations after it, `x0 + 1 + t`.
+        let n = spans.len() as i64;
+        for x0 in 0..n - 1 {
+            let after = Aff::cst(x0 + 1).add_term(spans[(n - x0 - 1) as usize], 1);
+            let (a, f) = match others {
+                Others::Earlier => (
+                    addr.subst(l.var, &after),
+                    family.subst(l.var, &Aff::cst(x0)),
+                ),
+                _ => (
+                    addr.subst(l.var, &Aff::cst(x0)),
+                    family.subst(l.var, &after),
+                ),
+            };
+            if !self.never_zero(&self.pin(a).minus(&self.pin(f)), None) {
+                return Err(());
+            }
+        }
+        Ok(false)
     }
 
     /// The value at `addr` and whether the programs computed it.
@@ -575,6 +730,11 @@ impl Eval {
                     continue;
                 }
                 match self.hit(f, addr, ab) {
+                    Ok(_) if f.havoc => {
+                        return Err(Fail::Decline(format!(
+                            "a read of {addr:?}, a word a later head may have overwritten"
+                        )))
+                    }
                     Ok(sol) => {
                         let (mut v, computed) = (f.value, f.computed);
                         let dims: Vec<Var> = f.dims.iter().map(|d| d.0).collect();
@@ -586,12 +746,13 @@ impl Eval {
                     Err(true) => {}
                     Err(false) => {
                         // Where the read crosses the fact's edge: a piece boundary that may
-                        // make both sides decidable.
-                        let (lo, hi) = (f.lo, f.hi);
-                        let f = f.clone();
-                        self.hint = self.cut(&f, addr).or_else(|| self.edge(addr, lo, hi));
+                        // make both sides decidable. The older facts it runs into as well (up
+                        // to one that holds it all): a block written row by row is then cut at
+                        // every row at once, not one row per failed attempt.
+                        let (lo, hi, dims) = (f.lo, f.hi, f.dims.len());
+                        self.hints = self.cuts(i, addr, ab);
                         return Err(Fail::Retry(format!(
-                            "a read of {addr:?} may or may not see an earlier write (m{lo}..=m{hi}, {} dims)", f.dims.len()
+                            "a read of {addr:?} may or may not see an earlier write (m{lo}..=m{hi}, {dims} dims)"
                         )));
                     }
                 }
@@ -599,8 +760,13 @@ impl Eval {
             if depth > 0 {
                 let l = &self.loops[depth - 1];
                 let mut same = false;
+                let others = if l.order.is_some() {
+                    Others::Earlier
+                } else {
+                    Others::Any
+                };
                 for fam in &l.families {
-                    match self.alias(addr, fam, l) {
+                    match self.alias(addr, fam, l, others) {
                         Ok(false) => {}
                         Ok(true) => same = true,
                         Err(()) => {
@@ -629,6 +795,44 @@ impl Eval {
         Err(Fail::Decline(format!(
             "a read of a word never written (fault), address {addr:?} over {ab:?}"
         )))
+    }
+
+    /// Where a read of `addr` that fact `i` holds in part should be cut: the edges of that
+    /// fact and of the older ones it runs into, down to one that holds the whole read.
+    fn cuts(&mut self, i: usize, addr: &Aff, ab: (i64, i64)) -> Vec<(Var, i64)> {
+        let mut out = Vec::new();
+        let mut partial = 0;
+        for j in (0..=i).rev() {
+            let Some(f) = &self.facts[j] else { continue };
+            if f.remote {
+                continue;
+            }
+            match self.hit(f, addr, ab) {
+                Ok(_) => break,
+                Err(true) => {}
+                Err(false) => {
+                    out.extend(self.cut(f, addr));
+                    out.extend(self.edge(addr, f.lo, f.hi));
+                    // An index whose step divides one of the fact's strides meets the
+                    // fact's coordinates in step when regrouped (`unroll`).
+                    for &(v, k) in &addr.t {
+                        if k <= 0 || self.counts.get(&v).is_none_or(|&n| n < 2) {
+                            continue;
+                        }
+                        for &(_, s, _) in &f.dims {
+                            if s > k && s % k == 0 && s / k <= MAX_UNROLL {
+                                self.regroup.push((v, (s / k) as u64));
+                            }
+                        }
+                    }
+                    partial += 1;
+                    if partial == MAX_CUT_FACTS {
+                        break;
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// `(x, i)`: the read's only varying index `x` reaches the words `lo..=hi` from iteration
@@ -676,6 +880,68 @@ impl Eval {
                         .add_const(i64::from(t.stride) * off)
                 }
                 _ => return Err(Fail::Retry("a wrapped term on a symbolic index".into())),
+            }
+        }
+        Ok(a)
+    }
+
+    /// Every word field `f` of `b` may address at `env`: [`Eval::addr`], with a wrapped term on
+    /// a symbolic index widened to a fresh index over the whole period (more words than the
+    /// writes reach, which is what a family may be).
+    /// An index of the nodes' own loops (`inner` on) is narrowed to the iterations where
+    /// `slot`'s predicates on it hold (a send of the first two rows only reaches two rows).
+    fn family_addr(
+        &mut self,
+        b: &LBundle,
+        f: Field,
+        slot: Slot,
+        env: &[Ix],
+        inner: usize,
+    ) -> R<Aff> {
+        let base = field(&b.bundle, f).map_or(0, i64::from);
+        let mut a = Aff::cst(base);
+        for t in b.terms.iter().filter(|t| t.field == f) {
+            let level = usize::from(t.level);
+            match env.get(level) {
+                Some(Ix::At(k)) => a = a.add_const(t.value(*k as u32)),
+                Some(&Ix::Sym(v, off)) if t.wrap == 0 && level >= inner => {
+                    let n = self.counts.get(&v).copied().unwrap_or(1) as i64;
+                    let (mut lo, mut hi) = (off, off + n - 1);
+                    for p in b
+                        .preds
+                        .iter()
+                        .filter(|p| p.slot == slot && usize::from(p.level) == level)
+                    {
+                        let x = i64::from(p.value);
+                        match p.cmp {
+                            Cmp::Lt => hi = hi.min(x - 1),
+                            Cmp::Ge => lo = lo.max(x),
+                            Cmp::Eq => {
+                                lo = lo.max(x);
+                                hi = hi.min(x);
+                            }
+                            Cmp::Ne => {}
+                        }
+                    }
+                    if lo > hi {
+                        // Never executes here: any word stands for it.
+                        lo = hi.max(off);
+                        hi = lo;
+                    }
+                    let u = self.fresh((hi - lo + 1) as u64);
+                    let s = i64::from(t.stride);
+                    a = a.add_term(u, s).add_const(s * lo);
+                }
+                Some(Ix::Sym(v, off)) if t.wrap == 0 => {
+                    a = a
+                        .add_term(*v, i64::from(t.stride))
+                        .add_const(i64::from(t.stride) * off)
+                }
+                Some(Ix::Sym(..)) => {
+                    let u = self.fresh(u64::from(t.wrap));
+                    a = a.add_term(u, i64::from(t.stride));
+                }
+                None => return Err(Fail::Decline("a term on an index out of scope".into())),
             }
         }
         Ok(a)
@@ -744,7 +1010,9 @@ impl Eval {
 
     pub(super) fn bundle(&mut self, b: &LBundle, env: &[Ix]) -> R<()> {
         self.evaluations += 1;
-        if self.evaluations.is_multiple_of(1024) && std::time::Instant::now() > self.deadline {
+        // Attempts that fail give their evaluations back, so time is watched on all of them.
+        self.attempted += 1;
+        if self.attempted.is_multiple_of(256) && std::time::Instant::now() > self.deadline {
             return Err(Fail::Decline(format!(
                 "more than {} s of evaluation",
                 MAX_TIME.as_secs()
@@ -915,23 +1183,57 @@ impl Eval {
         }
         let level = env.len();
         let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
-        self.hint = None;
+        self.hints.clear();
+        self.regroup.clear();
         let var = self.next_var;
         match self.symbolic(l, env, a, b - a) {
             Ok(()) => Ok(()),
-            Err(Fail::Retry(_)) => {
+            Err(Fail::Retry(why)) => {
                 self.truncate(mark);
                 self.tally = tally;
                 self.evaluations = evals;
                 env.truncate(level);
                 // At the edge a read ran into, if it was this loop's; otherwise one by one
                 // (cutting blindly costs more than it finds).
-                let mid = match self.hint.take() {
-                    Some((v, x)) if v == var && x > 0 && (x as u64) < b - a => a + x as u64,
-                    _ => return self.iterate(l, env, a, b),
+                // A read undecided over an enclosing symbolic loop's index: cutting or
+                // iterating this loop cannot decide it, that loop must be cut.
+                let names = |v: Var| {
+                    self.hints.iter().any(|h| h.0 == v) || self.regroup.iter().any(|h| h.0 == v)
                 };
-                self.piece(l, env, a, mid)?;
-                self.piece(l, env, mid, b)
+                if !names(var) && self.loops.iter().any(|l| names(l.var)) {
+                    return Err(Fail::Retry(why));
+                }
+                let regroup = std::mem::take(&mut self.regroup)
+                    .into_iter()
+                    .filter(|&(v, m)| {
+                        v == var && 2 * m <= b - a && super::unroll::regroupable(&l.body, level)
+                    })
+                    .map(|(_, m)| m)
+                    .min();
+                if let Some(m) = regroup {
+                    let q = (b - a) / m;
+                    if let Some(u) = super::unroll::unrolled(l, level, a, m, q) {
+                        self.hints.clear();
+                        self.lp(&u, env)?;
+                        return self.piece(l, env, a + m * q, b);
+                    }
+                }
+                let mut at: Vec<u64> = std::mem::take(&mut self.hints)
+                    .into_iter()
+                    .filter(|&(v, x)| v == var && x > 0 && (x as u64) < b - a)
+                    .map(|(_, x)| a + x as u64)
+                    .collect();
+                if at.is_empty() {
+                    return self.iterate(l, env, a, b);
+                }
+                at.sort_unstable();
+                at.dedup();
+                let mut from = a;
+                for x in at.into_iter().chain([b]) {
+                    self.piece(l, env, from, x)?;
+                    from = x;
+                }
+                Ok(())
             }
             Err(e) => Err(e),
         }
@@ -974,10 +1276,12 @@ impl Eval {
             .ok_or_else(|| Fail::Decline("a loop instance without iterations".into()))
     }
 
-    fn families(
+    /// Loops at levels from `inner` on are the nodes' own (their indices are not the caller's).
+    pub(super) fn families(
         &mut self,
         nodes: &[Node],
         env: &mut Vec<Ix>,
+        inner: usize,
         out: &mut Vec<Aff>,
         remote: &mut Vec<Aff>,
     ) -> R<()> {
@@ -988,15 +1292,15 @@ impl Eval {
             match n {
                 Node::Bundle(b) => {
                     if b.bundle.op.dst().is_some() && may(self, b, Slot::Op, env) {
-                        out.push(self.addr(b, Field::OpDst, env)?);
+                        out.push(self.family_addr(b, Field::OpDst, Slot::Op, env, inner)?);
                     }
                     if matches!(b.bundle.acc, Acc::Add { dst: Some(_), .. })
                         && may(self, b, Slot::Acc, env)
                     {
-                        out.push(self.addr(b, Field::AccDst, env)?);
+                        out.push(self.family_addr(b, Field::AccDst, Slot::Acc, env, inner)?);
                     }
                     if b.bundle.xfer != Xfer::Nop && may(self, b, Slot::Xfer, env) {
-                        let d = self.addr(b, Field::XferDst, env)?;
+                        let d = self.family_addr(b, Field::XferDst, Slot::Xfer, env, inner)?;
                         if self.per_pe {
                             remote.push(d);
                         } else {
@@ -1008,7 +1312,7 @@ impl Eval {
                     let count = self.trips(l, env, true)?;
                     let v = self.fresh(count);
                     env.push(Ix::Sym(v, 0));
-                    let r = self.families(&l.body, env, out, remote);
+                    let r = self.families(&l.body, env, inner, out, remote);
                     env.pop();
                     r?;
                 }
@@ -1024,7 +1328,8 @@ impl Eval {
         let other = self.fresh(n);
         env.push(Ix::Sym(var, off));
         let (mut families, mut remote_families) = (Vec::new(), Vec::new());
-        let r = self.families(&l.body, env, &mut families, &mut remote_families);
+        let inner = env.len();
+        let r = self.families(&l.body, env, inner, &mut families, &mut remote_families);
         env.pop();
         r?;
         let id = self.next_loop;
@@ -1037,6 +1342,7 @@ impl Eval {
             marker,
             families,
             remote_families,
+            order: None,
         });
         let outer = self.mult;
         self.mult = outer.saturating_mul(n);
@@ -1056,6 +1362,72 @@ impl Eval {
             self.push(g);
         }
         Ok(())
+    }
+
+    /// Enters a loop over `var` (`n` iterations) whose iterations the caller evaluates in
+    /// order, as one symbolic iteration: `families` are all the words the body may write
+    /// here (arrivals included), `remote_families` where its sends land.
+    pub(super) fn enter_ordered(
+        &mut self,
+        var: Var,
+        n: u64,
+        families: Vec<Aff>,
+        remote_families: Vec<Aff>,
+    ) {
+        let other = self.fresh(n);
+        let spans = (0..n).map(|c| self.fresh(c.max(1))).collect();
+        let id = self.next_loop;
+        self.next_loop += 1;
+        self.loops.push(Active {
+            id,
+            var,
+            other,
+            marker: self.facts.len(),
+            families,
+            remote_families,
+            order: Some(spans),
+        });
+    }
+
+    /// Leaves the loop [`Eval::enter_ordered`] entered: what the iteration wrote becomes
+    /// regions over the index where no later iteration may overwrite them, and words whose
+    /// final value that does not settle are marked untracked.
+    pub(super) fn leave_ordered(&mut self, n: u64) -> R<()> {
+        let Some(active) = self.loops.pop() else {
+            return Err(Fail::Decline("loop stack".into()));
+        };
+        let written: Vec<Fact> = self.facts[active.marker..]
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        self.truncate(active.marker);
+        for f in written {
+            if f.remote {
+                return Err(Fail::Decline("a send not delivered".into()));
+            }
+            let g = match self.summary(f.clone(), &active, n) {
+                Ok(g) => g,
+                Err(Fail::Retry(_)) => self.havoc(&f)?,
+                Err(e) => return Err(e),
+            };
+            self.push(g);
+        }
+        Ok(())
+    }
+
+    /// Every word `f` may hold for any value of its variables, untracked.
+    fn havoc(&mut self, f: &Fact) -> R<Fact> {
+        let w = self.fresh((f.hi - f.lo + 1) as u64);
+        let value = self.tm.carry(u32::MAX, f.lo);
+        let mut g = self.fact(
+            Aff::cst(f.lo),
+            vec![(w, 1, (f.hi - f.lo + 1) as u64)],
+            value,
+            false,
+        )?;
+        g.havoc = true;
+        Ok(g)
     }
 
     fn carries_of(&self, x: Id, id: u32) -> bool {
@@ -1091,8 +1463,13 @@ impl Eval {
             if a < 0 || self.carries_of(f.value, l.id) {
                 return retry("a region over the loop index that carries a value");
             }
+            let others = if l.order.is_some() {
+                Others::Later
+            } else {
+                Others::Any
+            };
             for fam in families {
-                if !matches!(self.alias(&words, fam, l), Ok(false)) {
+                if !matches!(self.alias(&words, fam, l, others), Ok(false)) {
                     return retry("a region another iteration may overwrite");
                 }
             }
@@ -1162,6 +1539,22 @@ impl Eval {
         };
         self.fact(f.base, Vec::new(), v, computed && f.computed)
     }
+}
+
+/// Whether `f`'s words are exactly `f.lo..=f.hi`: a constant base, and strides decreasing, each
+/// the span of the coordinates below it, the last 1.
+fn dense(f: &Fact) -> bool {
+    if !f.base.t.is_empty() {
+        return false;
+    }
+    let mut span = 1;
+    for &(_, s, n) in f.dims.iter().rev() {
+        if s != span {
+            return false;
+        }
+        span = s * n as i64;
+    }
+    true
 }
 
 /// Whether `i cmp v` holds for every `i` in `lo..=hi` (`Some(true)`), for none (`Some(false)`),
@@ -1321,7 +1714,8 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
     for h in 0..heads {
         for r in 0..rows {
             let differs =
-                row_difference(&mut e, &y, (h, r, r), (tokens, dim), scale, safe).map_err(why)?;
+                row_difference(&mut e, &y, (Aff::cst(h), r, r), (tokens, dim), scale, safe)
+                    .map_err(why)?;
             if let Some(how) = differs {
                 wrong_count += 1;
                 if wrong.len() < 5 {
@@ -1351,15 +1745,17 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
 pub(super) fn row_difference(
     e: &mut Eval,
     y: &Layout,
-    (h, row, token): (i64, i64, i64),
+    (h, row, token): (Aff, i64, i64),
     (keys, dim): (i64, i64),
     scale: f32,
     safe: bool,
 ) -> R<Option<String>> {
     let c = e.fresh(dim as u64);
-    let addr =
-        Aff::cst(i64::from(y.base) + h * i64::from(y.head_stride) + row * i64::from(y.row_stride))
-            .add_term(c, 1);
+    let mut addr = Aff::cst(i64::from(y.base) + row * i64::from(y.row_stride)).add_term(c, 1);
+    for &(v, k) in &h.t {
+        addr = addr.add_term(v, k * i64::from(y.head_stride));
+    }
+    let addr = addr.add_const(h.c * i64::from(y.head_stride));
     let cols: Vec<(Aff, Aff)> = match e.read(&addr) {
         Ok(_) => vec![(addr.clone(), e.pin(Aff::var(c)))],
         Err(Fail::Retry(_)) => (0..dim)
@@ -1370,7 +1766,7 @@ pub(super) fn row_difference(
     let mut differs = None;
     for (at, cv) in cols {
         let (found, computed) = e.read(&at)?;
-        let want = spec(e, h, token, cv, (keys, dim), scale, safe);
+        let want = spec(e, h.clone(), token, cv, (keys, dim), scale, safe);
         let found = e.tm.norm(found);
         if differs.is_none() && (!computed || found != want) {
             differs = Some(if computed {
@@ -1387,10 +1783,11 @@ pub(super) fn row_difference(
     Ok(differs)
 }
 
-/// `y[h][r][c]` of the online formulation, `c` a column variable (or 0 for one column).
+/// `y[h][r][c]` of the online formulation, `c` a column variable (or 0 for one column), `h` a
+/// head or a head variable.
 pub(super) fn spec(
     e: &mut Eval,
-    h: i64,
+    h: Aff,
     r: i64,
     c: Aff,
     (n, d): (i64, i64),
@@ -1399,7 +1796,7 @@ pub(super) fn spec(
 ) -> Id {
     let j = e.fresh(n as u64);
     let k = e.fresh(d as u64);
-    let (hh, rr) = (Aff::cst(h), Aff::cst(r));
+    let (hh, rr) = (h, Aff::cst(r));
     let q = e.tm.atom(0, hh.clone(), rr, Aff::var(k));
     let kk = e.tm.atom(1, hh.clone(), Aff::var(j), Aff::var(k));
     let prod = e.tm.mul(q, kk, true);

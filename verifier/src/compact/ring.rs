@@ -20,9 +20,10 @@
 //! tokens), every output row of every PE is compared with the specification of its token (keys
 //! `0..=t` under a causal mask), and operations are counted over all PEs.
 
-use super::aff::Aff;
+use super::aff::{Aff, Var};
 use super::prove::{
-    pieces, row_difference, splittable, tensor_layout, Eval, Evaluated, Fact, Fail, Ix, Key, R,
+    pieces, row_difference, splittable, tensor_layout, Active, Eval, Evaluated, Fact, Fail, Ix,
+    Key, R,
 };
 use crate::expr::FxMap as HashMap;
 use isa::looped::{field, Cmp, Field, LBundle, Slot};
@@ -151,10 +152,15 @@ struct Ext {
     sends: Vec<(i64, i64)>,
 }
 
-fn extents(it: &Item, out: &mut Ext) {
+/// With `head`, the index at level 0 is that head's instead of the item's.
+fn extents(it: &Item, head: Option<u64>, out: &mut Ext) {
     let point = |env: &[u64]| {
         env.iter()
-            .map(|&k| (k as i64, k as i64))
+            .enumerate()
+            .map(|(i, &k)| {
+                let k = if i == 0 { head.unwrap_or(k) } else { k };
+                (k as i64, k as i64)
+            })
             .collect::<Vec<_>>()
     };
     match it {
@@ -352,20 +358,34 @@ fn runs(lay: &Layout, pes: u32, tokens: u32) -> Vec<Vec<(i64, i64, u64)>> {
     out
 }
 
+#[derive(Default)]
 struct Pe {
     facts: Vec<Option<Fact>>,
     keys: HashMap<Key, usize>,
+    loops: Vec<Active>,
 }
 
 fn swap(e: &mut Eval, pe: &mut Pe) {
     std::mem::swap(&mut e.facts, &mut pe.facts);
     std::mem::swap(&mut e.keys, &mut pe.keys);
+    std::mem::swap(&mut e.loops, &mut pe.loops);
 }
 
-fn eval_item(e: &mut Eval, it: &Item) -> R<()> {
+/// An item's indices; with `head`, level 0 is that symbolic head index.
+fn indices(env: &[u64], head: Option<Var>) -> Vec<Ix> {
+    env.iter()
+        .enumerate()
+        .map(|(i, &k)| match head {
+            Some(h) if i == 0 => Ix::Sym(h, 0),
+            _ => Ix::At(k),
+        })
+        .collect()
+}
+
+fn eval_item(e: &mut Eval, it: &Item, head: Option<Var>) -> R<()> {
     match it {
         Item::Node(n, env) => {
-            let mut env: Vec<Ix> = env.iter().map(|&k| Ix::At(k)).collect();
+            let mut env = indices(env, head);
             match n {
                 Node::Bundle(b) => e.bundle(b, &env),
                 Node::Loop(l) => e.lp(l, &mut env),
@@ -373,7 +393,7 @@ fn eval_item(e: &mut Eval, it: &Item) -> R<()> {
         }
         Item::Iters(l, env0, a, b) => {
             let level = env0.len();
-            let mut env: Vec<Ix> = env0.iter().map(|&k| Ix::At(k)).collect();
+            let mut env = indices(env0, head);
             if !splittable(&l.body, level) {
                 return e.iterate(l, &mut env, *a, *b);
             }
@@ -389,9 +409,58 @@ fn eval_item(e: &mut Eval, it: &Item) -> R<()> {
 }
 
 /// Evaluates every PE in phases (the module documentation) and compares every output row with
-/// the specification. `Err` says why the proof does not cover the programs.
+/// the specification. `Err` says why the proof does not cover the programs. When every PE's
+/// program is one head loop, the heads are first evaluated as one symbolic head (the module
+/// documentation); if that declines, head by head, within the same bounds.
 pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, String> {
     applies(programs, m)?;
+    let mut e = Eval::new(0, i64::from(m.layer.tokens), true);
+    if let Some(heads) = head_loops(programs) {
+        if let Ok(done) = run(&mut e, programs, m, Some(&heads)) {
+            return Ok(done);
+        }
+        let mut again = Eval::new(0, i64::from(m.layer.tokens), true);
+        again.deadline = e.deadline;
+        again.evaluations = e.evaluations;
+        e = again;
+    }
+    run(&mut e, programs, m, None)
+}
+
+/// Every PE's head loop, when each program is one loop of one count (at least 2) over a body
+/// of one length everywhere, that no predicate, wrapped term or stepped count ties to the
+/// head: then PE `p` runs head `h`'s body in the same cycles as every other PE.
+fn head_loops(programs: &[LoopProgram]) -> Option<Vec<&Loop>> {
+    let mut lengths = Lengths::default();
+    let mut out = Vec::new();
+    let mut shape = None;
+    for p in programs {
+        let [Node::Loop(l)] = &p.body[..] else {
+            return None;
+        };
+        let len = lengths.body(&l.body, 1);
+        if l.step.is_some()
+            || l.count < 2
+            || !splittable(&l.body, 0)
+            || pieces(&l.body, 0, u64::from(l.count)).len() != 1
+            || len.a[0] != 0
+        {
+            return None;
+        }
+        if *shape.get_or_insert((l.count, len.c)) != (l.count, len.c) {
+            return None;
+        }
+        out.push(l);
+    }
+    Some(out)
+}
+
+fn run(
+    e: &mut Eval,
+    programs: &[LoopProgram],
+    m: &Manifest,
+    head_loops: Option<&[&Loop]>,
+) -> Result<Evaluated, String> {
     let l = &m.layer;
     let (heads, tokens, dim) = (i64::from(l.heads), i64::from(l.tokens), i64::from(l.dim));
     let causal = l.mask == "causal";
@@ -400,18 +469,12 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
         Fail::Retry(why) | Fail::Decline(why) => why,
     };
     let pes = programs.len();
-    let mut e = Eval::new(0, tokens, true);
     e.tm.seed_budgets(m.pes);
-    let mut state: Vec<Pe> = (0..pes)
-        .map(|_| Pe {
-            facts: Vec::new(),
-            keys: HashMap::default(),
-        })
-        .collect();
+    let mut state: Vec<Pe> = (0..pes).map(|_| Pe::default()).collect();
     for (t, name) in ["q", "k", "v"].iter().enumerate() {
         let lay = layout(name)?;
         for (p, rs) in runs(&lay, m.pes, l.tokens).into_iter().enumerate() {
-            swap(&mut e, &mut state[p]);
+            swap(e, &mut state[p]);
             for (r0, t0, n) in rs {
                 let (h, r, c) = (e.fresh(heads as u64), e.fresh(n), e.fresh(dim as u64));
                 let value =
@@ -425,19 +488,53 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
                 match e.fact(Aff::cst(base), dims, value, false) {
                     Ok(f) => e.facts.push(Some(f)),
                     Err(_) => {
-                        swap(&mut e, &mut state[p]);
+                        swap(e, &mut state[p]);
                         return Err("input layout".into());
                     }
                 }
             }
-            swap(&mut e, &mut state[p]);
+            swap(e, &mut state[p]);
         }
     }
     let mut lengths = Lengths::default();
-    let mut queues: Vec<std::collections::VecDeque<Item>> = programs
-        .iter()
-        .map(|p| p.body.iter().map(|n| Item::Node(n, Vec::new())).collect())
-        .collect();
+    let mut queues: Vec<std::collections::VecDeque<Item>> = match head_loops {
+        Some(hs) => hs
+            .iter()
+            .map(|h| h.body.iter().map(|n| Item::Node(n, vec![0])).collect())
+            .collect(),
+        None => programs
+            .iter()
+            .map(|p| p.body.iter().map(|n| Item::Node(n, Vec::new())).collect())
+            .collect(),
+    };
+    // One head index for every PE: in head `h` PE `p` writes its own words and receives
+    // what PE `p − 1` sends, in the same cycles as every other PE runs head `h`.
+    let head = match head_loops {
+        Some(hs) => {
+            let n = u64::from(hs[0].count);
+            let var = e.fresh(n);
+            let (mut own, mut sends) = (Vec::new(), Vec::new());
+            for (p, h) in hs.iter().enumerate() {
+                let (mut f, mut r) = (Vec::new(), Vec::new());
+                swap(e, &mut state[p]);
+                let done = e.families(&h.body, &mut vec![Ix::Sym(var, 0)], 1, &mut f, &mut r);
+                swap(e, &mut state[p]);
+                done.map_err(why)?;
+                own.push(f);
+                sends.push(r);
+            }
+            for p in 0..pes {
+                let mut families = own[p].clone();
+                families.extend(sends[(p + pes - 1) % pes].iter().cloned());
+                swap(e, &mut state[p]);
+                e.enter_ordered(var, n, families, sends[p].clone());
+                swap(e, &mut state[p]);
+            }
+            e.mult = n;
+            Some((var, n))
+        }
+        None => None,
+    };
     loop {
         // Cutting phases finer evaluates nothing, so the evaluation's own bound may not come.
         if std::time::Instant::now() > e.deadline {
@@ -480,18 +577,21 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
             }
         }
         let len = (0..pes).map(|p| ends[p]).max().unwrap_or(0);
-        let ext: Vec<Ext> = (0..pes)
-            .map(|p| {
-                let mut x = Ext::default();
-                for it in queues[p].iter().take(take[p]) {
-                    extents(it, &mut x);
-                }
-                x
+        // With a symbolic head, apart in every head (all PEs run one head at a time).
+        let clash = (0..head.map_or(1, |h| h.1)).any(|h| {
+            let ext: Vec<Ext> = (0..pes)
+                .map(|p| {
+                    let mut x = Ext::default();
+                    for it in queues[p].iter().take(take[p]) {
+                        extents(it, head.map(|_| h), &mut x);
+                    }
+                    x
+                })
+                .collect();
+            (0..pes).any(|p| {
+                let from = &ext[(p + pes - 1) % pes].sends;
+                meet(from, &ext[p].writes) || (len > 1 && meet(from, &ext[p].reads))
             })
-            .collect();
-        let clash = (0..pes).any(|p| {
-            let from = &ext[(p + pes - 1) % pes].sends;
-            meet(from, &ext[p].writes) || (len > 1 && meet(from, &ext[p].reads))
         });
         if clash {
             // Cut finer: split the phase's longest items.
@@ -528,14 +628,14 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
         }
         let mut sent: Vec<Vec<Fact>> = vec![Vec::new(); pes];
         for p in 0..pes {
-            swap(&mut e, &mut state[p]);
+            swap(e, &mut state[p]);
             let mark = e.facts.len();
             let mut r = Ok(());
             for _ in 0..take[p] {
                 let Some(it) = queues[p].pop_front() else {
                     break;
                 };
-                r = eval_item(&mut e, &it);
+                r = eval_item(e, &it, head.map(|h| h.0));
                 if r.is_err() {
                     break;
                 }
@@ -548,18 +648,32 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
                     }
                 }
             }
-            swap(&mut e, &mut state[p]);
+            swap(e, &mut state[p]);
             r.map_err(why)?;
         }
         for (p, words) in sent.into_iter().enumerate() {
             let to = (p + 1) % pes;
-            swap(&mut e, &mut state[to]);
+            swap(e, &mut state[to]);
             for mut f in words {
                 f.remote = false;
                 f.computed = false;
                 e.push(f);
             }
-            swap(&mut e, &mut state[to]);
+            swap(e, &mut state[to]);
+        }
+        for pe in state.iter_mut() {
+            swap(e, pe);
+            e.forget_shadowed();
+            swap(e, pe);
+        }
+    }
+    if let Some((_, n)) = head {
+        e.mult = 1;
+        for pe in state.iter_mut() {
+            swap(e, pe);
+            let r = e.leave_ordered(n);
+            swap(e, pe);
+            r.map_err(why)?;
         }
     }
     let scale = l.scale as f32;
@@ -568,18 +682,9 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
     let mut wrong = Vec::new();
     let mut wrong_count = 0;
     for (p, rs) in runs(&y, m.pes, l.tokens).into_iter().enumerate() {
-        swap(&mut e, &mut state[p]);
-        let r = compare(
-            &mut e,
-            p,
-            &rs,
-            &y,
-            (heads, tokens, dim),
-            causal,
-            scale,
-            safe,
-        );
-        swap(&mut e, &mut state[p]);
+        swap(e, &mut state[p]);
+        let r = compare(e, p, &rs, &y, (heads, tokens, dim), causal, scale, safe);
+        swap(e, &mut state[p]);
         let (w, n) = r.map_err(why)?;
         wrong_count += n;
         for x in w {
@@ -612,12 +717,21 @@ fn compare(
 ) -> R<(Vec<String>, usize)> {
     let mut wrong = Vec::new();
     let mut count = 0;
-    for h in 0..heads {
-        for &(r0, t0, n) in rs {
-            for k in 0..n as i64 {
-                let (r, t) = (r0 + k, t0 + k);
-                let keys = if causal { t + 1 } else { tokens };
-                let differs = row_difference(e, y, (h, r, t), (keys, dim), scale, safe)?;
+    // All heads at once for a row held as a region over the heads (a head variable: the same
+    // node for every head is the same value for every head); head by head otherwise, or when
+    // the forms differ (they may still meet once the head is known).
+    let every = e.fresh(heads as u64);
+    for &(r0, t0, n) in rs {
+        for k in 0..n as i64 {
+            let (r, t) = (r0 + k, t0 + k);
+            let keys = if causal { t + 1 } else { tokens };
+            let at = (Aff::var(every), r, t);
+            if let Ok(None) = row_difference(e, y, at, (keys, dim), scale, safe) {
+                continue;
+            }
+            for h in 0..heads {
+                let at = (Aff::cst(h), r, t);
+                let differs = row_difference(e, y, at, (keys, dim), scale, safe)?;
                 if let Some(how) = differs {
                     count += 1;
                     if wrong.len() < 5 {
@@ -677,7 +791,7 @@ mod tests {
             "loop 8 {\n  mul m[0 + 2*(i0 % 2)], m[100 + 1*i0] -> m[200 + 1*i0] | nop | send m[300 + 1*i0] -> m[400 + 1*i0] if i0 < 3\n}\n",
         );
         let mut x = Ext::default();
-        extents(&Item::Node(&p.body[0], Vec::new()), &mut x);
+        extents(&Item::Node(&p.body[0], Vec::new()), None, &mut x);
         assert!(x.reads.contains(&(0, 2)));
         assert!(x.reads.contains(&(100, 107)));
         assert!(x.reads.contains(&(300, 302)));
@@ -688,7 +802,7 @@ mod tests {
             panic!("expected the program's one loop, found {:?}", p.body[0])
         };
         let mut y = Ext::default();
-        extents(&Item::Iters(l, Vec::new(), 5, 6), &mut y);
+        extents(&Item::Iters(l, Vec::new(), 5, 6), None, &mut y);
         assert!(y.sends.is_empty());
         assert!(y.reads.contains(&(2, 2)));
     }

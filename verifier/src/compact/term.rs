@@ -16,6 +16,10 @@ use crate::expr::FxMap as HashMap;
 
 pub type Id = u32;
 
+fn var_bit(v: Var) -> u64 {
+    1 << (v % 64)
+}
+
 /// The variable a seeded range is built over before `range` renames it (never a loop's).
 const SEED: Var = u32::MAX - 1;
 
@@ -48,6 +52,9 @@ pub struct Terms {
     depth: Vec<u32>,
     /// Whether a `Carry` occurs inside.
     carries: Vec<bool>,
+    /// The variables occurring inside, as a filter: bit `v mod 64` for each (a clear bit means
+    /// `v` does not occur, so substituting it changes nothing).
+    vars: Vec<u64>,
     /// Inside [`Terms::seed`]: the terms it builds to compare are not seeded themselves (that
     /// would nest attempts without bound).
     seeding: bool,
@@ -140,10 +147,22 @@ impl Terms {
                 self.carries[*body as usize],
             ),
         };
+        let bits = |a: &Aff| a.t.iter().fold(0u64, |m, &(v, _)| m | var_bit(v));
+        let vars = match &t {
+            T::Atom(_, h, r, c) => bits(h) | bits(r) | bits(c),
+            T::Carry(..) => 0,
+            T::Mul(a, b) | T::Div(a, b) | T::Expd(a, b, _) => {
+                self.vars[*a as usize] | self.vars[*b as usize]
+            }
+            T::Exp(a, _) => self.vars[*a as usize],
+            T::Max(xs) | T::Sum(xs) => xs.iter().fold(0, |m, &x| m | self.vars[x as usize]),
+            T::RSum(_, _, _, body) | T::RMax(_, _, _, body) => self.vars[*body as usize],
+        };
         let id = self.nodes.len() as Id;
         self.nodes.push(t.clone());
         self.depth.push(depth);
         self.carries.push(carries);
+        self.vars.push(vars);
         self.ids.insert(t, id);
         id
     }
@@ -663,6 +682,23 @@ impl Terms {
         }
     }
 
+    /// A body over `w` meant to be `a` at `w = 0` and `b` at `w = 1`, when the two are input
+    /// elements whose indices differ by constants (the caller checks both ends).
+    pub fn interpolate(&mut self, a: Id, b: Id, w: Var) -> Option<Id> {
+        if a == b {
+            return Some(a);
+        }
+        let (T::Atom(t, h, r, c), T::Atom(u, h2, r2, c2)) = (self.node(a), self.node(b)) else {
+            return None;
+        };
+        if t != u {
+            return None;
+        }
+        let step = |x: &Aff, y: &Aff| y.minus(x).as_const().map(|k| x.clone().add_term(w, k));
+        let (t, h, r, c) = (*t, step(h, h2)?, step(r, r2)?, step(c, c2)?);
+        Some(self.atom(t, h, r, c))
+    }
+
     /// `x` with variable `v` replaced by `by`, rebuilt through the canonical constructors.
     pub fn subst(&mut self, x: Id, v: Var, by: &Aff) -> Id {
         let mut memo = HashMap::default();
@@ -670,6 +706,9 @@ impl Terms {
     }
 
     fn subst_in(&mut self, x: Id, v: Var, by: &Aff, memo: &mut HashMap<Id, Id>) -> Id {
+        if self.vars[x as usize] & var_bit(v) == 0 {
+            return x;
+        }
         if let Some(&y) = memo.get(&x) {
             return y;
         }
