@@ -35,6 +35,7 @@ use crate::problem::Problem;
 
 mod lagged;
 mod paired;
+mod uneven;
 
 pub const NAME: &str = "schedule-stream";
 pub const DESCRIPTION: &str =
@@ -45,13 +46,25 @@ pub const DESCRIPTION: &str =
 /// affine layout, so what the generator assumes is what loaders are told.
 pub use runtime::manifest::Layout;
 
+/// Where a tensor of the layer lives: an affine [`Layout`], or one `(pe, addr)` per element
+/// where the deal is not one (the uneven deal's rows, see [`uneven`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Place {
+    Affine(Layout),
+    /// Per element of `[heads, tokens, dim]` in C order.
+    Listed {
+        pe: Vec<u32>,
+        addr: Vec<u32>,
+    },
+}
+
 /// The emitted layer.
 #[derive(Clone, Debug)]
 pub struct Stream {
     pub programs: Vec<LoopProgram>,
     /// Input tensor name (`q`, `k`, `v` or `x`) → layout.
-    pub inputs: BTreeMap<String, Layout>,
-    pub output: Layout,
+    pub inputs: BTreeMap<String, Place>,
+    pub output: Place,
     pub cycles: u64,
     /// The plain formulation's operations (what the softmax needs without
     /// the running maximum).
@@ -757,6 +770,12 @@ fn lagged_programs(
     }
 }
 
+/// The uneven deal alone (separate q, k, v, no mask, safe softmax, a ring that does not
+/// divide the tokens), whatever the padded deal would take.
+pub fn run_uneven(p: &Problem, pes: u32) -> Result<Stream, String> {
+    uneven::run(p, pes)
+}
+
 /// Whether a shared layer without a mask computes each score block once for both of its uses
 /// ([`paired`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -783,6 +802,18 @@ pub fn run_pairing(
     pairing: Pairing,
 ) -> Result<Stream, String> {
     let plain = run_separately(p, pes, safe, lag)?;
+    // A ring that does not divide the tokens: the uneven deal has no padding, and where it
+    // fits the memory and takes fewer cycles it replaces the padded one.
+    if let Lag::Fit(limit) = lag {
+        if safe && uneven::unsupported(p, pes).is_none() {
+            if let Ok(u) = uneven::run(p, pes) {
+                let fits = limit.is_none_or(|w| u.programs.iter().all(|lp| lp.mem_words <= w));
+                if fits && u.cycles < plain.cycles {
+                    return Ok(u);
+                }
+            }
+        }
+    }
     let applies = p.symmetric && !p.causal && safe && paired::applies(p.tokens, pes);
     let rows = p.tokens.div_ceil(pes);
     let last_live = p.tokens.saturating_sub((pes - 1).saturating_mul(rows));
@@ -936,16 +967,18 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
         phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
         phase3_mac: weights * u64::from(d),
     };
-    let lay = |base: u32, head_stride: u32| Layout {
-        order: if causal {
-            runtime::manifest::RowOrder::Zigzag
-        } else {
-            runtime::manifest::RowOrder::Contiguous
-        },
-        rows_per_pe: rows,
-        base,
-        head_stride,
-        row_stride: d,
+    let lay = |base: u32, head_stride: u32| {
+        Place::Affine(Layout {
+            order: if causal {
+                runtime::manifest::RowOrder::Zigzag
+            } else {
+                runtime::manifest::RowOrder::Contiguous
+            },
+            rows_per_pe: rows,
+            base,
+            head_stride,
+            row_stride: d,
+        })
     };
     let mut inputs = BTreeMap::new();
     if shared {
