@@ -53,21 +53,27 @@ struct Pe {
     first: u32,
     /// Tokens whose rows start in its stretch: its k/v block.
     own: u32,
-    /// The row cut at `x_p`: its second part is local row 0 here, after the first part's `k`
-    /// steps on the PE before.
-    cut_in: Option<u32>,
-    /// The row cut at `x_{p+1}`: its first part is the last local row, for steps `0 … k − 1`.
-    cut_out: Option<u32>,
+    /// The row cut at `x_p`: its second part is local row 0 here, against the blocks of these
+    /// ring steps (the blocks the first part, on the PE before, does not take; step 0's, the
+    /// own block, after the ring pass).
+    cut_in: Option<Vec<u32>>,
+    /// The row cut at `x_{p+1}`: its first part is the last local row, for these steps
+    /// (step 0 among them).
+    cut_out: Option<Vec<u32>>,
     /// Rows wholly its own.
     full: u32,
     rows: u32,
     q: u32,
+    /// The own block, per head `[k rows][v rows]`.
     kv: u32,
     y: u32,
-    /// Block `b` of the head arrives at `buf + 2d·⌈x_b⌉` (`[k rows][v rows]`).
-    buf: u32,
+    /// Every other block of the head as it arrives, in token order: the k row of token `t` at
+    /// `kb + t·d`, its v row at `vb + t·d`.
+    kb: u32,
+    vb: u32,
     /// Scores, one row of `n` per local row (column = key token), then its exponentials.
     s: u32,
+    /// Running maxima, then (`mx + rows`) the sums `l`.
     mx: u32,
     l: u32,
     /// The first part's maximum, `l` and `y` row, from the PE before.
@@ -81,13 +87,31 @@ impl Pe {
     fn c2(&self) -> u32 {
         u32::from(self.cut_in.is_some())
     }
+    fn has_in(&self, s: u32) -> bool {
+        self.cut_in.as_ref().is_some_and(|i| i.contains(&s))
+    }
+    /// The second part's first ring step (its own block, step 0, comes after the pass).
+    fn in_first(&self) -> Option<u32> {
+        self.cut_in
+            .as_ref()
+            .and_then(|i| i.iter().copied().find(|&s| s > 0))
+    }
+}
+
+/// What a score loop's link slot carries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fwd {
+    None,
+    /// The block, to the next PE's buffers: k rows on row 0's loops, v rows on row 1's.
+    Block,
+    /// The row's q row, to local row 0 of the next PE (the second part of the cut row).
+    Q,
 }
 
 struct Deal {
     n: u32,
     d: u32,
     m: u32,
-    heads: u32,
     pes: Vec<Pe>,
 }
 
@@ -96,6 +120,7 @@ impl Deal {
     fn start(&self, p: u32) -> u32 {
         (u64::from(p) * u64::from(self.n)).div_ceil(u64::from(self.m)) as u32
     }
+    /// First token and size of PE `b`'s block.
     fn block(&self, b: u32) -> (u32, u32) {
         let t = self.start(b);
         (t, self.start(b + 1) - t)
@@ -104,52 +129,43 @@ impl Deal {
     fn held(&self, p: u32, s: u32) -> u32 {
         (p + self.m - s) % self.m
     }
+    fn pe(&self, p: u32) -> &Pe {
+        &self.pes[p as usize]
+    }
+    fn next(&self, p: u32) -> &Pe {
+        &self.pes[((p + 1) % self.m) as usize]
+    }
 
     fn new(n: u32, d: u32, m: u32, heads: u32) -> Option<Deal> {
         let mut deal = Deal {
             n,
             d,
             m,
-            heads,
             pes: Vec::new(),
         };
-        // The first part of the row cut at `x_p` (p = 1 … m − 1) takes the blocks of PE p − 1's
-        // first `k` steps: as many keys as its share `frac(x_p)·n` of the row, within one
-        // block.
-        let cut_k = |p: u32| -> Option<u32> {
-            let frac = u64::from(p) * u64::from(n) % u64::from(m);
-            if frac == 0 {
-                return None;
-            }
-            let target = frac * u64::from(n);
-            let mut keys = 0u64;
-            let mut best = (u64::MAX, 1);
-            for k in 1..m {
-                keys += u64::from(deal.block(deal.held(p - 1, k - 1)).1);
-                let miss = (keys * u64::from(m)).abs_diff(target);
-                if miss < best.0 {
-                    best = (miss, k);
-                }
-            }
-            Some(best.1)
-        };
-        let cuts: Vec<Option<u32>> = (0..=m)
-            .map(|p| if p == 0 || p == m { None } else { cut_k(p) })
-            .collect();
-        let dd = u64::from(d);
-        let nn = u64::from(n);
-        let h = u64::from(heads);
+        let cuts = deal.cuts();
+        let (dd, nn, h) = (u64::from(d), u64::from(n), u64::from(heads));
         for p in 0..m {
             let (first, own) = deal.block(p);
-            let (cut_in, cut_out) = (cuts[p as usize], cuts[p as usize + 1]);
+            let cut_out = cuts[p as usize + 1].clone();
+            // The second part takes the blocks the first does not: on this PE, one step later.
+            let cut_in = cuts[p as usize].as_ref().map(|out| {
+                let mut steps: Vec<u32> = (0..m)
+                    .filter(|s| !out.contains(s))
+                    .map(|s| (s + 1) % m)
+                    .collect();
+                steps.sort_unstable();
+                steps
+            });
             let full = own - u32::from(cut_out.is_some());
             let rows = full + u32::from(cut_in.is_some()) + u32::from(cut_out.is_some());
             let r = u64::from(rows);
             let q = 0u64;
             let kv = q + h * r * dd;
             let y = kv + h * 2 * u64::from(own) * dd;
-            let buf = y + h * r * dd;
-            let s = buf + 2 * nn * dd;
+            let kb = y + h * r * dd;
+            let vb = kb + nn * dd;
+            let s = vb + nn * dd;
             let mx = s + r * nn;
             let l = mx + r;
             let rcv = l + r;
@@ -166,7 +182,8 @@ impl Deal {
                 q: w(q)?,
                 kv: w(kv)?,
                 y: w(y)?,
-                buf: w(buf)?,
+                kb: w(kb)?,
+                vb: w(vb)?,
                 s: w(s)?,
                 mx: w(mx)?,
                 l: w(l)?,
@@ -178,67 +195,132 @@ impl Deal {
         Some(deal)
     }
 
-    /// Where PE `p` reads the block of its step `s` (k rows; v rows `K·d` on).
-    fn at(&self, p: u32, s: u32) -> Ad {
-        let pe = &self.pes[p as usize];
-        if s == 0 {
-            ad(pe.kv).t(0, i64::from(2 * pe.own * self.d))
+    /// The ring steps of the first part of each cut row (index `p`: the row cut at `x_p`, its
+    /// first part on PE `p − 1`). A part takes as many keys as bring its PE's cycles to the
+    /// mean (to within half a block): `2d + 2` per score of a row (product, maximum,
+    /// exponential, weighted value), `d` per row it normalises, `2d + 5` per merge. Its steps
+    /// are chosen so that its PE's work so far stays as close as it can to the even pace: a
+    /// PE running ahead of the one before it would wait for blocks. Step 0 is always among
+    /// them, so the q row the part sends on in that step is there before the second part's
+    /// first step.
+    fn cuts(&self) -> Vec<Option<Vec<u32>>> {
+        let (n, m) = (u64::from(self.n), u64::from(self.m));
+        let mut cuts: Vec<Option<Vec<u32>>> = vec![None; self.m as usize + 1];
+        let d = f64::from(self.d);
+        let (pair, merge) = (2.0 * d + 2.0, 2.0 * d + 5.0);
+        let count = (1..self.m).filter(|&p| u64::from(p) * n % m != 0).count() as f64;
+        let mean = (pair * (n * n) as f64 + d * n as f64 + merge * count) / m as f64;
+        // Rows of PE `q` in each step so far (its second part's, then the first part's).
+        let mut taken_in: Vec<u32> = Vec::new();
+        for p in 1..self.m {
+            let q = p - 1;
+            let frac = u64::from(p) * n % m;
+            // Rows wholly PE q's: ⌊x_{q+1}⌋ − ⌈x_q⌉.
+            let whole = u64::from(p) * n / m - u64::from(self.start(q));
+            if frac == 0 {
+                taken_in.clear();
+                continue;
+            }
+            // Work in key·rows, scaled by m: the even pace is n·n per step (n/m rows, n/m keys).
+            let in_keys: u64 = (0..self.m)
+                .filter(|s| taken_in.contains(s))
+                .map(|s| u64::from(self.block(self.held(q, s)).1))
+                .sum();
+            let merged = !taken_in.is_empty();
+            let fixed = pair * ((whole * n + in_keys) as f64)
+                + d * (whole + u64::from(merged)) as f64
+                + if merged { merge } else { 0.0 };
+            let target = (((mean - fixed) / pair).max(1.0) * m as f64).round() as u64;
+            let mut keys = 0u64;
+            let mut work = 0u64;
+            let mut steps = Vec::new();
+            for s in 0..self.m {
+                let b = u64::from(self.block(self.held(q, s)).1);
+                let rows = whole + u64::from(s > 0 && taken_in.contains(&s));
+                work += rows * b * m;
+                let pace = u64::from(s + 1) * n * n / m;
+                let budget = (keys + b) * m * 2 <= target * 2 + b * m;
+                if s == 0 || (budget && (work + b * m / 2) < pace) {
+                    keys += b;
+                    work += b * m;
+                    steps.push(s);
+                }
+            }
+            taken_in = (0..self.m)
+                .filter(|s| !steps.contains(s))
+                .map(|s| (s + 1) % self.m)
+                .collect();
+            cuts[p as usize] = Some(steps);
+        }
+        cuts
+    }
+
+    /// Where PE `p` holds block `b`: its first k row, and how far its v rows are from its k rows.
+    fn loc(&self, p: u32, b: u32) -> (Ad, i64) {
+        let pe = self.pe(p);
+        let d = i64::from(self.d);
+        if b == p {
+            (
+                ad(pe.kv).t(0, 2 * i64::from(pe.own) * d),
+                i64::from(pe.own) * d,
+            )
         } else {
-            let (t, _) = self.block(self.held(p, s));
-            ad(pe.buf + 2 * self.d * t)
+            let (t, _) = self.block(b);
+            (ad(pe.kb + t * self.d), i64::from(pe.vb) - i64::from(pe.kb))
         }
     }
 
-    /// Local rows of PE `p` that take the block of step `s`.
-    fn active(&self, p: u32, s: u32) -> (u32, u32) {
-        let pe = &self.pes[p as usize];
-        let c2 = pe.c2();
-        let lo = match pe.cut_in {
-            Some(k) if s == 0 || s > k => 0,
-            _ => c2,
-        };
-        let hi = c2 + pe.full + u32::from(pe.cut_out.is_some_and(|k| s < k));
-        (lo, hi)
-    }
-
-    /// Ring step `s` on PE `p`: scores of the active rows against the block into their score
-    /// rows, and their running maxima; rows 0 and 1 forward the block (k rows, then v rows) to
-    /// the next PE's buffer on their score loops. Also the cycle, from the step's start, by
-    /// which the next PE has the whole block.
-    fn step(&self, p: u32, s: u32) -> (Vec<Node>, u64) {
-        let pe = &self.pes[p as usize];
+    /// Rows `lo … lo + rows − 1` of PE `p` against block `b`: scores into their score rows and
+    /// their running maxima (`first`: the rows' first block), the link slot carrying `fwd`.
+    /// Also the cycles of one row.
+    fn scores(
+        &self,
+        p: u32,
+        b: u32,
+        lo: u32,
+        rows: u32,
+        first: bool,
+        fwd: Fwd,
+    ) -> (Vec<Node>, u64) {
+        let pe = self.pe(p);
+        let next = self.next(p);
         let (d, n) = (i64::from(self.d), i64::from(self.n));
-        let (t0, keys) = self.block(self.held(p, s));
-        let (lo, hi) = self.active(p, s);
+        let (t0, keys) = self.block(b);
         let (lr, lb, lc) = (1u8, 2u8, 3u8);
-        let kd = i64::from(keys) * d;
         let q = ad(pe.q + lo * self.d).t(0, i64::from(pe.rows) * d).t(lr, d);
-        let loc = self.at(p, s);
-        let k = loc.clone().t(lb, d);
+        let (kloc, vdel) = self.loc(p, b);
+        let k = kloc.clone().t(lb, d);
         let sc = ad(pe.s + lo * self.n + t0).t(lr, n);
-        let next = &self.pes[((p + 1) % self.m) as usize];
-        let dst = ad(next.buf + 2 * self.d * t0);
         let send = |c0: i64, col: bool| {
-            (s + 1 < self.m).then(|| {
-                let at = |a: &Ad| {
-                    let x = a.clone().plus(c0).t(lr, kd).t(lb, d);
-                    if col {
-                        x.t(lc, 1)
-                    } else {
-                        x
-                    }
-                };
-                Send {
-                    src: at(&loc),
-                    dst: at(&dst),
+            let cols = |x: Ad| if col { x.t(lc, 1) } else { x };
+            match fwd {
+                Fwd::None => None,
+                Fwd::Block => Some(Send {
+                    src: cols(kloc.clone().plus(c0).t(lr, vdel).t(lb, d)),
+                    dst: cols(
+                        ad(next.kb + t0 * self.d)
+                            .plus(c0)
+                            .t(lr, i64::from(next.vb) - i64::from(next.kb))
+                            .t(lb, d),
+                    ),
                     preds: vec![Pred {
                         slot: Slot::Xfer,
                         level: lr,
                         cmp: Cmp::Lt,
                         value: 2,
                     }],
-                }
-            })
+                }),
+                Fwd::Q => Some(Send {
+                    src: cols(q.clone().plus(c0)),
+                    dst: cols(ad(next.q).t(0, i64::from(next.rows) * d).plus(c0)),
+                    preds: vec![Pred {
+                        slot: Slot::Xfer,
+                        level: lb,
+                        cmp: Cmp::Eq,
+                        value: 0,
+                    }],
+                }),
+            }
         };
         let mut score = vec![B::new()
             .mul(q.clone(), k.clone(), None)
@@ -248,14 +330,14 @@ impl Deal {
         score.extend(lp(
             self.d - 1,
             vec![B::new()
-                .mul(q.plus(1).t(lc, 1), k.plus(1).t(lc, 1), None)
+                .mul(q.clone().plus(1).t(lc, 1), k.plus(1).t(lc, 1), None)
                 .add(Some(sc.clone().t(lb, 1)), sc.clone().t(lb, 1))
                 .send(send(1, true).as_ref())
                 .build()],
         ));
         let mut body = lp(keys, score);
         let mx = ad(pe.mx + lo).t(lr, 1);
-        if s == 0 {
+        if first {
             body.push(
                 B::new()
                     .max(sc.clone(), sc.clone().plus(1), mx.clone())
@@ -274,26 +356,69 @@ impl Deal {
             ));
         }
         let row = cycles(&body);
-        (lp(hi - lo, body), row + u64::from(keys) * u64::from(self.d))
+        (lp(rows, body), row)
     }
 
-    /// The blocks a row of kind `part` on PE `p` sees, as the steps that bring them.
-    fn steps_of(&self, p: u32, part: Part) -> Vec<u32> {
-        let pe = &self.pes[p as usize];
-        match part {
-            Part::Full => (0..self.m).collect(),
-            Part::Out => (0..pe.cut_out.unwrap_or(0)).collect(),
-            Part::In => {
-                let k = pe.cut_in.unwrap_or(0);
-                std::iter::once(0).chain(k + 1..self.m).collect()
-            }
+    /// Ring step `s` on PE `p`: the rows taking its block (all but the cut rows' other steps),
+    /// rows 0 and 1 forwarding the block; in step 0 the first part of a cut row then sends its
+    /// q row on; in the second part's first step, that row alone. Also the cycle, from the
+    /// step's start, by which the next PE has the whole block.
+    fn step(&self, p: u32, s: u32) -> (Vec<Node>, u64) {
+        let pe = self.pe(p);
+        let b = self.held(p, s);
+        let in_first = pe.in_first();
+        let lo = if in_first.is_some_and(|u| s > u) && pe.has_in(s) {
+            0
+        } else {
+            pe.c2()
+        };
+        let out = s > 0 && pe.cut_out.as_ref().is_some_and(|o| o.contains(&s));
+        let hi = pe.c2() + pe.full + u32::from(out);
+        let fwd = if s + 1 < self.m {
+            Fwd::Block
+        } else {
+            Fwd::None
+        };
+        let (mut nodes, row) = self.scores(p, b, lo, hi - lo, s == 0, fwd);
+        if s == 0 && pe.cut_out.is_some() {
+            nodes.extend(self.scores(p, b, pe.rows - 1, 1, true, Fwd::Q).0);
         }
+        if in_first == Some(s) {
+            nodes.extend(self.scores(p, b, 0, 1, true, Fwd::None).0);
+        }
+        let (_, keys) = self.block(b);
+        (nodes, row + u64::from(keys) * u64::from(self.d))
+    }
+
+    /// The blocks a row of kind `part` on PE `p` sees.
+    fn blocks_of(&self, p: u32, part: Part) -> Vec<u32> {
+        let pe = self.pe(p);
+        let steps: Vec<u32> = match part {
+            Part::Full => (0..self.m).collect(),
+            Part::Out => pe.cut_out.clone().unwrap_or_default(),
+            Part::In => pe.cut_in.clone().unwrap_or_default(),
+        };
+        let mut blocks: Vec<u32> = steps.into_iter().map(|s| self.held(p, s)).collect();
+        blocks.sort_unstable();
+        blocks
     }
 
     /// After the ring pass, rows `r0 … r0 + rows − 1` of PE `p` (all of kind `part`): their
-    /// exponentials against their final maxima, summed into `l`, and `y` from the kept blocks.
-    fn values(&self, p: u32, r0: u32, rows: u32, part: Part, scale: f32) -> Vec<Node> {
-        let pe = &self.pes[p as usize];
+    /// exponentials against their final maxima, summed into `l`, and `y` from the kept blocks
+    /// (token runs of the buffers, and the own block). With `ride`, row 0's loops also send the
+    /// PE's first part (maximum, `l`, `y` row, final by then) to the next PE. Also the cycles
+    /// of one row.
+    fn values(
+        &self,
+        p: u32,
+        r0: u32,
+        rows: u32,
+        part: Part,
+        ride: bool,
+        scale: f32,
+    ) -> (Vec<Node>, u64) {
+        let pe = self.pe(p);
+        let next = self.next(p);
         let (d, n) = (i64::from(self.d), i64::from(self.n));
         let sc = ad(pe.s + r0 * self.n).t(1, n);
         let mx = ad(pe.mx + r0).t(1, 1);
@@ -302,88 +427,103 @@ impl Deal {
             .t(0, i64::from(pe.rows) * d)
             .t(1, d)
             .t(2, 1);
-        let blocks: Vec<(Ad, u32, u32)> = self
-            .steps_of(p, part)
-            .into_iter()
-            .map(|s| {
-                let (t0, keys) = self.block(self.held(p, s));
-                (self.at(p, s), keys, t0)
-            })
-            .collect();
+        // Runs of tokens: (first token, count, own block).
+        let mut runs: Vec<(u32, u32, bool)> = Vec::new();
+        for b in self.blocks_of(p, part) {
+            let (t, keys) = self.block(b);
+            match runs.last_mut() {
+                Some(r) if r.0 + r.1 == t && !r.2 && b != p => r.1 += keys,
+                _ => runs.push((t, keys, b == p)),
+            }
+        }
+        let row0 = Pred {
+            slot: Slot::Xfer,
+            level: 1,
+            cmp: Cmp::Eq,
+            value: 0,
+        };
+        // Exponentials in place, over runs of adjacent tokens wherever their blocks are.
+        let mut spans: Vec<(u32, u32)> = Vec::new();
+        for &(t, c, _) in &runs {
+            match spans.last_mut() {
+                Some(x) if x.0 + x.1 == t => x.1 += c,
+                _ => spans.push((t, c)),
+            }
+        }
         let mut body = Vec::new();
-        for (i, (_, keys, t0)) in blocks.iter().enumerate() {
-            let e = sc.clone().plus(i64::from(*t0));
+        for (i, &(t, c)) in spans.iter().enumerate() {
+            let e = sc.clone().plus(i64::from(t));
             let ex = |x: Ad, init: bool| {
                 B::new()
                     .expd(x.clone(), mx.clone(), scale, x)
                     .add((!init).then(|| l.clone()), l.clone())
-                    .build()
             };
             if i == 0 {
-                body.push(ex(e.clone(), true));
-                body.extend(lp(keys - 1, vec![ex(e.plus(1).t(2, 1), false)]));
+                body.push(ex(e.clone(), true).build());
+                // Maximum and `l` of the first part: adjacent words, 2 of these iterations.
+                let state = ride.then(|| Send {
+                    src: ad(pe.mx + pe.rows - 1).t(2, i64::from(pe.rows)),
+                    dst: ad(next.rcv).t(2, 1),
+                    preds: vec![
+                        row0,
+                        Pred {
+                            slot: Slot::Xfer,
+                            level: 2,
+                            cmp: Cmp::Lt,
+                            value: 2,
+                        },
+                    ],
+                });
+                body.extend(lp(
+                    c - 1,
+                    vec![ex(e.plus(1).t(2, 1), false).send(state.as_ref()).build()],
+                ));
             } else {
-                body.extend(lp(*keys, vec![ex(e.t(2, 1), false)]));
+                body.extend(lp(c, vec![ex(e.t(2, 1), false).build()]));
             }
         }
         let mut cols = Vec::new();
-        for (i, (loc, keys, t0)) in blocks.iter().enumerate() {
-            let e = sc.clone().plus(i64::from(*t0));
-            let v = loc.clone().plus(i64::from(*keys) * d).t(2, 1);
+        for (i, &(t, c, own)) in runs.iter().enumerate() {
+            let e = sc.clone().plus(i64::from(t));
+            let v = if own {
+                ad(pe.kv)
+                    .t(0, 2 * i64::from(pe.own) * d)
+                    .plus(i64::from(pe.own + t - pe.first) * d)
+            } else {
+                ad(pe.vb + t * self.d)
+            }
+            .t(2, 1);
             let mac = |e: Ad, v: Ad, init: bool| {
                 B::new()
                     .mul(e, v, None)
                     .add((!init).then(|| yc.clone()), yc.clone())
-                    .build()
             };
             if i == 0 {
-                cols.push(mac(e.clone(), v.clone(), true));
+                let y_row = ride.then(|| Send {
+                    src: ad(pe.y + (pe.rows - 1) * self.d)
+                        .t(0, i64::from(pe.rows) * d)
+                        .t(2, 1),
+                    dst: ad(next.rcv + 2).t(2, 1),
+                    preds: vec![row0],
+                });
+                cols.push(mac(e.clone(), v.clone(), true).send(y_row.as_ref()).build());
                 cols.extend(lp(
-                    keys - 1,
-                    vec![mac(e.plus(1).t(3, 1), v.plus(d).t(3, d), false)],
+                    c - 1,
+                    vec![mac(e.plus(1).t(3, 1), v.plus(d).t(3, d), false).build()],
                 ));
             } else {
-                cols.extend(lp(*keys, vec![mac(e.t(3, 1), v.t(3, d), false)]));
+                cols.extend(lp(c, vec![mac(e.t(3, 1), v.t(3, d), false).build()]));
             }
         }
         body.extend(lp(self.d, cols));
-        lp(rows, body)
-    }
-
-    /// PE `p`'s first part of a cut row goes to the next PE: maximum, `l`, `y` row.
-    fn send_part(&self, p: u32) -> Vec<Node> {
-        let pe = &self.pes[p as usize];
-        let next = &self.pes[((p + 1) % self.m) as usize];
-        let r = pe.rows - 1;
-        let one = |src: Ad, dst: Ad| {
-            B::new()
-                .send(Some(&Send {
-                    src,
-                    dst,
-                    preds: Vec::new(),
-                }))
-                .build()
-        };
-        let mut nodes = vec![
-            one(ad(pe.mx + r), ad(next.rcv)),
-            one(ad(pe.l + r), ad(next.rcv + 1)),
-        ];
-        nodes.extend(lp(
-            self.d,
-            vec![one(
-                ad(pe.y + r * self.d)
-                    .t(0, i64::from(pe.rows * self.d))
-                    .t(1, 1),
-                ad(next.rcv + 2).t(1, 1),
-            )],
-        ));
-        nodes
+        let row = cycles(&body);
+        (lp(rows, body), row)
     }
 
     /// Local row 0 of PE `p` takes in the first part: `M = max(M₁, M₂)`, each part's state
     /// scaled by `exp(s·(Mᵢ − M))`, `l` and `y` summed.
     fn merge(&self, p: u32, scale: f32) -> Vec<Node> {
-        let pe = &self.pes[p as usize];
+        let pe = self.pe(p);
         let (t, f1, f2) = (ad(pe.tmp), ad(pe.tmp + 1), ad(pe.tmp + 2));
         let (mx, l, rcv) = (ad(pe.mx), ad(pe.l), ad(pe.rcv));
         let y = ad(pe.y).t(0, i64::from(pe.rows * self.d)).t(1, 1);
@@ -413,7 +553,7 @@ impl Deal {
 
     /// `y /= l` for the rows whose result this PE holds (all but a first part).
     fn normalise(&self, p: u32) -> Vec<Node> {
-        let pe = &self.pes[p as usize];
+        let pe = self.pe(p);
         let d = i64::from(self.d);
         let y = ad(pe.y).t(0, i64::from(pe.rows) * d).t(1, d).t(2, 1);
         let rows = pe.rows - u32::from(pe.cut_out.is_some());
@@ -424,27 +564,6 @@ impl Deal {
                 vec![B::new().div(y.clone(), ad(pe.l).t(1, 1), y).build()],
             ),
         )
-    }
-
-    /// Before the heads: each PE with a first part sends that row's q rows, every head's, to
-    /// local row 0 of the next PE, which needs them in its step 0.
-    fn prologue(&self, p: u32) -> Vec<Node> {
-        let pe = &self.pes[p as usize];
-        let next = &self.pes[((p + 1) % self.m) as usize];
-        let body = if pe.cut_out.is_some() {
-            B::new()
-                .send(Some(&Send {
-                    src: ad(pe.q + (pe.rows - 1) * self.d)
-                        .t(0, i64::from(pe.rows * self.d))
-                        .t(1, 1),
-                    dst: ad(next.q).t(0, i64::from(next.rows * self.d)).t(1, 1),
-                    preds: Vec::new(),
-                }))
-                .build()
-        } else {
-            nop()
-        };
-        lp(self.heads, lp(self.d, vec![body]))
     }
 }
 
@@ -487,84 +606,92 @@ pub fn run(p: &Problem, m: u32) -> Result<Stream, String> {
     let deal = Deal::new(n, d, m, heads)
         .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
     let mu = m as usize;
-    // Ring steps: each waits until the block it reads is whole on its PE.
+    let prev = |pe: usize| (pe + mu - 1) % mu;
+    // Ring steps: each waits until the block it reads is whole on its PE, and a second part's
+    // first step until its q row is there (sent at the end of the PE before's step 0).
     let steps: Vec<Vec<(Vec<Node>, u64)>> = (0..m)
         .map(|pe| (0..m).map(|s| deal.step(pe, s)).collect())
         .collect();
+    let q_from = |pe: usize| deal.pes[pe].in_first().map(|s| s as usize);
     let mut waits = vec![vec![0u64; mu]; mu];
     let mut start = vec![vec![0u64; mu]; mu];
     let mut end = vec![0u64; mu];
+    let mut end0 = vec![0u64; mu];
     for s in 0..mu {
         for pe in 0..mu {
-            let prev = (pe + mu - 1) % mu;
-            let ready = if s == 0 {
+            let mut ready = if s == 0 {
                 0
             } else {
-                start[prev][s - 1] + steps[prev][s - 1].1
+                start[prev(pe)][s - 1] + steps[prev(pe)][s - 1].1
             };
+            if q_from(pe) == Some(s) {
+                ready = ready.max(end0[prev(pe)]);
+            }
             let at = end[pe].max(ready);
             waits[pe][s] = at - end[pe];
             start[pe][s] = at;
             end[pe] = at + cycles(&steps[pe][s].0);
+            if s == 0 {
+                end0[pe] = end[pe];
+            }
         }
     }
-    // After the ring pass: the first part first (its state then goes out), the whole rows,
-    // the second part, which waits for the first's state to merge it.
-    struct Tail {
-        out: Vec<Node>,
-        rest: Vec<Node>,
-        merge: Vec<Node>,
-        sent_by: u64,
-        merge_at: u64,
-    }
-    let tails: Vec<Tail> = (0..m)
-        .map(|pe| {
-            let me = &deal.pes[pe as usize];
-            let mut out = Vec::new();
-            if me.cut_out.is_some() {
-                out = deal.values(pe, me.rows - 1, 1, Part::Out, scale);
-                out.extend(deal.send_part(pe));
-            }
-            let mut rest = deal.values(pe, me.c2(), me.full, Part::Full, scale);
-            if me.cut_in.is_some() {
-                rest.extend(deal.values(pe, 0, 1, Part::In, scale));
-            }
-            let t = end[pe as usize];
-            let sent_by = t + cycles(&out);
-            let merge_at = sent_by + cycles(&rest);
-            let merge = if me.cut_in.is_some() {
-                deal.merge(pe, scale)
-            } else {
-                Vec::new()
-            };
-            Tail {
-                out,
-                rest,
-                merge,
-                sent_by,
-                merge_at,
-            }
-        })
-        .collect();
+    // After the ring pass: the first part of a cut row, the whole rows (whose first row sends
+    // that part on), the second part (its own block's scores first), which waits for the
+    // first part to merge it.
     let mut bodies = Vec::with_capacity(mu);
-    let mut ends = Vec::with_capacity(mu);
+    let mut sent_by = vec![0u64; mu];
+    let mut parts = Vec::with_capacity(mu);
     for pe in 0..mu {
+        let me = &deal.pes[pe];
+        let p32 = pe as u32;
         let mut body = Vec::new();
         for (s, (nodes, _)) in steps[pe].iter().enumerate() {
             body.extend(wait(waits[pe][s])?);
             body.extend(nodes.iter().cloned());
         }
-        let t = &tails[pe];
-        body.extend(t.out.iter().cloned());
-        body.extend(t.rest.iter().cloned());
-        if !t.merge.is_empty() {
-            let prev = (pe + mu - 1) % mu;
-            body.extend(wait(tails[prev].sent_by.saturating_sub(t.merge_at))?);
-            body.extend(t.merge.iter().cloned());
+        if me.cut_out.is_some() {
+            body.extend(deal.values(p32, me.rows - 1, 1, Part::Out, false, scale).0);
         }
-        body.extend(deal.normalise(pe as u32));
-        ends.push(cycles(&body));
+        let (full, row) = deal.values(
+            p32,
+            me.c2(),
+            me.full,
+            Part::Full,
+            me.cut_out.is_some(),
+            scale,
+        );
+        sent_by[pe] = cycles(&body) + row;
+        body.extend(full);
+        if me.cut_in.is_some() {
+            let alone = me.in_first().is_none();
+            if alone {
+                // The row's only block is the own one: its q row may still be on its way.
+                body.extend(wait(end0[prev(pe)].saturating_sub(cycles(&body)))?);
+            }
+            if me.has_in(0) {
+                body.extend(deal.scores(p32, p32, 0, 1, alone, Fwd::None).0);
+            }
+            body.extend(deal.values(p32, 0, 1, Part::In, false, scale).0);
+        }
+        parts.push(cycles(&body));
         bodies.push(body);
+    }
+    let mut ends = Vec::with_capacity(mu);
+    for (pe, body) in bodies.iter_mut().enumerate() {
+        let p32 = pe as u32;
+        if deal.pes[pe].cut_in.is_some() {
+            body.extend(wait(sent_by[prev(pe)].saturating_sub(parts[pe]))?);
+            body.extend(deal.merge(p32, scale));
+        }
+        body.extend(deal.normalise(p32));
+        ends.push(cycles(body));
+    }
+    if std::env::var("UNEVEN_DEBUG").is_ok() {
+        for pe in 0..mu {
+            let me = &deal.pes[pe];
+            eprintln!("pe {pe}: own {} full {} in {:?} out {:?} waits {:?} pass1 {} parts {} sent_by {} end {}", me.own, me.full, me.cut_in, me.cut_out, waits[pe], end[pe], parts[pe], sent_by[pe], ends[pe]);
+        }
     }
     // The heads start together: a block of the next head lands where this one's was read.
     let head = ends.iter().copied().max().unwrap_or(0);
@@ -574,13 +701,11 @@ pub fn run(p: &Problem, m: u32) -> Result<Stream, String> {
         .enumerate()
         .map(|(pe, (mut body, &e))| {
             body.extend(wait(head - e)?);
-            let mut top = deal.prologue(pe as u32);
-            top.extend(lp(heads, body));
             Ok(LoopProgram {
                 pe: pe as u32,
                 pes: m,
                 mem_words: deal.pes[pe].words,
-                body: top,
+                body: lp(heads, body),
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
@@ -597,7 +722,7 @@ pub fn run(p: &Problem, m: u32) -> Result<Stream, String> {
         phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
         phase3_mac: weights * u64::from(d),
     };
-    let (inputs, output) = places(&deal);
+    let (inputs, output) = places(&deal, heads);
     Ok(Stream {
         programs,
         inputs,
@@ -611,11 +736,11 @@ pub fn run(p: &Problem, m: u32) -> Result<Stream, String> {
 
 /// Every element's word: q, k, v on the PE whose stretch the token's row starts in, y on the
 /// one it ends in (a cut row's first part is computed before its second).
-fn places(deal: &Deal) -> (BTreeMap<String, Place>, Place) {
+fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
     let (n, d, m) = (deal.n, deal.d, deal.m);
     let owner = |t: u32| (0..m).rev().find(|&p| deal.start(p) <= t).unwrap_or(0);
     let mut lists: [(Vec<u32>, Vec<u32>); 4] = Default::default();
-    for h in 0..deal.heads {
+    for h in 0..heads {
         for t in 0..n {
             let p = owner(t);
             let pe = &deal.pes[p as usize];
