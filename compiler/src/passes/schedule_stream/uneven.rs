@@ -46,6 +46,15 @@ pub fn unsupported(p: &Problem, m: u32) -> Option<String> {
     None
 }
 
+/// What one part of a cut row takes of the block of a ring step: keys `k0 … k0 + keys − 1`
+/// (the whole block, or the share of it that evens the two PEs' cycles out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Piece {
+    step: u32,
+    k0: u32,
+    keys: u32,
+}
+
 /// One PE's share and memory map.
 #[derive(Clone, Debug)]
 struct Pe {
@@ -53,13 +62,13 @@ struct Pe {
     first: u32,
     /// Tokens whose rows start in its stretch: its k/v block.
     own: u32,
-    /// The row cut at `x_p`: its second part is local row 0 here, against the blocks of these
-    /// ring steps (the blocks the first part, on the PE before, does not take; step 0's, the
-    /// own block, after the ring pass).
-    cut_in: Option<Vec<u32>>,
-    /// The row cut at `x_{p+1}`: its first part is the last local row, for these steps
-    /// (step 0 among them).
-    cut_out: Option<Vec<u32>>,
+    /// The row cut at `x_p`: its second part is local row 0 here, against these pieces of the
+    /// ring steps' blocks (the keys the first part, on the PE before, does not take; step 0's,
+    /// of the own block, after the ring pass).
+    cut_in: Option<Vec<Piece>>,
+    /// The row cut at `x_{p+1}`: its first part is the last local row, against these pieces
+    /// (step 0's whole block among them).
+    cut_out: Option<Vec<Piece>>,
     /// Rows wholly its own.
     full: u32,
     rows: u32,
@@ -87,14 +96,21 @@ impl Pe {
     fn c2(&self) -> u32 {
         u32::from(self.cut_in.is_some())
     }
-    fn has_in(&self, s: u32) -> bool {
-        self.cut_in.as_ref().is_some_and(|i| i.contains(&s))
+    fn piece_in(&self, s: u32) -> Option<Piece> {
+        self.cut_in
+            .as_ref()
+            .and_then(|i| i.iter().copied().find(|x| x.step == s))
+    }
+    fn piece_out(&self, s: u32) -> Option<Piece> {
+        self.cut_out
+            .as_ref()
+            .and_then(|o| o.iter().copied().find(|x| x.step == s))
     }
     /// The second part's first ring step (its own block, step 0, comes after the pass).
     fn in_first(&self) -> Option<u32> {
         self.cut_in
             .as_ref()
-            .and_then(|i| i.iter().copied().find(|&s| s > 0))
+            .and_then(|i| i.iter().map(|x| x.step).filter(|&s| s > 0).min())
     }
 }
 
@@ -149,14 +165,7 @@ impl Deal {
             let (first, own) = deal.block(p);
             let cut_out = cuts[p as usize + 1].clone();
             // The second part takes the blocks the first does not: on this PE, one step later.
-            let cut_in = cuts[p as usize].as_ref().map(|out| {
-                let mut steps: Vec<u32> = (0..m)
-                    .filter(|s| !out.contains(s))
-                    .map(|s| (s + 1) % m)
-                    .collect();
-                steps.sort_unstable();
-                steps
-            });
+            let cut_in = cuts[p as usize].as_ref().map(|out| deal.rest(p - 1, out));
             let full = own - u32::from(cut_out.is_some());
             let rows = full + u32::from(cut_in.is_some()) + u32::from(cut_out.is_some());
             let r = u64::from(rows);
@@ -203,15 +212,15 @@ impl Deal {
     /// PE running ahead of the one before it would wait for blocks. Step 0 is always among
     /// them, so the q row the part sends on in that step is there before the second part's
     /// first step.
-    fn cuts(&self) -> Vec<Option<Vec<u32>>> {
+    fn cuts(&self) -> Vec<Option<Vec<Piece>>> {
         let (n, m) = (u64::from(self.n), u64::from(self.m));
-        let mut cuts: Vec<Option<Vec<u32>>> = vec![None; self.m as usize + 1];
+        let mut cuts: Vec<Option<Vec<Piece>>> = vec![None; self.m as usize + 1];
         let d = f64::from(self.d);
         let (pair, merge) = (2.0 * d + 2.0, 2.0 * d + 5.0);
         let count = (1..self.m).filter(|&p| u64::from(p) * n % m != 0).count() as f64;
         let mean = (pair * (n * n) as f64 + d * n as f64 + merge * count) / m as f64;
-        // Rows of PE `q` in each step so far (its second part's, then the first part's).
-        let mut taken_in: Vec<u32> = Vec::new();
+        // The second part on PE `q`, of the cut before.
+        let mut taken_in: Vec<Piece> = Vec::new();
         for p in 1..self.m {
             let q = p - 1;
             let frac = u64::from(p) * n % m;
@@ -222,37 +231,79 @@ impl Deal {
                 continue;
             }
             // Work in key·rows, scaled by m: the even pace is n·n per step (n/m rows, n/m keys).
-            let in_keys: u64 = (0..self.m)
-                .filter(|s| taken_in.contains(s))
-                .map(|s| u64::from(self.block(self.held(q, s)).1))
-                .sum();
+            let in_keys: u64 = taken_in.iter().map(|x| u64::from(x.keys)).sum();
+            let in_at = |s: u32| {
+                taken_in
+                    .iter()
+                    .find(|x| x.step == s && s > 0)
+                    .map_or(0, |x| u64::from(x.keys))
+            };
             let merged = !taken_in.is_empty();
             let fixed = pair * ((whole * n + in_keys) as f64)
                 + d * (whole + u64::from(merged)) as f64
                 + if merged { merge } else { 0.0 };
-            let target = (((mean - fixed) / pair).max(1.0) * m as f64).round() as u64;
+            let want = ((mean - fixed) / pair).max(1.0);
+            let target = (want * m as f64).round() as u64;
             let mut keys = 0u64;
             let mut work = 0u64;
-            let mut steps = Vec::new();
+            let mut pieces = Vec::new();
             for s in 0..self.m {
                 let b = u64::from(self.block(self.held(q, s)).1);
-                let rows = whole + u64::from(s > 0 && taken_in.contains(&s));
-                work += rows * b * m;
+                work += (whole * b + in_at(s)) * m;
                 let pace = u64::from(s + 1) * n * n / m;
-                let budget = (keys + b) * m * 2 <= target * 2 + b * m;
+                let budget = (keys + b) * m <= target;
                 if s == 0 || (budget && (work + b * m / 2) < pace) {
                     keys += b;
                     work += b * m;
-                    steps.push(s);
+                    pieces.push(Piece {
+                        step: s,
+                        k0: 0,
+                        keys: b as u32,
+                    });
                 }
             }
-            taken_in = (0..self.m)
-                .filter(|s| !steps.contains(s))
-                .map(|s| (s + 1) % self.m)
-                .collect();
-            cuts[p as usize] = Some(steps);
+            // What whole blocks leave: the last step not taken shares its block (the second
+            // part's side at least 2 keys, for a first maximum if it is the part's first).
+            let left = (want - keys as f64).round();
+            if left >= 1.0 {
+                let free = (1..self.m)
+                    .rev()
+                    .find(|s| !pieces.iter().any(|x| x.step == *s));
+                if let Some(s) = free {
+                    let b = self.block(self.held(q, s)).1;
+                    if b >= 4 {
+                        let c = (left as u32).min(b - 2);
+                        pieces.push(Piece {
+                            step: s,
+                            k0: 0,
+                            keys: c,
+                        });
+                        pieces.sort_by_key(|x| x.step);
+                    }
+                }
+            }
+            taken_in = self.rest(q, &pieces);
+            cuts[p as usize] = Some(pieces);
         }
         cuts
+    }
+
+    /// The second part of a cut row whose first part takes `out` on PE `q`: every key it does
+    /// not, each block one ring step later on PE `q + 1`.
+    fn rest(&self, q: u32, out: &[Piece]) -> Vec<Piece> {
+        let mut rest: Vec<Piece> = (0..self.m)
+            .filter_map(|s| {
+                let b = self.block(self.held(q, s)).1;
+                let taken = out.iter().find(|x| x.step == s).map_or(0, |x| x.keys);
+                (taken < b).then_some(Piece {
+                    step: (s + 1) % self.m,
+                    k0: taken,
+                    keys: b - taken,
+                })
+            })
+            .collect();
+        rest.sort_by_key(|x| x.step);
+        rest
     }
 
     /// Where PE `p` holds block `b`: its first k row, and how far its v rows are from its k rows.
@@ -270,13 +321,16 @@ impl Deal {
         }
     }
 
-    /// Rows `lo … lo + rows − 1` of PE `p` against block `b`: scores into their score rows and
-    /// their running maxima (`first`: the rows' first block), the link slot carrying `fwd`.
+    /// Rows `lo … lo + rows − 1` of PE `p` against keys `k0 … k0 + keys − 1` of block `b`:
+    /// scores into their score rows and their running maxima (`first`: the rows' first
+    /// keys), the link slot carrying `fwd` (the whole block's words: only with all its keys).
     /// Also the cycles of one row.
+    #[allow(clippy::too_many_arguments)] // one work: its rows, its keys, its flags
     fn scores(
         &self,
         p: u32,
         b: u32,
+        (k0, keys): (u32, u32),
         lo: u32,
         rows: u32,
         first: bool,
@@ -285,12 +339,12 @@ impl Deal {
         let pe = self.pe(p);
         let next = self.next(p);
         let (d, n) = (i64::from(self.d), i64::from(self.n));
-        let (t0, keys) = self.block(b);
+        let (t0, _) = self.block(b);
         let (lr, lb, lc) = (1u8, 2u8, 3u8);
         let q = ad(pe.q + lo * self.d).t(0, i64::from(pe.rows) * d).t(lr, d);
         let (kloc, vdel) = self.loc(p, b);
-        let k = kloc.clone().t(lb, d);
-        let sc = ad(pe.s + lo * self.n + t0).t(lr, n);
+        let k = kloc.clone().plus(i64::from(k0) * d).t(lb, d);
+        let sc = ad(pe.s + lo * self.n + t0 + k0).t(lr, n);
         let send = |c0: i64, col: bool| {
             let cols = |x: Ad| if col { x.t(lc, 1) } else { x };
             match fwd {
@@ -366,41 +420,61 @@ impl Deal {
     fn step(&self, p: u32, s: u32) -> (Vec<Node>, u64) {
         let pe = self.pe(p);
         let b = self.held(p, s);
+        let (_, size) = self.block(b);
+        let whole = |x: Option<Piece>| x.is_some_and(|x| x.keys == size);
         let in_first = pe.in_first();
-        let lo = if in_first.is_some_and(|u| s > u) && pe.has_in(s) {
+        let lo = if in_first.is_some_and(|u| s > u) && whole(pe.piece_in(s)) {
             0
         } else {
             pe.c2()
         };
-        let out = s > 0 && pe.cut_out.as_ref().is_some_and(|o| o.contains(&s));
+        let out = s > 0 && whole(pe.piece_out(s));
         let hi = pe.c2() + pe.full + u32::from(out);
         let fwd = if s + 1 < self.m {
             Fwd::Block
         } else {
             Fwd::None
         };
-        let (mut nodes, row) = self.scores(p, b, lo, hi - lo, s == 0, fwd);
-        if s == 0 && pe.cut_out.is_some() {
-            nodes.extend(self.scores(p, b, pe.rows - 1, 1, true, Fwd::Q).0);
+        let (mut nodes, row) = self.scores(p, b, (0, size), lo, hi - lo, s == 0, fwd);
+        // The cut rows' pieces that the rows above do not take.
+        if let Some(x) = pe.piece_out(s).filter(|_| s == 0 || !out) {
+            let fwd = if s == 0 { Fwd::Q } else { Fwd::None };
+            let first = s == 0;
+            nodes.extend(
+                self.scores(p, b, (x.k0, x.keys), pe.rows - 1, 1, first, fwd)
+                    .0,
+            );
         }
-        if in_first == Some(s) {
-            nodes.extend(self.scores(p, b, 0, 1, true, Fwd::None).0);
+        if let Some(x) = pe.piece_in(s).filter(|_| s > 0 && lo > 0) {
+            let first = in_first == Some(s);
+            nodes.extend(self.scores(p, b, (x.k0, x.keys), 0, 1, first, Fwd::None).0);
         }
-        let (_, keys) = self.block(b);
-        (nodes, row + u64::from(keys) * u64::from(self.d))
+        (nodes, row + u64::from(size) * u64::from(self.d))
     }
 
-    /// The blocks a row of kind `part` on PE `p` sees.
-    fn blocks_of(&self, p: u32, part: Part) -> Vec<u32> {
+    /// The keys a row of kind `part` on PE `p` sees, as (first token, count, of the own block).
+    fn keys_of(&self, p: u32, part: Part) -> Vec<(u32, u32, bool)> {
         let pe = self.pe(p);
-        let steps: Vec<u32> = match part {
-            Part::Full => (0..self.m).collect(),
+        let pieces: Vec<Piece> = match part {
+            Part::Full => (0..self.m)
+                .map(|s| Piece {
+                    step: s,
+                    k0: 0,
+                    keys: self.block(self.held(p, s)).1,
+                })
+                .collect(),
             Part::Out => pe.cut_out.clone().unwrap_or_default(),
             Part::In => pe.cut_in.clone().unwrap_or_default(),
         };
-        let mut blocks: Vec<u32> = steps.into_iter().map(|s| self.held(p, s)).collect();
-        blocks.sort_unstable();
-        blocks
+        let mut keys: Vec<(u32, u32, bool)> = pieces
+            .into_iter()
+            .map(|x| {
+                let b = self.held(p, x.step);
+                (self.block(b).0 + x.k0, x.keys, b == p)
+            })
+            .collect();
+        keys.sort_unstable();
+        keys
     }
 
     /// After the ring pass, rows `r0 … r0 + rows − 1` of PE `p` (all of kind `part`): their
@@ -429,11 +503,10 @@ impl Deal {
             .t(2, 1);
         // Runs of tokens: (first token, count, own block).
         let mut runs: Vec<(u32, u32, bool)> = Vec::new();
-        for b in self.blocks_of(p, part) {
-            let (t, keys) = self.block(b);
+        for (t, keys, own) in self.keys_of(p, part) {
             match runs.last_mut() {
-                Some(r) if r.0 + r.1 == t && !r.2 && b != p => r.1 += keys,
-                _ => runs.push((t, keys, b == p)),
+                Some(r) if r.0 + r.1 == t && !r.2 && !own => r.1 += keys,
+                _ => runs.push((t, keys, own)),
             }
         }
         let row0 = Pred {
@@ -669,8 +742,9 @@ pub fn run(p: &Problem, m: u32) -> Result<Stream, String> {
                 // The row's only block is the own one: its q row may still be on its way.
                 body.extend(wait(end0[prev(pe)].saturating_sub(cycles(&body)))?);
             }
-            if me.has_in(0) {
-                body.extend(deal.scores(p32, p32, 0, 1, alone, Fwd::None).0);
+            if let Some(x) = me.piece_in(0) {
+                let work = deal.scores(p32, p32, (x.k0, x.keys), 0, 1, alone, Fwd::None);
+                body.extend(work.0);
             }
             body.extend(deal.values(p32, 0, 1, Part::In, false, scale).0);
         }
