@@ -823,3 +823,99 @@ fn paired_scores_in_idle_heads_regions_are_proved() {
     }
     assert_eq!(proved, 5);
 }
+
+/// Separate layers without a mask on rings that do not divide the tokens, dealt unevenly (rows
+/// cut where the even share ends, the two parts of a cut row merged over the link): proved
+/// exactly, the merges declared as the online work; every PE's program as long as the layer's
+/// cycles; and below the padded deal's cycles.
+#[test]
+fn uneven_deals_are_proved() {
+    let mut proved = 0;
+    let mut merged = 0;
+    for (n, m) in [
+        (9, 2),
+        (13, 3),
+        (14, 3),
+        (17, 4),
+        (18, 4),
+        (19, 4),
+        (22, 5),
+        (26, 6),
+        (29, 6),
+        (30, 7),
+        (35, 8),
+        (45, 8),
+    ] {
+        for d in [1, 2, 3, 8] {
+            for h in [1, 2, 3] {
+                if h > 1 && d > 3 {
+                    continue;
+                }
+                let what = format!("n={n} d={d} h={h} m={m}");
+                let p = problem(n, d, h, false, false, true);
+                let st =
+                    schedule_stream::run_uneven(&p, m).unwrap_or_else(|e| panic!("{what}: {e}"));
+                for lp in &st.programs {
+                    assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
+                }
+                let man = stream_manifest(&p, m, &st);
+                assert!(
+                    man.inputs["q"].layout.is_none()
+                        && man.inputs["q"].pe.len() == (n * d * h) as usize,
+                    "{what}: placements listed per element"
+                );
+                let padded = schedule_stream::run_with(&p, m, true, Lag::Off).unwrap();
+                assert!(
+                    st.cycles < padded.cycles,
+                    "{what}: {} against {}",
+                    st.cycles,
+                    padded.cycles
+                );
+                // What `compile --schedule stream --mem …` takes where the words allow.
+                let chosen = schedule_stream::run_with(&p, m, true, Lag::Fit(Some(u32::MAX)));
+                assert_eq!(chosen.unwrap().cycles, st.cycles, "{what}");
+                // Each cut row's merge: 2 exponentials, 2d + 2 products.
+                merged += usize::from(man.ops.online_rescale > 0);
+                let flat: Vec<Program> = st
+                    .programs
+                    .iter()
+                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+                    .collect();
+                assert_proved(&flat, &man, &what);
+                proved += 1;
+            }
+        }
+    }
+    eprintln!("{proved} uneven layers proved");
+    assert_eq!(proved, 12 * (3 * 3 + 1), "layers proved");
+    assert_eq!(merged, proved, "every layer merges some cut row");
+}
+
+/// Taking a cut row's merge out of the programs (its first part's `y` left out) is caught.
+#[test]
+fn uneven_deal_without_a_merge_is_rejected() {
+    let p = problem(26, 3, 2, false, false, true);
+    let st = schedule_stream::run_uneven(&p, 6).unwrap();
+    let man = stream_manifest(&p, 6, &st);
+    let mut flat: Vec<Program> = st
+        .programs
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect();
+    assert_proved(&flat, &man, "original");
+    // The merge's rescaled `y` sums: `mul rcv, f1 | add y -> y`, the last acc-carrying bundles
+    // of a PE that merges before its divisions.
+    let pe = st
+        .programs
+        .iter()
+        .position(|lp| lp.to_text().contains("expd"))
+        .unwrap();
+    let at = flat[pe]
+        .bundles
+        .iter()
+        .rposition(|b| b.acc != isa::Acc::Nop && b.op.kind() == Some(OpKind::Mul))
+        .unwrap();
+    flat[pe].bundles[at] = isa::Bundle::NOP;
+    let r = verify(&flat, &man);
+    assert!(!r.is_ok(), "a merge taken out was proved");
+}

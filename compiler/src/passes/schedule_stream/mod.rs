@@ -803,11 +803,13 @@ pub fn run_pairing(
 ) -> Result<Stream, String> {
     let plain = run_separately(p, pes, safe, lag)?;
     // A ring that does not divide the tokens: the uneven deal has no padding, and where it
-    // fits the memory and takes fewer cycles it replaces the padded one.
+    // fits the memory (`--mem`, or the default allowance: it keeps a head's every k/v row and
+    // a score row per row) and takes fewer cycles it replaces the padded one.
     if let Lag::Fit(limit) = lag {
         if safe && uneven::unsupported(p, pes).is_none() {
             if let Ok(u) = uneven::run(p, pes) {
-                let fits = limit.is_none_or(|w| u.programs.iter().all(|lp| lp.mem_words <= w));
+                let budget = limit.map_or_else(|| allowance(p, pes), u64::from);
+                let fits = u.programs.iter().all(|lp| u64::from(lp.mem_words) <= budget);
                 if fits && u.cycles < plain.cycles {
                     return Ok(u);
                 }
