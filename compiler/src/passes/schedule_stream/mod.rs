@@ -809,7 +809,10 @@ pub fn run_pairing(
         if safe && uneven::unsupported(p, pes).is_none() {
             if let Ok(u) = uneven::run(p, pes) {
                 let budget = limit.map_or_else(|| allowance(p, pes), u64::from);
-                let fits = u.programs.iter().all(|lp| u64::from(lp.mem_words) <= budget);
+                let fits = u
+                    .programs
+                    .iter()
+                    .all(|lp| u64::from(lp.mem_words) <= budget);
                 if fits && u.cycles < plain.cycles {
                     return Ok(u);
                 }
