@@ -67,7 +67,7 @@ pub fn manifest(
             addr: Vec::new(),
             layout: Some(*l),
         },
-        Place::Listed { pe, addr } => Placement {
+        Place::Listed { pe, addr, .. } => Placement {
             shape: vec![h, n, d],
             pe: pe.clone(),
             addr: addr.clone(),

@@ -53,9 +53,29 @@ pub enum Place {
     Affine(Layout),
     /// Per element of `[heads, tokens, dim]` in C order.
     Listed {
+        tokens: u32,
+        dim: u32,
         pe: Vec<u32>,
         addr: Vec<u32>,
     },
+}
+
+impl Place {
+    /// `(pe, addr)` of element `[h, t, c]` on a ring of `pes` PEs.
+    pub fn locate(&self, pes: u32, h: u32, t: u32, c: u32) -> (u32, u64) {
+        match self {
+            Place::Affine(l) => l.locate(pes, h, t, c),
+            Place::Listed {
+                tokens,
+                dim,
+                pe,
+                addr,
+            } => {
+                let i = ((h as usize * *tokens as usize) + t as usize) * *dim as usize + c as usize;
+                (pe[i], u64::from(addr[i]))
+            }
+        }
+    }
 }
 
 /// The emitted layer.
@@ -773,7 +793,7 @@ fn lagged_programs(
 /// The uneven deal alone (separate q, k, v, no mask, safe softmax, a ring that does not
 /// divide the tokens), whatever the padded deal would take.
 pub fn run_uneven(p: &Problem, pes: u32) -> Result<Stream, String> {
-    uneven::run(p, pes)
+    uneven::run(p, pes, None)
 }
 
 /// Whether a shared layer without a mask computes each score block once for both of its uses
@@ -807,13 +827,9 @@ pub fn run_pairing(
     // a score row per row) and takes fewer cycles it replaces the padded one.
     if let Lag::Fit(limit) = lag {
         if safe && uneven::unsupported(p, pes).is_none() {
-            if let Ok(u) = uneven::run(p, pes) {
-                let budget = limit.map_or_else(|| allowance(p, pes), u64::from);
-                let fits = u
-                    .programs
-                    .iter()
-                    .all(|lp| u64::from(lp.mem_words) <= budget);
-                if fits && u.cycles < plain.cycles {
+            let budget = limit.map_or_else(|| allowance(p, pes), u64::from);
+            if let Ok(u) = uneven::run(p, pes, Some(budget)) {
+                if u.cycles < plain.cycles {
                     return Ok(u);
                 }
             }

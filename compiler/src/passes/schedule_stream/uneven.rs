@@ -669,8 +669,9 @@ fn wait(count: u64) -> Result<Vec<Node>, String> {
     Ok(lp(c, vec![nop()]))
 }
 
-/// The uneven deal's programs for `p` on `m` PEs (see the module's doc).
-pub fn run(p: &Problem, m: u32) -> Result<Stream, String> {
+/// The uneven deal's programs for `p` on `m` PEs (see the module's doc), if every PE's memory
+/// is within `budget` words (checked before anything is built).
+pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, m) {
         return Err(why);
     }
@@ -678,6 +679,13 @@ pub fn run(p: &Problem, m: u32) -> Result<Stream, String> {
     let scale = p.scale as f32;
     let deal = Deal::new(n, d, m, heads)
         .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
+    let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
+    if budget.is_some_and(|b| u64::from(words) > b) {
+        return Err(format!(
+            "{NAME}: the uneven deal needs {words} words per PE, more than {}",
+            budget.unwrap_or(0)
+        ));
+    }
     let mu = m as usize;
     let prev = |pe: usize| (pe + mu - 1) % mu;
     // Ring steps: each waits until the block it reads is whole on its PE, and a second part's
@@ -761,12 +769,6 @@ pub fn run(p: &Problem, m: u32) -> Result<Stream, String> {
         body.extend(deal.normalise(p32));
         ends.push(cycles(body));
     }
-    if std::env::var("UNEVEN_DEBUG").is_ok() {
-        for pe in 0..mu {
-            let me = &deal.pes[pe];
-            eprintln!("pe {pe}: own {} full {} in {:?} out {:?} waits {:?} pass1 {} parts {} sent_by {} end {}", me.own, me.full, me.cut_in, me.cut_out, waits[pe], end[pe], parts[pe], sent_by[pe], ends[pe]);
-        }
-    }
     // The heads start together: a block of the next head lands where this one's was read.
     let head = ends.iter().copied().max().unwrap_or(0);
     let programs = bodies
@@ -812,7 +814,8 @@ pub fn run(p: &Problem, m: u32) -> Result<Stream, String> {
 /// one it ends in (a cut row's first part is computed before its second).
 fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
     let (n, d, m) = (deal.n, deal.d, deal.m);
-    let owner = |t: u32| (0..m).rev().find(|&p| deal.start(p) <= t).unwrap_or(0);
+    // The stretch `t` starts in: `⌈p·n/m⌉ ≤ t` exactly when `p ≤ t·m/n`.
+    let owner = |t: u32| (u64::from(t) * u64::from(m) / u64::from(n)) as u32;
     let mut lists: [(Vec<u32>, Vec<u32>); 4] = Default::default();
     for h in 0..heads {
         for t in 0..n {
@@ -841,7 +844,12 @@ fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
             }
         }
     }
-    let [q, k, v, y] = lists.map(|(pe, addr)| Place::Listed { pe, addr });
+    let [q, k, v, y] = lists.map(|(pe, addr)| Place::Listed {
+        tokens: n,
+        dim: d,
+        pe,
+        addr,
+    });
     let inputs = BTreeMap::from([
         ("q".to_string(), q),
         ("k".to_string(), k),
