@@ -392,7 +392,7 @@ fn every_mutated_count_stride_or_base_is_caught() {
 /// Separate layers without a mask on rings that do not divide the tokens: the uneven deal (rows
 /// cut between PEs, no padding) runs against the reference the same in bulk, cycle by cycle and
 /// flattened, in the predicted cycles, executing exactly the necessary operations of the safe
-/// formulation with deferred normalisation plus `2d + 4` per cut row and head (its merge).
+/// formulation with deferred normalisation plus `d + 2` per cut row and head (its merge).
 #[test]
 fn uneven_deals_run_exactly_their_operations() {
     for (n, d, h, m) in [
@@ -437,7 +437,7 @@ fn uneven_deals_run_exactly_their_operations() {
         assert_eq!(ran, st.total_ops, "{what}");
         assert_eq!(
             st.total_ops,
-            u64::from(h) * (per_head + cuts * (2 * d64 + 4)),
+            u64::from(h) * (per_head + cuts * (d64 + 2)),
             "{what}"
         );
         assert_eq!(kind(OpKind::Div), st.ops.phase2_div, "{what}");

@@ -14,7 +14,7 @@
 //! With every block kept, the scores of a row need no rescaling: the ring pass computes the
 //! scores and the running maximum only, and then each row takes its exponentials against its
 //! final maximum and its values from the kept blocks. The safe softmax then executes exactly
-//! its necessary operations plus, per cut row and head, the merge's `2d + 4`.
+//! its necessary operations plus, per cut row and head, the merge's `d + 2`.
 
 use std::collections::BTreeMap;
 
@@ -87,7 +87,7 @@ struct Pe {
     l: u32,
     /// The first part's maximum, `l` and `y` row, from the PE before.
     rcv: u32,
-    /// The merged maximum and the two parts' factors.
+    /// The first part's rescale factor.
     tmp: u32,
     words: u32,
 }
@@ -179,7 +179,7 @@ impl Deal {
             let l = mx + r;
             let rcv = l + r;
             let tmp = rcv + dd + 2;
-            let words = tmp + 3;
+            let words = tmp + 1;
             let w = |x: u64| u32::try_from(x).ok();
             deal.pes.push(Pe {
                 first,
@@ -207,7 +207,7 @@ impl Deal {
     /// The ring steps of the first part of each cut row (index `p`: the row cut at `x_p`, its
     /// first part on PE `p − 1`). A part takes as many keys as bring its PE's cycles to the
     /// mean (to within half a block): `2d + 2` per score of a row (product, maximum,
-    /// exponential, weighted value), `d` per row it normalises, `2d + 5` per merge. Its steps
+    /// exponential, weighted value), `d` per row it normalises, `d + 3` per merge. Its steps
     /// are chosen so that its PE's work so far stays as close as it can to the even pace: a
     /// PE running ahead of the one before it would wait for blocks. Step 0 is always among
     /// them, so the q row the part sends on in that step is there before the second part's
@@ -216,7 +216,7 @@ impl Deal {
         let (n, m) = (u64::from(self.n), u64::from(self.m));
         let mut cuts: Vec<Option<Vec<Piece>>> = vec![None; self.m as usize + 1];
         let d = f64::from(self.d);
-        let (pair, merge) = (2.0 * d + 2.0, 2.0 * d + 5.0);
+        let (pair, merge) = (2.0 * d + 2.0, d + 3.0);
         let count = (1..self.m).filter(|&p| u64::from(p) * n % m != 0).count() as f64;
         let mean = (pair * (n * n) as f64 + d * n as f64 + merge * count) / m as f64;
         // The second part on PE `q`, of the cut before.
@@ -479,16 +479,15 @@ impl Deal {
 
     /// After the ring pass, rows `r0 … r0 + rows − 1` of PE `p` (all of kind `part`): their
     /// exponentials against their final maxima, summed into `l`, and `y` from the kept blocks
-    /// (token runs of the buffers, and the own block). With `ride`, row 0's loops also send the
-    /// PE's first part (maximum, `l`, `y` row, final by then) to the next PE. Also the cycles
-    /// of one row.
+    /// (token runs of the buffers, and the own block), their link slots carrying `ride`. Also
+    /// the cycles of one row.
     fn values(
         &self,
         p: u32,
         r0: u32,
         rows: u32,
         part: Part,
-        ride: bool,
+        ride: Ride,
         scale: f32,
     ) -> (Vec<Node>, u64) {
         let pe = self.pe(p);
@@ -532,18 +531,22 @@ impl Deal {
                     .add((!init).then(|| l.clone()), l.clone())
             };
             if i == 0 {
-                body.push(ex(e.clone(), true).build());
-                // Maximum and `l` of the first part: adjacent words, 2 of these iterations.
-                let state = ride.then(|| Send {
-                    src: ad(pe.mx + pe.rows - 1).t(2, i64::from(pe.rows)),
-                    dst: ad(next.rcv).t(2, 1),
+                let max = (ride == Ride::Max).then(|| Send {
+                    src: mx.clone(),
+                    dst: ad(next.rcv),
+                    preds: Vec::new(),
+                });
+                body.push(ex(e.clone(), true).send(max.as_ref()).build());
+                let state = (ride == Ride::State).then(|| Send {
+                    src: ad(pe.l + pe.rows - 1),
+                    dst: ad(next.rcv + 1),
                     preds: vec![
                         row0,
                         Pred {
                             slot: Slot::Xfer,
                             level: 2,
-                            cmp: Cmp::Lt,
-                            value: 2,
+                            cmp: Cmp::Eq,
+                            value: 0,
                         },
                     ],
                 });
@@ -572,7 +575,7 @@ impl Deal {
                     .add((!init).then(|| yc.clone()), yc.clone())
             };
             if i == 0 {
-                let y_row = ride.then(|| Send {
+                let y_row = (ride == Ride::State).then(|| Send {
                     src: ad(pe.y + (pe.rows - 1) * self.d)
                         .t(0, i64::from(pe.rows) * d)
                         .t(2, 1),
@@ -593,27 +596,21 @@ impl Deal {
         (lp(rows, body), row)
     }
 
-    /// Local row 0 of PE `p` takes in the first part: `M = max(M₁, M₂)`, each part's state
-    /// scaled by `exp(s·(Mᵢ − M))`, `l` and `y` summed.
+    /// Local row 0 of PE `p` takes in the first part, whose maximum it took into its own
+    /// before its exponentials (`M = max(M₁, M₂)`): the first part's `l` and `y` scaled by
+    /// `exp(s·(M₁ − M))` and added.
     fn merge(&self, p: u32, scale: f32) -> Vec<Node> {
         let pe = self.pe(p);
-        let (t, f1, f2) = (ad(pe.tmp), ad(pe.tmp + 1), ad(pe.tmp + 2));
+        let f1 = ad(pe.tmp);
         let (mx, l, rcv) = (ad(pe.mx), ad(pe.l), ad(pe.rcv));
         let y = ad(pe.y).t(0, i64::from(pe.rows * self.d)).t(1, 1);
         let mut nodes = vec![
-            B::new().max(mx.clone(), rcv.clone(), t.clone()).build(),
-            B::new().expd(mx, t.clone(), scale, f2.clone()).build(),
-            B::new().expd(rcv.clone(), t, scale, f1.clone()).build(),
-            B::new().mul(l.clone(), f2.clone(), Some(l.clone())).build(),
+            B::new().expd(rcv.clone(), mx, scale, f1.clone()).build(),
             B::new()
                 .mul(rcv.plus(1), f1.clone(), None)
                 .add(Some(l.clone()), l)
                 .build(),
         ];
-        nodes.extend(lp(
-            self.d,
-            vec![B::new().mul(y.clone(), f2, Some(y.clone())).build()],
-        ));
         nodes.extend(lp(
             self.d,
             vec![B::new()
@@ -638,6 +635,18 @@ impl Deal {
             ),
         )
     }
+}
+
+/// What the link slots of a row kind's exponential and value loops carry.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Ride {
+    None,
+    /// A first part's maximum, final after the ring pass, to the next PE, which takes it
+    /// into the second part's before that one's exponentials.
+    Max,
+    /// The PE's first part's `l` and `y` row (row 0's loops: the whole rows come after the
+    /// first part), for the merge.
+    State,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -732,16 +741,17 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
             body.extend(nodes.iter().cloned());
         }
         if me.cut_out.is_some() {
-            body.extend(deal.values(p32, me.rows - 1, 1, Part::Out, false, scale).0);
+            body.extend(
+                deal.values(p32, me.rows - 1, 1, Part::Out, Ride::Max, scale)
+                    .0,
+            );
         }
-        let (full, row) = deal.values(
-            p32,
-            me.c2(),
-            me.full,
-            Part::Full,
-            me.cut_out.is_some(),
-            scale,
-        );
+        let ride = if me.cut_out.is_some() {
+            Ride::State
+        } else {
+            Ride::None
+        };
+        let (full, row) = deal.values(p32, me.c2(), me.full, Part::Full, ride, scale);
         sent_by[pe] = cycles(&body) + row;
         body.extend(full);
         if me.cut_in.is_some() {
@@ -754,7 +764,11 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
                 let work = deal.scores(p32, p32, (x.k0, x.keys), 0, 1, alone, Fwd::None);
                 body.extend(work.0);
             }
-            body.extend(deal.values(p32, 0, 1, Part::In, false, scale).0);
+            // The first part's maximum, sent as its PE's exponentials begin.
+            body.extend(wait((end[prev(pe)] + 1).saturating_sub(cycles(&body)))?);
+            let (mx, rcv) = (ad(me.mx), ad(me.rcv));
+            body.push(B::new().max(mx.clone(), rcv, mx).build());
+            body.extend(deal.values(p32, 0, 1, Part::In, Ride::None, scale).0);
         }
         parts.push(cycles(&body));
         bodies.push(body);
