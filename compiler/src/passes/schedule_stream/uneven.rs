@@ -398,7 +398,7 @@ impl Deal {
                     .build(),
             );
             body.extend(lp(
-                keys - 2,
+                keys.saturating_sub(2),
                 vec![B::new()
                     .max(mx.clone(), sc.plus(2).t(lb, 1), mx.clone())
                     .build()],
@@ -551,7 +551,7 @@ impl Deal {
                     ],
                 });
                 body.extend(lp(
-                    c - 1,
+                    c.saturating_sub(1),
                     vec![ex(e.plus(1).t(2, 1), false).send(state.as_ref()).build()],
                 ));
             } else {
@@ -584,7 +584,7 @@ impl Deal {
                 });
                 cols.push(mac(e.clone(), v.clone(), true).send(y_row.as_ref()).build());
                 cols.extend(lp(
-                    c - 1,
+                    c.saturating_sub(1),
                     vec![mac(e.plus(1).t(3, 1), v.plus(d).t(3, d), false).build()],
                 ));
             } else {
