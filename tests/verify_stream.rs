@@ -88,12 +88,23 @@ fn verify(programs: &[Program], m: &Manifest) -> Report {
 }
 
 /// The checks without unrolling find nothing wrong with programs the flattened proof proves,
-/// and conclude every check they make (no address extent left undecided). Every layer built
-/// here is also proved flattened, so this is the cross-check of the two.
+/// and conclude every check they make (no address extent left undecided), except that they
+/// leave placements listed element by element (the uneven deal's) to the flattened proof.
+/// Every layer built here is also proved flattened, so this is the cross-check of the two.
 fn assert_compact_clean(loops: &[isa::LoopProgram], man: &Manifest, what: &str) {
     let c = verifier::compact::check_loops(loops, man, &Options::default());
     assert_eq!(c.counts, BTreeMap::new(), "{what}: compact:\n{c}");
-    assert_eq!(c.undecided, Vec::<String>::new(), "{what}: compact:\n{c}");
+    let listed = man
+        .inputs
+        .values()
+        .chain(man.outputs.values())
+        .any(|p| p.layout.is_none());
+    let undecided: Vec<&String> = c
+        .undecided
+        .iter()
+        .filter(|u| !(listed && u.starts_with("placement:")))
+        .collect();
+    assert_eq!(undecided, Vec::<&String>::new(), "{what}: compact:\n{c}");
     assert!(!c.proved());
     // The proof without unrolling, where it applies, proves what the flattened proof proves
     // (every caller proves these programs flattened too).
