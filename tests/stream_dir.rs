@@ -308,3 +308,38 @@ fn stream_manifests_validate_against_the_published_schema() {
         }
     }
 }
+
+/// Separate layers without a mask on rings that do not divide the tokens take the uneven deal
+/// (no padding: per-element placements, rows cut between PEs); they run from their files
+/// against the reference, in exactly the cycles the manifest states.
+#[test]
+fn uneven_deals_run_from_their_files() {
+    let mut ran = 0;
+    for (n, m) in [(13u32, 3u32), (18, 4), (26, 6), (50, 12), (64, 12), (64, 6)] {
+        for d in [1u32, 5, 16] {
+            for heads in [1u32, 2] {
+                let src = layer_src(n, d, heads, false, false).replace("plain", "safe");
+                let what = format!("n={n} d={d} m={m} heads={heads}");
+                // It keeps every k/v row of a head: more words than the default allowance.
+                let opts = compiler::Options {
+                    pes: m,
+                    schedule: Choice::Stream,
+                    dump_after: None,
+                    mem_limit: Some(u32::MAX),
+                    reroll: false,
+                };
+                let c = compiler::compile(&parse_one(&src), &opts)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    c.manifest.inputs["q"].layout.is_none(),
+                    "{what}: not the uneven deal"
+                );
+                let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+                let (_, cycles, _) = run_dir(&files(&c, true), seed);
+                assert_eq!(cycles, c.manifest.cycles, "{what}");
+                ran += 1;
+            }
+        }
+    }
+    assert_eq!(ran, 36);
+}

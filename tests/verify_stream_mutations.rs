@@ -590,3 +590,39 @@ fn causal_send_mutants_are_rejected_without_unrolling() {
     );
     assert!(mutants >= 100, "only {mutants}");
 }
+
+/// The uneven deal's programs (rows cut between PEs, steps of different lengths, placements
+/// listed element by element): proved, and every mutant of a loop count, a stride or a base
+/// address rejected.
+#[test]
+fn uneven_deal_mutants_are_rejected() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let mut rejected = [0u32; 3];
+    for (n, d, h, m) in [(26, 3, 1, 6), (19, 2, 2, 4), (13, 4, 1, 3)] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let src = layer_src(n, d, h, false, false).replace("softmax = plain", "softmax = safe");
+        // The uneven deal keeps a head's every k/v row: more than the default allowance.
+        let c = stream(&src, m, Some(u32::MAX));
+        assert!(
+            c.manifest.inputs["q"].layout.is_none(),
+            "{what}: not the uneven deal"
+        );
+        prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (k, kind) in [Mutation::LoopCount, Mutation::Stride, Mutation::Base]
+            .into_iter()
+            .enumerate()
+        {
+            for _ in 0..8 {
+                let mut loops = c.loops.clone();
+                let pe = rng.random_range(0..loops.len());
+                let Some(how) = mutate(&mut loops[pe], kind, &mut rng) else {
+                    continue;
+                };
+                let r = prove(&files(&loops, &c.manifest));
+                assert!(r.is_err(), "{what}: PE {pe}, {how}: the mutant was proved");
+                rejected[k] += 1;
+            }
+        }
+    }
+    assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
+}

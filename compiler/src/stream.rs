@@ -3,9 +3,9 @@
 //! from the generator's loop programs to a manifest with affine layouts.
 
 use crate::manifest::{
-    self, CandidateInfo, Layout, Manifest, OpCountsInfo, Placement, ProgramKind, Selection,
+    self, CandidateInfo, Manifest, OpCountsInfo, Placement, ProgramKind, Selection,
 };
-use crate::passes::schedule_stream::{self, Stream};
+use crate::passes::schedule_stream::{self, Place, Stream};
 use crate::passes::select::{Culprit, Refusal};
 use crate::problem::Problem;
 use crate::{CompileError, Internal};
@@ -80,11 +80,19 @@ pub fn manifest(
         problem.tokens as usize,
         problem.dim as usize,
     );
-    let placement = |l: &Layout| Placement {
-        shape: vec![h, n, d],
-        pe: Vec::new(),
-        addr: Vec::new(),
-        layout: Some(*l),
+    let placement = |l: &Place| match l {
+        Place::Affine(l) => Placement {
+            shape: vec![h, n, d],
+            pe: Vec::new(),
+            addr: Vec::new(),
+            layout: Some(*l),
+        },
+        Place::Listed { pe, addr, .. } => Placement {
+            shape: vec![h, n, d],
+            pe: pe.clone(),
+            addr: addr.clone(),
+            layout: None,
+        },
     };
     let inputs: BTreeMap<String, Placement> = stream
         .inputs

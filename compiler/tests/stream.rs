@@ -54,7 +54,7 @@ fn run(p: &Problem, m: u32, st: &Stream, mode: Mode) -> (Vec<f32>, Vec<f64>, Run
     };
     let mut pre = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        let lay = st.inputs[name];
+        let lay = &st.inputs[name];
         for hh in 0..h {
             for t in 0..n {
                 for c in 0..d {
@@ -387,6 +387,69 @@ fn every_mutated_count_stride_or_base_is_caught() {
         }
     }
     assert!(survivors.is_empty(), "undetected mutants: {survivors:#?}");
+}
+
+/// Separate layers without a mask on rings that do not divide the tokens: the uneven deal (rows
+/// cut between PEs, no padding) runs against the reference the same in bulk, cycle by cycle and
+/// flattened, in the predicted cycles, executing exactly the necessary operations of the safe
+/// formulation with deferred normalisation plus `d + 2` per cut row and head (its merge).
+#[test]
+fn uneven_deals_run_exactly_their_operations() {
+    for (n, d, h, m) in [
+        (9, 2, 1, 2),
+        (14, 3, 2, 3),
+        (19, 4, 1, 4),
+        (26, 5, 3, 6),
+        (50, 8, 1, 12),
+        (64, 16, 2, 12),
+        (64, 32, 1, 6),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let p = problem(n, d, h, false, false);
+        let st = schedule_stream::run_uneven(&p, m).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for prog in &st.programs {
+            assert_eq!(prog.cycles(), st.cycles, "{what}");
+        }
+        let (y, want, stats) = run(&p, m, &st, Mode::Bulk);
+        let err = y
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (f64::from(*a) - b).abs())
+            .fold(0.0, f64::max);
+        assert!(err <= 1e-4, "{what}: max abs err {err}");
+        assert_eq!(stats.cycles, st.cycles, "{what}");
+        let kind = |k: OpKind| stats.per_pe.iter().map(|x| x.count(k)).sum::<u64>();
+        let (n64, d64) = (u64::from(n), u64::from(d));
+        let cuts = (1..u64::from(m))
+            .filter(|&p| p * n64 % u64::from(m) != 0)
+            .count() as u64;
+        let per_head = 2 * n64 * n64 * d64 + n64 * n64 + n64 * d64 + n64 * (n64 - 1);
+        let ran: u64 = [
+            OpKind::Mul,
+            OpKind::Exp,
+            OpKind::Div,
+            OpKind::Max,
+            OpKind::Expd,
+        ]
+        .into_iter()
+        .map(kind)
+        .sum();
+        assert_eq!(ran, st.total_ops, "{what}");
+        assert_eq!(
+            st.total_ops,
+            u64::from(h) * (per_head + cuts * (d64 + 2)),
+            "{what}"
+        );
+        assert_eq!(kind(OpKind::Div), st.ops.phase2_div, "{what}");
+        assert_eq!(kind(OpKind::Max), u64::from(h) * n64 * (n64 - 1), "{what}");
+        let (y2, _, s2) = run(&p, m, &st, Mode::Step);
+        let (y3, _, s3) = run(&p, m, &st, Mode::Flat);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&y2), bits(&y), "{what}");
+        assert_eq!(bits(&y3), bits(&y), "{what}");
+        assert_eq!(s2, stats, "{what}");
+        assert_eq!(s3, stats, "{what}");
+    }
 }
 
 #[test]

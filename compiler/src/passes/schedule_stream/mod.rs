@@ -35,6 +35,7 @@ use crate::problem::Problem;
 
 mod lagged;
 mod paired;
+mod uneven;
 
 pub const NAME: &str = "schedule-stream";
 pub const DESCRIPTION: &str =
@@ -45,13 +46,45 @@ pub const DESCRIPTION: &str =
 /// affine layout, so what the generator assumes is what loaders are told.
 pub use runtime::manifest::Layout;
 
+/// Where a tensor of the layer lives: an affine [`Layout`], or one `(pe, addr)` per element
+/// where the deal is not one (the uneven deal's rows, see [`uneven`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Place {
+    Affine(Layout),
+    /// Per element of `[heads, tokens, dim]` in C order.
+    Listed {
+        tokens: u32,
+        dim: u32,
+        pe: Vec<u32>,
+        addr: Vec<u32>,
+    },
+}
+
+impl Place {
+    /// `(pe, addr)` of element `[h, t, c]` on a ring of `pes` PEs.
+    pub fn locate(&self, pes: u32, h: u32, t: u32, c: u32) -> (u32, u64) {
+        match self {
+            Place::Affine(l) => l.locate(pes, h, t, c),
+            Place::Listed {
+                tokens,
+                dim,
+                pe,
+                addr,
+            } => {
+                let i = ((h as usize * *tokens as usize) + t as usize) * *dim as usize + c as usize;
+                (pe[i], u64::from(addr[i]))
+            }
+        }
+    }
+}
+
 /// The emitted layer.
 #[derive(Clone, Debug)]
 pub struct Stream {
     pub programs: Vec<LoopProgram>,
     /// Input tensor name (`q`, `k`, `v` or `x`) → layout.
-    pub inputs: BTreeMap<String, Layout>,
-    pub output: Layout,
+    pub inputs: BTreeMap<String, Place>,
+    pub output: Place,
     pub cycles: u64,
     /// The plain formulation's operations (what the softmax needs without
     /// the running maximum).
@@ -784,6 +817,12 @@ fn lagged_programs(
     }
 }
 
+/// The uneven deal alone (separate q, k, v, no mask, safe softmax, a ring that does not
+/// divide the tokens), whatever the padded deal would take.
+pub fn run_uneven(p: &Problem, pes: u32) -> Result<Stream, String> {
+    uneven::run(p, pes, None)
+}
+
 /// Whether a shared layer without a mask computes each score block once for both of its uses
 /// ([`paired`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -810,6 +849,19 @@ pub fn run_pairing(
     pairing: Pairing,
 ) -> Result<Stream, String> {
     let plain = run_separately(p, pes, safe, lag)?;
+    // A ring that does not divide the tokens: the uneven deal has no padding, and where it
+    // fits the memory (`--mem`, or the default allowance: it keeps a head's every k/v row and
+    // a score row per row) and takes fewer cycles it replaces the padded one.
+    if let Lag::Fit(limit) = lag {
+        if safe && uneven::unsupported(p, pes).is_none() {
+            let budget = limit.map_or_else(|| allowance(p, pes), u64::from);
+            if let Ok(u) = uneven::run(p, pes, Some(budget)) {
+                if u.cycles < plain.cycles {
+                    return Ok(u);
+                }
+            }
+        }
+    }
     let applies = p.symmetric && !p.causal && safe && paired::applies(p.tokens, pes);
     let rows = p.tokens.div_ceil(pes);
     let last_live = p.tokens.saturating_sub((pes - 1).saturating_mul(rows));
@@ -968,16 +1020,18 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
         },
         phase3_mac: weights * u64::from(d),
     };
-    let lay = |base: u32, head_stride: u32| Layout {
-        order: if causal {
-            runtime::manifest::RowOrder::Zigzag
-        } else {
-            runtime::manifest::RowOrder::Contiguous
-        },
-        rows_per_pe: rows,
-        base,
-        head_stride,
-        row_stride: d,
+    let lay = |base: u32, head_stride: u32| {
+        Place::Affine(Layout {
+            order: if causal {
+                runtime::manifest::RowOrder::Zigzag
+            } else {
+                runtime::manifest::RowOrder::Contiguous
+            },
+            rows_per_pe: rows,
+            base,
+            head_stride,
+            row_stride: d,
+        })
     };
     let mut inputs = BTreeMap::new();
     if shared {

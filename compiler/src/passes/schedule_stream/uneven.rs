@@ -1,0 +1,874 @@
+//! The uneven deal: separate q, k, v without a mask on a ring that does not divide the tokens,
+//! without padding (docs/scheduling.md, "Streaming ring schedule", "Tokens the ring does not
+//! divide").
+//!
+//! PE `p` owns the stretch `[x_p, x_{p+1})` of the rows, `x_p = p·n/m`, so every PE has exactly
+//! `n/m` rows' worth of work. A row that a boundary `x_p` cuts is computed in two parts, the
+//! first on PE `p − 1` against the key blocks of that PE's first `k` ring steps, the second on PE
+//! `p` against the others (its step 0 and steps `k + 1 … m − 1`), and the parts' states merge
+//! once, over the link, on PE `p`. The blocks are the tokens whose rows start on a PE, so they
+//! differ in size by one, and the PEs' steps differ in length: each PE keeps every block of a
+//! head that reaches it (in a buffer of its own per block), waits before a step only until the
+//! block it reads has arrived, and the heads end together.
+//!
+//! With every block kept, the scores of a row need no rescaling: the ring pass computes the
+//! scores and the running maximum only, and then each row takes its exponentials against its
+//! final maximum and its values from the kept blocks. The safe softmax then executes exactly
+//! its necessary operations plus, per cut row and head, the merge's `d + 2`.
+
+use std::collections::BTreeMap;
+
+use isa::{Cmp, LoopProgram, Node, Pred, Slot};
+
+use super::{ad, lp, Ad, Place, Send, Stream, B, NAME};
+use crate::problem::Problem;
+
+/// Why the uneven deal does not apply to `p` on `m` PEs, if it does not.
+pub fn unsupported(p: &Problem, m: u32) -> Option<String> {
+    if p.causal || p.symmetric || p.shared_values || !p.safe() {
+        return Some(format!(
+            "{NAME}: the uneven deal takes separate q, k, v without a mask and the safe softmax"
+        ));
+    }
+    if m < 2 || p.tokens.is_multiple_of(m) {
+        return Some(format!(
+            "{NAME}: the uneven deal is for rings of 2 or more PEs that do not divide the tokens"
+        ));
+    }
+    // Every PE needs two whole rows to carry a block on its score loops, and every block two
+    // keys for a first maximum.
+    if p.tokens / m < 4 {
+        return Some(format!(
+            "{NAME}: the uneven deal needs at least 4 tokens per PE ({} on {m})",
+            p.tokens
+        ));
+    }
+    None
+}
+
+/// What one part of a cut row takes of the block of a ring step: keys `k0 … k0 + keys − 1`
+/// (the whole block, or the share of it that evens the two PEs' cycles out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Piece {
+    step: u32,
+    k0: u32,
+    keys: u32,
+}
+
+/// One PE's share and memory map.
+#[derive(Clone, Debug)]
+struct Pe {
+    /// First token whose q, k, v rows it holds (`⌈x_p⌉`).
+    first: u32,
+    /// Tokens whose rows start in its stretch: its k/v block.
+    own: u32,
+    /// The row cut at `x_p`: its second part is local row 0 here, against these pieces of the
+    /// ring steps' blocks (the keys the first part, on the PE before, does not take; step 0's,
+    /// of the own block, after the ring pass).
+    cut_in: Option<Vec<Piece>>,
+    /// The row cut at `x_{p+1}`: its first part is the last local row, against these pieces
+    /// (step 0's whole block among them).
+    cut_out: Option<Vec<Piece>>,
+    /// Rows wholly its own.
+    full: u32,
+    rows: u32,
+    q: u32,
+    /// The own block, per head `[k rows][v rows]`.
+    kv: u32,
+    y: u32,
+    /// Every other block of the head as it arrives, in token order: the k row of token `t` at
+    /// `kb + t·d`, its v row at `vb + t·d`.
+    kb: u32,
+    vb: u32,
+    /// Scores, one row of `n` per local row (column = key token), then its exponentials.
+    s: u32,
+    /// Running maxima, then (`mx + rows`) the sums `l`.
+    mx: u32,
+    l: u32,
+    /// The first part's maximum, `l` and `y` row, from the PE before.
+    rcv: u32,
+    /// The first part's rescale factor.
+    tmp: u32,
+    words: u32,
+}
+
+impl Pe {
+    fn c2(&self) -> u32 {
+        u32::from(self.cut_in.is_some())
+    }
+    fn piece_in(&self, s: u32) -> Option<Piece> {
+        self.cut_in
+            .as_ref()
+            .and_then(|i| i.iter().copied().find(|x| x.step == s))
+    }
+    fn piece_out(&self, s: u32) -> Option<Piece> {
+        self.cut_out
+            .as_ref()
+            .and_then(|o| o.iter().copied().find(|x| x.step == s))
+    }
+    /// The second part's first ring step (its own block, step 0, comes after the pass).
+    fn in_first(&self) -> Option<u32> {
+        self.cut_in
+            .as_ref()
+            .and_then(|i| i.iter().map(|x| x.step).filter(|&s| s > 0).min())
+    }
+}
+
+/// What a score loop's link slot carries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fwd {
+    None,
+    /// The block, to the next PE's buffers: k rows on row 0's loops, v rows on row 1's.
+    Block,
+    /// The row's q row, to local row 0 of the next PE (the second part of the cut row).
+    Q,
+}
+
+struct Deal {
+    n: u32,
+    d: u32,
+    m: u32,
+    pes: Vec<Pe>,
+}
+
+impl Deal {
+    /// `⌈p·n/m⌉`: the first token whose row starts in PE `p`'s stretch.
+    fn start(&self, p: u32) -> u32 {
+        (u64::from(p) * u64::from(self.n)).div_ceil(u64::from(self.m)) as u32
+    }
+    /// First token and size of PE `b`'s block.
+    fn block(&self, b: u32) -> (u32, u32) {
+        let t = self.start(b);
+        (t, self.start(b + 1) - t)
+    }
+    /// Block held by PE `p` in ring step `s`.
+    fn held(&self, p: u32, s: u32) -> u32 {
+        (p + self.m - s) % self.m
+    }
+    fn pe(&self, p: u32) -> &Pe {
+        &self.pes[p as usize]
+    }
+    fn next(&self, p: u32) -> &Pe {
+        &self.pes[((p + 1) % self.m) as usize]
+    }
+
+    fn new(n: u32, d: u32, m: u32, heads: u32) -> Option<Deal> {
+        let mut deal = Deal {
+            n,
+            d,
+            m,
+            pes: Vec::new(),
+        };
+        let cuts = deal.cuts();
+        let (dd, nn, h) = (u64::from(d), u64::from(n), u64::from(heads));
+        for p in 0..m {
+            let (first, own) = deal.block(p);
+            let cut_out = cuts[p as usize + 1].clone();
+            // The second part takes the blocks the first does not: on this PE, one step later.
+            let cut_in = cuts[p as usize].as_ref().map(|out| deal.rest(p - 1, out));
+            let full = own - u32::from(cut_out.is_some());
+            let rows = full + u32::from(cut_in.is_some()) + u32::from(cut_out.is_some());
+            let r = u64::from(rows);
+            let q = 0u64;
+            let kv = q + h * r * dd;
+            let y = kv + h * 2 * u64::from(own) * dd;
+            let kb = y + h * r * dd;
+            let vb = kb + nn * dd;
+            let s = vb + nn * dd;
+            let mx = s + r * nn;
+            let l = mx + r;
+            let rcv = l + r;
+            let tmp = rcv + dd + 2;
+            let words = tmp + 1;
+            let w = |x: u64| u32::try_from(x).ok();
+            deal.pes.push(Pe {
+                first,
+                own,
+                cut_in,
+                cut_out,
+                full,
+                rows,
+                q: w(q)?,
+                kv: w(kv)?,
+                y: w(y)?,
+                kb: w(kb)?,
+                vb: w(vb)?,
+                s: w(s)?,
+                mx: w(mx)?,
+                l: w(l)?,
+                rcv: w(rcv)?,
+                tmp: w(tmp)?,
+                words: w(words)?,
+            });
+        }
+        Some(deal)
+    }
+
+    /// The ring steps of the first part of each cut row (index `p`: the row cut at `x_p`, its
+    /// first part on PE `p − 1`). A part takes as many keys as bring its PE's cycles to the
+    /// mean (to within half a block): `2d + 2` per score of a row (product, maximum,
+    /// exponential, weighted value), `d` per row it normalises, `d + 3` per merge. Its steps
+    /// are chosen so that its PE's work so far stays as close as it can to the even pace: a
+    /// PE running ahead of the one before it would wait for blocks. Step 0 is always among
+    /// them, so the q row the part sends on in that step is there before the second part's
+    /// first step.
+    fn cuts(&self) -> Vec<Option<Vec<Piece>>> {
+        let (n, m) = (u64::from(self.n), u64::from(self.m));
+        let mut cuts: Vec<Option<Vec<Piece>>> = vec![None; self.m as usize + 1];
+        let d = f64::from(self.d);
+        let (pair, merge) = (2.0 * d + 2.0, d + 3.0);
+        let count = (1..self.m).filter(|&p| u64::from(p) * n % m != 0).count() as f64;
+        let mean = (pair * (n * n) as f64 + d * n as f64 + merge * count) / m as f64;
+        // The second part on PE `q`, of the cut before.
+        let mut taken_in: Vec<Piece> = Vec::new();
+        for p in 1..self.m {
+            let q = p - 1;
+            let frac = u64::from(p) * n % m;
+            // Rows wholly PE q's: ⌊x_{q+1}⌋ − ⌈x_q⌉.
+            let whole = u64::from(p) * n / m - u64::from(self.start(q));
+            if frac == 0 {
+                taken_in.clear();
+                continue;
+            }
+            // Work in key·rows, scaled by m: the even pace is n·n per step (n/m rows, n/m keys).
+            let in_keys: u64 = taken_in.iter().map(|x| u64::from(x.keys)).sum();
+            let in_at = |s: u32| {
+                taken_in
+                    .iter()
+                    .find(|x| x.step == s && s > 0)
+                    .map_or(0, |x| u64::from(x.keys))
+            };
+            let merged = !taken_in.is_empty();
+            let fixed = pair * ((whole * n + in_keys) as f64)
+                + d * (whole + u64::from(merged)) as f64
+                + if merged { merge } else { 0.0 };
+            let want = ((mean - fixed) / pair).max(1.0);
+            let target = (want * m as f64).round() as u64;
+            let mut keys = 0u64;
+            let mut work = 0u64;
+            let mut pieces = Vec::new();
+            for s in 0..self.m {
+                let b = u64::from(self.block(self.held(q, s)).1);
+                work += (whole * b + in_at(s)) * m;
+                let pace = u64::from(s + 1) * n * n / m;
+                let budget = (keys + b) * m <= target;
+                if s == 0 || (budget && (work + b * m / 2) < pace) {
+                    keys += b;
+                    work += b * m;
+                    pieces.push(Piece {
+                        step: s,
+                        k0: 0,
+                        keys: b as u32,
+                    });
+                }
+            }
+            // What whole blocks leave: the last step not taken shares its block (the second
+            // part's side at least 2 keys, for a first maximum if it is the part's first).
+            let left = (want - keys as f64).round();
+            if left >= 1.0 {
+                let free = (1..self.m)
+                    .rev()
+                    .find(|s| !pieces.iter().any(|x| x.step == *s));
+                if let Some(s) = free {
+                    let b = self.block(self.held(q, s)).1;
+                    if b >= 4 {
+                        let c = (left as u32).min(b - 2);
+                        pieces.push(Piece {
+                            step: s,
+                            k0: 0,
+                            keys: c,
+                        });
+                        pieces.sort_by_key(|x| x.step);
+                    }
+                }
+            }
+            taken_in = self.rest(q, &pieces);
+            cuts[p as usize] = Some(pieces);
+        }
+        cuts
+    }
+
+    /// The second part of a cut row whose first part takes `out` on PE `q`: every key it does
+    /// not, each block one ring step later on PE `q + 1`.
+    fn rest(&self, q: u32, out: &[Piece]) -> Vec<Piece> {
+        let mut rest: Vec<Piece> = (0..self.m)
+            .filter_map(|s| {
+                let b = self.block(self.held(q, s)).1;
+                let taken = out.iter().find(|x| x.step == s).map_or(0, |x| x.keys);
+                (taken < b).then_some(Piece {
+                    step: (s + 1) % self.m,
+                    k0: taken,
+                    keys: b - taken,
+                })
+            })
+            .collect();
+        rest.sort_by_key(|x| x.step);
+        rest
+    }
+
+    /// Where PE `p` holds block `b`: its first k row, and how far its v rows are from its k rows.
+    fn loc(&self, p: u32, b: u32) -> (Ad, i64) {
+        let pe = self.pe(p);
+        let d = i64::from(self.d);
+        if b == p {
+            (
+                ad(pe.kv).t(0, 2 * i64::from(pe.own) * d),
+                i64::from(pe.own) * d,
+            )
+        } else {
+            let (t, _) = self.block(b);
+            (ad(pe.kb + t * self.d), i64::from(pe.vb) - i64::from(pe.kb))
+        }
+    }
+
+    /// Rows `lo … lo + rows − 1` of PE `p` against keys `k0 … k0 + keys − 1` of block `b`:
+    /// scores into their score rows and their running maxima (`first`: the rows' first
+    /// keys), the link slot carrying `fwd` (the whole block's words: only with all its keys).
+    /// Also the cycles of one row.
+    #[allow(clippy::too_many_arguments)] // one work: its rows, its keys, its flags
+    fn scores(
+        &self,
+        p: u32,
+        b: u32,
+        (k0, keys): (u32, u32),
+        lo: u32,
+        rows: u32,
+        first: bool,
+        fwd: Fwd,
+    ) -> (Vec<Node>, u64) {
+        let pe = self.pe(p);
+        let next = self.next(p);
+        let (d, n) = (i64::from(self.d), i64::from(self.n));
+        let (t0, _) = self.block(b);
+        let (lr, lb, lc) = (1u8, 2u8, 3u8);
+        let q = ad(pe.q + lo * self.d).t(0, i64::from(pe.rows) * d).t(lr, d);
+        let (kloc, vdel) = self.loc(p, b);
+        let k = kloc.clone().plus(i64::from(k0) * d).t(lb, d);
+        let sc = ad(pe.s + lo * self.n + t0 + k0).t(lr, n);
+        let send = |c0: i64, col: bool| {
+            let cols = |x: Ad| if col { x.t(lc, 1) } else { x };
+            match fwd {
+                Fwd::None => None,
+                Fwd::Block => Some(Send {
+                    src: cols(kloc.clone().plus(c0).t(lr, vdel).t(lb, d)),
+                    dst: cols(
+                        ad(next.kb + t0 * self.d)
+                            .plus(c0)
+                            .t(lr, i64::from(next.vb) - i64::from(next.kb))
+                            .t(lb, d),
+                    ),
+                    preds: vec![Pred {
+                        slot: Slot::Xfer,
+                        level: lr,
+                        cmp: Cmp::Lt,
+                        value: 2,
+                    }],
+                }),
+                Fwd::Q => Some(Send {
+                    src: cols(q.clone().plus(c0)),
+                    dst: cols(ad(next.q).t(0, i64::from(next.rows) * d).plus(c0)),
+                    preds: vec![Pred {
+                        slot: Slot::Xfer,
+                        level: lb,
+                        cmp: Cmp::Eq,
+                        value: 0,
+                    }],
+                }),
+            }
+        };
+        let mut score = vec![B::new()
+            .mul(q.clone(), k.clone(), None)
+            .add(None, sc.clone().t(lb, 1))
+            .send(send(0, false).as_ref())
+            .build()];
+        score.extend(lp(
+            self.d - 1,
+            vec![B::new()
+                .mul(q.clone().plus(1).t(lc, 1), k.plus(1).t(lc, 1), None)
+                .add(Some(sc.clone().t(lb, 1)), sc.clone().t(lb, 1))
+                .send(send(1, true).as_ref())
+                .build()],
+        ));
+        let mut body = lp(keys, score);
+        let mx = ad(pe.mx + lo).t(lr, 1);
+        if first {
+            body.push(
+                B::new()
+                    .max(sc.clone(), sc.clone().plus(1), mx.clone())
+                    .build(),
+            );
+            body.extend(lp(
+                keys.saturating_sub(2),
+                vec![B::new()
+                    .max(mx.clone(), sc.plus(2).t(lb, 1), mx.clone())
+                    .build()],
+            ));
+        } else {
+            body.extend(lp(
+                keys,
+                vec![B::new().max(mx.clone(), sc.t(lb, 1), mx.clone()).build()],
+            ));
+        }
+        let row = cycles(&body);
+        (lp(rows, body), row)
+    }
+
+    /// Ring step `s` on PE `p`: the rows taking its block (all but the cut rows' other steps),
+    /// rows 0 and 1 forwarding the block; in step 0 the first part of a cut row then sends its
+    /// q row on; in the second part's first step, that row alone. Also the cycle, from the
+    /// step's start, by which the next PE has the whole block.
+    fn step(&self, p: u32, s: u32) -> (Vec<Node>, u64) {
+        let pe = self.pe(p);
+        let b = self.held(p, s);
+        let (_, size) = self.block(b);
+        let whole = |x: Option<Piece>| x.is_some_and(|x| x.keys == size);
+        let in_first = pe.in_first();
+        let lo = if in_first.is_some_and(|u| s > u) && whole(pe.piece_in(s)) {
+            0
+        } else {
+            pe.c2()
+        };
+        let out = s > 0 && whole(pe.piece_out(s));
+        let hi = pe.c2() + pe.full + u32::from(out);
+        let fwd = if s + 1 < self.m {
+            Fwd::Block
+        } else {
+            Fwd::None
+        };
+        let (mut nodes, row) = self.scores(p, b, (0, size), lo, hi - lo, s == 0, fwd);
+        // The cut rows' pieces that the rows above do not take.
+        if let Some(x) = pe.piece_out(s).filter(|_| s == 0 || !out) {
+            let fwd = if s == 0 { Fwd::Q } else { Fwd::None };
+            let first = s == 0;
+            nodes.extend(
+                self.scores(p, b, (x.k0, x.keys), pe.rows - 1, 1, first, fwd)
+                    .0,
+            );
+        }
+        if let Some(x) = pe.piece_in(s).filter(|_| s > 0 && lo > 0) {
+            let first = in_first == Some(s);
+            nodes.extend(self.scores(p, b, (x.k0, x.keys), 0, 1, first, Fwd::None).0);
+        }
+        (nodes, row + u64::from(size) * u64::from(self.d))
+    }
+
+    /// The keys a row of kind `part` on PE `p` sees, as (first token, count, of the own block).
+    fn keys_of(&self, p: u32, part: Part) -> Vec<(u32, u32, bool)> {
+        let pe = self.pe(p);
+        let pieces: Vec<Piece> = match part {
+            Part::Full => (0..self.m)
+                .map(|s| Piece {
+                    step: s,
+                    k0: 0,
+                    keys: self.block(self.held(p, s)).1,
+                })
+                .collect(),
+            Part::Out => pe.cut_out.clone().unwrap_or_default(),
+            Part::In => pe.cut_in.clone().unwrap_or_default(),
+        };
+        let mut keys: Vec<(u32, u32, bool)> = pieces
+            .into_iter()
+            .map(|x| {
+                let b = self.held(p, x.step);
+                (self.block(b).0 + x.k0, x.keys, b == p)
+            })
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// After the ring pass, rows `r0 … r0 + rows − 1` of PE `p` (all of kind `part`): their
+    /// exponentials against their final maxima, summed into `l`, and `y` from the kept blocks
+    /// (token runs of the buffers, and the own block), their link slots carrying `ride`. Also
+    /// the cycles of one row.
+    fn values(
+        &self,
+        p: u32,
+        r0: u32,
+        rows: u32,
+        part: Part,
+        ride: Ride,
+        scale: f32,
+    ) -> (Vec<Node>, u64) {
+        let pe = self.pe(p);
+        let next = self.next(p);
+        let (d, n) = (i64::from(self.d), i64::from(self.n));
+        let sc = ad(pe.s + r0 * self.n).t(1, n);
+        let mx = ad(pe.mx + r0).t(1, 1);
+        let l = ad(pe.l + r0).t(1, 1);
+        let yc = ad(pe.y + r0 * self.d)
+            .t(0, i64::from(pe.rows) * d)
+            .t(1, d)
+            .t(2, 1);
+        // Runs of tokens: (first token, count, own block).
+        let mut runs: Vec<(u32, u32, bool)> = Vec::new();
+        for (t, keys, own) in self.keys_of(p, part) {
+            match runs.last_mut() {
+                Some(r) if r.0 + r.1 == t && !r.2 && !own => r.1 += keys,
+                _ => runs.push((t, keys, own)),
+            }
+        }
+        let row0 = Pred {
+            slot: Slot::Xfer,
+            level: 1,
+            cmp: Cmp::Eq,
+            value: 0,
+        };
+        // Exponentials in place, over runs of adjacent tokens wherever their blocks are.
+        let mut spans: Vec<(u32, u32)> = Vec::new();
+        for &(t, c, _) in &runs {
+            match spans.last_mut() {
+                Some(x) if x.0 + x.1 == t => x.1 += c,
+                _ => spans.push((t, c)),
+            }
+        }
+        let mut body = Vec::new();
+        for (i, &(t, c)) in spans.iter().enumerate() {
+            let e = sc.clone().plus(i64::from(t));
+            let ex = |x: Ad, init: bool| {
+                B::new()
+                    .expd(x.clone(), mx.clone(), scale, x)
+                    .add((!init).then(|| l.clone()), l.clone())
+            };
+            if i == 0 {
+                let max = (ride == Ride::Max).then(|| Send {
+                    src: mx.clone(),
+                    dst: ad(next.rcv),
+                    preds: Vec::new(),
+                });
+                body.push(ex(e.clone(), true).send(max.as_ref()).build());
+                let state = (ride == Ride::State).then(|| Send {
+                    src: ad(pe.l + pe.rows - 1),
+                    dst: ad(next.rcv + 1),
+                    preds: vec![
+                        row0,
+                        Pred {
+                            slot: Slot::Xfer,
+                            level: 2,
+                            cmp: Cmp::Eq,
+                            value: 0,
+                        },
+                    ],
+                });
+                body.extend(lp(
+                    c.saturating_sub(1),
+                    vec![ex(e.plus(1).t(2, 1), false).send(state.as_ref()).build()],
+                ));
+            } else {
+                body.extend(lp(c, vec![ex(e.t(2, 1), false).build()]));
+            }
+        }
+        let mut cols = Vec::new();
+        for (i, &(t, c, own)) in runs.iter().enumerate() {
+            let e = sc.clone().plus(i64::from(t));
+            let v = if own {
+                ad(pe.kv)
+                    .t(0, 2 * i64::from(pe.own) * d)
+                    .plus(i64::from(pe.own + t - pe.first) * d)
+            } else {
+                ad(pe.vb + t * self.d)
+            }
+            .t(2, 1);
+            let mac = |e: Ad, v: Ad, init: bool| {
+                B::new()
+                    .mul(e, v, None)
+                    .add((!init).then(|| yc.clone()), yc.clone())
+            };
+            if i == 0 {
+                let y_row = (ride == Ride::State).then(|| Send {
+                    src: ad(pe.y + (pe.rows - 1) * self.d)
+                        .t(0, i64::from(pe.rows) * d)
+                        .t(2, 1),
+                    dst: ad(next.rcv + 2).t(2, 1),
+                    preds: vec![row0],
+                });
+                cols.push(mac(e.clone(), v.clone(), true).send(y_row.as_ref()).build());
+                cols.extend(lp(
+                    c.saturating_sub(1),
+                    vec![mac(e.plus(1).t(3, 1), v.plus(d).t(3, d), false).build()],
+                ));
+            } else {
+                cols.extend(lp(c, vec![mac(e.t(3, 1), v.t(3, d), false).build()]));
+            }
+        }
+        body.extend(lp(self.d, cols));
+        let row = cycles(&body);
+        (lp(rows, body), row)
+    }
+
+    /// Local row 0 of PE `p` takes in the first part, whose maximum it took into its own
+    /// before its exponentials (`M = max(M₁, M₂)`): the first part's `l` and `y` scaled by
+    /// `exp(s·(M₁ − M))` and added.
+    fn merge(&self, p: u32, scale: f32) -> Vec<Node> {
+        let pe = self.pe(p);
+        let f1 = ad(pe.tmp);
+        let (mx, l, rcv) = (ad(pe.mx), ad(pe.l), ad(pe.rcv));
+        let y = ad(pe.y).t(0, i64::from(pe.rows * self.d)).t(1, 1);
+        let mut nodes = vec![
+            B::new().expd(rcv.clone(), mx, scale, f1.clone()).build(),
+            B::new()
+                .mul(rcv.plus(1), f1.clone(), None)
+                .add(Some(l.clone()), l)
+                .build(),
+        ];
+        nodes.extend(lp(
+            self.d,
+            vec![B::new()
+                .mul(ad(pe.rcv + 2).t(1, 1), f1, None)
+                .add(Some(y.clone()), y)
+                .build()],
+        ));
+        nodes
+    }
+
+    /// `y /= l` for the rows whose result this PE holds (all but a first part).
+    fn normalise(&self, p: u32) -> Vec<Node> {
+        let pe = self.pe(p);
+        let d = i64::from(self.d);
+        let y = ad(pe.y).t(0, i64::from(pe.rows) * d).t(1, d).t(2, 1);
+        let rows = pe.rows - u32::from(pe.cut_out.is_some());
+        lp(
+            rows,
+            lp(
+                self.d,
+                vec![B::new().div(y.clone(), ad(pe.l).t(1, 1), y).build()],
+            ),
+        )
+    }
+}
+
+/// What the link slots of a row kind's exponential and value loops carry.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Ride {
+    None,
+    /// A first part's maximum, final after the ring pass, to the next PE, which takes it
+    /// into the second part's before that one's exponentials.
+    Max,
+    /// The PE's first part's `l` and `y` row (row 0's loops: the whole rows come after the
+    /// first part), for the merge.
+    State,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Part {
+    Full,
+    /// A first part (the last local row).
+    Out,
+    /// A second part (local row 0).
+    In,
+}
+
+fn nop() -> Node {
+    B::new().build()
+}
+
+fn cycles(nodes: &[Node]) -> u64 {
+    LoopProgram {
+        pe: 0,
+        pes: 1,
+        mem_words: 0,
+        body: nodes.to_vec(),
+    }
+    .cycles()
+}
+
+/// `count` idle cycles.
+fn wait(count: u64) -> Result<Vec<Node>, String> {
+    let c = u32::try_from(count).map_err(|_| format!("{NAME}: a wait of {count} cycles"))?;
+    Ok(lp(c, vec![nop()]))
+}
+
+/// The uneven deal's programs for `p` on `m` PEs (see the module's doc), if every PE's memory
+/// is within `budget` words (checked before anything is built).
+pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
+    if let Some(why) = unsupported(p, m) {
+        return Err(why);
+    }
+    let (n, d, heads) = (p.tokens, p.dim, p.heads);
+    let scale = p.scale as f32;
+    let deal = Deal::new(n, d, m, heads)
+        .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
+    let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
+    if budget.is_some_and(|b| u64::from(words) > b) {
+        return Err(format!(
+            "{NAME}: the uneven deal needs {words} words per PE, more than {}",
+            budget.unwrap_or(0)
+        ));
+    }
+    let mu = m as usize;
+    let prev = |pe: usize| (pe + mu - 1) % mu;
+    // Ring steps: each waits until the block it reads is whole on its PE, and a second part's
+    // first step until its q row is there (sent at the end of the PE before's step 0).
+    let steps: Vec<Vec<(Vec<Node>, u64)>> = (0..m)
+        .map(|pe| (0..m).map(|s| deal.step(pe, s)).collect())
+        .collect();
+    let q_from = |pe: usize| deal.pes[pe].in_first().map(|s| s as usize);
+    let mut waits = vec![vec![0u64; mu]; mu];
+    let mut start = vec![vec![0u64; mu]; mu];
+    let mut end = vec![0u64; mu];
+    let mut end0 = vec![0u64; mu];
+    for s in 0..mu {
+        for pe in 0..mu {
+            let mut ready = if s == 0 {
+                0
+            } else {
+                start[prev(pe)][s - 1] + steps[prev(pe)][s - 1].1
+            };
+            if q_from(pe) == Some(s) {
+                ready = ready.max(end0[prev(pe)]);
+            }
+            let at = end[pe].max(ready);
+            waits[pe][s] = at - end[pe];
+            start[pe][s] = at;
+            end[pe] = at + cycles(&steps[pe][s].0);
+            if s == 0 {
+                end0[pe] = end[pe];
+            }
+        }
+    }
+    // After the ring pass: the first part of a cut row, the whole rows (whose first row sends
+    // that part on), the second part (its own block's scores first), which waits for the
+    // first part to merge it.
+    let mut bodies = Vec::with_capacity(mu);
+    let mut sent_by = vec![0u64; mu];
+    let mut parts = Vec::with_capacity(mu);
+    for pe in 0..mu {
+        let me = &deal.pes[pe];
+        let p32 = pe as u32;
+        let mut body = Vec::new();
+        for (s, (nodes, _)) in steps[pe].iter().enumerate() {
+            body.extend(wait(waits[pe][s])?);
+            body.extend(nodes.iter().cloned());
+        }
+        if me.cut_out.is_some() {
+            body.extend(
+                deal.values(p32, me.rows - 1, 1, Part::Out, Ride::Max, scale)
+                    .0,
+            );
+        }
+        let ride = if me.cut_out.is_some() {
+            Ride::State
+        } else {
+            Ride::None
+        };
+        let (full, row) = deal.values(p32, me.c2(), me.full, Part::Full, ride, scale);
+        sent_by[pe] = cycles(&body) + row;
+        body.extend(full);
+        if me.cut_in.is_some() {
+            let alone = me.in_first().is_none();
+            if alone {
+                // The row's only block is the own one: its q row may still be on its way.
+                body.extend(wait(end0[prev(pe)].saturating_sub(cycles(&body)))?);
+            }
+            if let Some(x) = me.piece_in(0) {
+                let work = deal.scores(p32, p32, (x.k0, x.keys), 0, 1, alone, Fwd::None);
+                body.extend(work.0);
+            }
+            // The first part's maximum, sent as its PE's exponentials begin.
+            body.extend(wait((end[prev(pe)] + 1).saturating_sub(cycles(&body)))?);
+            let (mx, rcv) = (ad(me.mx), ad(me.rcv));
+            body.push(B::new().max(mx.clone(), rcv, mx).build());
+            body.extend(deal.values(p32, 0, 1, Part::In, Ride::None, scale).0);
+        }
+        parts.push(cycles(&body));
+        bodies.push(body);
+    }
+    let mut ends = Vec::with_capacity(mu);
+    for (pe, body) in bodies.iter_mut().enumerate() {
+        let p32 = pe as u32;
+        if deal.pes[pe].cut_in.is_some() {
+            body.extend(wait(sent_by[prev(pe)].saturating_sub(parts[pe]))?);
+            body.extend(deal.merge(p32, scale));
+        }
+        body.extend(deal.normalise(p32));
+        ends.push(cycles(body));
+    }
+    // The heads start together: a block of the next head lands where this one's was read.
+    let head = ends.iter().copied().max().unwrap_or(0);
+    let programs = bodies
+        .into_iter()
+        .zip(&ends)
+        .enumerate()
+        .map(|(pe, (mut body, &e))| {
+            body.extend(wait(head - e)?);
+            Ok(LoopProgram {
+                pe: pe as u32,
+                pes: m,
+                mem_words: deal.pes[pe].words,
+                body: lp(heads, body),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
+    let total_ops: u64 = programs
+        .iter()
+        .map(|p| p.op_counts().iter().sum::<u64>())
+        .sum();
+    let weights = u64::from(n) * u64::from(n) * u64::from(heads);
+    let ops = crate::schedule::OpCounts {
+        phase1_mac: weights * u64::from(d),
+        phase2_exp: weights,
+        phase2_max: 0,
+        phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
+        phase3_mac: weights * u64::from(d),
+    };
+    let (inputs, output) = places(&deal, heads);
+    Ok(Stream {
+        programs,
+        inputs,
+        output,
+        cycles,
+        ops,
+        total_ops,
+        lag: 0,
+        normalisation: runtime::layer::Normalisation::Deferred,
+    })
+}
+
+/// Every element's word: q, k, v on the PE whose stretch the token's row starts in, y on the
+/// one it ends in (a cut row's first part is computed before its second).
+fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
+    let (n, d, m) = (deal.n, deal.d, deal.m);
+    // The stretch `t` starts in: `⌈p·n/m⌉ ≤ t` exactly when `p ≤ t·m/n`.
+    let owner = |t: u32| (u64::from(t) * u64::from(m) / u64::from(n)) as u32;
+    let mut lists: [(Vec<u32>, Vec<u32>); 4] = Default::default();
+    for h in 0..heads {
+        for t in 0..n {
+            let p = owner(t);
+            let pe = &deal.pes[p as usize];
+            let i = t - pe.first;
+            let row = pe.c2() + i;
+            let (yp, yrow) = if pe.cut_out.is_some() && row == pe.rows - 1 {
+                ((p + 1) % m, 0)
+            } else {
+                (p, row)
+            };
+            let ype = &deal.pes[yp as usize];
+            for c in 0..d {
+                let kv = pe.kv + h * 2 * pe.own * d + i * d + c;
+                let at = [
+                    (p, pe.q + (h * pe.rows + row) * d + c),
+                    (p, kv),
+                    (p, kv + pe.own * d),
+                    (yp, ype.y + (h * ype.rows + yrow) * d + c),
+                ];
+                for (list, (q, a)) in lists.iter_mut().zip(at) {
+                    list.0.push(q);
+                    list.1.push(a);
+                }
+            }
+        }
+    }
+    let [q, k, v, y] = lists.map(|(pe, addr)| Place::Listed {
+        tokens: n,
+        dim: d,
+        pe,
+        addr,
+    });
+    let inputs = BTreeMap::from([
+        ("q".to_string(), q),
+        ("k".to_string(), k),
+        ("v".to_string(), v),
+    ]);
+    (inputs, y)
+}
