@@ -36,6 +36,8 @@ use crate::scheduler::Scheduler;
 use cranelift_entity::EntityRef;
 use rustc_hash::FxHashMap as HashMap;
 
+mod ready;
+
 pub const NAME: &str = "schedule-split";
 pub const DESCRIPTION: &str =
     "split dataflow: d products, heads, rows and row sums over all PEs, list-scheduled without phase barriers";
@@ -913,6 +915,8 @@ fn build(
         order: &plan.order,
         chains: &plan.chains,
         reach: &plan.reach,
+        gates: &plan.gates,
+        readers: &plan.readers,
     };
     // Charged per run even where the plan is reused: the search's length is counted in these
     // units, and the same units end it at the same step.
@@ -951,6 +955,9 @@ struct Plan {
     tail: Vec<i64>,
     /// Softmax work, which a `softmax_first` variant runs before any product.
     eager: Vec<bool>,
+    /// What each task waits for, by task index.
+    gates: Vec<Gate>,
+    readers: ready::Readers,
     /// The last run's tasks by PE, then priority (highest first), then index, and the priorities
     /// they were sorted by: a search step changes only a few of them.
     order: Vec<u32>,
@@ -1004,6 +1011,7 @@ struct Plans {
 struct Scratch {
     avail: Vec<Avail>,
     links: Vec<Link>,
+    ready: ready::Ready,
 }
 
 /// Plans kept: the retries go round three layouts, and the search keeps coming back to its
@@ -1430,6 +1438,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         })
         .collect();
     let vals = b.vals();
+    let gates: Vec<Gate> = tasks.iter().map(|t| gate(t, &chains)).collect();
+    let readers = ready::Readers::new(&tasks, &gates, chains.len(), vals);
     let mut dense_reach = vec![0u32; vals];
     for (v, &hops) in &reach {
         if let Some(r) = dense_reach.get_mut(v.index()) {
@@ -1447,6 +1457,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         vals,
         tail,
         eager,
+        gates,
+        readers,
         order: Vec::new(),
         order_prio: Vec::new(),
         cycles: 0,
@@ -1596,9 +1608,6 @@ impl Avail {
     }
 }
 
-/// End of a task list.
-const NIL: u32 = u32::MAX;
-
 /// When a task can run: its chain at its segment with the partial sum here (`chain` is [`NONE`]
 /// for a division), and each operand here. An operand is a value's index, [`CHAIN`] plus a
 /// chain's (its result), or [`NONE`].
@@ -1635,6 +1644,35 @@ fn open(g: &Gate, t: usize, avail: &Avail, state: &[ChainState]) -> bool {
     opnd(g.bias) && opnd(g.x) && opnd(g.y)
 }
 
+/// What [`open`] needs of `task`.
+fn gate(task: &Task, chains: &[Chain]) -> Gate {
+    let opnd = |o: Opnd| match o {
+        Opnd::V(v) => v.as_u32(),
+        Opnd::Chain(c) => CHAIN | c as u32,
+    };
+    match task.kind {
+        TaskKind::Term {
+            chain, seg, x, y, ..
+        } => Gate {
+            chain: chain as u32,
+            seg: seg as u32,
+            bias: match chains.get(chain).map(|c| c.kind) {
+                Some(ChainKind::Exp { bias: Some(mx) }) => CHAIN | mx as u32,
+                _ => NONE,
+            },
+            x: opnd(x),
+            y: y.map_or(NONE, opnd),
+        },
+        TaskKind::Div { num, den, .. } => Gate {
+            chain: NONE,
+            seg: 0,
+            bias: NONE,
+            x: num.as_u32(),
+            y: CHAIN | den as u32,
+        },
+    }
+}
+
 /// The cycle-by-cycle list scheduler over pinned tasks.
 struct Sim<'a> {
     m: u32,
@@ -1645,6 +1683,9 @@ struct Sim<'a> {
     chains: &'a [Chain],
     /// Hops each fixed value travels from where it appears.
     reach: &'a [u32],
+    /// What each task waits for, by task index.
+    gates: &'a [Gate],
+    readers: &'a ready::Readers,
 }
 
 /// Words waiting to go over one PE's link. A word can be queued twice (a score that is also a
@@ -1777,7 +1818,11 @@ impl Sim<'_> {
         let m = self.m as usize;
         let mut last_op: Vec<usize> = vec![0; m];
         let dense = (m as u64) * 3 * (self.tasks.len() as u64) <= DENSE_AVAIL;
-        let Scratch { avail, links } = scratch;
+        let Scratch {
+            avail,
+            links,
+            ready,
+        } = scratch;
         if avail.len() != m || links.len() != m || matches!(avail[0], Avail::Dense(_)) != dense {
             *avail = (0..m)
                 .map(|_| {
@@ -1792,8 +1837,12 @@ impl Sim<'_> {
         }
         avail.iter_mut().for_each(Avail::clear);
         links.iter_mut().for_each(Link::clear);
+        // Per PE, pending tasks by priority (highest first): positions in `order`, which holds
+        // them by PE.
+        let order = self.order;
+        ready.reset(order, self.tasks, m, self.readers);
         for &(pe, v, prio) in preloaded {
-            avail[pe as usize].insert(v, 0);
+            ready.write(&mut avail[pe as usize], pe, v, 0);
             self.forward(v, prio, &mut links[pe as usize]);
         }
         let mut state: Vec<ChainState> = self
@@ -1804,24 +1853,14 @@ impl Sim<'_> {
                 ..Default::default()
             })
             .collect();
-        // Per PE, pending tasks by priority (highest first): a list linked through `next`, as
-        // tasks leave from anywhere in it.
-        // The lists run over positions in `order`, with what readiness needs of each task
-        // alongside: a PE's list is then read front to back in memory.
-        let order = self.order;
-        let gates: Vec<Gate> = order.iter().map(|&i| self.gate(i as usize)).collect();
-        let mut head: Vec<u32> = vec![NIL; m];
-        let mut next: Vec<u32> = vec![NIL; order.len()];
-        let mut ops_left: Vec<usize> = vec![0; m];
-        for (k, &i) in order.iter().enumerate().rev() {
-            let pe = self.tasks[i as usize].pe as usize;
-            if let Some(&after) = order.get(k + 1) {
-                if self.tasks[after as usize].pe as usize == pe {
-                    next[k] = k as u32 + 1;
-                }
+        for (chain, c) in self.chains.iter().enumerate() {
+            if let Some((pe, _)) = c.segs.first() {
+                ready.enter(self.chains, &state, chain, &avail[*pe as usize], 0);
             }
-            head[pe] = k as u32;
-            ops_left[pe] += 1;
+        }
+        let mut ops_left: Vec<usize> = vec![0; m];
+        for &i in order {
+            ops_left[self.tasks[i as usize].pe as usize] += 1;
         }
         let mut left: usize = self.tasks.len();
         // Per PE, the operations still to run: its tasks but the first term of each maximum
@@ -1845,6 +1884,7 @@ impl Sim<'_> {
             if t >= limit || ops_left.iter().any(|&k| t.saturating_add(k) > limit) {
                 return Ok(None);
             }
+            ready.arrivals(self.readers, self.tasks, self.chains);
             let mut progressed = false;
             arrivals.clear();
             *work += m as u64;
@@ -1852,29 +1892,38 @@ impl Sim<'_> {
                 // Operation slot: the most urgent ready task (absorbing a maximum chain's first
                 // terms costs nothing and does not use the slot). A PE that found nothing ready
                 // waits for a word to reach it or for its own work to finish: nothing else can
-                // make one of its tasks ready.
-                let (mut prev, mut cur) = (NIL, if wake[pe] <= t { head[pe] } else { NIL });
+                // make one of its tasks ready. The budget counts the pending tasks a scan of the
+                // PE's whole list, most urgent first, would have looked at.
+                let scan = wake[pe] <= t;
                 wake[pe] = usize::MAX;
-                while cur != NIL {
-                    let k = cur as usize;
-                    *work += 1;
-                    if !open(&gates[k], t, &avail[pe], &state) {
-                        (prev, cur) = (cur, next[k]);
-                        continue;
-                    }
+                while scan {
+                    let found = ready.first(pe, |k| {
+                        open(&self.gates[order[k] as usize], t, &avail[pe], &state)
+                    });
+                    let Some(k) = found else {
+                        *work += ready.count(pe);
+                        break;
+                    };
+                    *work += ready.rank(pe, k);
+                    ready.take(pe, k);
                     let i = order[k] as usize;
-                    if prev == NIL {
-                        head[pe] = next[k];
-                    } else {
-                        next[prev as usize] = next[k];
-                    }
                     left -= 1;
                     progressed = true;
-                    if self.absorb(i, t, &mut state, &mut links[pe]) {
-                        (prev, cur) = (NIL, head[pe]);
+                    if let Some(moved) = self.absorb(i, t, &mut state, &mut links[pe]) {
+                        self.moved(moved, &state, avail, ready, t);
                         continue;
                     }
-                    self.execute(b, i, t, pe, &mut state, &mut avail[pe], &mut links[pe]);
+                    let moved = self.execute(
+                        b,
+                        i,
+                        t,
+                        pe,
+                        &mut state,
+                        &mut avail[pe],
+                        &mut links[pe],
+                        ready,
+                    );
+                    self.moved(moved, &state, avail, ready, t);
                     ops_left[pe] = ops_left[pe].saturating_sub(1);
                     last_op[pe] = t;
                     wake[pe] = t + 1;
@@ -1912,7 +1961,7 @@ impl Sim<'_> {
                 }
             }
             for &(to, v) in &arrivals {
-                avail[to].insert(v, t + 1);
+                ready.write(&mut avail[to], to as u32, v, t + 1);
                 wake[to] = wake[to].min(t + 1);
             }
             t += 1;
@@ -1931,55 +1980,56 @@ impl Sim<'_> {
         Ok(Some((t, busy)))
     }
 
-    /// What [`open`] needs of task `i`.
-    fn gate(&self, i: usize) -> Gate {
-        let opnd = |o: Opnd| match o {
-            Opnd::V(v) => v.as_u32(),
-            Opnd::Chain(c) => CHAIN | c as u32,
-        };
-        match self.tasks[i].kind {
-            TaskKind::Term {
-                chain, seg, x, y, ..
-            } => Gate {
-                chain: chain as u32,
-                seg: seg as u32,
-                bias: match self.chains[chain].kind {
-                    ChainKind::Exp { bias: Some(mx) } => CHAIN | mx as u32,
-                    _ => NONE,
-                },
-                x: opnd(x),
-                y: y.map_or(NONE, opnd),
-            },
-            TaskKind::Div { num, den, .. } => Gate {
-                chain: NONE,
-                seg: 0,
-                bias: NONE,
-                x: num.as_u32(),
-                y: CHAIN | den as u32,
-            },
+    /// Tells `ready` how a chain moved on in cycle `t`.
+    fn moved(
+        &self,
+        moved: Moved,
+        state: &[ChainState],
+        avail: &[Avail],
+        ready: &mut ready::Ready,
+        t: usize,
+    ) {
+        match moved {
+            Moved::Not => {}
+            Moved::Seg(chain) => {
+                let pe = self.chains[chain]
+                    .segs
+                    .get(state[chain].seg)
+                    .map_or(0, |s| s.0 as usize);
+                if let Some(a) = avail.get(pe) {
+                    ready.enter(self.chains, state, chain, a, t);
+                }
+            }
+            Moved::Result(chain, v) => {
+                ready.result(self.readers, self.tasks, chain, v, avail, t);
+            }
         }
     }
 
     /// The first term of a maximum chain is the partial maximum itself: no operation.
-    fn absorb(&self, i: usize, t: usize, state: &mut [ChainState], link: &mut Link) -> bool {
+    /// Nothing if task `i` is not such a term, else how its chain moved on.
+    fn absorb(
+        &self,
+        i: usize,
+        t: usize,
+        state: &mut [ChainState],
+        link: &mut Link,
+    ) -> Option<Moved> {
         let TaskKind::Term { chain, x, .. } = self.tasks[i].kind else {
-            return false;
+            return None;
         };
         if self.chains[chain].kind != ChainKind::Max || state[chain].partial.is_some() {
-            return false;
+            return None;
         }
         let v = match x {
             Opnd::V(v) => v,
-            Opnd::Chain(c) => match state[c].result {
-                Some(v) => v,
-                None => return false,
-            },
+            Opnd::Chain(c) => state[c].result?,
         };
         state[chain].partial = Some(v);
-        self.advance(chain, self.tasks[i].pe, t, state, link, false);
-        true
+        Some(self.advance(chain, self.tasks[i].pe, t, state, link, false))
     }
 
+    /// Runs task `i` on `pe` in cycle `t`; says how its chain moved on.
     #[allow(clippy::too_many_arguments)]
     fn execute(
         &self,
@@ -1990,7 +2040,8 @@ impl Sim<'_> {
         state: &mut [ChainState],
         avail: &mut Avail,
         link: &mut Link,
-    ) {
+        ready: &mut ready::Ready,
+    ) -> Moved {
         let task = self.tasks[i];
         let val = |o: Opnd, state: &[ChainState]| match o {
             Opnd::V(v) => Some(v),
@@ -2000,23 +2051,24 @@ impl Sim<'_> {
             TaskKind::Div { num, den, out } => {
                 let Some(den) = state[den].result else {
                     b.bug(NAME, "a division before its sum");
-                    return;
+                    return Moved::Not;
                 };
                 b.work(pe as u32, t, 2, Work::Div { num, den, out });
-                avail.insert(out, t + 1);
+                ready.write(avail, pe as u32, out, t + 1);
                 self.forward(out, task.prio, link);
+                Moved::Not
             }
             TaskKind::Term { chain, x, y, e, .. } => {
                 let (Some(xv), acc) = (val(x, state), state[chain].partial) else {
                     b.bug(NAME, "a term before its operand");
-                    return;
+                    return Moved::Not;
                 };
                 let out = b.computed();
                 let (phase, work, is_acc) = match self.chains[chain].kind {
                     ChainKind::Mac(ph) => {
                         let Some(yv) = y.and_then(|y| val(y, state)) else {
                             b.bug(NAME, "a product with one operand");
-                            return;
+                            return Moved::Not;
                         };
                         (
                             ph,
@@ -2032,9 +2084,9 @@ impl Sim<'_> {
                     ChainKind::Exp { bias } => {
                         let Some(e) = e else {
                             b.bug(NAME, "an exponential with nowhere to keep it");
-                            return;
+                            return Moved::Not;
                         };
-                        avail.insert(e, t + 1);
+                        ready.write(avail, pe as u32, e, t + 1);
                         // An exponential divided on a later PE goes there.
                         self.forward(e, task.prio, link);
                         let bias = bias.and_then(|mx| state[mx].result);
@@ -2051,13 +2103,13 @@ impl Sim<'_> {
                     ChainKind::Max => {
                         let Some(a) = acc else {
                             b.bug(NAME, "a maximum with nothing to compare");
-                            return;
+                            return Moved::Not;
                         };
                         (2, Work::Max { a, b: xv, out }, false)
                     }
                 };
                 b.work(pe as u32, t, phase, work);
-                avail.insert(out, t + 1);
+                ready.write(avail, pe as u32, out, t + 1);
                 state[chain].partial = Some(out);
                 if let Some(el) = self.chains[chain].output {
                     if state[chain].left == 1
@@ -2066,7 +2118,7 @@ impl Sim<'_> {
                         b.output(el, pe as u32, out);
                     }
                 }
-                self.advance(chain, task.pe, t, state, link, is_acc);
+                self.advance(chain, task.pe, t, state, link, is_acc)
             }
         }
     }
@@ -2081,15 +2133,15 @@ impl Sim<'_> {
         state: &mut [ChainState],
         link: &mut Link,
         acc: bool,
-    ) {
+    ) -> Moved {
         let c = &self.chains[chain];
         let s = &mut state[chain];
         s.left = s.left.saturating_sub(1);
         if s.left > 0 {
-            return;
+            return Moved::Not;
         }
         let Some(v) = s.partial else {
-            return;
+            return Moved::Not;
         };
         let acc_at = acc.then_some(t);
         let prio = self.tasks.iter().len() as i64; // partial sums of a chain in flight go first
@@ -2105,7 +2157,7 @@ impl Sim<'_> {
                     acc_at,
                 });
             }
-            return;
+            return Moved::Seg(chain);
         }
         s.result = Some(v);
         let hops = c
@@ -2122,5 +2174,16 @@ impl Sim<'_> {
                 acc_at,
             });
         }
+        Moved::Result(chain, v)
     }
+}
+
+/// How a chain moved on after one of its terms.
+#[derive(Clone, Copy)]
+enum Moved {
+    Not,
+    /// Into its next segment.
+    Seg(usize),
+    /// To its end, with this result.
+    Result(usize, Val),
 }

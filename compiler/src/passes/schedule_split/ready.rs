@@ -1,0 +1,370 @@
+//! Which of the split simulation's pending tasks may run, kept up to date as words arrive and
+//! chains move on, instead of found by asking every pending task of a PE each cycle.
+//!
+//! A task runs once its chain has reached the task's segment with the partial sum on the PE, and
+//! each operand (a word, or a chain's result) is on the PE. Every one of these conditions is
+//! counted down by the event that meets it: a word becoming readable on a PE, a chain entering a
+//! segment, a chain's result being known. A task with nothing left to wait for is a candidate.
+//! The one condition not tracked is the partial sum of a term just made on the same PE, readable
+//! only from the next cycle; nothing looks at that PE again in the same cycle, and the simulation
+//! still asks [`open`](super::open) of each candidate, so candidates need only include every task
+//! that can run.
+//!
+//! The simulation's budget counts every pending task the scan over the whole list would have
+//! looked at; pending tasks are kept as bits so that count is a popcount.
+
+use super::{Avail, Chain, ChainState, Gate, Task, CHAIN, NONE};
+use crate::schedule::Val;
+use cranelift_entity::EntityRef;
+
+/// What the tasks of one plan wait for; the same for every run of the plan.
+pub(super) struct Readers {
+    /// Tasks reading each of the plan's words, once per operand, by PE within each word.
+    by_val: Csr,
+    /// Tasks reading each chain's result (operand, bias or denominator), once per operand.
+    by_chain: Csr,
+    /// Conditions each task waits for: its chain's segment, and each operand.
+    needs: Vec<u8>,
+}
+
+/// Lists of task indices by key, stored end to end.
+struct Csr {
+    start: Vec<u32>,
+    items: Vec<u32>,
+}
+
+impl Csr {
+    /// `pairs` are `(key, item)`, every key below `keys`; items keep their order within a key.
+    fn new(keys: usize, pairs: &[(u32, u32)]) -> Csr {
+        let mut start = vec![0u32; keys + 1];
+        for &(key, _) in pairs {
+            start[key as usize + 1] += 1;
+        }
+        for k in 0..keys {
+            start[k + 1] += start[k];
+        }
+        let mut fill = start.clone();
+        let mut items = vec![0u32; pairs.len()];
+        for &(key, item) in pairs {
+            items[fill[key as usize] as usize] = item;
+            fill[key as usize] += 1;
+        }
+        Csr { start, items }
+    }
+
+    fn get(&self, key: usize) -> &[u32] {
+        match (self.start.get(key), self.start.get(key + 1)) {
+            (Some(&a), Some(&b)) => &self.items[a as usize..b as usize],
+            _ => &[],
+        }
+    }
+}
+
+impl Readers {
+    /// From each task's [`Gate`] (by task index). An operand outside the plan's `vals` words and
+    /// `chains` chains is not waited for: the task is then a candidate early, never late.
+    pub(super) fn new(tasks: &[Task], gates: &[Gate], chains: usize, vals: usize) -> Readers {
+        let mut by_val: Vec<(u32, u32)> = Vec::new();
+        let mut by_chain: Vec<(u32, u32)> = Vec::new();
+        let mut needs = Vec::with_capacity(gates.len());
+        for (i, g) in gates.iter().enumerate() {
+            let mut n = u8::from(g.chain != NONE);
+            for o in [g.bias, g.x, g.y] {
+                if o == NONE {
+                    continue;
+                }
+                let (key, list, keys) = if o & CHAIN != 0 {
+                    (o & !CHAIN, &mut by_chain, chains)
+                } else {
+                    (o, &mut by_val, vals)
+                };
+                if (key as usize) < keys {
+                    list.push((key, i as u32));
+                    n += 1;
+                }
+            }
+            needs.push(n);
+        }
+        // A word's readers by PE, so an arrival finds those on its PE by bisection.
+        by_val.sort_by_key(|&(v, i)| (v, tasks[i as usize].pe));
+        Readers {
+            by_val: Csr::new(vals, &by_val),
+            by_chain: Csr::new(chains, &by_chain),
+            needs,
+        }
+    }
+}
+
+/// A wait for a word to become readable on a PE, in a list per word.
+#[derive(Clone, Copy)]
+struct Wait {
+    pe: u32,
+    what: Waiter,
+    next: u32,
+}
+
+#[derive(Clone, Copy)]
+enum Waiter {
+    /// A task reading a chain's result.
+    Task(u32),
+    /// A chain's segment waiting for its partial sum: `(chain, segment)`.
+    Seg(u32, u32),
+}
+
+const NIL: u32 = u32::MAX;
+
+/// One run's readiness: pending tasks and candidates by position in the run's task order (tasks
+/// by PE, then priority), and the waits not yet met.
+#[derive(Default)]
+pub(super) struct Ready {
+    /// Position of each task in the order.
+    pos: Vec<u32>,
+    /// Conditions still unmet, by position.
+    unmet: Vec<u8>,
+    pending: Vec<u64>,
+    candidate: Vec<u64>,
+    /// First position of each PE's tasks, and the end after the last PE's.
+    start: Vec<u32>,
+    /// Pending tasks per PE.
+    count: Vec<u32>,
+    /// Waits on each word (by value index), as lists through `waits`.
+    wait_head: Vec<u32>,
+    waits: Vec<Wait>,
+    /// Words that become readable on a PE in the next cycle.
+    due: Vec<(u32, Val)>,
+}
+
+impl Ready {
+    /// Every task pending, none a candidate; `order` holds task indices by PE.
+    pub(super) fn reset(&mut self, order: &[u32], tasks: &[Task], m: usize, readers: &Readers) {
+        let n = order.len();
+        self.pos.clear();
+        self.pos.resize(n, 0);
+        self.unmet.clear();
+        self.start.clear();
+        self.start.resize(m + 1, n as u32);
+        self.count.clear();
+        self.count.resize(m, 0);
+        for (k, &i) in order.iter().enumerate().rev() {
+            self.pos[i as usize] = k as u32;
+            let pe = tasks[i as usize].pe as usize;
+            if let Some(s) = self.start.get_mut(pe) {
+                *s = k as u32;
+            }
+            if let Some(c) = self.count.get_mut(pe) {
+                *c += 1;
+            }
+        }
+        // A PE without tasks starts where the next one does.
+        for pe in (0..m).rev() {
+            self.start[pe] = self.start[pe].min(self.start[pe + 1]);
+        }
+        self.unmet.extend(
+            order
+                .iter()
+                .map(|&i| readers.needs.get(i as usize).copied().unwrap_or(0)),
+        );
+        let words = n.div_ceil(64);
+        self.pending.clear();
+        self.pending.resize(words, !0);
+        if n % 64 != 0 {
+            if let Some(last) = self.pending.last_mut() {
+                *last = (1u64 << (n % 64)) - 1;
+            }
+        }
+        self.candidate.clear();
+        self.candidate.resize(words, 0);
+        for k in 0..n {
+            if self.unmet[k] == 0 {
+                set(&mut self.candidate, k);
+            }
+        }
+        self.wait_head.fill(NIL);
+        self.waits.clear();
+        self.due.clear();
+    }
+
+    /// One condition of task `i` met.
+    fn lower(&mut self, i: u32) {
+        let Some(&k) = self.pos.get(i as usize) else {
+            return;
+        };
+        let k = k as usize;
+        self.unmet[k] = self.unmet[k].saturating_sub(1);
+        if self.unmet[k] == 0 && get(&self.pending, k) {
+            set(&mut self.candidate, k);
+        }
+    }
+
+    fn wait(&mut self, v: Val, pe: u32, what: Waiter) {
+        let i = v.index();
+        if self.wait_head.len() <= i {
+            self.wait_head.resize(i + 1, NIL);
+        }
+        self.waits.push(Wait {
+            pe,
+            what,
+            next: self.wait_head[i],
+        });
+        self.wait_head[i] = self.waits.len() as u32 - 1;
+    }
+
+    /// `chain` has entered its current segment (on the PE whose words `avail` holds) in cycle `t`.
+    pub(super) fn enter(
+        &mut self,
+        chains: &[Chain],
+        state: &[ChainState],
+        chain: usize,
+        avail: &Avail,
+        t: usize,
+    ) {
+        let s = state[chain];
+        let Some((pe, tasks)) = chains[chain].segs.get(s.seg) else {
+            return;
+        };
+        match s.partial {
+            Some(v) if !here(avail, v, t) => {
+                self.wait(v, *pe, Waiter::Seg(chain as u32, s.seg as u32))
+            }
+            _ => tasks.iter().for_each(|&i| self.lower(i as u32)),
+        }
+    }
+
+    /// `chain`'s result `v` is known in cycle `t`; `avail` holds every PE's words.
+    pub(super) fn result(
+        &mut self,
+        readers: &Readers,
+        tasks: &[Task],
+        chain: usize,
+        v: Val,
+        avail: &[Avail],
+        t: usize,
+    ) {
+        for &i in readers.by_chain.get(chain) {
+            let pe = tasks[i as usize].pe;
+            if avail.get(pe as usize).is_some_and(|a| here(a, v, t)) {
+                self.lower(i);
+            } else {
+                self.wait(v, pe, Waiter::Task(i));
+            }
+        }
+    }
+
+    /// Word `v` is written to `avail` of `pe`, readable from cycle `at`; the simulation hears of
+    /// it in that cycle (`at` is always the next cycle, or 0 for a preloaded word).
+    pub(super) fn write(&mut self, avail: &mut Avail, pe: u32, v: Val, at: usize) {
+        if !avail.contains_key(&v) {
+            self.due.push((pe, v));
+        }
+        avail.insert(v, at);
+    }
+
+    /// Meets the conditions of the words written in the last cycle, readable from this one.
+    pub(super) fn arrivals(&mut self, readers: &Readers, tasks: &[Task], chains: &[Chain]) {
+        let mut due = std::mem::take(&mut self.due);
+        for &(pe, v) in &due {
+            self.readable(readers, tasks, chains, pe, v);
+        }
+        due.clear();
+        self.due = due;
+    }
+
+    fn readable(&mut self, readers: &Readers, tasks: &[Task], chains: &[Chain], pe: u32, v: Val) {
+        let all = readers.by_val.get(v.index());
+        let from = all.partition_point(|&i| tasks[i as usize].pe < pe);
+        for &i in &all[from..] {
+            if tasks[i as usize].pe != pe {
+                break;
+            }
+            self.lower(i);
+        }
+        let mut w = self.wait_head.get(v.index()).copied().unwrap_or(NIL);
+        while let Some(&Wait { pe: at, what, next }) = self.waits.get(w as usize) {
+            w = next;
+            if at != pe {
+                continue;
+            }
+            match what {
+                Waiter::Task(i) => self.lower(i),
+                Waiter::Seg(c, s) => {
+                    if let Some((_, ts)) =
+                        chains.get(c as usize).and_then(|c| c.segs.get(s as usize))
+                    {
+                        ts.iter().for_each(|&i| self.lower(i as u32));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The first candidate of `pe` that `open` accepts, by position.
+    pub(super) fn first(&self, pe: usize, mut open: impl FnMut(usize) -> bool) -> Option<usize> {
+        let (a, b) = (self.start[pe] as usize, self.start[pe + 1] as usize);
+        let mut word = a / 64;
+        while word * 64 < b {
+            let mut bits = self.candidate[word];
+            if word == a / 64 {
+                bits &= !0u64 << (a % 64);
+            }
+            while bits != 0 {
+                let k = word * 64 + bits.trailing_zeros() as usize;
+                if k >= b {
+                    return None;
+                }
+                if open(k) {
+                    return Some(k);
+                }
+                bits &= bits - 1;
+            }
+            word += 1;
+        }
+        None
+    }
+
+    /// Pending tasks of `pe` up to and including position `k`.
+    pub(super) fn rank(&self, pe: usize, k: usize) -> u64 {
+        let a = self.start[pe] as usize;
+        let (wa, wk) = (a / 64, k / 64);
+        let mut n = 0u64;
+        for word in wa..=wk {
+            let mut bits = self.pending[word];
+            if word == wa {
+                bits &= !0u64 << (a % 64);
+            }
+            if word == wk {
+                bits &= !0u64 >> (63 - k % 64);
+            }
+            n += u64::from(bits.count_ones());
+        }
+        n
+    }
+
+    /// Pending tasks of `pe`.
+    pub(super) fn count(&self, pe: usize) -> u64 {
+        u64::from(self.count[pe])
+    }
+
+    /// The task at position `k` of `pe` runs.
+    pub(super) fn take(&mut self, pe: usize, k: usize) {
+        clear(&mut self.pending, k);
+        clear(&mut self.candidate, k);
+        self.count[pe] = self.count[pe].saturating_sub(1);
+    }
+}
+
+/// Whether `v` is readable in cycle `t`.
+fn here(avail: &Avail, v: Val, t: usize) -> bool {
+    avail.get(&v).is_some_and(|at| at <= t)
+}
+
+fn get(bits: &[u64], k: usize) -> bool {
+    bits[k / 64] & (1 << (k % 64)) != 0
+}
+
+fn set(bits: &mut [u64], k: usize) {
+    bits[k / 64] |= 1 << (k % 64);
+}
+
+fn clear(bits: &mut [u64], k: usize) {
+    bits[k / 64] &= !(1 << (k % 64));
+}
