@@ -916,6 +916,7 @@ fn build(
         chains: &plan.chains,
         reach: &plan.reach,
         gates: &plan.gates,
+        absorbs: &plan.absorbs,
         readers: &plan.readers,
     };
     // Charged per run even where the plan is reused: the search's length is counted in these
@@ -957,6 +958,8 @@ struct Plan {
     eager: Vec<bool>,
     /// What each task waits for, by task index.
     gates: Vec<Gate>,
+    /// Terms of maximum chains, which may be absorbed (see [`Sim::absorb`]).
+    absorbs: Vec<bool>,
     readers: ready::Readers,
     /// The last run's tasks by PE, then priority (highest first), then index, and the priorities
     /// they were sorted by: a search step changes only a few of them.
@@ -985,9 +988,16 @@ impl Plan {
         let prio = &self.order_prio;
         let key = |i: u32| (tasks[i as usize].pe, std::cmp::Reverse(prio[i as usize]), i);
         if self.order.len() != n || changed.len() > RESORT {
+            // The same order as sorting by `key`, each key packed into one integer.
+            let mut packed: Vec<u128> = (0..n)
+                .map(|i| {
+                    let descending = !((prio[i] as u64) ^ (1 << 63));
+                    (u128::from(tasks[i].pe) << 96) | (u128::from(descending) << 32) | i as u128
+                })
+                .collect();
+            packed.sort_unstable();
             self.order.clear();
-            self.order.extend(0..n as u32);
-            self.order.sort_unstable_by_key(|&i| key(i));
+            self.order.extend(packed.iter().map(|&k| k as u32));
             return;
         }
         self.order.retain(|i| !changed.contains(i));
@@ -1440,6 +1450,13 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     let vals = b.vals();
     let gates: Vec<Gate> = tasks.iter().map(|t| gate(t, &chains)).collect();
     let readers = ready::Readers::new(&tasks, &gates, chains.len(), vals);
+    let absorbs = tasks
+        .iter()
+        .map(|t| match t.kind {
+            TaskKind::Term { chain, .. } => chains[chain].kind == ChainKind::Max,
+            TaskKind::Div { .. } => false,
+        })
+        .collect();
     let mut dense_reach = vec![0u32; vals];
     for (v, &hops) in &reach {
         if let Some(r) = dense_reach.get_mut(v.index()) {
@@ -1458,6 +1475,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         tail,
         eager,
         gates,
+        absorbs,
         readers,
         order: Vec::new(),
         order_prio: Vec::new(),
@@ -1685,6 +1703,7 @@ struct Sim<'a> {
     reach: &'a [u32],
     /// What each task waits for, by task index.
     gates: &'a [Gate],
+    absorbs: &'a [bool],
     readers: &'a ready::Readers,
 }
 
@@ -1884,7 +1903,7 @@ impl Sim<'_> {
             if t >= limit || ops_left.iter().any(|&k| t.saturating_add(k) > limit) {
                 return Ok(None);
             }
-            ready.arrivals(self.readers, self.tasks, self.chains);
+            ready.arrivals(self.readers, self.chains);
             let mut progressed = false;
             arrivals.clear();
             *work += m as u64;
@@ -1897,9 +1916,15 @@ impl Sim<'_> {
                 let scan = wake[pe] <= t;
                 wake[pe] = usize::MAX;
                 while scan {
-                    let found = ready.first(pe, |k| {
-                        open(&self.gates[order[k] as usize], t, &avail[pe], &state)
-                    });
+                    // Candidates are exactly the tasks that can run (see `ready`): the first is
+                    // the task the scan would have found.
+                    let found = ready.first(pe);
+                    debug_assert!(found.is_none_or(|k| open(
+                        &self.gates[order[k] as usize],
+                        t,
+                        &avail[pe],
+                        &state
+                    )));
                     let Some(k) = found else {
                         *work += ready.count(pe);
                         break;
@@ -1909,7 +1934,12 @@ impl Sim<'_> {
                     let i = order[k] as usize;
                     left -= 1;
                     progressed = true;
-                    if let Some(moved) = self.absorb(i, t, &mut state, &mut links[pe]) {
+                    let absorbed = if self.absorbs[i] {
+                        self.absorb(i, t, &mut state, &mut links[pe])
+                    } else {
+                        None
+                    };
+                    if let Some(moved) = absorbed {
                         self.moved(moved, &state, avail, ready, t);
                         continue;
                     }
@@ -2001,7 +2031,7 @@ impl Sim<'_> {
                 }
             }
             Moved::Result(chain, v) => {
-                ready.result(self.readers, self.tasks, chain, v, avail, t);
+                ready.result(self.readers, chain, v, avail, t);
             }
         }
     }

@@ -6,9 +6,8 @@
 //! counted down by the event that meets it: a word becoming readable on a PE, a chain entering a
 //! segment, a chain's result being known. A task with nothing left to wait for is a candidate.
 //! The one condition not tracked is the partial sum of a term just made on the same PE, readable
-//! only from the next cycle; nothing looks at that PE again in the same cycle, and the simulation
-//! still asks [`open`](super::open) of each candidate, so candidates need only include every task
-//! that can run.
+//! only from the next cycle; nothing looks at that PE again in the same cycle. So the candidates
+//! are exactly the tasks that can run, which debug builds check against [`open`](super::open).
 //!
 //! The simulation's budget counts every pending task the scan over the whole list would have
 //! looked at; pending tasks are kept as bits so that count is a popcount.
@@ -19,23 +18,25 @@ use cranelift_entity::EntityRef;
 
 /// What the tasks of one plan wait for; the same for every run of the plan.
 pub(super) struct Readers {
-    /// Tasks reading each of the plan's words, once per operand, by PE within each word.
-    by_val: Csr,
-    /// Tasks reading each chain's result (operand, bias or denominator), once per operand.
-    by_chain: Csr,
+    /// Tasks reading each of the plan's words, once per operand, with their PE, by PE within
+    /// each word.
+    by_val: Csr<(u32, u32)>,
+    /// Tasks reading each chain's result (operand, bias or denominator), once per operand, with
+    /// their PE.
+    by_chain: Csr<(u32, u32)>,
     /// Conditions each task waits for: its chain's segment, and each operand.
     needs: Vec<u8>,
 }
 
-/// Lists of task indices by key, stored end to end.
-struct Csr {
+/// Lists by key, stored end to end.
+struct Csr<T> {
     start: Vec<u32>,
-    items: Vec<u32>,
+    items: Vec<T>,
 }
 
-impl Csr {
+impl<T: Copy + Default> Csr<T> {
     /// `pairs` are `(key, item)`, every key below `keys`; items keep their order within a key.
-    fn new(keys: usize, pairs: &[(u32, u32)]) -> Csr {
+    fn new(keys: usize, pairs: &[(u32, T)]) -> Csr<T> {
         let mut start = vec![0u32; keys + 1];
         for &(key, _) in pairs {
             start[key as usize + 1] += 1;
@@ -44,7 +45,7 @@ impl Csr {
             start[k + 1] += start[k];
         }
         let mut fill = start.clone();
-        let mut items = vec![0u32; pairs.len()];
+        let mut items = vec![T::default(); pairs.len()];
         for &(key, item) in pairs {
             items[fill[key as usize] as usize] = item;
             fill[key as usize] += 1;
@@ -52,7 +53,7 @@ impl Csr {
         Csr { start, items }
     }
 
-    fn get(&self, key: usize) -> &[u32] {
+    fn get(&self, key: usize) -> &[T] {
         match (self.start.get(key), self.start.get(key + 1)) {
             (Some(&a), Some(&b)) => &self.items[a as usize..b as usize],
             _ => &[],
@@ -64,29 +65,39 @@ impl Readers {
     /// From each task's [`Gate`] (by task index). An operand outside the plan's `vals` words and
     /// `chains` chains is not waited for: the task is then a candidate early, never late.
     pub(super) fn new(tasks: &[Task], gates: &[Gate], chains: usize, vals: usize) -> Readers {
-        let mut by_val: Vec<(u32, u32)> = Vec::new();
-        let mut by_chain: Vec<(u32, u32)> = Vec::new();
-        let mut needs = Vec::with_capacity(gates.len());
-        for (i, g) in gates.iter().enumerate() {
+        let mut by_val: Vec<(u32, (u32, u32))> = Vec::new();
+        let mut by_chain: Vec<(u32, (u32, u32))> = Vec::new();
+        let mut needs = vec![0u8; gates.len()];
+        // Tasks are taken by PE, so each word's readers come out by PE and an arrival finds
+        // those on its PE by bisection.
+        let pes = tasks.iter().map(|t| t.pe as usize + 1).max().unwrap_or(0);
+        let by_pe = Csr::new(
+            pes,
+            &tasks
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.pe, i as u32))
+                .collect::<Vec<_>>(),
+        );
+        for &i in &by_pe.items {
+            let (g, pe) = (&gates[i as usize], tasks[i as usize].pe);
             let mut n = u8::from(g.chain != NONE);
             for o in [g.bias, g.x, g.y] {
                 if o == NONE {
                     continue;
                 }
-                let (key, list, keys) = if o & CHAIN != 0 {
-                    (o & !CHAIN, &mut by_chain, chains)
-                } else {
-                    (o, &mut by_val, vals)
-                };
-                if (key as usize) < keys {
-                    list.push((key, i as u32));
+                if o & CHAIN != 0 {
+                    if ((o & !CHAIN) as usize) < chains {
+                        by_chain.push((o & !CHAIN, (pe, i)));
+                        n += 1;
+                    }
+                } else if (o as usize) < vals {
+                    by_val.push((o, (pe, i)));
                     n += 1;
                 }
             }
-            needs.push(n);
+            needs[i as usize] = n;
         }
-        // A word's readers by PE, so an arrival finds those on its PE by bisection.
-        by_val.sort_by_key(|&(v, i)| (v, tasks[i as usize].pe));
         Readers {
             by_val: Csr::new(vals, &by_val),
             by_chain: Csr::new(chains, &by_chain),
@@ -234,14 +245,12 @@ impl Ready {
     pub(super) fn result(
         &mut self,
         readers: &Readers,
-        tasks: &[Task],
         chain: usize,
         v: Val,
         avail: &[Avail],
         t: usize,
     ) {
-        for &i in readers.by_chain.get(chain) {
-            let pe = tasks[i as usize].pe;
+        for &(pe, i) in readers.by_chain.get(chain) {
             if avail.get(pe as usize).is_some_and(|a| here(a, v, t)) {
                 self.lower(i);
             } else {
@@ -260,20 +269,20 @@ impl Ready {
     }
 
     /// Meets the conditions of the words written in the last cycle, readable from this one.
-    pub(super) fn arrivals(&mut self, readers: &Readers, tasks: &[Task], chains: &[Chain]) {
+    pub(super) fn arrivals(&mut self, readers: &Readers, chains: &[Chain]) {
         let mut due = std::mem::take(&mut self.due);
         for &(pe, v) in &due {
-            self.readable(readers, tasks, chains, pe, v);
+            self.readable(readers, chains, pe, v);
         }
         due.clear();
         self.due = due;
     }
 
-    fn readable(&mut self, readers: &Readers, tasks: &[Task], chains: &[Chain], pe: u32, v: Val) {
+    fn readable(&mut self, readers: &Readers, chains: &[Chain], pe: u32, v: Val) {
         let all = readers.by_val.get(v.index());
-        let from = all.partition_point(|&i| tasks[i as usize].pe < pe);
-        for &i in &all[from..] {
-            if tasks[i as usize].pe != pe {
+        let from = all.partition_point(|&(at, _)| at < pe);
+        for &(at, i) in &all[from..] {
+            if at != pe {
                 break;
             }
             self.lower(i);
@@ -297,8 +306,8 @@ impl Ready {
         }
     }
 
-    /// The first candidate of `pe` that `open` accepts, by position.
-    pub(super) fn first(&self, pe: usize, mut open: impl FnMut(usize) -> bool) -> Option<usize> {
+    /// The first candidate of `pe`, by position.
+    pub(super) fn first(&self, pe: usize) -> Option<usize> {
         let (a, b) = (self.start[pe] as usize, self.start[pe + 1] as usize);
         let mut word = a / 64;
         while word * 64 < b {
@@ -306,15 +315,9 @@ impl Ready {
             if word == a / 64 {
                 bits &= !0u64 << (a % 64);
             }
-            while bits != 0 {
+            if bits != 0 {
                 let k = word * 64 + bits.trailing_zeros() as usize;
-                if k >= b {
-                    return None;
-                }
-                if open(k) {
-                    return Some(k);
-                }
-                bits &= bits - 1;
+                return (k < b).then_some(k);
             }
             word += 1;
         }
