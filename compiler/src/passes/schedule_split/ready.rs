@@ -136,6 +136,9 @@ pub(super) struct Ready {
     candidate: Vec<u64>,
     /// First position of each PE's tasks, and the end after the last PE's.
     start: Vec<u32>,
+    /// Per PE, the first word of `pending` with one of its tasks still pending: tasks mostly run
+    /// in their order, so the words before it are skipped.
+    lo: Vec<u32>,
     /// Pending tasks per PE.
     count: Vec<u32>,
     /// Waits on each word (by value index), as lists through `waits`.
@@ -170,6 +173,8 @@ impl Ready {
         for pe in (0..m).rev() {
             self.start[pe] = self.start[pe].min(self.start[pe + 1]);
         }
+        self.lo.clear();
+        self.lo.extend(self.start[..m].iter().map(|&a| a / 64));
         self.unmet.extend(
             order
                 .iter()
@@ -309,7 +314,7 @@ impl Ready {
     /// The first candidate of `pe`, by position.
     pub(super) fn first(&self, pe: usize) -> Option<usize> {
         let (a, b) = (self.start[pe] as usize, self.start[pe + 1] as usize);
-        let mut word = a / 64;
+        let mut word = self.lo[pe] as usize;
         while word * 64 < b {
             let mut bits = self.candidate[word];
             if word == a / 64 {
@@ -329,7 +334,7 @@ impl Ready {
         let a = self.start[pe] as usize;
         let (wa, wk) = (a / 64, k / 64);
         let mut n = 0u64;
-        for word in wa..=wk {
+        for word in self.lo[pe] as usize..=wk {
             let mut bits = self.pending[word];
             if word == wa {
                 bits &= !0u64 << (a % 64);
@@ -352,6 +357,19 @@ impl Ready {
         clear(&mut self.pending, k);
         clear(&mut self.candidate, k);
         self.count[pe] = self.count[pe].saturating_sub(1);
+        let (a, b) = (self.start[pe] as usize, self.start[pe + 1] as usize);
+        let mut word = self.lo[pe] as usize;
+        while word * 64 < b && word + 1 < b.div_ceil(64) {
+            let mut bits = self.pending[word];
+            if word == a / 64 {
+                bits &= !0u64 << (a % 64);
+            }
+            if bits != 0 {
+                break;
+            }
+            word += 1;
+        }
+        self.lo[pe] = word as u32;
     }
 }
 
