@@ -141,15 +141,17 @@ pub(super) struct Ready {
     lo: Vec<u32>,
     /// Pending tasks per PE.
     count: Vec<u32>,
-    /// Waits on each word (by value index), as lists through `waits`.
+    /// Waits on each word (by value index), as lists through `waits`, and the words with any.
     wait_head: Vec<u32>,
+    waited: Vec<u32>,
     waits: Vec<Wait>,
     /// Words that become readable on a PE in the next cycle.
     due: Vec<(u32, Val)>,
 }
 
 impl Ready {
-    /// Every task pending, none a candidate; `order` holds task indices by PE.
+    /// Every task pending, none a candidate; `order` holds task indices by PE, `tasks` the tasks
+    /// in that order.
     pub(super) fn reset(&mut self, order: &[u32], tasks: &[Task], m: usize, readers: &Readers) {
         let n = order.len();
         self.pos.clear();
@@ -161,7 +163,7 @@ impl Ready {
         self.count.resize(m, 0);
         for (k, &i) in order.iter().enumerate().rev() {
             self.pos[i as usize] = k as u32;
-            let pe = tasks[i as usize].pe as usize;
+            let pe = tasks[k].pe as usize;
             if let Some(s) = self.start.get_mut(pe) {
                 *s = k as u32;
             }
@@ -195,7 +197,10 @@ impl Ready {
                 set(&mut self.candidate, k);
             }
         }
-        self.wait_head.fill(NIL);
+        for &v in &self.waited {
+            self.wait_head[v as usize] = NIL;
+        }
+        self.waited.clear();
         self.waits.clear();
         self.due.clear();
     }
@@ -216,6 +221,9 @@ impl Ready {
         let i = v.index();
         if self.wait_head.len() <= i {
             self.wait_head.resize(i + 1, NIL);
+        }
+        if self.wait_head[i] == NIL {
+            self.waited.push(i as u32);
         }
         self.waits.push(Wait {
             pe,
