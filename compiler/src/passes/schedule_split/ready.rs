@@ -26,6 +26,8 @@ pub(super) struct Readers {
     by_chain: Csr<(u32, u32)>,
     /// Conditions each task waits for: its chain's segment, and each operand.
     needs: Vec<u8>,
+    /// Tasks per PE.
+    per_pe: Vec<u32>,
 }
 
 /// Lists by key, stored end to end.
@@ -102,7 +104,13 @@ impl Readers {
             by_val: Csr::new(vals, &by_val),
             by_chain: Csr::new(chains, &by_chain),
             needs,
+            per_pe: (0..pes).map(|pe| by_pe.get(pe).len() as u32).collect(),
         }
+    }
+
+    /// The tasks reading word `v` as an operand (once per operand).
+    pub(super) fn of_word(&self, v: Val) -> impl Iterator<Item = usize> + '_ {
+        self.by_val.get(v.index()).iter().map(|&(_, i)| i as usize)
     }
 }
 
@@ -150,30 +158,24 @@ pub(super) struct Ready {
 }
 
 impl Ready {
-    /// Every task pending, none a candidate; `order` holds task indices by PE, `tasks` the tasks
-    /// in that order.
-    pub(super) fn reset(&mut self, order: &[u32], tasks: &[Task], m: usize, readers: &Readers) {
+    /// Every task pending, none a candidate; `order` holds task indices by PE.
+    pub(super) fn reset(&mut self, order: &[u32], m: usize, readers: &Readers) {
         let n = order.len();
         self.pos.clear();
         self.pos.resize(n, 0);
-        self.unmet.clear();
-        self.start.clear();
-        self.start.resize(m + 1, n as u32);
-        self.count.clear();
-        self.count.resize(m, 0);
-        for (k, &i) in order.iter().enumerate().rev() {
-            self.pos[i as usize] = k as u32;
-            let pe = tasks[k].pe as usize;
-            if let Some(s) = self.start.get_mut(pe) {
-                *s = k as u32;
-            }
-            if let Some(c) = self.count.get_mut(pe) {
-                *c += 1;
+        for (k, &i) in order.iter().enumerate() {
+            if let Some(p) = self.pos.get_mut(i as usize) {
+                *p = k as u32;
             }
         }
-        // A PE without tasks starts where the next one does.
-        for pe in (0..m).rev() {
-            self.start[pe] = self.start[pe].min(self.start[pe + 1]);
+        self.unmet.clear();
+        self.count.clear();
+        self.count
+            .extend((0..m).map(|pe| readers.per_pe.get(pe).copied().unwrap_or(0)));
+        self.start.clear();
+        self.start.push(0);
+        for pe in 0..m {
+            self.start.push(self.start[pe] + self.count[pe]);
         }
         self.lo.clear();
         self.lo.extend(self.start[..m].iter().map(|&a| a / 64));
@@ -275,10 +277,9 @@ impl Ready {
     /// Word `v` is written to `avail` of `pe`, readable from cycle `at`; the simulation hears of
     /// it in that cycle (`at` is always the next cycle, or 0 for a preloaded word).
     pub(super) fn write(&mut self, avail: &mut Avail, pe: u32, v: Val, at: usize) {
-        if !avail.contains_key(&v) {
+        if avail.insert(v, at) {
             self.due.push((pe, v));
         }
-        avail.insert(v, at);
     }
 
     /// Meets the conditions of the words written in the last cycle, readable from this one.
