@@ -144,8 +144,8 @@ pub(super) struct Ready {
     candidate: Vec<u64>,
     /// First position of each PE's tasks, and the end after the last PE's.
     start: Vec<u32>,
-    /// Per PE, the first word of `pending` with one of its tasks still pending: tasks mostly run
-    /// in their order, so the words before it are skipped.
+    /// Per PE, a word of `pending` with none of its tasks pending before it: tasks mostly run in
+    /// their order, so the words before it are skipped.
     lo: Vec<u32>,
     /// Pending tasks per PE.
     count: Vec<u32>,
@@ -338,12 +338,25 @@ impl Ready {
         None
     }
 
-    /// Pending tasks of `pe` up to and including position `k`.
-    pub(super) fn rank(&self, pe: usize, k: usize) -> u64 {
+    /// Pending tasks of `pe` up to and including position `k`, a pending task.
+    pub(super) fn rank(&mut self, pe: usize, k: usize) -> u64 {
         let a = self.start[pe] as usize;
         let (wa, wk) = (a / 64, k / 64);
+        // Words of tasks that have all run are passed once, here.
+        let mut lo = self.lo[pe] as usize;
+        while lo < wk {
+            let mut bits = self.pending[lo];
+            if lo == wa {
+                bits &= !0u64 << (a % 64);
+            }
+            if bits != 0 {
+                break;
+            }
+            lo += 1;
+        }
+        self.lo[pe] = lo as u32;
         let mut n = 0u64;
-        for word in self.lo[pe] as usize..=wk {
+        for word in lo..=wk {
             let mut bits = self.pending[word];
             if word == wa {
                 bits &= !0u64 << (a % 64);
@@ -366,19 +379,6 @@ impl Ready {
         clear(&mut self.pending, k);
         clear(&mut self.candidate, k);
         self.count[pe] = self.count[pe].saturating_sub(1);
-        let (a, b) = (self.start[pe] as usize, self.start[pe + 1] as usize);
-        let mut word = self.lo[pe] as usize;
-        while word * 64 < b && word + 1 < b.div_ceil(64) {
-            let mut bits = self.pending[word];
-            if word == a / 64 {
-                bits &= !0u64 << (a % 64);
-            }
-            if bits != 0 {
-                break;
-            }
-            word += 1;
-        }
-        self.lo[pe] = word as u32;
     }
 }
 
