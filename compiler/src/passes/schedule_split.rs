@@ -874,40 +874,54 @@ fn build(
     let mut b = plan
         .b
         .fork(plan.cycles.min(limit.saturating_add(1)), plan.tasks.len());
-    let mut tasks = plan.tasks.clone();
     let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
     let span = if tweaks.noise.0 == 0 { 0 } else { 4 };
-    for (i, t) in tasks.iter_mut().enumerate() {
-        // `prio` holds the row's rank until here.
-        let boost = if softmax_first && plan.eager[i] {
-            1 << 40
-        } else {
-            0
-        };
-        t.prio = boost + (plan.tail[i] - t.prio * row_weight) * 8 + tweaks.prio(i, span * 8);
-    }
-    // A preloaded word goes on the link as urgently as its most urgent reader.
-    let mut urgency: Vec<i64> = vec![i64::MIN; plan.vals];
-    for t in &tasks {
-        if let TaskKind::Term { x, y, .. } = t.kind {
-            for o in [Some(x), y].into_iter().flatten() {
-                if let Opnd::V(v) = o {
-                    if let Some(u) = urgency.get_mut(v.index()) {
-                        *u = (*u).max(t.prio);
-                    }
-                }
-            }
-        }
-    }
+    let prio: Vec<i64> = plan
+        .tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            // The plan's `prio` is the row's rank.
+            let boost = if softmax_first && plan.eager[i] {
+                1 << 40
+            } else {
+                0
+            };
+            boost + (plan.tail[i] - t.prio * row_weight) * 8 + tweaks.prio(i, span * 8)
+        })
+        .collect();
+    // A preloaded word goes on the link as urgently as its most urgent reader (a term: a
+    // division reads only words made by exponentials).
     let preloaded: Vec<(u32, Val, i64)> = plan
         .preloaded
         .iter()
         .map(|&(pe, v)| {
-            let u = urgency.get(v.index()).copied().unwrap_or(i64::MIN);
+            let u = plan
+                .readers
+                .of_word(v)
+                .filter(|&i| plan.gates[i].chain != NONE)
+                .map(|i| prio[i])
+                .max()
+                .unwrap_or(i64::MIN);
             (pe, v, if u == i64::MIN { 0 } else { u })
         })
         .collect();
-    plan.sort(&tasks);
+    plan.sort(&prio);
+    // The simulation takes each PE's tasks about in this order: laid out in it, they are read
+    // from nearby memory.
+    let tasks: Vec<Task> = plan
+        .order
+        .iter()
+        .map(|&i| Task {
+            prio: prio[i as usize],
+            ..plan.tasks[i as usize]
+        })
+        .collect();
+    let absorbs: Vec<bool> = plan
+        .order
+        .iter()
+        .map(|&i| plan.absorbs[i as usize])
+        .collect();
     let sim = Sim {
         m,
         scale: p.scale as f32,
@@ -916,7 +930,7 @@ fn build(
         chains: &plan.chains,
         reach: &plan.reach,
         gates: &plan.gates,
-        absorbs: &plan.absorbs,
+        absorbs: &absorbs,
         readers: &plan.readers,
     };
     // Charged per run even where the plan is reused: the search's length is counted in these
@@ -950,8 +964,6 @@ struct Plan {
     /// Hops each value travels from where it appears, by value index.
     reach: Vec<u32>,
     preloaded: Vec<(u32, Val)>,
-    /// Values the plan made (the simulation's are numbered after them).
-    vals: usize,
     /// Longest path from each task to the end.
     tail: Vec<i64>,
     /// Softmax work, which a `softmax_first` variant runs before any product.
@@ -973,21 +985,36 @@ struct Plan {
 const RESORT: usize = 8;
 
 impl Plan {
-    /// Brings `order` up to date with the priorities of `tasks`.
-    fn sort(&mut self, tasks: &[Task]) {
+    /// Brings `order` up to date with the tasks' priorities `run_prio`.
+    fn sort(&mut self, run_prio: &[i64]) {
+        let tasks = &self.tasks;
         let n = tasks.len();
         let changed: Vec<u32> = (0..n as u32)
-            .filter(|&i| self.order_prio.get(i as usize) != Some(&tasks[i as usize].prio))
+            .filter(|&i| self.order_prio.get(i as usize) != run_prio.get(i as usize))
             .take(RESORT + 1)
             .collect();
         if changed.is_empty() && self.order.len() == n {
             return;
         }
+        let patch = self.order.len() == n && self.order_prio.len() == n && changed.len() <= RESORT;
+        if patch {
+            // Each changed task leaves from where its old priority put it.
+            let old = &self.order_prio;
+            let key = |i: u32| (tasks[i as usize].pe, std::cmp::Reverse(old[i as usize]), i);
+            for &i in &changed {
+                let at = self.order.partition_point(|&j| key(j) < key(i));
+                if self.order.get(at) == Some(&i) {
+                    self.order.remove(at);
+                } else {
+                    self.order.retain(|&j| j != i);
+                }
+            }
+        }
         self.order_prio.clear();
-        self.order_prio.extend(tasks.iter().map(|t| t.prio));
+        self.order_prio.extend_from_slice(run_prio);
         let prio = &self.order_prio;
         let key = |i: u32| (tasks[i as usize].pe, std::cmp::Reverse(prio[i as usize]), i);
-        if self.order.len() != n || changed.len() > RESORT {
+        if !patch {
             // The same order as sorting by `key`, each key packed into one integer.
             let mut packed: Vec<u128> = (0..n)
                 .map(|i| {
@@ -1000,7 +1027,6 @@ impl Plan {
             self.order.extend(packed.iter().map(|&k| k as u32));
             return;
         }
-        self.order.retain(|i| !changed.contains(i));
         for &i in &changed {
             let at = self.order.partition_point(|&j| key(j) < key(i));
             self.order.insert(at, i);
@@ -1471,7 +1497,6 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         tasks,
         reach: dense_reach,
         preloaded,
-        vals,
         tail,
         eager,
         gates,
@@ -1580,7 +1605,9 @@ fn tails(
 /// operand of every task it looks at, so small layers index a vector by value (the local search
 /// runs thousands of simulations) and large ones, where that would take too much memory, hash.
 enum Avail {
-    Dense(Vec<u32>),
+    /// The cycle by value index (`u32::MAX`: not here), and the indices written: clearing only
+    /// those keeps a run from filling the whole vector again on every PE.
+    Dense(Vec<u32>, Vec<u32>),
     Sparse(HashMap<Val, usize>),
 }
 
@@ -1590,7 +1617,7 @@ const DENSE_AVAIL: u64 = 1 << 24;
 impl Avail {
     fn get(&self, v: &Val) -> Option<usize> {
         match self {
-            Avail::Dense(at) => at
+            Avail::Dense(at, _) => at
                 .get(v.index())
                 .copied()
                 .filter(|&c| c != u32::MAX)
@@ -1601,7 +1628,12 @@ impl Avail {
 
     fn clear(&mut self) {
         match self {
-            Avail::Dense(at) => at.clear(),
+            Avail::Dense(at, written) => {
+                for &i in written.iter() {
+                    at[i as usize] = u32::MAX;
+                }
+                written.clear();
+            }
             Avail::Sparse(at) => at.clear(),
         }
     }
@@ -1610,18 +1642,22 @@ impl Avail {
         self.get(v).is_some()
     }
 
-    fn insert(&mut self, v: Val, cycle: usize) {
+    /// Writes `v` readable from `cycle`; whether it was not here before.
+    fn insert(&mut self, v: Val, cycle: usize) -> bool {
         match self {
-            Avail::Dense(at) => {
+            Avail::Dense(at, written) => {
                 let i = v.index();
                 if at.len() <= i {
                     at.resize(i + 1, u32::MAX);
                 }
+                let fresh = at[i] == u32::MAX;
+                if fresh {
+                    written.push(v.as_u32());
+                }
                 at[i] = u32::try_from(cycle).unwrap_or(u32::MAX - 1);
+                fresh
             }
-            Avail::Sparse(at) => {
-                at.insert(v, cycle);
-            }
+            Avail::Sparse(at) => at.insert(v, cycle).is_none(),
         }
     }
 }
@@ -1695,14 +1731,16 @@ fn gate(task: &Task, chains: &[Chain]) -> Gate {
 struct Sim<'a> {
     m: u32,
     scale: f32,
+    /// The tasks by PE, then priority (highest first), then index: by position in `order`.
     tasks: &'a [Task],
-    /// Task indices by PE, then priority (highest first), then index.
+    /// Task indices by position.
     order: &'a [u32],
     chains: &'a [Chain],
     /// Hops each fixed value travels from where it appears.
     reach: &'a [u32],
     /// What each task waits for, by task index.
     gates: &'a [Gate],
+    /// By position.
     absorbs: &'a [bool],
     readers: &'a ready::Readers,
 }
@@ -1768,10 +1806,14 @@ impl Link {
     }
 
     fn clear(&mut self) {
+        // Every word waiting is marked, and only those: unmarking them clears the bits without
+        // filling them all again in the next run.
+        for w in &self.words {
+            self.queued.remove(w.val);
+        }
         self.words.clear();
-        match &mut self.queued {
-            Queued::Dense(bits) => bits.clear(),
-            Queued::Sparse(set) => set.clear(),
+        if let Queued::Sparse(set) = &mut self.queued {
+            set.clear();
         }
     }
 
@@ -1842,11 +1884,11 @@ impl Sim<'_> {
             links,
             ready,
         } = scratch;
-        if avail.len() != m || links.len() != m || matches!(avail[0], Avail::Dense(_)) != dense {
+        if avail.len() != m || links.len() != m || matches!(avail[0], Avail::Dense(..)) != dense {
             *avail = (0..m)
                 .map(|_| {
                     if dense {
-                        Avail::Dense(Vec::new())
+                        Avail::Dense(Vec::new(), Vec::new())
                     } else {
                         Avail::Sparse(HashMap::default())
                     }
@@ -1859,7 +1901,7 @@ impl Sim<'_> {
         // Per PE, pending tasks by priority (highest first): positions in `order`, which holds
         // them by PE.
         let order = self.order;
-        ready.reset(order, self.tasks, m, self.readers);
+        ready.reset(order, m, self.readers);
         for &(pe, v, prio) in preloaded {
             ready.write(&mut avail[pe as usize], pe, v, 0);
             self.forward(v, prio, &mut links[pe as usize]);
@@ -1877,10 +1919,7 @@ impl Sim<'_> {
                 ready.enter(self.chains, &state, chain, &avail[*pe as usize], 0);
             }
         }
-        let mut ops_left: Vec<usize> = vec![0; m];
-        for &i in order {
-            ops_left[self.tasks[i as usize].pe as usize] += 1;
-        }
+        let mut ops_left: Vec<usize> = (0..m).map(|pe| ready.count(pe) as usize).collect();
         let mut left: usize = self.tasks.len();
         // Per PE, the operations still to run: its tasks but the first term of each maximum
         // chain that starts on it (absorbed, no operation).
@@ -1931,11 +1970,10 @@ impl Sim<'_> {
                     };
                     *work += ready.rank(pe, k);
                     ready.take(pe, k);
-                    let i = order[k] as usize;
                     left -= 1;
                     progressed = true;
-                    let absorbed = if self.absorbs[i] {
-                        self.absorb(i, t, &mut state, &mut links[pe])
+                    let absorbed = if self.absorbs[k] {
+                        self.absorb(k, t, &mut state, &mut links[pe])
                     } else {
                         None
                     };
@@ -1945,7 +1983,7 @@ impl Sim<'_> {
                     }
                     let moved = self.execute(
                         b,
-                        i,
+                        k,
                         t,
                         pe,
                         &mut state,
@@ -2037,15 +2075,15 @@ impl Sim<'_> {
     }
 
     /// The first term of a maximum chain is the partial maximum itself: no operation.
-    /// Nothing if task `i` is not such a term, else how its chain moved on.
+    /// Nothing if the task at position `k` is not such a term, else how its chain moved on.
     fn absorb(
         &self,
-        i: usize,
+        k: usize,
         t: usize,
         state: &mut [ChainState],
         link: &mut Link,
     ) -> Option<Moved> {
-        let TaskKind::Term { chain, x, .. } = self.tasks[i].kind else {
+        let TaskKind::Term { chain, x, .. } = self.tasks[k].kind else {
             return None;
         };
         if self.chains[chain].kind != ChainKind::Max || state[chain].partial.is_some() {
@@ -2056,15 +2094,15 @@ impl Sim<'_> {
             Opnd::Chain(c) => state[c].result?,
         };
         state[chain].partial = Some(v);
-        Some(self.advance(chain, self.tasks[i].pe, t, state, link, false))
+        Some(self.advance(chain, self.tasks[k].pe, t, state, link, false))
     }
 
-    /// Runs task `i` on `pe` in cycle `t`; says how its chain moved on.
+    /// Runs the task at position `k` on `pe` in cycle `t`; says how its chain moved on.
     #[allow(clippy::too_many_arguments)]
     fn execute(
         &self,
         b: &mut Builder,
-        i: usize,
+        k: usize,
         t: usize,
         pe: usize,
         state: &mut [ChainState],
@@ -2072,7 +2110,7 @@ impl Sim<'_> {
         link: &mut Link,
         ready: &mut ready::Ready,
     ) -> Moved {
-        let task = self.tasks[i];
+        let task = self.tasks[k];
         let val = |o: Opnd, state: &[ChainState]| match o {
             Opnd::V(v) => Some(v),
             Opnd::Chain(c) => state[c].result,
