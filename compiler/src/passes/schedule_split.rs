@@ -1954,48 +1954,50 @@ impl Sim<'_> {
                 // PE's whole list, most urgent first, would have looked at.
                 let scan = wake[pe] <= t;
                 wake[pe] = usize::MAX;
-                while scan {
-                    // Candidates are exactly the tasks that can run (see `ready`): the first is
-                    // the task the scan would have found.
-                    let found = ready.first(pe);
-                    debug_assert!(found.is_none_or(|k| open(
-                        &self.gates[order[k] as usize],
-                        t,
-                        &avail[pe],
-                        &state
-                    )));
-                    let Some(k) = found else {
-                        *work += ready.count(pe);
-                        break;
-                    };
-                    *work += ready.rank(pe, k);
-                    ready.take(pe, k);
-                    left -= 1;
-                    progressed = true;
-                    let absorbed = if self.absorbs[k] {
-                        self.absorb(k, t, &mut state, &mut links[pe])
-                    } else {
-                        None
-                    };
-                    if let Some(moved) = absorbed {
+                if scan {
+                    loop {
+                        // Candidates are exactly the tasks that can run (see `ready`): the first is
+                        // the task the scan would have found.
+                        let found = ready.first(pe);
+                        debug_assert!(found.is_none_or(|k| open(
+                            &self.gates[order[k] as usize],
+                            t,
+                            &avail[pe],
+                            &state
+                        )));
+                        let Some(k) = found else {
+                            *work += ready.count(pe);
+                            break;
+                        };
+                        *work += ready.rank(pe, k);
+                        ready.take(pe, k);
+                        left -= 1;
+                        progressed = true;
+                        let absorbed = if self.absorbs[k] {
+                            self.absorb(k, t, &mut state, &mut links[pe])
+                        } else {
+                            None
+                        };
+                        if let Some(moved) = absorbed {
+                            self.moved(moved, &state, avail, ready, t);
+                            continue;
+                        }
+                        let moved = self.execute(
+                            b,
+                            k,
+                            t,
+                            pe,
+                            &mut state,
+                            &mut avail[pe],
+                            &mut links[pe],
+                            ready,
+                        );
                         self.moved(moved, &state, avail, ready, t);
-                        continue;
+                        ops_left[pe] = ops_left[pe].saturating_sub(1);
+                        last_op[pe] = t;
+                        wake[pe] = t + 1;
+                        break;
                     }
-                    let moved = self.execute(
-                        b,
-                        k,
-                        t,
-                        pe,
-                        &mut state,
-                        &mut avail[pe],
-                        &mut links[pe],
-                        ready,
-                    );
-                    self.moved(moved, &state, avail, ready, t);
-                    ops_left[pe] = ops_left[pe].saturating_sub(1);
-                    last_op[pe] = t;
-                    wake[pe] = t + 1;
-                    break;
                 }
                 // Link slot: the most urgent word that is here (or made now by the accumulator),
                 // the first in the queue among equally urgent ones.

@@ -187,7 +187,7 @@ impl Ready {
         let words = n.div_ceil(64);
         self.pending.clear();
         self.pending.resize(words, !0);
-        if n % 64 != 0 {
+        if !n.is_multiple_of(64) {
             if let Some(last) = self.pending.last_mut() {
                 *last = (1u64 << (n % 64)) - 1;
             }
