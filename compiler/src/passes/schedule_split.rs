@@ -36,6 +36,8 @@ use crate::scheduler::Scheduler;
 use cranelift_entity::EntityRef;
 use rustc_hash::FxHashMap as HashMap;
 
+mod ready;
+
 pub const NAME: &str = "schedule-split";
 pub const DESCRIPTION: &str =
     "split dataflow: d products, heads, rows and row sums over all PEs, list-scheduled without phase barriers";
@@ -872,40 +874,54 @@ fn build(
     let mut b = plan
         .b
         .fork(plan.cycles.min(limit.saturating_add(1)), plan.tasks.len());
-    let mut tasks = plan.tasks.clone();
     let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
     let span = if tweaks.noise.0 == 0 { 0 } else { 4 };
-    for (i, t) in tasks.iter_mut().enumerate() {
-        // `prio` holds the row's rank until here.
-        let boost = if softmax_first && plan.eager[i] {
-            1 << 40
-        } else {
-            0
-        };
-        t.prio = boost + (plan.tail[i] - t.prio * row_weight) * 8 + tweaks.prio(i, span * 8);
-    }
-    // A preloaded word goes on the link as urgently as its most urgent reader.
-    let mut urgency: Vec<i64> = vec![i64::MIN; plan.vals];
-    for t in &tasks {
-        if let TaskKind::Term { x, y, .. } = t.kind {
-            for o in [Some(x), y].into_iter().flatten() {
-                if let Opnd::V(v) = o {
-                    if let Some(u) = urgency.get_mut(v.index()) {
-                        *u = (*u).max(t.prio);
-                    }
-                }
-            }
-        }
-    }
+    let prio: Vec<i64> = plan
+        .tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            // The plan's `prio` is the row's rank.
+            let boost = if softmax_first && plan.eager[i] {
+                1 << 40
+            } else {
+                0
+            };
+            boost + (plan.tail[i] - t.prio * row_weight) * 8 + tweaks.prio(i, span * 8)
+        })
+        .collect();
+    // A preloaded word goes on the link as urgently as its most urgent reader (a term: a
+    // division reads only words made by exponentials).
     let preloaded: Vec<(u32, Val, i64)> = plan
         .preloaded
         .iter()
         .map(|&(pe, v)| {
-            let u = urgency.get(v.index()).copied().unwrap_or(i64::MIN);
+            let u = plan
+                .readers
+                .of_word(v)
+                .filter(|&i| plan.gates[i].chain != NONE)
+                .map(|i| prio[i])
+                .max()
+                .unwrap_or(i64::MIN);
             (pe, v, if u == i64::MIN { 0 } else { u })
         })
         .collect();
-    plan.sort(&tasks);
+    plan.sort(&prio);
+    // The simulation takes each PE's tasks about in this order: laid out in it, they are read
+    // from nearby memory.
+    let tasks: Vec<Task> = plan
+        .order
+        .iter()
+        .map(|&i| Task {
+            prio: prio[i as usize],
+            ..plan.tasks[i as usize]
+        })
+        .collect();
+    let absorbs: Vec<bool> = plan
+        .order
+        .iter()
+        .map(|&i| plan.absorbs[i as usize])
+        .collect();
     let sim = Sim {
         m,
         scale: p.scale as f32,
@@ -913,6 +929,9 @@ fn build(
         order: &plan.order,
         chains: &plan.chains,
         reach: &plan.reach,
+        gates: &plan.gates,
+        absorbs: &absorbs,
+        readers: &plan.readers,
     };
     // Charged per run even where the plan is reused: the search's length is counted in these
     // units, and the same units end it at the same step.
@@ -945,12 +964,15 @@ struct Plan {
     /// Hops each value travels from where it appears, by value index.
     reach: Vec<u32>,
     preloaded: Vec<(u32, Val)>,
-    /// Values the plan made (the simulation's are numbered after them).
-    vals: usize,
     /// Longest path from each task to the end.
     tail: Vec<i64>,
     /// Softmax work, which a `softmax_first` variant runs before any product.
     eager: Vec<bool>,
+    /// What each task waits for, by task index.
+    gates: Vec<Gate>,
+    /// Terms of maximum chains, which may be absorbed (see [`Sim::absorb`]).
+    absorbs: Vec<bool>,
+    readers: ready::Readers,
     /// The last run's tasks by PE, then priority (highest first), then index, and the priorities
     /// they were sorted by: a search step changes only a few of them.
     order: Vec<u32>,
@@ -963,27 +985,48 @@ struct Plan {
 const RESORT: usize = 8;
 
 impl Plan {
-    /// Brings `order` up to date with the priorities of `tasks`.
-    fn sort(&mut self, tasks: &[Task]) {
+    /// Brings `order` up to date with the tasks' priorities `run_prio`.
+    fn sort(&mut self, run_prio: &[i64]) {
+        let tasks = &self.tasks;
         let n = tasks.len();
         let changed: Vec<u32> = (0..n as u32)
-            .filter(|&i| self.order_prio.get(i as usize) != Some(&tasks[i as usize].prio))
+            .filter(|&i| self.order_prio.get(i as usize) != run_prio.get(i as usize))
             .take(RESORT + 1)
             .collect();
         if changed.is_empty() && self.order.len() == n {
             return;
         }
+        let patch = self.order.len() == n && self.order_prio.len() == n && changed.len() <= RESORT;
+        if patch {
+            // Each changed task leaves from where its old priority put it.
+            let old = &self.order_prio;
+            let key = |i: u32| (tasks[i as usize].pe, std::cmp::Reverse(old[i as usize]), i);
+            for &i in &changed {
+                let at = self.order.partition_point(|&j| key(j) < key(i));
+                if self.order.get(at) == Some(&i) {
+                    self.order.remove(at);
+                } else {
+                    self.order.retain(|&j| j != i);
+                }
+            }
+        }
         self.order_prio.clear();
-        self.order_prio.extend(tasks.iter().map(|t| t.prio));
+        self.order_prio.extend_from_slice(run_prio);
         let prio = &self.order_prio;
         let key = |i: u32| (tasks[i as usize].pe, std::cmp::Reverse(prio[i as usize]), i);
-        if self.order.len() != n || changed.len() > RESORT {
+        if !patch {
+            // The same order as sorting by `key`, each key packed into one integer.
+            let mut packed: Vec<u128> = (0..n)
+                .map(|i| {
+                    let descending = !((prio[i] as u64) ^ (1 << 63));
+                    (u128::from(tasks[i].pe) << 96) | (u128::from(descending) << 32) | i as u128
+                })
+                .collect();
+            packed.sort_unstable();
             self.order.clear();
-            self.order.extend(0..n as u32);
-            self.order.sort_unstable_by_key(|&i| key(i));
+            self.order.extend(packed.iter().map(|&k| k as u32));
             return;
         }
-        self.order.retain(|i| !changed.contains(i));
         for &i in &changed {
             let at = self.order.partition_point(|&j| key(j) < key(i));
             self.order.insert(at, i);
@@ -1004,6 +1047,7 @@ struct Plans {
 struct Scratch {
     avail: Vec<Avail>,
     links: Vec<Link>,
+    ready: ready::Ready,
 }
 
 /// Plans kept: the retries go round three layouts, and the search keeps coming back to its
@@ -1430,6 +1474,15 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         })
         .collect();
     let vals = b.vals();
+    let gates: Vec<Gate> = tasks.iter().map(|t| gate(t, &chains)).collect();
+    let readers = ready::Readers::new(&tasks, &gates, chains.len(), vals);
+    let absorbs = tasks
+        .iter()
+        .map(|t| match t.kind {
+            TaskKind::Term { chain, .. } => chains[chain].kind == ChainKind::Max,
+            TaskKind::Div { .. } => false,
+        })
+        .collect();
     let mut dense_reach = vec![0u32; vals];
     for (v, &hops) in &reach {
         if let Some(r) = dense_reach.get_mut(v.index()) {
@@ -1444,9 +1497,11 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         tasks,
         reach: dense_reach,
         preloaded,
-        vals,
         tail,
         eager,
+        gates,
+        absorbs,
+        readers,
         order: Vec::new(),
         order_prio: Vec::new(),
         cycles: 0,
@@ -1550,7 +1605,9 @@ fn tails(
 /// operand of every task it looks at, so small layers index a vector by value (the local search
 /// runs thousands of simulations) and large ones, where that would take too much memory, hash.
 enum Avail {
-    Dense(Vec<u32>),
+    /// The cycle by value index (`u32::MAX`: not here), and the indices written: clearing only
+    /// those keeps a run from filling the whole vector again on every PE.
+    Dense(Vec<u32>, Vec<u32>),
     Sparse(HashMap<Val, usize>),
 }
 
@@ -1560,7 +1617,7 @@ const DENSE_AVAIL: u64 = 1 << 24;
 impl Avail {
     fn get(&self, v: &Val) -> Option<usize> {
         match self {
-            Avail::Dense(at) => at
+            Avail::Dense(at, _) => at
                 .get(v.index())
                 .copied()
                 .filter(|&c| c != u32::MAX)
@@ -1571,7 +1628,12 @@ impl Avail {
 
     fn clear(&mut self) {
         match self {
-            Avail::Dense(at) => at.clear(),
+            Avail::Dense(at, written) => {
+                for &i in written.iter() {
+                    at[i as usize] = u32::MAX;
+                }
+                written.clear();
+            }
             Avail::Sparse(at) => at.clear(),
         }
     }
@@ -1580,24 +1642,25 @@ impl Avail {
         self.get(v).is_some()
     }
 
-    fn insert(&mut self, v: Val, cycle: usize) {
+    /// Writes `v` readable from `cycle`; whether it was not here before.
+    fn insert(&mut self, v: Val, cycle: usize) -> bool {
         match self {
-            Avail::Dense(at) => {
+            Avail::Dense(at, written) => {
                 let i = v.index();
                 if at.len() <= i {
                     at.resize(i + 1, u32::MAX);
                 }
+                let fresh = at[i] == u32::MAX;
+                if fresh {
+                    written.push(v.as_u32());
+                }
                 at[i] = u32::try_from(cycle).unwrap_or(u32::MAX - 1);
+                fresh
             }
-            Avail::Sparse(at) => {
-                at.insert(v, cycle);
-            }
+            Avail::Sparse(at) => at.insert(v, cycle).is_none(),
         }
     }
 }
-
-/// End of a task list.
-const NIL: u32 = u32::MAX;
 
 /// When a task can run: its chain at its segment with the partial sum here (`chain` is [`NONE`]
 /// for a division), and each operand here. An operand is a value's index, [`CHAIN`] plus a
@@ -1635,16 +1698,51 @@ fn open(g: &Gate, t: usize, avail: &Avail, state: &[ChainState]) -> bool {
     opnd(g.bias) && opnd(g.x) && opnd(g.y)
 }
 
+/// What [`open`] needs of `task`.
+fn gate(task: &Task, chains: &[Chain]) -> Gate {
+    let opnd = |o: Opnd| match o {
+        Opnd::V(v) => v.as_u32(),
+        Opnd::Chain(c) => CHAIN | c as u32,
+    };
+    match task.kind {
+        TaskKind::Term {
+            chain, seg, x, y, ..
+        } => Gate {
+            chain: chain as u32,
+            seg: seg as u32,
+            bias: match chains.get(chain).map(|c| c.kind) {
+                Some(ChainKind::Exp { bias: Some(mx) }) => CHAIN | mx as u32,
+                _ => NONE,
+            },
+            x: opnd(x),
+            y: y.map_or(NONE, opnd),
+        },
+        TaskKind::Div { num, den, .. } => Gate {
+            chain: NONE,
+            seg: 0,
+            bias: NONE,
+            x: num.as_u32(),
+            y: CHAIN | den as u32,
+        },
+    }
+}
+
 /// The cycle-by-cycle list scheduler over pinned tasks.
 struct Sim<'a> {
     m: u32,
     scale: f32,
+    /// The tasks by PE, then priority (highest first), then index: by position in `order`.
     tasks: &'a [Task],
-    /// Task indices by PE, then priority (highest first), then index.
+    /// Task indices by position.
     order: &'a [u32],
     chains: &'a [Chain],
     /// Hops each fixed value travels from where it appears.
     reach: &'a [u32],
+    /// What each task waits for, by task index.
+    gates: &'a [Gate],
+    /// By position.
+    absorbs: &'a [bool],
+    readers: &'a ready::Readers,
 }
 
 /// Words waiting to go over one PE's link. A word can be queued twice (a score that is also a
@@ -1708,10 +1806,14 @@ impl Link {
     }
 
     fn clear(&mut self) {
+        // Every word waiting is marked, and only those: unmarking them clears the bits without
+        // filling them all again in the next run.
+        for w in &self.words {
+            self.queued.remove(w.val);
+        }
         self.words.clear();
-        match &mut self.queued {
-            Queued::Dense(bits) => bits.clear(),
-            Queued::Sparse(set) => set.clear(),
+        if let Queued::Sparse(set) = &mut self.queued {
+            set.clear();
         }
     }
 
@@ -1777,12 +1879,16 @@ impl Sim<'_> {
         let m = self.m as usize;
         let mut last_op: Vec<usize> = vec![0; m];
         let dense = (m as u64) * 3 * (self.tasks.len() as u64) <= DENSE_AVAIL;
-        let Scratch { avail, links } = scratch;
-        if avail.len() != m || links.len() != m || matches!(avail[0], Avail::Dense(_)) != dense {
+        let Scratch {
+            avail,
+            links,
+            ready,
+        } = scratch;
+        if avail.len() != m || links.len() != m || matches!(avail[0], Avail::Dense(..)) != dense {
             *avail = (0..m)
                 .map(|_| {
                     if dense {
-                        Avail::Dense(Vec::new())
+                        Avail::Dense(Vec::new(), Vec::new())
                     } else {
                         Avail::Sparse(HashMap::default())
                     }
@@ -1792,8 +1898,12 @@ impl Sim<'_> {
         }
         avail.iter_mut().for_each(Avail::clear);
         links.iter_mut().for_each(Link::clear);
+        // Per PE, pending tasks by priority (highest first): positions in `order`, which holds
+        // them by PE.
+        let order = self.order;
+        ready.reset(order, m, self.readers);
         for &(pe, v, prio) in preloaded {
-            avail[pe as usize].insert(v, 0);
+            ready.write(&mut avail[pe as usize], pe, v, 0);
             self.forward(v, prio, &mut links[pe as usize]);
         }
         let mut state: Vec<ChainState> = self
@@ -1804,25 +1914,12 @@ impl Sim<'_> {
                 ..Default::default()
             })
             .collect();
-        // Per PE, pending tasks by priority (highest first): a list linked through `next`, as
-        // tasks leave from anywhere in it.
-        // The lists run over positions in `order`, with what readiness needs of each task
-        // alongside: a PE's list is then read front to back in memory.
-        let order = self.order;
-        let gates: Vec<Gate> = order.iter().map(|&i| self.gate(i as usize)).collect();
-        let mut head: Vec<u32> = vec![NIL; m];
-        let mut next: Vec<u32> = vec![NIL; order.len()];
-        let mut ops_left: Vec<usize> = vec![0; m];
-        for (k, &i) in order.iter().enumerate().rev() {
-            let pe = self.tasks[i as usize].pe as usize;
-            if let Some(&after) = order.get(k + 1) {
-                if self.tasks[after as usize].pe as usize == pe {
-                    next[k] = k as u32 + 1;
-                }
+        for (chain, c) in self.chains.iter().enumerate() {
+            if let Some((pe, _)) = c.segs.first() {
+                ready.enter(self.chains, &state, chain, &avail[*pe as usize], 0);
             }
-            head[pe] = k as u32;
-            ops_left[pe] += 1;
         }
+        let mut ops_left: Vec<usize> = (0..m).map(|pe| ready.count(pe) as usize).collect();
         let mut left: usize = self.tasks.len();
         // Per PE, the operations still to run: its tasks but the first term of each maximum
         // chain that starts on it (absorbed, no operation).
@@ -1845,6 +1942,7 @@ impl Sim<'_> {
             if t >= limit || ops_left.iter().any(|&k| t.saturating_add(k) > limit) {
                 return Ok(None);
             }
+            ready.arrivals(self.readers, self.chains);
             let mut progressed = false;
             arrivals.clear();
             *work += m as u64;
@@ -1852,33 +1950,54 @@ impl Sim<'_> {
                 // Operation slot: the most urgent ready task (absorbing a maximum chain's first
                 // terms costs nothing and does not use the slot). A PE that found nothing ready
                 // waits for a word to reach it or for its own work to finish: nothing else can
-                // make one of its tasks ready.
-                let (mut prev, mut cur) = (NIL, if wake[pe] <= t { head[pe] } else { NIL });
+                // make one of its tasks ready. The budget counts the pending tasks a scan of the
+                // PE's whole list, most urgent first, would have looked at.
+                let scan = wake[pe] <= t;
                 wake[pe] = usize::MAX;
-                while cur != NIL {
-                    let k = cur as usize;
-                    *work += 1;
-                    if !open(&gates[k], t, &avail[pe], &state) {
-                        (prev, cur) = (cur, next[k]);
-                        continue;
+                if scan {
+                    loop {
+                        // Candidates are exactly the tasks that can run (see `ready`): the first is
+                        // the task the scan would have found.
+                        let found = ready.first(pe);
+                        debug_assert!(found.is_none_or(|k| open(
+                            &self.gates[order[k] as usize],
+                            t,
+                            &avail[pe],
+                            &state
+                        )));
+                        let Some(k) = found else {
+                            *work += ready.count(pe);
+                            break;
+                        };
+                        *work += ready.rank(pe, k);
+                        ready.take(pe, k);
+                        left -= 1;
+                        progressed = true;
+                        let absorbed = if self.absorbs[k] {
+                            self.absorb(k, t, &mut state, &mut links[pe])
+                        } else {
+                            None
+                        };
+                        if let Some(moved) = absorbed {
+                            self.moved(moved, &state, avail, ready, t);
+                            continue;
+                        }
+                        let moved = self.execute(
+                            b,
+                            k,
+                            t,
+                            pe,
+                            &mut state,
+                            &mut avail[pe],
+                            &mut links[pe],
+                            ready,
+                        );
+                        self.moved(moved, &state, avail, ready, t);
+                        ops_left[pe] = ops_left[pe].saturating_sub(1);
+                        last_op[pe] = t;
+                        wake[pe] = t + 1;
+                        break;
                     }
-                    let i = order[k] as usize;
-                    if prev == NIL {
-                        head[pe] = next[k];
-                    } else {
-                        next[prev as usize] = next[k];
-                    }
-                    left -= 1;
-                    progressed = true;
-                    if self.absorb(i, t, &mut state, &mut links[pe]) {
-                        (prev, cur) = (NIL, head[pe]);
-                        continue;
-                    }
-                    self.execute(b, i, t, pe, &mut state, &mut avail[pe], &mut links[pe]);
-                    ops_left[pe] = ops_left[pe].saturating_sub(1);
-                    last_op[pe] = t;
-                    wake[pe] = t + 1;
-                    break;
                 }
                 // Link slot: the most urgent word that is here (or made now by the accumulator),
                 // the first in the queue among equally urgent ones.
@@ -1912,7 +2031,7 @@ impl Sim<'_> {
                 }
             }
             for &(to, v) in &arrivals {
-                avail[to].insert(v, t + 1);
+                ready.write(&mut avail[to], to as u32, v, t + 1);
                 wake[to] = wake[to].min(t + 1);
             }
             t += 1;
@@ -1931,67 +2050,69 @@ impl Sim<'_> {
         Ok(Some((t, busy)))
     }
 
-    /// What [`open`] needs of task `i`.
-    fn gate(&self, i: usize) -> Gate {
-        let opnd = |o: Opnd| match o {
-            Opnd::V(v) => v.as_u32(),
-            Opnd::Chain(c) => CHAIN | c as u32,
-        };
-        match self.tasks[i].kind {
-            TaskKind::Term {
-                chain, seg, x, y, ..
-            } => Gate {
-                chain: chain as u32,
-                seg: seg as u32,
-                bias: match self.chains[chain].kind {
-                    ChainKind::Exp { bias: Some(mx) } => CHAIN | mx as u32,
-                    _ => NONE,
-                },
-                x: opnd(x),
-                y: y.map_or(NONE, opnd),
-            },
-            TaskKind::Div { num, den, .. } => Gate {
-                chain: NONE,
-                seg: 0,
-                bias: NONE,
-                x: num.as_u32(),
-                y: CHAIN | den as u32,
-            },
+    /// Tells `ready` how a chain moved on in cycle `t`.
+    fn moved(
+        &self,
+        moved: Moved,
+        state: &[ChainState],
+        avail: &[Avail],
+        ready: &mut ready::Ready,
+        t: usize,
+    ) {
+        match moved {
+            Moved::Not => {}
+            Moved::Seg(chain) => {
+                let pe = self.chains[chain]
+                    .segs
+                    .get(state[chain].seg)
+                    .map_or(0, |s| s.0 as usize);
+                if let Some(a) = avail.get(pe) {
+                    ready.enter(self.chains, state, chain, a, t);
+                }
+            }
+            Moved::Result(chain, v) => {
+                ready.result(self.readers, chain, v, avail, t);
+            }
         }
     }
 
     /// The first term of a maximum chain is the partial maximum itself: no operation.
-    fn absorb(&self, i: usize, t: usize, state: &mut [ChainState], link: &mut Link) -> bool {
-        let TaskKind::Term { chain, x, .. } = self.tasks[i].kind else {
-            return false;
+    /// Nothing if the task at position `k` is not such a term, else how its chain moved on.
+    fn absorb(
+        &self,
+        k: usize,
+        t: usize,
+        state: &mut [ChainState],
+        link: &mut Link,
+    ) -> Option<Moved> {
+        let TaskKind::Term { chain, x, .. } = self.tasks[k].kind else {
+            return None;
         };
         if self.chains[chain].kind != ChainKind::Max || state[chain].partial.is_some() {
-            return false;
+            return None;
         }
         let v = match x {
             Opnd::V(v) => v,
-            Opnd::Chain(c) => match state[c].result {
-                Some(v) => v,
-                None => return false,
-            },
+            Opnd::Chain(c) => state[c].result?,
         };
         state[chain].partial = Some(v);
-        self.advance(chain, self.tasks[i].pe, t, state, link, false);
-        true
+        Some(self.advance(chain, self.tasks[k].pe, t, state, link, false))
     }
 
+    /// Runs the task at position `k` on `pe` in cycle `t`; says how its chain moved on.
     #[allow(clippy::too_many_arguments)]
     fn execute(
         &self,
         b: &mut Builder,
-        i: usize,
+        k: usize,
         t: usize,
         pe: usize,
         state: &mut [ChainState],
         avail: &mut Avail,
         link: &mut Link,
-    ) {
-        let task = self.tasks[i];
+        ready: &mut ready::Ready,
+    ) -> Moved {
+        let task = self.tasks[k];
         let val = |o: Opnd, state: &[ChainState]| match o {
             Opnd::V(v) => Some(v),
             Opnd::Chain(c) => state[c].result,
@@ -2000,23 +2121,24 @@ impl Sim<'_> {
             TaskKind::Div { num, den, out } => {
                 let Some(den) = state[den].result else {
                     b.bug(NAME, "a division before its sum");
-                    return;
+                    return Moved::Not;
                 };
                 b.work(pe as u32, t, 2, Work::Div { num, den, out });
-                avail.insert(out, t + 1);
+                ready.write(avail, pe as u32, out, t + 1);
                 self.forward(out, task.prio, link);
+                Moved::Not
             }
             TaskKind::Term { chain, x, y, e, .. } => {
                 let (Some(xv), acc) = (val(x, state), state[chain].partial) else {
                     b.bug(NAME, "a term before its operand");
-                    return;
+                    return Moved::Not;
                 };
                 let out = b.computed();
                 let (phase, work, is_acc) = match self.chains[chain].kind {
                     ChainKind::Mac(ph) => {
                         let Some(yv) = y.and_then(|y| val(y, state)) else {
                             b.bug(NAME, "a product with one operand");
-                            return;
+                            return Moved::Not;
                         };
                         (
                             ph,
@@ -2032,9 +2154,9 @@ impl Sim<'_> {
                     ChainKind::Exp { bias } => {
                         let Some(e) = e else {
                             b.bug(NAME, "an exponential with nowhere to keep it");
-                            return;
+                            return Moved::Not;
                         };
-                        avail.insert(e, t + 1);
+                        ready.write(avail, pe as u32, e, t + 1);
                         // An exponential divided on a later PE goes there.
                         self.forward(e, task.prio, link);
                         let bias = bias.and_then(|mx| state[mx].result);
@@ -2051,13 +2173,13 @@ impl Sim<'_> {
                     ChainKind::Max => {
                         let Some(a) = acc else {
                             b.bug(NAME, "a maximum with nothing to compare");
-                            return;
+                            return Moved::Not;
                         };
                         (2, Work::Max { a, b: xv, out }, false)
                     }
                 };
                 b.work(pe as u32, t, phase, work);
-                avail.insert(out, t + 1);
+                ready.write(avail, pe as u32, out, t + 1);
                 state[chain].partial = Some(out);
                 if let Some(el) = self.chains[chain].output {
                     if state[chain].left == 1
@@ -2066,7 +2188,7 @@ impl Sim<'_> {
                         b.output(el, pe as u32, out);
                     }
                 }
-                self.advance(chain, task.pe, t, state, link, is_acc);
+                self.advance(chain, task.pe, t, state, link, is_acc)
             }
         }
     }
@@ -2081,15 +2203,15 @@ impl Sim<'_> {
         state: &mut [ChainState],
         link: &mut Link,
         acc: bool,
-    ) {
+    ) -> Moved {
         let c = &self.chains[chain];
         let s = &mut state[chain];
         s.left = s.left.saturating_sub(1);
         if s.left > 0 {
-            return;
+            return Moved::Not;
         }
         let Some(v) = s.partial else {
-            return;
+            return Moved::Not;
         };
         let acc_at = acc.then_some(t);
         let prio = self.tasks.iter().len() as i64; // partial sums of a chain in flight go first
@@ -2105,7 +2227,7 @@ impl Sim<'_> {
                     acc_at,
                 });
             }
-            return;
+            return Moved::Seg(chain);
         }
         s.result = Some(v);
         let hops = c
@@ -2122,5 +2244,16 @@ impl Sim<'_> {
                 acc_at,
             });
         }
+        Moved::Result(chain, v)
     }
+}
+
+/// How a chain moved on after one of its terms.
+#[derive(Clone, Copy)]
+enum Moved {
+    Not,
+    /// Into its next segment.
+    Seg(usize),
+    /// To its end, with this result.
+    Result(usize, Val),
 }
