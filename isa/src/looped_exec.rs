@@ -159,6 +159,8 @@ pub struct LoopMachine<D: Domain> {
     bulk: u64,
     /// Of `bulk`, the cycles run in windows over whole loop iterations.
     nest: u64,
+    /// No whole-iteration window is planned before this cycle (one failed over these).
+    nest_after: u64,
     /// Per PE, the chunks of [`CHUNK`] words known to be initialized
     /// throughout. Words never become uninitialized again, so a chunk once
     /// seen whole stays whole; it spares the bulk planner rescanning the
@@ -207,6 +209,7 @@ impl<D: Domain> LoopMachine<D> {
             scratch: vec![None; n],
             bulk: 0,
             nest: 0,
+            nest_after: 0,
             init: vec![InitChunks::default(); n],
         })
     }
@@ -404,9 +407,16 @@ impl LoopMachine<F32Domain> {
             if self.m.cycle() >= self.len {
                 return Ok(self.stats());
             }
-            if let Ok((w, wins)) = self.plan_nest() {
-                self.exec_nest(w, &wins);
-                continue;
+            if self.m.cycle() >= self.nest_after {
+                match self.plan_nest() {
+                    Ok((w, wins)) => {
+                        self.exec_nest(w, &wins);
+                        continue;
+                    }
+                    // Planning a whole-iteration window that fails costs about as much as one
+                    // that runs: not again over the cycles it would have covered.
+                    Err(Stepped(k)) => self.nest_after = self.m.cycle() + k,
+                }
             }
             match self.plan_window() {
                 Ok((w, plans)) => self.exec_window(w, &plans),

@@ -13,8 +13,8 @@
 //! no word written read by another slot of the same run), shown for every iteration at once.
 
 use super::{
-    count, overlap, plan_of, run_plan, Cursor, InitChunks, LoopMachine, Plan, Prog, Stepped,
-    MAX_LOOP_DEPTH,
+    count, dot_group, overlap, plan_of, run_plan, unit_dot, Cursor, InitChunks, LoopMachine, Plan,
+    Prog, Stepped, DOT_GROUP, MAX_LOOP_DEPTH,
 };
 use crate::inst::{Acc, Op, Xfer, XferSrc};
 use crate::looped::{Cmp, Field, LBundle, Node};
@@ -322,9 +322,9 @@ impl LoopMachine<F32Domain> {
         })
     }
 
-    /// A window over whole iterations (see the module's comment) of at least 2 cycles, or why
-    /// not. Only tried where some PE can go past its innermost loop; the single-loop planner
-    /// takes the rest.
+    /// A window over whole iterations (see the module's comment) of at least 2 cycles, or the
+    /// cycles not to try again for (the window's, once its checks failed). Only tried where
+    /// some PE can go past its innermost loop; the single-loop planner takes the rest.
     pub(super) fn plan_nest(&mut self) -> Result<(u32, Vec<Option<PeWindow>>), Stepped> {
         let n = self.progs.len();
         let mut shapes = Vec::with_capacity(n);
@@ -357,7 +357,8 @@ impl LoopMachine<F32Domain> {
                 wins.push(None);
                 continue;
             };
-            let win = self.pe_window(p, &s, w).ok_or(Stepped(1))?;
+            // A stretch that breaks a rule (often for the whole loop): not again in this window.
+            let win = self.pe_window(p, &s, w).ok_or(Stepped(w))?;
             wins.push(Some(win));
         }
         // What a PE's predecessor sends in the window never meets what the PE touches in it.
@@ -394,7 +395,8 @@ impl LoopMachine<F32Domain> {
                 .iter()
                 .any(|&t| sends.iter().any(|&s| overlap(s, t)))
             {
-                return Err(Stepped(1));
+                // Blocks rotating in place meet their receivers all through the loop.
+                return Err(Stepped(w));
             }
         }
         Ok((w as u32, wins))
@@ -474,26 +476,73 @@ impl LoopMachine<F32Domain> {
 
     pub(super) fn exec_nest(&mut self, w: u32, wins: &[Option<PeWindow>]) {
         let n = wins.len();
-        let mems = self.m.mems_mut();
-        for (p, win) in wins.iter().enumerate() {
-            let Some(win) = win else { continue };
-            let next = if p + 1 == n { 0 } else { p + 1 };
-            for s in &win.head {
-                run_plan(mems, p, next, &s.plan, i64::from(s.len));
-            }
-            for r in 0..i64::from(win.iters) {
-                for (s, shift) in &win.body {
-                    let mut plan = s.plan;
-                    for (pr, d) in plan.progs.iter_mut().zip(shift) {
-                        if let Some(pr) = pr {
-                            pr.addr += d * r;
-                        }
-                    }
-                    run_plan(mems, p, next, &plan, i64::from(s.len));
+        let next = |p: usize| if p + 1 == n { 0 } else { p + 1 };
+        let moved = |s: &Segment, shift: &[i64; 7], r: i64| {
+            let mut plan = s.plan;
+            for (pr, d) in plan.progs.iter_mut().zip(shift) {
+                if let Some(pr) = pr {
+                    pr.addr += d * r;
                 }
             }
+            plan
+        };
+        let mems = self.m.mems_mut();
+        // The planner made the PEs independent within the window, so any interleaving of them
+        // that keeps each PE's own order gives the cycle-by-cycle result: heads, then the
+        // whole iterations, then the tails.
+        for (p, win) in wins.iter().enumerate() {
+            let Some(win) = win else { continue };
+            for s in &win.head {
+                run_plan(mems, p, next(p), &s.plan, i64::from(s.len));
+            }
+        }
+        // Where every PE runs the same iterations of stretches of the same lengths (one program
+        // on every PE), stretch k of iteration r runs on all of them before stretch k + 1, so
+        // their dot products interleave.
+        let busy: Vec<(usize, &PeWindow)> = wins
+            .iter()
+            .enumerate()
+            .filter_map(|(p, w)| w.as_ref().filter(|w| w.iters > 0).map(|w| (p, w)))
+            .collect();
+        let alike = busy.windows(2).all(|x| {
+            let (a, b) = (x[0].1, x[1].1);
+            a.iters == b.iters
+                && a.body.len() == b.body.len()
+                && a.body.iter().zip(&b.body).all(|(s, t)| s.0.len == t.0.len)
+        });
+        if alike && busy.len() > 1 {
+            let (iters, stretches) = (busy[0].1.iters, busy[0].1.body.len());
+            let mut dots = Vec::with_capacity(busy.len());
+            for r in 0..i64::from(iters) {
+                for k in 0..stretches {
+                    dots.clear();
+                    let len = busy[0].1.body[k].0.len;
+                    for &(p, win) in &busy {
+                        let (s, shift) = &win.body[k];
+                        let plan = moved(s, shift, r);
+                        match unit_dot(&plan) {
+                            Some(d) => dots.push((p, d)),
+                            None => run_plan(mems, p, next(p), &plan, i64::from(len)),
+                        }
+                    }
+                    for group in dots.chunks(DOT_GROUP) {
+                        dot_group(mems, group, len as usize);
+                    }
+                }
+            }
+        } else {
+            for &(p, win) in &busy {
+                for r in 0..i64::from(win.iters) {
+                    for (s, shift) in &win.body {
+                        run_plan(mems, p, next(p), &moved(s, shift, r), i64::from(s.len));
+                    }
+                }
+            }
+        }
+        for (p, win) in wins.iter().enumerate() {
+            let Some(win) = win else { continue };
             for s in &win.tail {
-                run_plan(mems, p, next, &s.plan, i64::from(s.len));
+                run_plan(mems, p, next(p), &s.plan, i64::from(s.len));
             }
         }
         for (p, win) in wins.iter().enumerate() {
