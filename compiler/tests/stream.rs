@@ -124,6 +124,28 @@ fn run(p: &Problem, m: u32, st: &Stream, mode: Mode) -> (Vec<f32>, Vec<f64>, Run
     }
 }
 
+/// Runs `st` in bulk against the reference (max abs err ≤ 1e-4, the predicted cycles), then
+/// cycle by cycle and flattened, which must give bit-identical outputs and statistics; the
+/// bulk run's statistics.
+fn run_three_ways(p: &Problem, m: u32, st: &Stream, what: &str) -> RunStats {
+    let (y, want, stats) = run(p, m, st, Mode::Bulk);
+    let err = y
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (f64::from(*a) - b).abs())
+        .fold(0.0, f64::max);
+    assert!(err <= 1e-4, "{what}: max abs err {err}");
+    assert_eq!(stats.cycles, st.cycles, "{what}");
+    let (y2, _, s2) = run(p, m, st, Mode::Step);
+    let (y3, _, s3) = run(p, m, st, Mode::Flat);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&y2), bits(&y), "{what}");
+    assert_eq!(bits(&y3), bits(&y), "{what}");
+    assert_eq!(s2, stats, "{what}");
+    assert_eq!(s3, stats, "{what}");
+    stats
+}
+
 fn check(n: u32, d: u32, h: u32, m: u32, shared: bool, causal: bool) {
     check_one(n, d, h, m, shared, causal, false);
     check_one(n, d, h, m, shared, causal, true);
@@ -410,14 +432,7 @@ fn uneven_deals_run_exactly_their_operations() {
         for prog in &st.programs {
             assert_eq!(prog.cycles(), st.cycles, "{what}");
         }
-        let (y, want, stats) = run(&p, m, &st, Mode::Bulk);
-        let err = y
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (f64::from(*a) - b).abs())
-            .fold(0.0, f64::max);
-        assert!(err <= 1e-4, "{what}: max abs err {err}");
-        assert_eq!(stats.cycles, st.cycles, "{what}");
+        let stats = run_three_ways(&p, m, &st, &what);
         let kind = |k: OpKind| stats.per_pe.iter().map(|x| x.count(k)).sum::<u64>();
         let (n64, d64) = (u64::from(n), u64::from(d));
         let cuts = (1..u64::from(m))
@@ -442,13 +457,6 @@ fn uneven_deals_run_exactly_their_operations() {
         );
         assert_eq!(kind(OpKind::Div), st.ops.phase2_div, "{what}");
         assert_eq!(kind(OpKind::Max), u64::from(h) * n64 * (n64 - 1), "{what}");
-        let (y2, _, s2) = run(&p, m, &st, Mode::Step);
-        let (y3, _, s3) = run(&p, m, &st, Mode::Flat);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&y2), bits(&y), "{what}");
-        assert_eq!(bits(&y3), bits(&y), "{what}");
-        assert_eq!(s2, stats, "{what}");
-        assert_eq!(s3, stats, "{what}");
     }
 }
 
@@ -478,14 +486,7 @@ fn one_division_per_weight_runs_exactly_its_formulation() {
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(st.normalisation, runtime::layer::Normalisation::PerWeight);
         assert_eq!(st.lag, m, "{what}");
-        let (y, want, stats) = run(&p, m, &st, Mode::Bulk);
-        let err = y
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (f64::from(*a) - b).abs())
-            .fold(0.0, f64::max);
-        assert!(err <= 1e-4, "{what}: max abs err {err}");
-        assert_eq!(stats.cycles, st.cycles, "{what}");
+        let stats = run_three_ways(&p, m, &st, &what);
         let weights = u64::from(h)
             * if causal {
                 u64::from(n) * u64::from(n + 1) / 2
@@ -500,13 +501,6 @@ fn one_division_per_weight_runs_exactly_its_formulation() {
         let max = kind(OpKind::Max);
         assert_eq!(max, weights - u64::from(h * n), "{what}");
         assert_eq!(st.total_ops, 2 * weights * u64::from(d) + 2 * weights + max);
-        let (y2, _, s2) = run(&p, m, &st, Mode::Step);
-        let (y3, _, s3) = run(&p, m, &st, Mode::Flat);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&y2), bits(&y), "{what}");
-        assert_eq!(bits(&y3), bits(&y), "{what}");
-        assert_eq!(s2, stats, "{what}");
-        assert_eq!(s3, stats, "{what}");
         let deferred =
             schedule_stream::run_with(&p, m, true, schedule_stream::Lag::Steps(m)).unwrap();
         assert!(st.cycles <= deferred.cycles, "{what}");
