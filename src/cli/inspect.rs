@@ -182,22 +182,13 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
         }));
     }
     if args.json {
-        let obj = json!({
-            "layer": m.layer.name,
-            "schedule": m.schedule,
-            "pes": m.pes,
-            "cycles": m.cycles,
-            "lower_bound": m.lower_bound,
-            "program_source": loaded.source,
-            "per_pe": rows,
-        });
-        println!("{obj}");
+        println!(
+            "{}",
+            serde_json::Value::Object(report_json(m, loaded.source, rows))
+        );
         return Ok(());
     }
-    println!(
-        "layer {}: {} PEs, {} cycles (lower bound {}), {}, programs from {}",
-        m.layer.name, m.pes, m.cycles, m.lower_bound, m.schedule, loaded.source
-    );
+    println!("{}", title(m, "programs", loaded.source));
     println!(
         "{:>5} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>6} {:>8} {:>8} {:>8}",
         "PE", "bundles", "bin_B", "text_B", "QKt", "softmax", "V", "other", "idle", "sent", "recv"
@@ -226,6 +217,34 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
         print_memory_line(pe, m.mem_words[pe], &memory_map(pe as u32, m, sum));
     }
     Ok(())
+}
+
+/// The `--json` report: the layer's figures and one object per PE.
+pub(super) fn report_json(
+    m: &compiler::manifest::Manifest,
+    source: &str,
+    rows: Vec<serde_json::Value>,
+) -> serde_json::Map<String, serde_json::Value> {
+    [
+        ("layer", json!(m.layer.name)),
+        ("schedule", json!(m.schedule)),
+        ("pes", json!(m.pes)),
+        ("cycles", json!(m.cycles)),
+        ("lower_bound", json!(m.lower_bound)),
+        ("program_source", json!(source)),
+        ("per_pe", json!(rows)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The text report's first line; `what` names the programs (`programs`, `loop programs`).
+pub(super) fn title(m: &compiler::manifest::Manifest, what: &str, source: &str) -> String {
+    format!(
+        "layer {}: {} PEs, {} cycles (lower bound {}), {}, {what} from {source}",
+        m.layer.name, m.pes, m.cycles, m.lower_bound, m.schedule
+    )
 }
 
 /// One PE's line of the text memory map.

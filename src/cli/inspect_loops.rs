@@ -85,6 +85,7 @@ pub fn run(dir: &Path, loaded: &Loaded, json_out: bool, why: &str) -> Result<(),
         .map(LoopProgram::acc_and_send_counts)
         .collect();
     let mut rows = Vec::new();
+    let mut maps = Vec::with_capacity(n);
     for (pe, p) in loaded.loops.iter().enumerate() {
         let f = m
             .files
@@ -97,10 +98,12 @@ pub fn run(dir: &Path, loaded: &Loaded, json_out: bool, why: &str) -> Result<(),
             .collect();
         let busy: u64 = counts.iter().sum();
         let cycles = p.cycles();
-        let memory: serde_json::Map<String, serde_json::Value> = memory_map(loaded, pe)
-            .into_iter()
-            .map(|(name, r)| (name, ranges_json(&r)))
+        let map = memory_map(loaded, pe);
+        let memory: serde_json::Map<String, serde_json::Value> = map
+            .iter()
+            .map(|(name, r)| (name.clone(), ranges_json(r)))
             .collect();
+        maps.push(map);
         let prev = if pe == 0 { n - 1 } else { pe - 1 };
         rows.push(json!({
             "pe": pe,
@@ -120,22 +123,14 @@ pub fn run(dir: &Path, loaded: &Loaded, json_out: bool, why: &str) -> Result<(),
         }));
     }
     if json_out {
-        let obj = json!({
-            "layer": m.layer.name,
-            "schedule": m.schedule,
-            "pes": m.pes,
-            "cycles": m.cycles,
-            "lower_bound": m.lower_bound,
-            "program_source": loaded.source,
-            "loop_summary": why,
-            "per_pe": rows,
-        });
-        println!("{obj}");
+        let mut obj = super::inspect::report_json(m, loaded.source, rows);
+        obj.insert("loop_summary".into(), json!(why));
+        println!("{}", serde_json::Value::Object(obj));
         return Ok(());
     }
     println!(
-        "layer {}: {} PEs, {} cycles (lower bound {}), {}, loop programs from {}",
-        m.layer.name, m.pes, m.cycles, m.lower_bound, m.schedule, loaded.source
+        "{}",
+        super::inspect::title(m, "loop programs", loaded.source)
     );
     println!("counted from the loop structure without flattening ({why}):");
     let kinds: Vec<&str> = OpKind::ALL.iter().map(|k| k.mnemonic()).collect();
@@ -170,8 +165,8 @@ pub fn run(dir: &Path, loaded: &Loaded, json_out: bool, why: &str) -> Result<(),
     println!(
         "memory map (inclusive word ranges; inputs and y from the manifest, the rest the hull of each writer's addresses):"
     );
-    for pe in 0..n {
-        super::inspect::print_memory_line(pe, m.mem_words[pe], &memory_map(loaded, pe));
+    for (pe, map) in maps.iter().enumerate() {
+        super::inspect::print_memory_line(pe, m.mem_words[pe], map);
     }
     Ok(())
 }

@@ -344,13 +344,7 @@ impl Eval {
     /// `high` starting where `low` ends and holding what `low`'s formula gives there.
     fn join(&mut self, low: &Fact, high: &Fact) -> Option<Fact> {
         // Renaming the high piece's coordinates one by one must not capture the low one's.
-        let clash = high.dims.iter().enumerate().any(|(i, h)| {
-            low.dims
-                .iter()
-                .enumerate()
-                .any(|(j, l)| l.0 == h.0 && i != j)
-        });
-        if clash {
+        if renaming_clashes(low, high) {
             return None;
         }
         for k in 0..low.dims.len() {
@@ -410,13 +404,7 @@ impl Eval {
         if step <= extent {
             return None;
         }
-        let clash = high.dims.iter().enumerate().any(|(i, h)| {
-            low.dims
-                .iter()
-                .enumerate()
-                .any(|(j, l)| l.0 == h.0 && i != j)
-        });
-        if clash {
+        if renaming_clashes(low, high) {
             return None;
         }
         let mut value = high.value;
@@ -1829,6 +1817,17 @@ fn coords(f: &Fact, d: &Aff) -> Option<(Vec<Aff>, i64)> {
         c -= q * s;
     }
     Some((sol, c))
+}
+
+/// Whether renaming `high`'s coordinates one by one to `low`'s would capture one of `low`'s
+/// (a coordinate of `low` at another position has the same variable).
+fn renaming_clashes(low: &Fact, high: &Fact) -> bool {
+    high.dims.iter().enumerate().any(|(i, h)| {
+        low.dims
+            .iter()
+            .enumerate()
+            .any(|(j, l)| l.0 == h.0 && i != j)
+    })
 }
 
 #[cfg(test)]
