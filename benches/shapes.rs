@@ -6,166 +6,359 @@
 //! largest PE's binary program, as `attnc compile` writes them: rerolled where that is smaller).
 //!
 //! Run: `cargo bench --bench shapes` (add `-- --quick` for the n = 64 rows only, or `-- --n N`
-//! for one sequence length).
+//! for one sequence length). `-- --safe-only` compiles the default formulation only, and then
+//! also the shapes above the unrolling limit (only the stream is built for those, in
+//! milliseconds). `-- --against FILE` compares the safe cycles with those of a table this bench
+//! printed before (any markdown file holding one, such as the README) and lists every shape
+//! that got slower. Shapes are spread over every core; compile seconds are per shape.
+
+mod common;
 
 use compiler::passes::select::Choice;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
-/// Layers above this many necessary operations are left out: their programs run to hundreds of
-/// megabytes and the table is about ratios, which the smaller shapes already show.
+/// Layers above this many necessary operations are left out of the two-formulation table:
+/// their unrolled candidates are not built and the plain formulation has no other schedule.
 const MAX_OPS: u64 = 6_000_000;
 
-fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    // `-- --n N` runs one sequence length only (to split a long run over several processes).
-    let args: Vec<String> = std::env::args().collect();
-    let only: Option<u32> = args
-        .iter()
-        .position(|a| a == "--n")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok());
-    let one;
-    let ns: &[u32] = if let Some(n) = only {
-        one = [n];
-        &one
-    } else if quick {
-        &[64]
-    } else {
-        &[64, 128, 256]
+/// What a program file may take, and a compile may last, for a shape to count as compact.
+const COMPACT_BYTES: usize = 16 * 1024;
+const COMPACT_SECS: f64 = 1.0;
+
+const SCHEMES: [(&str, &str); 3] = [
+    ("separate", ""),
+    ("shared", "qkv = shared;"),
+    ("causal", "mask = causal;"),
+];
+
+#[derive(Clone, Copy)]
+struct Job {
+    n: u32,
+    d: u32,
+    m: u32,
+    heads: u32,
+    scheme: usize,
+}
+
+impl Job {
+    fn name(&self) -> &'static str {
+        SCHEMES[self.scheme].0
+    }
+
+    fn key(&self) -> String {
+        format!(
+            "n={} d={} m={} heads={} {}",
+            self.n,
+            self.d,
+            self.m,
+            self.heads,
+            self.name()
+        )
+    }
+
+    /// Necessary operations of the per-weight formulation (the unrolling limit's measure).
+    fn ops(&self) -> u64 {
+        let (n, d, h) = (u64::from(self.n), u64::from(self.d), u64::from(self.heads));
+        let w = if self.name() == "causal" {
+            n * (n + 1) / 2
+        } else {
+            n * n
+        };
+        let distinct = if self.name() == "shared" {
+            n * (n + 1) / 2
+        } else {
+            w
+        };
+        h * (d * distinct + 2 * w + d * w)
+    }
+
+    fn per_weight_lb(&self, softmax: runtime::layer::Softmax) -> u64 {
+        runtime::layer::Shape {
+            heads: self.heads,
+            tokens: self.n,
+            dim: self.d,
+            shared: self.name() == "shared",
+            causal: self.name() == "causal",
+            softmax,
+        }
+        .lower_bound_as(self.m, runtime::layer::Normalisation::PerWeight)
+        .expect("fits")
+    }
+}
+
+/// One shape's measurements.
+struct Row {
+    /// Plain cycles and the best paper algorithm's (None in `--safe-only`).
+    plain: Option<(u64, String)>,
+    cycles: u64,
+    own_lb: u64,
+    phase2_max: u64,
+    schedule: String,
+    mem_words: u32,
+    secs: f64,
+    bytes: usize,
+    max_bin: usize,
+}
+
+fn compile(job: &Job, softmax: lang::Softmax) -> compiler::Compiled {
+    let src = format!(
+        "layer t {{ tokens = {}; dim = {}; heads = {}; {} }}",
+        job.n, job.d, job.heads, SCHEMES[job.scheme].1
+    );
+    let parsed = lang::parse(0, &src);
+    let layer = lang::Layer {
+        softmax,
+        ..parsed.layers[0].clone()
     };
-    println!("| n | d | m | heads | scheme | plain cycles | plain LB | plain/LB | best paper algo | safe cycles | safe LB | safe / (plain LB + max ops/m) | chosen (safe) | max mem words/PE | compile s | output MB | max pe.bin KiB |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let mut worst_safe: f64 = 0.0;
-    let mut log_sum = 0.0;
-    let mut count = 0;
-    let mut worst_plenty: f64 = 0.0;
+    let opts = compiler::Options {
+        pes: job.m,
+        schedule: Choice::Auto,
+        dump_after: None,
+        mem_limit: None,
+        reroll: true,
+    };
+    compiler::compile(&layer, &opts).expect("compiles")
+}
+
+fn measure(job: &Job, plain: bool) -> Row {
+    let plain = plain.then(|| {
+        let pm = compile(job, lang::Softmax::Plain).manifest;
+        let paper = pm
+            .selection
+            .candidates
+            .iter()
+            .filter(|c| !["schedule-rows", "schedule-stream"].contains(&c.schedule.as_str()))
+            .map(|c| c.cycles)
+            .min()
+            .map_or("n/a".to_string(), |c| c.to_string());
+        (pm.cycles, paper)
+    });
+    let t = Instant::now();
+    let c = compile(job, lang::Softmax::Safe);
+    let secs = t.elapsed().as_secs_f64();
+    // What `attnc compile` writes: the rerolled loop programs where they are smaller, else the
+    // flat ones.
+    let (bins, texts): (Vec<usize>, Vec<usize>) = if c.loops.is_empty() {
+        c.programs
+            .iter()
+            .map(|p| (isa::encode(p).map_or(0, |b| b.len()), p.to_string().len()))
+            .unzip()
+    } else {
+        c.loops
+            .iter()
+            .map(|p| {
+                (
+                    isa::encode_looped(p).map_or(0, |b| b.len()),
+                    p.to_text().len(),
+                )
+            })
+            .unzip()
+    };
+    let man = &c.manifest;
+    Row {
+        plain,
+        cycles: man.cycles,
+        own_lb: man.lower_bound,
+        phase2_max: man.ops.phase2_max,
+        schedule: man.schedule.clone(),
+        mem_words: man.mem_words.iter().copied().max().unwrap_or(0),
+        secs,
+        bytes: bins.iter().sum::<usize>()
+            + texts.iter().sum::<usize>()
+            + man.to_json().map_or(0, |j| j.len()),
+        max_bin: bins.iter().copied().max().unwrap_or(0),
+    }
+}
+
+/// Safe cycles per shape from a markdown table this bench printed (either form).
+fn previous(path: &str) -> BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut out = BTreeMap::new();
+    let mut col = None;
+    for line in text.lines() {
+        let cells: Vec<&str> = line
+            .trim()
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
+        if cells.first() == Some(&"n") && cells.get(4) == Some(&"scheme") {
+            col = cells
+                .iter()
+                .position(|c| *c == "safe cycles")
+                .or_else(|| cells.iter().position(|c| *c == "cycles"));
+            continue;
+        }
+        let Some(k) = col else { continue };
+        let nums: Option<Vec<u32>> = cells.iter().take(4).map(|c| c.parse().ok()).collect();
+        let (Some(nums), Some(scheme), Some(cycles)) = (
+            nums,
+            cells.get(4),
+            cells.get(k).and_then(|c| c.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        if nums.len() == 4 {
+            out.insert(
+                format!(
+                    "n={} d={} m={} heads={} {scheme}",
+                    nums[0], nums[1], nums[2], nums[3]
+                ),
+                cycles,
+            );
+        }
+    }
+    out
+}
+
+fn main() {
+    let start = Instant::now();
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |f: &str| args.iter().any(|a| a == f);
+    let value = |f: &str| {
+        args.iter()
+            .position(|a| a == f)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let safe_only = flag("--safe-only");
+    let ns: Vec<u32> = match value("--n").and_then(|v| v.parse().ok()) {
+        Some(n) => vec![n],
+        None if flag("--quick") => vec![64],
+        None => vec![64, 128, 256],
+    };
+    let mut jobs = Vec::new();
     let mut skipped = 0;
-    for &n in ns {
+    for &n in &ns {
         for d in [32u32, 64, 128] {
             for m in [4u32, 6, 8, 12] {
                 for heads in [1u32, 4] {
-                    for (scheme, extra) in [
-                        ("separate", ""),
-                        ("shared", "qkv = shared;"),
-                        ("causal", "mask = causal;"),
-                    ] {
-                        let src = format!(
-                            "layer t {{ tokens = {n}; dim = {d}; heads = {heads}; {extra} }}"
-                        );
-                        let parsed = lang::parse(0, &src);
-                        let layer = &parsed.layers[0];
-                        let plain_layer = lang::Layer {
-                            softmax: lang::Softmax::Plain,
-                            ..layer.clone()
+                    for scheme in 0..SCHEMES.len() {
+                        let job = Job {
+                            n,
+                            d,
+                            m,
+                            heads,
+                            scheme,
                         };
-                        let causal = scheme == "causal";
-                        let (n64, d64, h64) = (u64::from(n), u64::from(d), u64::from(heads));
-                        let w = if causal {
-                            n64 * (n64 + 1) / 2
-                        } else {
-                            n64 * n64
-                        };
-                        let distinct = if scheme == "shared" {
-                            n64 * (n64 + 1) / 2
-                        } else {
-                            w
-                        };
-                        if h64 * (d64 * distinct + 2 * w + d64 * w) > MAX_OPS {
+                        if !safe_only && job.ops() > MAX_OPS {
                             skipped += 1;
                             continue;
                         }
-                        let opts = compiler::Options {
-                            pes: m,
-                            schedule: Choice::Auto,
-                            dump_after: None,
-                            mem_limit: None,
-                            reroll: true,
-                        };
-                        let plain = compiler::compile(&plain_layer, &opts).expect("compiles");
-                        let t = Instant::now();
-                        let c = compiler::compile(layer, &opts).expect("compiles");
-                        let secs = t.elapsed().as_secs_f64();
-                        // What `attnc compile` writes: the rerolled loop programs where they are
-                        // smaller, else the flat ones.
-                        let (bins, texts): (Vec<usize>, Vec<usize>) = if c.loops.is_empty() {
-                            c.programs
-                                .iter()
-                                .map(|p| {
-                                    (isa::encode(p).map_or(0, |b| b.len()), p.to_string().len())
-                                })
-                                .unzip()
-                        } else {
-                            c.loops
-                                .iter()
-                                .map(|p| {
-                                    (
-                                        isa::encode_looped(p).map_or(0, |b| b.len()),
-                                        p.to_text().len(),
-                                    )
-                                })
-                                .unzip()
-                        };
-                        let max_bin = bins.iter().copied().max().unwrap_or(0);
-                        let bytes: usize = bins.iter().sum::<usize>()
-                            + texts.iter().sum::<usize>()
-                            + c.manifest.to_json().unwrap().len();
-                        let man = &c.manifest;
-                        let pm = &plain.manifest;
-                        // Both lower bounds of the per-weight formulation, whatever was chosen: a
-                        // stream manifest states its own (deferred) one, which the table's
-                        // columns do not mean.
-                        let per_weight = |softmax| {
-                            runtime::layer::Shape {
-                                heads,
-                                tokens: n,
-                                dim: d,
-                                shared: scheme == "shared",
-                                causal,
-                                softmax,
-                            }
-                            .lower_bound_as(m, runtime::layer::Normalisation::PerWeight)
-                            .expect("fits")
-                        };
-                        let plain_lb = per_weight(runtime::layer::Softmax::Plain);
-                        let safe_lb = per_weight(runtime::layer::Softmax::Safe);
-                        let ratio = pm.cycles as f64 / plain_lb as f64;
-                        let aim = plain_lb as f64 + man.ops.phase2_max as f64 / f64::from(m);
-                        let safe_ratio = man.cycles as f64 / aim;
-                        log_sum += ratio.ln();
-                        count += 1;
-                        if n >= 4 * m {
-                            worst_plenty = worst_plenty.max(ratio);
-                            worst_safe = worst_safe.max(safe_ratio);
-                        }
-                        let paper = pm
-                            .selection
-                            .candidates
-                            .iter()
-                            .filter(|c| {
-                                !["schedule-rows", "schedule-stream"].contains(&c.schedule.as_str())
-                            })
-                            .map(|c| c.cycles)
-                            .min()
-                            .map_or("n/a".to_string(), |c| c.to_string());
-                        println!(
-                            "| {n} | {d} | {m} | {heads} | {scheme} | {} | {} | {ratio:.4} | {paper} | {} | {} | {safe_ratio:.4} | {} | {} | {secs:.2} | {:.1} | {:.1} |",
-                            pm.cycles,
-                            plain_lb,
-                            man.cycles,
-                            safe_lb,
-                            man.schedule,
-                            man.mem_words.iter().max().unwrap_or(&0),
-                            bytes as f64 / 1e6,
-                            max_bin as f64 / 1024.0
-                        );
+                        jobs.push(job);
                     }
                 }
             }
         }
     }
+    let rows = common::par_map(&jobs, |job| measure(job, !safe_only));
+    if safe_only {
+        println!("| n | d | m | heads | scheme | cycles | LB | cycles/LB | per-weight LB | cycles / per-weight LB | chosen | max mem words/PE | compile s | output MB | max pe.bin KiB |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    } else {
+        println!("| n | d | m | heads | scheme | plain cycles | plain LB | plain/LB | best paper algo | safe cycles | safe LB | safe / (plain LB + max ops/m) | chosen (safe) | max mem words/PE | compile s | output MB | max pe.bin KiB |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    }
+    let (mut worst_safe, mut log_sum, mut worst_plenty) = (0f64, 0f64, 0f64);
+    let mut chosen: BTreeMap<String, u32> = BTreeMap::new();
+    let (mut plenty, mut compact) = (0, 0);
+    let mut loose: BTreeMap<(&str, String), Vec<String>> = BTreeMap::new();
+    for (job, r) in jobs.iter().zip(&rows) {
+        let Job { n, d, m, heads, .. } = *job;
+        let scheme = job.name();
+        let safe_lb = job.per_weight_lb(runtime::layer::Softmax::Safe);
+        *chosen.entry(r.schedule.clone()).or_default() += 1;
+        if n >= 4 * m {
+            plenty += 1;
+            if r.max_bin <= COMPACT_BYTES && r.secs < COMPACT_SECS {
+                compact += 1;
+            } else {
+                loose
+                    .entry((scheme, r.schedule.clone()))
+                    .or_default()
+                    .push(format!("{n}/{d}/{m}/{heads}"));
+            }
+        }
+        let tail = format!(
+            "{} | {} | {:.2} | {:.1} | {:.1} |",
+            r.schedule,
+            r.mem_words,
+            r.secs,
+            r.bytes as f64 / 1e6,
+            r.max_bin as f64 / 1024.0
+        );
+        match &r.plain {
+            None => println!(
+                "| {n} | {d} | {m} | {heads} | {scheme} | {} | {} | {:.4} | {safe_lb} | {:.4} | {tail}",
+                r.cycles,
+                r.own_lb,
+                r.cycles as f64 / r.own_lb as f64,
+                r.cycles as f64 / safe_lb as f64,
+            ),
+            Some((plain_cycles, paper)) => {
+                let plain_lb = job.per_weight_lb(runtime::layer::Softmax::Plain);
+                let ratio = *plain_cycles as f64 / plain_lb as f64;
+                let aim = plain_lb as f64 + r.phase2_max as f64 / f64::from(m);
+                let safe_ratio = r.cycles as f64 / aim;
+                log_sum += ratio.ln();
+                if n >= 4 * m {
+                    worst_plenty = worst_plenty.max(ratio);
+                    worst_safe = worst_safe.max(safe_ratio);
+                }
+                println!(
+                    "| {n} | {d} | {m} | {heads} | {scheme} | {plain_cycles} | {plain_lb} | {ratio:.4} | {paper} | {} | {safe_lb} | {safe_ratio:.4} | {tail}",
+                    r.cycles
+                );
+            }
+        }
+    }
     println!();
+    let count = jobs.len();
+    if safe_only {
+        println!("{count} shapes (softmax = safe, shapes above {MAX_OPS} operations included)");
+    } else {
+        println!(
+            "{count} shapes; plain: geometric mean of cycles/LB {:.4}, worst cycles/LB with n >= 4m {worst_plenty:.4}; safe: worst cycles / (plain LB + max ops/m) with n >= 4m {worst_safe:.4}; {skipped} shapes above {MAX_OPS} operations left out",
+            (log_sum / count as f64).exp()
+        );
+    }
+    let kept: Vec<String> = chosen.iter().map(|(s, k)| format!("{s} {k}")).collect();
+    println!("chosen (safe): {}", kept.join(", "));
     println!(
-        "{count} shapes; plain: geometric mean of cycles/LB {:.4}, worst cycles/LB with n >= 4m {worst_plenty:.4}; safe: worst cycles / (plain LB + max ops/m) with n >= 4m {worst_safe:.4}; {skipped} shapes above {MAX_OPS} operations left out",
-        (log_sum / f64::from(count)).exp()
+        "compact (every pe.bin <= {} KiB and compiled in under {COMPACT_SECS} s) among the {plenty} shapes with n >= 4m: {compact}",
+        COMPACT_BYTES / 1024
+    );
+    for ((scheme, schedule), which) in &loose {
+        println!(
+            "  not compact: {} {scheme} kept by {schedule} (n/d/m/heads): {}",
+            which.len(),
+            which.join(" ")
+        );
+    }
+    if let Some(path) = value("--against") {
+        let before = previous(&path);
+        let (mut faster, mut same, mut missing) = (0, 0, 0);
+        let mut slower = Vec::new();
+        for (job, r) in jobs.iter().zip(&rows) {
+            match before.get(&job.key()) {
+                None => missing += 1,
+                Some(&b) if r.cycles < b => faster += 1,
+                Some(&b) if r.cycles == b => same += 1,
+                Some(&b) => slower.push(format!("{} {b} -> {}", job.key(), r.cycles)),
+            }
+        }
+        println!(
+            "against {path}: {faster} faster, {same} equal, {} slower, {missing} not in it",
+            slower.len()
+        );
+        for s in &slower {
+            println!("  slower: {s}");
+        }
+    }
+    println!(
+        "bench time: {:.0} s on {} threads",
+        start.elapsed().as_secs_f64(),
+        common::workers()
     );
 }

@@ -12,11 +12,11 @@
 //! `-- --no-paper` leaves out the paper's instances). A filtered run prints its summary over the
 //! shapes it ran, so only a full run describes the table.
 
+mod common;
+
 use compiler::passes::select::Choice;
 use runtime::bound::Bound;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 /// Largest layer (necessary operations) that is also verified and run: the proof and the
@@ -161,30 +161,6 @@ fn measure(sh: Shape) -> Outcome {
     }
 }
 
-/// Runs `measure` over `shapes` on every core, keeping the table's order.
-fn measure_all(shapes: &[Shape]) -> Vec<Outcome> {
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Outcome>>> =
-        Mutex::new((0..shapes.len()).map(|_| None).collect());
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&sh) = shapes.get(i) else { break };
-                let out = measure(sh);
-                results.lock().expect("no worker panicked")[i] = Some(out);
-            });
-        }
-    });
-    results
-        .into_inner()
-        .expect("no worker panicked")
-        .into_iter()
-        .map(|o| o.expect("every shape measured"))
-        .collect()
-}
-
 fn main() {
     let start = Instant::now();
     let args: Vec<String> = std::env::args().collect();
@@ -231,7 +207,7 @@ fn main() {
             }
         }
     }
-    let outcomes = measure_all(&shapes);
+    let outcomes = common::par_map(&shapes, |&sh| measure(sh));
     println!("| n | m | d | heads | scheme | cycles | LB | critical path | link | bound | cycles/LB | cycles/bound | auto chose | checked | compile s |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut s = Summary::default();
@@ -310,7 +286,7 @@ fn main() {
     println!(
         "bench time: {:.0} s on {} threads",
         start.elapsed().as_secs_f64(),
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        common::workers()
     );
 }
 
