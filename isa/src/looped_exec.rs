@@ -17,6 +17,7 @@ use crate::machine::{
 };
 use crate::Program;
 
+mod general;
 mod nest;
 
 /// Why a set of loop programs could not be loaded.
@@ -159,8 +160,12 @@ pub struct LoopMachine<D: Domain> {
     bulk: u64,
     /// Of `bulk`, the cycles run in windows over whole loop iterations.
     nest: u64,
+    /// Of `bulk`, the cycles run in windows over any structure.
+    general: u64,
     /// No whole-iteration window is planned before this cycle (one failed over these).
     nest_after: u64,
+    /// No window over any structure is planned before this cycle.
+    general_after: u64,
     /// Per PE, the chunks of [`CHUNK`] words known to be initialized
     /// throughout. Words never become uninitialized again, so a chunk once
     /// seen whole stays whole; it spares the bulk planner rescanning the
@@ -169,12 +174,17 @@ pub struct LoopMachine<D: Domain> {
 }
 
 fn count(s: &mut PeStats, b: &Bundle) {
-    if let Some(k) = b.op.kind() {
-        s.ops[k.index()] += 1;
+    count_times(s, b, 1);
+}
+
+/// Counts `b` as executed `k` times.
+fn count_times(s: &mut PeStats, b: &Bundle, k: u64) {
+    if let Some(kind) = b.op.kind() {
+        s.ops[kind.index()] += k;
     }
-    s.busy += u64::from(!matches!(b.op, Op::Nop));
-    s.add += u64::from(matches!(b.acc, Acc::Add { .. }));
-    s.send += u64::from(matches!(b.xfer, Xfer::Send { .. }));
+    s.busy += k * u64::from(!matches!(b.op, Op::Nop));
+    s.add += k * u64::from(matches!(b.acc, Acc::Add { .. }));
+    s.send += k * u64::from(matches!(b.xfer, Xfer::Send { .. }));
 }
 
 impl<D: Domain> LoopMachine<D> {
@@ -209,7 +219,9 @@ impl<D: Domain> LoopMachine<D> {
             scratch: vec![None; n],
             bulk: 0,
             nest: 0,
+            general: 0,
             nest_after: 0,
+            general_after: 0,
             init: vec![InitChunks::default(); n],
         })
     }
@@ -252,6 +264,12 @@ impl<D: Domain> LoopMachine<D> {
     /// whose body is bundles and one-bundle loops.
     pub fn nest_cycles(&self) -> u64 {
         self.nest
+    }
+
+    /// Of [`LoopMachine::bulk_cycles`], those run in windows over any loop structure, planned
+    /// stretch by stretch.
+    pub fn general_cycles(&self) -> u64 {
+        self.general
     }
 
     pub fn stats(&self) -> RunStats {
@@ -322,6 +340,9 @@ struct Plan {
     /// sum lives in a register for the window.
     register: bool,
 }
+
+/// Cycles stepped one by one after a window over any structure failed its checks.
+const GENERAL_BACKOFF: u64 = 32;
 
 /// Words per initialization chunk.
 const CHUNK: usize = 64;
@@ -418,16 +439,31 @@ impl LoopMachine<F32Domain> {
                     Err(Stepped(k)) => self.nest_after = self.m.cycle() + k,
                 }
             }
-            match self.plan_window() {
-                Ok((w, plans)) => self.exec_window(w, &plans),
-                Err(Stepped(k)) => {
-                    // No window can start while a PE is still in a multi-bundle body: step
-                    // through it without planning again each cycle.
-                    for _ in 0..k {
-                        if !self.step(&mut NoObserver)? {
-                            break;
-                        }
+            let stay = match self.plan_window() {
+                Ok((w, plans)) => {
+                    self.exec_window(w, &plans);
+                    continue;
+                }
+                Err(Stepped(k)) => k,
+            };
+            if self.m.cycle() >= self.general_after {
+                match self.plan_general() {
+                    Ok((w, segs)) => {
+                        self.exec_general(w, &segs);
+                        continue;
                     }
+                    // Some stretch broke a rule (often one that stays broken for a while, such
+                    // as a word read before its first write): step a little before planning.
+                    Err(Stepped(k)) => {
+                        self.general_after = self.m.cycle() + k.max(stay).max(GENERAL_BACKOFF)
+                    }
+                }
+            }
+            // No window can start while a PE is still in a multi-bundle body: step through it
+            // without planning again each cycle.
+            for _ in 0..stay {
+                if !self.step(&mut NoObserver)? {
+                    break;
                 }
             }
         }
@@ -595,16 +631,7 @@ impl LoopMachine<F32Domain> {
         }
         for (p, plan) in plans.iter().enumerate() {
             if let Some(plan) = plan {
-                let s = &mut self.stats[p];
-                let mut one = PeStats::default();
-                count(&mut one, &plan.bundle);
-                let k = u64::from(w);
-                for (x, y) in s.ops.iter_mut().zip(one.ops) {
-                    *x += y * k;
-                }
-                s.add += one.add * k;
-                s.send += one.send * k;
-                s.busy += one.busy * k;
+                count_times(&mut self.stats[p], &plan.bundle, u64::from(w));
                 let cur = &mut self.cursors[p];
                 if let Some(top) = cur.frames.last_mut() {
                     top.iter += w - 1;

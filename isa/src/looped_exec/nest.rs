@@ -13,20 +13,20 @@
 //! no word written read by another slot of the same run), shown for every iteration at once.
 
 use super::{
-    count, dot_group, overlap, plan_of, run_plan, unit_dot, Cursor, InitChunks, LoopMachine, Plan,
-    Prog, Stepped, DOT_GROUP, MAX_LOOP_DEPTH,
+    count_times, dot_group, overlap, plan_of, run_plan, unit_dot, Cursor, InitChunks, LoopMachine,
+    Plan, Prog, Stepped, DOT_GROUP, MAX_LOOP_DEPTH,
 };
 use crate::inst::{Acc, Op, Xfer, XferSrc};
 use crate::looped::{Cmp, Field, LBundle, Node};
-use crate::machine::{F32Domain, PeStats};
+use crate::machine::F32Domain;
 
 /// Most cycles one window covers.
 const MAX_WINDOW: u64 = 1 << 16;
 
 /// One stretch: `plan` for `len` cycles.
-struct Segment {
-    plan: Plan,
-    len: u32,
+pub(super) struct Segment {
+    pub(super) plan: Plan,
+    pub(super) len: u32,
 }
 
 /// A PE's part of a window.
@@ -105,13 +105,13 @@ impl Cursor {
     /// calling `seg` with each stretch: the template, its loop indices, its length, and for a
     /// run of a one-bundle loop the level of that loop's index. A run stops where one of its
     /// slot predicates may turn or an address term wraps, so a stretch is one instance whose
-    /// addresses advance evenly.
-    fn walk<'a>(
+    /// addresses advance evenly. Stops early, after a stretch, where `seg` returns false.
+    pub(super) fn walk<'a>(
         &mut self,
         root: &'a [Node],
         level: usize,
         limit: u64,
-        mut seg: impl FnMut(&'a LBundle, &[u32; MAX_LOOP_DEPTH], u32, Option<u8>),
+        mut seg: impl FnMut(&'a LBundle, &[u32; MAX_LOOP_DEPTH], u32, Option<u8>) -> bool,
     ) {
         let mut walked = 0u64;
         let mut idx = [0u32; MAX_LOOP_DEPTH];
@@ -139,16 +139,22 @@ impl Cursor {
                 }
                 // Within the loop's count, so it fits.
                 let k32 = k as u32;
-                seg(b, &idx, k32, Some(inner as u8));
+                let go_on = seg(b, &idx, k32, Some(inner as u8));
                 if let Some(f) = self.frames.last_mut() {
                     f.iter += k32 - 1;
                     f.pos = 1;
                 }
                 walked += k;
+                if !go_on {
+                    return;
+                }
             } else {
-                seg(b, &idx, 1, None);
+                let go_on = seg(b, &idx, 1, None);
                 self.advance();
                 walked += 1;
+                if !go_on {
+                    return;
+                }
             }
         }
     }
@@ -171,7 +177,7 @@ pub(super) fn term_stride(b: &LBundle, f: Field, level: u8) -> i64 {
 }
 
 /// The addresses field `k` of a stretch takes over `reps` repetitions, each moved by `shift`.
-fn hull(pr: Prog, len: i64, shift: i64, reps: i64) -> (i64, i64) {
+pub(super) fn hull(pr: Prog, len: i64, shift: i64, reps: i64) -> (i64, i64) {
     let (lo, hi) = pr.span(len);
     let m = shift * (reps - 1);
     (lo.min(lo + m), hi.max(hi + m))
@@ -183,15 +189,47 @@ fn hull(pr: Prog, len: i64, shift: i64, reps: i64) -> (i64, i64) {
 /// word written in a run read by another slot of that run (a running sum kept in a register
 /// excepted). Pairs of fields that move alike are checked on the first repetition, which
 /// decides them all; others on their whole ranges.
-fn stretch_ok(
+/// Whether every word `pr` reads in `len` steps is initialized now or written by one of the
+/// stretches `fresh` (each a write progression and its length) that run before it.
+fn reads_fresh(pr: Prog, len: i64, mem: &[Option<f32>], fresh: &[(Prog, i64)]) -> bool {
+    !fresh.is_empty()
+        && (0..len).all(|t| {
+            let a = pr.addr + pr.stride * t;
+            mem[a as usize].is_some()
+                || fresh.iter().any(|&(w, l)| {
+                    let off = a - w.addr;
+                    if w.stride == 0 {
+                        off == 0
+                    } else {
+                        off % w.stride == 0 && (0..l).contains(&(off / w.stride))
+                    }
+                })
+        })
+}
+
+/// What a PE's stretches are checked against: its memory and which of it is initialized, the
+/// receiver's memory size, and the words earlier stretches of the window write (each a write
+/// progression and its length), initialized by the time the stretch runs.
+pub(super) struct PeMem<'a> {
+    pub(super) mem: &'a [Option<f32>],
+    pub(super) next_len: usize,
+    pub(super) init: &'a mut InitChunks,
+    pub(super) fresh: &'a [(Prog, i64)],
+}
+
+pub(super) fn stretch_ok(
     plan: &Plan,
     len: i64,
     shift: &[i64; 7],
     reps: i64,
-    mem: &[Option<f32>],
-    next_len: usize,
-    init: &mut InitChunks,
+    at: &mut PeMem<'_>,
 ) -> bool {
+    let PeMem {
+        mem,
+        next_len,
+        ref mut init,
+        fresh,
+    } = *at;
     let b = &plan.bundle;
     if matches!(b.op, Op::Nop) && !matches!(b.acc, Acc::Nop) {
         return false;
@@ -219,15 +257,16 @@ fn stretch_ok(
                 addr: lo,
                 stride: 1,
             };
-            if !init.covers(mem, dense, hi - lo + 1)
-                && !(0..reps).all(|r| {
+            let initialized = init.covers(mem, dense, hi - lo + 1)
+                || (0..reps).all(|r| {
                     let moved = Prog {
                         addr: pr.addr + shift[k] * r,
                         stride: pr.stride,
                     };
                     init.covers(mem, moved, len)
                 })
-            {
+                || (reps == 1 && reads_fresh(pr, len, mem, fresh));
+            if !initialized {
                 return false;
             }
         }
@@ -245,11 +284,24 @@ fn stretch_ok(
     if meets(2, 4) {
         return false;
     }
+    // A slot that reads the very word it writes, cycle by cycle (`mul m[a + t], c -> m[a + t]`),
+    // reads it before the write in each cycle, in bulk as in the machine, and no other cycle
+    // of the stretch touches that word. An operation's running value in one word (`max mX,
+    // m[b + t] -> mX`) is read back each cycle in bulk as in the machine too; an add's is not
+    // (a running sum may live in a register), so there the word must move.
+    let in_place = |a: usize, c: usize| {
+        matches!(
+            (plan.progs[a], plan.progs[c]),
+            (Some(x), Some(y)) if x.addr == y.addr && x.stride == y.stride
+                && shift[a] == shift[c]
+                && (x.stride != 0 || (a == 2 && c < 2))
+        )
+    };
     if len > 1 {
         for w in [2usize, 4] {
             for r in [0usize, 1, 3, 5] {
                 let own_register = plan.register && w == 4 && r == 3;
-                if !own_register && meets(w, r) {
+                if !own_register && !in_place(w, r) && meets(w, r) {
                     return false;
                 }
             }
@@ -415,6 +467,7 @@ impl LoopMachine<F32Domain> {
             let mut out = Vec::new();
             probe.walk(root, s.level, limit, |b, idx, len, inner| {
                 out.push((b, *idx, len, inner));
+                true
             });
             out
         };
@@ -427,13 +480,17 @@ impl LoopMachine<F32Domain> {
         let tail = collect(&mut probe, tail_len);
         let own = (s.level - 1) as u8;
         let mems = self.m.mems();
-        let (mem, next_len) = (&mems[p], mems[next].len());
-        let init = &mut self.init[p];
+        let mut at = PeMem {
+            mem: &mems[p],
+            next_len: mems[next].len(),
+            init: &mut self.init[p],
+            fresh: &[],
+        };
         let mut flat = |v: Vec<(&LBundle, [u32; MAX_LOOP_DEPTH], u32, Option<u8>)>| {
             v.into_iter()
                 .map(|(b, idx, len, inner)| {
                     let plan = plan_of(b, &idx, inner);
-                    stretch_ok(&plan, i64::from(len), &[0; 7], 1, mem, next_len, init)
+                    stretch_ok(&plan, i64::from(len), &[0; 7], 1, &mut at)
                         .then_some(Segment { plan, len })
                 })
                 .collect::<Option<Vec<_>>>()
@@ -449,15 +506,7 @@ impl LoopMachine<F32Domain> {
             }
             // A running sum stays in one word only if its source and destination move alike.
             plan.register &= shift[3] == shift[4];
-            if !stretch_ok(
-                &plan,
-                i64::from(len),
-                &shift,
-                i64::from(iters),
-                mem,
-                next_len,
-                init,
-            ) {
+            if !stretch_ok(&plan, i64::from(len), &shift, i64::from(iters), &mut at) {
                 return None;
             }
             moved.push((Segment { plan, len }, shift));
@@ -549,15 +598,7 @@ impl LoopMachine<F32Domain> {
             let Some(win) = win else { continue };
             let st = &mut self.stats[p];
             let mut add = |s: &Segment, times: u64| {
-                let mut one = PeStats::default();
-                count(&mut one, &s.plan.bundle);
-                let k = u64::from(s.len) * times;
-                for (x, y) in st.ops.iter_mut().zip(one.ops) {
-                    *x += y * k;
-                }
-                st.add += one.add * k;
-                st.send += one.send * k;
-                st.busy += one.busy * k;
+                count_times(st, &s.plan.bundle, u64::from(s.len) * times);
             };
             for s in win.head.iter().chain(&win.tail) {
                 add(s, 1);
@@ -567,11 +608,11 @@ impl LoopMachine<F32Domain> {
             }
             let root = &self.progs[p].body;
             let cur = &mut self.cursors[p];
-            cur.walk(root, win.level, win.head_len, |_, _, _, _| {});
+            cur.walk(root, win.level, win.head_len, |_, _, _, _| true);
             if win.iters > 0 {
                 cur.finish_through(root, win.level, win.first + win.iters - 1);
             }
-            cur.walk(root, win.level, win.tail_len, |_, _, _, _| {});
+            cur.walk(root, win.level, win.tail_len, |_, _, _, _| true);
         }
         self.m.advance(u64::from(w));
         self.bulk += u64::from(w);

@@ -1,0 +1,140 @@
+//! Bulk windows over any loop structure, for the stretches the other two planners leave to
+//! cycle-by-cycle stepping: a PE inside a body of several bundles with loops nested more than
+//! one deep (a row's maximum and exponentials between its score and output loops), while the
+//! other PEs are anywhere.
+//!
+//! A PE's part of the window is the list of stretches its cursor walks through in the window's
+//! cycles, each planned and checked on its own (the single-loop window's rules, where a word
+//! an earlier stretch of the window writes counts as initialized for the later ones: the PE's
+//! stretches run in its own order). Planning is
+//! per stretch, not per cycle, and the PEs need not sit in alike loops. Windows are short
+//! (at most [`MAX_STRETCHES`] stretches on any PE) because nothing is shared between
+//! iterations: the planners over one loop or whole iterations take over again as soon as every
+//! PE is back in such a loop.
+
+use super::nest::{hull, stretch_ok, PeMem, Segment};
+use super::{count_times, overlap, plan_of, run_plan, LoopMachine, Stepped};
+use crate::machine::F32Domain;
+
+/// Most cycles one window covers.
+const MAX_CYCLES: u64 = 4096;
+
+/// Most stretches one PE plans for a window.
+const MAX_STRETCHES: u32 = 8;
+
+/// A PE's stretches in a window, in its order (`None`: the PE has finished).
+type PeSegments = Option<Vec<Segment>>;
+
+impl LoopMachine<F32Domain> {
+    /// A window of at least 2 cycles: each PE's stretches, planned and checked (`None`: the
+    /// PE has finished). `Stepped(k)`: step `k` cycles before trying again.
+    pub(super) fn plan_general(&mut self) -> Result<(u32, Vec<PeSegments>), Stepped> {
+        let n = self.progs.len();
+        let mut w = MAX_CYCLES.min(self.len - self.m.cycle());
+        // The window ends where the PE with the most stretches per cycle reaches its cap.
+        for p in 0..n {
+            if self.cursors[p].done {
+                continue;
+            }
+            let mut probe = self.cursors[p].clone();
+            let (mut reach, mut k) = (0u64, 0u32);
+            probe.walk(&self.progs[p].body, 0, w, |_, _, len, _| {
+                reach += u64::from(len);
+                k += 1;
+                k < MAX_STRETCHES
+            });
+            w = w.min(reach);
+        }
+        if w < 2 {
+            return Err(Stepped(1));
+        }
+        let mems = self.m.mems();
+        let mut wins = Vec::with_capacity(n);
+        for p in 0..n {
+            if self.cursors[p].done {
+                wins.push(None);
+                continue;
+            }
+            let next = if p + 1 == n { 0 } else { p + 1 };
+            let init = &mut self.init[p];
+            let mut probe = self.cursors[p].clone();
+            let mut segs = Vec::new();
+            // Words the PE writes before the stretch at hand: initialized by then.
+            let mut fresh = Vec::new();
+            let mut ok = true;
+            probe.walk(&self.progs[p].body, 0, w, |b, idx, len, inner| {
+                let plan = plan_of(b, idx, inner);
+                let l = i64::from(len);
+                let mut at = PeMem {
+                    mem: &mems[p],
+                    next_len: mems[next].len(),
+                    init,
+                    fresh: &fresh,
+                };
+                ok = stretch_ok(&plan, l, &[0; 7], 1, &mut at);
+                fresh.extend(
+                    [2, 4]
+                        .iter()
+                        .filter_map(|&k| plan.progs[k].map(|pr| (pr, l))),
+                );
+                segs.push(Segment { plan, len });
+                ok
+            });
+            if !ok {
+                return Err(Stepped(1));
+            }
+            wins.push(Some(segs));
+        }
+        // The PEs run one after another: what a PE's predecessor sends in the window must not
+        // meet anything the PE reads or writes in it.
+        let ranges = |segs: &[Segment], fields: std::ops::Range<usize>| -> Vec<(i64, i64)> {
+            segs.iter()
+                .flat_map(|s| {
+                    fields.clone().filter_map(move |k| {
+                        s.plan.progs[k].map(|pr| hull(pr, i64::from(s.len), 0, 1))
+                    })
+                })
+                .collect()
+        };
+        for p in 0..n {
+            let prev = if p == 0 { n - 1 } else { p - 1 };
+            let (Some(mine), Some(theirs)) = (&wins[p], &wins[prev]) else {
+                continue;
+            };
+            let sends = ranges(theirs, 6..7);
+            if sends.is_empty() {
+                continue;
+            }
+            let touched = ranges(mine, 0..6);
+            if touched
+                .iter()
+                .any(|&t| sends.iter().any(|&s| overlap(s, t)))
+            {
+                return Err(Stepped(1));
+            }
+        }
+        Ok((w as u32, wins))
+    }
+
+    pub(super) fn exec_general(&mut self, w: u32, wins: &[PeSegments]) {
+        let n = wins.len();
+        let mems = self.m.mems_mut();
+        for (p, segs) in wins.iter().enumerate() {
+            let Some(segs) = segs else { continue };
+            let next = if p + 1 == n { 0 } else { p + 1 };
+            for s in segs {
+                run_plan(mems, p, next, &s.plan, i64::from(s.len));
+            }
+        }
+        for (p, segs) in wins.iter().enumerate() {
+            let Some(segs) = segs else { continue };
+            for s in segs {
+                count_times(&mut self.stats[p], &s.plan.bundle, u64::from(s.len));
+            }
+            self.cursors[p].walk(&self.progs[p].body, 0, u64::from(w), |_, _, _, _| true);
+        }
+        self.m.advance(u64::from(w));
+        self.bulk += u64::from(w);
+        self.general += u64::from(w);
+    }
+}
