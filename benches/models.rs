@@ -49,7 +49,7 @@ const MODELS: [Model; 9] = [
         h: 12,
         causal: true,
         m: 64,
-        run: false,
+        run: true,
     },
     Model {
         name: "Llama-2-7B",
