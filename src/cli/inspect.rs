@@ -211,7 +211,7 @@ pub fn run(args: &InspectArgs) -> Result<(), String> {
         );
     }
     println!(
-        "memory map (inclusive word ranges; q/k/v/x and y from the manifest, the rest by lineage):"
+        "memory map (each buffer's words and inclusive word ranges; q/k/v/x and y from the manifest, the rest by lineage):"
     );
     for (pe, sum) in walk.per_pe.iter().enumerate() {
         print_memory_line(pe, m.mem_words[pe], &memory_map(pe as u32, m, sum));
@@ -251,7 +251,10 @@ pub(super) fn title(m: &compiler::manifest::Manifest, what: &str, source: &str) 
 pub(super) fn print_memory_line(pe: usize, words: u32, map: &[(String, Vec<(u32, u32)>)]) {
     let parts: Vec<String> = map
         .iter()
-        .map(|(name, r)| format!("{name} {}", ranges_text(r)))
+        .map(|(name, r)| {
+            let size: u64 = r.iter().map(|&(a, b)| u64::from(b - a) + 1).sum();
+            format!("{name} ({size} words) {}", ranges_text(r))
+        })
         .collect();
     println!("  PE {pe} ({words} words): {}", parts.join("; "));
 }

@@ -163,7 +163,7 @@ pub fn run(dir: &Path, loaded: &Loaded, json_out: bool, why: &str) -> Result<(),
         );
     }
     println!(
-        "memory map (inclusive word ranges; inputs and y from the manifest, the rest the hull of each writer's addresses):"
+        "memory map (each buffer's words and inclusive word ranges; inputs and y from the manifest, the rest the hull of each writer's addresses, so a buffer's words count what the hull spans):"
     );
     for (pe, map) in maps.iter().enumerate() {
         super::inspect::print_memory_line(pe, m.mem_words[pe], map);
