@@ -651,6 +651,7 @@ fn build_manifest(
         normalisation: runtime::layer::Normalisation::PerWeight,
         ops: schedule.ops.into(),
         mem_words: emitted.programs.iter().map(|p| p.mem_words).collect(),
+        buffers: Vec::new(),
         programs: manifest::ProgramKind::Flat,
         files: runtime::manifest::Files::List(pe_files(pes)),
         inputs,

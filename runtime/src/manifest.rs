@@ -40,6 +40,11 @@ pub struct Manifest {
     pub ops: OpCountsInfo,
     /// Memory words used by each PE's program.
     pub mem_words: Vec<u32>,
+    /// The memory map every PE shares, buffer by buffer, where the schedule lays out every PE's
+    /// memory alike (the stream schedule); absent otherwise. Informational: the placements and
+    /// `mem_words` are what a loader needs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buffers: Vec<BufferInfo>,
     /// What the program files hold; absent in version 1 (always flat bundle lists).
     #[serde(default, skip_serializing_if = "ProgramKind::is_flat")]
     pub programs: ProgramKind,
@@ -103,6 +108,16 @@ impl LayerInfo {
     pub fn softmax(&self) -> Option<crate::layer::Softmax> {
         crate::layer::Softmax::from_name(&self.softmax)
     }
+}
+
+/// One buffer of a PE's memory map: `words` words from `base`. Buffers may share words where
+/// their contents are never needed at once (the map says which in `name`'s documentation).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BufferInfo {
+    pub name: String,
+    pub base: u32,
+    pub words: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -678,6 +693,7 @@ mod tests {
                 online_rescale: 0,
             },
             mem_words: vec![1],
+            buffers: Vec::new(),
             programs: ProgramKind::Flat,
             files: Files::List(vec![PeFiles {
                 pe: 0,
