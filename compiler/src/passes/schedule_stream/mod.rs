@@ -841,6 +841,22 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
     run_pairing(p, pes, safe, lag, Pairing::Auto)
 }
 
+/// The carried stream alone ([`carried`]): every score computed once and its mirror carried
+/// home with its block, each row's softmax local, no rescaling; `per_weight` divides each
+/// weight by its row's sum instead of each output element. Whatever words it takes.
+pub fn run_carried(p: &Problem, pes: u32, per_weight: bool) -> Result<Stream, String> {
+    if !(p.symmetric && p.shared_values && !p.causal && p.safe()) {
+        return Err(format!(
+            "{NAME}: carried scores apply to shared layers without a mask under the safe softmax"
+        ));
+    }
+    if let Some(why) = carried::unsupported(p.tokens, p.dim, pes) {
+        return Err(format!("{NAME}: carried scores need {why}"));
+    }
+    carried::stream(p, pes, u64::MAX, per_weight)
+        .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))
+}
+
 /// [`run_with`], pairing the scores of a shared layer as `pairing` says.
 pub fn run_pairing(
     p: &Problem,
