@@ -53,11 +53,11 @@ struct CMap {
 
 impl CMap {
     fn new(n: u32, d: u32, m: u32, heads: u32) -> Option<CMap> {
-        let b = n / m;
-        let f = b * b / 2;
-        let xu = (b * d) / f;
         let w = |x: u64| u32::try_from(x).ok();
+        let b = n.checked_div(m)?;
+        let f = w(u64::from(b) * u64::from(b) / 2)?;
         let hd = u64::from(b) * u64::from(d);
+        let xu = w(hd.checked_div(u64::from(f))?)?;
         let x = 0u32;
         let y = w(u64::from(heads) * hd)?;
         let sc = w(2 * u64::from(heads) * hd)?;
@@ -87,11 +87,6 @@ impl CMap {
             words,
         })
     }
-
-    /// Words per PE, without building the programs.
-    fn words_for(n: u32, d: u32, m: u32, heads: u32) -> Option<u32> {
-        CMap::new(n, d, m, heads).map(|c| c.words)
-    }
 }
 
 /// Why the carried schedule does not apply to `n` tokens of `d` columns on `m` PEs, if it does
@@ -101,14 +96,16 @@ pub(super) fn unsupported(n: u32, d: u32, m: u32) -> Option<String> {
     // The forwarding rides on the middle products of each score's chain: the x rows and the
     // payload so far, `2d/B + s − 1` words per chain in step `s`, leave at least one product
     // without a send.
-    let xu = (2 * d).checked_div(b).unwrap_or(0);
+    let xu = d.saturating_mul(2).checked_div(b).unwrap_or(0);
     if m < 4 || !m.is_multiple_of(2) {
         Some(format!("an even ring of 4 PEs or more, not {m}"))
     } else if !n.is_multiple_of(m) || b < 4 || !b.is_multiple_of(2) {
         Some(format!(
             "the tokens dealt evenly in blocks of an even number, at least 4 ({n} on {m} PEs)"
         ))
-    } else if !(2 * d).is_multiple_of(b) || d < xu + m {
+    } else if !u64::from(d).saturating_mul(2).is_multiple_of(u64::from(b))
+        || u64::from(d) < u64::from(xu) + u64::from(m)
+    {
         Some(format!(
             "d a multiple of half a block and at least 2d/B + m ({d} with blocks of {b} on {m} PEs)"
         ))
@@ -122,7 +119,7 @@ pub(super) fn words(n: u32, d: u32, m: u32, heads: u32) -> Option<u32> {
     if unsupported(n, d, m).is_some() {
         return None;
     }
-    CMap::words_for(n, d, m, heads)
+    CMap::new(n, d, m, heads).map(|c| c.words)
 }
 
 /// A loop whose count is `count + per·i_level` where `per` is given, else fixed.
@@ -397,15 +394,15 @@ impl Gen<'_> {
 
     /// Maxima, exponentials with their sum (and, per weight, the divisions) of rows `r0 …
     /// r0 + rows − 1`.
-    fn softmax(&self, pe: u32, r0: u32, rows: u32, upper: bool) -> Vec<Node> {
+    fn softmax(&self, pe: u32, r0: u32, rows: u32, upper: bool) -> Option<Vec<Node>> {
         let c = self.c;
         let runs = self.runs(pe, r0, rows, upper);
+        let (lead, others) = runs.split_first()?;
         let mx = ad(c.mx).plus(i64::from(r0)).t(1, 1);
         let l = ad(c.l).plus(i64::from(r0)).t(1, 1);
         let mut body = Vec::new();
         // The first run's first block starts the maximum with its first two keys and the sum
         // with its first key; it has at least four keys.
-        let lead = &runs[0];
         let at = |a: &Ad, k: i64| a.clone().plus(k * lead.src_k);
         body.push(
             B::new()
@@ -415,7 +412,7 @@ impl Gen<'_> {
         body.extend(self.rest(lead, 2, |s, _| {
             B::new().max(mx.clone(), s, mx.clone()).build()
         }));
-        for r in &runs[1..] {
+        for r in others {
             body.extend(self.all(r, |s, _| B::new().max(mx.clone(), s, mx.clone()).build()));
         }
         body.push(
@@ -431,7 +428,7 @@ impl Gen<'_> {
                 .build()
         };
         body.extend(self.rest(lead, 1, exp));
-        for r in &runs[1..] {
+        for r in others {
             body.extend(self.all(r, exp));
         }
         if self.per_weight {
@@ -441,7 +438,7 @@ impl Gen<'_> {
                 .t(2, 1);
             body.extend(lp(c.n, vec![B::new().div(e.clone(), l.clone(), e).build()]));
         }
-        lp(rows, body)
+        Some(lp(rows, body))
     }
 
     /// The keys of `r`'s first block from `k0` on, then its other blocks.
@@ -612,18 +609,18 @@ pub(super) fn build(
             for p in pieces.iter().filter(|p| p.count > 0) {
                 head.extend(g.piece(p));
             }
-            head.extend(g.softmax(pe, 0, 1, false));
-            head.extend(g.softmax(pe, 1, half - 1, false));
-            head.extend(g.softmax(pe, half, half, true));
+            head.extend(g.softmax(pe, 0, 1, false)?);
+            head.extend(g.softmax(pe, 1, half - 1, false)?);
+            head.extend(g.softmax(pe, half, half, true)?);
             head.extend(g.values());
-            LoopProgram {
+            Some(LoopProgram {
                 pe,
                 pes: m,
                 mem_words: c.words,
                 body: lp(heads, head),
-            }
+            })
         })
-        .collect();
+        .collect::<Option<Vec<_>>>()?;
     Some(Carried {
         programs,
         x: c.x,
