@@ -92,7 +92,7 @@ impl CMap {
 /// Why the carried schedule does not apply to `n` tokens of `d` columns on `m` PEs, if it does
 /// not. Safe softmax, q = k = v and no mask are the caller's to check.
 pub(super) fn unsupported(n: u32, d: u32, m: u32) -> Option<String> {
-    let b = n / m;
+    let b = n.checked_div(m).unwrap_or(0);
     // The forwarding rides on the middle products of each score's chain: the x rows and the
     // payload so far, `2d/B + s − 1` words per chain in step `s`, leave at least one product
     // without a send.
