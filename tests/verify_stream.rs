@@ -969,3 +969,91 @@ fn one_division_per_weight_is_proved() {
     }
     assert_eq!(proved, 7);
 }
+
+/// The `d` of the carried schedule's test layers for blocks of `b` tokens on `m` PEs: the
+/// smallest with `d` a multiple of `b/2` and `d ≥ 2d/b + m` (the forwarding's room on the
+/// score chains).
+fn carried_dims(b: u32, m: u32) -> impl Iterator<Item = u32> {
+    (1..).filter(move |&d| (2 * d) % b == 0 && d >= 2 * d / b + m)
+}
+
+#[test]
+fn carried_scores_are_proved() {
+    use runtime::layer::Normalisation;
+    let mut proved = 0;
+    let mut heads = [1, 2, 3, 4].into_iter().cycle();
+    for m in [4, 6, 8] {
+        for b in [4, 6, 8] {
+            // Deferred with the two smallest dims; one division per weight past the tokens.
+            let n = m * b;
+            let mut dims: Vec<(u32, bool)> =
+                carried_dims(b, m).take(2).map(|d| (d, false)).collect();
+            if m == 4 {
+                dims.extend(carried_dims(b, m).find(|&d| d > n).map(|d| (d, true)));
+            }
+            for (d, per_weight) in dims {
+                let h = heads.next().unwrap();
+                let what = format!("n={n} d={d} h={h} m={m} per_weight={per_weight}");
+                let p = problem(n, d, h, true, false, true);
+                let st = schedule_stream::run_carried(&p, m, per_weight)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let norm = if per_weight {
+                    Normalisation::PerWeight
+                } else {
+                    Normalisation::Deferred
+                };
+                assert_eq!(st.normalisation, norm, "{what}");
+                // Every distinct score once.
+                let distinct = u64::from(n) * u64::from(n + 1) / 2 * u64::from(d * h);
+                assert_eq!(st.ops.phase1_mac, distinct, "{what}");
+                let cycles: Vec<u64> = st.programs.iter().map(|q| q.cycles()).collect();
+                assert!(
+                    cycles.iter().all(|&c| c == cycles[0]),
+                    "{what}: PEs out of lockstep {cycles:?}"
+                );
+                // At the formulation's lower bound: nothing rescaled, nothing merged, no PE idle.
+                assert_eq!(Some(st.cycles), p.shape().lower_bound_as(m, norm), "{what}");
+                let man = stream_manifest(&p, m, &st);
+                assert_eq!(man.ops.online_rescale, 0, "{what}");
+                let flat: Vec<Program> = st
+                    .programs
+                    .iter()
+                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+                    .collect();
+                assert_compact_clean(&st.programs, &man, &what);
+                assert_proved(&flat, &man, &what);
+                proved += 1;
+            }
+        }
+    }
+    eprintln!("{proved} carried layers proved");
+    assert!(proved >= 20, "only {proved} carried layers");
+}
+
+#[test]
+fn carried_scores_are_chosen_where_they_apply_and_others_proved_where_not() {
+    // With room to spare the stream builder keeps the carried programs (each distinct score
+    // once, no online work); odd token counts and blocks that do not deal evenly are refused
+    // by them and left to the other streams, which are proved as before.
+    let p = problem(32, 8, 2, true, false, true);
+    let st = schedule_stream::run_with(&p, 4, true, Lag::Fit(Some(u32::MAX))).unwrap();
+    assert_eq!(st.ops.phase1_mac, 32 * 33 / 2 * 8 * 2);
+    assert_eq!(stream_manifest(&p, 4, &st).ops.online_rescale, 0);
+    for (n, d, h, m) in [(15, 8, 1, 4), (21, 9, 2, 4), (17, 8, 1, 4), (30, 10, 1, 4)] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let p = problem(n, d, h, true, false, true);
+        assert!(
+            schedule_stream::run_carried(&p, m, false).is_err(),
+            "{what}: carried"
+        );
+        let st = schedule_stream::run_with(&p, m, true, Lag::Fit(Some(u32::MAX))).unwrap();
+        let man = stream_manifest(&p, m, &st);
+        assert!(man.ops.online_rescale > 0, "{what}: no online work");
+        let flat: Vec<Program> = st
+            .programs
+            .iter()
+            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+            .collect();
+        assert_proved(&flat, &man, &what);
+    }
+}

@@ -626,3 +626,45 @@ fn uneven_deal_mutants_are_rejected() {
     }
     assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
 }
+
+#[test]
+fn carried_score_mutants_are_rejected() {
+    // The shared stream whose mirrored scores travel home with their blocks (with room to
+    // spare the stream builder keeps it): every distinct score once, no online work. Its
+    // forwarding counts move with the ring step (stepped loops), so every kind of mutant applies.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    let mut rejected = [0u32; 4];
+    for (n, d, h, m) in [(16, 8, 1, 4), (24, 9, 2, 4), (32, 16, 1, 8)] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let src = layer_src(n, d, h, true, false).replace("softmax = plain", "softmax = safe");
+        let c = stream(&src, m, Some(u32::MAX));
+        assert_eq!(
+            c.manifest.ops.phase1_mac,
+            u64::from(n * (n + 1) / 2 * d * h),
+            "{what}: not every score once"
+        );
+        assert_eq!(c.manifest.ops.online_rescale, 0, "{what}: online work");
+        prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (k, kind) in [
+            Mutation::LoopCount,
+            Mutation::Stride,
+            Mutation::Base,
+            Mutation::Step,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for _ in 0..8 {
+                let mut loops = c.loops.clone();
+                let pe = rng.random_range(0..loops.len());
+                let Some(how) = mutate(&mut loops[pe], kind, &mut rng) else {
+                    continue;
+                };
+                let r = prove(&files(&loops, &c.manifest));
+                assert!(r.is_err(), "{what}: PE {pe}, {how}: the mutant was proved");
+                rejected[k] += 1;
+            }
+        }
+    }
+    assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
+}

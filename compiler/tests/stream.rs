@@ -507,13 +507,68 @@ fn one_division_per_weight_runs_exactly_its_formulation() {
         fewer += usize::from(st.cycles < deferred.cycles);
     }
     assert!(fewer >= 8, "per weight was faster on {fewer} layers");
-    // Where it does not apply it says so rather than building something else: q = k = v, an
-    // odd ring, a causal mask.
+    // Where it does not apply it says so rather than building something else: q = k = v on a
+    // ring too small to carry its mirrored scores home, an odd ring, a causal mask.
     for (p, m) in [
         (problem(8, 16, 1, true, false), 2),
         (problem(8, 16, 1, false, false), 3),
         (problem(8, 16, 1, false, true), 2),
     ] {
         assert!(schedule_stream::run_with(&p, m, true, schedule_stream::Lag::PerWeight).is_err());
+    }
+}
+
+#[test]
+fn carried_scores_run_exactly_their_formulation() {
+    // Shared layers without a mask whose mirrored scores travel home with their blocks: the
+    // reference's results, bit-identical three ways, each distinct score's products once, each
+    // row's maxima once (no rescaling, no merge), and every cycle of every PE busy, so the
+    // cycles are the operations over the PEs. They take fewer cycles than the streams with
+    // running states (paired or not) on every layer here.
+    for (n, d, h, m, per_weight) in [
+        (16, 8, 1, 4, false),
+        (16, 10, 2, 4, false),
+        (24, 9, 3, 4, false),
+        (32, 16, 1, 8, false),
+        (36, 9, 4, 6, false),
+        (48, 12, 1, 6, false),
+        (64, 12, 2, 8, false),
+        (16, 20, 2, 4, true),
+        (24, 30, 1, 4, true),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m} per_weight={per_weight}");
+        let p = problem(n, d, h, true, false);
+        let st = schedule_stream::run_carried(&p, m, per_weight)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(st.lag, m, "{what}");
+        for prog in &st.programs {
+            assert_eq!(prog.cycles(), st.cycles, "{what}");
+        }
+        let stats = run_three_ways(&p, m, &st, &what);
+        let kind = |k: OpKind| stats.per_pe.iter().map(|x| x.count(k)).sum::<u64>();
+        let (n64, d64, h64) = (u64::from(n), u64::from(d), u64::from(h));
+        let weights = h64 * n64 * n64;
+        assert_eq!(
+            kind(OpKind::Mul),
+            h64 * n64 * (n64 + 1) / 2 * d64 + weights * d64,
+            "{what}"
+        );
+        assert_eq!(kind(OpKind::Max), weights - h64 * n64, "{what}");
+        assert_eq!(kind(OpKind::Expd), weights, "{what}");
+        let divs = if per_weight { weights } else { h64 * n64 * d64 };
+        assert_eq!(kind(OpKind::Div), divs, "{what}");
+        let ran: u64 = [OpKind::Mul, OpKind::Max, OpKind::Expd, OpKind::Div]
+            .into_iter()
+            .map(kind)
+            .sum();
+        assert_eq!(ran, st.total_ops, "{what}");
+        assert_eq!(st.cycles * u64::from(m), ran, "{what}: an idle op slot");
+        for pairing in [schedule_stream::Pairing::On, schedule_stream::Pairing::Off] {
+            if let Ok(o) =
+                schedule_stream::run_pairing(&p, m, true, schedule_stream::Lag::Fit(None), pairing)
+            {
+                assert!(st.cycles < o.cycles, "{what}: {pairing:?} {}", o.cycles);
+            }
+        }
     }
 }

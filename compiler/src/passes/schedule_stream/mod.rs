@@ -33,6 +33,7 @@ use isa::{
 
 use crate::problem::Problem;
 
+mod carried;
 mod lagged;
 mod paired;
 mod uneven;
@@ -840,8 +841,53 @@ pub fn run_with(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream, S
     run_pairing(p, pes, safe, lag, Pairing::Auto)
 }
 
+/// The carried stream alone ([`carried`]): every score computed once and its mirror carried
+/// home with its block, each row's softmax local, no rescaling; `per_weight` divides each
+/// weight by its row's sum instead of each output element. Whatever words it takes.
+pub fn run_carried(p: &Problem, pes: u32, per_weight: bool) -> Result<Stream, String> {
+    if !(p.symmetric && p.shared_values && !p.causal && p.safe()) {
+        return Err(format!(
+            "{NAME}: carried scores apply to shared layers without a mask under the safe softmax"
+        ));
+    }
+    if let Some(why) = carried::unsupported(p.tokens, p.dim, pes) {
+        return Err(format!("{NAME}: carried scores need {why}"));
+    }
+    carried::stream(p, pes, u64::MAX, per_weight)
+        .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))
+}
+
 /// [`run_with`], pairing the scores of a shared layer as `pairing` says.
 pub fn run_pairing(
+    p: &Problem,
+    pes: u32,
+    safe: bool,
+    lag: Lag,
+    pairing: Pairing,
+) -> Result<Stream, String> {
+    let other = run_pairing_online(p, pes, safe, lag, pairing);
+    // A shared layer whose mirrored scores are carried home needs no rescaling at all
+    // ([`carried`]); where it fits it competes on cycles, and it is the one division per weight
+    // a shared layer has.
+    let carried = match (lag, pairing) {
+        (_, Pairing::On | Pairing::Off) => None,
+        (Lag::Fit(limit), _) if safe => {
+            let budget = limit.map_or_else(|| allowance(p, pes), u64::from);
+            carried::stream(p, pes, budget, false)
+        }
+        (Lag::PerWeight, _) if safe => carried::stream(p, pes, u64::MAX, true),
+        _ => None,
+    };
+    match (other, carried) {
+        (Ok(o), Some(c)) if c.cycles < o.cycles => Ok(c),
+        (Err(_), Some(c)) => Ok(c),
+        (other, _) => other,
+    }
+}
+
+/// [`run_pairing`] without the carried variant: the paired stream's running states, or every
+/// row computing its own scores.
+fn run_pairing_online(
     p: &Problem,
     pes: u32,
     safe: bool,
