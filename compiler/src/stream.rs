@@ -143,7 +143,7 @@ pub fn manifest(
         normalisation: norm,
         ops,
         mem_words: stream.programs.iter().map(|p| p.mem_words).collect(),
-        buffers: Vec::new(),
+        buffers: stream.buffers.clone(),
         programs: ProgramKind::Loops,
         files: runtime::manifest::Files::Pattern(runtime::manifest::FilePattern::standard()),
         inputs,

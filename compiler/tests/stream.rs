@@ -572,3 +572,92 @@ fn carried_scores_run_exactly_their_formulation() {
         }
     }
 }
+
+/// Every address a PE's templates touch (their live hulls; a send's destination on the next
+/// PE, whose map is the same) lies in one of the reported buffers, and every buffer lies in
+/// the PE's memory.
+fn assert_buffers_cover(st: &Stream, what: &str) {
+    let mut spans: Vec<(i64, i64)> = st
+        .buffers
+        .iter()
+        .map(|b| {
+            (
+                i64::from(b.base),
+                i64::from(b.base) + i64::from(b.words) - 1,
+            )
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut merged: Vec<(i64, i64)> = Vec::new();
+    for (lo, hi) in spans {
+        match merged.last_mut() {
+            Some(last) if lo <= last.1 + 1 => last.1 = last.1.max(hi),
+            _ => merged.push((lo, hi)),
+        }
+    }
+    for prog in &st.programs {
+        for b in &st.buffers {
+            assert!(
+                b.words > 0 && b.base + b.words <= prog.mem_words,
+                "{what}: buffer {} ({} words at {}) outside PE {}'s {} words",
+                b.name,
+                b.words,
+                b.base,
+                prog.pe,
+                prog.mem_words
+            );
+        }
+        prog.for_each_template(|t, bounds| {
+            for f in isa::Field::ALL {
+                if let Some((lo, hi)) = t.live_hull(f, bounds) {
+                    assert!(
+                        merged.iter().any(|&(a, b)| a <= lo && hi <= b),
+                        "{what}: PE {} field {} reaches {lo}..={hi}, outside the buffers {:?}",
+                        prog.pe,
+                        f.name(),
+                        st.buffers
+                    );
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn reported_buffers_cover_every_address_the_programs_touch() {
+    let mut described = 0;
+    for (n, m) in [(16, 4), (32, 4), (24, 6), (32, 8), (64, 8)] {
+        for d in [4, 8, 16] {
+            for h in [1, 2, 3] {
+                for (shared, causal) in [(false, false), (true, false), (false, true)] {
+                    let p = problem(n, d, h, shared, causal);
+                    let mut streams = vec![schedule_stream::run(&p, m, true)];
+                    if !shared {
+                        streams.push(schedule_stream::run_with(
+                            &p,
+                            m,
+                            true,
+                            schedule_stream::Lag::Off,
+                        ));
+                    } else if !causal {
+                        streams.push(schedule_stream::run_carried(&p, m, false));
+                    }
+                    for st in streams.into_iter().flatten() {
+                        let what = format!(
+                            "n={n} d={d} h={h} m={m} shared={shared} causal={causal} lag={}",
+                            st.lag
+                        );
+                        if !st.buffers.is_empty() {
+                            described += 1;
+                            assert_buffers_cover(&st, &what);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        described > 100,
+        "only {described} streams described their buffers"
+    );
+}

@@ -21,7 +21,7 @@
 
 use isa::{Cmp, CountStep, Field, Loop, LoopProgram, Node, Pred, Slot, Xfer, XferSrc};
 
-use super::{ad, lp, Ad, Send, B};
+use super::{ad, buffer, lp, Ad, Send, B};
 
 /// Memory map of one PE (the same on every PE).
 struct CMap {
@@ -555,6 +555,7 @@ pub(super) struct Carried {
     pub x: u32,
     pub y: u32,
     pub rows: u32,
+    pub buffers: Vec<runtime::manifest::BufferInfo>,
 }
 
 /// PE programs for `n` tokens of `d` columns, `heads` heads on `m` PEs.
@@ -621,11 +622,23 @@ pub(super) fn build(
             })
         })
         .collect::<Option<Vec<_>>>()?;
+    let hd = c.b * c.d;
+    let buffers = vec![
+        buffer("x", c.x, heads * hd),
+        buffer("y", c.y, heads * hd),
+        buffer("score rows", c.sc, c.e - c.sc),
+        buffer("exponentials", c.e, c.home - c.e),
+        buffer("payload home", c.home, c.t - c.home),
+        buffer("visiting blocks", c.t, c.mx - c.t),
+        buffer("row maxima", c.mx, c.l - c.mx),
+        buffer("row sums", c.l, c.words - c.l),
+    ];
     Some(Carried {
         programs,
         x: c.x,
         y: c.y,
         rows: c.b,
+        buffers,
     })
 }
 
@@ -684,6 +697,7 @@ pub(super) fn stream(
         ops,
         total_ops,
         lag: pes,
+        buffers: built.buffers,
         normalisation: if per_weight {
             runtime::layer::Normalisation::PerWeight
         } else {

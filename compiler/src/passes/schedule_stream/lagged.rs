@@ -127,6 +127,27 @@ impl LMap {
     }
 }
 
+impl LMap {
+    /// The map buffer by buffer, for `heads` heads.
+    pub(super) fn buffers(&self, heads: u32) -> Vec<runtime::manifest::BufferInfo> {
+        let mut out = vec![
+            buffer("q", self.q, heads * self.hd),
+            buffer("y", self.y, heads * self.hd),
+            buffer("k/v", self.kv, heads * self.block),
+        ];
+        if heads < 3 {
+            // The block below the first head's: the previous head's blocks land there.
+            out.push(buffer("spare block", heads * self.hd, self.block));
+        }
+        out.push(buffer("step-0 scores", self.tri, self.sc - self.tri));
+        out.push(buffer("score ring", self.sc, self.l - self.sc));
+        out.push(buffer("row sums", self.l, self.rows));
+        out.push(buffer("row maxima", self.mx, 2 * self.rows));
+        out.push(buffer("rescale factor", self.f, 1));
+        out
+    }
+}
+
 /// The lags worth trying on `pes` PEs, largest first: even divisors of the ring.
 pub(super) fn lags(pes: u32) -> impl Iterator<Item = u32> {
     (2..=pes)

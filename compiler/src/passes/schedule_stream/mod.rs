@@ -98,6 +98,17 @@ pub struct Stream {
     /// Deferred (each output element divided once) or per weight (the whole ring's lag with
     /// fewer keys per row than `d`).
     pub normalisation: runtime::layer::Normalisation,
+    /// The memory map every PE shares, buffer by buffer; empty where the maps differ by PE.
+    pub buffers: Vec<runtime::manifest::BufferInfo>,
+}
+
+/// One buffer of a memory map.
+fn buffer(name: &str, base: u32, words: u32) -> runtime::manifest::BufferInfo {
+    runtime::manifest::BufferInfo {
+        name: name.to_string(),
+        base,
+        words,
+    }
 }
 
 /// Why the stream schedule does not apply, if it does not.
@@ -747,6 +758,7 @@ struct Lagged {
     programs: Vec<LoopProgram>,
     kv: u32,
     y: u32,
+    buffers: Vec<runtime::manifest::BufferInfo>,
     g: u32,
     per_weight: bool,
 }
@@ -784,6 +796,7 @@ fn lagged_programs(
             programs,
             kv: map.kv,
             y: map.y,
+            buffers: map.buffers(p.heads),
             g,
             per_weight,
         })
@@ -953,6 +966,8 @@ fn run_pairing_online(
         cycles,
         ops,
         total_ops,
+        // The paired maps alias regions from head to head; not described yet.
+        buffers: Vec::new(),
         ..plain
     })
 }
@@ -1005,7 +1020,7 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
     // between PEs, so a block is read at different times and needs two.
     // Under a causal mask a separate layer's own k/v region, dead after step 0, is one of the
     // two buffers; a shared layer's own rows are its queries too, so it has both.
-    let buffers = match (causal, shared) {
+    let buffers_held = match (causal, shared) {
         (true, true) => 2,
         (true, false) | (false, true) => 1,
         (false, false) => 0,
@@ -1013,7 +1028,7 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
     // buf[1] receives the blocks of odd steps; buf[0] those of even steps of a shared causal
     // layer, or the rotating block of a shared layer without a mask.
     let buf1 = if causal && shared { buf0 + block } else { buf0 };
-    let s = buf0 + buffers * block;
+    let s = buf0 + buffers_held * block;
     let l = s + rows;
     let mx = l + rows;
     let f = mx + 2 * rows;
@@ -1033,13 +1048,29 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
         words: if safe { f + 1 } else { l + rows },
     };
     let scale = p.scale as f32;
-    let (programs, kv, y) = lagged.map(|l| (l.programs, l.kv, l.y)).unwrap_or_else(|| {
-        let lives: Vec<u32> = (0..m).map(live).collect();
-        let programs = (0..m)
-            .map(|pe| program(&map, pe, m, heads, causal, scale, safe, &lives))
-            .collect();
-        (programs, kv, y)
-    });
+    let (programs, kv, y, buffers) = lagged
+        .map(|l| (l.programs, l.kv, l.y, l.buffers))
+        .unwrap_or_else(|| {
+            let lives: Vec<u32> = (0..m).map(live).collect();
+            let programs = (0..m)
+                .map(|pe| program(&map, pe, m, heads, causal, scale, safe, &lives))
+                .collect();
+            let mut buffers = vec![buffer(if shared { "x" } else { "q" }, q, heads * hd)];
+            if !shared {
+                buffers.push(buffer("k/v", kv, heads * block));
+            }
+            buffers.push(buffer("y", y, heads * hd));
+            if buffers_held > 0 {
+                buffers.push(buffer("visiting blocks", buf0, buffers_held * block));
+            }
+            buffers.push(buffer("scores", map.s, rows));
+            buffers.push(buffer("row sums", map.l, rows));
+            if safe {
+                buffers.push(buffer("row maxima", map.mx, 2 * rows));
+                buffers.push(buffer("rescale factor", map.f, 1));
+            }
+            (programs, kv, y, buffers)
+        });
     // Static: every PE's length follows from its loops; they are equal by
     // construction, which the tests check.
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
@@ -1100,6 +1131,7 @@ fn run_separately(p: &Problem, pes: u32, safe: bool, lag: Lag) -> Result<Stream,
         } else {
             runtime::layer::Normalisation::Deferred
         },
+        buffers,
     })
 }
 

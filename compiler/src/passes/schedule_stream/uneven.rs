@@ -822,6 +822,8 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         total_ops,
         lag: 0,
         normalisation: runtime::layer::Normalisation::Deferred,
+        // Each PE's map has its own sizes (its rows and cut rows).
+        buffers: Vec::new(),
     })
 }
 
