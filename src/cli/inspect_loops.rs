@@ -168,5 +168,16 @@ pub fn run(dir: &Path, loaded: &Loaded, json_out: bool, why: &str) -> Result<(),
     for (pe, map) in maps.iter().enumerate() {
         super::inspect::print_memory_line(pe, m.mem_words[pe], map);
     }
+    if !m.buffers.is_empty() {
+        let parts: Vec<String> = m
+            .buffers
+            .iter()
+            .map(|b| format!("{} {} words at m{}", b.name, b.words, b.base))
+            .collect();
+        println!(
+            "buffers of every PE, as the compiler laid them out (manifest): {}",
+            parts.join("; ")
+        );
+    }
     Ok(())
 }
