@@ -6,8 +6,8 @@
 
 use crate::passes::select::Refusal;
 use crate::passes::{
-    schedule_baseline, schedule_blocks, schedule_causal, schedule_cols, schedule_rows,
-    schedule_split, schedule_symmetric, schedule_wide,
+    schedule_baseline, schedule_causal, schedule_cols, schedule_rows, schedule_split,
+    schedule_symmetric, schedule_wide,
 };
 use crate::problem::Problem;
 use crate::schedule::{RingSchedule, ScheduleError};
@@ -47,7 +47,6 @@ pub static SCHEDULERS: &[&dyn Scheduler] = &[
     &schedule_split::Split,
     &schedule_wide::Wide,
     &schedule_cols::Cols,
-    &schedule_blocks::Blocks,
     &schedule_baseline::Baseline,
 ];
 

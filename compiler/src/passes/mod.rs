@@ -5,7 +5,6 @@ pub mod codegen;
 pub mod lower;
 pub mod reroll;
 pub mod schedule_baseline;
-pub mod schedule_blocks;
 pub mod schedule_causal;
 pub mod schedule_cols;
 pub mod schedule_rows;

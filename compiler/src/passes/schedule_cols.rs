@@ -190,8 +190,6 @@ fn best_lane(p: &Problem, pes: u32, groups: u32, wrap: bool) -> Option<(u64, Apa
                     r1: r1 as u32,
                     soft: soft as u32,
                     r3: r3 as u32,
-                    keys: 1,
-                    interleave: false,
                 };
                 if best.is_none_or(|(e, _)| est < e) {
                     best = Some((est, lane));

@@ -163,28 +163,17 @@ struct Layout {
 /// are cut into groups. `r3 = 0` puts the v columns on the q/k PEs instead: the weights then
 /// travel on round the ring to them, which costs hops but moves no input word (with
 /// q = k = v, the x rows would otherwise cross from the first part to the last).
-///
-/// `keys > 1` cuts the keys into that many contiguous blocks (`schedule-blocks`): each column
-/// part is then `keys` tiles of `r1` (or `r3`) PEs, tile `b` holding the columns of key block
-/// `b`, so a score's chain runs through its key's tile only and each output chain `y[a][c]`
-/// runs through the tiles in order, one segment per key block, its partial sum riding
-/// `send acc`. The q rows (and the weights) pass through every tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Apart {
     pub(crate) r1: u32,
     pub(crate) soft: u32,
     pub(crate) r3: u32,
-    pub(crate) keys: u32,
-    /// The key blocks' tiles interleaved PE by PE (PE `x·keys + b` is column block `x` of key
-    /// block `b`) rather than one after another: a q row or weight then reaches every tile's
-    /// copy of a column block within `keys` hops, and a partial sum strides `keys` PEs.
-    pub(crate) interleave: bool,
 }
 
 impl Apart {
     /// PEs of one lane.
     pub(crate) fn len(&self) -> u32 {
-        self.keys.max(1) * (self.r1 + self.r3) + self.soft
+        self.r1 + self.soft + self.r3
     }
 }
 
@@ -727,16 +716,6 @@ impl Geometry {
         }
     }
 
-    /// Key blocks of a lane (1 but in the blocks dataflow).
-    fn keys(&self) -> u32 {
-        self.apart.map_or(1, |a| a.keys.max(1))
-    }
-
-    /// The key block of key `j` (contiguous blocks of about equal size).
-    fn key_block(&self, j: u32) -> u32 {
-        ((u64::from(j) * u64::from(self.keys())) / u64::from(self.n.max(1))) as u32
-    }
-
     /// PE offset within a lane of column `c` (`c = d` is the softmax with several lanes).
     fn offset(&self, c: u32) -> u32 {
         if let Some(a) = self.apart {
@@ -752,7 +731,7 @@ impl Geometry {
     /// Where the scores of the lane's `i`-th row land for the softmax, on a lane of its own.
     fn land(&self, lane: u32, i: u32) -> u32 {
         if let Some(a) = self.apart {
-            return (self.start(lane) + self.keys() * a.r1 + i % a.soft.max(1)) % self.m;
+            return (self.start(lane) + a.r1 + i % a.soft.max(1)) % self.m;
         }
         if self.soft > 1 {
             return (self.start(lane) + self.r - self.soft + i % self.soft) % self.m;
@@ -762,33 +741,17 @@ impl Geometry {
 
     /// PE of phase-1 column `c` of `lane`.
     fn p1(&self, lane: u32, c: u32) -> u32 {
-        self.p1_in(lane, 0, c)
+        (self.start(lane) + self.offset(c)) % self.m
     }
 
-    /// PE of phase-1 column `c` of `lane` in the tile of key block `kb`.
-    fn p1_in(&self, lane: u32, kb: u32, c: u32) -> u32 {
-        let at = match self.apart {
-            Some(a) if a.interleave => self.offset(c) * self.keys() + kb,
-            Some(a) => kb * a.r1 + self.offset(c),
-            None => self.offset(c),
-        };
-        (self.start(lane) + at) % self.m
-    }
-
-    /// PE of phase-3 column `c` for rows of `lane` (the next lane when there are several), in
-    /// the tile of key block `kb`.
-    fn p3(&self, lane: u32, kb: u32, c: u32) -> u32 {
+    /// PE of phase-3 column `c` for rows of `lane` (the next lane when there are several).
+    fn p3(&self, lane: u32, c: u32) -> u32 {
         if let Some(a) = self.apart {
             if a.r3 == 0 {
-                return self.p1_in(lane, kb, c);
+                return self.p1(lane, c);
             }
-            let off = ((u64::from(c) * u64::from(a.r3)) / u64::from(self.d.max(1))) as u32;
-            let at = if a.interleave {
-                off * self.keys() + kb
-            } else {
-                kb * a.r3 + off
-            };
-            return (self.start(lane) + self.keys() * a.r1 + a.soft + at) % self.m;
+            let off = (u64::from(c) * u64::from(a.r3)) / u64::from(self.d.max(1));
+            return (self.start(lane) + a.r1 + a.soft + off as u32) % self.m;
         }
         let l = if self.ring { lane } else { lane + 1 };
         (self.start(l) + self.offset(c)) % self.m
@@ -796,14 +759,9 @@ impl Geometry {
 
     /// PEs holding phase-1 columns of `lane`, in ring order, with their columns.
     fn blocks(&self, lane: u32) -> Vec<(u32, Vec<u32>)> {
-        self.blocks_in(lane, 0)
-    }
-
-    /// The same for the tile of key block `kb`.
-    fn blocks_in(&self, lane: u32, kb: u32) -> Vec<(u32, Vec<u32>)> {
         let mut out: Vec<(u32, Vec<u32>)> = Vec::new();
         for c in 0..self.d {
-            let pe = self.p1_in(lane, kb, c);
+            let pe = self.p1(lane, c);
             match out.last_mut() {
                 Some((q, cs)) if *q == pe => cs.push(c),
                 _ => out.push((pe, vec![c])),
@@ -932,15 +890,6 @@ fn build(
             boost + (plan.tail[i] - t.prio * row_weight) * 8 + tweaks.prio(i, span * 8)
         })
         .collect();
-    // Interleaved key tiles: an input word unlocks a whole PE of the next tile one hop on, so
-    // it goes before the partial sums in flight (which otherwise always go first).
-    let inputs_first = if layout.apart.is_some_and(|a| a.keys > 1)
-        || std::env::var("ATTNC_INPUTS_FIRST").is_ok()
-    {
-        plan.tasks.len() as i64 * 16
-    } else {
-        0
-    };
     // A preloaded word goes on the link as urgently as its most urgent reader (a term: a
     // division reads only words made by exponentials).
     let preloaded: Vec<(u32, Val, i64)> = plan
@@ -954,7 +903,7 @@ fn build(
                 .map(|i| prio[i])
                 .max()
                 .unwrap_or(i64::MIN);
-            (pe, v, if u == i64::MIN { 0 } else { u } + inputs_first)
+            (pe, v, if u == i64::MIN { 0 } else { u })
         })
         .collect();
     plan.sort(&prio);
@@ -1222,8 +1171,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     for h in 0..p.heads {
         for a in 0..n {
             let lane = g.lane(h, a);
+            let blocks = g.blocks(lane);
             for bcol in pairs_of(a) {
-                let blocks = g.blocks_in(lane, g.key_block(bcol));
                 // With q = k (no mask) the pair {bcol, a} is computed once, as (a, bcol), bcol ≤ a.
                 let (qa, kb) = (a, bcol);
                 let order: Vec<(u32, Vec<u32>)> = if g.ring {
@@ -1237,7 +1186,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
                         .cloned()
                         .collect()
                 } else {
-                    blocks
+                    blocks.clone()
                 };
                 let id = chains.len();
                 let mut segs = Vec::with_capacity(order.len());
@@ -1406,33 +1355,28 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             }
         }
     }
-    // Phase 3: y[a][c] on column c's phase-3 PE, over the row's weights in any order; with key
-    // blocks, one segment per block's tile, in ring order.
+    // Phase 3: y[a][c] on column c's phase-3 PE, over the row's weights in any order.
     let mut weight_readers: HashMap<Val, Vec<u32>> = HashMap::default();
     for h in 0..p.heads {
         for a in 0..n {
             let lane = g.lane(h, a);
             for c in 0..d {
+                let pe = g.p3(lane, c);
                 let id = chains.len();
-                let mut segs: Vec<(u32, Vec<usize>)> = Vec::new();
+                let mut ts = Vec::new();
                 for bcol in (0..n).filter(|&bc| p.unmasked(a, bc)) {
-                    let pe = g.p3(lane, g.key_block(bcol), c);
                     let Some(&(w, _)) = weights.get(&(h, a, bcol)) else {
                         b.bug(NAME, "a weight with no division");
                         continue;
                     };
                     weight_readers.entry(w).or_default().push(pe);
                     let ev = want(Tensor::V, h, bcol, c, pe);
-                    if segs.last().is_none_or(|s| s.0 != pe) {
-                        segs.push((pe, Vec::new()));
-                    }
-                    let seg = segs.len() - 1;
                     let t = tasks.len();
                     tasks.push(Task {
                         pe,
                         kind: TaskKind::Term {
                             chain: id,
-                            seg,
+                            seg: 0,
                             x: Opnd::V(w),
                             y: Some(Opnd::V(Val::from_u32(0))),
                             e: None,
@@ -1440,13 +1384,11 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
                         prio: rank(h, a),
                     });
                     input_of.push((t, true, ev));
-                    if let Some(s) = segs.last_mut() {
-                        s.1.push(t);
-                    }
+                    ts.push(t);
                 }
                 chains.push(Chain {
                     kind: ChainKind::Mac(3),
-                    segs,
+                    segs: vec![(pe, ts)],
                     readers: Vec::new(),
                     output: Some(Element {
                         tensor: Tensor::Y,
@@ -1468,13 +1410,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     elems.sort_by_key(|(e, _)| (e.tensor as u8, e.head, e.row, e.col));
     let mut val_of: HashMap<Element, Val> = HashMap::default();
     for (e, readers) in elems {
-        let mut from = g.start(e.head * g.groups);
-        if std::env::var("ATTNC_SPREAD_KV").is_ok()
-            && layout.apart.is_some()
-            && matches!(e.tensor, Tensor::K | Tensor::V)
-        {
-            from = g.start(e.head * g.groups + e.row * g.groups / g.n.max(1));
-        }
+        let from = g.start(e.head * g.groups);
         // Mirrored rows: an x row starts where its own row's scores read it as the query, so
         // every lane starts on its own row and the others reach it as keys.
         let own = (layout.mirror && e.tensor == Tensor::X)
