@@ -114,6 +114,57 @@ fn beats_split_where_rows_are_few() {
     );
 }
 
+/// With separate q, k, v, no mask and `2·n·d ≤ n²`, one lane per row, whose k and v rows
+/// stream round the ring from every lane, forwards fewer words per link than the lanes that
+/// gather a head's scores into their softmax PEs: on 16 tokens, d = 8 on 64 PEs it must beat
+/// the row dataflow (measured when it was added: 306 cycles against 318; the cols lanes
+/// before it took 339).
+#[test]
+fn row_lanes_beat_the_row_dataflow_where_keys_stream_cheaper_than_scores_gather() {
+    let text = src(16, 8, 1, Scheme::Separate, true);
+    let what = format!("{text} on 64 PEs");
+    let cols = compile_src(&text, 64, Choice::Named("cols"));
+    let r = run_emitted(&cols, 16_864);
+    assert!(
+        r.max_abs_err <= TOL,
+        "{what}: max_abs_err {}",
+        r.max_abs_err
+    );
+    assert_eq!(r.cycles, cols.manifest.cycles, "{what}");
+    let bound = cols.manifest.bound.expect("every compile states its bound");
+    assert!(r.cycles >= bound.value, "{what}: below {bound:?}");
+    let rows = compile_src(&text, 64, Choice::Named("rows"));
+    assert!(
+        cols.manifest.cycles < rows.manifest.cycles,
+        "{what}: cols {} against rows {}",
+        cols.manifest.cycles,
+        rows.manifest.cycles
+    );
+}
+
+/// Where one lane per row is tried (separate q, k, v, no mask, `2d ≤ n`, 3 PEs per row and
+/// head or more): rings of 3 to 5 PEs per row, one or two heads, both formulations.
+#[test]
+fn row_lanes_on_rings_of_three_to_five_pes_per_row() {
+    let mut combos = 0;
+    for (n, d) in [(4u32, 2u32), (6, 3), (8, 2), (8, 4)] {
+        for per in [3u32, 5] {
+            let heads = 1 + (n + per) % 2;
+            let m = per * n * heads;
+            check(
+                n,
+                d,
+                m,
+                heads,
+                Scheme::Separate,
+                (n + per).is_multiple_of(2),
+            );
+            combos += 1;
+        }
+    }
+    assert_eq!(combos, 8);
+}
+
 #[test]
 fn refuses_rings_without_three_pes_per_head() {
     let layer = common::parse_one(&src(4, 4, 2, Scheme::Separate, true));

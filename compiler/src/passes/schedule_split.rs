@@ -163,11 +163,16 @@ struct Layout {
 /// are cut into groups. `r3 = 0` puts the v columns on the q/k PEs instead: the weights then
 /// travel on round the ring to them, which costs hops but moves no input word (with
 /// q = k = v, the x rows would otherwise cross from the first part to the last).
+///
+/// `spread` homes each k and v row in the lane of its own row group instead of the head's
+/// first lane, so that with many lanes (one per row) the rows stream round the ring from
+/// every lane at once rather than all from the first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Apart {
     pub(crate) r1: u32,
     pub(crate) soft: u32,
     pub(crate) r3: u32,
+    pub(crate) spread: bool,
 }
 
 impl Apart {
@@ -1410,7 +1415,14 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     elems.sort_by_key(|(e, _)| (e.tensor as u8, e.head, e.row, e.col));
     let mut val_of: HashMap<Element, Val> = HashMap::default();
     for (e, readers) in elems {
-        let from = g.start(e.head * g.groups);
+        let spread =
+            layout.apart.is_some_and(|a| a.spread) && matches!(e.tensor, Tensor::K | Tensor::V);
+        let group = if spread {
+            e.row * g.groups / g.n.max(1)
+        } else {
+            0
+        };
+        let from = g.start(e.head * g.groups + group);
         // Mirrored rows: an x row starts where its own row's scores read it as the query, so
         // every lane starts on its own row and the others reach it as keys.
         let own = (layout.mirror && e.tensor == Tensor::X)
