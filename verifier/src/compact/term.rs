@@ -23,6 +23,10 @@ fn var_bit(v: Var) -> u64 {
 /// The variable a seeded range is built over before `range` renames it (never a loop's).
 const SEED: Var = u32::MAX - 1;
 
+/// The variable a range of ranges is re-indexed over before `range` renames it (never a
+/// loop's, never [`SEED`]).
+const NEST: Var = u32::MAX - 2;
+
 /// Candidate bodies [`Terms::seed`] tries in one proof.
 const MAX_SEED_TRIES: u32 = 20_000;
 
@@ -604,6 +608,9 @@ impl Terms {
     /// smallest offset in the body's atoms is 0, and renamed to the binder one above every
     /// binder inside.
     pub fn range(&mut self, add: bool, v: Var, lo: i64, hi: i64, body: Id) -> Id {
+        if let Some(id) = self.blocks(add, v, lo, hi, body) {
+            return id;
+        }
         let mut offsets = Vec::new();
         self.offsets(body, v, &mut offsets, &mut HashMap::default());
         let shift = if offsets.iter().all(|&(coef, _)| coef == 1) {
@@ -646,6 +653,42 @@ impl Terms {
             return self.intern(T::Max(vec![one]));
         }
         id
+    }
+
+    /// A range over `v` of a range over `c ∈ [a, a + w)` whose body depends on `v` and `c`
+    /// only through `j = k·v + c` with `|k| = w`, as one range over `j`: consecutive blocks
+    /// of `w` (a running sum or maximum carried over ring steps, each step one block of keys)
+    /// are the keys of all the blocks. `(v, c) ↦ (v, j)` is a bijection and each `j` is
+    /// reached by exactly one `(v, c)` of the box, so the sum (maximum) is the same.
+    fn blocks(&mut self, add: bool, v: Var, lo: i64, hi: i64, body: Id) -> Option<Id> {
+        let (c, a, z, inner) = match *self.node(body) {
+            T::RSum(c, a, z, inner) if add => (c, a, z, inner),
+            T::RMax(c, a, z, inner) if !add => (c, a, z, inner),
+            _ => return None,
+        };
+        if hi - lo < 2 || v == c {
+            return None;
+        }
+        let mut offsets = Vec::new();
+        self.offsets(inner, v, &mut offsets, &mut HashMap::default());
+        let k = offsets.first()?.0;
+        let w = z - a;
+        if k.abs() != w || offsets.iter().any(|&(kk, _)| kk != k) {
+            return None;
+        }
+        let g = self.subst(inner, c, &Aff::var(NEST).add_term(v, -k));
+        let mut left = Vec::new();
+        self.offsets(g, v, &mut left, &mut HashMap::default());
+        if !left.is_empty() {
+            return None;
+        }
+        // j = k·v + c over v ∈ [lo, hi), c ∈ [a, z).
+        let (jlo, jhi) = if k > 0 {
+            (k * lo + a, k * hi + a)
+        } else {
+            (k * (hi - 1) + a, k * (lo - 1) + a)
+        };
+        Some(self.range(add, NEST, jlo, jhi, g))
     }
 
     /// `(coefficient, constant)` of every atom index that uses `v`.
@@ -776,5 +819,120 @@ impl Terms {
         };
         memo.insert(x, y);
         y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `k[0][row][0]` with the row affine in loop variables.
+    fn key(tm: &mut Terms, row: Aff) -> Id {
+        tm.atom(1, Aff::cst(0), row, Aff::cst(0))
+    }
+
+    // Loop variables as the proof allocates them: above every binder.
+    const S: Var = super::super::aff::BINDERS + 1;
+    const C: Var = super::super::aff::BINDERS + 2;
+    const J: Var = super::super::aff::BINDERS + 3;
+
+    /// `Σ` or `max` over `s ∈ [0, steps)` of the same over `c ∈ [0, w)` of `k[row(s, c)]`.
+    fn nested(tm: &mut Terms, add: bool, steps: i64, w: i64, row: Aff) -> Id {
+        let body = key(tm, row);
+        let inner = tm.range(add, C, 0, w, body);
+        tm.range(add, S, 0, steps, inner)
+    }
+
+    fn flat(tm: &mut Terms, add: bool, lo: i64, hi: i64) -> Id {
+        let body = key(tm, Aff::var(J));
+        tm.range(add, J, lo, hi, body)
+    }
+
+    #[test]
+    fn blocks_of_keys_over_steps_are_one_range_of_keys() {
+        let mut tm = Terms::default();
+        for add in [true, false] {
+            // Blocks of 8 forward (8·s + c) and backward (24 − 8·s + c): keys 0..32 both ways.
+            let forward = nested(
+                &mut tm,
+                add,
+                4,
+                8,
+                Aff::cst(0).add_term(S, 8).add_term(C, 1),
+            );
+            let backward = nested(
+                &mut tm,
+                add,
+                4,
+                8,
+                Aff::cst(24).add_term(S, -8).add_term(C, 1),
+            );
+            let keys = flat(&mut tm, add, 0, 32);
+            assert_eq!(forward, keys, "{}", tm.show(forward, 4));
+            assert_eq!(backward, keys, "{}", tm.show(backward, 4));
+            // Offset blocks: keys 5..37.
+            let moved = nested(
+                &mut tm,
+                add,
+                4,
+                8,
+                Aff::cst(5).add_term(S, 8).add_term(C, 1),
+            );
+            let keys = flat(&mut tm, add, 5, 37);
+            assert_eq!(moved, keys, "{}", tm.show(moved, 4));
+        }
+    }
+
+    #[test]
+    fn blocks_that_skip_or_overlap_keys_stay_apart() {
+        let mut tm = Terms::default();
+        for add in [true, false] {
+            // Stride 16 over blocks of 8 skips keys; stride 4 counts keys twice; a key index
+            // 2·c is not a block of consecutive keys.
+            let skips = nested(
+                &mut tm,
+                add,
+                4,
+                8,
+                Aff::cst(0).add_term(S, 16).add_term(C, 1),
+            );
+            let twice = nested(
+                &mut tm,
+                add,
+                4,
+                8,
+                Aff::cst(0).add_term(S, 4).add_term(C, 1),
+            );
+            let every_other = nested(
+                &mut tm,
+                add,
+                4,
+                8,
+                Aff::cst(0).add_term(S, 8).add_term(C, 2),
+            );
+            for (x, hi) in [(skips, 64), (skips, 32), (twice, 20), (twice, 32)] {
+                let keys = flat(&mut tm, add, 0, hi);
+                assert_ne!(x, keys, "{}", tm.show(x, 4));
+            }
+            assert!(
+                matches!(tm.node(skips), T::RSum(..) | T::RMax(..)),
+                "{}",
+                tm.show(skips, 4)
+            );
+            let over = flat(&mut tm, add, 0, 64);
+            assert_ne!(every_other, over);
+            // A body that uses the step apart from the key (a query row per step) is not
+            // one range of keys either.
+            let q = tm.atom(0, Aff::cst(0), Aff::var(S), Aff::cst(0));
+            let k = key(&mut tm, Aff::cst(0).add_term(S, 8).add_term(C, 1));
+            let qk = tm.mul(q, k, true);
+            let inner = tm.range(add, C, 0, 8, qk);
+            let rows = tm.range(add, S, 0, 4, inner);
+            assert!(
+                matches!(tm.node(rows), T::RSum(_, 0, 4, _) | T::RMax(_, 0, 4, _)),
+                "{}",
+                tm.show(rows, 4)
+            );
+        }
     }
 }
