@@ -713,7 +713,8 @@ pub enum Lag {
     Off,
     /// The whole ring (no rescaling), each weight divided by its row's sum before the values
     /// instead of each output element after them: fewer divisions where rows have fewer keys
-    /// than `d`. Needs an even ring.
+    /// than `d` (or, under a causal mask, `n + 1 < 2d`). One group holds the whole ring, so
+    /// the ring need not be even.
     PerWeight,
 }
 
@@ -794,7 +795,7 @@ fn lagged_programs(
     match lag {
         Lag::Off => Ok(None),
         Lag::PerWeight => build_as(pes, true).map(Some).ok_or_else(|| {
-            format!("{NAME}: one division per weight needs the whole ring's lag, on an even ring of {pes} PEs that this layer's rows and addresses fit")
+            format!("{NAME}: one division per weight needs the whole ring's lag, which this layer's rows and addresses on {pes} PEs do not fit")
         }),
         Lag::Steps(g) => {
             if g < 2 || !g.is_multiple_of(2) || !pes.is_multiple_of(g) {
