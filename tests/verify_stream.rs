@@ -1057,3 +1057,96 @@ fn carried_scores_are_chosen_where_they_apply_and_others_proved_where_not() {
         assert_proved(&flat, &man, &what);
     }
 }
+
+#[test]
+fn one_division_per_weight_under_a_causal_mask_is_proved() {
+    // Each PE's first row sees one score in step 0; its maximum starts from that score in the
+    // first step that brings it more keys (PE 0's never does: the score is its own maximum),
+    // so the programs execute exactly the per-weight formulation's operations and declare no
+    // online work. Proved flattened over even and padded deals on five ring sizes (one group
+    // holds the whole ring, so an odd one serves too), one to four heads; dealt evenly they run
+    // at the lower bound.
+    let mut proved = 0;
+    let mut at_bound = 0;
+    let mut case = 0u32;
+    for m in [2u32, 3, 4, 6, 8] {
+        for n in [4 * m, 4 * m + 1, 4 * m + 3, 6 * m - 1, 6 * m] {
+            for d in [2u32, 5] {
+                case += 1;
+                let h = 1 + case % 4;
+                let what = format!("n={n} d={d} h={h} m={m}");
+                let (programs, man) =
+                    build_checked(n, d, h, m, false, true, true, Lag::PerWeight, false)
+                        .unwrap_or_else(|| panic!("{what}: does not apply"));
+                assert_eq!(
+                    man.normalisation,
+                    runtime::layer::Normalisation::PerWeight,
+                    "{what}"
+                );
+                assert_eq!(man.ops.online_rescale, 0, "{what}");
+                assert_proved(&programs, &man, &what);
+                let maxes = find(&programs, |x| x.kind == OpKind::Max).len() as u64;
+                let weights = u64::from(h) * u64::from(n) * u64::from(n + 1) / 2;
+                assert_eq!(maxes, weights - u64::from(h * n), "{what}");
+                if n % (2 * m) == 0 {
+                    let total = weights * (2 * u64::from(d) + 3) - u64::from(h * n);
+                    assert_eq!(man.cycles, total.div_ceil(u64::from(m)), "{what}");
+                    at_bound += 1;
+                }
+                proved += 1;
+            }
+        }
+    }
+    assert_eq!((proved, at_bound), (50, 20));
+}
+
+#[test]
+fn a_causal_per_weight_maximum_started_wrongly_is_rejected() {
+    // The maxima that start a row (their first operand is not their destination): starting
+    // from the running maximum's word instead, which nothing wrote, or from one score only,
+    // must each be caught.
+    for (n, d, h, m) in [(16, 3, 1, 2), (17, 2, 2, 4), (24, 2, 1, 6)] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let (programs, man) = build_checked(n, d, h, m, false, true, true, Lag::PerWeight, false)
+            .unwrap_or_else(|| panic!("{what}: does not apply"));
+        let base = verify(&programs, &man);
+        assert_eq!(base.counts, BTreeMap::new(), "{what}: {base}");
+        let starts = find(&programs, |x| x.kind == OpKind::Max && x.dst != Some(x.a));
+        // Every PE starts its rows: the triangle's rows 1.. on all, row 0 from step 1 on all
+        // but PE 0.
+        let pes: std::collections::BTreeSet<usize> = starts.iter().map(|s| s.0).collect();
+        assert_eq!(pes.len(), m as usize, "{what}");
+        let n1 = each_rejected(
+            &programs,
+            &man,
+            &base,
+            &format!("{what}: a maximum started from its unwritten word"),
+            starts.clone(),
+            |x| Op::max(x.dst.unwrap_or(x.a), x.b, x.dst),
+        );
+        let n2 = each_rejected(
+            &programs,
+            &man,
+            &base,
+            &format!("{what}: a maximum started from one score"),
+            starts,
+            |x| Op::max(x.b, x.b, x.dst),
+        );
+        assert!(n1 >= 6 && n2 >= 6, "{what}: {n1} {n2}");
+        // The starts from a row's step-0 score (not the first two scores of the row, which
+        // lie side by side): one per head on every PE but PE 0, each mutant caught.
+        let peeled = find(&programs, |x| {
+            x.kind == OpKind::Max && x.dst != Some(x.a) && x.b != x.a + 1
+        });
+        assert_eq!(peeled.len(), (h * (m - 1)) as usize, "{what}");
+        assert!(peeled.iter().all(|s| s.0 != 0), "{what}");
+        for edit in [
+            |x: isa::Arith| Op::max(x.dst.unwrap_or(x.a), x.b, x.dst),
+            |x: isa::Arith| Op::max(x.b, x.b, x.dst),
+            |x: isa::Arith| Op::max(x.a, x.a, x.dst),
+        ] {
+            let k = each_rejected(&programs, &man, &base, &what, peeled.clone(), edit);
+            assert_eq!(k, peeled.len(), "{what}");
+        }
+    }
+}

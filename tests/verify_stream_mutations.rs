@@ -668,3 +668,45 @@ fn carried_score_mutants_are_rejected() {
     }
     assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
 }
+
+#[test]
+fn causal_per_weight_mutants_are_rejected() {
+    // Forced stream on causal layers whose weights are fewer than their output elements: the
+    // whole ring's lag dividing each weight. Every mutant of a loop field is rejected. The
+    // layers deal evenly: a padded one has loops of masked rows whose every slot is off, and
+    // dropping an iteration of those changes nothing the proof could object to.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    let mut rejected = [0u32; 4];
+    for (n, d, h, m) in [(16, 12, 1, 4), (12, 12, 2, 2), (24, 16, 1, 6)] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let src = layer_src(n, d, h, false, true).replace("softmax = plain", "softmax = safe");
+        let c = stream(&src, m, Some(u32::MAX));
+        assert_eq!(
+            c.manifest.normalisation,
+            runtime::layer::Normalisation::PerWeight,
+            "{what}"
+        );
+        prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (k, kind) in [
+            Mutation::LoopCount,
+            Mutation::Stride,
+            Mutation::Base,
+            Mutation::Step,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for _ in 0..8 {
+                let mut loops = c.loops.clone();
+                let pe = rng.random_range(0..loops.len());
+                let Some(how) = mutate(&mut loops[pe], kind, &mut rng) else {
+                    continue;
+                };
+                let r = prove(&files(&loops, &c.manifest));
+                assert!(r.is_err(), "{what}: PE {pe}, {how}: the mutant was proved");
+                rejected[k] += 1;
+            }
+        }
+    }
+    assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
+}

@@ -266,8 +266,12 @@ struct KW {
     sc: Ad,
     stride: i64,
     mx: Ad,
-    /// Step 0: each row's first maximum takes two scores (or copies its only one).
+    /// Step 0: each row's first maximum takes two scores (or copies its only one, unless
+    /// [`LCtx::single_unmaxed`]).
     first: bool,
+    /// A later step of one row whose running maximum was never written: the first key's
+    /// maximum takes this score (the row's only earlier one) instead.
+    start: Option<Ad>,
     /// Row `r0 + i` sees `keys + i` keys (stepped loops).
     tri: bool,
     /// Words of the block forwarded on the score loops (from their first iterations), and
@@ -307,6 +311,16 @@ enum VMode {
 }
 
 impl LCtx<'_> {
+    /// Whether a row with a single score in step 0 (each PE's local row 0 under a causal mask)
+    /// leaves its running maximum unwritten there. The per-weight formulation counts `k − 1`
+    /// maxima for a row of `k` keys, so that row's maximum starts from its step-0 score in the
+    /// first later step that gives it keys (step 1, on every PE but PE 0), and PE 0's, which
+    /// sees no other key, is that score itself. The deferred programs keep the copy: their
+    /// running maximum alternates between slots, which the copy fills.
+    fn single_unmaxed(&self) -> bool {
+        self.map.per_weight && self.map.causal
+    }
+
     /// Loops over `keys − less` keys at `level`, stepped by the row loop at `lr` in a triangle.
     fn klp(tri: bool, keys: u32, less: u32, lr: u8, body: Vec<Node>) -> Vec<Node> {
         let count = keys - less;
@@ -426,9 +440,18 @@ impl LCtx<'_> {
                     lr,
                     vec![B::new().max(mx.clone(), e(2), mx.clone()).build()],
                 ));
-            } else {
+            } else if !self.single_unmaxed() {
                 body.push(B::new().max(s.clone(), s.clone(), mx.clone()).build());
             }
+        } else if let Some(start) = &w.start {
+            body.push(B::new().max(start.clone(), s.clone(), mx.clone()).build());
+            body.extend(Self::klp(
+                w.tri,
+                w.keys,
+                1,
+                lr,
+                vec![B::new().max(mx.clone(), e(1), mx.clone()).build()],
+            ));
         } else {
             body.extend(Self::klp(
                 w.tri,
@@ -618,6 +641,7 @@ impl LCtx<'_> {
                     stride: i64::from(m.rows),
                     mx: ad(m.mx),
                     first: true,
+                    start: None,
                     tri: false,
                     send,
                 },
@@ -648,6 +672,47 @@ impl LCtx<'_> {
         Some(nodes)
     }
 
+    /// `w` (every row from local row 0) with row 0 apart, its maximum started from its step-0
+    /// score; the block's words row 0's score loops no longer forward go on the other rows'.
+    fn peeled_row0(&self, w: KW) -> Vec<Node> {
+        let key_words = w.keys * self.map.d;
+        let split = |send: &Option<(Ad, Ad, u32)>, first: bool| {
+            send.as_ref().and_then(|(src, dst, words)| {
+                if first {
+                    Some((src.clone(), dst.clone(), (*words).min(key_words)))
+                } else {
+                    let at = i64::from(key_words);
+                    (*words > key_words).then(|| {
+                        (
+                            src.clone().plus(at),
+                            dst.clone().plus(at),
+                            words - key_words,
+                        )
+                    })
+                }
+            })
+        };
+        let row0 = KW {
+            rows: 1,
+            start: Some(ad(self.map.tri)),
+            send: split(&w.send, true),
+            sc: w.sc.clone(),
+            kb: w.kb.clone(),
+            mx: w.mx.clone(),
+            ..w
+        };
+        let rest = KW {
+            r0: w.r0 + 1,
+            rows: w.rows - 1,
+            sc: w.sc.clone().plus(w.stride),
+            send: split(&w.send, false),
+            ..w
+        };
+        let mut nodes = self.kwork(&row0, 3);
+        nodes.extend(self.kwork(&rest, 3));
+        nodes
+    }
+
     /// Step 0's k work for `rows` rows from `r0`.
     fn tri_kw(&self, r0: u32, rows: u32, send: Option<(Ad, Ad, u32)>, tri: bool) -> KW {
         let m = self.map;
@@ -660,6 +725,7 @@ impl LCtx<'_> {
             stride: i64::from(m.rows),
             mx: ad(m.mx),
             first: true,
+            start: None,
             tri,
             send,
         }
@@ -689,7 +755,12 @@ impl LCtx<'_> {
             return self.vwork(&square, lr);
         }
         // Row 0 alone: a stepped loop over the keys after the first needs one.
-        let mut nodes = self.vwork(&vw(0, 1), lr);
+        let mut row0 = vw(0, 1);
+        if self.single_unmaxed() && self.pe == 0 {
+            // Its only score is its maximum.
+            row0.mx = ad(m.tri);
+        }
+        let mut nodes = self.vwork(&row0, lr);
         nodes.extend(self.vwork(&vw(1, m.rows - 1), lr));
         nodes
     }
@@ -868,25 +939,43 @@ impl LCtx<'_> {
                 k_segs.push((tail, true));
             }
         }
-        for (seg, tail) in &k_segs {
+        // Step 1 starts local row 0's maximum where step 0 left it unwritten
+        // ([`LCtx::single_unmaxed`]): that step runs alone, its row 0 apart.
+        let peel = self.single_unmaxed() && j0 == 0 && self.pe >= 1;
+        if peel {
+            if let Some((first, _)) = k_segs.first_mut() {
+                if first.count > 1 {
+                    let mut rest = first.clone();
+                    rest.i0 += 1;
+                    rest.count -= 1;
+                    first.count = 1;
+                    first.silent_last = false;
+                    k_segs.insert(1, (rest, false));
+                }
+            }
+        }
+        for (i, (seg, tail)) in k_segs.iter().enumerate() {
             let kb = Self::by_parity(m, 0, seg.i0, seg.count, false);
             let dst = Self::by_parity(m, 0, seg.i0, seg.count, true);
             let (r0, n_rows, keys) = shape(seg.pat.kind);
-            let nodes = self.kwork(
-                &KW {
-                    r0,
-                    rows: n_rows,
-                    keys,
-                    kb: kb.clone(),
-                    sc: slot(seg, 0),
-                    stride: i64::from(keys),
-                    mx: mslot(0),
-                    first: false,
-                    tri: false,
-                    send: words(seg.pat.fwd).map(|w| (kb, dst, w)),
-                },
-                3,
-            );
+            let kw = KW {
+                r0,
+                rows: n_rows,
+                keys,
+                kb: kb.clone(),
+                sc: slot(seg, 0),
+                stride: i64::from(keys),
+                mx: mslot(0),
+                first: false,
+                start: None,
+                tri: false,
+                send: words(seg.pat.fwd).map(|w| (kb, dst, w)),
+            };
+            let nodes = if peel && i == 0 && seg.pat.kind == Kind::A {
+                self.peeled_row0(kw)
+            } else {
+                self.kwork(&kw, 3)
+            };
             let mut nodes = silence(seg, nodes);
             if *tail {
                 add_xfer_preds(

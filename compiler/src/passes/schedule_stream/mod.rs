@@ -725,7 +725,8 @@ pub enum Lag {
     Off,
     /// The whole ring (no rescaling), each weight divided by its row's sum before the values
     /// instead of each output element after them: fewer divisions where rows have fewer keys
-    /// than `d`. Needs an even ring.
+    /// than `d` (or, under a causal mask, `n + 1 < 2d`). One group holds the whole ring, so
+    /// the ring need not be even.
     PerWeight,
 }
 
@@ -736,11 +737,14 @@ pub fn run(p: &Problem, pes: u32, safe: bool) -> Result<Stream, String> {
 }
 
 /// Whether one division per weight takes fewer divisions than one per output element: rows
-/// see fewer keys than `d`. Layers without a mask only: under a causal mask each PE's first
-/// row starts its running maximum by copying its only score of step 0, an operation the
-/// per-weight formulation does not count (the deferred one accounts it as online work).
+/// see fewer keys than `d` (without a mask), or the `n(n + 1)/2` weights of a causal head are
+/// fewer than its `n·d` output elements.
 pub fn per_weight_pays(p: &Problem) -> bool {
-    !p.causal && p.tokens < p.dim
+    if p.causal {
+        u64::from(p.tokens) + 1 < 2 * u64::from(p.dim)
+    } else {
+        p.tokens < p.dim
+    }
 }
 
 /// Words per PE the stream may use without a `--mem` limit: its share of the layer's inputs
@@ -804,11 +808,8 @@ fn lagged_programs(
     let build = |g: u32| build_as(g, false);
     match lag {
         Lag::Off => Ok(None),
-        Lag::PerWeight if p.causal => Err(format!(
-            "{NAME}: one division per weight applies to layers without a mask (under a causal mask the running maxima start with copies that formulation does not count)"
-        )),
         Lag::PerWeight => build_as(pes, true).map(Some).ok_or_else(|| {
-            format!("{NAME}: one division per weight needs the whole ring's lag, on an even ring of {pes} PEs that this layer's rows and addresses fit")
+            format!("{NAME}: one division per weight needs the whole ring's lag, which this layer's rows and addresses on {pes} PEs do not fit")
         }),
         Lag::Steps(g) => {
             if g < 2 || !g.is_multiple_of(2) || !pes.is_multiple_of(g) {
