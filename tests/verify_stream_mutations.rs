@@ -591,6 +591,39 @@ fn causal_send_mutants_are_rejected_without_unrolling() {
     assert!(mutants >= 100, "only {mutants}");
 }
 
+/// Every loop-field kind of mutation.
+const ALL_KINDS: [Mutation; 4] = [
+    Mutation::LoopCount,
+    Mutation::Stride,
+    Mutation::Base,
+    Mutation::Step,
+];
+
+/// Proves `c`'s programs, then 8 random mutants of one PE per kind in `kinds`, each of which
+/// must not be proved; counts them per kind in `rejected` (mutations that find nothing to
+/// change are skipped).
+fn reject_mutants(
+    c: &compiler::Compiled,
+    what: &str,
+    kinds: &[Mutation],
+    rng: &mut rand::rngs::StdRng,
+    rejected: &mut [u32],
+) {
+    prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
+    for (k, &kind) in kinds.iter().enumerate() {
+        for _ in 0..8 {
+            let mut loops = c.loops.clone();
+            let pe = rng.random_range(0..loops.len());
+            let Some(how) = mutate(&mut loops[pe], kind, rng) else {
+                continue;
+            };
+            let r = prove(&files(&loops, &c.manifest));
+            assert!(r.is_err(), "{what}: PE {pe}, {how}: the mutant was proved");
+            rejected[k] += 1;
+        }
+    }
+}
+
 /// The uneven deal's programs (rows cut between PEs, steps of different lengths, placements
 /// listed element by element): proved, and every mutant of a loop count, a stride or a base
 /// address rejected.
@@ -607,22 +640,13 @@ fn uneven_deal_mutants_are_rejected() {
             c.manifest.inputs["q"].layout.is_none(),
             "{what}: not the uneven deal"
         );
-        prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
-        for (k, kind) in [Mutation::LoopCount, Mutation::Stride, Mutation::Base]
-            .into_iter()
-            .enumerate()
-        {
-            for _ in 0..8 {
-                let mut loops = c.loops.clone();
-                let pe = rng.random_range(0..loops.len());
-                let Some(how) = mutate(&mut loops[pe], kind, &mut rng) else {
-                    continue;
-                };
-                let r = prove(&files(&loops, &c.manifest));
-                assert!(r.is_err(), "{what}: PE {pe}, {how}: the mutant was proved");
-                rejected[k] += 1;
-            }
-        }
+        reject_mutants(
+            &c,
+            &what,
+            &[Mutation::LoopCount, Mutation::Stride, Mutation::Base],
+            &mut rng,
+            &mut rejected,
+        );
     }
     assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
 }
@@ -644,27 +668,7 @@ fn carried_score_mutants_are_rejected() {
             "{what}: not every score once"
         );
         assert_eq!(c.manifest.ops.online_rescale, 0, "{what}: online work");
-        prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
-        for (k, kind) in [
-            Mutation::LoopCount,
-            Mutation::Stride,
-            Mutation::Base,
-            Mutation::Step,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            for _ in 0..8 {
-                let mut loops = c.loops.clone();
-                let pe = rng.random_range(0..loops.len());
-                let Some(how) = mutate(&mut loops[pe], kind, &mut rng) else {
-                    continue;
-                };
-                let r = prove(&files(&loops, &c.manifest));
-                assert!(r.is_err(), "{what}: PE {pe}, {how}: the mutant was proved");
-                rejected[k] += 1;
-            }
-        }
+        reject_mutants(&c, &what, &ALL_KINDS, &mut rng, &mut rejected);
     }
     assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
 }
@@ -686,27 +690,7 @@ fn causal_per_weight_mutants_are_rejected() {
             runtime::layer::Normalisation::PerWeight,
             "{what}"
         );
-        prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
-        for (k, kind) in [
-            Mutation::LoopCount,
-            Mutation::Stride,
-            Mutation::Base,
-            Mutation::Step,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            for _ in 0..8 {
-                let mut loops = c.loops.clone();
-                let pe = rng.random_range(0..loops.len());
-                let Some(how) = mutate(&mut loops[pe], kind, &mut rng) else {
-                    continue;
-                };
-                let r = prove(&files(&loops, &c.manifest));
-                assert!(r.is_err(), "{what}: PE {pe}, {how}: the mutant was proved");
-                rejected[k] += 1;
-            }
-        }
+        reject_mutants(&c, &what, &ALL_KINDS, &mut rng, &mut rejected);
     }
     assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
 }

@@ -12,8 +12,8 @@
 //! iterations: the planners over one loop or whole iterations take over again as soon as every
 //! PE is back in such a loop.
 
-use super::nest::{hull, stretch_ok, PeMem, Segment};
-use super::{count_times, overlap, plan_of, run_plan, LoopMachine, Stepped};
+use super::nest::{hull, sends_meet_receivers, stretch_ok, PeMem, Segment};
+use super::{count_times, plan_of, run_plan, LoopMachine, Stepped};
 use crate::machine::F32Domain;
 
 /// Most cycles one window covers.
@@ -87,7 +87,7 @@ impl LoopMachine<F32Domain> {
         }
         // The PEs run one after another: what a PE's predecessor sends in the window must not
         // meet anything the PE reads or writes in it.
-        let ranges = |segs: &[Segment], fields: std::ops::Range<usize>| -> Vec<(i64, i64)> {
+        let ranges = |segs: &Vec<Segment>, fields: std::ops::Range<usize>| -> Vec<(i64, i64)> {
             segs.iter()
                 .flat_map(|s| {
                     fields.clone().filter_map(move |k| {
@@ -96,22 +96,8 @@ impl LoopMachine<F32Domain> {
                 })
                 .collect()
         };
-        for p in 0..n {
-            let prev = if p == 0 { n - 1 } else { p - 1 };
-            let (Some(mine), Some(theirs)) = (&wins[p], &wins[prev]) else {
-                continue;
-            };
-            let sends = ranges(theirs, 6..7);
-            if sends.is_empty() {
-                continue;
-            }
-            let touched = ranges(mine, 0..6);
-            if touched
-                .iter()
-                .any(|&t| sends.iter().any(|&s| overlap(s, t)))
-            {
-                return Err(Stepped(1));
-            }
+        if sends_meet_receivers(&wins, ranges) {
+            return Err(Stepped(1));
         }
         Ok((w as u32, wins))
     }

@@ -169,6 +169,27 @@ impl Cursor {
     }
 }
 
+/// Whether, in some PE's part of a window, a word its predecessor sends in the window is one
+/// the PE reads or writes in it: then the PEs cannot run one after another. `ranges(win,
+/// fields)` gives the address ranges a PE's part reaches in those fields of its plans.
+pub(super) fn sends_meet_receivers<W>(
+    wins: &[Option<W>],
+    ranges: impl Fn(&W, std::ops::Range<usize>) -> Vec<(i64, i64)>,
+) -> bool {
+    let n = wins.len();
+    (0..n).any(|p| {
+        let prev = if p == 0 { n - 1 } else { p - 1 };
+        let (Some(mine), Some(theirs)) = (&wins[p], &wins[prev]) else {
+            return false;
+        };
+        let sends = ranges(theirs, 6..7);
+        !sends.is_empty()
+            && ranges(mine, 0..6)
+                .iter()
+                .any(|&t| sends.iter().any(|&s| overlap(s, t)))
+    })
+}
+
 pub(super) fn term_stride(b: &LBundle, f: Field, level: u8) -> i64 {
     b.terms
         .iter()
@@ -433,23 +454,9 @@ impl LoopMachine<F32Domain> {
             }
             out
         };
-        for p in 0..n {
-            let prev = if p == 0 { n - 1 } else { p - 1 };
-            let (Some(mine), Some(theirs)) = (&wins[p], &wins[prev]) else {
-                continue;
-            };
-            let sends = ranges(theirs, 6..7);
-            if sends.is_empty() {
-                continue;
-            }
-            let touched = ranges(mine, 0..6);
-            if touched
-                .iter()
-                .any(|&t| sends.iter().any(|&s| overlap(s, t)))
-            {
-                // Blocks rotating in place meet their receivers all through the loop.
-                return Err(Stepped(w));
-            }
+        if sends_meet_receivers(&wins, ranges) {
+            // Blocks rotating in place meet their receivers all through the loop.
+            return Err(Stepped(w));
         }
         Ok((w as u32, wins))
     }
