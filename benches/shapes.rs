@@ -9,8 +9,9 @@
 //! for one sequence length). `-- --safe-only` compiles the default formulation only, and then
 //! also the shapes above the unrolling limit (only the stream is built for those, in
 //! milliseconds). `-- --against FILE` compares the safe cycles with those of a table this bench
-//! printed before (any markdown file holding one, such as the README) and lists every shape
-//! that got slower. Shapes are spread over every core; compile seconds are per shape.
+//! printed before (any markdown file holding one, such as the README; where several list a
+//! shape, the first) and lists every shape that got slower. Shapes are spread over every core;
+//! compile seconds are per shape.
 
 mod common;
 
@@ -199,14 +200,13 @@ fn previous(path: &str) -> BTreeMap<String, u64> {
         ) else {
             continue;
         };
+        // The first table that lists a shape wins (the README's newest comes first).
         if nums.len() == 4 {
-            out.insert(
-                format!(
-                    "n={} d={} m={} heads={} {scheme}",
-                    nums[0], nums[1], nums[2], nums[3]
-                ),
-                cycles,
-            );
+            out.entry(format!(
+                "n={} d={} m={} heads={} {scheme}",
+                nums[0], nums[1], nums[2], nums[3]
+            ))
+            .or_insert(cycles);
         }
     }
     out
