@@ -121,23 +121,12 @@ fn beats_split_where_rows_are_few() {
 /// before it took 339).
 #[test]
 fn row_lanes_beat_the_row_dataflow_where_keys_stream_cheaper_than_scores_gather() {
+    let cols = check(16, 8, 64, 1, Scheme::Separate, true);
     let text = src(16, 8, 1, Scheme::Separate, true);
-    let what = format!("{text} on 64 PEs");
-    let cols = compile_src(&text, 64, Choice::Named("cols"));
-    let r = run_emitted(&cols, 16_864);
-    assert!(
-        r.max_abs_err <= TOL,
-        "{what}: max_abs_err {}",
-        r.max_abs_err
-    );
-    assert_eq!(r.cycles, cols.manifest.cycles, "{what}");
-    let bound = cols.manifest.bound.expect("every compile states its bound");
-    assert!(r.cycles >= bound.value, "{what}: below {bound:?}");
     let rows = compile_src(&text, 64, Choice::Named("rows"));
     assert!(
-        cols.manifest.cycles < rows.manifest.cycles,
-        "{what}: cols {} against rows {}",
-        cols.manifest.cycles,
+        cols < rows.manifest.cycles,
+        "{text} on 64 PEs: cols {cols} against rows {}",
         rows.manifest.cycles
     );
 }

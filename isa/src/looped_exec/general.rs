@@ -20,7 +20,7 @@ use crate::machine::F32Domain;
 const MAX_CYCLES: u64 = 4096;
 
 /// Most stretches one PE plans for a window.
-const MAX_STRETCHES: u32 = 8;
+const MAX_STRETCHES: usize = 8;
 
 /// A PE's stretches in a window, in its order (`None`: the PE has finished).
 type PeSegments = Option<Vec<Segment>>;
@@ -31,57 +31,62 @@ impl LoopMachine<F32Domain> {
     pub(super) fn plan_general(&mut self) -> Result<(u32, Vec<PeSegments>), Stepped> {
         let n = self.progs.len();
         let mut w = MAX_CYCLES.min(self.len - self.m.cycle());
-        // The window ends where the PE with the most stretches per cycle reaches its cap.
+        // Each PE's next stretches up to the cap, walked once; the window ends where the PE
+        // with the most stretches per cycle reaches its cap.
+        let mut walked = Vec::with_capacity(n);
         for p in 0..n {
-            if self.cursors[p].done {
-                continue;
+            let mut runs = Vec::new();
+            if !self.cursors[p].done {
+                let mut probe = self.cursors[p].clone();
+                let mut reach = 0u64;
+                probe.walk(&self.progs[p].body, 0, w, |b, idx, len, inner| {
+                    runs.push((b, *idx, len, inner));
+                    reach += u64::from(len);
+                    runs.len() < MAX_STRETCHES
+                });
+                w = w.min(reach);
             }
-            let mut probe = self.cursors[p].clone();
-            let (mut reach, mut k) = (0u64, 0u32);
-            probe.walk(&self.progs[p].body, 0, w, |_, _, len, _| {
-                reach += u64::from(len);
-                k += 1;
-                k < MAX_STRETCHES
-            });
-            w = w.min(reach);
+            walked.push(runs);
         }
         if w < 2 {
             return Err(Stepped(1));
         }
         let mems = self.m.mems();
         let mut wins = Vec::with_capacity(n);
-        for p in 0..n {
+        for (p, runs) in walked.iter().enumerate() {
             if self.cursors[p].done {
                 wins.push(None);
                 continue;
             }
             let next = if p + 1 == n { 0 } else { p + 1 };
-            let init = &mut self.init[p];
-            let mut probe = self.cursors[p].clone();
             let mut segs = Vec::new();
             // Words the PE writes before the stretch at hand: initialized by then.
             let mut fresh = Vec::new();
-            let mut ok = true;
-            probe.walk(&self.progs[p].body, 0, w, |b, idx, len, inner| {
-                let plan = plan_of(b, idx, inner);
+            let mut left = w;
+            for (b, idx, len, inner) in runs {
+                if left == 0 {
+                    break;
+                }
+                // The last stretch in the window is cut to what is left of it.
+                let len = (*len).min(u32::try_from(left).unwrap_or(u32::MAX));
+                left -= u64::from(len);
+                let plan = plan_of(b, idx, *inner);
                 let l = i64::from(len);
                 let mut at = PeMem {
                     mem: &mems[p],
                     next_len: mems[next].len(),
-                    init,
+                    init: &mut self.init[p],
                     fresh: &fresh,
                 };
-                ok = stretch_ok(&plan, l, &[0; 7], 1, &mut at);
+                if !stretch_ok(&plan, l, &[0; 7], 1, &mut at) {
+                    return Err(Stepped(1));
+                }
                 fresh.extend(
                     [2, 4]
                         .iter()
                         .filter_map(|&k| plan.progs[k].map(|pr| (pr, l))),
                 );
                 segs.push(Segment { plan, len });
-                ok
-            });
-            if !ok {
-                return Err(Stepped(1));
             }
             wins.push(Some(segs));
         }
