@@ -19,6 +19,7 @@ mod bounds;
 pub mod prove;
 pub mod ring;
 mod slots;
+pub mod steps;
 mod term;
 mod unroll;
 

@@ -33,7 +33,7 @@ use runtime::manifest::{Layout, Manifest};
 /// A stretch of one PE's program: a node at known outer indices, or iterations `a..b` of a
 /// loop entered at known outer indices.
 #[derive(Clone)]
-enum Item<'a> {
+pub(super) enum Item<'a> {
     Node(&'a Node, Vec<u64>),
     Iters(&'a Loop, Vec<u64>, u64, u64),
 }
@@ -41,18 +41,18 @@ enum Item<'a> {
 /// A body's length as `c + Σ_k a[k]·i_k` over the enclosing indices (affine: a stepped loop
 /// holds no stepped loop).
 #[derive(Clone, Copy)]
-struct Lin {
-    c: i128,
-    a: [i128; isa::looped::MAX_LOOP_DEPTH],
+pub(super) struct Lin {
+    pub(super) c: i128,
+    pub(super) a: [i128; isa::looped::MAX_LOOP_DEPTH],
 }
 
 #[derive(Default)]
-struct Lengths {
+pub(super) struct Lengths {
     memo: HashMap<usize, Lin>,
 }
 
 impl Lengths {
-    fn body(&mut self, nodes: &[Node], depth: usize) -> Lin {
+    pub(super) fn body(&mut self, nodes: &[Node], depth: usize) -> Lin {
         let key = nodes.as_ptr() as usize ^ (depth << 56);
         if let Some(l) = self.memo.get(&key) {
             return *l;
@@ -88,7 +88,7 @@ impl Lengths {
         t
     }
 
-    fn at(lin: &Lin, env: &[u64]) -> i128 {
+    pub(super) fn at(lin: &Lin, env: &[u64]) -> i128 {
         lin.c
             + env
                 .iter()
@@ -107,7 +107,7 @@ impl Lengths {
         u64::try_from(total.max(0)).unwrap_or(u64::MAX)
     }
 
-    fn item(&mut self, it: &Item) -> u64 {
+    pub(super) fn item(&mut self, it: &Item) -> u64 {
         match it {
             Item::Node(Node::Bundle(_), _) => 1,
             Item::Node(Node::Loop(l), env) => self.iters(l, env, 0, trips(l, env)),
@@ -116,13 +116,13 @@ impl Lengths {
     }
 }
 
-fn trips(l: &Loop, env: &[u64]) -> u64 {
+pub(super) fn trips(l: &Loop, env: &[u64]) -> u64 {
     let idx: Vec<u32> = env.iter().map(|&k| k as u32).collect();
     u64::from(l.trips(&idx))
 }
 
 /// An item's parts: a loop as its first iteration and the rest, one iteration as its body.
-fn split<'a>(it: &Item<'a>) -> Option<Vec<Item<'a>>> {
+pub(super) fn split<'a>(it: &Item<'a>) -> Option<Vec<Item<'a>>> {
     let (l, env, a, b) = match it {
         Item::Node(Node::Bundle(_), _) => return None,
         Item::Node(Node::Loop(l), env) => (l, env, 0, trips(l, env)),
@@ -146,20 +146,39 @@ fn split<'a>(it: &Item<'a>) -> Option<Vec<Item<'a>>> {
 
 /// Word intervals an item may read, write locally, and send to the next PE.
 #[derive(Default)]
-struct Ext {
-    reads: Vec<(i64, i64)>,
-    writes: Vec<(i64, i64)>,
-    sends: Vec<(i64, i64)>,
+pub(super) struct Ext {
+    pub(super) reads: Vec<(i64, i64)>,
+    pub(super) writes: Vec<(i64, i64)>,
+    pub(super) sends: Vec<(i64, i64)>,
+}
+
+/// The indices of one loop level an extent ranges over: `lo, lo + step, …, hi` (`hi − lo` a
+/// multiple of `step`). A step that is a multiple of a wrapped term's period fixes its residue.
+#[derive(Clone, Copy)]
+pub(super) struct Range {
+    lo: i64,
+    hi: i64,
+    step: i64,
+}
+
+impl Range {
+    fn point(k: i64) -> Range {
+        Range {
+            lo: k,
+            hi: k,
+            step: 1,
+        }
+    }
 }
 
 /// With `head`, the index at level 0 is that head's instead of the item's.
-fn extents(it: &Item, head: Option<u64>, out: &mut Ext) {
+pub(super) fn extents(it: &Item, head: Option<u64>, out: &mut Ext) {
     let point = |env: &[u64]| {
         env.iter()
             .enumerate()
             .map(|(i, &k)| {
                 let k = if i == 0 { head.unwrap_or(k) } else { k };
-                (k as i64, k as i64)
+                Range::point(k as i64)
             })
             .collect::<Vec<_>>()
     };
@@ -167,13 +186,39 @@ fn extents(it: &Item, head: Option<u64>, out: &mut Ext) {
         Item::Node(n, env) => ext_nodes(std::slice::from_ref(*n), &mut point(env), out),
         Item::Iters(l, env, a, b) => {
             let mut r = point(env);
-            r.push((*a as i64, *b as i64 - 1));
+            r.push(Range {
+                lo: *a as i64,
+                hi: *b as i64 - 1,
+                step: 1,
+            });
             ext_nodes(&l.body, &mut r, out);
         }
     }
 }
 
-fn ext_nodes(nodes: &[Node], rng: &mut Vec<(i64, i64)>, out: &mut Ext) {
+/// Word intervals of the iterations `lo, lo + step, …, hi` of `l` entered at `env` (with
+/// `head`, the index at level 0 is that head's).
+pub(super) fn strided_extents(
+    l: &Loop,
+    env: &[u64],
+    head: Option<u64>,
+    (lo, hi, step): (u64, u64, u64),
+    out: &mut Ext,
+) {
+    let mut r: Vec<Range> = env
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| Range::point(if i == 0 { head.unwrap_or(k) } else { k } as i64))
+        .collect();
+    r.push(Range {
+        lo: lo as i64,
+        hi: hi as i64,
+        step: step.max(1) as i64,
+    });
+    ext_nodes(&l.body, &mut r, out);
+}
+
+fn ext_nodes(nodes: &[Node], rng: &mut Vec<Range>, out: &mut Ext) {
     for n in nodes {
         match n {
             Node::Bundle(b) => ext_bundle(b, rng, out),
@@ -181,12 +226,16 @@ fn ext_nodes(nodes: &[Node], rng: &mut Vec<(i64, i64)>, out: &mut Ext) {
                 let most = match l.step {
                     None => i64::from(l.count),
                     Some(s) => {
-                        let (lo, hi) = rng[usize::from(s.level)];
+                        let r = rng[usize::from(s.level)];
                         let at = |i: i64| i64::from(l.count) + i64::from(s.per) * i;
-                        at(lo).max(at(hi))
+                        at(r.lo).max(at(r.hi))
                     }
                 };
-                rng.push((0, most - 1));
+                rng.push(Range {
+                    lo: 0,
+                    hi: most - 1,
+                    step: 1,
+                });
                 ext_nodes(&l.body, rng, out);
                 rng.pop();
             }
@@ -194,12 +243,13 @@ fn ext_nodes(nodes: &[Node], rng: &mut Vec<(i64, i64)>, out: &mut Ext) {
     }
 }
 
-fn ext_bundle(b: &LBundle, rng: &[(i64, i64)], out: &mut Ext) {
+fn ext_bundle(b: &LBundle, rng: &[Range], out: &mut Ext) {
     for slot in [Slot::Op, Slot::Acc, Slot::Xfer] {
         let mut r = rng.to_vec();
         let mut runs = true;
         for p in b.preds.iter().filter(|p| p.slot == slot) {
-            let (lo, hi) = &mut r[usize::from(p.level)];
+            let Range { lo, hi, step } = &mut r[usize::from(p.level)];
+            let (first, step) = (*lo, *step);
             let v = i64::from(p.value);
             match p.cmp {
                 Cmp::Lt => *hi = (*hi).min(v - 1),
@@ -214,6 +264,9 @@ fn ext_bundle(b: &LBundle, rng: &[(i64, i64)], out: &mut Ext) {
                     }
                 }
             }
+            // Back onto the indices the range holds, so a fixed residue stays right.
+            *lo = first + (*lo - first + step - 1).div_euclid(step) * step;
+            *hi = first + (*hi - first).div_euclid(step) * step;
             if lo > hi {
                 runs = false;
             }
@@ -257,17 +310,19 @@ fn ext_bundle(b: &LBundle, rng: &[(i64, i64)], out: &mut Ext) {
 }
 
 /// The smallest and largest address of field `f` over the index box `rng`.
-fn span(b: &LBundle, f: Field, rng: &[(i64, i64)]) -> (i64, i64) {
+fn span(b: &LBundle, f: Field, rng: &[Range]) -> (i64, i64) {
     let base = field(&b.bundle, f).map_or(0, i64::from);
     let (mut lo, mut hi) = (base, base);
     for t in b.terms.iter().filter(|t| t.field == f) {
-        let (a, z) = rng[usize::from(t.level)];
+        let Range { lo: a, hi: z, step } = rng[usize::from(t.level)];
         let (g0, g1) = if t.wrap == 0 {
             (a, z)
         } else {
             let w = i64::from(t.wrap);
             let (ra, rz) = (a.rem_euclid(w), z.rem_euclid(w));
-            if z - a + 1 >= w || ra > rz {
+            if step % w == 0 {
+                (ra, ra)
+            } else if z - a + 1 >= w || ra > rz {
                 (0, w - 1)
             } else {
                 (ra, rz)
@@ -281,7 +336,7 @@ fn span(b: &LBundle, f: Field, rng: &[(i64, i64)]) -> (i64, i64) {
 }
 
 /// Whether some interval of `a` meets some interval of `b`.
-fn meet(a: &[(i64, i64)], b: &[(i64, i64)]) -> bool {
+pub(super) fn meet(a: &[(i64, i64)], b: &[(i64, i64)]) -> bool {
     let union = |v: &[(i64, i64)]| {
         let mut v = v.to_vec();
         v.sort_unstable();
@@ -430,7 +485,7 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
 /// Every PE's head loop, when each program is one loop of one count (at least 2) over a body
 /// of one length everywhere, that no predicate, wrapped term or stepped count ties to the
 /// head: then PE `p` runs head `h`'s body in the same cycles as every other PE.
-fn head_loops(programs: &[LoopProgram]) -> Option<Vec<&Loop>> {
+pub(super) fn head_loops(programs: &[LoopProgram]) -> Option<Vec<&Loop>> {
     let mut lengths = Lengths::default();
     let mut out = Vec::new();
     let mut shape = None;
