@@ -77,7 +77,9 @@ pub fn timing(programs: &[LoopProgram], within: Duration) -> Result<Timing, Stri
     if m < 2 {
         return Err("a ring of two PEs or more".into());
     }
-    let heads = head_loops(programs);
+    // Items are timed at head 0; that is every head's timing only if no count inside steps
+    // with the head index.
+    let heads = head_loops(programs).filter(|hs| hs.iter().all(|h| !steps_with_head(&h.body)));
     let mut out = Timing::default();
     if let Some(hs) = &heads {
         let lin = Lengths::default().body(&hs[0].body, 1);
@@ -110,6 +112,14 @@ pub fn timing(programs: &[LoopProgram], within: Duration) -> Result<Timing, Stri
         out.stretches.push(mine);
     }
     Ok(out)
+}
+
+/// Whether a loop in `nodes` has its count stepped by the index at level 0.
+fn steps_with_head(nodes: &[Node]) -> bool {
+    nodes.iter().any(|n| match n {
+        Node::Bundle(_) => false,
+        Node::Loop(l) => l.step.is_some_and(|s| s.level == 0) || steps_with_head(&l.body),
+    })
 }
 
 /// The heads a stretch is tested in: each head on its own when the items run in a head loop.
