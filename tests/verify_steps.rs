@@ -10,8 +10,14 @@ use std::time::{Duration, Instant};
 use verifier::compact::steps::Timing;
 
 fn compile(n: u32, d: u32, h: u32, m: u32) -> Vec<LoopProgram> {
-    let src = format!("layer l {{ tokens = {n}; dim = {d}; heads = {h}; mask = causal; }}");
-    let parsed = lang::parse(0, &src);
+    compile_layer(
+        &format!("layer l {{ tokens = {n}; dim = {d}; heads = {h}; mask = causal; }}"),
+        m,
+    )
+}
+
+fn compile_layer(src: &str, m: u32) -> Vec<LoopProgram> {
+    let parsed = lang::parse(0, src);
     let c = compiler::compile(
         &parsed.layers[0],
         &compiler::Options {
@@ -20,7 +26,7 @@ fn compile(n: u32, d: u32, h: u32, m: u32) -> Vec<LoopProgram> {
             ..Default::default()
         },
     )
-    .unwrap_or_else(|e| panic!("{n} tokens on {m} PEs: {e:?}"));
+    .unwrap_or_else(|e| panic!("{src} on {m} PEs: {e:?}"));
     assert_eq!(c.loops.len(), m as usize, "loop programs, one per PE");
     c.loops
 }
@@ -159,6 +165,21 @@ fn the_stretches_hold_on_the_flattened_programs() {
         let t = verifier::compact::steps::timing(&programs, BOUND).expect("timed");
         let traces: Vec<Trace> = programs.iter().map(trace).collect();
         check_claims(&t, &traces, &what);
+    }
+    // Other streams: without a mask, and tokens that do not divide the ring.
+    for (src, m) in [
+        ("layer l { tokens = 64; dim = 4; heads = 2; }", 8),
+        (
+            "layer l { tokens = 60; dim = 4; heads = 1; mask = causal; }",
+            8,
+        ),
+        ("layer l { tokens = 50; dim = 3; heads = 2; }", 4),
+    ] {
+        let programs = compile_layer(src, m);
+        let traces: Vec<Trace> = programs.iter().map(trace).collect();
+        let t = verifier::compact::steps::timing(&programs, BOUND)
+            .unwrap_or_else(|why| panic!("{src} on {m} PEs: {why}"));
+        check_claims(&t, &traces, src);
     }
 }
 
