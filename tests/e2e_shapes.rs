@@ -197,3 +197,60 @@ fn rows_dataflow_is_near_the_lower_bound_when_rows_are_plenty() {
         }
     }
 }
+
+/// Where the stream takes fewer cycles than the row dataflow's busiest PE has operations (its
+/// floor, counted from its cut), `auto` (loop programs allowed, as `attnc compile` runs it) keeps
+/// the stream without building the unrolled candidates: the manifest weighs the stream alone,
+/// forcing the row dataflow confirms it would have been slower, and the kept programs run
+/// against the reference with exactly the formulation's operations plus the merges they declare.
+#[test]
+fn a_stream_below_the_row_dataflows_floor_is_kept_unbuilt_against() {
+    let mut skipped = 0;
+    for (n, d, m) in [
+        (64, 64, 5),
+        (64, 64, 12),
+        (40, 40, 6),
+        (32, 32, 6),
+        (36, 36, 8),
+    ] {
+        let src = format!("layer t {{ tokens = {n}; dim = {d}; }}");
+        let what = format!("n={n} d={d} m={m}");
+        let opts = compiler::Options {
+            pes: m,
+            schedule: Choice::Auto,
+            dump_after: None,
+            mem_limit: None,
+            reroll: true,
+        };
+        let auto = compiler::compile(&parse_one(&src), &opts).expect(&what);
+        let rows = compile_src(&src, m, Choice::Named("rows"));
+        let sel = &auto.manifest.selection;
+        if sel.candidates.len() == 1 {
+            skipped += 1;
+            assert_eq!(auto.manifest.schedule, "schedule-stream", "{what}");
+            assert!(
+                auto.manifest.cycles < rows.manifest.cycles,
+                "{what}: the stream's {} against the row dataflow's {}",
+                auto.manifest.cycles,
+                rows.manifest.cycles
+            );
+        } else {
+            // Built and weighed: never slower than the row dataflow.
+            assert!(auto.manifest.cycles <= rows.manifest.cycles, "{what}");
+        }
+        let r = run_emitted(&auto, u64::from(n + d + m));
+        assert!(
+            r.max_abs_err <= TOL,
+            "{what}: max_abs_err {}",
+            r.max_abs_err
+        );
+        assert_eq!(r.cycles, auto.manifest.cycles, "{what}: predicted cycles");
+        let executed: u64 = r.stats.per_pe.iter().map(|p| p.total_ops()).sum();
+        let declared = auto.manifest.necessary_ops + auto.manifest.ops.online_rescale;
+        assert_eq!(executed, declared, "{what}: executed operations");
+    }
+    assert!(
+        skipped >= 2,
+        "only {skipped} layers kept the stream unbuilt-against"
+    );
+}

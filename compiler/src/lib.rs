@@ -248,11 +248,25 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         // tells; on a layer of more than `TIE_UNBUILT_OPS` operations that takes a second or
         // more, so there the stream is kept unbuilt-against (`--mem` is how to ask for fewer
         // words).
+        // A candidate may know a floor above the bound from its work per PE alone (the row
+        // dataflow: its busiest PE's operations); a stream below every candidate's floor wins
+        // whatever building them would give, so they are not built.
         let lb = problem.lower_bound(opts.pes);
-        if s.cycles < lb || (s.cycles == lb && problem.necessary_ops() > TIE_UNBUILT_OPS) {
+        let floor = candidates
+            .iter()
+            .map(|a| a.floor(&problem, opts.pes))
+            .min()
+            .unwrap_or(lb)
+            .max(lb);
+        if s.cycles < floor || (s.cycles == lb && problem.necessary_ops() > TIE_UNBUILT_OPS) {
             let reason = if s.cycles < lb {
                 format!(
                     "fewest cycles: the stream's {} is below the {lb} every unrolled schedule needs (one division per weight); loop programs",
+                    s.cycles
+                )
+            } else if s.cycles < floor {
+                format!(
+                    "fewest cycles: the stream's {} is below the {floor} that the unrolled candidates' work per PE needs; loop programs",
                     s.cycles
                 )
             } else {

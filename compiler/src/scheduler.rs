@@ -34,6 +34,12 @@ pub trait Scheduler: Sync {
     fn necessary_only(&self) -> bool {
         true
     }
+    /// Fewer cycles than this its schedule of `p` on `pes` PEs never takes, known without
+    /// building it: the layer's lower bound unless the pass can say more cheaply. `compile`
+    /// keeps a faster stream without building the candidates whose floor it is below.
+    fn floor(&self, p: &Problem, pes: u32) -> u64 {
+        p.lower_bound(pes)
+    }
     /// Builds the schedule. An error is a bug in the pass, located; the result still goes
     /// through [`crate::validate`] before codegen.
     fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>>;

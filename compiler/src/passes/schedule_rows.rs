@@ -48,6 +48,9 @@ impl Scheduler for Rows {
     fn refusal(&self, _p: &Problem, _pes: u32) -> Option<Refusal> {
         None
     }
+    fn floor(&self, p: &Problem, pes: u32) -> u64 {
+        floor(p, pes)
+    }
     fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         run(p, pes)
     }
@@ -205,6 +208,61 @@ fn columns(p: &Problem, a: u32) -> u32 {
     }
 }
 
+/// The concatenated rows of all heads (head after head, row after row) cut into `active` equal
+/// shares of scores, within one score: row `(h, a)` is plan `h·n + a`.
+fn cut(p: &Problem, active: u32) -> Vec<RowPlan> {
+    let (n, heads) = (p.tokens, p.heads);
+    let total: u64 = u64::from(heads) * (0..n).map(|a| u64::from(columns(p, a))).sum::<u64>();
+    let owner = |unit: u64| ((unit * u64::from(active)) / total.max(1)) as u32;
+    let mut plans: Vec<RowPlan> = Vec::with_capacity((heads * n) as usize);
+    let mut unit = 0u64;
+    for _h in 0..heads {
+        for a in 0..n {
+            let mut parts: Vec<Part> = Vec::new();
+            for b in 0..columns(p, a) {
+                let pe = owner(unit);
+                unit += 1;
+                match parts.last_mut() {
+                    Some(part) if part.pe == pe => part.cols.push(b),
+                    _ => parts.push(Part { pe, cols: vec![b] }),
+                }
+            }
+            plans.push(RowPlan { parts });
+        }
+    }
+    plans
+}
+
+/// Fewer cycles than this the row dataflow cannot take on `pes` PEs, counted from its cut
+/// without scheduling it: the operations of its busiest PE. Every score of a part is computed
+/// whole where the part is (`d` products), exponentiated, divided and multiplied into `y` (`d`
+/// more), and under a safe softmax each part reduces its own scores (`cols − 1` maxima) and all
+/// but the first take in the previous part's maximum. Only where that cut is the one run: on the
+/// whole ring (at least [`SUBSET_SCORES`] scores per PE), and unless q = k without a mask (then a
+/// PE also computes mirrored scores for another, which the count would have to follow);
+/// elsewhere the lower bound.
+pub fn floor(p: &Problem, pes: u32) -> u64 {
+    let lb = p.lower_bound(pes);
+    let scores = u64::from(p.heads) * (0..p.tokens).map(|a| u64::from(columns(p, a))).sum::<u64>();
+    if (p.symmetric && !p.causal) || pes == 0 || scores < SUBSET_SCORES * u64::from(pes) {
+        return lb;
+    }
+    let per_score = 2 * u64::from(p.dim) + 2;
+    let mut ops = vec![0u64; pes as usize];
+    for rp in cut(p, pes) {
+        for (i, part) in rp.parts.iter().enumerate() {
+            let cols = part.cols.len() as u64;
+            let maxima = if p.safe() {
+                cols - 1 + u64::from(i > 0)
+            } else {
+                0
+            };
+            ops[part.pe as usize] += per_score * cols + maxima;
+        }
+    }
+    ops.into_iter().max().unwrap_or(0).max(lb)
+}
+
 /// The dataflow with the scores shared among PEs `0..active`; k/v rows preloaded where their trip
 /// is shortest (`spread_homes`) or on their own rows' first PEs; with q = k, each pair computed
 /// by the holder nearer behind the other (`near_mirror`) or alternately. Also says whether
@@ -221,27 +279,8 @@ fn run_on(
 ) -> Result<(Option<RingSchedule>, bool, usize), Vec<ScheduleError>> {
     let m = pes;
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
-    let cols_of = |a: u32| columns(p, a);
 
-    // Cut the concatenated rows into `active` equal shares.
-    let total: u64 = u64::from(heads) * (0..n).map(|a| u64::from(cols_of(a))).sum::<u64>();
-    let owner = |unit: u64| ((unit * u64::from(active)) / total.max(1)) as u32;
-    let mut plans: Vec<RowPlan> = Vec::with_capacity((heads * n) as usize);
-    let mut unit = 0u64;
-    for _h in 0..heads {
-        for a in 0..n {
-            let mut parts: Vec<Part> = Vec::new();
-            for b in 0..cols_of(a) {
-                let pe = owner(unit);
-                unit += 1;
-                match parts.last_mut() {
-                    Some(part) if part.pe == pe => part.cols.push(b),
-                    _ => parts.push(Part { pe, cols: vec![b] }),
-                }
-            }
-            plans.push(RowPlan { parts });
-        }
-    }
+    let plans = cut(p, active);
     let plan = |h: u32, a: u32| &plans[(h * n + a) as usize];
 
     let mut b = Builder::new(NAME, pes);

@@ -1,0 +1,67 @@
+//! The row dataflow's floor, counted from its cut without scheduling: never above the cycles
+//! of the schedule it then builds, and equal to the operations its busiest PE is given there
+//! wherever it claims more than the lower bound (so it is the count it says it is).
+
+use compiler::passes::schedule_rows;
+use compiler::problem::Problem;
+use runtime::layer::Softmax;
+
+fn problem(n: u32, d: u32, h: u32, shared: bool, causal: bool, softmax: Softmax) -> Problem {
+    Problem {
+        tokens: n,
+        dim: d,
+        heads: h,
+        scale: 1.0 / f64::from(d).sqrt(),
+        symmetric: shared,
+        shared_values: shared,
+        causal,
+        softmax,
+    }
+}
+
+#[test]
+fn floor_is_the_busiest_pes_work_and_never_above_the_schedule() {
+    let mut counted = 0;
+    let mut layers = 0;
+    for (n, d, h) in [
+        (16, 8, 1),
+        (20, 6, 2),
+        (24, 16, 1),
+        (30, 5, 1),
+        (33, 12, 3),
+        (40, 8, 1),
+    ] {
+        for m in [3, 4, 5, 6, 7, 8, 12] {
+            for (shared, causal) in [(false, false), (false, true), (true, true), (true, false)] {
+                for softmax in [Softmax::Safe, Softmax::Plain] {
+                    let p = problem(n, d, h, shared, causal, softmax);
+                    let what = format!("{p:?} on {m} PEs");
+                    let floor = schedule_rows::floor(&p, m);
+                    let s = schedule_rows::run(&p, m).expect(&what);
+                    layers += 1;
+                    assert!(
+                        floor <= s.cycles() as u64,
+                        "{what}: floor {floor} above the schedule's {} cycles",
+                        s.cycles()
+                    );
+                    assert!(floor >= p.lower_bound(m), "{what}: floor below the bound");
+                    if floor > p.lower_bound(m) {
+                        counted += 1;
+                        let busiest = s
+                            .slots
+                            .iter()
+                            .map(|pe| pe.iter().filter(|slot| slot.work.is_some()).count())
+                            .max()
+                            .unwrap_or(0) as u64;
+                        assert_eq!(floor, busiest, "{what}: the busiest PE's operations");
+                    }
+                }
+            }
+        }
+    }
+    // The grid must exercise the count, not only fall back to the bound.
+    assert!(
+        counted * 3 >= layers,
+        "only {counted} of {layers} layers had a floor above the bound"
+    );
+}
