@@ -393,7 +393,7 @@ fn paper_instances() {
         let best = match n {
             4 => "25 (proved optimal)",
             5 => "37",
-            6 => "51",
+            6 => "50",
             _ => "-",
         };
         let src = |softmax: &str| {
