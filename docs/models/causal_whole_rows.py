@@ -46,7 +46,8 @@ def deal(n, m, d):
     return [sorted(r) for r in rows]
 
 
-def simulate(n, d, m, rows, spares):
+def simulate(n, d, m, rows, spares, late=False):
+    # late: forward in the last cycles of each step (the block arrives as the step ends).
     seen = [[sum(sum(1 for k in rows[b] if k <= r) for r in rows[p]) for b in range(m)]
             for p in range(m)]
     steps = 2 * m  # k ring 0 .. m-1, v ring m .. 2m-1
@@ -72,12 +73,13 @@ def simulate(n, d, m, rows, spares):
             t0 = 0 if u == 0 else en[p][u - 1]
             if s > 0:
                 q = (p - 1) % m
-                t0 = max(t0, st[q][u - 1] + len(rows[(q - s + 1) % m]) * d + 1)
+                sent = en[q][u - 1] if late else st[q][u - 1] + len(rows[(q - s + 1) % m]) * d
+                t0 = max(t0, sent + 1)
             if fwd:
                 nb = buf(u + 1)
                 last = [v for v in range(u + 1) if buf(v) == nb]
                 if last:
-                    t0 = max(t0, en[(p + 1) % m][last[-1]])
+                    t0 = max(t0, en[(p + 1) % m][last[-1]] - (work - words if late else 0))
             st[p][u] = t0
             en[p][u] = t0 + work
     done = [en[p][-1] + d * len(rows[p]) for p in range(m)]
@@ -85,11 +87,11 @@ def simulate(n, d, m, rows, spares):
     return max(done), max(x - y for x, y in zip(done, busy))
 
 
-def memory(d, rows, spares):
+def memory(d, rows, spares, heads=1):
     half = max(len(r) for r in rows) * d
     worst = None
     for r in rows:
-        io = 4 * len(r) * d
+        io = 4 * len(r) * d * heads
         allow = int(1.05 * io) + 4096
         words = io + sum(t + 1 for t in r) + spares * half + 3 * len(r) + 2
         if worst is None or words - allow > worst[0] - worst[1]:
@@ -102,8 +104,14 @@ SHAPES = [(64, 32, 6, 23243), (64, 32, 12, 11655), (128, 32, 6, 92181), (128, 32
           (128, 64, 6, 180245), (128, 64, 12, 90123), (256, 32, 6, 367336),
           (256, 32, 12, 183761), (256, 64, 6, 718248), (256, 64, 12, 359190)]
 
+# Four heads (n, d, m, the cycles kept now): each head as one, the heads ending together.
+HEADS4 = [(128, 32, 6, 368714), (128, 32, 12, 184361), (128, 64, 6, 720970),
+          (128, 64, 12, 360489), (256, 32, 6, 1574500), (256, 32, 12, 775372),
+          (256, 64, 6, 3066276), (256, 64, 12, 1527244), (256, 128, 6, 6085028),
+          (256, 128, 12, 3030988), (128, 128, 6, 1515580), (128, 128, 12, 901272)]
+
 if __name__ == "__main__":
-    print("n/d/m  rows  mean  | spares: cycles idle words/allowance")
+    print("n/d/m  rows  mean  | spares: cycles idle words/allowance  | late forwarding, spares: cycles idle")
     for n, d, m, kept in SHAPES:
         mean = -(-sum(row_cost(t, d) for t in range(n)) // m)
         rows = deal(n, m, d)
@@ -112,4 +120,13 @@ if __name__ == "__main__":
             cycles, idle = simulate(n, d, m, rows, spares)
             words, allow = memory(d, rows, spares)
             line += f"  | {spares}: {cycles} {idle} {words}/{allow}"
+        for spares in (1, 2):
+            cycles, idle = simulate(n, d, m, rows, spares, late=True)
+            line += f"  | {spares}: {cycles} {idle}"
         print(line)
+    print("four heads, two spares: n/d/m  kept  cycles  words/allowance")
+    for n, d, m, kept in HEADS4:
+        rows = deal(n, m, d)
+        cycles, _ = simulate(n, d, m, rows, 2)
+        words, allow = memory(d, rows, 2, heads=4)
+        print(f"{n}/{d}/{m}  {kept}  {4 * cycles}  {words}/{allow}")
