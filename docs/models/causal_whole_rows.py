@@ -87,13 +87,27 @@ def simulate(n, d, m, rows, spares, late=False):
     return max(done), max(x - y for x, y in zip(done, busy))
 
 
-def memory(d, rows, spares, heads=1):
+def n_of(rows):
+    return sum(len(r) for r in rows)
+
+
+def memory(d, rows, spares, heads=1, layout="packed"):
+    # layout: the scores packed row after row, `n` words per row, or pairs of rows (the i-th
+    # with the i-th from the end) in rows as long as the longest pair.
     half = max(len(r) for r in rows) * d
     worst = None
     for r in rows:
         io = 4 * len(r) * d * heads
         allow = int(1.05 * io) + 4096
-        words = io + sum(t + 1 for t in r) + spares * half + 3 * len(r) + 2
+        if layout == "packed":
+            scores = sum(t + 1 for t in r)
+        elif layout == "rows":
+            scores = len(r) * n_of(rows)
+        else:
+            s = sorted(r)
+            pairs = [(s[i], s[len(s) - 1 - i]) for i in range((len(s) + 1) // 2)]
+            scores = len(pairs) * max(a + 1 + (b + 1 if a != b else 0) for a, b in pairs)
+        words = io + scores + spares * half + 3 * len(r) + 2
         if worst is None or words - allow > worst[0] - worst[1]:
             worst = (words, allow)
     return worst
@@ -130,3 +144,8 @@ if __name__ == "__main__":
         cycles, _ = simulate(n, d, m, rows, 2)
         words, allow = memory(d, rows, 2, heads=4)
         print(f"{n}/{d}/{m}  {kept}  {4 * cycles}  {words}/{allow}")
+    print("score layouts, two spares: n/d/m  words (packed, rows of n, paired)/allowance")
+    for n, d, m, _ in SHAPES:
+        rows = deal(n, m, d)
+        w = [memory(d, rows, 2, layout=x) for x in ("packed", "rows", "paired")]
+        print(f"{n}/{d}/{m}  {w[0][0]} {w[1][0]} {w[2][0]}/{w[0][1]}")
