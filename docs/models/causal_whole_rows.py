@@ -144,8 +144,8 @@ if __name__ == "__main__":
         cycles, _ = simulate(n, d, m, rows, 2)
         words, allow = memory(d, rows, 2, heads=4)
         print(f"{n}/{d}/{m}  {kept}  {4 * cycles}  {words}/{allow}")
-    print("score layouts, two spares: n/d/m  words (packed, rows of n, paired)/allowance")
+    print("score layouts, two spares, the PE furthest over: n/d/m  packed  rows of n  paired")
     for n, d, m, _ in SHAPES:
         rows = deal(n, m, d)
         w = [memory(d, rows, 2, layout=x) for x in ("packed", "rows", "paired")]
-        print(f"{n}/{d}/{m}  {w[0][0]} {w[1][0]} {w[2][0]}/{w[0][1]}")
+        print(f"{n}/{d}/{m}  " + "  ".join(f"{x}/{y}" for x, y in w))
