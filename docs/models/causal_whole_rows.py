@@ -138,12 +138,12 @@ if __name__ == "__main__":
             cycles, idle = simulate(n, d, m, rows, spares, late=True)
             line += f"  | {spares}: {cycles} {idle}"
         print(line)
-    print("four heads, two spares: n/d/m  kept  cycles  words/allowance")
+    print("four heads, two spares: n/d/m  kept  cycles  words/allowance (packed, rows of n, paired)")
     for n, d, m, kept in HEADS4:
         rows = deal(n, m, d)
         cycles, _ = simulate(n, d, m, rows, 2)
-        words, allow = memory(d, rows, 2, heads=4)
-        print(f"{n}/{d}/{m}  {kept}  {4 * cycles}  {words}/{allow}")
+        w = [memory(d, rows, 2, heads=4, layout=x) for x in ("packed", "rows", "paired")]
+        print(f"{n}/{d}/{m}  {kept}  {4 * cycles}  " + "  ".join(f"{x}/{y}" for x, y in w))
     print("score layouts, two spares, the PE furthest over: n/d/m  packed  rows of n  paired")
     for n, d, m, _ in SHAPES:
         rows = deal(n, m, d)
