@@ -1,0 +1,372 @@
+//! The value half of the per-step contracts (docs/verifier.md, "Contracts of ring steps"): what
+//! a PE's receive buffer holds after a block has travelled `s` hops, stated from the manifest's
+//! input layout alone, and the comparison of what a PE sends with what its successor is owed.
+//!
+//! A block of keys (or values) starts on its owner and moves one PE per hop, so after `s` hops
+//! the block on PE `p` is the one PE `(p − s) mod m` owns. Within the hops where the origin does
+//! not wrap (`s ≤ p`, then `s > p`) the origin is `c − s` for a constant `c`, and every run of
+//! local rows the layout deals holds tokens affine in `s`: contiguous rows `c·R − R·s + r`,
+//! the zigzag layout's first chunk `c·C − C·s + r` and its second `(2m − 1 − c)·C + C·s + r`.
+//! [`pieces`] gives those formulas; [`owed`] turns one piece into facts of input atoms at a
+//! given placement of the buffer and a given (possibly symbolic) hop; [`discharge`] accepts a
+//! PE's sends only if they are, fact for fact, exactly the words and values its successor is
+//! owed, so nothing arrives that the contract does not state.
+//!
+//! Nothing here is used for a verdict yet: the per-PE evaluation with step loops symbolic,
+//! which would push these facts at each step's start and collect the sends to compare, does
+//! not exist. The parts are exact or refuse, so they can be built on.
+
+use super::aff::Aff;
+use super::prove::{Eval, Fact, R};
+use runtime::manifest::{Layout, RowOrder};
+
+/// Local rows `row0 .. row0 + len` of a block, holding after hop `s` the tokens
+/// `token0 + per_hop·s + i` for row `row0 + i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub row0: u32,
+    pub len: u32,
+    pub token0: i64,
+    pub per_hop: i64,
+}
+
+/// Hops `lo .. hi` of the blocks passing PE `p`, in which the origin `(p − s) mod m` has no
+/// wrap, with the runs of rows that hold their tokens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub lo: u32,
+    pub hi: u32,
+    pub runs: Vec<Run>,
+}
+
+/// The pieces of hops `0 .. m` for PE `p` of a ring of `pes` PEs, whose inputs `layout`
+/// deals. Refuses layouts with rows that hold no token (padding): the contract of such a row
+/// would have to say it holds nothing, which these facts cannot.
+pub fn pieces(layout: &Layout, pes: u32, tokens: u32, p: u32) -> Result<Vec<Piece>, String> {
+    if p >= pes {
+        return Err(format!("PE {p} on a ring of {pes}"));
+    }
+    let r = layout.rows_per_pe;
+    let (m, rr) = (i64::from(pes), i64::from(r));
+    if rr == 0 || i64::from(tokens) != m * rr {
+        return Err(format!(
+            "{tokens} tokens dealt as {r} rows to each of {pes} PEs: padded rows have no contract"
+        ));
+    }
+    let mut out = Vec::new();
+    // The origin is `c − s` for `s` in `lo .. hi`.
+    for (lo, hi, c) in [(0, p + 1, i64::from(p)), (p + 1, pes, i64::from(p) + m)] {
+        if lo >= hi {
+            continue;
+        }
+        let runs = match layout.order {
+            RowOrder::Contiguous => vec![Run {
+                row0: 0,
+                len: r,
+                token0: c * rr,
+                per_hop: -rr,
+            }],
+            RowOrder::Zigzag => {
+                if r % 2 != 0 {
+                    return Err(format!("a zigzag layout of {r} rows (odd)"));
+                }
+                let ch = rr / 2;
+                vec![
+                    Run {
+                        row0: 0,
+                        len: r / 2,
+                        token0: c * ch,
+                        per_hop: -ch,
+                    },
+                    Run {
+                        row0: r / 2,
+                        len: r / 2,
+                        token0: (2 * m - 1 - c) * ch,
+                        per_hop: ch,
+                    },
+                ]
+            }
+        };
+        out.push(Piece { lo, hi, runs });
+    }
+    Ok(out)
+}
+
+/// What a contract states about one tensor: its atoms' tensor number (q 0, k 1, v 2), the
+/// layer's heads and width, and where the receive buffer of each parity of the hop lies (the
+/// even one is the layout's own words, where a PE's block starts; the odd one is a placement
+/// with the same strides elsewhere).
+#[derive(Clone, Copy, Debug)]
+pub struct Block {
+    pub tensor: u8,
+    pub heads: u32,
+    pub dim: u32,
+    pub at: [Layout; 2],
+}
+
+/// The facts PE `p`'s buffer of parity `parity` holds at hop `hop` (an affine form, which the
+/// caller keeps inside `piece`'s hops and of that parity), head `head` (a fixed or symbolic
+/// head), as input atoms: one fact per run of rows, over its rows and columns.
+pub(super) fn owed(
+    e: &mut Eval,
+    block: &Block,
+    piece: &Piece,
+    parity: usize,
+    hop: &Aff,
+    head: &Aff,
+) -> R<Vec<Fact>> {
+    let at = block.at[parity];
+    let mut out = Vec::new();
+    for run in &piece.runs {
+        let (r, c) = (e.fresh(u64::from(run.len)), e.fresh(u64::from(block.dim)));
+        let token = hop.scaled(run.per_hop).add_const(run.token0).add_term(r, 1);
+        let value = e.tm.atom(block.tensor, head.clone(), token, Aff::var(c));
+        let base = head
+            .scaled(i64::from(at.head_stride))
+            .add_const(i64::from(at.base) + i64::from(run.row0) * i64::from(at.row_stride));
+        let dims = vec![
+            (r, i64::from(at.row_stride), u64::from(run.len)),
+            (c, 1, u64::from(block.dim)),
+        ];
+        out.push(e.fact(base, dims, value, false)?);
+    }
+    Ok(out)
+}
+
+/// Accepts `sent` (a PE's sends over some stretch, as remote facts) only if they are exactly
+/// the facts `owed` (its successor's contract for the next hop): each sent fact matched to a
+/// distinct owed fact with the same base and the same strides and counts (so the same words),
+/// and the same value at every word (one canonical node once the sent fact's coordinates are
+/// renamed to the owed fact's). The owed facts hold distinct words, so the sends then deliver
+/// every owed word once with its value and nothing else. Anything else refuses.
+pub(super) fn discharge(e: &mut Eval, sent: &[Fact], owed: &[Fact]) -> Result<(), String> {
+    if sent.len() != owed.len() {
+        return Err(format!(
+            "{} facts sent where the contract has {}",
+            sent.len(),
+            owed.len()
+        ));
+    }
+    let mut used = vec![false; sent.len()];
+    for o in owed {
+        let mut found = false;
+        for (i, s) in sent.iter().enumerate() {
+            if used[i] || !s.remote || !same_words(e, s, o) {
+                continue;
+            }
+            let mut value = s.value;
+            for (a, b) in s.dims.iter().zip(&o.dims) {
+                value = e.tm.subst(value, a.0, &Aff::var(b.0));
+            }
+            if value == o.value {
+                used[i] = true;
+                found = true;
+                break;
+            }
+        }
+        if !found {
+            return Err(format!(
+                "no send delivers the contract's words from {:?}",
+                o.base
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether two facts certainly cover the same words: equal bases and the same strides and
+/// counts, coordinate by coordinate (dimensions are kept sorted by stride).
+fn same_words(e: &Eval, a: &Fact, b: &Fact) -> bool {
+    let strides = |f: &Fact| -> Vec<(i64, u64)> { f.dims.iter().map(|d| (d.1, d.2)).collect() };
+    e.pin(a.base.clone()) == e.pin(b.base.clone()) && strides(a) == strides(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compact::prove::Eval;
+
+    fn layout(order: RowOrder, rows: u32, base: u32) -> Layout {
+        Layout {
+            order,
+            rows_per_pe: rows,
+            base,
+            head_stride: 64,
+            row_stride: 4,
+        }
+    }
+
+    /// The pieces' formulas give, at every hop, the tokens the manifest's own layout deals to
+    /// the PE the block started on (`Layout::tokens_of`), row for row, and cover every hop once.
+    #[test]
+    fn pieces_hold_the_origins_tokens_at_every_hop() {
+        for order in [RowOrder::Contiguous, RowOrder::Zigzag] {
+            for pes in 1..=9u32 {
+                for rows in [2u32, 4, 6] {
+                    let lay = layout(order, rows, 0);
+                    let tokens = pes * rows;
+                    for p in 0..pes {
+                        let ps = pieces(&lay, pes, tokens, p).unwrap();
+                        for s in 0..pes {
+                            let mine: Vec<&Piece> =
+                                ps.iter().filter(|x| x.lo <= s && s < x.hi).collect();
+                            assert_eq!(mine.len(), 1, "{order:?} {pes} {rows}: PE {p} hop {s}");
+                            let mut got: Vec<(u32, i64)> = Vec::new();
+                            for run in &mine[0].runs {
+                                for i in 0..run.len {
+                                    let t = run.token0 + run.per_hop * i64::from(s) + i64::from(i);
+                                    got.push((run.row0 + i, t));
+                                }
+                            }
+                            got.sort_unstable();
+                            let origin = (p + pes - s) % pes;
+                            let mut want: Vec<(u32, i64)> = lay
+                                .tokens_of(pes, origin, tokens)
+                                .into_iter()
+                                .map(|(t, r)| (r, i64::from(t)))
+                                .collect();
+                            want.sort_unstable();
+                            assert_eq!(
+                                got, want,
+                                "{order:?} {pes} PEs {rows} rows: PE {p} hop {s}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn padded_and_odd_zigzag_layouts_are_refused() {
+        let lay = layout(RowOrder::Contiguous, 4, 0);
+        assert!(pieces(&lay, 4, 15, 0).is_err());
+        assert!(pieces(&lay, 4, 16, 4).is_err());
+        let odd = layout(RowOrder::Zigzag, 3, 0);
+        assert!(pieces(&odd, 4, 12, 1).is_err());
+    }
+
+    /// PE 2 of 8 (zigzag, 8 rows of 4 columns, 2 heads) sends, at its even hops `2j`
+    /// (`j < 2`), the key block it holds, into PE 3's odd buffer at 64. Written out by hand:
+    /// hop `2j` holds PE `2 − 2j`'s block, tokens `4·(2 − 2j) + r` in rows 0..4 and
+    /// `4·(13 + 2j) + r` in rows 4..8.
+    struct Case {
+        base: [i64; 2],
+        row_stride: i64,
+        rows: u64,
+        token0: [i64; 2],
+        per_j: [i64; 2],
+        tensor: u8,
+        head_shift: i64,
+        remote: bool,
+        facts: usize,
+    }
+
+    const RIGHT: Case = Case {
+        base: [64, 80],
+        row_stride: 4,
+        rows: 4,
+        token0: [8, 52],
+        per_j: [-8, 8],
+        tensor: 1,
+        head_shift: 0,
+        remote: true,
+        facts: 2,
+    };
+
+    fn check(case: &Case) -> Result<(), String> {
+        let mut e = Eval::new(8, 64, true);
+        let (j, x) = (e.fresh(2), e.fresh(2));
+        let block = Block {
+            tensor: 1,
+            heads: 2,
+            dim: 4,
+            at: [
+                layout(RowOrder::Zigzag, 8, 128),
+                layout(RowOrder::Zigzag, 8, 64),
+            ],
+        };
+        let ps = pieces(&block.at[0], 8, 64, 3).unwrap();
+        let hop = Aff::var(j).scaled(2).add_const(1);
+        let owed = owed(&mut e, &block, &ps[0], 1, &hop, &Aff::var(x)).map_err(|_| "owed")?;
+        let mut sent = Vec::new();
+        for k in 0..case.facts {
+            let k2 = k % 2;
+            let (r, c) = (e.fresh(case.rows), e.fresh(4));
+            let token = Aff::var(j)
+                .scaled(case.per_j[k2])
+                .add_const(case.token0[k2])
+                .add_term(r, 1);
+            let head = Aff::var(x).add_const(case.head_shift);
+            let value = e.tm.atom(case.tensor, head, token, Aff::var(c));
+            let base = Aff::var(x).scaled(64).add_const(case.base[k2]);
+            let dims = vec![(r, case.row_stride, case.rows), (c, 1, 4)];
+            let mut f = e.fact(base, dims, value, false).map_err(|_| "sent")?;
+            f.remote = case.remote;
+            sent.push(f);
+        }
+        discharge(&mut e, &sent, &owed)
+    }
+
+    #[test]
+    fn exact_sends_discharge_the_next_contract() {
+        check(&RIGHT).unwrap();
+    }
+
+    #[test]
+    fn sends_that_differ_anywhere_are_refused() {
+        let mutants = [
+            Case {
+                base: [65, 80],
+                ..RIGHT
+            },
+            // The even buffer, which PE 3 reads at its even hops.
+            Case {
+                base: [128, 144],
+                ..RIGHT
+            },
+            Case {
+                row_stride: 5,
+                ..RIGHT
+            },
+            Case { rows: 3, ..RIGHT },
+            // The next chunk's tokens, or the block of the wrong PE.
+            Case {
+                token0: [12, 52],
+                ..RIGHT
+            },
+            Case {
+                token0: [8, 48],
+                ..RIGHT
+            },
+            Case {
+                per_j: [8, 8],
+                ..RIGHT
+            },
+            Case {
+                per_j: [-8, -8],
+                ..RIGHT
+            },
+            Case {
+                per_j: [-4, 8],
+                ..RIGHT
+            },
+            // Values instead of keys, the next head's keys.
+            Case { tensor: 2, ..RIGHT },
+            Case {
+                head_shift: 1,
+                ..RIGHT
+            },
+            // Words kept locally are not sends; a run missing; a run sent twice.
+            Case {
+                remote: false,
+                ..RIGHT
+            },
+            Case { facts: 1, ..RIGHT },
+            Case { facts: 3, ..RIGHT },
+        ];
+        for (i, m) in mutants.iter().enumerate() {
+            assert!(check(m).is_err(), "mutant {i} discharged the contract");
+        }
+    }
+}
