@@ -17,8 +17,8 @@
 //! not exist. The parts are exact or refuse, so they can be built on.
 
 use super::aff::Aff;
-use super::prove::{Eval, Fact, R};
-use runtime::manifest::{Layout, RowOrder};
+use super::prove::{tensor_layout, Eval, Fact, R};
+use runtime::manifest::{Layout, Manifest, RowOrder};
 
 /// Local rows `row0 .. row0 + len` of a block, holding after hop `s` the tokens
 /// `token0 + per_hop·s + i` for row `row0 + i`.
@@ -39,10 +39,59 @@ pub struct Piece {
     pub runs: Vec<Run>,
 }
 
+/// Which key tokens each PE needs: all of them, or (under a causal mask) those up to the
+/// largest query token it owns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Need {
+    All,
+    UpTo(Vec<i64>),
+}
+
+impl Need {
+    /// From `m`'s mask and query layout.
+    pub fn from_manifest(m: &Manifest) -> Result<Need, String> {
+        match m.layer.mask.as_str() {
+            "none" => Ok(Need::All),
+            "causal" => {
+                let q = tensor_layout(m, "q")?;
+                Ok(Need::UpTo(
+                    (0..m.pes)
+                        .map(|p| {
+                            q.tokens_of(m.pes, p, m.layer.tokens)
+                                .iter()
+                                .map(|&(t, _)| i64::from(t))
+                                .max()
+                                .unwrap_or(-1)
+                        })
+                        .collect(),
+                ))
+            }
+            other => Err(format!("mask `{other}`")),
+        }
+    }
+
+    fn wants(&self, pe: u32, token: i64) -> bool {
+        match self {
+            Need::All => true,
+            Need::UpTo(last) => last.get(pe as usize).is_some_and(|&l| token <= l),
+        }
+    }
+}
+
 /// The pieces of hops `0 .. m` for PE `p` of a ring of `pes` PEs, whose inputs `layout`
-/// deals. Refuses layouts with rows that hold no token (padding): the contract of such a row
-/// would have to say it holds nothing, which these facts cannot.
-pub fn pieces(layout: &Layout, pes: u32, tokens: u32, p: u32) -> Result<Vec<Piece>, String> {
+/// deals. A row is in a block at hop `s > 0` only while some PE still ahead on its way (at hop
+/// `s` or later) needs its token: a ring that carries every key to every PE that needs it
+/// carries at least those rows, and past the last PE that needs a row nothing has to. Pieces
+/// are cut where the origin wraps and where the rows present change. Refuses layouts with rows
+/// that hold no token (padding): the contract of such a row would have to say it holds
+/// nothing, which these facts cannot.
+pub fn pieces(
+    layout: &Layout,
+    pes: u32,
+    tokens: u32,
+    p: u32,
+    need: &Need,
+) -> Result<Vec<Piece>, String> {
     if p >= pes {
         return Err(format!("PE {p} on a ring of {pes}"));
     }
@@ -53,13 +102,18 @@ pub fn pieces(layout: &Layout, pes: u32, tokens: u32, p: u32) -> Result<Vec<Piec
             "{tokens} tokens dealt as {r} rows to each of {pes} PEs: padded rows have no contract"
         ));
     }
-    let mut out = Vec::new();
-    // The origin is `c − s` for `s` in `lo .. hi`.
-    for (lo, hi, c) in [(0, p + 1, i64::from(p)), (p + 1, pes, i64::from(p) + m)] {
-        if lo >= hi {
-            continue;
-        }
-        let runs = match layout.order {
+    if layout.order == RowOrder::Zigzag && r % 2 != 0 {
+        return Err(format!("a zigzag layout of {r} rows (odd)"));
+    }
+    let mut out: Vec<Piece> = Vec::new();
+    for s in 0..pes {
+        // The origin is `c − s`.
+        let c = if s <= p {
+            i64::from(p)
+        } else {
+            i64::from(p) + m
+        };
+        let whole = match layout.order {
             RowOrder::Contiguous => vec![Run {
                 row0: 0,
                 len: r,
@@ -67,9 +121,6 @@ pub fn pieces(layout: &Layout, pes: u32, tokens: u32, p: u32) -> Result<Vec<Piec
                 per_hop: -rr,
             }],
             RowOrder::Zigzag => {
-                if r % 2 != 0 {
-                    return Err(format!("a zigzag layout of {r} rows (odd)"));
-                }
                 let ch = rr / 2;
                 vec![
                     Run {
@@ -87,7 +138,37 @@ pub fn pieces(layout: &Layout, pes: u32, tokens: u32, p: u32) -> Result<Vec<Piec
                 ]
             }
         };
-        out.push(Piece { lo, hi, runs });
+        let origin = (p + pes - s) % pes;
+        let present = |t: i64| s == 0 || (s..pes).any(|k| need.wants((origin + k) % pes, t));
+        let mut runs = Vec::new();
+        for w in whole {
+            let at = |i: u32| w.token0 + w.per_hop * i64::from(s) + i64::from(i);
+            let mut i = 0;
+            while i < w.len {
+                if !present(at(i)) {
+                    i += 1;
+                    continue;
+                }
+                let a = i;
+                while i < w.len && present(at(i)) {
+                    i += 1;
+                }
+                runs.push(Run {
+                    row0: w.row0 + a,
+                    len: i - a,
+                    token0: w.token0 + i64::from(a),
+                    per_hop: w.per_hop,
+                });
+            }
+        }
+        match out.last_mut() {
+            Some(last) if last.runs == runs => last.hi = s + 1,
+            _ => out.push(Piece {
+                lo: s,
+                hi: s + 1,
+                runs,
+            }),
+        }
     }
     Ok(out)
 }
@@ -104,9 +185,40 @@ pub struct Block {
     pub at: [Layout; 2],
 }
 
+impl Block {
+    /// The contract's block for input `name` (`"k"` or `"v"`) of `m`'s layer. The even buffer is
+    /// the tensor's own layout. The odd one is taken one head stride below it (head `h`'s odd
+    /// buffer is head `h − 1`'s even one, which head `h − 1` no longer reads): a placement the
+    /// manifest does not state, so it is only a candidate. Nothing trusts it: a send that does
+    /// not land exactly there fails [`discharge`], and the timing must show that the receiver
+    /// writes none of its words locally.
+    pub fn from_manifest(m: &Manifest, name: &str) -> Result<Block, String> {
+        let tensor = match name {
+            "k" => 1,
+            "v" => 2,
+            _ => return Err(format!("no ring contract for `{name}`")),
+        };
+        let even = tensor_layout(m, name)?;
+        let base = even
+            .base
+            .checked_sub(even.head_stride)
+            .filter(|_| even.head_stride > 0)
+            .ok_or_else(|| format!("no room for `{name}`'s odd buffer below its layout"))?;
+        Ok(Block {
+            tensor,
+            heads: m.layer.heads,
+            dim: m.layer.dim,
+            at: [even, Layout { base, ..even }],
+        })
+    }
+}
+
 /// The facts PE `p`'s buffer of parity `parity` holds at hop `hop` (an affine form, which the
 /// caller keeps inside `piece`'s hops and of that parity), head `head` (a fixed or symbolic
 /// head), as input atoms: one fact per run of rows, over its rows and columns.
+// Nothing calls it until the per-PE evaluation over symbolic steps exists; the tests
+// below exercise it.
+#[allow(dead_code)]
 pub(super) fn owed(
     e: &mut Eval,
     block: &Block,
@@ -139,6 +251,9 @@ pub(super) fn owed(
 /// and the same value at every word (one canonical node once the sent fact's coordinates are
 /// renamed to the owed fact's). The owed facts hold distinct words, so the sends then deliver
 /// every owed word once with its value and nothing else. Anything else refuses.
+// Nothing calls it until the per-PE evaluation over symbolic steps exists; the tests
+// below exercise it.
+#[allow(dead_code)]
 pub(super) fn discharge(e: &mut Eval, sent: &[Fact], owed: &[Fact]) -> Result<(), String> {
     if sent.len() != owed.len() {
         return Err(format!(
@@ -176,6 +291,9 @@ pub(super) fn discharge(e: &mut Eval, sent: &[Fact], owed: &[Fact]) -> Result<()
 
 /// Whether two facts certainly cover the same words: equal bases and the same strides and
 /// counts, coordinate by coordinate (dimensions are kept sorted by stride).
+// Nothing calls it until the per-PE evaluation over symbolic steps exists; the tests
+// below exercise it.
+#[allow(dead_code)]
 fn same_words(e: &Eval, a: &Fact, b: &Fact) -> bool {
     let strides = |f: &Fact| -> Vec<(i64, u64)> { f.dims.iter().map(|d| (d.1, d.2)).collect() };
     e.pin(a.base.clone()) == e.pin(b.base.clone()) && strides(a) == strides(b)
@@ -206,7 +324,7 @@ mod tests {
                     let lay = layout(order, rows, 0);
                     let tokens = pes * rows;
                     for p in 0..pes {
-                        let ps = pieces(&lay, pes, tokens, p).unwrap();
+                        let ps = pieces(&lay, pes, tokens, p, &Need::All).unwrap();
                         for s in 0..pes {
                             let mine: Vec<&Piece> =
                                 ps.iter().filter(|x| x.lo <= s && s < x.hi).collect();
@@ -237,13 +355,60 @@ mod tests {
         }
     }
 
+    /// Under a causal mask a row stays in a block, past hop 0, exactly while a PE at that hop
+    /// or later on its way owns a query token at or after the row's token (written out from
+    /// the manifest's layouts here, PE by PE); every hop is in one piece.
+    #[test]
+    fn causal_pieces_carry_the_rows_still_needed_ahead() {
+        for order in [RowOrder::Contiguous, RowOrder::Zigzag] {
+            for pes in 1..=9u32 {
+                let lay = layout(order, 4, 0);
+                let tokens = pes * 4;
+                let last: Vec<i64> = (0..pes)
+                    .map(|q| {
+                        let ts = lay.tokens_of(pes, q, tokens);
+                        ts.iter().map(|&(t, _)| i64::from(t)).max().unwrap()
+                    })
+                    .collect();
+                let need = Need::UpTo(last.clone());
+                for p in 0..pes {
+                    let ps = pieces(&lay, pes, tokens, p, &need).unwrap();
+                    for s in 0..pes {
+                        let mine: Vec<&Piece> =
+                            ps.iter().filter(|x| x.lo <= s && s < x.hi).collect();
+                        assert_eq!(mine.len(), 1, "{order:?} {pes}: PE {p} hop {s}");
+                        let mut got: Vec<(u32, i64)> = Vec::new();
+                        for run in &mine[0].runs {
+                            for i in 0..run.len {
+                                let t = run.token0 + run.per_hop * i64::from(s) + i64::from(i);
+                                got.push((run.row0 + i, t));
+                            }
+                        }
+                        got.sort_unstable();
+                        let origin = (p + pes - s) % pes;
+                        let mut want: Vec<(u32, i64)> = lay
+                            .tokens_of(pes, origin, tokens)
+                            .into_iter()
+                            .map(|(t, r)| (r, i64::from(t)))
+                            .filter(|&(_, t)| {
+                                s == 0 || (s..pes).any(|k| t <= last[((origin + k) % pes) as usize])
+                            })
+                            .collect();
+                        want.sort_unstable();
+                        assert_eq!(got, want, "{order:?} {pes} PEs: PE {p} hop {s}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn padded_and_odd_zigzag_layouts_are_refused() {
         let lay = layout(RowOrder::Contiguous, 4, 0);
-        assert!(pieces(&lay, 4, 15, 0).is_err());
-        assert!(pieces(&lay, 4, 16, 4).is_err());
+        assert!(pieces(&lay, 4, 15, 0, &Need::All).is_err());
+        assert!(pieces(&lay, 4, 16, 4, &Need::All).is_err());
         let odd = layout(RowOrder::Zigzag, 3, 0);
-        assert!(pieces(&odd, 4, 12, 1).is_err());
+        assert!(pieces(&odd, 4, 12, 1, &Need::All).is_err());
     }
 
     /// PE 2 of 8 (zigzag, 8 rows of 4 columns, 2 heads) sends, at its even hops `2j`
@@ -286,7 +451,7 @@ mod tests {
                 layout(RowOrder::Zigzag, 8, 64),
             ],
         };
-        let ps = pieces(&block.at[0], 8, 64, 3).unwrap();
+        let ps = pieces(&block.at[0], 8, 64, 3, &Need::All).unwrap();
         let hop = Aff::var(j).scaled(2).add_const(1);
         let owed = owed(&mut e, &block, &ps[0], 1, &hop, &Aff::var(x)).map_err(|_| "owed")?;
         let mut sent = Vec::new();
