@@ -69,13 +69,6 @@ impl Need {
             other => Err(format!("mask `{other}`")),
         }
     }
-
-    fn wants(&self, pe: u32, token: i64) -> bool {
-        match self {
-            Need::All => true,
-            Need::UpTo(last) => last.get(pe as usize).is_some_and(|&l| token <= l),
-        }
-    }
 }
 
 /// The pieces of hops `0 .. m` for PE `p` of a ring of `pes` PEs, whose inputs `layout`
@@ -104,6 +97,17 @@ pub fn pieces(
     }
     if layout.order == RowOrder::Zigzag && r % 2 != 0 {
         return Err(format!("a zigzag layout of {r} rows (odd)"));
+    }
+    // At hop `s` the PEs still ahead (the receiver included) are `p, p + 1, …` for `m − s`
+    // PEs; `ahead[j]` is the largest token any of the first `j` of them needs.
+    let mut ahead = vec![i64::MIN; pes as usize + 1];
+    for j in 0..pes {
+        let q = (p + j) % pes;
+        let wants = match need {
+            Need::All => i64::MAX,
+            Need::UpTo(last) => last.get(q as usize).copied().unwrap_or(i64::MIN),
+        };
+        ahead[j as usize + 1] = ahead[j as usize].max(wants);
     }
     let mut out: Vec<Piece> = Vec::new();
     for s in 0..pes {
@@ -138,8 +142,7 @@ pub fn pieces(
                 ]
             }
         };
-        let origin = (p + pes - s) % pes;
-        let present = |t: i64| s == 0 || (s..pes).any(|k| need.wants((origin + k) % pes, t));
+        let present = |t: i64| s == 0 || t <= ahead[(pes - s) as usize];
         let mut runs = Vec::new();
         for w in whole {
             let at = |i: u32| w.token0 + w.per_hop * i64::from(s) + i64::from(i);
@@ -399,6 +402,37 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// On the 8k causal layer's ring (1 024 PEs, 8 zigzag rows each) every PE's contracts are
+    /// three formulas: the blocks before PE 0's, PE 0's (its second chunk needed by no PE
+    /// after it, so only its first chunk travels), and the blocks that wrapped.
+    #[test]
+    fn a_model_size_ring_has_three_pieces_per_pe() {
+        let (pes, rows) = (1024u32, 8u32);
+        let lay = layout(RowOrder::Zigzag, rows, 0);
+        let tokens = pes * rows;
+        let c = i64::from(rows / 2);
+        let last = (0..i64::from(pes))
+            .map(|q| (2 * i64::from(pes) - q) * c - 1)
+            .collect();
+        let need = Need::UpTo(last);
+        for p in [0, 1, 511, 1023] {
+            let ps = pieces(&lay, pes, tokens, p, &need).unwrap();
+            let spans: Vec<(u32, u32, usize)> =
+                ps.iter().map(|x| (x.lo, x.hi, x.runs.len())).collect();
+            let mut want = Vec::new();
+            if p > 0 {
+                want.push((0, p, 2));
+                want.push((p, p + 1, 1));
+            } else {
+                want.push((0, 1, 2));
+            }
+            if p + 1 < pes {
+                want.push((p + 1, pes, 2));
+            }
+            assert_eq!(spans, want, "PE {p}");
         }
     }
 
