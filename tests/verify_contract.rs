@@ -238,3 +238,23 @@ fn wrong_contracts_are_not_met() {
         }
     }
 }
+
+/// GPT-2 small's ring (1 024 tokens on 64 PEs, 16 zigzag rows each) with narrow heads, so that
+/// it flattens: every contract met. Model-size, so run by hand
+/// (`cargo test --release --test verify_contract -- --ignored`).
+#[test]
+#[ignore]
+fn gpt2_small_ring_meets_every_contract() {
+    let src = source(1024, 2, 2, "causal");
+    for schedule in [Choice::Stream, Choice::Auto] {
+        let (bad, man) = unmet(&src, 64, schedule, Wrong::No);
+        assert!(
+            bad.is_empty(),
+            "{src} on 64 PEs ({schedule:?}, {}): {} contracts never met, first {:?}",
+            man.selection.reason,
+            bad.len(),
+            &bad[..bad.len().min(8)]
+        );
+        println!("{schedule:?}: {}", man.selection.reason);
+    }
+}
