@@ -95,7 +95,7 @@ pub fn pieces(
             "{tokens} tokens dealt as {r} rows to each of {pes} PEs: padded rows have no contract"
         ));
     }
-    if layout.order == RowOrder::Zigzag && r % 2 != 0 {
+    if layout.order == RowOrder::Zigzag && !r.is_multiple_of(2) {
         return Err(format!("a zigzag layout of {r} rows (odd)"));
     }
     // At hop `s` the PEs still ahead (the receiver included) are `p, p + 1, …` for `m − s`
