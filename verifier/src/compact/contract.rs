@@ -272,9 +272,17 @@ pub(super) fn discharge(e: &mut Eval, sent: &[Fact], owed: &[Fact]) -> Result<()
             if used[i] || !s.remote || !same_words(e, s, o) {
                 continue;
             }
+            // Renamed through fresh variables first: the two facts' coordinates may share a
+            // variable in different places, which renaming one at a time would conflate.
             let mut value = s.value;
-            for (a, b) in s.dims.iter().zip(&o.dims) {
-                value = e.tm.subst(value, a.0, &Aff::var(b.0));
+            let mut via = Vec::new();
+            for a in &s.dims {
+                let t = e.fresh(a.2);
+                value = e.tm.subst(value, a.0, &Aff::var(t));
+                via.push(t);
+            }
+            for (t, b) in via.into_iter().zip(&o.dims) {
+                value = e.tm.subst(value, t, &Aff::var(b.0));
             }
             if value == o.value {
                 used[i] = true;
@@ -505,6 +513,34 @@ mod tests {
             sent.push(f);
         }
         discharge(&mut e, &sent, &owed)
+    }
+
+    /// A sent fact whose coordinates are the owed fact's variables in the other places is
+    /// the same words and values when its value follows the names (accepted), and a diagonal
+    /// when it does not (refused): renaming must not conflate the two names.
+    #[test]
+    fn coordinates_named_alike_are_not_conflated() {
+        let mut e = Eval::new(4, 16, true);
+        let (r, c) = (e.fresh(4), e.fresh(4));
+        let owed_value =
+            e.tm.atom(1, Aff::cst(0), Aff::var(r).add_const(4), Aff::var(c));
+        let owed = e
+            .fact(Aff::cst(0), vec![(r, 4, 4), (c, 1, 4)], owed_value, false)
+            .unwrap();
+        let sent = |e: &mut Eval, row: Aff, col: Aff| {
+            let v = e.tm.atom(1, Aff::cst(0), row.add_const(4), col);
+            let mut f = e
+                .fact(Aff::cst(0), vec![(c, 4, 4), (r, 1, 4)], v, false)
+                .unwrap();
+            f.remote = true;
+            f
+        };
+        let same = sent(&mut e, Aff::var(c), Aff::var(r));
+        assert!(discharge(&mut e, &[same], &[owed.clone()]).is_ok());
+        let diagonal = sent(&mut e, Aff::var(r), Aff::var(r));
+        assert!(discharge(&mut e, &[diagonal], &[owed.clone()]).is_err());
+        let transposed = sent(&mut e, Aff::var(r), Aff::var(c));
+        assert!(discharge(&mut e, &[transposed], &[owed]).is_err());
     }
 
     #[test]
