@@ -536,9 +536,9 @@ mod tests {
             f
         };
         let same = sent(&mut e, Aff::var(c), Aff::var(r));
-        assert!(discharge(&mut e, &[same], &[owed.clone()]).is_ok());
+        assert!(discharge(&mut e, &[same], std::slice::from_ref(&owed)).is_ok());
         let diagonal = sent(&mut e, Aff::var(r), Aff::var(r));
-        assert!(discharge(&mut e, &[diagonal], &[owed.clone()]).is_err());
+        assert!(discharge(&mut e, &[diagonal], std::slice::from_ref(&owed)).is_err());
         let transposed = sent(&mut e, Aff::var(r), Aff::var(c));
         assert!(discharge(&mut e, &[transposed], &[owed]).is_err());
     }
