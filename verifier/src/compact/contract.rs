@@ -249,65 +249,121 @@ pub(super) fn owed(
 }
 
 /// Accepts `sent` (a PE's sends over some stretch, as remote facts) only if they are exactly
-/// the facts `owed` (its successor's contract for the next hop): each sent fact matched to a
-/// distinct owed fact with the same base and the same strides and counts (so the same words),
-/// and the same value at every word (one canonical node once the sent fact's coordinates are
-/// renamed to the owed fact's). The owed facts hold distinct words, so the sends then deliver
-/// every owed word once with its value and nothing else. Anything else refuses.
+/// the facts `owed` (its successor's contract for the next hop), word for word:
+///
+/// * each sent fact is a box of one owed fact's coordinates — its strides among the owed
+///   fact's, its base the owed base moved by a constant that splits into whole coordinate
+///   offsets, its counts inside the owed counts from there — holding the owed fact's value at
+///   every word (one canonical node once the owed coordinates are written in the sent ones);
+/// * the boxes of one owed fact are pairwise apart, and they hold as many words as the owed
+///   facts together.
+///
+/// The owed facts hold distinct words (rows of one layout), so the sends then deliver each
+/// owed word exactly once with its value and nothing else, however the sending loops cut the
+/// rows. Anything else refuses.
 // Nothing calls it until the per-PE evaluation over symbolic steps exists; the tests
 // below exercise it.
 #[allow(dead_code)]
 pub(super) fn discharge(e: &mut Eval, sent: &[Fact], owed: &[Fact]) -> Result<(), String> {
-    if sent.len() != owed.len() {
-        return Err(format!(
-            "{} facts sent where the contract has {}",
-            sent.len(),
-            owed.len()
-        ));
-    }
-    let mut used = vec![false; sent.len()];
-    for o in owed {
-        let mut found = false;
-        for (i, s) in sent.iter().enumerate() {
-            if used[i] || !s.remote || !same_words(e, s, o) {
-                continue;
-            }
-            // Renamed through fresh variables first: the two facts' coordinates may share a
-            // variable in different places, which renaming one at a time would conflate.
-            let mut value = s.value;
-            let mut via = Vec::new();
-            for a in &s.dims {
-                let t = e.fresh(a.2);
-                value = e.tm.subst(value, a.0, &Aff::var(t));
-                via.push(t);
-            }
-            for (t, b) in via.into_iter().zip(&o.dims) {
-                value = e.tm.subst(value, t, &Aff::var(b.0));
-            }
-            if value == o.value {
-                used[i] = true;
-                found = true;
+    // Per owed fact, the boxes found in it: per coordinate, (offset, count).
+    let mut boxes: Vec<Vec<Vec<(u64, u64)>>> = vec![Vec::new(); owed.len()];
+    for s in sent {
+        if !s.remote {
+            return Err("a word kept locally where a send is owed".into());
+        }
+        let mut placed = false;
+        for (k, o) in owed.iter().enumerate() {
+            if let Some(b) = inside(e, s, o) {
+                boxes[k].push(b);
+                placed = true;
                 break;
             }
         }
-        if !found {
+        if !placed {
             return Err(format!(
-                "no send delivers the contract's words from {:?}",
-                o.base
+                "a send from {:?} delivers words or values no contract owes",
+                s.base
             ));
+        }
+    }
+    let words = |f: &Fact| f.dims.iter().map(|d| d.2).product::<u64>();
+    let sent_words: u64 = sent.iter().map(words).sum();
+    let owed_words: u64 = owed.iter().map(words).sum();
+    if sent_words != owed_words {
+        return Err(format!(
+            "{sent_words} words sent where the contract owes {owed_words}"
+        ));
+    }
+    for bs in &boxes {
+        for (x, a) in bs.iter().enumerate() {
+            for b in &bs[x + 1..] {
+                let meet = a
+                    .iter()
+                    .zip(b)
+                    .all(|(&(o1, n1), &(o2, n2))| o1 < o2 + n2 && o2 < o1 + n1);
+                if meet {
+                    return Err("two sends deliver one owed word".into());
+                }
+            }
         }
     }
     Ok(())
 }
 
-/// Whether two facts certainly cover the same words: equal bases and the same strides and
-/// counts, coordinate by coordinate (dimensions are kept sorted by stride).
-// Nothing calls it until the per-PE evaluation over symbolic steps exists; the tests
-// below exercise it.
-#[allow(dead_code)]
-fn same_words(e: &Eval, a: &Fact, b: &Fact) -> bool {
-    let strides = |f: &Fact| -> Vec<(i64, u64)> { f.dims.iter().map(|d| (d.1, d.2)).collect() };
-    e.pin(a.base.clone()) == e.pin(b.base.clone()) && strides(a) == strides(b)
+/// Where `s` lies in `o`'s coordinates, per coordinate `(offset, count)`, if it is a box of
+/// them holding `o`'s values; `None` otherwise.
+fn inside(e: &mut Eval, s: &Fact, o: &Fact) -> Option<Vec<(u64, u64)>> {
+    // Each sent coordinate is one owed coordinate (same stride); each owed coordinate is
+    // used once.
+    let mut of: Vec<Option<usize>> = vec![None; o.dims.len()];
+    for (x, d) in s.dims.iter().enumerate() {
+        let k = o.dims.iter().position(|od| od.1 == d.1)?;
+        if of[k].replace(x).is_some() {
+            return None;
+        }
+    }
+    // The base's offset split into whole offsets, largest stride first: the owed coordinates
+    // nest (each stride at least the span of the smaller ones), so the split is unique.
+    let mut rest = e
+        .pin(s.base.clone())
+        .minus(&e.pin(o.base.clone()))
+        .as_const()?;
+    let mut at = Vec::new();
+    for (k, od) in o.dims.iter().enumerate() {
+        if let Some(next) = o.dims.get(k + 1) {
+            if od.1 < next.1 * next.2 as i64 {
+                return None;
+            }
+        }
+        let off = rest.div_euclid(od.1);
+        rest -= off * od.1;
+        let n = of[k].map_or(1, |x| s.dims[x].2);
+        if off < 0 || off as u64 + n > od.2 {
+            return None;
+        }
+        at.push((off as u64, n));
+    }
+    if rest != 0 {
+        return None;
+    }
+    // The owed value with each owed coordinate written in the sent one (plus its offset),
+    // through fresh variables so that names shared between the facts are not conflated.
+    let mut value = o.value;
+    let mut via = Vec::new();
+    for (k, od) in o.dims.iter().enumerate() {
+        let t = e.fresh(od.2);
+        value = e.tm.subst(value, od.0, &Aff::var(t));
+        via.push((t, k));
+    }
+    for (t, k) in via {
+        let by = match of[k] {
+            Some(x) => Aff::var(s.dims[x].0),
+            None => Aff::cst(0),
+        }
+        .add_const(at[k].0 as i64);
+        value = e.tm.subst(value, t, &by);
+    }
+    (value == s.value).then_some(at)
 }
 
 #[cfg(test)]
@@ -541,6 +597,41 @@ mod tests {
         assert!(discharge(&mut e, &[diagonal], std::slice::from_ref(&owed)).is_err());
         let transposed = sent(&mut e, Aff::var(r), Aff::var(c));
         assert!(discharge(&mut e, &[transposed], &[owed]).is_err());
+    }
+
+    /// One owed run of 4 rows, sent as row boxes by separate loops: halves, or one row and
+    /// three, are accepted; boxes that overlap (rows 0..2 and 1..3, as many words as owed), leave
+    /// a row out, or hold the right words with a row's values shifted, are refused.
+    #[test]
+    fn sends_split_into_boxes_discharge_only_when_they_tile() {
+        let attempt = |cuts: &[(i64, u64, i64)]| -> Result<(), String> {
+            let mut e = Eval::new(4, 16, true);
+            let (r, c) = (e.fresh(4), e.fresh(4));
+            let owed_value =
+                e.tm.atom(1, Aff::cst(0), Aff::var(r).add_const(8), Aff::var(c));
+            let owed = e
+                .fact(Aff::cst(100), vec![(r, 4, 4), (c, 1, 4)], owed_value, false)
+                .unwrap();
+            let mut sent = Vec::new();
+            // (first row, rows, token shift)
+            for &(row, n, shift) in cuts {
+                let (a, b) = (e.fresh(n), e.fresh(4));
+                let token = Aff::var(a).add_const(8 + row + shift);
+                let v = e.tm.atom(1, Aff::cst(0), token, Aff::var(b));
+                let base = Aff::cst(100 + 4 * row);
+                let mut f = e.fact(base, vec![(a, 4, n), (b, 1, 4)], v, false).unwrap();
+                f.remote = true;
+                sent.push(f);
+            }
+            discharge(&mut e, &sent, std::slice::from_ref(&owed))
+        };
+        assert!(attempt(&[(0, 2, 0), (2, 2, 0)]).is_ok());
+        assert!(attempt(&[(3, 1, 0), (0, 3, 0)]).is_ok());
+        assert!(attempt(&[(0, 4, 0)]).is_ok());
+        assert!(attempt(&[(0, 2, 0), (1, 2, 0)]).is_err());
+        assert!(attempt(&[(0, 2, 0), (2, 1, 0)]).is_err());
+        assert!(attempt(&[(0, 2, 0), (2, 2, 1)]).is_err());
+        assert!(attempt(&[(0, 2, 0), (3, 2, 0)]).is_err());
     }
 
     #[test]
