@@ -258,3 +258,35 @@ fn gpt2_small_ring_meets_every_contract() {
         println!("{schedule:?}: {}", man.selection.reason);
     }
 }
+
+/// The contracts of the model-size causal layers, stated for every PE from their manifests:
+/// three pieces per PE (the blocks before PE 0's, PE 0's, the blocks that wrapped), and how
+/// long stating them takes. Run by hand
+/// (`cargo test --release --test verify_contract -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn model_layers_have_three_pieces_per_pe() {
+    for (name, n, d, h, m) in [
+        ("GPT-2 small", 1024, 64, 12, 64),
+        ("Llama-2-7B", 4096, 128, 32, 64),
+        ("Llama-2-7B", 4096, 128, 32, 256),
+        ("8k context", 8192, 128, 32, 1024),
+    ] {
+        let (_, man) = compile(&source(n, d, h, "causal"), m, Choice::Stream);
+        let t0 = std::time::Instant::now();
+        let need = Need::from_manifest(&man).unwrap();
+        let mut most = 0;
+        for name in ["k", "v"] {
+            let block = Block::from_manifest(&man, name).unwrap();
+            for p in 0..m {
+                let ps = pieces(&block.at[0], m, n, p, &need).unwrap();
+                most = most.max(ps.len());
+            }
+        }
+        println!(
+            "{name} on {m} PEs: at most {most} pieces per PE, stated in {:.3} s",
+            t0.elapsed().as_secs_f64()
+        );
+        assert!(most <= 3, "{name} on {m} PEs: {most} pieces");
+    }
+}
