@@ -7,10 +7,11 @@
 //! not wrap (`s ≤ p`, then `s > p`) the origin is `c − s` for a constant `c`, and every run of
 //! local rows the layout deals holds tokens affine in `s`: contiguous rows `c·R − R·s + r`,
 //! the zigzag layout's first chunk `c·C − C·s + r` and its second `(2m − 1 − c)·C + C·s + r`.
-//! [`pieces`] gives those formulas; [`owed`] turns one piece into facts of input atoms at a
-//! given placement of the buffer and a given (possibly symbolic) hop; [`discharge`] accepts a
-//! PE's sends only if they are, fact for fact, exactly the words and values its successor is
-//! owed, so nothing arrives that the contract does not state.
+//! Under a causal mask a row travels only while a PE ahead still needs its token ([`Need`]).
+//! [`pieces`] gives those formulas; `owed` turns one piece into facts of input atoms at a
+//! given placement of the buffer and a given (possibly symbolic) hop; `discharge` accepts a
+//! PE's sends only if they tile exactly the words its successor is owed, with their values,
+//! so nothing arrives that the contract does not state.
 //!
 //! Nothing here is used for a verdict yet: the per-PE evaluation with step loops symbolic,
 //! which would push these facts at each step's start and collect the sends to compare, does
@@ -31,7 +32,7 @@ pub struct Run {
 }
 
 /// Hops `lo .. hi` of the blocks passing PE `p`, in which the origin `(p − s) mod m` has no
-/// wrap, with the runs of rows that hold their tokens.
+/// wrap and the rows present do not change, with the runs of rows that hold their tokens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Piece {
     pub lo: u32,
@@ -193,7 +194,7 @@ impl Block {
     /// the tensor's own layout. The odd one is taken one head stride below it (head `h`'s odd
     /// buffer is head `h − 1`'s even one, which head `h − 1` no longer reads): a placement the
     /// manifest does not state, so it is only a candidate. Nothing trusts it: a send that does
-    /// not land exactly there fails [`discharge`], and the timing must show that the receiver
+    /// not land exactly there fails `discharge`, and the timing must show that the receiver
     /// writes none of its words locally.
     pub fn from_manifest(m: &Manifest, name: &str) -> Result<Block, String> {
         let tensor = match name {
