@@ -16,6 +16,7 @@
 
 mod aff;
 mod bounds;
+pub mod contract;
 pub mod prove;
 pub mod ring;
 mod slots;
