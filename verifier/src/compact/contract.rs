@@ -382,6 +382,21 @@ mod tests {
         }
     }
 
+    /// The `(row, token)` pairs the one piece covering hop `s` holds there, sorted.
+    fn held_at(ps: &[Piece], s: u32, what: &str) -> Vec<(u32, i64)> {
+        let mine: Vec<&Piece> = ps.iter().filter(|x| x.lo <= s && s < x.hi).collect();
+        assert_eq!(mine.len(), 1, "{what}");
+        let mut got: Vec<(u32, i64)> = Vec::new();
+        for run in &mine[0].runs {
+            for i in 0..run.len {
+                let t = run.token0 + run.per_hop * i64::from(s) + i64::from(i);
+                got.push((run.row0 + i, t));
+            }
+        }
+        got.sort_unstable();
+        got
+    }
+
     /// The pieces' formulas give, at every hop, the tokens the manifest's own layout deals to
     /// the PE the block started on (`Layout::tokens_of`), row for row, and cover every hop once.
     #[test]
@@ -394,17 +409,8 @@ mod tests {
                     for p in 0..pes {
                         let ps = pieces(&lay, pes, tokens, p, &Need::All).unwrap();
                         for s in 0..pes {
-                            let mine: Vec<&Piece> =
-                                ps.iter().filter(|x| x.lo <= s && s < x.hi).collect();
-                            assert_eq!(mine.len(), 1, "{order:?} {pes} {rows}: PE {p} hop {s}");
-                            let mut got: Vec<(u32, i64)> = Vec::new();
-                            for run in &mine[0].runs {
-                                for i in 0..run.len {
-                                    let t = run.token0 + run.per_hop * i64::from(s) + i64::from(i);
-                                    got.push((run.row0 + i, t));
-                                }
-                            }
-                            got.sort_unstable();
+                            let what = format!("{order:?} {pes} {rows}: PE {p} hop {s}");
+                            let got = held_at(&ps, s, &what);
                             let origin = (p + pes - s) % pes;
                             let mut want: Vec<(u32, i64)> = lay
                                 .tokens_of(pes, origin, tokens)
@@ -442,17 +448,7 @@ mod tests {
                 for p in 0..pes {
                     let ps = pieces(&lay, pes, tokens, p, &need).unwrap();
                     for s in 0..pes {
-                        let mine: Vec<&Piece> =
-                            ps.iter().filter(|x| x.lo <= s && s < x.hi).collect();
-                        assert_eq!(mine.len(), 1, "{order:?} {pes}: PE {p} hop {s}");
-                        let mut got: Vec<(u32, i64)> = Vec::new();
-                        for run in &mine[0].runs {
-                            for i in 0..run.len {
-                                let t = run.token0 + run.per_hop * i64::from(s) + i64::from(i);
-                                got.push((run.row0 + i, t));
-                            }
-                        }
-                        got.sort_unstable();
+                        let got = held_at(&ps, s, &format!("{order:?} {pes}: PE {p} hop {s}"));
                         let origin = (p + pes - s) % pes;
                         let mut want: Vec<(u32, i64)> = lay
                             .tokens_of(pes, origin, tokens)
