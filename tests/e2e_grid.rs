@@ -562,16 +562,14 @@ fn without_a_memory_limit_auto_lets_values_trail_keys_by_the_whole_ring() {
             )
             .expect("compiles")
         };
-        let problem = compiler::problem::Problem {
-            tokens: n,
-            dim: d,
-            heads: 1,
-            scale: 1.0 / f64::from(d).sqrt(),
-            symmetric: false,
-            shared_values: false,
+        let problem = compiler::problem::Problem::attention(
+            n,
+            d,
+            1,
+            false,
             causal,
-            softmax: runtime::layer::Softmax::Safe,
-        };
+            runtime::layer::Softmax::Safe,
+        );
         let allowance = compiler::passes::schedule_stream::allowance(&problem, m);
         let unrolled_lb = runtime::layer::Shape {
             heads: 1,

@@ -129,16 +129,14 @@ fn lagged_values_run_from_their_files() {
                     whole.manifest.selection.reason
                 );
                 // The memory of a lag of 2: the least a lagged program needs.
-                let p = compiler::problem::Problem {
-                    tokens: n,
-                    dim: d,
+                let p = compiler::problem::Problem::attention(
+                    n,
+                    d,
                     heads,
-                    scale: 1.0 / f64::from(d).sqrt(),
-                    symmetric: false,
-                    shared_values: false,
-                    causal: true,
-                    softmax: runtime::layer::Softmax::Safe,
-                };
+                    false,
+                    true,
+                    runtime::layer::Softmax::Safe,
+                );
                 let two = compiler::passes::schedule_stream::run_with(
                     &p,
                     m,

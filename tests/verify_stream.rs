@@ -15,16 +15,14 @@ use stream::stream_manifest;
 use verifier::{Invariant, Options, Report};
 
 fn problem(n: u32, d: u32, h: u32, shared: bool, causal: bool, safe: bool) -> Problem {
-    Problem {
-        tokens: n,
-        dim: d,
-        heads: h,
-        scale: 1.0 / f64::from(d).sqrt(),
-        symmetric: shared,
-        shared_values: shared,
+    Problem::attention(
+        n,
+        d,
+        h,
+        shared,
         causal,
-        softmax: if safe { Softmax::Safe } else { Softmax::Plain },
-    }
+        if safe { Softmax::Safe } else { Softmax::Plain },
+    )
 }
 
 /// The flattened programs and manifest, or `None` where the schedule does not apply.

@@ -35,16 +35,8 @@ fn causal_stream(
     m: u32,
     lag: Lag,
 ) -> (schedule_stream::Stream, runtime::manifest::Manifest) {
-    let p = compiler::problem::Problem {
-        tokens: n,
-        dim: d,
-        heads: h,
-        scale: 1.0 / f64::from(d).sqrt(),
-        symmetric: false,
-        shared_values: false,
-        causal: true,
-        softmax: runtime::layer::Softmax::Safe,
-    };
+    let p =
+        compiler::problem::Problem::attention(n, d, h, false, true, runtime::layer::Softmax::Safe);
     let st = schedule_stream::run_with(&p, m, true, lag).unwrap();
     let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into()).unwrap();
     (st, man)
@@ -364,20 +356,18 @@ fn uniform_mutants_are_proved_without_unrolling_only_if_proved_flattened() {
         (16, 2, 2, 8, true),
         (16, 1, 1, 4, false),
     ] {
-        let p = compiler::problem::Problem {
-            tokens: n,
-            dim: d,
-            heads: h,
-            scale: 1.0 / f64::from(d).sqrt(),
-            symmetric: false,
-            shared_values: false,
-            causal: false,
-            softmax: if safe {
+        let p = compiler::problem::Problem::attention(
+            n,
+            d,
+            h,
+            false,
+            false,
+            if safe {
                 runtime::layer::Softmax::Safe
             } else {
                 runtime::layer::Softmax::Plain
             },
-        };
+        );
         let st = schedule_stream::run_with(&p, m, safe, Lag::Off).unwrap();
         let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into()).unwrap();
         let what = format!("n={n} d={d} h={h} m={m} safe={safe}");

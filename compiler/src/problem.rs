@@ -41,6 +41,28 @@ impl std::fmt::Debug for Problem {
 }
 
 impl Problem {
+    /// A layer's problem as the analysis finds it for `tokens`, `dim`, `heads` with the default
+    /// scale `1/sqrt(dim)`: q = k = v when `shared` (symmetric scores, shared values).
+    pub fn attention(
+        tokens: u32,
+        dim: u32,
+        heads: u32,
+        shared: bool,
+        causal: bool,
+        softmax: Softmax,
+    ) -> Problem {
+        Problem {
+            tokens,
+            dim,
+            heads,
+            scale: 1.0 / f64::from(dim).sqrt(),
+            symmetric: shared,
+            shared_values: shared,
+            causal,
+            softmax,
+        }
+    }
+
     /// Tensor that plays the role of `role` (Q, K or V) in this layer.
     pub fn tensor_for(&self, role: Tensor) -> Tensor {
         match role {

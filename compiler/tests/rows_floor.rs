@@ -7,16 +7,7 @@ use compiler::problem::Problem;
 use runtime::layer::Softmax;
 
 fn problem(n: u32, d: u32, h: u32, shared: bool, causal: bool, softmax: Softmax) -> Problem {
-    Problem {
-        tokens: n,
-        dim: d,
-        heads: h,
-        scale: 1.0 / f64::from(d).sqrt(),
-        symmetric: shared,
-        shared_values: shared,
-        causal,
-        softmax,
-    }
+    Problem::attention(n, d, h, shared, causal, softmax)
 }
 
 #[test]

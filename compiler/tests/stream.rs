@@ -8,16 +8,7 @@ use isa::{F32Domain, LoopMachine, Machine, NoObserver, OpKind, RunStats};
 use runtime::reference::{attention, RefLayer};
 
 fn problem(n: u32, d: u32, h: u32, shared: bool, causal: bool) -> Problem {
-    Problem {
-        tokens: n,
-        dim: d,
-        heads: h,
-        scale: 1.0 / f64::from(d).sqrt(),
-        symmetric: shared,
-        shared_values: shared,
-        causal,
-        softmax: runtime::layer::Softmax::Safe,
-    }
+    Problem::attention(n, d, h, shared, causal, runtime::layer::Softmax::Safe)
 }
 
 /// Deterministic inputs in about [-2, 2].
