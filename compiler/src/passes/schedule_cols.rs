@@ -109,11 +109,20 @@ pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
             if wrap && groups > 1 {
                 continue;
             }
-            if let Some((est, lane)) = best_lane(p, pes, groups, wrap) {
+            if let Some((est, lane)) = best_lane(p, pes, groups, wrap, false) {
                 best.push((est, groups, lane));
             }
         }
     }
+    // With q = k = v the x words bound for the v columns are inputs, ready in cycle 0: they
+    // can cross the softmax PEs while the scores are still being summed, which the estimate
+    // above charges as if they came after. The lane that assumes they overlap is simulated
+    // as well (both kept, so no layer loses the lane it had).
+    let overlapped = if p.shared_values {
+        best_lane(p, pes, 1, false, true)
+    } else {
+        None
+    };
     let one_group = best
         .iter()
         .filter(|b| b.1 == 1)
@@ -129,6 +138,21 @@ pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         for &k in ladder {
             let soft = (lane.soft / k).max(1);
             let c = (groups, Apart { soft, ..lane });
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    if let Some((_, lane)) = overlapped {
+        let ladder: &[u32] = if large { &[1] } else { &[1, 2] };
+        for &k in ladder {
+            let c = (
+                1,
+                Apart {
+                    soft: (lane.soft / k).max(1),
+                    ..lane
+                },
+            );
             if !out.contains(&c) {
                 out.push(c);
             }
@@ -176,8 +200,15 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
 }
 
 /// The lane of `groups` row groups per head (v columns on the q/k PEs when `wrap`) with the
-/// lowest estimate, and that estimate; `None` when no lane fits.
-fn best_lane(p: &Problem, pes: u32, groups: u32, wrap: bool) -> Option<(u64, Apart)> {
+/// lowest estimate, and that estimate; `None` when no lane fits. With `overlap` the words the
+/// links forward are taken to flow beside the column parts' work rather than before it.
+fn best_lane(
+    p: &Problem,
+    pes: u32,
+    groups: u32,
+    wrap: bool,
+    overlap: bool,
+) -> Option<(u64, Apart)> {
     let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
     if groups > p.tokens {
         return None;
@@ -223,7 +254,12 @@ fn best_lane(p: &Problem, pes: u32, groups: u32, wrap: bool) -> Option<(u64, Apa
                 } else {
                     (work1.max(weights.div_ceil(g) * d.div_ceil(r3)), r3)
                 };
-                let est = work.max(link).max(work2) + d + 2 * soft + hops + 4 * n;
+                let tail = d + 2 * soft + hops + 4 * n;
+                let est = if overlap {
+                    (work.max(work2) + tail).max(link + 2 * soft + hops)
+                } else {
+                    work.max(link).max(work2) + tail
+                };
                 let lane = Apart {
                     r1: r1 as u32,
                     soft: soft as u32,
