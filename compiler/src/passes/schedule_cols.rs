@@ -100,7 +100,8 @@ impl Scheduler for Cols {
 /// waits through. Its softmax PEs are then tried at that count and at a half and a quarter of
 /// it: rows finish one after another, so a softmax PE's rows overlap the column parts' work
 /// more than the estimate assumes, and each softmax PE adds a hop to every weight. Several row
-/// groups are tried only where their estimate beats one group's.
+/// groups are tried only where their estimate beats one group's. With q = k = v a lane
+/// estimated with the x words overlapping phase 1 is tried too.
 pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     let large = p.necessary_ops() > LARGE_OPS;
     let mut best: Vec<(u64, u32, Apart)> = Vec::new();
