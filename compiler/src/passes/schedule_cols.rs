@@ -89,6 +89,16 @@ impl Scheduler for Cols {
             }]);
         }
         let mut s = schedule_split::run_apart(p, pes, &parts)?;
+        // A run of its own, so the lanes above keep their retries and search budget and no
+        // layer can lose the schedule it had; the shorter one is kept.
+        let overlapped = overlapped(p, pes);
+        if !overlapped.is_empty() {
+            if let Ok(o) = schedule_split::run_apart(p, pes, &overlapped) {
+                if o.cycles() < s.cycles() {
+                    s = o;
+                }
+            }
+        }
         s.algorithm = NAME;
         Ok(s)
     }
@@ -100,8 +110,7 @@ impl Scheduler for Cols {
 /// waits through. Its softmax PEs are then tried at that count and at a half and a quarter of
 /// it: rows finish one after another, so a softmax PE's rows overlap the column parts' work
 /// more than the estimate assumes, and each softmax PE adds a hop to every weight. Several row
-/// groups are tried only where their estimate beats one group's. With q = k = v a lane
-/// estimated with the x words overlapping phase 1 is tried too.
+/// groups are tried only where their estimate beats one group's.
 pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     let large = p.necessary_ops() > LARGE_OPS;
     let mut best: Vec<(u64, u32, Apart)> = Vec::new();
@@ -115,15 +124,7 @@ pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
             }
         }
     }
-    // With q = k = v the x words bound for the v columns are inputs, ready in cycle 0: they
-    // can cross the softmax PEs while the scores are still being summed, which the estimate
-    // above charges as if they came after. The lane that assumes they overlap is simulated
-    // as well (both kept, so no layer loses the lane it had).
-    let overlapped = if p.shared_values {
-        best_lane(p, pes, 1, false, true)
-    } else {
-        None
-    };
+
     let one_group = best
         .iter()
         .filter(|b| b.1 == 1)
@@ -144,22 +145,39 @@ pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
             }
         }
     }
-    if let Some((_, lane)) = overlapped {
-        let ladder: &[u32] = if large { &[1] } else { &[1, 2] };
-        for &k in ladder {
-            let c = (
-                1,
-                Apart {
-                    soft: (lane.soft / k).max(1),
-                    ..lane
-                },
-            );
-            if !out.contains(&c) {
-                out.push(c);
-            }
+    out.extend(row_lanes(p, pes));
+    out
+}
+
+/// With q = k = v the x words bound for the v columns are inputs, ready in cycle 0: they can
+/// cross the softmax PEs while the scores are still being summed, which [`candidates`]'
+/// estimate charges as if they came after. The lane estimated with them overlapping, at its
+/// softmax count and half of it (one run on large layers); empty for other layers.
+fn overlapped(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    if !p.shared_values {
+        return Vec::new();
+    }
+    let Some((_, lane)) = best_lane(p, pes, 1, false, true) else {
+        return Vec::new();
+    };
+    let ladder: &[u32] = if p.necessary_ops() > LARGE_OPS {
+        &[1]
+    } else {
+        &[1, 2]
+    };
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    for &k in ladder {
+        let c = (
+            1,
+            Apart {
+                soft: (lane.soft / k).max(1),
+                ..lane
+            },
+        );
+        if !out.contains(&c) {
+            out.push(c);
         }
     }
-    out.extend(row_lanes(p, pes));
     out
 }
 
