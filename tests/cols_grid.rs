@@ -154,6 +154,39 @@ fn row_lanes_on_rings_of_three_to_five_pes_per_row() {
     assert_eq!(combos, 8);
 }
 
+/// With q = k = v the x words the v columns read are inputs, ready in cycle 0, so they can
+/// cross the softmax PEs while phase 1 runs: the lane chosen for that must be tried. Shared
+/// layers of few tokens on rings of 4 to more than 10 PEs per token, one to four heads.
+#[test]
+fn shared_rows_on_large_rings() {
+    let mut combos = 0;
+    for n in [1u32, 2, 3, 4, 6] {
+        for d in [8u32, 24, 64] {
+            for m in [(4 * n).max(6), 32, 64] {
+                let heads = (1 + (n + d / 8 + m) % 4).min(m / 3);
+                check(n, d, m, heads, Scheme::Shared, (n + m).is_multiple_of(2));
+                combos += 1;
+            }
+        }
+    }
+    assert_eq!(combos, 45);
+}
+
+/// One token, d = 64 on 64 PEs: a separate layer's cols lane takes 82 cycles (bound 76).
+/// The shared layer has the same weights and half the phase-1 work; its 64 x words must reach
+/// the v columns, which they can do during the 64 cycles of the score's chain, so it must be
+/// no slower (it took 130, in the row dataflow, while its lanes were estimated as if those
+/// words crossed after phase 1).
+#[test]
+fn one_shared_token_is_no_slower_than_a_separate_one() {
+    let separate = check(1, 64, 64, 1, Scheme::Separate, true);
+    let shared = check(1, 64, 64, 1, Scheme::Shared, true);
+    assert!(
+        shared <= separate,
+        "shared {shared} against separate {separate}"
+    );
+}
+
 #[test]
 fn refuses_rings_without_three_pes_per_head() {
     let layer = common::parse_one(&src(4, 4, 2, Scheme::Separate, true));

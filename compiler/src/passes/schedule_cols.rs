@@ -89,6 +89,16 @@ impl Scheduler for Cols {
             }]);
         }
         let mut s = schedule_split::run_apart(p, pes, &parts)?;
+        // A run of its own, so the lanes above keep their retries and search budget and no
+        // layer can lose the schedule it had; the shorter one is kept.
+        let overlapped = overlapped(p, pes);
+        if !overlapped.is_empty() {
+            if let Ok(o) = schedule_split::run_apart(p, pes, &overlapped) {
+                if o.cycles() < s.cycles() {
+                    s = o;
+                }
+            }
+        }
         s.algorithm = NAME;
         Ok(s)
     }
@@ -109,11 +119,12 @@ pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
             if wrap && groups > 1 {
                 continue;
             }
-            if let Some((est, lane)) = best_lane(p, pes, groups, wrap) {
+            if let Some((est, lane)) = best_lane(p, pes, groups, wrap, false) {
                 best.push((est, groups, lane));
             }
         }
     }
+
     let one_group = best
         .iter()
         .filter(|b| b.1 == 1)
@@ -135,6 +146,38 @@ pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         }
     }
     out.extend(row_lanes(p, pes));
+    out
+}
+
+/// With q = k = v the x words bound for the v columns are inputs, ready in cycle 0: they can
+/// cross the softmax PEs while the scores are still being summed, which [`candidates`]'
+/// estimate charges as if they came after. The lane estimated with them overlapping, at its
+/// softmax count and half of it (one run on large layers); empty for other layers.
+fn overlapped(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    if !p.shared_values {
+        return Vec::new();
+    }
+    let Some((_, lane)) = best_lane(p, pes, 1, false, true) else {
+        return Vec::new();
+    };
+    let ladder: &[u32] = if p.necessary_ops() > LARGE_OPS {
+        &[1]
+    } else {
+        &[1, 2]
+    };
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    for &k in ladder {
+        let c = (
+            1,
+            Apart {
+                soft: (lane.soft / k).max(1),
+                ..lane
+            },
+        );
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
     out
 }
 
@@ -176,8 +219,15 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
 }
 
 /// The lane of `groups` row groups per head (v columns on the q/k PEs when `wrap`) with the
-/// lowest estimate, and that estimate; `None` when no lane fits.
-fn best_lane(p: &Problem, pes: u32, groups: u32, wrap: bool) -> Option<(u64, Apart)> {
+/// lowest estimate, and that estimate; `None` when no lane fits. With `overlap` the words the
+/// links forward are taken to flow beside the column parts' work rather than before it.
+fn best_lane(
+    p: &Problem,
+    pes: u32,
+    groups: u32,
+    wrap: bool,
+    overlap: bool,
+) -> Option<(u64, Apart)> {
     let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
     if groups > p.tokens {
         return None;
@@ -223,7 +273,12 @@ fn best_lane(p: &Problem, pes: u32, groups: u32, wrap: bool) -> Option<(u64, Apa
                 } else {
                     (work1.max(weights.div_ceil(g) * d.div_ceil(r3)), r3)
                 };
-                let est = work.max(link).max(work2) + d + 2 * soft + hops + 4 * n;
+                let tail = d + 2 * soft + hops + 4 * n;
+                let est = if overlap {
+                    (work.max(work2) + tail).max(link + 2 * soft + hops)
+                } else {
+                    work.max(link).max(work2) + tail
+                };
                 let lane = Apart {
                     r1: r1 as u32,
                     soft: soft as u32,
