@@ -82,7 +82,7 @@ fn rings_of_one_to_five_pes_per_token() {
             }
         }
     }
-    assert_eq!(combos, 45);
+    assert_eq!(combos, 30);
 }
 
 #[test]
@@ -162,7 +162,7 @@ fn shared_rows_on_large_rings() {
     let mut combos = 0;
     for n in [1u32, 2, 3, 4, 6] {
         for d in [8u32, 24, 64] {
-            for m in [(4 * n).max(6), 32, 64] {
+            for m in [(4 * n).max(6), 64] {
                 let heads = (1 + (n + d / 8 + m) % 4).min(m / 3);
                 check(n, d, m, heads, Scheme::Shared, (n + m).is_multiple_of(2));
                 combos += 1;
