@@ -35,6 +35,8 @@ use crate::problem::Problem;
 
 mod carried;
 mod lagged;
+mod merge;
+mod once;
 mod paired;
 mod uneven;
 

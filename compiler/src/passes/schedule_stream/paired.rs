@@ -659,9 +659,23 @@ fn mask_ops(nodes: &mut [Node], level: u8, count: u32, keep: u32) {
     mask_rows(nodes, level, 0, count, keep);
 }
 
-/// PE `pe`'s program.
-/// PE `pe`'s program; `last_live` of the last PE's rows hold tokens.
+/// PE `pe`'s program; `last_live` of the last PE's rows hold tokens. Its rows come in one
+/// loop per kind of send; those that continue one another are merged, which only shortens it.
 pub(super) fn program(
+    map: &PMap,
+    pe: u32,
+    m: u32,
+    heads: u32,
+    scale: f32,
+    last_live: u32,
+) -> Option<isa::LoopProgram> {
+    unmerged(map, pe, m, heads, scale, last_live)
+        .map(super::once::strip)
+        .map(super::merge::merge)
+}
+
+/// [`program`] as generated: a loop per run of rows that send alike.
+pub(super) fn unmerged(
     map: &PMap,
     pe: u32,
     m: u32,
