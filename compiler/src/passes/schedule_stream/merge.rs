@@ -194,29 +194,38 @@ fn bundle(x: &LBundle, y: &LBundle, sp: &Span) -> Option<LBundle> {
                 if rest != others(y, f, lv) {
                     return None;
                 }
+                // The merged term: the one of a side with more than one iteration (a wrapping
+                // one too: the max slots alternate from step to step), else the gap itself.
                 let (ta, tb) = (stride_at(x, f, lv), stride_at(y, f, lv));
-                if ta.is_some_and(|t| t.wrap != 0) || tb.is_some_and(|t| t.wrap != 0) {
+                let gap = i64::from(vb) - i64::from(va);
+                let term = if sp.a > 1 {
+                    ta.copied()
+                } else if sp.b > 1 {
+                    tb.copied()
+                } else {
+                    (gap != 0).then_some(Term {
+                        field: f,
+                        level: lv,
+                        stride: i32::try_from(gap).ok()?,
+                        wrap: 0,
+                    })
+                };
+                let value = |i: u32| term.map_or(0, |t| t.value(i));
+                let own_b = |j: u32| tb.map_or(0, |t| t.value(j));
+                if sp.b > 1 && tb.copied() != term {
                     return None;
                 }
-                let (sa, sb) = (
-                    i64::from(ta.map_or(0, |t| t.stride)),
-                    i64::from(tb.map_or(0, |t| t.stride)),
-                );
-                let gap = i64::from(vb) - i64::from(va);
-                let s = if sp.a > 1 { sa } else { gap };
-                if gap != s * i64::from(sp.a) || (sp.b > 1 && sb != s) {
+                // Iteration j of `b` is iteration `a + j` of the merged loop; a wrapping term
+                // repeats, so its period decides.
+                let period = term.map_or(1, |t| if t.wrap == 0 { 1 } else { t.wrap });
+                let continues = (0..period.min(sp.b))
+                    .all(|j| i64::from(va) + value(sp.a + j) == i64::from(vb) + own_b(j));
+                if !continues {
                     return None;
                 }
                 set_field(&mut out.bundle, f, va);
                 out.terms.extend(rest);
-                if s != 0 {
-                    out.terms.push(Term {
-                        field: f,
-                        level: lv,
-                        stride: i32::try_from(s).ok()?,
-                        wrap: 0,
-                    });
-                }
+                out.terms.extend(term);
             }
             Some(from_x) => {
                 let src = if from_x { x } else { y };
@@ -224,28 +233,27 @@ fn bundle(x: &LBundle, y: &LBundle, sp: &Span) -> Option<LBundle> {
                     continue;
                 };
                 let t = stride_at(src, f, lv);
-                if t.is_some_and(|t| t.wrap != 0) {
+                // `b`'s wrapping term read from `a + j` instead of `j`: the same values only
+                // when `a` is a whole number of periods.
+                if t.is_some_and(|t| {
+                    t.wrap != 0 && !from_x && sp.b > 1 && !sp.a.is_multiple_of(t.wrap)
+                }) {
                     return None;
                 }
                 let mut rest = others(src, f, lv);
                 // Iteration j of `b` is iteration `a + j` of the merged loop.
-                let (base, s) = match t {
-                    Some(t) if !from_x && sp.b > 1 => (
+                let (base, kept) = match t {
+                    Some(t) if !from_x && sp.b > 1 && t.wrap == 0 => (
                         i64::from(v) - i64::from(t.stride) * i64::from(sp.a),
-                        t.stride,
+                        Some(*t),
                     ),
-                    Some(t) if from_x && sp.a > 1 => (i64::from(v), t.stride),
-                    _ => (i64::from(v), 0),
+                    Some(t) if from_x && sp.a > 1 || !from_x && sp.b > 1 => {
+                        (i64::from(v), Some(*t))
+                    }
+                    _ => (i64::from(v), None),
                 };
                 set_field(&mut out.bundle, f, u32::try_from(base).ok()?);
-                if s != 0 {
-                    rest.push(Term {
-                        field: f,
-                        level: lv,
-                        stride: s,
-                        wrap: 0,
-                    });
-                }
+                rest.extend(kept);
                 out.terms.extend(rest);
             }
         }
@@ -355,6 +363,32 @@ loop 1 {
         // The first two skip a word (0, 1 then 3, 4): apart. The second and third continue
         // (3, 4, 5, 6): one loop of 4. The last is another op.
         assert_eq!(done.body.len(), 3, "{}", done.to_text());
+        assert_eq!(p.flatten(100).unwrap(), done.flatten(100).unwrap());
+    }
+
+    /// Slots that alternate (a wrapping term) continue across the loops when the parity does;
+    /// a send of the second loop alone is kept for its iterations.
+    #[test]
+    fn alternating_slots_and_one_sided_sends_merge() {
+        let src = "\
+.format 3
+.pe 0
+.pes 2
+.mem 64
+loop 2 {
+    max m[0 + 4*(i0 % 2)], m8 -> m[4 - 4*(i0 % 2)]
+}
+loop 1 {
+    max m0, m8 -> m4 | nop | send m9 -> m10
+}
+loop 1 {
+    max m0, m8 -> m4
+}
+";
+        let p: LoopProgram = isa::parse_looped(src).expect("parses");
+        let done = super::merge(p.clone());
+        assert_eq!(done.body.len(), 2, "{}", done.to_text());
+        assert!(sends_kept_by_index(&done.body, 0), "{}", done.to_text());
         assert_eq!(p.flatten(100).unwrap(), done.flatten(100).unwrap());
     }
 }
