@@ -341,3 +341,59 @@ fn uneven_deals_run_from_their_files() {
     }
     assert_eq!(ran, 36);
 }
+
+/// Paired shared layers under a limit that only the idle heads' regions meet (their outputs
+/// below their x rows, the visiting block and travelling rows moving through both from head to
+/// head) run from their files and match the reference.
+#[test]
+fn paired_scores_in_idle_heads_regions_run_from_their_files() {
+    use compiler::passes::schedule_stream::{self, Lag, Pairing};
+    let mut ran = 0;
+    for (n, d, m, heads) in [
+        (32u32, 3u32, 4u32, 3u32),
+        (48, 4, 4, 4),
+        (47, 4, 4, 3),
+        (40, 5, 5, 3),
+        (48, 8, 6, 4),
+        (70, 6, 6, 3),
+        (64, 8, 8, 3),
+    ] {
+        let src = layer_src(n, d, heads, true, false).replace("plain", "safe");
+        let what = format!("n={n} d={d} m={m} heads={heads}");
+        let p = compiler::problem::Problem {
+            tokens: n,
+            dim: d,
+            heads,
+            scale: 1.0 / f64::from(d).sqrt(),
+            symmetric: true,
+            shared_values: true,
+            causal: false,
+            softmax: runtime::layer::Softmax::Safe,
+        };
+        let own = schedule_stream::run_pairing(&p, m, true, Lag::Fit(None), Pairing::On)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let b = n.div_ceil(m);
+        let limit = own.programs[0].mem_words - 2 * b * d;
+        let opts = compiler::Options {
+            pes: m,
+            schedule: Choice::Stream,
+            dump_after: None,
+            mem_limit: Some(limit),
+            reroll: false,
+        };
+        let c =
+            compiler::compile(&parse_one(&src), &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            c.manifest.ops.phase1_mac < u64::from(n * n * d * heads),
+            "{what}: scores not paired"
+        );
+        let x = c.manifest.inputs["x"].layout.as_ref().expect("a layout");
+        assert_eq!(x.base, heads * b * d, "{what}: outputs below the x rows");
+        let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+        let (_, cycles, man) = run_dir(&files(&c, true), seed);
+        assert_eq!(cycles, c.manifest.cycles, "{what}");
+        assert_eq!(man.mem_words.iter().max(), Some(&limit), "{what}");
+        ran += 1;
+    }
+    assert_eq!(ran, 7);
+}

@@ -273,6 +273,24 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
     cases.push(((40, 4, 2, true, false, 5), true, None));
     cases.push(((38, 2, 1, true, false, 4), true, None));
     cases.push(((28, 4, 1, true, false, 4), true, None));
+    // And with three heads under a limit that only the idle heads' regions meet.
+    let reused = {
+        let p = compiler::problem::Problem {
+            tokens: 32,
+            dim: 3,
+            heads: 3,
+            scale: 1.0 / 3f64.sqrt(),
+            symmetric: true,
+            shared_values: true,
+            causal: false,
+            softmax: runtime::layer::Softmax::Safe,
+        };
+        let own =
+            schedule_stream::run_pairing(&p, 4, true, Lag::Fit(None), schedule_stream::Pairing::On)
+                .unwrap();
+        own.programs[0].mem_words - 2 * 8 * 3
+    };
+    cases.push(((32, 3, 3, true, false, 4), true, Some(reused)));
     for ((n, d, h, shared, causal, m), safe, limit) in cases {
         let what = format!("n={n} d={d} h={h} shared={shared} causal={causal} m={m} safe={safe}");
         let mut src = layer_src(n, d, h, shared, causal);

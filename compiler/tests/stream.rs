@@ -639,8 +639,10 @@ fn assert_buffers_cover(st: &Stream, what: &str) {
 
 #[test]
 fn reported_buffers_cover_every_address_the_programs_touch() {
-    // Streams described, by map: rotating blocks, lagged values, carried scores.
-    let mut described = [0u32; 3];
+    // Streams described, by map: rotating blocks, lagged values, carried scores, paired
+    // scores (their visiting block and travelling rows in buffers of their own, or in the
+    // regions of heads not running).
+    let mut described = [0u32; 5];
     for (n, m) in [(16, 4), (32, 4), (24, 6), (32, 8), (64, 8)] {
         for d in [4, 8, 16] {
             for h in [1, 2, 3] {
@@ -656,6 +658,29 @@ fn reported_buffers_cover_every_address_the_programs_touch() {
                         ));
                     } else if !causal {
                         streams.push(schedule_stream::run_carried(&p, m, false));
+                    }
+                    let mut paired = Vec::new();
+                    if shared && !causal {
+                        let on = |limit| {
+                            schedule_stream::run_pairing(
+                                &p,
+                                m,
+                                true,
+                                schedule_stream::Lag::Fit(limit),
+                                schedule_stream::Pairing::On,
+                            )
+                        };
+                        if let Ok(own) = on(None) {
+                            let tight = own.programs[0].mem_words - 2 * (n / m) * d;
+                            paired.push((3, own));
+                            if h >= 3 {
+                                paired.push((4, on(Some(tight)).expect("reuse fits")));
+                            }
+                        }
+                    }
+                    for (kind, st) in paired {
+                        assert_buffers_cover(&st, &format!("n={n} d={d} h={h} m={m} paired"));
+                        described[kind] += 1;
                     }
                     for st in streams.into_iter().flatten() {
                         let what = format!(
@@ -675,9 +700,11 @@ fn reported_buffers_cover_every_address_the_programs_touch() {
             }
         }
     }
-    // 93 rotating, 90 lagged and 42 carried streams when this was written.
+    // 114 rotating (the paired ones `run` chose among them), 90 lagged, 42 carried, 45 paired
+    // and 15 paired in idle heads' regions when this was written.
+    eprintln!("streams describing their buffers: {described:?}");
     assert!(
-        described.iter().all(|&k| k >= 30),
-        "streams describing their buffers (rotating, lagged, carried): {described:?}"
+        described[..3].iter().all(|&k| k >= 30) && described[3..].iter().all(|&k| k >= 10),
+        "streams describing their buffers (rotating, lagged, carried, paired, paired in idle heads' regions): {described:?}"
     );
 }

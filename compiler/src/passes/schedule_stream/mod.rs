@@ -35,6 +35,8 @@ use crate::problem::Problem;
 
 mod carried;
 mod lagged;
+mod merge;
+mod once;
 mod paired;
 mod uneven;
 
@@ -944,7 +946,7 @@ fn run_pairing_online(
             .map(|pe| paired::program(map, pe, pes, p.heads, p.scale as f32, last_live))
             .collect()
     });
-    let Some(programs) = programs else {
+    let (Some(map), Some(programs)) = (map, programs) else {
         return match pairing {
             Pairing::On => Err(format!(
                 "{NAME}: paired scores apply to safe shared layers without a mask, in blocks of at least 4 tokens (a padded last block keeps half its tokens and two more) on 3 PEs or more, within the memory budget"
@@ -962,13 +964,23 @@ fn run_pairing_online(
         .sum();
     let mut ops = plain.ops;
     ops.phase1_mac = paired::products_per_head(p.tokens, p.dim, pes) * u64::from(p.heads);
+    let lay = |base: u32| {
+        Place::Affine(Layout {
+            order: runtime::manifest::RowOrder::Contiguous,
+            rows_per_pe: rows,
+            base,
+            head_stride: rows * p.dim,
+            row_stride: p.dim,
+        })
+    };
     Ok(Stream {
         programs,
+        inputs: BTreeMap::from([("x".to_string(), lay(map.x))]),
+        output: lay(map.y),
         cycles,
         ops,
         total_ops,
-        // The paired maps alias regions from head to head; not described yet.
-        buffers: Vec::new(),
+        buffers: map.buffers(),
         ..plain
     })
 }

@@ -56,13 +56,17 @@ impl PMap {
     /// `reuse`: the visiting block and the travelling `y` rows of a head live in per-head
     /// regions nothing needs while that head runs (the x rows of the two heads before it, or
     /// the outputs of the last two heads, written only when those run); three heads or more.
+    /// The outputs then lie just below the x rows, so that those regions are the two heads'
+    /// worth of words below the running head's x rows for every head, and one head loop with
+    /// addresses affine in the head serves them all.
     pub fn new(rows: u32, d: u32, heads: u32, reuse: bool) -> Option<PMap> {
         if reuse && heads < 3 {
             return None;
         }
         let hd = rows.checked_mul(d)?;
-        let y = heads.checked_mul(hd)?;
-        let end = y.checked_add(y)?;
+        let all = heads.checked_mul(hd)?;
+        let (x, y) = if reuse { (all, 0) } else { (0, all) };
+        let end = all.checked_add(all)?;
         let (rot, ytr, ltr) = if reuse {
             (0, 0, end)
         } else {
@@ -84,7 +88,7 @@ impl PMap {
             rows,
             heads,
             reuse,
-            x: 0,
+            x,
             y,
             rot,
             ytr,
@@ -100,6 +104,38 @@ impl PMap {
             mf: f + 2,
             words: f.checked_add(3)?,
         })
+    }
+}
+
+impl PMap {
+    /// The memory map, buffer by buffer. With `reuse` the visiting block and the travelling
+    /// `y` rows have no words of their own: they move through the x and y regions from head
+    /// to head.
+    pub fn buffers(&self) -> Vec<runtime::manifest::BufferInfo> {
+        let hd = self.rows * self.d;
+        let all = self.heads * hd;
+        let mut list = vec![("x", self.x, all), ("y", self.y, all)];
+        if !self.reuse {
+            list.push(("visiting block", self.rot, hd));
+            list.push(("travelling y rows", self.ytr, hd));
+        }
+        list.extend([
+            ("travelling row sums", self.ltr, self.rows),
+            ("travelling row maxima", self.mtr, self.rows),
+            ("scores", self.sc, self.ev - self.sc),
+            ("visiting exponentials", self.ev, self.rows),
+            ("new travelling maxima", self.mnew, self.rows),
+            ("row sums", self.l, self.rows),
+            ("row maxima", self.mx, 2 * self.rows),
+            ("rescale factors", self.f, 3),
+        ]);
+        list.into_iter()
+            .map(|(name, base, words)| runtime::manifest::BufferInfo {
+                name: name.to_string(),
+                base,
+                words,
+            })
+            .collect()
     }
 }
 
@@ -623,9 +659,23 @@ fn mask_ops(nodes: &mut [Node], level: u8, count: u32, keep: u32) {
     mask_rows(nodes, level, 0, count, keep);
 }
 
-/// PE `pe`'s program.
-/// PE `pe`'s program; `last_live` of the last PE's rows hold tokens.
+/// PE `pe`'s program; `last_live` of the last PE's rows hold tokens. Its rows come in one
+/// loop per kind of send; those that continue one another are merged, which only shortens it.
 pub(super) fn program(
+    map: &PMap,
+    pe: u32,
+    m: u32,
+    heads: u32,
+    scale: f32,
+    last_live: u32,
+) -> Option<isa::LoopProgram> {
+    unmerged(map, pe, m, heads, scale, last_live)
+        .map(super::once::strip)
+        .map(super::merge::merge)
+}
+
+/// [`program`] as generated: a loop per run of rows that send alike.
+pub(super) fn unmerged(
     map: &PMap,
     pe: u32,
     m: u32,
@@ -884,19 +934,11 @@ pub(super) fn program(
         ytr,
         live,
     };
-    let (x, y, h) = (map.x, map.y, map.heads);
     let body = if map.reuse {
-        let mut v = lp(1, hb(&gen(0, ad(y + (h - 1) * hd), ad(y + (h - 2) * hd)))?);
-        v.extend(lp(1, hb(&gen(1, ad(x), ad(y + (h - 1) * hd)))?));
-        v.extend(lp(
-            h - 2,
-            hb(&gen(
-                2,
-                ad(x + hd).t(0, i64::from(hd)),
-                ad(x).t(0, i64::from(hd)),
-            ))?,
-        ));
-        v
+        // Head h's visiting block is in the words of x rows h − 1 (for head 0 the last head's
+        // outputs), its travelling rows in those of x rows h − 2 (the last two heads' outputs).
+        let below = |k: u32| ad(map.x - k * hd).t(0, i64::from(hd));
+        lp(heads, hb(&gen(0, below(1), below(2)))?)
     } else {
         lp(heads, hb(&gen(0, ad(map.rot), ad(map.ytr)))?)
     };
