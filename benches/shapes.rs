@@ -173,8 +173,8 @@ fn measure(job: &Job, plain: bool) -> Row {
 }
 
 /// Safe cycles per shape from a markdown table this bench printed (either form).
-fn previous(path: &str) -> BTreeMap<String, u64> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+fn previous(path: &str) -> Result<BTreeMap<String, u64>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--against {path}: {e}"))?;
     let mut out = BTreeMap::new();
     let mut col = None;
     for line in text.lines() {
@@ -209,7 +209,7 @@ fn previous(path: &str) -> BTreeMap<String, u64> {
             .or_insert(cycles);
         }
     }
-    out
+    Ok(out)
 }
 
 fn main() {
@@ -223,6 +223,14 @@ fn main() {
             .cloned()
     };
     let safe_only = flag("--safe-only");
+    // Read before the two-minute run, so that a wrong path is said at once.
+    let against = value("--against").map(|path| match previous(&path) {
+        Ok(table) => (path, table),
+        Err(why) => {
+            eprintln!("shapes: {why}");
+            std::process::exit(2);
+        }
+    });
     let ns: Vec<u32> = match value("--n").and_then(|v| v.parse().ok()) {
         Some(n) => vec![n],
         None if flag("--quick") => vec![64],
@@ -336,8 +344,7 @@ fn main() {
             which.join(" ")
         );
     }
-    if let Some(path) = value("--against") {
-        let before = previous(&path);
+    if let Some((path, before)) = against {
         let (mut faster, mut same, mut missing) = (0, 0, 0);
         let mut slower = Vec::new();
         for (job, r) in jobs.iter().zip(&rows) {

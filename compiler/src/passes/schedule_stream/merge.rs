@@ -27,9 +27,9 @@ fn walk(nodes: &mut Vec<Node>, level: u8) {
     }
     let mut out: Vec<Node> = Vec::with_capacity(nodes.len());
     for node in nodes.drain(..) {
-        if let (Some(Node::Loop(a)), Node::Loop(b)) = (out.last(), &node) {
+        if let (Some(Node::Loop(a)), Node::Loop(b)) = (out.last_mut(), &node) {
             if let Some(joined) = join(a, b, level) {
-                *out.last_mut().expect("just matched") = Node::Loop(joined);
+                *a = joined;
                 continue;
             }
         }
