@@ -86,6 +86,12 @@ const SEARCH_RING_MAX_OPS: u64 = 30_000;
 /// such a layer; the price is seconds of compile time per layer (docs/scheduling.md).
 const SEARCH_LONG_RING_OPS: u64 = 6_000;
 const SEARCH_LONG_RING_FACTOR: u64 = 3;
+/// One head without a mask whose columns span the ring, with fewer tokens than PEs, above the
+/// usual search's limit and up to this many necessary operations, gets the ring allowance too
+/// (four times the usual): such a layer had only its one plain run, and its links and op slots
+/// are both nearly saturated, so what the search moves is the same per-PE imbalance as above
+/// (16 tokens, d = 64 on 64 PEs: 744 cycles unsearched, 678 with it; LB 524).
+const SEARCH_SHORT_RING_MAX_OPS: u64 = 40_000;
 
 /// Row-order weights tried (see [`Layout::row_weight`]).
 const ROW_WEIGHTS: [(i64, bool); 6] = [
@@ -389,14 +395,23 @@ fn explore(
         // The plain runs and retries count against the search's budget, so a layer whose runs
         // are already slow gets no search.
         let ring_causal = p.causal && p.heads == 1 && p.dim == m && ops >= SEARCH_RING_MIN_OPS;
+        let spans_ring = b.layout.apart.is_none() && b.layout.groups == 1 && p.dim >= m;
+        let short_ring = !p.causal
+            && p.heads == 1
+            && spans_ring
+            && p.tokens < m
+            && ops > SEARCH_MAX_OPS
+            && ops <= SEARCH_SHORT_RING_MAX_OPS;
         let max_ops = if ring_causal {
             SEARCH_RING_MAX_OPS
+        } else if short_ring {
+            SEARCH_SHORT_RING_MAX_OPS
         } else {
             SEARCH_MAX_OPS
         };
         if few_tokens && ops <= max_ops {
-            let allowance = if ring_causal {
-                let f = if ops >= SEARCH_LONG_RING_OPS {
+            let allowance = if ring_causal || short_ring {
+                let f = if ring_causal && ops >= SEARCH_LONG_RING_OPS {
                     SEARCH_LONG_RING_FACTOR
                 } else {
                     1
