@@ -212,7 +212,13 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
     // lane and the two largest lane counts, one variant each.
     let few_tokens = p.tokens < 2 * m;
     let large = p.necessary_ops() > LARGE_OPS;
-    let variants = if few_tokens && !large {
+    // One head spanning the ring beyond every search's range keeps its best plain run, so it
+    // gets the small layers' three variants (32 tokens, d = 64, causal on 64 PEs: 1243 cycles
+    // with one, 1215 with three); without a search after them, more runs can only shorten it.
+    let unsearched_ring = p.heads == 1
+        && p.dim >= m
+        && p.necessary_ops() > SEARCH_RING_MAX_OPS.max(SEARCH_SHORT_RING_MAX_OPS);
+    let variants = if few_tokens && (!large || unsearched_ring) {
         &ROW_WEIGHTS[..3]
     } else {
         &ROW_WEIGHTS[..1]
