@@ -86,11 +86,12 @@ const SEARCH_RING_MAX_OPS: u64 = 30_000;
 /// such a layer; the price is seconds of compile time per layer (docs/scheduling.md).
 const SEARCH_LONG_RING_OPS: u64 = 6_000;
 const SEARCH_LONG_RING_FACTOR: u64 = 3;
-/// One head without a mask whose columns span the ring, with fewer tokens than PEs, above the
-/// usual search's limit and up to this many necessary operations, gets the ring allowance too
-/// (four times the usual): such a layer had only its one plain run, and its links and op slots
-/// are both nearly saturated, so what the search moves is the same per-PE imbalance as above
-/// (16 tokens, d = 64 on 64 PEs: 744 cycles unsearched, 678 with it; LB 524).
+/// One head whose columns span the ring (with a mask: more columns than PEs, where the above
+/// does not apply), with fewer tokens than PEs, above the usual search's limit and up to this
+/// many necessary operations, gets the ring allowance too (four times the usual): such a layer
+/// had only its one plain run, and its links and op slots are both nearly saturated, so what
+/// the search moves is the same per-PE imbalance as above (16 tokens, d = 64 on 64 PEs: 744
+/// cycles unsearched, 678 with it; LB 524).
 const SEARCH_SHORT_RING_MAX_OPS: u64 = 40_000;
 
 /// Row-order weights tried (see [`Layout::row_weight`]).
@@ -402,7 +403,7 @@ fn explore(
         // are already slow gets no search.
         let ring_causal = p.causal && p.heads == 1 && p.dim == m && ops >= SEARCH_RING_MIN_OPS;
         let spans_ring = b.layout.apart.is_none() && b.layout.groups == 1 && p.dim >= m;
-        let short_ring = !p.causal
+        let short_ring = !ring_causal
             && p.heads == 1
             && spans_ring
             && p.tokens < m
