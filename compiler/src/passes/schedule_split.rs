@@ -86,6 +86,13 @@ const SEARCH_RING_MAX_OPS: u64 = 30_000;
 /// such a layer; the price is seconds of compile time per layer (docs/scheduling.md).
 const SEARCH_LONG_RING_OPS: u64 = 6_000;
 const SEARCH_LONG_RING_FACTOR: u64 = 3;
+/// One head whose columns span the ring (with a mask: more columns than PEs, where the above
+/// does not apply), with fewer tokens than PEs, above the usual search's limit and up to this
+/// many necessary operations, gets the ring allowance too (four times the usual): such a layer
+/// had only its one plain run, and its links and op slots are both nearly saturated, so what
+/// the search moves is the same per-PE imbalance as above (16 tokens, d = 64 on 64 PEs: 744
+/// cycles unsearched, 678 with it; LB 524).
+const SEARCH_SHORT_RING_MAX_OPS: u64 = 40_000;
 
 /// Row-order weights tried (see [`Layout::row_weight`]).
 const ROW_WEIGHTS: [(i64, bool); 6] = [
@@ -206,7 +213,13 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
     // lane and the two largest lane counts, one variant each.
     let few_tokens = p.tokens < 2 * m;
     let large = p.necessary_ops() > LARGE_OPS;
-    let variants = if few_tokens && !large {
+    // One head spanning the ring beyond every search's range keeps its best plain run, so it
+    // gets the small layers' three variants (32 tokens, d = 64, causal on 64 PEs: 1243 cycles
+    // with one, 1215 with three); without a search after them, more runs can only shorten it.
+    let unsearched_ring = p.heads == 1
+        && p.dim >= m
+        && p.necessary_ops() > SEARCH_RING_MAX_OPS.max(SEARCH_SHORT_RING_MAX_OPS);
+    let variants = if few_tokens && (!large || unsearched_ring) {
         &ROW_WEIGHTS[..3]
     } else {
         &ROW_WEIGHTS[..1]
@@ -389,14 +402,23 @@ fn explore(
         // The plain runs and retries count against the search's budget, so a layer whose runs
         // are already slow gets no search.
         let ring_causal = p.causal && p.heads == 1 && p.dim == m && ops >= SEARCH_RING_MIN_OPS;
+        let spans_ring = b.layout.apart.is_none() && b.layout.groups == 1 && p.dim >= m;
+        let short_ring = !ring_causal
+            && p.heads == 1
+            && spans_ring
+            && p.tokens < m
+            && ops > SEARCH_MAX_OPS
+            && ops <= SEARCH_SHORT_RING_MAX_OPS;
         let max_ops = if ring_causal {
             SEARCH_RING_MAX_OPS
+        } else if short_ring {
+            SEARCH_SHORT_RING_MAX_OPS
         } else {
             SEARCH_MAX_OPS
         };
         if few_tokens && ops <= max_ops {
-            let allowance = if ring_causal {
-                let f = if ops >= SEARCH_LONG_RING_OPS {
+            let allowance = if ring_causal || short_ring {
+                let f = if ring_causal && ops >= SEARCH_LONG_RING_OPS {
                     SEARCH_LONG_RING_FACTOR
                 } else {
                     1
