@@ -757,6 +757,16 @@ impl Eval {
                     match self.alias(addr, fam, l, others) {
                         Ok(false) => {}
                         Ok(true) => same = true,
+                        // Neither the read nor the write moves with the loop's index: what
+                        // another iteration writes there is this very word (one word per row,
+                        // say), so the read sees the value the iteration started with — the
+                        // carry, whose use the summary then has to account for.
+                        Err(()) if l.order.is_none()
+                            && fam.coef(l.var) == 0
+                            && addr.coef(l.var) == 0 =>
+                        {
+                            same = true
+                        }
                         Err(()) => {
                             return Err(Fail::Retry(
                                 "a read may see another iteration's write".into(),
@@ -1482,10 +1492,13 @@ impl Eval {
             g.remote = f.remote;
             return Ok(g);
         }
-        if !f.dims.is_empty() || f.remote {
-            return retry("a carried region");
+        if f.remote {
+            return retry("a carried send");
         }
-        let own = self.carry_slots.get(&f.base).copied();
+        // A region (a running maximum or sum per row, carried across the loop) is carried
+        // word by word: its previous value was read at the address it is written at, in the
+        // region's own coordinates, so each word's carry is that word's previous value.
+        let own = self.carry_slots.get(&self.pin(words.clone())).copied();
         let (add, args) = match self.tm.node(f.value).clone() {
             T::Sum(xs) => (true, xs),
             T::Max(xs) => (false, xs),
@@ -1518,14 +1531,14 @@ impl Eval {
             }
             m
         };
-        let (init, computed) = self.read(&f.base)?;
+        let (init, computed) = self.read(&words)?;
         let range = self.tm.range(add, l.var, 0, n as i64, t);
         let v = if add {
             self.tm.sum(&[init, range])
         } else {
             self.tm.max(init, range)
         };
-        self.fact(f.base, Vec::new(), v, computed && f.computed)
+        self.fact(f.base, f.dims, v, computed && f.computed)
     }
 }
 
@@ -1873,6 +1886,48 @@ mod tests {
         };
         assert_eq!(pieces(&inner.body, 1, 4), vec![(0, 2), (2, 4)]);
         assert!(splittable(&l.body, 0));
+    }
+
+    /// A running maximum per row carried across an outer loop (one word per row, read and
+    /// rewritten by an inner loop over the rows): the outer loop stays symbolic, and each row's
+    /// word ends as its initial value and the one range over all 32 keys the four steps of 8
+    /// visited. A step that reads its keys at an offset of 7 (blocks that overlap) or a row
+    /// word moving with the step are not summarised as that.
+    #[test]
+    fn a_running_maximum_per_row_is_carried_across_a_symbolic_loop() {
+        let run = |src: &str| -> (Option<Id>, Id, u64) {
+            let b = body(src);
+            let Node::Loop(l) = &b[0] else {
+                panic!("the body is one loop")
+            };
+            let mut e = Eval::new(0, 64, true);
+            e.tm.seed_budgets(1);
+            let (t, r) = (e.fresh(40), e.fresh(2));
+            let keys = e.tm.atom(1, Aff::cst(0), Aff::var(t), Aff::cst(0));
+            let f = e.fact(Aff::cst(0), vec![(t, 1, 40)], keys, false).unwrap();
+            e.facts.push(Some(f));
+            let rows = e.tm.atom(0, Aff::cst(0), Aff::var(r), Aff::cst(0));
+            let f = e.fact(Aff::cst(100), vec![(r, 1, 2)], rows, false).unwrap();
+            e.facts.push(Some(f));
+            e.lp(l, &mut Vec::new()).unwrap();
+            let x = e.fresh(2);
+            let got = e.read(&Aff::cst(100).add_term(x, 1)).ok().map(|v| v.0);
+            let k = e.fresh(32);
+            let key = e.tm.atom(1, Aff::cst(0), Aff::var(k), Aff::cst(0));
+            let all = e.tm.range(false, k, 0, 32, key);
+            let row = e.tm.atom(0, Aff::cst(0), Aff::var(x), Aff::cst(0));
+            let want = e.tm.max(row, all);
+            (got, want, e.evaluations)
+        };
+        let (got, want, evaluations) = run(
+            "loop 4 {\n  loop 2 {\n    loop 8 {\n      max m[100 + 1*i1], m[0 + 8*i0 + 1*i2] -> m[100 + 1*i1]\n    }\n  }\n}\n",
+        );
+        assert_eq!(got, Some(want));
+        assert_eq!(evaluations, 1, "the steps, rows and keys all symbolic");
+        let (got, want, _) = run(
+            "loop 4 {\n  loop 2 {\n    loop 8 {\n      max m[100 + 1*i1], m[0 + 7*i0 + 1*i2] -> m[100 + 1*i1]\n    }\n  }\n}\n",
+        );
+        assert_ne!(got, Some(want));
     }
 
     #[test]
