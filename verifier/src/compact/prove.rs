@@ -165,6 +165,10 @@ pub(super) struct Eval {
     /// Sends leave facts marked remote for the caller to deliver, instead of arriving
     /// relabelled by the rotation symmetry.
     pub(super) per_pe: bool,
+    /// Loop bodies whose ring steps the per-step induction marks (`super::induct`): at their
+    /// step boundaries the contracts are pushed and the sends collected.
+    pub(super) hooks: Vec<super::induct::Hook>,
+    pub(super) induct: Option<Box<super::induct::State>>,
 }
 
 /// A fact's place in the log, for replacing it: base, strides and counts, remote.
@@ -207,7 +211,30 @@ impl Eval {
             hints: Vec::new(),
             regroup: Vec::new(),
             per_pe,
+            hooks: Vec::new(),
+            induct: None,
         }
+    }
+
+    /// The hook on `nodes`, when they are the body of a loop the per-step induction marks.
+    fn hook_of(&self, nodes: &[Node]) -> Option<usize> {
+        let at = nodes.as_ptr() as usize;
+        self.hooks
+            .iter()
+            .position(|h| h.body == at && h.total == nodes.len())
+    }
+
+    /// Where the facts of the innermost active loop's current iteration start.
+    pub(super) fn floor_of_iteration(&self) -> usize {
+        self.floor()
+    }
+
+    /// Words whose content is not stated: a read of one declines.
+    pub(super) fn unknown(&mut self, base: Aff, dims: Vec<(Var, i64, u64)>) -> R<Fact> {
+        let value = self.tm.carry(u32::MAX, 0);
+        let mut f = self.fact(base, dims, value, false)?;
+        f.havoc = true;
+        Ok(f)
     }
 
     pub(super) fn fresh(&mut self, count: u64) -> Var {
@@ -1148,11 +1175,18 @@ impl Eval {
     }
 
     fn body(&mut self, nodes: &[Node], env: &mut Vec<Ix>) -> R<()> {
-        for n in nodes {
+        let hook = self.hook_of(nodes);
+        for (i, n) in nodes.iter().enumerate() {
+            if let Some(h) = hook {
+                super::induct::fire(self, h, i, env)?;
+            }
             match n {
                 Node::Bundle(b) => self.bundle(b, env)?,
                 Node::Loop(l) => self.lp(l, env)?,
             }
+        }
+        if let Some(h) = hook {
+            super::induct::fire(self, h, nodes.len(), env)?;
         }
         Ok(())
     }
@@ -1204,7 +1238,10 @@ impl Eval {
                 let regroup = std::mem::take(&mut self.regroup)
                     .into_iter()
                     .filter(|&(v, m)| {
-                        v == var && 2 * m <= b - a && super::unroll::regroupable(&l.body, level)
+                        v == var
+                            && 2 * m <= b - a
+                            && super::unroll::regroupable(&l.body, level)
+                            && self.hook_of(&l.body).is_none()
                     })
                     .map(|(_, m)| m)
                     .min();
@@ -1330,6 +1367,10 @@ impl Eval {
         let r = self.families(&l.body, env, inner, &mut families, &mut remote_families);
         env.pop();
         r?;
+        // A marked body also writes the contracts it pushes (its receive buffers).
+        if let Some(h) = self.hook_of(&l.body) {
+            families.extend(super::induct::buffer_families(self, h));
+        }
         let id = self.next_loop;
         self.next_loop += 1;
         let marker = self.facts.len();
@@ -1476,6 +1517,7 @@ impl Eval {
             dims.push((l.var, a, n));
             let mut g = self.fact(base, dims, f.value, f.computed)?;
             g.remote = f.remote;
+            g.havoc = f.havoc;
             return Ok(g);
         }
         // The same words every iteration: no other iteration's write may land in them except
@@ -1490,6 +1532,7 @@ impl Eval {
             let v = self.tm.subst(f.value, l.var, &last);
             let mut g = self.fact(f.base, f.dims, v, f.computed)?;
             g.remote = f.remote;
+            g.havoc = f.havoc;
             return Ok(g);
         }
         if f.remote {
