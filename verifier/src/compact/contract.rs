@@ -332,7 +332,11 @@ fn cut_at_owed_edges(e: &mut Eval, s: &Fact, owed: &[Fact]) -> Vec<Fact> {
             let (var, _, n) = f.dims[k];
             let mut at: Vec<i64> = Vec::new();
             for o in owed {
-                let Some(d) = e.pin(o.base.clone()).minus(&e.pin(f.base.clone())).as_const() else {
+                let Some(d) = e
+                    .pin(o.base.clone())
+                    .minus(&e.pin(f.base.clone()))
+                    .as_const()
+                else {
                     continue;
                 };
                 for &(_, os, on) in &o.dims {

@@ -693,22 +693,10 @@ fn outcome(
     }
     // One program on every PE: PE 0 and the rotation symmetry; otherwise every PE in phases.
     let uniform = prove::applies(programs, m).is_ok();
-    // Rings of different programs: each PE alone, its steps by induction over the ring's
-    // contracts, where that applies and succeeds; otherwise every PE in lockstep phases.
-    let mut inducted = false;
     let ev = if uniform {
         prove::evaluate(programs, m)
     } else {
-        let first = induct::applies(programs, m).and_then(|()| induct::evaluate(programs, m));
-        match first {
-            Ok(ev) => {
-                inducted = true;
-                Ok(ev)
-            }
-            Err(why) => ring::evaluate(programs, m).map_err(|also| {
-                format!("{also} (each PE alone, its steps by induction: {why})")
-            }),
-        }
+        ring::evaluate(programs, m)
     }
     .map_err(|why| format!("not covered: {why}"))?;
     proof.evaluations = ev.evaluations;
@@ -791,8 +779,6 @@ fn outcome(
         o.rescale,
         if uniform {
             "PE 0 evaluated with symbolic loop indices, every other PE by the ring's rotation symmetry (all run one program)"
-        } else if inducted {
-            "every PE evaluated alone with symbolic loop indices, its ring steps by induction: at each step's start its receive buffer holds the contract for the hop, which its predecessor's sends in the step before were shown to deliver exactly, all PEs starting each step in the same cycle"
         } else {
             "every PE evaluated with symbolic loop indices, in phases whose ring arrivals are apart from every word the receiver uses in them"
         }

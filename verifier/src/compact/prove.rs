@@ -148,8 +148,6 @@ pub(super) struct Eval {
     next_var: Var,
     next_loop: u32,
     pub(super) loops: Vec<Active>,
-    carry_addrs: Vec<Aff>,
-    carry_slots: HashMap<Aff, usize>,
     pub(super) tally: Tally,
     pub(super) mult: u64,
     pub(super) evaluations: u64,
@@ -199,8 +197,6 @@ impl Eval {
             next_var: BINDERS,
             next_loop: 0,
             loops: Vec::new(),
-            carry_addrs: Vec::new(),
-            carry_slots: HashMap::default(),
             tally: Tally::default(),
             mult: 1,
             evaluations: 0,
@@ -231,7 +227,7 @@ impl Eval {
 
     /// Words whose content is not stated: a read of one declines.
     pub(super) fn unknown(&mut self, base: Aff, dims: Vec<(Var, i64, u64)>) -> R<Fact> {
-        let value = self.tm.carry(u32::MAX, 0);
+        let value = self.tm.carry(u32::MAX, Aff::cst(0));
         let mut f = self.fact(base, dims, value, false)?;
         f.havoc = true;
         Ok(f)
@@ -788,9 +784,10 @@ impl Eval {
                         // another iteration writes there is this very word (one word per row,
                         // say), so the read sees the value the iteration started with — the
                         // carry, whose use the summary then has to account for.
-                        Err(()) if l.order.is_none()
-                            && fam.coef(l.var) == 0
-                            && addr.coef(l.var) == 0 =>
+                        Err(())
+                            if l.order.is_none()
+                                && fam.coef(l.var) == 0
+                                && addr.coef(l.var) == 0 =>
                         {
                             same = true
                         }
@@ -803,16 +800,7 @@ impl Eval {
                 }
                 if same {
                     let id = l.id;
-                    let slot = match self.carry_slots.get(addr) {
-                        Some(&s) => s,
-                        None => {
-                            self.carry_addrs.push(addr.clone());
-                            self.carry_slots
-                                .insert(addr.clone(), self.carry_addrs.len() - 1);
-                            self.carry_addrs.len() - 1
-                        }
-                    };
-                    return Ok((self.tm.carry(id, slot as i64), true));
+                    return Ok((self.tm.carry(id, addr.clone()), true));
                 }
             }
             top = bottom;
@@ -1001,6 +989,13 @@ impl Eval {
 
     /// The word PE `p − 1` holds where PE `p` holds `v`.
     fn relabel(&mut self, v: Id) -> R<Id> {
+        // A word the previous iteration left (a buffer word rewritten every step): known
+        // only iteration by iteration.
+        if self.tm.has_carry(v) {
+            return Err(Fail::Retry(
+                "a sent word carried from the previous iteration".into(),
+            ));
+        }
         let T::Atom(t, h, row, col) = self.tm.node(v).clone() else {
             return Err(Fail::Decline(
                 "a word sent over the ring is not an input element".into(),
@@ -1397,8 +1392,29 @@ impl Eval {
         let written: Vec<Fact> = self.facts[marker..].iter().flatten().cloned().collect();
         self.truncate(marker);
         for f in written {
-            let g = self.summary(f, &active, n)?;
-            self.push(g);
+            match self.summary(f.clone(), &active, n) {
+                Ok(g) => self.push(g),
+                // A carried row of words whose values before the loop no one formula gives
+                // (each a maximum over a different range, say): word by word.
+                Err(Fail::Retry(why))
+                    if f.dims.len() == 1
+                        && f.dims[0].2 <= 64
+                        && !f.remote
+                        && self.carries_of(f.value, active.id) =>
+                {
+                    let (v, stride, count) = f.dims[0];
+                    for x in 0..count as i64 {
+                        let value = self.tm.subst(f.value, v, &Aff::cst(x));
+                        let word = f.base.clone().add_const(x * stride);
+                        let one = self.fact(word, Vec::new(), value, f.computed)?;
+                        let g = self
+                            .summary(one, &active, n)
+                            .map_err(|_| Fail::Retry(why.clone()))?;
+                        self.push(g);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
@@ -1458,7 +1474,7 @@ impl Eval {
     /// Every word `f` may hold for any value of its variables, untracked.
     fn havoc(&mut self, f: &Fact) -> R<Fact> {
         let w = self.fresh((f.hi - f.lo + 1) as u64);
-        let value = self.tm.carry(u32::MAX, f.lo);
+        let value = self.tm.carry(u32::MAX, Aff::cst(f.lo));
         let mut g = self.fact(
             Aff::cst(f.lo),
             vec![(w, 1, (f.hi - f.lo + 1) as u64)],
@@ -1541,7 +1557,7 @@ impl Eval {
         // A region (a running maximum or sum per row, carried across the loop) is carried
         // word by word: its previous value was read at the address it is written at, in the
         // region's own coordinates, so each word's carry is that word's previous value.
-        let own = self.carry_slots.get(&self.pin(words.clone())).copied();
+        let own = self.pin(words.clone());
         let (add, args) = match self.tm.node(f.value).clone() {
             T::Sum(xs) => (true, xs),
             T::Max(xs) => (false, xs),
@@ -1551,7 +1567,7 @@ impl Eval {
         let mut seen = false;
         for x in args {
             match self.tm.node(x) {
-                T::Carry(id, slot) if *id == l.id && Some(*slot as usize) == own && !seen => {
+                T::Carry(id, at) if *id == l.id && self.pin(at.clone()) == own && !seen => {
                     seen = true
                 }
                 _ => {
@@ -1967,6 +1983,13 @@ mod tests {
         );
         assert_eq!(got, Some(want));
         assert_eq!(evaluations, 1, "the steps, rows and keys all symbolic");
+        // Two steps per iteration (a loop of steps regrouped by two), the second reading the
+        // first's maxima.
+        let (got, want, evaluations) = run(
+            "loop 2 {\n  loop 2 {\n    loop 8 {\n      max m[100 + 1*i1], m[0 + 16*i0 + 1*i2] -> m[100 + 1*i1]\n    }\n  }\n  loop 2 {\n    loop 8 {\n      max m[100 + 1*i1], m[8 + 16*i0 + 1*i2] -> m[100 + 1*i1]\n    }\n  }\n}\n",
+        );
+        assert_eq!(got, Some(want), "two steps per iteration");
+        assert_eq!(evaluations, 2);
         let (got, want, _) = run(
             "loop 4 {\n  loop 2 {\n    loop 8 {\n      max m[100 + 1*i1], m[0 + 7*i0 + 1*i2] -> m[100 + 1*i1]\n    }\n  }\n}\n",
         );
