@@ -61,22 +61,20 @@ pub(super) struct State {
     discharged: Vec<BTreeSet<i64>>,
 }
 
-/// Every value `a` takes over its variables' ranges (a hop: few values).
+/// Every value `a` takes over its variables' ranges (a hop: a few values, over at most one
+/// index).
 fn values(e: &Eval, a: &Aff) -> R<Vec<i64>> {
-    let (lo, hi) = e
-        .bounds(a)
-        .ok_or_else(|| Fail::Decline("a hop over an unbounded index".into()))?;
-    match a.t.len() {
-        0 => Ok(vec![a.c]),
-        1 => {
-            let (v, k) = a.t[0];
-            let n = e.counts.get(&v).copied().unwrap_or(1) as i64;
-            Ok((0..n).map(|x| a.c + k * x).collect())
+    match a.t[..] {
+        [] => Ok(vec![a.c]),
+        [(v, k)] => {
+            let n = e
+                .counts
+                .get(&v)
+                .copied()
+                .ok_or_else(|| Fail::Decline("a hop over an unbounded index".into()))?;
+            Ok((0..n as i64).map(|x| a.c + k * x).collect())
         }
-        _ => {
-            let _ = (lo, hi);
-            Err(Fail::Decline("a hop over two indices".into()))
-        }
+        _ => Err(Fail::Decline("a hop over two indices".into())),
     }
 }
 
@@ -316,6 +314,16 @@ type Starts = Vec<HashMap<i64, u64>>;
 /// compares every output row with the specification. `Err` says why the proof does not
 /// cover the programs; it claims nothing either way.
 pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, String> {
+    evaluate_until(programs, m, None)
+}
+
+/// [`evaluate`] within the time bound `until` when given (another proof already spent part of
+/// the bound).
+pub(super) fn evaluate_until(
+    programs: &[LoopProgram],
+    m: &Manifest,
+    until: Option<std::time::Instant>,
+) -> Result<Evaluated, String> {
     applies(programs, m)?;
     let hs = head_loops(programs).ok_or("no head loop")?;
     let l = &m.layer;
@@ -334,6 +342,9 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
         return Err("keys and values dealt differently".into());
     }
     let mut e = Eval::new(0, tokens, true);
+    if let Some(t) = until {
+        e.deadline = t;
+    }
     e.tm.seed_budgets(m.pes);
     let head_var = e.fresh(u64::from(l.heads));
     let head = Aff::var(head_var);
@@ -402,25 +413,23 @@ pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, Str
         }
     }
     // Every hop a PE pushed is one its predecessor's sends discharged, and the reverse.
-    for p in 0..pes {
+    for (p, mine) in pushed.iter().enumerate() {
         let from = (p + pes - 1) % pes;
-        for t in 0..2 {
-            if pushed[p][t] != discharged[from][t] {
+        for (t, (got, sent)) in mine.iter().zip(&discharged[from]).enumerate() {
+            if got != sent {
                 return Err(format!(
-                    "PE {p} takes `{}` hops {:?} as received, PE {from} sends hops {:?}",
-                    name(t),
-                    pushed[p][t],
-                    discharged[from][t]
+                    "PE {p} takes `{}` hops {got:?} as received, PE {from} sends hops {sent:?}",
+                    name(t)
                 ));
             }
         }
     }
     // Every PE starts the step of each hop in the same cycle.
-    for t in 0..2 {
-        for p in 1..pes {
-            if starts[p][t] != starts[0][t] {
-                let mut a: Vec<_> = starts[0][t].iter().collect();
-                let mut b: Vec<_> = starts[p][t].iter().collect();
+    for (p, theirs) in starts.iter().enumerate().skip(1) {
+        for (t, (mine, first)) in theirs.iter().zip(&starts[0]).enumerate() {
+            if mine != first {
+                let mut a: Vec<_> = first.iter().collect();
+                let mut b: Vec<_> = mine.iter().collect();
                 a.sort_unstable();
                 b.sort_unstable();
                 let first = a.iter().zip(&b).find(|(x, y)| x != y);
@@ -656,15 +665,15 @@ fn step<'a>(
         }
         return Ok(());
     }
-    for t in 0..2 {
-        if next[t] != w.hop[t] {
-            let (old, new) = (Aff::cst(w.hop[t]), Aff::cst(next[t]));
+    for (t, &hop) in next.iter().enumerate() {
+        if hop != w.hop[t] {
+            let (old, new) = (Aff::cst(w.hop[t]), Aff::cst(hop));
             with(e, |st, e| {
                 st.collect(e, t, &old)?;
                 st.push(e, t, &new)
             })?;
-            w.starts[t].insert(next[t], w.at);
-            w.hop[t] = next[t];
+            w.starts[t].insert(hop, w.at);
+            w.hop[t] = hop;
         }
     }
     eval_item(e, &it, Some(head_var))?;

@@ -131,7 +131,7 @@ enum Others {
 /// Bounds on the proof's work: symbolic evaluation that keeps falling back to iteration by
 /// iteration is not going to scale, and a verifier must answer.
 const MAX_EVALUATIONS: u64 = 1_000_000;
-const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(20);
+pub(super) const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The most iterations regrouped into one (`unroll`).
 const MAX_UNROLL: i64 = 16;
@@ -1391,9 +1391,13 @@ impl Eval {
         };
         let written: Vec<Fact> = self.facts[marker..].iter().flatten().cloned().collect();
         self.truncate(marker);
+        // Every summary first, then the log: a carried word's value before the loop is read
+        // from the log as the loop found it, not from another summary of the same loop (two
+        // halves of a regrouped step each writing a row's running sum, say).
+        let mut summaries = Vec::with_capacity(written.len());
         for f in written {
             match self.summary(f.clone(), &active, n) {
-                Ok(g) => self.push(g),
+                Ok(g) => summaries.push(g),
                 // A carried row of words whose values before the loop no one formula gives
                 // (each a maximum over a different range, say): word by word.
                 Err(Fail::Retry(why))
@@ -1410,11 +1414,14 @@ impl Eval {
                         let g = self
                             .summary(one, &active, n)
                             .map_err(|_| Fail::Retry(why.clone()))?;
-                        self.push(g);
+                        summaries.push(g);
                     }
                 }
                 Err(e) => return Err(e),
             }
+        }
+        for g in summaries {
+            self.push(g);
         }
         Ok(())
     }
@@ -1457,6 +1464,9 @@ impl Eval {
             .cloned()
             .collect();
         self.truncate(active.marker);
+        // As for any symbolic loop: every summary from the log as the loop found it, then
+        // the log.
+        let mut summaries = Vec::with_capacity(written.len());
         for f in written {
             if f.remote {
                 return Err(Fail::Decline("a send not delivered".into()));
@@ -1466,6 +1476,9 @@ impl Eval {
                 Err(Fail::Retry(_)) => self.havoc(&f)?,
                 Err(e) => return Err(e),
             };
+            summaries.push(g);
+        }
+        for g in summaries {
             self.push(g);
         }
         Ok(())

@@ -468,8 +468,21 @@ pub(super) fn eval_item(e: &mut Eval, it: &Item, head: Option<Var>) -> R<()> {
 /// program is one head loop, the heads are first evaluated as one symbolic head (the module
 /// documentation); if that declines, head by head, within the same bounds.
 pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, String> {
+    evaluate_until(programs, m, None)
+}
+
+/// [`evaluate`] within the time bound `until` when given (another proof already spent part of
+/// the bound).
+pub(super) fn evaluate_until(
+    programs: &[LoopProgram],
+    m: &Manifest,
+    until: Option<std::time::Instant>,
+) -> Result<Evaluated, String> {
     applies(programs, m)?;
     let mut e = Eval::new(0, i64::from(m.layer.tokens), true);
+    if let Some(t) = until {
+        e.deadline = t;
+    }
     if let Some(heads) = head_loops(programs) {
         if let Ok(done) = run(&mut e, programs, m, Some(&heads)) {
             return Ok(done);
