@@ -278,20 +278,29 @@ pub(super) fn buffer_families(e: &mut Eval, h: usize) -> Vec<Aff> {
     let Some(st) = e.induct.take() else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    let (block, _, _) = &st.blocks[tensor];
-    for at in block.at {
-        let (r, c) = (e.fresh(u64::from(st.rows)), e.fresh(u64::from(block.dim)));
-        out.push(
-            st.head
-                .scaled(i64::from(at.head_stride))
-                .add_const(i64::from(at.base))
-                .add_term(r, i64::from(at.row_stride))
-                .add_term(c, 1),
-        );
-    }
+    let out = st.buffers(e, tensor);
     e.induct = Some(st);
     out
+}
+
+impl State {
+    /// The words of `tensor`'s two receive buffers in the current head, as address forms over
+    /// fresh row and column variables.
+    fn buffers(&self, e: &mut Eval, tensor: usize) -> Vec<Aff> {
+        let block = &self.blocks[tensor].0;
+        let mut out = Vec::new();
+        for at in block.at {
+            let (r, c) = (e.fresh(u64::from(self.rows)), e.fresh(u64::from(block.dim)));
+            out.push(
+                self.head
+                    .scaled(i64::from(at.head_stride))
+                    .add_const(i64::from(at.base))
+                    .add_term(r, i64::from(at.row_stride))
+                    .add_term(c, 1),
+            );
+        }
+        out
+    }
 }
 
 /// Why the per-step induction does not cover `programs` and `m`, if it does not.
@@ -570,24 +579,10 @@ fn one_pe(
         &mut own,
         &mut remote,
     )?;
-    let mut buffers = Vec::new();
-    with(e, |st, e| {
-        for t in 0..2 {
-            for at in st.blocks[t].0.at {
-                let (r, c) = (
-                    e.fresh(u64::from(st.rows)),
-                    e.fresh(u64::from(st.blocks[t].0.dim)),
-                );
-                buffers.push(
-                    st.head
-                        .scaled(i64::from(at.head_stride))
-                        .add_const(i64::from(at.base))
-                        .add_term(r, i64::from(at.row_stride))
-                        .add_term(c, 1),
-                );
-            }
-        }
-        Ok(())
+    let buffers = with(e, |st, e| {
+        let mut both = st.buffers(e, 0);
+        both.extend(st.buffers(e, 1));
+        Ok(both)
     })?;
     own.extend(buffers);
     e.enter_ordered(head_var, n, own, remote);
