@@ -702,3 +702,83 @@ fn causal_per_weight_mutants_are_rejected() {
     }
     assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
 }
+
+/// Causal streams that the induction over ring steps proves (each PE alone, its receive
+/// buffers stated by the ring's contracts): one PE's loop count, count step, stride or base
+/// address mutated, or one of its sends moved (destination by a word either way or by a row,
+/// source by a word), is rejected by the flattened proof and never proved by the induction.
+#[test]
+fn induction_mutants_are_rejected() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    let opts = verifier::Options::default();
+    // Per kind: mutants (all rejected both ways, asserted).
+    let mut seen = [0u32; 5];
+    // (layer, mutants per loop-field kind, send mutants): the larger ring's mutants take
+    // seconds each to prove flattened.
+    for ((n, d, h, m), per_kind, per_send) in [((64, 4, 2, 4), 3, 8), ((128, 4, 2, 8), 1, 3)] {
+        let src = format!("layer l {{ tokens = {n}; dim = {d}; heads = {h}; mask = causal; }}");
+        let c = stream(&src, m, None);
+        let what = format!("{src} on {m} PEs");
+        prove(&files(&c.loops, &c.manifest)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let original = verifier::compact::prove_loops_by_induction(&c.loops, &c.manifest, &opts);
+        assert!(original.proved(), "{what}: {original}");
+        let check = |loops: &[LoopProgram], how: &str, pe: usize| {
+            let mut manifest = c.manifest.clone();
+            manifest.cycles = loops.iter().map(LoopProgram::cycles).max().unwrap_or(0);
+            assert!(
+                prove(&files(loops, &manifest)).is_err(),
+                "{what}: PE {pe}, {how}: proved flattened"
+            );
+            let by_induction = verifier::compact::prove_loops_by_induction(loops, &manifest, &opts);
+            assert!(
+                !by_induction.proved(),
+                "{what}: PE {pe}, {how}: proved by induction:\n{by_induction}"
+            );
+        };
+        for (k, &kind) in ALL_KINDS.iter().enumerate() {
+            for _ in 0..per_kind {
+                let mut loops = c.loops.clone();
+                let pe = rng.random_range(0..loops.len());
+                let Some(how) = mutate(&mut loops[pe], kind, &mut rng) else {
+                    continue;
+                };
+                check(&loops, &how, pe);
+                seen[k] += 1;
+            }
+        }
+        for _ in 0..per_send {
+            let mut loops = c.loops.clone();
+            let pe = rng.random_range(0..loops.len());
+            let mut all = Vec::new();
+            bundles_mut(&mut loops[pe].body, &mut Vec::new(), &mut all);
+            let mut sends: Vec<_> = all
+                .into_iter()
+                .filter(|(b, _)| b.bundle.xfer != isa::Xfer::Nop)
+                .collect();
+            if sends.is_empty() {
+                continue;
+            }
+            let s = rng.random_range(0..sends.len());
+            let b = &mut sends[s].0;
+            let (f, by, how) = match rng.random_range(0..4) {
+                0 => (Field::XferDst, 1, "destination + 1"),
+                1 => (Field::XferDst, -1, "destination − 1"),
+                2 => (Field::XferDst, i64::from(d), "destination + one row"),
+                _ => (Field::XferSrc, 1, "source + 1"),
+            };
+            let old = i64::from(field(&b.bundle, f).unwrap_or(0));
+            set_field(&mut b.bundle, f, u32::try_from(old + by).unwrap_or(0));
+            drop(sends);
+            if loops[pe].validate().is_err() {
+                continue;
+            }
+            check(&loops, &format!("send {s}: {how}"), pe);
+            seen[4] += 1;
+        }
+    }
+    eprintln!("induction mutants (count, stride, base, step, send): {seen:?}");
+    assert!(
+        seen[..3].iter().all(|&k| k >= 4) && seen[4] >= 8,
+        "{seen:?}"
+    );
+}

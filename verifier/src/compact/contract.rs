@@ -268,10 +268,14 @@ pub(super) fn owed(
 pub(super) fn discharge(e: &mut Eval, sent: &[Fact], owed: &[Fact]) -> Result<(), String> {
     // Per owed fact, the boxes found in it: per coordinate, (offset, count).
     let mut boxes: Vec<Vec<Vec<(u64, u64)>>> = vec![Vec::new(); owed.len()];
+    let mut parts = Vec::new();
     for s in sent {
         if !s.remote {
             return Err("a word kept locally where a send is owed".into());
         }
+        parts.extend(cut_at_owed_edges(e, s, owed));
+    }
+    for s in &parts {
         let mut placed = false;
         for (k, o) in owed.iter().enumerate() {
             if let Some(b) = inside(e, s, o) {
@@ -288,7 +292,7 @@ pub(super) fn discharge(e: &mut Eval, sent: &[Fact], owed: &[Fact]) -> Result<()
         }
     }
     let words = |f: &Fact| f.dims.iter().map(|d| d.2).product::<u64>();
-    let sent_words: u64 = sent.iter().map(words).sum();
+    let sent_words: u64 = parts.iter().map(words).sum();
     let owed_words: u64 = owed.iter().map(words).sum();
     if sent_words != owed_words {
         return Err(format!(
@@ -309,6 +313,77 @@ pub(super) fn discharge(e: &mut Eval, sent: &[Fact], owed: &[Fact]) -> Result<()
         }
     }
     Ok(())
+}
+
+/// `s` cut along each coordinate where an owed fact of the same stride starts or ends inside
+/// it (a block sent in one loop, owed as two runs of rows), and along every value of a
+/// coordinate no owed fact has (runs stacked into one region): the same words with the same
+/// values, in boxes that may each lie inside one owed fact. Unchanged where nothing cuts it.
+fn cut_at_owed_edges(e: &mut Eval, s: &Fact, owed: &[Fact]) -> Vec<Fact> {
+    let mut out = vec![s.clone()];
+    for &(_, stride, _) in &s.dims {
+        let mut next = Vec::new();
+        for f in out {
+            // A coordinate of one value is dropped from a fact: then nothing to cut.
+            let Some(k) = f.dims.iter().position(|d| d.1 == stride) else {
+                next.push(f);
+                continue;
+            };
+            let (var, _, n) = f.dims[k];
+            let mut at: Vec<i64> = Vec::new();
+            for o in owed {
+                let Some(d) = e
+                    .pin(o.base.clone())
+                    .minus(&e.pin(f.base.clone()))
+                    .as_const()
+                else {
+                    continue;
+                };
+                for &(_, os, on) in &o.dims {
+                    if os == stride {
+                        // The first index of `f` at or past the owed fact's first and last
+                        // rows (`f` may start inside a row, at a later column).
+                        let at_or_past = |w: i64| (w + stride - 1).div_euclid(stride);
+                        for x in [at_or_past(d), at_or_past(d + on as i64 * stride)] {
+                            if x > 0 && x < n as i64 {
+                                at.push(x);
+                            }
+                        }
+                    }
+                }
+            }
+            // A coordinate no owed fact has (two runs stacked into one region) is taken apart.
+            let known = owed.iter().any(|o| o.dims.iter().any(|d| d.1 == stride));
+            if !known && n <= 64 {
+                at.extend(1..n as i64);
+            }
+            at.sort_unstable();
+            at.dedup();
+            if at.is_empty() {
+                next.push(f);
+                continue;
+            }
+            let mut from = 0;
+            for to in at.into_iter().chain([n as i64]) {
+                let w = e.fresh((to - from) as u64);
+                let value = e.tm.subst(f.value, var, &Aff::var(w).add_const(from));
+                let mut dims = f.dims.clone();
+                dims[k] = (w, stride, (to - from) as u64);
+                let base = f.base.clone().add_const(from * stride);
+                match e.fact(base, dims, value, f.computed) {
+                    Ok(mut g) => {
+                        g.remote = f.remote;
+                        next.push(g);
+                    }
+                    // Left whole: the comparison then refuses it.
+                    Err(_) => return vec![s.clone()],
+                }
+                from = to;
+            }
+        }
+        out = next;
+    }
+    out
 }
 
 /// Where `s` lies in `o`'s coordinates, per coordinate `(offset, count)`, if it is a box of

@@ -17,6 +17,7 @@
 mod aff;
 mod bounds;
 pub mod contract;
+pub mod induct;
 pub mod prove;
 pub mod ring;
 mod slots;
@@ -659,11 +660,41 @@ impl fmt::Display for Proof {
     }
 }
 
+/// Rings of at least this many PEs try the induction over ring steps before the lockstep
+/// evaluation (whose work grows with PEs × steps); smaller ones the other way round.
+const INDUCTION_FIRST: u32 = 32;
+
 /// Proves loop programs without unrolling where [`prove`] (every PE running one program, no
 /// mask) or [`ring`] (PEs running different programs, causal or not) covers them — separate q,
 /// k, v and the online formulation either way; otherwise says why not, after the checks of
 /// [`check_loops`]. Never panics, whatever the inputs.
 pub fn prove_loops(programs: &[LoopProgram], manifest: &Manifest, opts: &Options) -> Proof {
+    prove_with(programs, manifest, opts, Route::Any)
+}
+
+/// As [`prove_loops`], with rings of different programs proved only by the induction over
+/// ring steps ([`induct`]), whatever their size: what the tests of that proof use.
+pub fn prove_loops_by_induction(
+    programs: &[LoopProgram],
+    manifest: &Manifest,
+    opts: &Options,
+) -> Proof {
+    prove_with(programs, manifest, opts, Route::Induction)
+}
+
+/// Which proofs a ring of different programs may take.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Any,
+    Induction,
+}
+
+fn prove_with(
+    programs: &[LoopProgram],
+    manifest: &Manifest,
+    opts: &Options,
+    route: Route,
+) -> Proof {
     let start = Instant::now();
     let checks = check_loops(programs, manifest, opts);
     let mut proof = Proof {
@@ -673,7 +704,7 @@ pub fn prove_loops(programs: &[LoopProgram], manifest: &Manifest, opts: &Options
         time: Duration::ZERO,
         checks,
     };
-    proof.outcome = outcome(programs, manifest, opts, &mut proof);
+    proof.outcome = outcome(programs, manifest, route, &mut proof);
     proof.time = start.elapsed();
     proof
 }
@@ -681,7 +712,7 @@ pub fn prove_loops(programs: &[LoopProgram], manifest: &Manifest, opts: &Options
 fn outcome(
     programs: &[LoopProgram],
     m: &Manifest,
-    opts: &Options,
+    route: Route,
     proof: &mut Proof,
 ) -> Result<String, String> {
     if proof.checks.total_violations() > 0 {
@@ -692,10 +723,53 @@ fn outcome(
     }
     // One program on every PE: PE 0 and the rotation symmetry; otherwise every PE in phases.
     let uniform = prove::applies(programs, m).is_ok();
+    // Rings of different programs: every PE in lockstep phases, or each PE alone with its
+    // ring steps by induction. The lockstep evaluation's work grows with PEs × steps, the
+    // induction's with PEs; on large rings the induction goes first. Both share one time
+    // bound, and a proof with output rows off the specification is a proof that did not go
+    // through (the other is tried), never a verdict of its own.
+    let mut inducted = false;
     let ev = if uniform {
         prove::evaluate(programs, m)
     } else {
-        ring::evaluate(programs, m)
+        let until = Instant::now() + prove::MAX_TIME;
+        let by_induction = || {
+            induct::evaluate_until(programs, m, Some(until)).and_then(|ev| match ev.wrong_count {
+                0 => Ok(ev),
+                n => Err(format!("{n} output row(s) not in the specification's form")),
+            })
+        };
+        let in_lockstep = || ring::evaluate_until(programs, m, Some(until));
+        if route == Route::Induction {
+            inducted = true;
+            by_induction()
+        } else if m.pes >= INDUCTION_FIRST {
+            match by_induction() {
+                Ok(ev) => {
+                    inducted = true;
+                    Ok(ev)
+                }
+                Err(why) => in_lockstep().map_err(|also| {
+                    format!(
+                        "each PE alone, its steps by induction: {why}; in lockstep phases: {also}"
+                    )
+                }),
+            }
+        } else {
+            match in_lockstep() {
+                Ok(ev) if ev.wrong_count == 0 => Ok(ev),
+                first => match (by_induction(), first) {
+                    (Ok(ev), _) => {
+                        inducted = true;
+                        Ok(ev)
+                    }
+                    (Err(_), Ok(ev)) => Ok(ev),
+                    (Err(why), Err(also)) => Err(format!(
+                        "in lockstep phases: {also}; each PE alone, its steps by induction: {why}"
+                    )),
+                },
+            }
+        }
     }
     .map_err(|why| format!("not covered: {why}"))?;
     proof.evaluations = ev.evaluations;
@@ -757,7 +831,6 @@ fn outcome(
             "the evaluation counted {total} operations, the loop structure has {closed}"
         ));
     }
-    let _ = opts;
     Ok(format!(
         "for all inputs, y = attention(q, k, v, mask = {}, scale = {}, softmax = {}, online: y = (Σ e·v) / Σ e{}) for {} head(s) × {} tokens × dim {}, on {} PEs in {} cycles, with {} operations: mul {} + {}, exp {}, div {} (one per output element), max {}, and {} running-maximum copies, rescale factors and rescaled partial sums, as the manifest declares; {}",
         l.mask,
@@ -778,6 +851,8 @@ fn outcome(
         o.rescale,
         if uniform {
             "PE 0 evaluated with symbolic loop indices, every other PE by the ring's rotation symmetry (all run one program)"
+        } else if inducted {
+            "every PE evaluated alone with symbolic loop indices, its ring steps by induction: at each step's start its receive buffers hold the contract for the hop, which the predecessor's sends in the step before deliver exactly, every PE starting each step in the same cycle"
         } else {
             "every PE evaluated with symbolic loop indices, in phases whose ring arrivals are apart from every word the receiver uses in them"
         }

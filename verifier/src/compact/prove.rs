@@ -131,7 +131,7 @@ enum Others {
 /// Bounds on the proof's work: symbolic evaluation that keeps falling back to iteration by
 /// iteration is not going to scale, and a verifier must answer.
 const MAX_EVALUATIONS: u64 = 1_000_000;
-const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(20);
+pub(super) const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The most iterations regrouped into one (`unroll`).
 const MAX_UNROLL: i64 = 16;
@@ -148,8 +148,6 @@ pub(super) struct Eval {
     next_var: Var,
     next_loop: u32,
     pub(super) loops: Vec<Active>,
-    carry_addrs: Vec<Aff>,
-    carry_slots: HashMap<Aff, usize>,
     pub(super) tally: Tally,
     pub(super) mult: u64,
     pub(super) evaluations: u64,
@@ -165,6 +163,10 @@ pub(super) struct Eval {
     /// Sends leave facts marked remote for the caller to deliver, instead of arriving
     /// relabelled by the rotation symmetry.
     pub(super) per_pe: bool,
+    /// Loop bodies whose ring steps the per-step induction marks (`super::induct`): at their
+    /// step boundaries the contracts are pushed and the sends collected.
+    pub(super) hooks: Vec<super::induct::Hook>,
+    pub(super) induct: Option<Box<super::induct::State>>,
 }
 
 /// A fact's place in the log, for replacing it: base, strides and counts, remote.
@@ -195,8 +197,6 @@ impl Eval {
             next_var: BINDERS,
             next_loop: 0,
             loops: Vec::new(),
-            carry_addrs: Vec::new(),
-            carry_slots: HashMap::default(),
             tally: Tally::default(),
             mult: 1,
             evaluations: 0,
@@ -207,7 +207,30 @@ impl Eval {
             hints: Vec::new(),
             regroup: Vec::new(),
             per_pe,
+            hooks: Vec::new(),
+            induct: None,
         }
+    }
+
+    /// The hook on `nodes`, when they are the body of a loop the per-step induction marks.
+    fn hook_of(&self, nodes: &[Node]) -> Option<usize> {
+        let at = nodes.as_ptr() as usize;
+        self.hooks
+            .iter()
+            .position(|h| h.body == at && h.total == nodes.len())
+    }
+
+    /// Where the facts of the innermost active loop's current iteration start.
+    pub(super) fn floor_of_iteration(&self) -> usize {
+        self.floor()
+    }
+
+    /// Words whose content is not stated: a read of one declines.
+    pub(super) fn unknown(&mut self, base: Aff, dims: Vec<(Var, i64, u64)>) -> R<Fact> {
+        let value = self.tm.carry(u32::MAX, Aff::cst(0));
+        let mut f = self.fact(base, dims, value, false)?;
+        f.havoc = true;
+        Ok(f)
     }
 
     pub(super) fn fresh(&mut self, count: u64) -> Var {
@@ -757,6 +780,17 @@ impl Eval {
                     match self.alias(addr, fam, l, others) {
                         Ok(false) => {}
                         Ok(true) => same = true,
+                        // Neither the read nor the write moves with the loop's index: what
+                        // another iteration writes there is this very word (one word per row,
+                        // say), so the read sees the value the iteration started with — the
+                        // carry, whose use the summary then has to account for.
+                        Err(())
+                            if l.order.is_none()
+                                && fam.coef(l.var) == 0
+                                && addr.coef(l.var) == 0 =>
+                        {
+                            same = true
+                        }
                         Err(()) => {
                             return Err(Fail::Retry(
                                 "a read may see another iteration's write".into(),
@@ -766,16 +800,7 @@ impl Eval {
                 }
                 if same {
                     let id = l.id;
-                    let slot = match self.carry_slots.get(addr) {
-                        Some(&s) => s,
-                        None => {
-                            self.carry_addrs.push(addr.clone());
-                            self.carry_slots
-                                .insert(addr.clone(), self.carry_addrs.len() - 1);
-                            self.carry_addrs.len() - 1
-                        }
-                    };
-                    return Ok((self.tm.carry(id, slot as i64), true));
+                    return Ok((self.tm.carry(id, addr.clone()), true));
                 }
             }
             top = bottom;
@@ -964,6 +989,13 @@ impl Eval {
 
     /// The word PE `p − 1` holds where PE `p` holds `v`.
     fn relabel(&mut self, v: Id) -> R<Id> {
+        // A word the previous iteration left (a buffer word rewritten every step): known
+        // only iteration by iteration.
+        if self.tm.has_carry(v) {
+            return Err(Fail::Retry(
+                "a sent word carried from the previous iteration".into(),
+            ));
+        }
         let T::Atom(t, h, row, col) = self.tm.node(v).clone() else {
             return Err(Fail::Decline(
                 "a word sent over the ring is not an input element".into(),
@@ -1138,11 +1170,18 @@ impl Eval {
     }
 
     fn body(&mut self, nodes: &[Node], env: &mut Vec<Ix>) -> R<()> {
-        for n in nodes {
+        let hook = self.hook_of(nodes);
+        for (i, n) in nodes.iter().enumerate() {
+            if let Some(h) = hook {
+                super::induct::fire(self, h, i, env)?;
+            }
             match n {
                 Node::Bundle(b) => self.bundle(b, env)?,
                 Node::Loop(l) => self.lp(l, env)?,
             }
+        }
+        if let Some(h) = hook {
+            super::induct::fire(self, h, nodes.len(), env)?;
         }
         Ok(())
     }
@@ -1194,7 +1233,10 @@ impl Eval {
                 let regroup = std::mem::take(&mut self.regroup)
                     .into_iter()
                     .filter(|&(v, m)| {
-                        v == var && 2 * m <= b - a && super::unroll::regroupable(&l.body, level)
+                        v == var
+                            && 2 * m <= b - a
+                            && super::unroll::regroupable(&l.body, level)
+                            && self.hook_of(&l.body).is_none()
                     })
                     .map(|(_, m)| m)
                     .min();
@@ -1320,6 +1362,10 @@ impl Eval {
         let r = self.families(&l.body, env, inner, &mut families, &mut remote_families);
         env.pop();
         r?;
+        // A marked body also writes the contracts it pushes (its receive buffers).
+        if let Some(h) = self.hook_of(&l.body) {
+            families.extend(super::induct::buffer_families(self, h));
+        }
         let id = self.next_loop;
         self.next_loop += 1;
         let marker = self.facts.len();
@@ -1345,8 +1391,36 @@ impl Eval {
         };
         let written: Vec<Fact> = self.facts[marker..].iter().flatten().cloned().collect();
         self.truncate(marker);
+        // Every summary first, then the log: a carried word's value before the loop is read
+        // from the log as the loop found it, not from another summary of the same loop (two
+        // halves of a regrouped step each writing a row's running sum, say).
+        let mut summaries = Vec::with_capacity(written.len());
         for f in written {
-            let g = self.summary(f, &active, n)?;
+            match self.summary(f.clone(), &active, n) {
+                Ok(g) => summaries.push(g),
+                // A carried row of words whose values before the loop no one formula gives
+                // (each a maximum over a different range, say): word by word.
+                Err(Fail::Retry(why))
+                    if f.dims.len() == 1
+                        && f.dims[0].2 <= 64
+                        && !f.remote
+                        && self.carries_of(f.value, active.id) =>
+                {
+                    let (v, stride, count) = f.dims[0];
+                    for x in 0..count as i64 {
+                        let value = self.tm.subst(f.value, v, &Aff::cst(x));
+                        let word = f.base.clone().add_const(x * stride);
+                        let one = self.fact(word, Vec::new(), value, f.computed)?;
+                        let g = self
+                            .summary(one, &active, n)
+                            .map_err(|_| Fail::Retry(why.clone()))?;
+                        summaries.push(g);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        for g in summaries {
             self.push(g);
         }
         Ok(())
@@ -1390,6 +1464,9 @@ impl Eval {
             .cloned()
             .collect();
         self.truncate(active.marker);
+        // As for any symbolic loop: every summary from the log as the loop found it, then
+        // the log.
+        let mut summaries = Vec::with_capacity(written.len());
         for f in written {
             if f.remote {
                 return Err(Fail::Decline("a send not delivered".into()));
@@ -1399,6 +1476,9 @@ impl Eval {
                 Err(Fail::Retry(_)) => self.havoc(&f)?,
                 Err(e) => return Err(e),
             };
+            summaries.push(g);
+        }
+        for g in summaries {
             self.push(g);
         }
         Ok(())
@@ -1407,7 +1487,7 @@ impl Eval {
     /// Every word `f` may hold for any value of its variables, untracked.
     fn havoc(&mut self, f: &Fact) -> R<Fact> {
         let w = self.fresh((f.hi - f.lo + 1) as u64);
-        let value = self.tm.carry(u32::MAX, f.lo);
+        let value = self.tm.carry(u32::MAX, Aff::cst(f.lo));
         let mut g = self.fact(
             Aff::cst(f.lo),
             vec![(w, 1, (f.hi - f.lo + 1) as u64)],
@@ -1466,6 +1546,7 @@ impl Eval {
             dims.push((l.var, a, n));
             let mut g = self.fact(base, dims, f.value, f.computed)?;
             g.remote = f.remote;
+            g.havoc = f.havoc;
             return Ok(g);
         }
         // The same words every iteration: no other iteration's write may land in them except
@@ -1480,12 +1561,16 @@ impl Eval {
             let v = self.tm.subst(f.value, l.var, &last);
             let mut g = self.fact(f.base, f.dims, v, f.computed)?;
             g.remote = f.remote;
+            g.havoc = f.havoc;
             return Ok(g);
         }
-        if !f.dims.is_empty() || f.remote {
-            return retry("a carried region");
+        if f.remote {
+            return retry("a carried send");
         }
-        let own = self.carry_slots.get(&f.base).copied();
+        // A region (a running maximum or sum per row, carried across the loop) is carried
+        // word by word: its previous value was read at the address it is written at, in the
+        // region's own coordinates, so each word's carry is that word's previous value.
+        let own = self.pin(words.clone());
         let (add, args) = match self.tm.node(f.value).clone() {
             T::Sum(xs) => (true, xs),
             T::Max(xs) => (false, xs),
@@ -1495,7 +1580,7 @@ impl Eval {
         let mut seen = false;
         for x in args {
             match self.tm.node(x) {
-                T::Carry(id, slot) if *id == l.id && Some(*slot as usize) == own && !seen => {
+                T::Carry(id, at) if *id == l.id && self.pin(at.clone()) == own && !seen => {
                     seen = true
                 }
                 _ => {
@@ -1518,14 +1603,14 @@ impl Eval {
             }
             m
         };
-        let (init, computed) = self.read(&f.base)?;
+        let (init, computed) = self.read(&words)?;
         let range = self.tm.range(add, l.var, 0, n as i64, t);
         let v = if add {
             self.tm.sum(&[init, range])
         } else {
             self.tm.max(init, range)
         };
-        self.fact(f.base, Vec::new(), v, computed && f.computed)
+        self.fact(f.base, f.dims, v, computed && f.computed)
     }
 }
 
@@ -1873,6 +1958,55 @@ mod tests {
         };
         assert_eq!(pieces(&inner.body, 1, 4), vec![(0, 2), (2, 4)]);
         assert!(splittable(&l.body, 0));
+    }
+
+    /// A running maximum per row carried across an outer loop (one word per row, read and
+    /// rewritten by an inner loop over the rows): the outer loop stays symbolic, and each row's
+    /// word ends as its initial value and the one range over all 32 keys the four steps of 8
+    /// visited. A step that reads its keys at an offset of 7 (blocks that overlap) or a row
+    /// word moving with the step are not summarised as that.
+    #[test]
+    fn a_running_maximum_per_row_is_carried_across_a_symbolic_loop() {
+        let run = |src: &str| -> (Option<Id>, Id, u64) {
+            let b = body(src);
+            let Node::Loop(l) = &b[0] else {
+                panic!("the body is one loop")
+            };
+            let mut e = Eval::new(0, 64, true);
+            e.tm.seed_budgets(1);
+            let (t, r) = (e.fresh(40), e.fresh(2));
+            let keys = e.tm.atom(1, Aff::cst(0), Aff::var(t), Aff::cst(0));
+            let f = e.fact(Aff::cst(0), vec![(t, 1, 40)], keys, false).unwrap();
+            e.facts.push(Some(f));
+            let rows = e.tm.atom(0, Aff::cst(0), Aff::var(r), Aff::cst(0));
+            let f = e.fact(Aff::cst(100), vec![(r, 1, 2)], rows, false).unwrap();
+            e.facts.push(Some(f));
+            e.lp(l, &mut Vec::new()).unwrap();
+            let x = e.fresh(2);
+            let got = e.read(&Aff::cst(100).add_term(x, 1)).ok().map(|v| v.0);
+            let k = e.fresh(32);
+            let key = e.tm.atom(1, Aff::cst(0), Aff::var(k), Aff::cst(0));
+            let all = e.tm.range(false, k, 0, 32, key);
+            let row = e.tm.atom(0, Aff::cst(0), Aff::var(x), Aff::cst(0));
+            let want = e.tm.max(row, all);
+            (got, want, e.evaluations)
+        };
+        let (got, want, evaluations) = run(
+            "loop 4 {\n  loop 2 {\n    loop 8 {\n      max m[100 + 1*i1], m[0 + 8*i0 + 1*i2] -> m[100 + 1*i1]\n    }\n  }\n}\n",
+        );
+        assert_eq!(got, Some(want));
+        assert_eq!(evaluations, 1, "the steps, rows and keys all symbolic");
+        // Two steps per iteration (a loop of steps regrouped by two), the second reading the
+        // first's maxima.
+        let (got, want, evaluations) = run(
+            "loop 2 {\n  loop 2 {\n    loop 8 {\n      max m[100 + 1*i1], m[0 + 16*i0 + 1*i2] -> m[100 + 1*i1]\n    }\n  }\n  loop 2 {\n    loop 8 {\n      max m[100 + 1*i1], m[8 + 16*i0 + 1*i2] -> m[100 + 1*i1]\n    }\n  }\n}\n",
+        );
+        assert_eq!(got, Some(want), "two steps per iteration");
+        assert_eq!(evaluations, 2);
+        let (got, want, _) = run(
+            "loop 4 {\n  loop 2 {\n    loop 8 {\n      max m[100 + 1*i1], m[0 + 7*i0 + 1*i2] -> m[100 + 1*i1]\n    }\n  }\n}\n",
+        );
+        assert_ne!(got, Some(want));
     }
 
     #[test]

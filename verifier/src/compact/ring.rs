@@ -388,7 +388,7 @@ pub fn applies(programs: &[LoopProgram], m: &Manifest) -> Result<(), String> {
 
 /// Per PE, `(first local row, first token, rows)` of every run of rows holding consecutive
 /// tokens.
-fn runs(lay: &Layout, pes: u32, tokens: u32) -> Vec<Vec<(i64, i64, u64)>> {
+pub(super) fn runs(lay: &Layout, pes: u32, tokens: u32) -> Vec<Vec<(i64, i64, u64)>> {
     let mut out: Vec<Vec<(i64, i64, u64)>> = vec![Vec::new(); pes as usize];
     let mut owned: Vec<Vec<(u32, u32)>> = vec![Vec::new(); pes as usize];
     for t in 0..tokens {
@@ -414,13 +414,13 @@ fn runs(lay: &Layout, pes: u32, tokens: u32) -> Vec<Vec<(i64, i64, u64)>> {
 }
 
 #[derive(Default)]
-struct Pe {
+pub(super) struct Pe {
     facts: Vec<Option<Fact>>,
     keys: HashMap<Key, usize>,
     loops: Vec<Active>,
 }
 
-fn swap(e: &mut Eval, pe: &mut Pe) {
+pub(super) fn swap(e: &mut Eval, pe: &mut Pe) {
     std::mem::swap(&mut e.facts, &mut pe.facts);
     std::mem::swap(&mut e.keys, &mut pe.keys);
     std::mem::swap(&mut e.loops, &mut pe.loops);
@@ -437,7 +437,7 @@ fn indices(env: &[u64], head: Option<Var>) -> Vec<Ix> {
         .collect()
 }
 
-fn eval_item(e: &mut Eval, it: &Item, head: Option<Var>) -> R<()> {
+pub(super) fn eval_item(e: &mut Eval, it: &Item, head: Option<Var>) -> R<()> {
     match it {
         Item::Node(n, env) => {
             let mut env = indices(env, head);
@@ -468,8 +468,21 @@ fn eval_item(e: &mut Eval, it: &Item, head: Option<Var>) -> R<()> {
 /// program is one head loop, the heads are first evaluated as one symbolic head (the module
 /// documentation); if that declines, head by head, within the same bounds.
 pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, String> {
+    evaluate_until(programs, m, None)
+}
+
+/// [`evaluate`] within the time bound `until` when given (another proof already spent part of
+/// the bound).
+pub(super) fn evaluate_until(
+    programs: &[LoopProgram],
+    m: &Manifest,
+    until: Option<std::time::Instant>,
+) -> Result<Evaluated, String> {
     applies(programs, m)?;
     let mut e = Eval::new(0, i64::from(m.layer.tokens), true);
+    if let Some(t) = until {
+        e.deadline = t;
+    }
     if let Some(heads) = head_loops(programs) {
         if let Ok(done) = run(&mut e, programs, m, Some(&heads)) {
             return Ok(done);
@@ -760,7 +773,7 @@ fn run(
 /// PE `p`'s output rows against the specification: descriptions of the first few that differ
 /// and how many do.
 #[allow(clippy::too_many_arguments)]
-fn compare(
+pub(super) fn compare(
     e: &mut Eval,
     p: usize,
     rs: &[(i64, i64, u64)],

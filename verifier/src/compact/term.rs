@@ -45,7 +45,7 @@ pub enum T {
     RSum(Var, i64, i64, Id),
     RMax(Var, i64, i64, Id),
     /// The value a loop's previous iteration left at an address (loop id, address).
-    Carry(u32, i64),
+    Carry(u32, Aff),
 }
 
 #[derive(Default)]
@@ -115,7 +115,7 @@ impl Terms {
             ),
             T::RSum(b, lo, hi, body) => format!("Σ_{{v{b}∈[{lo},{hi})}}{}", self.show(*body, d)),
             T::RMax(b, lo, hi, body) => format!("max_{{v{b}∈[{lo},{hi})}}{}", self.show(*body, d)),
-            T::Carry(l, a) => format!("carry{l}@{a}"),
+            T::Carry(l, a) => format!("carry{l}@{a:?}"),
         }
     }
 
@@ -154,7 +154,7 @@ impl Terms {
         let bits = |a: &Aff| a.t.iter().fold(0u64, |m, &(v, _)| m | var_bit(v));
         let vars = match &t {
             T::Atom(_, h, r, c) => bits(h) | bits(r) | bits(c),
-            T::Carry(..) => 0,
+            T::Carry(_, a) => bits(a),
             T::Mul(a, b) | T::Div(a, b) | T::Expd(a, b, _) => {
                 self.vars[*a as usize] | self.vars[*b as usize]
             }
@@ -184,7 +184,9 @@ impl Terms {
         self.intern(T::Atom(tensor, head, row, col))
     }
 
-    pub fn carry(&mut self, lp: u32, addr: i64) -> Id {
+    /// The value word `addr` held when an iteration of loop `lp` began; the address's
+    /// variables are renamed with the expression's (a word per row, carried per row).
+    pub fn carry(&mut self, lp: u32, addr: Aff) -> Id {
         self.intern(T::Carry(lp, addr))
     }
 
@@ -608,6 +610,30 @@ impl Terms {
     /// smallest offset in the body's atoms is 0, and renamed to the binder one above every
     /// binder inside.
     pub fn range(&mut self, add: bool, v: Var, lo: i64, hi: i64, body: Id) -> Id {
+        // A range of a sum is the sum of the terms' ranges (and likewise for maxima): the
+        // same multiset of terms, or set of arguments, regrouped. Each term may then meet a
+        // range of its own kind (a run of ring steps, two blocks of keys per step).
+        if hi > lo {
+            let terms = match (self.node(body), add) {
+                (T::Sum(xs), true) | (T::Max(xs), false) => Some(xs.clone()),
+                _ => None,
+            };
+            if let Some(xs) = terms {
+                let parts: Vec<Id> = xs
+                    .into_iter()
+                    .map(|x| self.range(add, v, lo, hi, x))
+                    .collect();
+                return if add {
+                    self.sum(&parts)
+                } else {
+                    let mut m = parts[0];
+                    for &x in &parts[1..] {
+                        m = self.max(m, x);
+                    }
+                    m
+                };
+            }
+        }
         if let Some(id) = self.blocks(add, v, lo, hi, body) {
             return id;
         }
@@ -763,7 +789,7 @@ impl Terms {
                     self.atom(t, a.subst(v, by), b.subst(v, by), c.subst(v, by))
                 }
             }
-            T::Carry(..) => x,
+            T::Carry(l, a) => self.carry(l, a.subst(v, by)),
             // Substitution never enters products' online rules: it maps each factor and
             // multiplies them back as they were.
             T::Mul(a, b) => {

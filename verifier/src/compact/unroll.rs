@@ -74,20 +74,31 @@ fn node(n: &Node, level: usize, at: u64, m: u64) -> Option<Node> {
 fn bundle(b: &LBundle, level: usize, at: u64, m: u64) -> Option<LBundle> {
     let mut out = b.clone();
     let (at_i, m_i) = (i64::try_from(at).ok()?, i64::try_from(m).ok()?);
-    for t in out
-        .terms
-        .iter_mut()
-        .filter(|t| usize::from(t.level) == level)
-    {
-        // Only plain terms are regrouped (a wrapped index keeps its loop concrete).
-        if t.wrap != 0 {
-            return None;
+    let mut terms = Vec::with_capacity(out.terms.len());
+    for mut t in std::mem::take(&mut out.terms) {
+        if usize::from(t.level) != level {
+            terms.push(t);
+            continue;
         }
         let base = isa::looped::field(&out.bundle, t.field).map_or(0, i64::from);
+        if t.wrap != 0 {
+            // `(at + m·j) mod w` is `at mod w` for every `j` when `w` divides `m` (a double
+            // buffer regrouped by two): a constant, folded into the base. Any other wrapped
+            // term keeps its loop concrete.
+            let w = i64::from(t.wrap);
+            if m_i % w != 0 {
+                return None;
+            }
+            let moved = base + i64::from(t.stride) * at_i.rem_euclid(w);
+            set_field(&mut out.bundle, t.field, isa::Addr::try_from(moved).ok()?);
+            continue;
+        }
         let moved = base + i64::from(t.stride) * at_i;
         set_field(&mut out.bundle, t.field, isa::Addr::try_from(moved).ok()?);
         t.stride = i32::try_from(i64::from(t.stride) * m_i).ok()?;
+        terms.push(t);
     }
+    out.terms = terms;
     let mut preds = Vec::with_capacity(out.preds.len());
     for p in &b.preds {
         if usize::from(p.level) != level {
@@ -171,5 +182,29 @@ mod tests {
             instances(&[Node::Loop(u)], &mut Vec::new(), &mut got);
             assert_eq!(got, want, "a = {a}, m = {m}, q = {q}");
         }
+    }
+
+    /// A double buffer's `i mod 2` regrouped by two (or four) is a constant in each copy:
+    /// the same instances in the same order; by three it stays concrete.
+    #[test]
+    fn wrapped_terms_regroup_by_a_multiple_of_their_period() {
+        let p = program(
+            "loop 7 {\n  loop 3 {\n    mul m[0 + 64*(i0 % 2) + 1*i1], m[200 - 64*(i0 % 2)] -> m[300 + 4*i0 + 1*i1] | nop | send m[0 + 64*(i0 % 2)] -> m[500 + 64*(i0 % 2)] if i0 < 5\n  }\n}\n",
+        );
+        let Node::Loop(outer) = &p.body[0] else {
+            panic!("expected a loop, found {:?}", p.body[0])
+        };
+        for (a, m, q) in [(0, 2, 3), (1, 2, 3), (3, 2, 2), (0, 4, 1), (2, 4, 1)] {
+            let mut want = Vec::new();
+            for k in a..a + m * q {
+                let mut idx = vec![k as u32];
+                instances(&outer.body, &mut idx, &mut want);
+            }
+            let u = unrolled(outer, 0, a, m, q).expect("fits");
+            let mut got = Vec::new();
+            instances(&[Node::Loop(u)], &mut Vec::new(), &mut got);
+            assert_eq!(got, want, "a = {a}, m = {m}, q = {q}");
+        }
+        assert!(unrolled(outer, 0, 0, 3, 2).is_none());
     }
 }
