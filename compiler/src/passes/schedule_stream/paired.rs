@@ -193,6 +193,17 @@ struct StepSpec {
     x_fwd: Option<u32>,
     /// Whether the own rows' loops forward the travelling state; otherwise a tail does.
     trav_inline: bool,
+    /// When this step is a run's body and the run's last step forwards fewer keys.
+    last_from: Option<LastFrom>,
+}
+
+/// The last step of a run of `count` steps (a loop at `level`) forwards the visiting keys from
+/// `from` on only.
+#[derive(Clone, Copy)]
+struct LastFrom {
+    level: u8,
+    count: u32,
+    from: u32,
 }
 
 struct Gen<'a> {
@@ -541,16 +552,47 @@ impl Gen<'_> {
                 Role::Carry(_) => carry(yw.clone(), yw, Some(lc), 0),
                 Role::Plain => None,
             };
+            let pv_keys = |from: u32, count: u32, send: Option<&Send>| {
+                let at = i64::from(from);
+                lp(
+                    count,
+                    vec![B::new()
+                        .mul(scr.clone().plus(at).t(lc, 1), xv.clone().plus(at * d), None)
+                        .add(Some(yc.clone()), yc.clone())
+                        .send(
+                            send.map(|s| Send {
+                                src: s.src.clone().plus(at * d),
+                                dst: s.dst.clone().plus(at * d),
+                                preds: s.preds.clone(),
+                            })
+                            .as_ref(),
+                        )
+                        .build()],
+                )
+            };
+            // In a run whose last step forwards only the keys from `from` on, the keys before
+            // it are sent by a loop of their own that the run's last iteration leaves out.
+            let split = match (role, st.last_from, &send) {
+                (Role::Keys, Some(lf), Some(s))
+                    if kl == st.kk && lf.from > st.k0 && lf.from < st.k0 + st.kk =>
+                {
+                    let before = lf.from - st.k0;
+                    let mut early = s.clone();
+                    early.preds.push(Pred {
+                        slot: Slot::Xfer,
+                        level: lf.level,
+                        cmp: Cmp::Lt,
+                        value: lf.count - 1,
+                    });
+                    let mut v = pv_keys(0, before, Some(&early));
+                    v.extend(pv_keys(before, st.kk - before, Some(s)));
+                    Some(v)
+                }
+                _ => None,
+            };
             let mut pv = lp(
                 m.d,
-                lp(
-                    st.kk,
-                    vec![B::new()
-                        .mul(scr.t(lc, 1), xv, None)
-                        .add(Some(yc.clone()), yc)
-                        .send(send.as_ref())
-                        .build()],
-                ),
+                split.unwrap_or_else(|| pv_keys(0, st.kk, send.as_ref())),
             );
             mask_ops(&mut pv, lc, st.kk, kl);
             o.extend(pv);
@@ -772,6 +814,7 @@ pub(super) fn unmerged(
         x_fwd: Some(x_from),
         trav_inline: true,
         vis_live: vis_live(s0),
+        last_from: None,
     };
     let high_spec = |s0: u32, count: u32, fwd: bool| StepSpec {
         r0: 0,
@@ -785,6 +828,7 @@ pub(super) fn unmerged(
         x_fwd: fwd.then_some(half),
         trav_inline: true,
         vis_live: vis_live(s0),
+        last_from: None,
     };
     // Step 0: the diagonal quarters, whose last rows forward the own x rows, then the other one.
     let hb = |g: &Gen| -> Option<Vec<Node>> {
@@ -844,28 +888,40 @@ pub(super) fn unmerged(
                 x_fwd: None,
                 trav_inline: true,
                 vis_live: vis_live(0),
+                last_from: None,
             },
             1,
         ));
-        // Low steps: the first alone (the travelling state's first update), the last alone too: it
-        // forwards only the keys its receiver reads (a high step, or step m/2 on an upper PE, reads
-        // the second half only).
+        // Low steps: the first alone (the travelling state's first update), the others one run.
+        // The last forwards only the keys its receiver reads (a high step, or step m/2 on an
+        // upper PE, reads the second half only): in the run, the keys before those are sent by
+        // a loop of their own kept from its last iteration, so that the steps share one body.
         let last_from = if !even || (pe + 1) % m >= m / 2 {
             half
         } else {
             0
         };
         let mut runs = vec![(1, 1)];
-        if low >= 3 {
-            runs.push((2, low - 2));
-        }
         if low >= 2 {
-            runs.push((low, 1));
+            runs.push((2, low - 1));
         }
         for (s0, count) in runs {
-            let x_from = if s0 == low { last_from } else { 0 };
             for (s0, count) in around(s0, count) {
-                head.extend(lp(count, g.step(&low_spec(s0, count, x_from), 2)));
+                let spec = if s0 + count - 1 < low || last_from == 0 {
+                    low_spec(s0, count, 0)
+                } else if count == 1 {
+                    low_spec(s0, 1, last_from)
+                } else {
+                    StepSpec {
+                        last_from: Some(LastFrom {
+                            level: 1,
+                            count,
+                            from: last_from,
+                        }),
+                        ..low_spec(s0, count, 0)
+                    }
+                };
+                head.extend(lp(count, g.step(&spec, 2)));
             }
         }
         if even {
