@@ -758,8 +758,12 @@ pub(super) fn unmerged(
     // Max slots: a group touched for the j-th time writes slot j % 2 and reads the other. The
     // first half of the own rows is touched in every step; the second in step 0, in step m/2 on
     // the upper PEs of an even ring, and from `high` on.
+    // The second half starts in slot `flip` (its count of touches shifted by one) where that
+    // makes both halves write the same slot in every step that touches both, so that their
+    // rows continue one another in one loop (and so do their merges at the end).
+    let flip = (u32::from(kind_b) + high) % 2;
     let slot_at = |j: u32| ad(map.mx + (j % 2) * b);
-    let g_touch = |s: u32| s + 1 + u32::from(kind_b) - high;
+    let g_touch = |s: u32| s + 1 + u32::from(kind_b) - high + flip;
     let alternating = |j0: u32, count: u32| {
         let at = slot_at(j0);
         if count > 1 {
@@ -855,7 +859,7 @@ pub(super) fn unmerged(
             head: 0,
             live,
         };
-        for (r0, rows) in [(0, half), (half, g_rows)] {
+        for (r0, rows, slot) in [(0, half, slot_at(0)), (half, g_rows, slot_at(flip))] {
             head.extend(ctx.block(&Work {
                 r0,
                 rows,
@@ -864,7 +868,7 @@ pub(super) fn unmerged(
                 kb: g.own(map.x),
                 first: true,
                 send: None,
-                slots: Some((ad(map.mx), ad(map.mx))),
+                slots: Some((slot.clone(), slot)),
                 tri: false,
                 forward_to: Some(g.rot.clone()),
                 key_limit: (live < r0 + rows).then(|| live - r0),
