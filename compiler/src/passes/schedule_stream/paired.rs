@@ -852,27 +852,32 @@ pub(super) fn unmerged(
             f: map.f,
             words: map.words,
         };
+        // Each quarter in a loop of its own (at level 1), so that the two join into one loop
+        // over the quarter where they continue one another (`B` even, both live alike).
         let ctx = Ctx {
             map: &old_map,
             scale,
-            depth: 1,
+            depth: 2,
             head: 0,
             live,
         };
         for (r0, rows, slot) in [(0, half, slot_at(0)), (half, g_rows, slot_at(flip))] {
-            head.extend(ctx.block(&Work {
-                r0,
-                rows,
-                k0: r0,
-                keys: rows,
-                kb: g.own(map.x),
-                first: true,
-                send: None,
-                slots: Some((slot.clone(), slot)),
-                tri: false,
-                forward_to: Some(g.rot.clone()),
-                key_limit: (live < r0 + rows).then(|| live - r0),
-            }));
+            head.extend(lp(
+                1,
+                ctx.block(&Work {
+                    r0,
+                    rows,
+                    k0: r0,
+                    keys: rows,
+                    kb: g.own(map.x),
+                    first: true,
+                    send: None,
+                    slots: Some((slot.clone(), slot)),
+                    tri: false,
+                    forward_to: Some(g.rot.clone()),
+                    key_limit: (live < r0 + rows).then(|| live - r0),
+                }),
+            ));
         }
         head.extend(g.step(
             &StepSpec {
