@@ -759,8 +759,15 @@ fn paired_shared_scores_are_proved() {
                             .unwrap();
                     let distinct = u64::from(n) * u64::from(n + 1) / 2 * u64::from(d * h);
                     let twice = |k: u32| k * k.saturating_sub(1) / 2;
-                    let own =
-                        u64::from((m * twice(f) + (m - 1) * twice(g) + twice(g - pad)) * d * h);
+                    // Every PE does its two diagonal quarters (`f` and `g` rows) in full; the
+                    // last PE's padded block keeps the part laid out first whole (the `g` rows
+                    // where it keeps them and two more) and the live rest of the other.
+                    let (first, second) = if b - pad >= g + 2 { (g, f) } else { (f, g) };
+                    let own = u64::from(
+                        ((m - 1) * (twice(f) + twice(g)) + twice(first) + twice(second - pad))
+                            * d
+                            * h,
+                    );
                     assert_eq!(st.ops.phase1_mac, distinct + own, "n={n} m={m} d={d}");
                     let cycles: Vec<u64> = st.programs.iter().map(|q| q.cycles()).collect();
                     assert!(

@@ -184,6 +184,22 @@ fn joined_preds(px: &[Pred], py: &[Pred], sp: &Span) -> Option<Vec<Pred>> {
     Some(merged)
 }
 
+/// Whether `base + term(i)` stays in the address space over `count` iterations: a loop
+/// program must say where every slot would go in every iteration, the predicated-off ones
+/// too, so a term carried on over more iterations (a gap term turned into a stride) may not
+/// leave it.
+fn addressable(base: i64, term: Option<Term>, count: u32) -> bool {
+    let last = term.map_or(0, |t| {
+        let n = if t.wrap == 0 {
+            count
+        } else {
+            count.min(t.wrap)
+        };
+        t.value(n.saturating_sub(1))
+    });
+    base + last.min(0) >= 0 && base + last.max(0) <= i64::from(u32::MAX)
+}
+
 fn bundle(x: &LBundle, y: &LBundle, sp: &Span) -> Option<LBundle> {
     let lv = sp.level;
     // The xfer slot may be one side's alone; every other part must be the same shape.
@@ -281,6 +297,9 @@ fn bundle(x: &LBundle, y: &LBundle, sp: &Span) -> Option<LBundle> {
                 if !continues {
                     return None;
                 }
+                if !addressable(i64::from(va), term, sp.a + sp.b) {
+                    return None;
+                }
                 set_field(&mut out.bundle, f, va);
                 out.terms.extend(rest);
                 out.terms.extend(term);
@@ -310,6 +329,9 @@ fn bundle(x: &LBundle, y: &LBundle, sp: &Span) -> Option<LBundle> {
                     }
                     _ => (i64::from(v), None),
                 };
+                if !addressable(base, kept, sp.a + sp.b) {
+                    return None;
+                }
                 set_field(&mut out.bundle, f, u32::try_from(base).ok()?);
                 rest.extend(kept);
                 out.terms.extend(rest);
