@@ -799,6 +799,55 @@ fn paired_shared_scores_are_proved() {
     assert!(proved >= 100, "only {proved} paired layers");
 }
 
+/// Paired shared layers on rings of 10 and 12 PEs (long runs of low and high steps, the padded
+/// block's step inside them), dealt evenly and padded, with the `G` part of each block first
+/// and not, proved exactly with the own blocks' products counted as above.
+#[test]
+fn paired_scores_on_long_rings_are_proved() {
+    use schedule_stream::Pairing;
+    let mut proved = 0;
+    for (m, b, d, h, pad) in [
+        (12u32, 4u32, 1u32, 1u32, 0u32),
+        (12, 6, 2, 1, 1),
+        (12, 7, 1, 2, 1),
+        (12, 8, 1, 1, 2),
+        (12, 5, 2, 1, 1),
+        (12, 9, 1, 1, 2),
+        (10, 6, 2, 1, 1),
+        (10, 8, 1, 1, 0),
+        (10, 7, 1, 1, 2),
+    ] {
+        let (f, g) = (b / 2, b - b / 2);
+        let n = b * m - pad;
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let p = problem(n, d, h, true, false, true);
+        let st = schedule_stream::run_pairing(&p, m, true, Lag::Fit(None), Pairing::On)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let distinct = u64::from(n) * u64::from(n + 1) / 2 * u64::from(d * h);
+        let twice = |k: u32| k * k.saturating_sub(1) / 2;
+        let (first, second) = if b - pad >= g + 2 { (g, f) } else { (f, g) };
+        let own = u64::from(
+            ((m - 1) * (twice(f) + twice(g)) + twice(first) + twice(second - pad)) * d * h,
+        );
+        assert_eq!(st.ops.phase1_mac, distinct + own, "{what}");
+        let cycles: Vec<u64> = st.programs.iter().map(|q| q.cycles()).collect();
+        assert!(
+            cycles.iter().all(|&c| c == cycles[0]),
+            "{what}: PEs out of lockstep {cycles:?}"
+        );
+        let flat: Vec<Program> = st
+            .programs
+            .iter()
+            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+            .collect();
+        let man = stream_manifest(&p, m, &st);
+        assert_compact_clean(&st.programs, &man, &what);
+        assert_proved(&flat, &man, &what);
+        proved += 1;
+    }
+    assert_eq!(proved, 9);
+}
+
 /// Paired shared layers of three heads or more under a memory limit that only the reuse of
 /// idle heads' regions meets (the visiting block and the travelling rows live there), proved,
 /// dealt evenly and padded; every head runs in one head loop (the regions are affine in the
