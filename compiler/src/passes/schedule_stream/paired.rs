@@ -6,7 +6,10 @@
 //! `S(p, q)` and uses every score twice: for PE `p`'s own rows against the visiting keys, with
 //! the running state that stays on `p` (*stationary*), and, transposed, for the visiting block's
 //! rows against `p`'s own keys, with a running state (`l`, row maximum, unnormalised `y`) that
-//! travels around the ring with its block (*travelling*). Steps `s < m/2` take the first half of
+//! travels around the ring with its block (*travelling*). Each block's rows fall in two parts,
+//! `F = ⌊B/2⌋` and `G = B − F` rows (the `G` part first where a padded last block keeps it and two
+//! more, so that no high step meets a missing row; the `F` part first otherwise), called the
+//! first and second half below. Steps `s < m/2` take the first half of
 //! the own rows against the whole visiting block; steps `s > m/2` the whole own block against
 //! the visiting block's second half, so that the two meetings of a pair cover its block exactly
 //! once. In step `m/2` of an even ring the two meetings are in the same step: PEs below `m/2` take
