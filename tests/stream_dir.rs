@@ -397,3 +397,37 @@ fn paired_scores_in_idle_heads_regions_run_from_their_files() {
     }
     assert_eq!(ran, 7);
 }
+
+/// Paired shared layers on 6, 8 and 12 PEs, dealt evenly and padded (the `G` part of each block
+/// laid out first where the padded block keeps it, and not), even and odd blocks, run from
+/// their files with the cycles the compiler states and match the reference.
+#[test]
+fn paired_scores_on_larger_rings_run_from_their_files() {
+    let mut ran = 0;
+    for (n, d, m, heads) in [
+        (46u32, 4u32, 6u32, 1u32),
+        (68, 3, 6, 2),
+        (41, 2, 6, 1),
+        (48, 3, 6, 1),
+        (62, 2, 8, 1),
+        (69, 3, 8, 1),
+        (64, 2, 8, 2),
+        (130, 2, 12, 1),
+        (128, 2, 12, 1),
+        (82, 2, 12, 1),
+        (96, 2, 12, 1),
+    ] {
+        let src = layer_src(n, d, heads, true, false).replace("plain", "safe");
+        let what = format!("n={n} d={d} m={m} heads={heads}");
+        let c = stream(&src, m).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            c.manifest.ops.phase1_mac < u64::from(n * n * d * heads),
+            "{what}: scores not paired"
+        );
+        let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+        let (_, cycles, _) = run_dir(&files(&c, true), seed);
+        assert_eq!(cycles, c.manifest.cycles, "{what}");
+        ran += 1;
+    }
+    assert_eq!(ran, 11);
+}

@@ -732,6 +732,49 @@ fn the_statement_names_the_online_formulation() {
     );
 }
 
+/// The paired programs of `h` heads of width `d` on `m` PEs, blocks of `b` tokens, `pad` short of
+/// dealing evenly: the products the manifest declares, the PEs in lockstep, the checks without
+/// unrolling clean and the flattened programs proved. Returns them and the layer.
+fn assert_paired_proved(
+    m: u32,
+    b: u32,
+    d: u32,
+    h: u32,
+    pad: u32,
+) -> (schedule_stream::Stream, Problem) {
+    use schedule_stream::Pairing;
+    let (f, g) = (b / 2, b - b / 2);
+    // `pad` tokens short of dealing evenly: the last PE's block is padded.
+    let n = b * m - pad;
+    let what = format!("n={n} d={d} h={h} m={m}");
+    let p = problem(n, d, h, true, false, true);
+    let st = schedule_stream::run_pairing(&p, m, true, Lag::Fit(None), Pairing::On)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let distinct = u64::from(n) * u64::from(n + 1) / 2 * u64::from(d * h);
+    let twice = |k: u32| k * k.saturating_sub(1) / 2;
+    // Every PE does its two diagonal quarters (`f` and `g` rows) in full; the last PE's padded
+    // block keeps the part laid out first whole (the `g` rows where it keeps them and two more)
+    // and the live rest of the other.
+    let (first, second) = if b - pad >= g + 2 { (g, f) } else { (f, g) };
+    let own =
+        u64::from(((m - 1) * (twice(f) + twice(g)) + twice(first) + twice(second - pad)) * d * h);
+    assert_eq!(st.ops.phase1_mac, distinct + own, "{what}");
+    let cycles: Vec<u64> = st.programs.iter().map(|q| q.cycles()).collect();
+    assert!(
+        cycles.iter().all(|&c| c == cycles[0]),
+        "{what}: PEs out of lockstep {cycles:?}"
+    );
+    let flat: Vec<Program> = st
+        .programs
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect();
+    let man = stream_manifest(&p, m, &st);
+    assert_compact_clean(&st.programs, &man, &what);
+    assert_proved(&flat, &man, &what);
+    (st, p)
+}
+
 /// Shared layers without a mask whose score blocks are computed once for both rows they serve
 /// (the travelling state merged at home), on odd and even rings, proved exactly; the counts
 /// declare the own blocks' products twice and nothing else beyond the distinct ones.
@@ -742,39 +785,18 @@ fn paired_shared_scores_are_proved() {
     for m in [3, 4, 5, 6, 8] {
         for b in [4, 5, 6, 7, 8] {
             // The halves of a block: the second is the larger when `b` is odd.
-            let (f, g) = (b / 2, b - b / 2);
+            let g = b - b / 2;
             for d in [1, 2, 3, 4] {
                 for (h, pad) in [(1, 0), (2, 0), (1, 1), (1, g - 2)] {
                     // The last block keeps two tokens of its second half.
                     if h == 2 && (b > 4 || m > 4) || pad > 0 && (d > 3 || pad > g - 2) {
                         continue;
                     }
-                    // `pad` tokens short of dealing evenly: the last PE's block is padded.
-                    let n = b * m - pad;
-                    let p = problem(n, d, h, true, false, true);
-                    let st = schedule_stream::run_pairing(&p, m, true, Lag::Fit(None), Pairing::On)
-                        .unwrap_or_else(|e| panic!("n={n} m={m}: {e}"));
+                    let (st, p) = assert_paired_proved(m, b, d, h, pad);
+                    let n = p.tokens;
                     let plain =
                         schedule_stream::run_pairing(&p, m, true, Lag::Fit(None), Pairing::Off)
                             .unwrap();
-                    let distinct = u64::from(n) * u64::from(n + 1) / 2 * u64::from(d * h);
-                    let twice = |k: u32| k * k.saturating_sub(1) / 2;
-                    let own =
-                        u64::from((m * twice(f) + (m - 1) * twice(g) + twice(g - pad)) * d * h);
-                    assert_eq!(st.ops.phase1_mac, distinct + own, "n={n} m={m} d={d}");
-                    let cycles: Vec<u64> = st.programs.iter().map(|q| q.cycles()).collect();
-                    assert!(
-                        cycles.iter().all(|&c| c == cycles[0]),
-                        "n={n} m={m} d={d}: PEs out of lockstep {cycles:?}"
-                    );
-                    let flat: Vec<Program> = st
-                        .programs
-                        .iter()
-                        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-                        .collect();
-                    let man = stream_manifest(&p, m, &st);
-                    assert_compact_clean(&st.programs, &man, &format!("n={n} d={d} h={h} m={m}"));
-                    assert_proved(&flat, &man, &format!("n={n} d={d} h={h} m={m}"));
                     if b >= 8 && d >= 3 {
                         assert!(
                             st.cycles < plain.cycles,
@@ -790,6 +812,29 @@ fn paired_shared_scores_are_proved() {
     }
     eprintln!("{proved} paired layers proved");
     assert!(proved >= 100, "only {proved} paired layers");
+}
+
+/// Paired shared layers on rings of 10 and 12 PEs (long runs of low and high steps, the padded
+/// block's step inside them), dealt evenly and padded, with the `G` part of each block first
+/// and not, proved exactly with the own blocks' products counted as above.
+#[test]
+fn paired_scores_on_long_rings_are_proved() {
+    let mut proved = 0;
+    for (m, b, d, h, pad) in [
+        (12u32, 4u32, 1u32, 1u32, 0u32),
+        (12, 6, 2, 1, 1),
+        (12, 7, 1, 2, 1),
+        (12, 8, 1, 1, 2),
+        (12, 5, 2, 1, 1),
+        (12, 9, 1, 1, 2),
+        (10, 6, 2, 1, 1),
+        (10, 8, 1, 1, 0),
+        (10, 7, 1, 1, 2),
+    ] {
+        assert_paired_proved(m, b, d, h, pad);
+        proved += 1;
+    }
+    assert_eq!(proved, 9);
 }
 
 /// Paired shared layers of three heads or more under a memory limit that only the reuse of

@@ -114,7 +114,7 @@ fn bundles_mut<'a>(
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Mutation {
     LoopCount,
     Stride,
@@ -236,6 +236,7 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
     // Per kind, mutants the compact checks reject with the original manifest and with one
     // whose cycle count follows the mutant.
     let mut caught = [[0u32; 2]; 4];
+    let (mut idle_mutants, mut unseen_idle) = (0u32, 0u32);
     let layers = [
         (8, 2, 1, false, false, 2),
         (8, 3, 2, true, false, 4),
@@ -324,6 +325,12 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
                 let Some(how) = mutate(&mut loops[pe], kind, &mut rng) else {
                     continue;
                 };
+                // A count lowered on a loop of sends or no-ops only (a tail of forwarded words)
+                // leaves the work as it was and the PE shorter than the longest, which is all
+                // the closed-form length sees: only the flattened proof can reject it.
+                let idle = kind == Mutation::LoopCount
+                    && loops[pe].cycles() < c.loops[pe].cycles()
+                    && loops[pe].op_counts() == c.loops[pe].op_counts();
                 // Also the manifest a careless tool would write for the mutant: its cycle
                 // count follows the loops, so the mutant is not refused just for the length.
                 let mut manifest = c.manifest.clone();
@@ -338,7 +345,12 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
                     assert!(!compact.proved());
                     if compact.total_violations() > 0 {
                         caught[k][usize::from(careless)] += 1;
+                    } else if idle && !careless {
+                        unseen_idle += 1;
                     }
+                }
+                if idle {
+                    idle_mutants += 1;
                 }
                 rejected[k] += 1;
             }
@@ -348,9 +360,13 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
     // A loop count or count step changes the length, which the compact checks derive in closed
     // form; with a manifest that follows the length, usually the work too. Strides and base
     // addresses are caught only where they leave memory: the rest needs the flattened proof.
-    for k in [0, 3] {
-        assert_eq!(caught[k][0], rejected[k], "{caught:?} of {rejected:?}");
-    }
+    eprintln!("{idle_mutants} loop-count mutants shorten a PE without changing its work, {unseen_idle} of them unseen by the compact checks");
+    assert_eq!(
+        caught[0][0] + unseen_idle,
+        rejected[0],
+        "{caught:?} of {rejected:?}"
+    );
+    assert_eq!(caught[3][0], rejected[3], "{caught:?} of {rejected:?}");
     assert!(rejected[..3].iter().all(|&r| r >= 20), "{rejected:?}");
     // Three layers have stepped loops.
     assert!(rejected[3] >= 18, "{rejected:?}");

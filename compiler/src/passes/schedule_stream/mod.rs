@@ -34,6 +34,7 @@ use isa::{
 use crate::problem::Problem;
 
 mod carried;
+mod cut;
 mod lagged;
 mod merge;
 mod once;

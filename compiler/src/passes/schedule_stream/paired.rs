@@ -6,7 +6,10 @@
 //! `S(p, q)` and uses every score twice: for PE `p`'s own rows against the visiting keys, with
 //! the running state that stays on `p` (*stationary*), and, transposed, for the visiting block's
 //! rows against `p`'s own keys, with a running state (`l`, row maximum, unnormalised `y`) that
-//! travels around the ring with its block (*travelling*). Steps `s < m/2` take the first half of
+//! travels around the ring with its block (*travelling*). Each block's rows fall in two parts,
+//! `F = ⌊B/2⌋` and `G = B − F` rows (the `G` part first where a padded last block keeps it and two
+//! more, so that no high step meets a missing row; the `F` part first otherwise), called the
+//! first and second half below. Steps `s < m/2` take the first half of
 //! the own rows against the whole visiting block; steps `s > m/2` the whole own block against
 //! the visiting block's second half, so that the two meetings of a pair cover its block exactly
 //! once. In step `m/2` of an even ring the two meetings are in the same step: PEs below `m/2` take
@@ -151,16 +154,30 @@ pub(super) fn applies(n: u32, m: u32) -> bool {
             .is_some_and(|last| last >= b / 2 + 2)
 }
 
+/// Whether the `G` rows of each block (those the high steps visit) come first: where the last
+/// PE's block keeps them and two more, so that its missing rows all lie in the other part and
+/// no high step meets a missing key or row; otherwise the `F` rows come first.
+fn part_g_first(b: u32, last: u32) -> bool {
+    last >= b - b / 2 + 2
+}
+
 /// Phase-1 products executed per head: each distinct one once, and those of the own block's two
 /// diagonal quarters (done in full) a second time.
 pub(super) fn products_per_head(n: u32, d: u32, m: u32) -> u64 {
     let b = n.div_ceil(m);
+    let last = n - (m - 1) * b;
     let half = u64::from(b / 2);
     let g_rows = u64::from(b) - half;
-    let last_g = u64::from(n - (m - 1) * b) - half;
     let twice = |k: u64| k * k.saturating_sub(1) / 2;
+    // The last PE's quarters hold its live rows, the part that comes first in full.
+    let (first, second) = if part_g_first(b, last) {
+        (g_rows, half)
+    } else {
+        (half, g_rows)
+    };
+    let last_second = u64::from(last) - first;
     let n = u64::from(n);
-    let extra = u64::from(m) * twice(half) + u64::from(m - 1) * twice(g_rows) + twice(last_g);
+    let extra = u64::from(m) * twice(first) + u64::from(m - 1) * twice(second) + twice(last_second);
     u64::from(d) * (n * (n + 1) / 2 + extra)
 }
 
@@ -180,19 +197,41 @@ struct StepSpec {
     rr: u32,
     k0: u32,
     kk: u32,
-    /// Visiting rows below this get their travelling state's first update.
-    first_below: u32,
+    /// Visiting rows in this range get their travelling state's first update.
+    first: (u32, u32),
     /// The visiting keys' x rows: the rotating block, or in step 0 the own ones.
     xq: Option<Ad>,
-    /// Travelling rows from this one on are forwarded (those before it hold nothing yet).
-    trav_from: u32,
+    /// Travelling rows in this range are forwarded (the others hold nothing yet).
+    trav: (u32, u32),
     /// Tokens of the visiting block (fewer than its rows for the last PE's padded one).
     vis_live: u32,
     groups: Vec<Group>,
-    /// Visiting keys the last own row forwards in place (keys at or past this), if any.
-    x_fwd: Option<u32>,
+    /// Visiting keys the last own row forwards in place (a range), if any.
+    x_fwd: Option<(u32, u32)>,
     /// Whether the own rows' loops forward the travelling state; otherwise a tail does.
     trav_inline: bool,
+    /// When this step is a run's body and the run's last step forwards fewer keys.
+    last_from: Option<LastFrom>,
+    /// When this step is a run's body and one of the run's steps has the padded block.
+    pad_at: Option<PadAt>,
+}
+
+/// Iteration `index` of a run of steps (a loop at `level`) holds a visiting block of `live`
+/// tokens, whose missing rows' travelling state is not forwarded; it reads no missing word.
+#[derive(Clone, Copy)]
+struct PadAt {
+    level: u8,
+    index: u32,
+    live: u32,
+}
+
+/// The last step of a run of `count` steps (a loop at `level`) forwards the visiting keys in
+/// `keys` only.
+#[derive(Clone, Copy)]
+struct LastFrom {
+    level: u8,
+    count: u32,
+    keys: (u32, u32),
 }
 
 struct Gen<'a> {
@@ -205,6 +244,9 @@ struct Gen<'a> {
     ytr: Ad,
     /// Own rows holding tokens (fewer on the last PE when the tokens do not deal evenly).
     live: u32,
+    /// Set when a run's padded step could not share the run's body (the run is then emitted
+    /// with that step apart).
+    refused: std::cell::Cell<bool>,
 }
 
 impl Gen<'_> {
@@ -269,10 +311,13 @@ impl Gen<'_> {
 
         // Visiting rows `k0 + j0 + j` (loop at lr) against own keys `r0 + i`: the scores'
         // column `j0 + j`; rows in their first round and the others in loops of their own.
-        let split = st.first_below.clamp(st.k0, st.k0 + st.kk);
+        let end = st.k0 + st.kk;
+        let lo = st.first.0.clamp(st.k0, end);
+        let hi = st.first.1.clamp(lo, end);
         for (j0, rows, first) in [
-            (0, split - st.k0, true),
-            (split - st.k0, st.k0 + st.kk - split, false),
+            (0, lo - st.k0, false),
+            (lo - st.k0, hi - lo, true),
+            (hi - st.k0, end - hi, false),
         ] {
             if rows == 0 {
                 continue;
@@ -369,13 +414,18 @@ impl Gen<'_> {
         }
 
         // Own rows against the visiting keys, group by group (groups differ in max slots).
-        let tf = st.trav_from;
-        let pieces = (m.rows - tf).div_ceil(st.kk);
+        let (tf, tt) = st.trav;
+        let pieces = (tt - tf).div_ceil(st.kk);
         // The travelling maxima go in runs that take one source each: the rows this step did
         // not update keep the one that arrived, the others send their new one.
         let mut m_runs: Vec<(u32, u32, u32)> = Vec::new();
-        let cut = st.k0.clamp(tf, m.rows);
-        for (from, to, src) in [(tf, cut, m.mtr), (cut, m.rows, m.mnew)] {
+        let upd = st.k0.clamp(tf, tt);
+        let upd_end = (st.k0 + st.kk).clamp(upd, tt);
+        for (from, to, src) in [
+            (tf, upd, m.mtr),
+            (upd, upd_end, m.mnew),
+            (upd_end, tt, m.mtr),
+        ] {
             let mut at = from;
             while at < to {
                 let len = (to - at).min(st.kk);
@@ -433,7 +483,13 @@ impl Gen<'_> {
             // A carrying row forwards the travelling rows `tf + p·kk + b` of its piece that
             // hold a token, `b` being the key the bundle works on.
             let (piece, cl) = match role {
-                Role::Carry(p) => (p, st.vis_live.saturating_sub(tf + p * st.kk).min(st.kk)),
+                Role::Carry(p) => (
+                    p,
+                    st.vis_live
+                        .min(tt)
+                        .saturating_sub(tf + p * st.kk)
+                        .min(st.kk),
+                ),
                 _ => (0, 0),
             };
             // The maxima of run `piece`, if there is one: start, words holding a token, source.
@@ -509,13 +565,77 @@ impl Gen<'_> {
                     .build()],
             );
             mask_ops(&mut ex, lb, st.kk, kl);
+            // In the run's padded step a carrying row forwards fewer words: each loop of its
+            // sends is cut where those stop, the rest sent in the other steps only.
+            let pad = match (role, st.pad_at) {
+                (Role::Carry(_), Some(pa)) => {
+                    let cl_pad = st
+                        .vis_live
+                        .min(pa.live)
+                        .min(tt)
+                        .saturating_sub(tf + piece * st.kk)
+                        .min(st.kk);
+                    let m_keep_pad = match m_runs.get(piece as usize) {
+                        Some(&(at, len, _)) => st.vis_live.min(pa.live).saturating_sub(at).min(len),
+                        None => 0,
+                    };
+                    let other = Pred {
+                        slot: Slot::Xfer,
+                        level: pa.level,
+                        cmp: Cmp::Ne,
+                        value: pa.index,
+                    };
+                    Some((cl_pad, m_keep_pad, other))
+                }
+                _ => None,
+            };
+            let cut_at = |nodes: Vec<Node>, level: u8, from: u32, keep: u32| -> Vec<Node> {
+                match (&pad, nodes.as_slice()) {
+                    (Some((_, _, other)), [Node::Loop(l)]) if from < keep => {
+                        super::cut::cut(l, level, from, *other).unwrap_or_else(|| {
+                            self.refused.set(true);
+                            nodes
+                        })
+                    }
+                    (Some(_), _) if from < keep => {
+                        self.refused.set(true);
+                        nodes
+                    }
+                    _ => nodes,
+                }
+            };
+            if let Some((_, m_keep_pad, other)) = pad {
+                if m_keep_pad == 0 && m_keep > 0 {
+                    if let Some(Node::Bundle(b)) = o.first_mut() {
+                        b.preds.push(other);
+                        b.preds.sort();
+                    }
+                }
+                // Rebuilt below with the cut: the maxima loop sends word `j + 1` in iteration j.
+                if let Some(Node::Loop(_)) = o.get(1) {
+                    let more = o.remove(1);
+                    let cut_more = cut_at(
+                        vec![more],
+                        lb,
+                        m_keep_pad.saturating_sub(1),
+                        m_keep.saturating_sub(1),
+                    );
+                    for (k, n) in cut_more.into_iter().enumerate() {
+                        o.insert(1 + k, n);
+                    }
+                }
+            }
+            let ex = match pad {
+                Some((cl_pad, _, _)) => cut_at(ex, lb, cl_pad, cl),
+                None => ex,
+            };
             o.extend(ex);
             let xv = xq.clone().t(lc, d).t(lb, 1);
             let yw = self.ytr.clone().plus(at * d).t(lc, d).t(lb, 1);
             let send = match role {
                 Role::Keys => {
                     let mut preds = Vec::new();
-                    let from = st.x_fwd.unwrap_or(0);
+                    let (from, to) = st.x_fwd.unwrap_or((st.k0, st.k0 + st.kk));
                     if from > st.k0 {
                         preds.push(Pred {
                             slot: Slot::Xfer,
@@ -524,12 +644,13 @@ impl Gen<'_> {
                             value: from - st.k0,
                         });
                     }
-                    if kl < st.kk {
+                    let below = to.saturating_sub(st.k0).min(kl);
+                    if below < st.kk {
                         preds.push(Pred {
                             slot: Slot::Xfer,
                             level: lc,
                             cmp: Cmp::Lt,
-                            value: kl,
+                            value: below,
                         });
                     }
                     Some(Send {
@@ -541,17 +662,51 @@ impl Gen<'_> {
                 Role::Carry(_) => carry(yw.clone(), yw, Some(lc), 0),
                 Role::Plain => None,
             };
-            let mut pv = lp(
-                m.d,
+            let pv_keys = |from: u32, count: u32, send: Option<&Send>| {
+                let at = i64::from(from);
                 lp(
-                    st.kk,
+                    count,
                     vec![B::new()
-                        .mul(scr.t(lc, 1), xv, None)
-                        .add(Some(yc.clone()), yc)
-                        .send(send.as_ref())
+                        .mul(scr.clone().plus(at).t(lc, 1), xv.clone().plus(at * d), None)
+                        .add(Some(yc.clone()), yc.clone())
+                        .send(
+                            send.map(|s| Send {
+                                src: s.src.clone().plus(at * d),
+                                dst: s.dst.clone().plus(at * d),
+                                preds: s.preds.clone(),
+                            })
+                            .as_ref(),
+                        )
                         .build()],
-                ),
-            );
+                )
+            };
+            // In a run whose last step forwards only some of the keys, the others are sent by
+            // loops of their own that the run's last iteration leaves out.
+            let split = match (role, st.last_from, &send) {
+                (Role::Keys, Some(lf), Some(s)) if kl == st.kk && s.preds.is_empty() => {
+                    let a = lf.keys.0.saturating_sub(st.k0).min(st.kk);
+                    let b = lf.keys.1.saturating_sub(st.k0).clamp(a, st.kk);
+                    let mut early = s.clone();
+                    early.preds.push(Pred {
+                        slot: Slot::Xfer,
+                        level: lf.level,
+                        cmp: Cmp::Lt,
+                        value: lf.count - 1,
+                    });
+                    let mut v = Vec::new();
+                    for (at, len, send) in [(0, a, &early), (a, b - a, s), (b, st.kk - b, &early)] {
+                        v.extend(pv_keys(at, len, Some(send)));
+                    }
+                    Some(v)
+                }
+                _ => None,
+            };
+            let inner = split.unwrap_or_else(|| pv_keys(0, st.kk, send.as_ref()));
+            let inner = match pad {
+                Some((cl_pad, _, _)) => cut_at(inner, lc, cl_pad, cl),
+                None => inner,
+            };
+            let mut pv = lp(m.d, inner);
             mask_ops(&mut pv, lc, st.kk, kl);
             o.extend(pv);
             let mut nodes = lp(g.rows, o);
@@ -561,10 +716,18 @@ impl Gen<'_> {
         body
     }
 
-    /// Sends only, at level `lr`: the visiting keys from `x_from` on, then the travelling
-    /// state, the maximum taken from the new maxima for rows at or past `m_from`.
+    /// Sends only, at level `lr`: the visiting keys in `keys`, then the travelling state, in
+    /// the two parts of the rows (below `part` and the others), each part's maximum taken from
+    /// the new maxima where the step updated it (rows in `upd`).
     /// A padded visiting block (`vis_live` tokens) keeps its missing words where they are.
-    fn tail(&self, x_from: u32, m_from: u32, vis_live: u32, lr: u8) -> Vec<Node> {
+    fn tail(
+        &self,
+        keys: (u32, u32),
+        upd: (u32, u32),
+        part: u32,
+        vis_live: u32,
+        lr: u8,
+    ) -> Vec<Node> {
         let m = self.map;
         // `count` cycles sending the first `keep` of `count` words.
         let words = |src: Ad, dst: Ad, count: u32, keep: u32| {
@@ -584,15 +747,10 @@ impl Gen<'_> {
             });
             lp(count, vec![B::new().send(send.as_ref()).build()])
         };
-        let x0 = x_from * m.d;
+        let (x0, x1) = (keys.0 * m.d, keys.1 * m.d);
         let x = self.rot.clone().plus(i64::from(x0));
         let live_words = vis_live * m.d;
-        let mut v = words(
-            x.clone(),
-            x,
-            m.rows * m.d - x0,
-            live_words.saturating_sub(x0),
-        );
+        let mut v = words(x.clone(), x, x1 - x0, live_words.min(x1).saturating_sub(x0));
         v.extend(words(
             self.ytr.clone(),
             self.ytr.clone(),
@@ -600,10 +758,13 @@ impl Gen<'_> {
             live_words,
         ));
         v.extend(words(ad(m.ltr), ad(m.ltr), m.rows, vis_live));
-        // Two halves, so that both kinds of PE take the same cycles.
-        let half = m.rows / 2;
-        for (at, count) in [(0, half), (half, m.rows - half)] {
-            let src = if at >= m_from { m.mnew } else { m.mtr };
+        // The two parts of the rows, so that both kinds of PE take the same cycles.
+        for (at, count) in [(0, part), (part, m.rows - part)] {
+            let src = if at >= upd.0 && at + count <= upd.1 {
+                m.mnew
+            } else {
+                m.mtr
+            };
             v.extend(words(
                 ad(src + at),
                 ad(m.mtr + at),
@@ -704,9 +865,20 @@ pub(super) fn unmerged(
         .filter(|&(_, c)| c > 0)
         .collect()
     };
-    // The first half of the own rows (`F`) and the second (`G`, one more when `B` is odd).
+    // The two parts of the own rows: `F` rows (`half`) paired in the low steps, `G` (`g_rows`,
+    // one more when `B` is odd) visiting in the high ones, the `G` rows first where the padded
+    // block's missing rows then all lie in the other part (at `a0`, the `G` at `b0`).
     let half = b / 2;
     let g_rows = b - half;
+    let (a0, b0) = if part_g_first(b, last_live) {
+        (g_rows, 0)
+    } else {
+        (0, half)
+    };
+    let by_row = |mut v: Vec<Group>| {
+        v.sort_by_key(|g| g.r0);
+        v
+    };
     let even = m.is_multiple_of(2);
     // Steps 1 ..= low take the first half of the own rows against the whole visiting block,
     // high .. m − 1 the whole own block against the visiting block's second half.
@@ -716,8 +888,12 @@ pub(super) fn unmerged(
     // Max slots: a group touched for the j-th time writes slot j % 2 and reads the other. The
     // first half of the own rows is touched in every step; the second in step 0, in step m/2 on
     // the upper PEs of an even ring, and from `high` on.
+    // The second half starts in slot `flip` (its count of touches shifted by one) where that
+    // makes both halves write the same slot in every step that touches both, so that their
+    // rows continue one another in one loop (and so do their merges at the end).
+    let flip = (u32::from(kind_b) + high) % 2;
     let slot_at = |j: u32| ad(map.mx + (j % 2) * b);
-    let g_touch = |s: u32| s + 1 + u32::from(kind_b) - high;
+    let g_touch = |s: u32| s + 1 + u32::from(kind_b) - high + flip;
     let alternating = |j0: u32, count: u32| {
         let at = slot_at(j0);
         if count > 1 {
@@ -737,54 +913,58 @@ pub(super) fn unmerged(
     // The first half is touched twice in step 0, so its j in step s is s + 1.
     let low_groups = |s0: u32, count: u32| {
         vec![Group {
-            r0: 0,
+            r0: a0,
             rows: half,
             old: alternating(s0, count),
             new: alternating(s0 + 1, count),
         }]
     };
     let high_groups = |s0: u32, count: u32| {
-        vec![
+        by_row(vec![
             Group {
-                r0: 0,
+                r0: a0,
                 rows: half,
                 old: alternating(s0, count),
                 new: alternating(s0 + 1, count),
             },
             Group {
-                r0: half,
+                r0: b0,
                 rows: g_rows,
                 old: alternating(g_touch(s0) + 1, count),
                 new: alternating(g_touch(s0), count),
             },
-        ]
+        ])
     };
-    let low_spec = |s0: u32, count: u32, x_from: u32| StepSpec {
-        r0: 0,
+    let low_spec = |s0: u32, count: u32, x_keys: (u32, u32)| StepSpec {
+        r0: a0,
         rr: half,
         k0: 0,
         kk: b,
-        // The second half's travelling rows began in step 0.
-        first_below: if s0 == 1 { half } else { 0 },
+        // The other part's travelling rows began in step 0.
+        first: if s0 == 1 { (a0, a0 + half) } else { (0, 0) },
         xq: None,
-        trav_from: 0,
+        trav: (0, b),
         groups: low_groups(s0, count),
-        x_fwd: Some(x_from),
+        x_fwd: Some(x_keys),
         trav_inline: true,
         vis_live: vis_live(s0),
+        last_from: None,
+        pad_at: None,
     };
     let high_spec = |s0: u32, count: u32, fwd: bool| StepSpec {
         r0: 0,
         rr: b,
-        k0: half,
+        k0: b0,
         kk: g_rows,
-        first_below: 0,
+        first: (0, 0),
         xq: None,
-        trav_from: 0,
+        trav: (0, b),
         groups: high_groups(s0, count),
-        x_fwd: fwd.then_some(half),
+        x_fwd: fwd.then_some((b0, b0 + g_rows)),
         trav_inline: true,
         vis_live: vis_live(s0),
+        last_from: None,
+        pad_at: None,
     };
     // Step 0: the diagonal quarters, whose last rows forward the own x rows, then the other one.
     let hb = |g: &Gen| -> Option<Vec<Node>> {
@@ -804,39 +984,46 @@ pub(super) fn unmerged(
             f: map.f,
             words: map.words,
         };
+        // Each quarter in a loop of its own (at level 1), so that the two join into one loop
+        // over the quarter where they continue one another (`B` even, both live alike).
         let ctx = Ctx {
             map: &old_map,
             scale,
-            depth: 1,
+            depth: 2,
             head: 0,
             live,
         };
-        for (r0, rows) in [(0, half), (half, g_rows)] {
-            head.extend(ctx.block(&Work {
-                r0,
-                rows,
-                k0: r0,
-                keys: rows,
-                kb: g.own(map.x),
-                first: true,
-                send: None,
-                slots: Some((ad(map.mx), ad(map.mx))),
-                tri: false,
-                forward_to: Some(g.rot.clone()),
-                key_limit: (live < r0 + rows).then(|| live - r0),
-            }));
+        let mut quarters = [(a0, half, slot_at(0)), (b0, g_rows, slot_at(flip))];
+        quarters.sort_by_key(|q| q.0);
+        for (r0, rows, slot) in quarters {
+            head.extend(lp(
+                1,
+                ctx.block(&Work {
+                    r0,
+                    rows,
+                    k0: r0,
+                    keys: rows,
+                    kb: g.own(map.x),
+                    first: true,
+                    send: None,
+                    slots: Some((slot.clone(), slot)),
+                    tri: false,
+                    forward_to: Some(g.rot.clone()),
+                    key_limit: (live < r0 + rows).then(|| live - r0),
+                }),
+            ));
         }
         head.extend(g.step(
             &StepSpec {
-                r0: 0,
+                r0: a0,
                 rr: half,
-                k0: half,
+                k0: b0,
                 kk: g_rows,
-                first_below: b,
+                first: (0, b),
                 xq: Some(g.own(map.x)),
-                trav_from: half,
+                trav: (b0, b0 + g_rows),
                 groups: vec![Group {
-                    r0: 0,
+                    r0: a0,
                     rows: half,
                     old: slot_at(0),
                     new: slot_at(1),
@@ -844,28 +1031,41 @@ pub(super) fn unmerged(
                 x_fwd: None,
                 trav_inline: true,
                 vis_live: vis_live(0),
+                last_from: None,
+                pad_at: None,
             },
             1,
         ));
-        // Low steps: the first alone (the travelling state's first update), the last alone too: it
-        // forwards only the keys its receiver reads (a high step, or step m/2 on an upper PE, reads
-        // the second half only).
-        let last_from = if !even || (pe + 1) % m >= m / 2 {
-            half
-        } else {
-            0
-        };
+        // Low steps: the first alone (the travelling state's first update), the others one run.
+        // The last forwards only the keys its receiver reads (a high step, or step m/2 on an
+        // upper PE, reads the `G` part only): in the run, the other keys are sent by loops of
+        // their own kept from its last iteration, so that the steps share one body.
+        let all = (0, b);
+        let last_keys = (!even || (pe + 1) % m >= m / 2).then_some((b0, b0 + g_rows));
         let mut runs = vec![(1, 1)];
-        if low >= 3 {
-            runs.push((2, low - 2));
-        }
         if low >= 2 {
-            runs.push((low, 1));
+            runs.push((2, low - 1));
         }
         for (s0, count) in runs {
-            let x_from = if s0 == low { last_from } else { 0 };
             for (s0, count) in around(s0, count) {
-                head.extend(lp(count, g.step(&low_spec(s0, count, x_from), 2)));
+                let spec = match last_keys {
+                    Some(keys) if s0 + count - 1 == low => {
+                        if count == 1 {
+                            low_spec(s0, 1, keys)
+                        } else {
+                            StepSpec {
+                                last_from: Some(LastFrom {
+                                    level: 1,
+                                    count,
+                                    keys,
+                                }),
+                                ..low_spec(s0, count, all)
+                            }
+                        }
+                    }
+                    _ => low_spec(s0, count, all),
+                };
+                head.extend(lp(count, g.step(&spec, 2)));
             }
         }
         if even {
@@ -880,13 +1080,13 @@ pub(super) fn unmerged(
                 StepSpec {
                     x_fwd: None,
                     trav_inline: false,
-                    ..low_spec(s, 1, 0)
+                    ..low_spec(s, 1, all)
                 }
             };
             let mut body = g.step(&spec, 2);
             // With `B` odd the two kinds differ in length: the shorter waits, so that the
             // tails, whose sends replace words in place, run in the same cycles on both.
-            let long = [low_spec(s, 1, 0), high_spec(s, 1, false)]
+            let long = [low_spec(s, 1, all), high_spec(s, 1, false)]
                 .iter()
                 .map(|sp| {
                     isa::LoopProgram {
@@ -910,19 +1110,58 @@ pub(super) fn unmerged(
             // a loop count, and the layer then gets the unpaired stream.
             let wait = long.checked_sub(own).and_then(|w| u32::try_from(w).ok())?;
             body.extend(lp(wait, vec![B::new().build()]));
-            body.extend(g.tail(half, spec.k0, spec.vis_live, 2));
+            body.extend(g.tail(
+                (b0, b0 + g_rows),
+                (spec.k0, spec.k0 + spec.kk),
+                a0.max(b0),
+                spec.vis_live,
+                2,
+            ));
             head.extend(lp(1, body));
         }
-        // High steps; the last forwards no keys (nobody reads them again).
+        // High steps, one run; the last forwards no keys (nobody reads them again). Where
+        // the padded block's missing rows all lie outside the part the high steps visit, its
+        // step differs only in the travelling words it forwards and stays in the run.
         if high < m {
-            for (s0, count) in around(high, m - 1 - high) {
-                head.extend(lp(count, g.step(&high_spec(s0, count, true), 2)));
+            let count = m - high;
+            let padded = last_live < b && (high..m).contains(&padded_step);
+            let clean = b0 + g_rows <= last_live;
+            let run = (count >= 2 && (clean || !padded)).then(|| {
+                let spec = StepSpec {
+                    last_from: Some(LastFrom {
+                        level: 1,
+                        count,
+                        keys: (b0, b0),
+                    }),
+                    pad_at: padded.then(|| PadAt {
+                        level: 1,
+                        index: padded_step - high,
+                        live: last_live,
+                    }),
+                    vis_live: b,
+                    ..high_spec(high, count, true)
+                };
+                lp(count, g.step(&spec, 2))
+            });
+            match run {
+                Some(run) if !g.refused.replace(false) => head.extend(run),
+                _ => {
+                    for (s0, count) in around(high, m - 1 - high) {
+                        head.extend(lp(count, g.step(&high_spec(s0, count, true), 2)));
+                    }
+                    head.extend(lp(1, g.step(&high_spec(m - 1, 1, false), 2)));
+                }
             }
-            head.extend(lp(1, g.step(&high_spec(m - 1, 1, false), 2)));
         }
         let last_g = g_touch(m - 1);
-        head.extend(g.merge(0, half, map.mx + (m % 2) * b));
-        head.extend(g.merge(half, g_rows, map.mx + (last_g % 2) * b));
+        let mut merges = [
+            (a0, half, map.mx + (m % 2) * b),
+            (b0, g_rows, map.mx + (last_g % 2) * b),
+        ];
+        merges.sort_by_key(|q| q.0);
+        for (r0, rows, slot) in merges {
+            head.extend(g.merge(r0, rows, slot));
+        }
         Some(head)
     };
     let hd = b * map.d;
@@ -933,6 +1172,7 @@ pub(super) fn unmerged(
         rot,
         ytr,
         live,
+        refused: std::cell::Cell::new(false),
     };
     let body = if map.reuse {
         // Head h's visiting block is in the words of x rows h − 1 (for head 0 the last head's
