@@ -45,10 +45,45 @@ struct Frame {
     count: u32,
 }
 
+/// A stack of frames, one per open loop and one for the top-level list. Inline, so that a
+/// planner's probe copy of a cursor costs no allocation.
+#[derive(Clone, Copy, Debug)]
+struct Frames {
+    buf: [Frame; MAX_LOOP_DEPTH + 1],
+    len: usize,
+}
+
+impl Frames {
+    fn push(&mut self, f: Frame) {
+        // Validation bounds the nesting depth, so the stack never outgrows its buffer.
+        self.buf[self.len] = f;
+        self.len += 1;
+    }
+    fn pop(&mut self) {
+        self.len = self.len.saturating_sub(1);
+    }
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+}
+
+impl std::ops::Deref for Frames {
+    type Target = [Frame];
+    fn deref(&self) -> &[Frame] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for Frames {
+    fn deref_mut(&mut self) -> &mut [Frame] {
+        &mut self.buf[..self.len]
+    }
+}
+
 /// Position of one PE in its loop tree. Frame 0 is the top-level list.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Cursor {
-    frames: Vec<Frame>,
+    frames: Frames,
     done: bool,
 }
 
@@ -66,12 +101,16 @@ fn list_at<'a>(root: &'a [Node], frames: &[Frame], k: usize) -> &'a [Node] {
 
 impl Cursor {
     fn new() -> Cursor {
+        let top = Frame {
+            pos: 0,
+            iter: 0,
+            count: 1,
+        };
         Cursor {
-            frames: vec![Frame {
-                pos: 0,
-                iter: 0,
-                count: 1,
-            }],
+            frames: Frames {
+                buf: [top; MAX_LOOP_DEPTH + 1],
+                len: 1,
+            },
             done: false,
         }
     }
@@ -619,7 +658,7 @@ impl LoopMachine<F32Domain> {
         let mut dots = Vec::new();
         for (p, plan) in plans.iter().enumerate() {
             let Some(plan) = plan else { continue };
-            if let Some(d) = unit_dot(plan) {
+            if let Some(d) = dot_of(plan) {
                 dots.push((p, d));
                 continue;
             }
@@ -648,9 +687,16 @@ impl LoopMachine<F32Domain> {
 /// hide the latency of each f32 add without reordering any one sum.
 const DOT_GROUP: usize = 8;
 
-/// `(a, b, s)` start addresses if the plan is `mul m[a+t], m[b+t] | add mS
-/// -> mS`, the inner loop of every dot product.
-fn unit_dot(plan: &Plan) -> Option<(usize, usize, usize)> {
+/// A plan that is `mul m[a], m[b] | add mS -> mS` and nothing else, the inner loop of every
+/// dot product: its two operand progressions and the running sum's word.
+#[derive(Clone, Copy, Debug)]
+struct Dot {
+    a: Prog,
+    b: Prog,
+    s: usize,
+}
+
+fn dot_of(plan: &Plan) -> Option<Dot> {
     let pr = plan.progs;
     match (plan.bundle.op, plan.register, plan.bundle.xfer) {
         (
@@ -661,42 +707,65 @@ fn unit_dot(plan: &Plan) -> Option<(usize, usize, usize)> {
             }),
             true,
             Xfer::Nop,
-        ) => {
-            let (a, b, s) = (pr[0]?, pr[1]?, pr[3]?);
-            (a.stride == 1 && b.stride == 1).then(|| (a.at(0), b.at(0), s.at(0)))
-        }
+        ) => Some(Dot {
+            a: pr[0]?,
+            b: pr[1]?,
+            s: pr[3]?.at(0),
+        }),
         _ => None,
     }
 }
 
-fn dot_group(mems: &mut [Vec<Option<f32>>], group: &[(usize, (usize, usize, usize))], w: usize) {
+/// Runs up to [`DOT_GROUP`] PEs' dot products of `w` steps each, step `t` of every chain
+/// before step `t + 1` of any; each chain adds its products in its own order.
+fn dot_group(mems: &mut [Vec<Option<f32>>], group: &[(usize, Dot)], w: usize) {
     let mut regs = [0f32; DOT_GROUP];
+    let g = group.len();
+    let unit = group
+        .iter()
+        .all(|(_, d)| d.a.stride == 1 && d.b.stride == 1);
     {
         let mut xa: [&[Option<f32>]; DOT_GROUP] = [&[]; DOT_GROUP];
         let mut xb: [&[Option<f32>]; DOT_GROUP] = [&[]; DOT_GROUP];
-        for (j, &(p, (a, b, s))) in group.iter().enumerate() {
+        // Strided chains index their operand windows from the first step's offset.
+        let mut ia = [0i64; DOT_GROUP];
+        let mut ib = [0i64; DOT_GROUP];
+        let mut sa = [0i64; DOT_GROUP];
+        let mut sb = [0i64; DOT_GROUP];
+        for (j, &(p, d)) in group.iter().enumerate() {
             let mem = &mems[p];
-            xa[j] = &mem[a..a + w];
-            xb[j] = &mem[b..b + w];
-            regs[j] = get(mem, s);
+            let (la, ha) = d.a.span(w as i64);
+            let (lb, hb) = d.b.span(w as i64);
+            xa[j] = &mem[la as usize..=ha as usize];
+            xb[j] = &mem[lb as usize..=hb as usize];
+            (ia[j], sa[j]) = (d.a.addr - la, d.a.stride);
+            (ib[j], sb[j]) = (d.b.addr - lb, d.b.stride);
+            regs[j] = get(mem, d.s);
         }
-        let g = group.len();
-        if g == DOT_GROUP {
+        if unit && g == DOT_GROUP {
             for t in 0..w {
                 for j in 0..DOT_GROUP {
                     regs[j] += xa[j][t].unwrap_or(0.0) * xb[j][t].unwrap_or(0.0);
                 }
             }
-        } else {
+        } else if unit {
             for t in 0..w {
                 for j in 0..g {
                     regs[j] += xa[j][t].unwrap_or(0.0) * xb[j][t].unwrap_or(0.0);
                 }
             }
+        } else {
+            for _ in 0..w {
+                for j in 0..g {
+                    regs[j] += get(xa[j], ia[j] as usize) * get(xb[j], ib[j] as usize);
+                    ia[j] += sa[j];
+                    ib[j] += sb[j];
+                }
+            }
         }
     }
-    for (j, &(p, (_, _, s))) in group.iter().enumerate() {
-        mems[p][s] = Some(regs[j]);
+    for (j, &(p, d)) in group.iter().enumerate() {
+        mems[p][d.s] = Some(regs[j]);
     }
 }
 

@@ -13,7 +13,7 @@
 //! no word written read by another slot of the same run), shown for every iteration at once.
 
 use super::{
-    count_times, dot_group, overlap, plan_of, run_plan, unit_dot, Cursor, InitChunks, LoopMachine,
+    count_times, dot_group, dot_of, overlap, plan_of, run_plan, Cursor, InitChunks, LoopMachine,
     Plan, Prog, Stepped, DOT_GROUP, MAX_LOOP_DEPTH,
 };
 use crate::inst::{Acc, Op, Xfer, XferSrc};
@@ -31,17 +31,14 @@ pub(super) struct Segment {
 
 /// A PE's part of a window.
 pub(super) struct PeWindow {
-    /// Frame of the loop the window runs in.
-    level: usize,
     head: Vec<Segment>,
-    head_len: u64,
     /// The body's stretches in the first whole iteration, with each field's move per iteration.
     body: Vec<(Segment, [i64; 7])>,
-    /// Index of the first whole iteration, and how many.
-    first: u32,
+    /// How many whole iterations.
     iters: u32,
     tail: Vec<Segment>,
-    tail_len: u64,
+    /// Where the cursor stands after the window: the planner walked it there already.
+    end: Cursor,
 }
 
 /// Whether a loop body takes whole-iteration windows: bundles and one-bundle loops only.
@@ -519,14 +516,11 @@ impl LoopMachine<F32Domain> {
             moved.push((Segment { plan, len }, shift));
         }
         Some(PeWindow {
-            level: s.level,
             head,
-            head_len,
             body: moved,
-            first: s.first,
             iters,
             tail,
-            tail_len,
+            end: probe,
         })
     }
 
@@ -576,7 +570,7 @@ impl LoopMachine<F32Domain> {
                     for &(p, win) in &busy {
                         let (s, shift) = &win.body[k];
                         let plan = moved(s, shift, r);
-                        match unit_dot(&plan) {
+                        match dot_of(&plan) {
                             Some(d) => dots.push((p, d)),
                             None => run_plan(mems, p, next(p), &plan, i64::from(len)),
                         }
@@ -613,13 +607,7 @@ impl LoopMachine<F32Domain> {
             for (s, _) in &win.body {
                 add(s, u64::from(win.iters));
             }
-            let root = &self.progs[p].body;
-            let cur = &mut self.cursors[p];
-            cur.walk(root, win.level, win.head_len, |_, _, _, _| true);
-            if win.iters > 0 {
-                cur.finish_through(root, win.level, win.first + win.iters - 1);
-            }
-            cur.walk(root, win.level, win.tail_len, |_, _, _, _| true);
+            self.cursors[p] = win.end;
         }
         self.m.advance(u64::from(w));
         self.bulk += u64::from(w);
