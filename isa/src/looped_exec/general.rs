@@ -37,7 +37,7 @@ impl LoopMachine<F32Domain> {
         for p in 0..n {
             let mut runs = Vec::new();
             if !self.cursors[p].done {
-                let mut probe = self.cursors[p].clone();
+                let mut probe = self.cursors[p];
                 let mut reach = 0u64;
                 probe.walk(&self.progs[p].body, 0, w, |b, idx, len, inner| {
                     runs.push((b, *idx, len, inner));

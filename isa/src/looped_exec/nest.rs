@@ -466,7 +466,7 @@ impl LoopMachine<F32Domain> {
         let head_len = s.rest.min(w);
         let iters = ((w - head_len) / s.iter_len).min(u64::from(s.alike)) as u32;
         let tail_len = w - head_len - u64::from(iters) * s.iter_len;
-        let mut probe = self.cursors[p].clone();
+        let mut probe = self.cursors[p];
         let collect = |probe: &mut Cursor, limit: u64| {
             let mut out = Vec::new();
             probe.walk(root, s.level, limit, |b, idx, len, inner| {
