@@ -10,15 +10,18 @@
 //! fault and that no word written in the stretch is read or written by
 //! another slot in it; otherwise it steps one cycle and tries again.
 
-use crate::inst::{Acc, AccSrc, Addr, Arith, Bundle, Op, OpKind, Xfer, XferSrc};
+use crate::inst::{Acc, AccSrc, Addr, Bundle, Op, Xfer, XferSrc};
 use crate::looped::{field, Cmp, Field, LBundle, LoopError, LoopProgram, Node, MAX_LOOP_DEPTH};
 use crate::machine::{
     Domain, F32Domain, Fault, LoadError, Machine, NoObserver, Observer, PeStats, RunStats,
 };
 use crate::Program;
 
+mod dot;
 mod general;
 mod nest;
+
+use dot::{dot_of, run_chains, Chain};
 
 /// Why a set of loop programs could not be loaded.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -210,6 +213,11 @@ pub struct LoopMachine<D: Domain> {
     /// seen whole stays whole; it spares the bulk planner rescanning the
     /// words a window reads.
     init: Vec<InitChunks>,
+    /// Dot-product chains of a window, kept between windows so that collecting them allocates
+    /// nothing.
+    chains: Vec<Chain>,
+    /// PE-cycles of dot products run side by side with others.
+    interleaved: u64,
 }
 
 fn count(s: &mut PeStats, b: &Bundle) {
@@ -262,6 +270,8 @@ impl<D: Domain> LoopMachine<D> {
             nest_after: 0,
             general_after: 0,
             init: vec![InitChunks::default(); n],
+            chains: Vec::new(),
+            interleaved: 0,
         })
     }
 
@@ -309,6 +319,13 @@ impl<D: Domain> LoopMachine<D> {
     /// stretch by stretch.
     pub fn general_cycles(&self) -> u64 {
         self.general
+    }
+
+    /// PE-cycles of [`LoopMachine::bulk_cycles`] spent in dot products that ran side by side
+    /// with others (other PEs', or other iterations' of a loop whose iterations are
+    /// independent), each still adding in its own order.
+    pub fn interleaved_cycles(&self) -> u64 {
+        self.interleaved
     }
 
     pub fn stats(&self) -> RunStats {
@@ -658,16 +675,14 @@ impl LoopMachine<F32Domain> {
         let mut dots = Vec::new();
         for (p, plan) in plans.iter().enumerate() {
             let Some(plan) = plan else { continue };
+            let next = if p + 1 == n { 0 } else { p + 1 };
             if let Some(d) = dot_of(plan) {
-                dots.push((p, d));
+                dots.push((p, next, d, w));
                 continue;
             }
-            let next = if p + 1 == n { 0 } else { p + 1 };
             run_plan(mems, p, next, plan, w64);
         }
-        for group in dots.chunks(DOT_GROUP) {
-            dot_group(mems, group, w as usize);
-        }
+        self.interleaved += run_chains(mems, &mut dots);
         for (p, plan) in plans.iter().enumerate() {
             if let Some(plan) = plan {
                 count_times(&mut self.stats[p], &plan.bundle, u64::from(w));
@@ -680,92 +695,6 @@ impl LoopMachine<F32Domain> {
         }
         self.m.advance(u64::from(w));
         self.bulk += u64::from(w);
-    }
-}
-
-/// PEs whose dot products run interleaved: independent addition chains
-/// hide the latency of each f32 add without reordering any one sum.
-const DOT_GROUP: usize = 8;
-
-/// A plan that is `mul m[a], m[b] | add mS -> mS` and nothing else, the inner loop of every
-/// dot product: its two operand progressions and the running sum's word.
-#[derive(Clone, Copy, Debug)]
-struct Dot {
-    a: Prog,
-    b: Prog,
-    s: usize,
-}
-
-fn dot_of(plan: &Plan) -> Option<Dot> {
-    let pr = plan.progs;
-    match (plan.bundle.op, plan.register, plan.bundle.xfer) {
-        (
-            Op::Arith(Arith {
-                kind: OpKind::Mul,
-                dst: None,
-                ..
-            }),
-            true,
-            Xfer::Nop,
-        ) => Some(Dot {
-            a: pr[0]?,
-            b: pr[1]?,
-            s: pr[3]?.at(0),
-        }),
-        _ => None,
-    }
-}
-
-/// Runs up to [`DOT_GROUP`] PEs' dot products of `w` steps each, step `t` of every chain
-/// before step `t + 1` of any; each chain adds its products in its own order.
-fn dot_group(mems: &mut [Vec<Option<f32>>], group: &[(usize, Dot)], w: usize) {
-    let mut regs = [0f32; DOT_GROUP];
-    let g = group.len();
-    let unit = group
-        .iter()
-        .all(|(_, d)| d.a.stride == 1 && d.b.stride == 1);
-    {
-        let mut xa: [&[Option<f32>]; DOT_GROUP] = [&[]; DOT_GROUP];
-        let mut xb: [&[Option<f32>]; DOT_GROUP] = [&[]; DOT_GROUP];
-        // Strided chains index their operand windows from the first step's offset.
-        let mut ia = [0i64; DOT_GROUP];
-        let mut ib = [0i64; DOT_GROUP];
-        let mut sa = [0i64; DOT_GROUP];
-        let mut sb = [0i64; DOT_GROUP];
-        for (j, &(p, d)) in group.iter().enumerate() {
-            let mem = &mems[p];
-            let (la, ha) = d.a.span(w as i64);
-            let (lb, hb) = d.b.span(w as i64);
-            xa[j] = &mem[la as usize..=ha as usize];
-            xb[j] = &mem[lb as usize..=hb as usize];
-            (ia[j], sa[j]) = (d.a.addr - la, d.a.stride);
-            (ib[j], sb[j]) = (d.b.addr - lb, d.b.stride);
-            regs[j] = get(mem, d.s);
-        }
-        if unit && g == DOT_GROUP {
-            for t in 0..w {
-                for j in 0..DOT_GROUP {
-                    regs[j] += xa[j][t].unwrap_or(0.0) * xb[j][t].unwrap_or(0.0);
-                }
-            }
-        } else if unit {
-            for t in 0..w {
-                for j in 0..g {
-                    regs[j] += xa[j][t].unwrap_or(0.0) * xb[j][t].unwrap_or(0.0);
-                }
-            }
-        } else {
-            for _ in 0..w {
-                for j in 0..g {
-                    regs[j] += get(xa[j], ia[j] as usize) * get(xb[j], ib[j] as usize);
-                    ia[j] += sa[j];
-                    ib[j] += sb[j];
-                }
-            }
-        }
-    }
-    for (j, &(p, d)) in group.iter().enumerate() {
-        mems[p][d.s] = Some(regs[j]);
     }
 }
 
@@ -782,33 +711,9 @@ fn run_plan(mems: &mut [Vec<Option<f32>>], p: usize, next: usize, plan: &Plan, w
     let b = plan.bundle;
     let pr = plan.progs;
     // Fast kernel: a dot product into a register word.
-    if let (
-        Op::Arith(Arith {
-            kind: OpKind::Mul,
-            dst: None,
-            ..
-        }),
-        true,
-        Xfer::Nop,
-    ) = (b.op, plan.register, b.xfer)
-    {
-        if let (Some(a), Some(bb), Some(s)) = (pr[0], pr[1], pr[3]) {
-            let mem = &mut mems[p];
-            let mut reg = get(mem, s.at(0));
-            if a.stride == 1 && bb.stride == 1 {
-                let xa = &mem[a.at(0)..a.at(0) + w as usize];
-                let xb = &mem[bb.at(0)..bb.at(0) + w as usize];
-                for (x, y) in xa.iter().zip(xb) {
-                    reg += x.unwrap_or(0.0) * y.unwrap_or(0.0);
-                }
-            } else {
-                for t in 0..w {
-                    reg += get(mem, a.at(t)) * get(mem, bb.at(t));
-                }
-            }
-            mem[s.at(0)] = Some(reg);
-            return;
-        }
+    if let Some(d) = dot_of(plan) {
+        dot::run_chain(mems, (p, next, d, w as u32));
+        return;
     }
     let mut reg = if plan.register {
         pr[3].map(|s| get(&mems[p], s.at(0)))
