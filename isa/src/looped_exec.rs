@@ -124,14 +124,17 @@ impl Cursor {
         if self.done {
             return None;
         }
+        // The innermost list, carried along as the cursor moves instead of found from the
+        // root on every move.
+        let mut list = list_at(root, &self.frames, self.frames.len() - 1);
         loop {
             let k = self.frames.len() - 1;
-            let list = list_at(root, &self.frames, k);
             let top = self.frames[k];
             if top.pos < list.len() {
                 match &list[top.pos] {
                     Node::Bundle(b) => return Some((b, list.len())),
                     Node::Loop(l) => {
+                        list = &l.body;
                         let count = match l.step {
                             None => l.count,
                             Some(_) => {
@@ -156,6 +159,7 @@ impl Cursor {
             } else {
                 self.frames.pop();
                 self.frames[k - 1].pos += 1;
+                list = list_at(root, &self.frames, k - 1);
             }
         }
     }
@@ -682,7 +686,7 @@ impl LoopMachine<F32Domain> {
             }
             run_plan(mems, p, next, plan, w64);
         }
-        self.interleaved += run_chains(mems, &mut dots);
+        self.interleaved += run_chains(mems, &dots);
         for (p, plan) in plans.iter().enumerate() {
             if let Some(plan) = plan {
                 count_times(&mut self.stats[p], &plan.bundle, u64::from(w));

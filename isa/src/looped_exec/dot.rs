@@ -96,16 +96,13 @@ fn finish(mems: &mut [Vec<Option<f32>>], p: usize, next: usize, d: &Dot, sum: f3
     }
 }
 
-/// Runs every chain: those of one length in groups of [`DOT_GROUP`], in the order given
-/// within a length (a PE's sends keep their order). The caller guarantees that no chain
+/// Runs every chain in the order given, consecutive chains of one length in groups of
+/// [`DOT_GROUP`] (a PE's chains come together, so its sends keep their order; sorting by
+/// length instead would cost more than the few partial groups it saves). The caller guarantees that no chain
 /// reads or writes a word another chain writes, sends excepted, whose order is kept per PE.
 /// Returns the steps that ran side by side with other chains.
-pub(super) fn run_chains(mems: &mut [Vec<Option<f32>>], chains: &mut [Chain]) -> u64 {
+pub(super) fn run_chains(mems: &mut [Vec<Option<f32>>], chains: &[Chain]) -> u64 {
     let mut side = 0;
-    // Mostly one length already; a stable sort would allocate its scratch every window.
-    if !chains.is_sorted_by_key(|c| c.3) {
-        chains.sort_by_key(|c| c.3);
-    }
     let mut prods = [[0f32; DOT_GROUP]; BLOCK];
     for run in chains.chunk_by(|x, y| x.3 == y.3) {
         for group in run.chunks(DOT_GROUP) {

@@ -588,7 +588,7 @@ impl LoopMachine<F32Domain> {
                 }
             }
         }
-        self.interleaved += run_chains(mems, &mut chains);
+        self.interleaved += run_chains(mems, &chains);
         self.chains = chains;
         let mems = self.m.mems_mut();
         // Where every other PE runs the same iterations of stretches of the same lengths (one
@@ -624,7 +624,7 @@ impl LoopMachine<F32Domain> {
                             None => run_plan(mems, p, next(p), &plan, i64::from(len)),
                         }
                     }
-                    self.interleaved += run_chains(mems, &mut dots);
+                    self.interleaved += run_chains(mems, &dots);
                 }
             }
         } else {
