@@ -20,7 +20,7 @@ use crate::machine::F32Domain;
 const MAX_CYCLES: u64 = 4096;
 
 /// Most stretches one PE plans for a window.
-const MAX_STRETCHES: usize = 8;
+const MAX_STRETCHES: usize = 4;
 
 /// A PE's stretches in a window, in its order (`None`: the PE has finished).
 type PeSegments = Option<Vec<Segment>>;
