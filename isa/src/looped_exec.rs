@@ -10,15 +10,18 @@
 //! fault and that no word written in the stretch is read or written by
 //! another slot in it; otherwise it steps one cycle and tries again.
 
-use crate::inst::{Acc, AccSrc, Addr, Arith, Bundle, Op, OpKind, Xfer, XferSrc};
+use crate::inst::{Acc, AccSrc, Addr, Bundle, Op, Xfer, XferSrc};
 use crate::looped::{field, Cmp, Field, LBundle, LoopError, LoopProgram, Node, MAX_LOOP_DEPTH};
 use crate::machine::{
     Domain, F32Domain, Fault, LoadError, Machine, NoObserver, Observer, PeStats, RunStats,
 };
 use crate::Program;
 
+mod dot;
 mod general;
 mod nest;
+
+use dot::{dot_of, run_chains, Chain};
 
 /// Why a set of loop programs could not be loaded.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -45,10 +48,45 @@ struct Frame {
     count: u32,
 }
 
+/// A stack of frames, one per open loop and one for the top-level list. Inline, so that a
+/// planner's probe copy of a cursor costs no allocation.
+#[derive(Clone, Copy, Debug)]
+struct Frames {
+    buf: [Frame; MAX_LOOP_DEPTH + 1],
+    len: usize,
+}
+
+impl Frames {
+    fn push(&mut self, f: Frame) {
+        // Validation bounds the nesting depth, so the stack never outgrows its buffer.
+        self.buf[self.len] = f;
+        self.len += 1;
+    }
+    fn pop(&mut self) {
+        self.len = self.len.saturating_sub(1);
+    }
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+}
+
+impl std::ops::Deref for Frames {
+    type Target = [Frame];
+    fn deref(&self) -> &[Frame] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for Frames {
+    fn deref_mut(&mut self) -> &mut [Frame] {
+        &mut self.buf[..self.len]
+    }
+}
+
 /// Position of one PE in its loop tree. Frame 0 is the top-level list.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Cursor {
-    frames: Vec<Frame>,
+    frames: Frames,
     done: bool,
 }
 
@@ -66,12 +104,16 @@ fn list_at<'a>(root: &'a [Node], frames: &[Frame], k: usize) -> &'a [Node] {
 
 impl Cursor {
     fn new() -> Cursor {
+        let top = Frame {
+            pos: 0,
+            iter: 0,
+            count: 1,
+        };
         Cursor {
-            frames: vec![Frame {
-                pos: 0,
-                iter: 0,
-                count: 1,
-            }],
+            frames: Frames {
+                buf: [top; MAX_LOOP_DEPTH + 1],
+                len: 1,
+            },
             done: false,
         }
     }
@@ -82,14 +124,17 @@ impl Cursor {
         if self.done {
             return None;
         }
+        // The innermost list, carried along as the cursor moves instead of found from the
+        // root on every move.
+        let mut list = list_at(root, &self.frames, self.frames.len() - 1);
         loop {
             let k = self.frames.len() - 1;
-            let list = list_at(root, &self.frames, k);
             let top = self.frames[k];
             if top.pos < list.len() {
                 match &list[top.pos] {
                     Node::Bundle(b) => return Some((b, list.len())),
                     Node::Loop(l) => {
+                        list = &l.body;
                         let count = match l.step {
                             None => l.count,
                             Some(_) => {
@@ -114,6 +159,7 @@ impl Cursor {
             } else {
                 self.frames.pop();
                 self.frames[k - 1].pos += 1;
+                list = list_at(root, &self.frames, k - 1);
             }
         }
     }
@@ -171,6 +217,11 @@ pub struct LoopMachine<D: Domain> {
     /// seen whole stays whole; it spares the bulk planner rescanning the
     /// words a window reads.
     init: Vec<InitChunks>,
+    /// Dot-product chains of a window, kept between windows so that collecting them allocates
+    /// nothing.
+    chains: Vec<Chain>,
+    /// PE-cycles of dot products run side by side with others.
+    interleaved: u64,
 }
 
 fn count(s: &mut PeStats, b: &Bundle) {
@@ -223,6 +274,8 @@ impl<D: Domain> LoopMachine<D> {
             nest_after: 0,
             general_after: 0,
             init: vec![InitChunks::default(); n],
+            chains: Vec::new(),
+            interleaved: 0,
         })
     }
 
@@ -270,6 +323,13 @@ impl<D: Domain> LoopMachine<D> {
     /// stretch by stretch.
     pub fn general_cycles(&self) -> u64 {
         self.general
+    }
+
+    /// PE-cycles of [`LoopMachine::bulk_cycles`] spent in dot products that ran side by side
+    /// with others (other PEs', or other iterations' of a loop whose iterations are
+    /// independent), each still adding in its own order.
+    pub fn interleaved_cycles(&self) -> u64 {
+        self.interleaved
     }
 
     pub fn stats(&self) -> RunStats {
@@ -619,16 +679,14 @@ impl LoopMachine<F32Domain> {
         let mut dots = Vec::new();
         for (p, plan) in plans.iter().enumerate() {
             let Some(plan) = plan else { continue };
-            if let Some(d) = unit_dot(plan) {
-                dots.push((p, d));
+            let next = if p + 1 == n { 0 } else { p + 1 };
+            if let Some(d) = dot_of(plan) {
+                dots.push((p, next, d, w));
                 continue;
             }
-            let next = if p + 1 == n { 0 } else { p + 1 };
             run_plan(mems, p, next, plan, w64);
         }
-        for group in dots.chunks(DOT_GROUP) {
-            dot_group(mems, group, w as usize);
-        }
+        self.interleaved += run_chains(mems, &dots);
         for (p, plan) in plans.iter().enumerate() {
             if let Some(plan) = plan {
                 count_times(&mut self.stats[p], &plan.bundle, u64::from(w));
@@ -641,62 +699,6 @@ impl LoopMachine<F32Domain> {
         }
         self.m.advance(u64::from(w));
         self.bulk += u64::from(w);
-    }
-}
-
-/// PEs whose dot products run interleaved: independent addition chains
-/// hide the latency of each f32 add without reordering any one sum.
-const DOT_GROUP: usize = 8;
-
-/// `(a, b, s)` start addresses if the plan is `mul m[a+t], m[b+t] | add mS
-/// -> mS`, the inner loop of every dot product.
-fn unit_dot(plan: &Plan) -> Option<(usize, usize, usize)> {
-    let pr = plan.progs;
-    match (plan.bundle.op, plan.register, plan.bundle.xfer) {
-        (
-            Op::Arith(Arith {
-                kind: OpKind::Mul,
-                dst: None,
-                ..
-            }),
-            true,
-            Xfer::Nop,
-        ) => {
-            let (a, b, s) = (pr[0]?, pr[1]?, pr[3]?);
-            (a.stride == 1 && b.stride == 1).then(|| (a.at(0), b.at(0), s.at(0)))
-        }
-        _ => None,
-    }
-}
-
-fn dot_group(mems: &mut [Vec<Option<f32>>], group: &[(usize, (usize, usize, usize))], w: usize) {
-    let mut regs = [0f32; DOT_GROUP];
-    {
-        let mut xa: [&[Option<f32>]; DOT_GROUP] = [&[]; DOT_GROUP];
-        let mut xb: [&[Option<f32>]; DOT_GROUP] = [&[]; DOT_GROUP];
-        for (j, &(p, (a, b, s))) in group.iter().enumerate() {
-            let mem = &mems[p];
-            xa[j] = &mem[a..a + w];
-            xb[j] = &mem[b..b + w];
-            regs[j] = get(mem, s);
-        }
-        let g = group.len();
-        if g == DOT_GROUP {
-            for t in 0..w {
-                for j in 0..DOT_GROUP {
-                    regs[j] += xa[j][t].unwrap_or(0.0) * xb[j][t].unwrap_or(0.0);
-                }
-            }
-        } else {
-            for t in 0..w {
-                for j in 0..g {
-                    regs[j] += xa[j][t].unwrap_or(0.0) * xb[j][t].unwrap_or(0.0);
-                }
-            }
-        }
-    }
-    for (j, &(p, (_, _, s))) in group.iter().enumerate() {
-        mems[p][s] = Some(regs[j]);
     }
 }
 
@@ -713,33 +715,9 @@ fn run_plan(mems: &mut [Vec<Option<f32>>], p: usize, next: usize, plan: &Plan, w
     let b = plan.bundle;
     let pr = plan.progs;
     // Fast kernel: a dot product into a register word.
-    if let (
-        Op::Arith(Arith {
-            kind: OpKind::Mul,
-            dst: None,
-            ..
-        }),
-        true,
-        Xfer::Nop,
-    ) = (b.op, plan.register, b.xfer)
-    {
-        if let (Some(a), Some(bb), Some(s)) = (pr[0], pr[1], pr[3]) {
-            let mem = &mut mems[p];
-            let mut reg = get(mem, s.at(0));
-            if a.stride == 1 && bb.stride == 1 {
-                let xa = &mem[a.at(0)..a.at(0) + w as usize];
-                let xb = &mem[bb.at(0)..bb.at(0) + w as usize];
-                for (x, y) in xa.iter().zip(xb) {
-                    reg += x.unwrap_or(0.0) * y.unwrap_or(0.0);
-                }
-            } else {
-                for t in 0..w {
-                    reg += get(mem, a.at(t)) * get(mem, bb.at(t));
-                }
-            }
-            mem[s.at(0)] = Some(reg);
-            return;
-        }
+    if let Some(d) = dot_of(plan) {
+        dot::run_chain(mems, (p, next, d, w as u32));
+        return;
     }
     let mut reg = if plan.register {
         pr[3].map(|s| get(&mems[p], s.at(0)))

@@ -843,3 +843,81 @@ fn windows_over_any_structure_match_on_in_place_updates_and_fresh_words() {
         "windows over any structure ran {general} cycles"
     );
 }
+
+/// A ring whose PEs each run `reps` dot products of `len` steps over a strided operand (the
+/// weighted sum over values: `mul m[w + t], m[v + r + stride·t] | add sum_r -> sum_r`), the
+/// sum of product `r` at `sum + step·r`, optionally sending a value word alongside, twice
+/// over. `hole`: one value word read in the last product is never written (a fault).
+fn strided_dots(
+    pes: u32,
+    reps: u32,
+    len: u32,
+    stride: u32,
+    sum: (u32, i32),
+    send: bool,
+    hole: bool,
+) -> Case {
+    let send = if send {
+        " | send m[16 + 1*i1 + 8*i2] -> m[112 + 2*i1 + 1*i2]"
+    } else {
+        ""
+    };
+    let sum = match sum {
+        (base, 0) => format!("m{base}"),
+        (base, step) if step < 0 => format!("m[{base} - {}*i1]", -step),
+        (base, step) => format!("m[{base} + {step}*i1]"),
+    };
+    let text = |pe: u32| {
+        format!(
+            ".format 3\n.pe {pe}\n.pes {pes}\n.mem 128\nloop 2 {{\n    loop {reps} {{\n        loop {len} {{\n            mul m[0 + 1*i2], m[16 + 1*i1 + {stride}*i2] | add {sum} -> {sum}{send}\n        }}\n    }}\n}}\n"
+        )
+    };
+    let progs: Vec<LoopProgram> = (0..pes)
+        .map(|pe| parse_looped(&text(pe)).unwrap_or_else(|e| panic!("{e}\n{}", text(pe))))
+        .collect();
+    let last = 16 + (reps - 1) + stride * (len - 1);
+    let preloads = (0..pes)
+        .flat_map(|pe| {
+            (0..112u32)
+                .filter(move |&a| !(hole && a == last))
+                .map(move |a| (pe, a, (a as f32 * 0.37 - 9.0) / (3.0 + pe as f32)))
+        })
+        .collect();
+    Case { progs, preloads }
+}
+
+#[test]
+fn dot_products_interleaved_across_iterations_match_with_strides_sends_and_faults() {
+    // Sums in a word per product (independent iterations, run side by side), in one word for
+    // all (a chain through the iterations), moving backwards, or inside the values the
+    // products read; strided and unit-stride operands; a send beside each step; a word never
+    // written. Each must run exactly as flattened, faults included, and the independent ones
+    // must run side by side.
+    let mut side = 0;
+    let mut faults = 0;
+    for pes in [1u32, 2, 3] {
+        for (reps, len) in [(1u32, 5u32), (3, 1), (4, 2), (8, 5)] {
+            for stride in [8u32, 1] {
+                for sum in [(96u32, 1i32), (96, 0), (104, -1), (20, 1)] {
+                    for send in [false, true] {
+                        for hole in [false, true] {
+                            let c = strided_dots(pes, reps, len, stride, sum, send, hole);
+                            check(&c);
+                            let mut m = LoopMachine::new(F32Domain, c.progs.clone()).unwrap();
+                            for &(pe, a, v) in &c.preloads {
+                                m.preload(pe, a, v).unwrap();
+                            }
+                            faults += u32::from(m.run_fast().is_err());
+                            side += m.interleaved_cycles();
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(faults > 100, "{faults} runs faulted");
+    assert!(
+        side > 1000,
+        "dot products ran side by side for {side} PE-cycles"
+    );
+}

@@ -20,7 +20,7 @@ use crate::machine::F32Domain;
 const MAX_CYCLES: u64 = 4096;
 
 /// Most stretches one PE plans for a window.
-const MAX_STRETCHES: usize = 8;
+const MAX_STRETCHES: usize = 4;
 
 /// A PE's stretches in a window, in its order (`None`: the PE has finished).
 type PeSegments = Option<Vec<Segment>>;
@@ -37,7 +37,7 @@ impl LoopMachine<F32Domain> {
         for p in 0..n {
             let mut runs = Vec::new();
             if !self.cursors[p].done {
-                let mut probe = self.cursors[p].clone();
+                let mut probe = self.cursors[p];
                 let mut reach = 0u64;
                 probe.walk(&self.progs[p].body, 0, w, |b, idx, len, inner| {
                     runs.push((b, *idx, len, inner));

@@ -12,9 +12,10 @@
 //! PE in the window. Each stretch keeps the rules of the single-loop window (no fault possible,
 //! no word written read by another slot of the same run), shown for every iteration at once.
 
+use super::dot::{dot_of, run_chains};
 use super::{
-    count_times, dot_group, overlap, plan_of, run_plan, unit_dot, Cursor, InitChunks, LoopMachine,
-    Plan, Prog, Stepped, DOT_GROUP, MAX_LOOP_DEPTH,
+    count_times, overlap, plan_of, run_plan, Cursor, InitChunks, LoopMachine, Plan, Prog, Stepped,
+    MAX_LOOP_DEPTH,
 };
 use crate::inst::{Acc, Op, Xfer, XferSrc};
 use crate::looped::{Cmp, Field, LBundle, Node};
@@ -31,17 +32,17 @@ pub(super) struct Segment {
 
 /// A PE's part of a window.
 pub(super) struct PeWindow {
-    /// Frame of the loop the window runs in.
-    level: usize,
     head: Vec<Segment>,
-    head_len: u64,
     /// The body's stretches in the first whole iteration, with each field's move per iteration.
     body: Vec<(Segment, [i64; 7])>,
-    /// Index of the first whole iteration, and how many.
-    first: u32,
+    /// How many whole iterations.
     iters: u32,
+    /// Each whole iteration is one dot product whose running sum no other iteration touches,
+    /// so the iterations' chains may run interleaved.
+    free: bool,
     tail: Vec<Segment>,
-    tail_len: u64,
+    /// Where the cursor stands after the window: the planner walked it there already.
+    end: Cursor,
 }
 
 /// Whether a loop body takes whole-iteration windows: bundles and one-bundle loops only.
@@ -331,6 +332,23 @@ pub(super) fn stretch_ok(
     true
 }
 
+/// Whether `reps` repetitions of `seg`, each moved by `shift`, are dot products that run in any
+/// interleaving with the same results: each keeps its sum in a word of its own that no
+/// repetition reads as an operand or sends.
+fn independent_dots(seg: &Segment, shift: &[i64; 7], reps: i64) -> bool {
+    let Some(sum) = seg.plan.progs[3] else {
+        return false;
+    };
+    if dot_of(&seg.plan).is_none() || shift[3] == 0 {
+        return false;
+    }
+    let sums = hull(sum, 1, shift[3], reps);
+    [0usize, 1, 5].iter().all(|&k| {
+        seg.plan.progs[k]
+            .is_none_or(|pr| !overlap(hull(pr, i64::from(seg.len), shift[k], reps), sums))
+    })
+}
+
 /// A PE's window plan before its length is known: its loop, the rest of the current iteration,
 /// the index of the first whole iteration, the whole iterations that look alike from there and
 /// their length.
@@ -469,7 +487,7 @@ impl LoopMachine<F32Domain> {
         let head_len = s.rest.min(w);
         let iters = ((w - head_len) / s.iter_len).min(u64::from(s.alike)) as u32;
         let tail_len = w - head_len - u64::from(iters) * s.iter_len;
-        let mut probe = self.cursors[p].clone();
+        let mut probe = self.cursors[p];
         let collect = |probe: &mut Cursor, limit: u64| {
             let mut out = Vec::new();
             probe.walk(root, s.level, limit, |b, idx, len, inner| {
@@ -518,15 +536,18 @@ impl LoopMachine<F32Domain> {
             }
             moved.push((Segment { plan, len }, shift));
         }
+        let free = iters >= 2
+            && match moved.as_slice() {
+                [(seg, shift)] => independent_dots(seg, shift, i64::from(iters)),
+                _ => false,
+            };
         Some(PeWindow {
-            level: s.level,
             head,
-            head_len,
             body: moved,
-            first: s.first,
             iters,
+            free,
             tail,
-            tail_len,
+            end: probe,
         })
     }
 
@@ -552,13 +573,35 @@ impl LoopMachine<F32Domain> {
                 run_plan(mems, p, next(p), &s.plan, i64::from(s.len));
             }
         }
-        // Where every PE runs the same iterations of stretches of the same lengths (one program
-        // on every PE), stretch k of iteration r runs on all of them before stretch k + 1, so
-        // their dot products interleave.
+        // A PE whose iterations are independent dot products hands every iteration's chain
+        // to one pool, run interleaved across PEs and iterations alike.
+        let mut chains = std::mem::take(&mut self.chains);
+        chains.clear();
+        for (p, win) in wins.iter().enumerate() {
+            let Some(win) = win.as_ref().filter(|w| w.free) else {
+                continue;
+            };
+            let (s, shift) = &win.body[0];
+            if let Some(d) = dot_of(&s.plan) {
+                for r in 0..i64::from(win.iters) {
+                    chains.push((p, next(p), d.moved(shift, r), s.len));
+                }
+            }
+        }
+        self.interleaved += run_chains(mems, &chains);
+        self.chains = chains;
+        let mems = self.m.mems_mut();
+        // Where every other PE runs the same iterations of stretches of the same lengths (one
+        // program on every PE), stretch k of iteration r runs on all of them before stretch
+        // k + 1, so their dot products interleave.
         let busy: Vec<(usize, &PeWindow)> = wins
             .iter()
             .enumerate()
-            .filter_map(|(p, w)| w.as_ref().filter(|w| w.iters > 0).map(|w| (p, w)))
+            .filter_map(|(p, w)| {
+                w.as_ref()
+                    .filter(|w| w.iters > 0 && !w.free)
+                    .map(|w| (p, w))
+            })
             .collect();
         let alike = busy.windows(2).all(|x| {
             let (a, b) = (x[0].1, x[1].1);
@@ -576,14 +619,12 @@ impl LoopMachine<F32Domain> {
                     for &(p, win) in &busy {
                         let (s, shift) = &win.body[k];
                         let plan = moved(s, shift, r);
-                        match unit_dot(&plan) {
-                            Some(d) => dots.push((p, d)),
+                        match dot_of(&plan) {
+                            Some(d) => dots.push((p, next(p), d, len)),
                             None => run_plan(mems, p, next(p), &plan, i64::from(len)),
                         }
                     }
-                    for group in dots.chunks(DOT_GROUP) {
-                        dot_group(mems, group, len as usize);
-                    }
+                    self.interleaved += run_chains(mems, &dots);
                 }
             }
         } else {
@@ -613,13 +654,7 @@ impl LoopMachine<F32Domain> {
             for (s, _) in &win.body {
                 add(s, u64::from(win.iters));
             }
-            let root = &self.progs[p].body;
-            let cur = &mut self.cursors[p];
-            cur.walk(root, win.level, win.head_len, |_, _, _, _| true);
-            if win.iters > 0 {
-                cur.finish_through(root, win.level, win.first + win.iters - 1);
-            }
-            cur.walk(root, win.level, win.tail_len, |_, _, _, _| true);
+            self.cursors[p] = win.end;
         }
         self.m.advance(u64::from(w));
         self.bulk += u64::from(w);
