@@ -12,7 +12,9 @@
 //! index just below or above a range extends it.
 
 use super::aff::{Aff, Var};
-use crate::expr::FxMap as HashMap;
+use crate::expr::{FxHasher, FxMap as HashMap};
+use hashbrown::HashTable;
+use std::hash::{BuildHasher, BuildHasherDefault};
 
 pub type Id = u32;
 
@@ -51,7 +53,11 @@ pub enum T {
 #[derive(Default)]
 pub struct Terms {
     nodes: Vec<T>,
-    ids: HashMap<T, Id>,
+    /// The ids of `nodes`, found by the node's hash: each node is stored once, in `nodes`.
+    ids: HashTable<Id>,
+    /// Per node, its hash (so that growing `ids` rehashes nothing, and a probe compares
+    /// nodes only when the hashes agree).
+    hashes: Vec<u64>,
     /// One above every binder bound inside (0: none); free variables do not count.
     depth: Vec<u32>,
     /// Whether a `Carry` occurs inside.
@@ -127,8 +133,16 @@ impl Terms {
         self.carries[id as usize]
     }
 
+    fn hash(t: &T) -> u64 {
+        BuildHasherDefault::<FxHasher>::default().hash_one(t)
+    }
+
     fn intern(&mut self, t: T) -> Id {
-        if let Some(&id) = self.ids.get(&t) {
+        let hash = Self::hash(&t);
+        let (nodes, hashes) = (&self.nodes, &self.hashes);
+        if let Some(&id) = self.ids.find(hash, |&id| {
+            hashes[id as usize] == hash && nodes[id as usize] == t
+        }) {
             return id;
         }
         let (depth, carries) = match &t {
@@ -163,11 +177,13 @@ impl Terms {
             T::RSum(_, _, _, body) | T::RMax(_, _, _, body) => self.vars[*body as usize],
         };
         let id = self.nodes.len() as Id;
-        self.nodes.push(t.clone());
+        self.nodes.push(t);
         self.depth.push(depth);
         self.carries.push(carries);
         self.vars.push(vars);
-        self.ids.insert(t, id);
+        self.hashes.push(hash);
+        let hashes = &self.hashes;
+        self.ids.insert_unique(hash, id, |&id| hashes[id as usize]);
         id
     }
 
