@@ -557,6 +557,8 @@ impl Terms {
                     }
                     _ => continue,
                 };
+                // The body just below and just above the range, built once for every `j`.
+                let mut ends: Option<(Id, Id)> = None;
                 for j in 0..all.len() {
                     if i == j {
                         continue;
@@ -578,9 +580,15 @@ impl Terms {
                             None
                         }
                         _ => {
-                            if all[j] == self.subst(body, bv, &Aff::cst(lo - 1)) {
+                            let (below, above) = *ends.get_or_insert_with(|| {
+                                (
+                                    self.subst(body, bv, &Aff::cst(lo - 1)),
+                                    self.subst(body, bv, &Aff::cst(hi)),
+                                )
+                            });
+                            if all[j] == below {
                                 Some((lo - 1, hi))
-                            } else if all[j] == self.subst(body, bv, &Aff::cst(hi)) {
+                            } else if all[j] == above {
                                 Some((lo, hi + 1))
                             } else {
                                 None
