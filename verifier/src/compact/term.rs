@@ -805,14 +805,19 @@ impl Terms {
         if let Some(&y) = memo.get(&x) {
             return y;
         }
+        // An atom's forms are substituted in place (no copy of the node first).
+        if let T::Atom(t, a, b, c) = self.node(x) {
+            let y = if a.coef(v) == 0 && b.coef(v) == 0 && c.coef(v) == 0 {
+                x
+            } else {
+                let (t, a, b, c) = (*t, a.subst(v, by), b.subst(v, by), c.subst(v, by));
+                self.atom(t, a, b, c)
+            };
+            memo.insert(x, y);
+            return y;
+        }
         let y = match self.node(x).clone() {
-            T::Atom(t, a, b, c) => {
-                if a.coef(v) == 0 && b.coef(v) == 0 && c.coef(v) == 0 {
-                    x
-                } else {
-                    self.atom(t, a.subst(v, by), b.subst(v, by), c.subst(v, by))
-                }
-            }
+            T::Atom(..) => unreachable!("atoms are substituted above"),
             T::Carry(l, a) => self.carry(l, a.subst(v, by)),
             // Substitution never enters products' online rules: it maps each factor and
             // multiplies them back as they were.
