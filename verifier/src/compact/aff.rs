@@ -52,12 +52,34 @@ impl Aff {
         self
     }
 
-    pub fn plus(&self, o: &Aff) -> Aff {
-        let mut r = self.clone().add_const(o.c);
-        for &(v, k) in &o.t {
-            r = r.add_term(v, k);
+    /// `self + k·o` by one merge of the sorted terms.
+    fn combined(&self, o: &Aff, k: i64) -> Aff {
+        if k == 0 {
+            return self.clone();
         }
-        r
+        let (a, b) = (&self.t, &o.t);
+        let mut t = Vec::with_capacity(a.len() + b.len());
+        let (mut i, mut j) = (0, 0);
+        while i < a.len() || j < b.len() {
+            if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {
+                t.push(a[i]);
+                i += 1;
+            } else if i == a.len() || b[j].0 < a[i].0 {
+                t.push((b[j].0, b[j].1 * k));
+                j += 1;
+            } else {
+                let x = a[i].1 + b[j].1 * k;
+                if x != 0 {
+                    t.push((a[i].0, x));
+                }
+                i += 1;
+                j += 1;
+            }
+        }
+        Aff {
+            c: self.c + o.c * k,
+            t,
+        }
     }
 
     pub fn scaled(&self, k: i64) -> Aff {
@@ -71,7 +93,7 @@ impl Aff {
     }
 
     pub fn minus(&self, o: &Aff) -> Aff {
-        self.plus(&o.scaled(-1))
+        self.combined(o, -1)
     }
 
     pub fn subst(&self, v: Var, by: &Aff) -> Aff {
@@ -79,9 +101,7 @@ impl Aff {
         if k == 0 {
             return self.clone();
         }
-        let mut r = self.clone().add_term(v, -k);
-        r = r.plus(&by.scaled(k));
-        r
+        self.clone().add_term(v, -k).combined(by, k)
     }
 
     pub fn as_const(&self) -> Option<i64> {
@@ -115,5 +135,9 @@ mod tests {
         assert_eq!(a.minus(&a), Aff::cst(0));
         let count = |v: Var| Some(if v == 2000 { 4 } else { 64 });
         assert_eq!(a.bounds(&count), Some((3, 3 + 192 + 63)));
+        let c = Aff::var(7).add_term(3, 2).add_const(1);
+        assert_eq!(c.minus(&a).minus(&a.scaled(-1)), c);
+        assert_eq!(c.minus(&c), Aff::cst(0));
+        assert_eq!(c.minus(&Aff::var(3)).coef(3), 1);
     }
 }

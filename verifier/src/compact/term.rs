@@ -12,7 +12,9 @@
 //! index just below or above a range extends it.
 
 use super::aff::{Aff, Var};
-use crate::expr::FxMap as HashMap;
+use crate::expr::{FxHasher, FxMap as HashMap};
+use hashbrown::HashTable;
+use std::hash::{BuildHasher, BuildHasherDefault};
 
 pub type Id = u32;
 
@@ -51,7 +53,11 @@ pub enum T {
 #[derive(Default)]
 pub struct Terms {
     nodes: Vec<T>,
-    ids: HashMap<T, Id>,
+    /// The ids of `nodes`, found by the node's hash: each node is stored once, in `nodes`.
+    ids: HashTable<Id>,
+    /// Per node, its hash (so that growing `ids` rehashes nothing, and a probe compares
+    /// nodes only when the hashes agree).
+    hashes: Vec<u64>,
     /// One above every binder bound inside (0: none); free variables do not count.
     depth: Vec<u32>,
     /// Whether a `Carry` occurs inside.
@@ -127,8 +133,16 @@ impl Terms {
         self.carries[id as usize]
     }
 
+    fn hash(t: &T) -> u64 {
+        BuildHasherDefault::<FxHasher>::default().hash_one(t)
+    }
+
     fn intern(&mut self, t: T) -> Id {
-        if let Some(&id) = self.ids.get(&t) {
+        let hash = Self::hash(&t);
+        let (nodes, hashes) = (&self.nodes, &self.hashes);
+        if let Some(&id) = self.ids.find(hash, |&id| {
+            hashes[id as usize] == hash && nodes[id as usize] == t
+        }) {
             return id;
         }
         let (depth, carries) = match &t {
@@ -163,11 +177,13 @@ impl Terms {
             T::RSum(_, _, _, body) | T::RMax(_, _, _, body) => self.vars[*body as usize],
         };
         let id = self.nodes.len() as Id;
-        self.nodes.push(t.clone());
+        self.nodes.push(t);
         self.depth.push(depth);
         self.carries.push(carries);
         self.vars.push(vars);
-        self.ids.insert(t, id);
+        self.hashes.push(hash);
+        let hashes = &self.hashes;
+        self.ids.insert_unique(hash, id, |&id| hashes[id as usize]);
         id
     }
 
@@ -541,6 +557,8 @@ impl Terms {
                     }
                     _ => continue,
                 };
+                // The body just below and just above the range, built once for every `j`.
+                let mut ends: Option<(Id, Id)> = None;
                 for j in 0..all.len() {
                     if i == j {
                         continue;
@@ -562,9 +580,15 @@ impl Terms {
                             None
                         }
                         _ => {
-                            if all[j] == self.subst(body, bv, &Aff::cst(lo - 1)) {
+                            let (below, above) = *ends.get_or_insert_with(|| {
+                                (
+                                    self.subst(body, bv, &Aff::cst(lo - 1)),
+                                    self.subst(body, bv, &Aff::cst(hi)),
+                                )
+                            });
+                            if all[j] == below {
                                 Some((lo - 1, hi))
-                            } else if all[j] == self.subst(body, bv, &Aff::cst(hi)) {
+                            } else if all[j] == above {
                                 Some((lo, hi + 1))
                             } else {
                                 None
@@ -781,14 +805,19 @@ impl Terms {
         if let Some(&y) = memo.get(&x) {
             return y;
         }
+        // An atom's forms are substituted in place (no copy of the node first).
+        if let T::Atom(t, a, b, c) = self.node(x) {
+            let y = if a.coef(v) == 0 && b.coef(v) == 0 && c.coef(v) == 0 {
+                x
+            } else {
+                let (t, a, b, c) = (*t, a.subst(v, by), b.subst(v, by), c.subst(v, by));
+                self.atom(t, a, b, c)
+            };
+            memo.insert(x, y);
+            return y;
+        }
         let y = match self.node(x).clone() {
-            T::Atom(t, a, b, c) => {
-                if a.coef(v) == 0 && b.coef(v) == 0 && c.coef(v) == 0 {
-                    x
-                } else {
-                    self.atom(t, a.subst(v, by), b.subst(v, by), c.subst(v, by))
-                }
-            }
+            T::Atom(..) => unreachable!("atoms are substituted above"),
             T::Carry(l, a) => self.carry(l, a.subst(v, by)),
             // Substitution never enters products' online rules: it maps each factor and
             // multiplies them back as they were.
