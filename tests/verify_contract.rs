@@ -5,6 +5,8 @@
 //! some cycle, for every PE, head and hop. The contracts are stated from the manifest alone; the
 //! execution is the oracle.
 
+mod common;
+
 use compiler::passes::select::Choice;
 use isa::{Acc, Op, Xfer, XferSrc};
 use runtime::manifest::Manifest;
@@ -15,16 +17,7 @@ use verifier::compact::contract::{pieces, Block, Need};
 type Word = Option<(u8, u32, i64, u32)>;
 
 fn compile(src: &str, m: u32, schedule: Choice) -> (Vec<isa::LoopProgram>, Manifest) {
-    let parsed = lang::parse(0, src);
-    let c = compiler::compile(
-        &parsed.layers[0],
-        &compiler::Options {
-            pes: m,
-            schedule,
-            ..Default::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("{src} on {m} PEs: {e:?}"));
+    let c = common::compile_src(src, m, schedule);
     (c.loops, c.manifest)
 }
 

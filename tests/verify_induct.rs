@@ -4,20 +4,13 @@
 //! compiled causal streams whose step loops it evaluates symbolically, it proves what the
 //! lockstep evaluation proves, with the same operation counts.
 
+mod common;
+
 use compiler::passes::select::Choice;
 use runtime::manifest::Manifest;
 
 fn compile(src: &str, m: u32) -> (Vec<isa::LoopProgram>, Manifest) {
-    let parsed = lang::parse(0, src);
-    let c = compiler::compile(
-        &parsed.layers[0],
-        &compiler::Options {
-            pes: m,
-            schedule: Choice::Stream,
-            ..Default::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("{src} on {m} PEs: {e:?}"));
+    let c = common::compile_src(src, m, Choice::Stream);
     (c.loops, c.manifest)
 }
 

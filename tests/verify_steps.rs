@@ -2,6 +2,8 @@
 //! causal stream's arrivals are proved apart from each receiver's reads and writes in windows
 //! of many ring steps at once, and a send moved into the buffer its receiver reads is refused.
 
+mod common;
+
 use compiler::passes::select::Choice;
 use isa::looped::LBundle;
 use isa::looped::{field, set_field, Field, Term};
@@ -17,16 +19,7 @@ fn compile(n: u32, d: u32, h: u32, m: u32) -> Vec<LoopProgram> {
 }
 
 fn compile_layer(src: &str, m: u32) -> Vec<LoopProgram> {
-    let parsed = lang::parse(0, src);
-    let c = compiler::compile(
-        &parsed.layers[0],
-        &compiler::Options {
-            pes: m,
-            schedule: Choice::Stream,
-            ..Default::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("{src} on {m} PEs: {e:?}"));
+    let c = common::compile_src(src, m, Choice::Stream);
     assert_eq!(c.loops.len(), m as usize, "loop programs, one per PE");
     c.loops
 }

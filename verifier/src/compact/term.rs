@@ -817,7 +817,8 @@ impl Terms {
             return y;
         }
         let y = match self.node(x).clone() {
-            T::Atom(..) => unreachable!("atoms are substituted above"),
+            // Atoms take the in-place path above; this arm only keeps the match total.
+            T::Atom(t, a, b, c) => self.atom(t, a.subst(v, by), b.subst(v, by), c.subst(v, by)),
             T::Carry(l, a) => self.carry(l, a.subst(v, by)),
             // Substitution never enters products' online rules: it maps each factor and
             // multiplies them back as they were.

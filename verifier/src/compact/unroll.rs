@@ -163,15 +163,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn regrouped_iterations_are_the_same_instances_in_the_same_order() {
-        let p = program(
-            "loop 9 {\n  loop 12 {\n    mul m[0 + 32*i0 + 1*i1], m[1000 + 1*i0] -> m[2000 + 64*i0 + 1*i1] | nop | send m[5 + 3*i0] -> m[7 + 3*i0] if i0 >= 3 && i0 != 5\n    loop 2 + i0 {\n      max m[3000 + 1*i0], m[3100 + 1*i2] -> m[3000 + 1*i0] if i0 < 7\n    }\n    nop | add m[4000 + 2*i0] -> m[4001 + 2*i0] if i0 == 4\n  }\n}\n",
-        );
-        let Node::Loop(outer) = &p.body[0] else {
-            panic!("expected a loop, found {:?}", p.body[0])
-        };
-        for (a, m, q) in [(0, 2, 4), (1, 2, 4), (0, 3, 3), (2, 3, 2), (3, 2, 3)] {
+    /// Regrouping `outer` from iteration `a`, `m` at a time for `q` groups, gives the instances
+    /// of iterations `a .. a + m·q` in order, for each `(a, m, q)` of `cases`.
+    fn regroups_exactly(outer: &Loop, cases: &[(u64, u64, u64)]) {
+        for &(a, m, q) in cases {
             let mut want = Vec::new();
             for k in a..a + m * q {
                 let mut idx = vec![k as u32];
@@ -184,6 +179,20 @@ mod tests {
         }
     }
 
+    #[test]
+    fn regrouped_iterations_are_the_same_instances_in_the_same_order() {
+        let p = program(
+            "loop 9 {\n  loop 12 {\n    mul m[0 + 32*i0 + 1*i1], m[1000 + 1*i0] -> m[2000 + 64*i0 + 1*i1] | nop | send m[5 + 3*i0] -> m[7 + 3*i0] if i0 >= 3 && i0 != 5\n    loop 2 + i0 {\n      max m[3000 + 1*i0], m[3100 + 1*i2] -> m[3000 + 1*i0] if i0 < 7\n    }\n    nop | add m[4000 + 2*i0] -> m[4001 + 2*i0] if i0 == 4\n  }\n}\n",
+        );
+        let Node::Loop(outer) = &p.body[0] else {
+            panic!("expected a loop, found {:?}", p.body[0])
+        };
+        regroups_exactly(
+            outer,
+            &[(0, 2, 4), (1, 2, 4), (0, 3, 3), (2, 3, 2), (3, 2, 3)],
+        );
+    }
+
     /// A double buffer's `i mod 2` regrouped by two (or four) is a constant in each copy:
     /// the same instances in the same order; by three it stays concrete.
     #[test]
@@ -194,17 +203,10 @@ mod tests {
         let Node::Loop(outer) = &p.body[0] else {
             panic!("expected a loop, found {:?}", p.body[0])
         };
-        for (a, m, q) in [(0, 2, 3), (1, 2, 3), (3, 2, 2), (0, 4, 1), (2, 4, 1)] {
-            let mut want = Vec::new();
-            for k in a..a + m * q {
-                let mut idx = vec![k as u32];
-                instances(&outer.body, &mut idx, &mut want);
-            }
-            let u = unrolled(outer, 0, a, m, q).expect("fits");
-            let mut got = Vec::new();
-            instances(&[Node::Loop(u)], &mut Vec::new(), &mut got);
-            assert_eq!(got, want, "a = {a}, m = {m}, q = {q}");
-        }
+        regroups_exactly(
+            outer,
+            &[(0, 2, 3), (1, 2, 3), (3, 2, 2), (0, 4, 1), (2, 4, 1)],
+        );
         assert!(unrolled(outer, 0, 0, 3, 2).is_none());
     }
 }
