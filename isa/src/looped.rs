@@ -14,8 +14,9 @@ use std::fmt;
 
 use crate::inst::{Acc, AccSrc, Addr, Arith, Bundle, Op, Program, Xfer, XferSrc};
 
-/// Version number of the loop formats (text `.format 3`, binary version 3),
-/// after the flat formats 1 and 2.
+/// Version number of the loop formats' text form (`.format 3`), after the flat
+/// formats 1 and 2. Their binary form is written as version 4
+/// ([`crate::LOOP_BINARY_VERSION`]); binary version 3 stays readable.
 pub const LOOP_FORMAT_VERSION: u16 = 3;
 /// Deepest allowed loop nesting. Eight levels cover heads × ring steps ×
 /// rows × blocks × columns with room to spare while keeping an index vector

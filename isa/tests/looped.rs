@@ -1,4 +1,4 @@
-//! Format 2: the native loop interpreter (cycle by cycle and in bulk)
+//! Format 3: the native loop interpreter (cycle by cycle and in bulk)
 //! against the flattened format-1 program on the format-1 machine, text and
 //! binary round trips, and rejection of malformed programs.
 
@@ -678,34 +678,39 @@ fn malformed_text_is_rejected_with_a_line() {
 #[test]
 fn malformed_binary_is_rejected() {
     let p = parse_looped(".format 3\n.pe 1\n.pes 2\n.mem 8\nloop 3 {\nmul m[0 + 1*i0], m4 | add 0 | send acc -> m[4 + 1*i0] if i0 >= 1\n}\n").unwrap();
-    let good = encode_looped(&p).unwrap();
-    assert_eq!(decode_looped(&good).unwrap(), p);
-    for cut in 0..good.len() {
-        assert!(decode_looped(&good[..cut]).is_err());
-    }
-    // Every single-bit flip is caught (by the checksum or a field check).
-    for i in 0..good.len() {
-        for bit in 0..8 {
-            let mut b = good.clone();
-            b[i] ^= 1 << bit;
-            assert_ne!(
-                decode_looped(&b).ok(),
-                Some(p.clone()),
-                "byte {i} bit {bit}"
-            );
+    let written = encode_looped(&p).unwrap();
+    let old = isa::looped_binary::v3::encode(&p).unwrap();
+    for good in [&written, &old] {
+        assert_eq!(&decode_looped(good).unwrap(), &p);
+        for cut in 0..good.len() {
+            assert!(decode_looped(&good[..cut]).is_err());
+        }
+        // Every single-bit flip is caught (by the checksum or a field check).
+        for i in 0..good.len() {
+            for bit in 0..8 {
+                let mut b = good.clone();
+                b[i] ^= 1 << bit;
+                assert_ne!(
+                    decode_looped(&b).ok(),
+                    Some(p.clone()),
+                    "byte {i} bit {bit}"
+                );
+            }
         }
     }
-    // A zero trip count with a valid checksum is still refused.
-    let mut b = good.clone();
-    let at = 28 + 4;
-    b[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
-    let end = b.len() - 4;
-    let crc = crc32(&b[..end]);
-    b[end..].copy_from_slice(&crc.to_le_bytes());
-    assert!(decode_looped(&b)
-        .unwrap_err()
-        .to_string()
-        .contains("at least 1"));
+    // A zero trip count with a valid checksum is still refused: in version 4 the loop-open
+    // record's one count byte, in version 3 its u32 at offset 4.
+    for (good, at, width) in [(&written, 28 + 1, 1), (&old, 28 + 4, 4)] {
+        let mut b = good.clone();
+        b[at..at + width].fill(0);
+        let end = b.len() - 4;
+        let crc = crc32(&b[..end]);
+        b[end..].copy_from_slice(&crc.to_le_bytes());
+        assert!(decode_looped(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1"));
+    }
 }
 
 fn crc32(bytes: &[u8]) -> u32 {
