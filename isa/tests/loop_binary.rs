@@ -529,7 +529,7 @@ fn gen_bundle(r: &mut Rng, bounds: &[u32]) -> LBundle {
         let Some((lo, hi)) = t.hull(f, bounds) else {
             continue;
         };
-        if hi - lo > i64::from(u32::MAX) {
+        if i128::from(hi) - i128::from(lo) > i128::from(u32::MAX) {
             continue;
         }
         let (first, last) = (-lo, i64::from(u32::MAX) - hi);

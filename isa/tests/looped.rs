@@ -654,6 +654,23 @@ fn malformed_text_is_rejected_with_a_line() {
     assert_eq!(err("}\n"), "line 5:1: `}` without an open loop");
     assert!(err("mul m[0 + 1*i0], m1\n").contains("only 0 loop(s) enclose"));
     assert!(err("loop 4 {\nmul m[2 - 1*i0], m1\n}\n").contains("outside the address space"));
+    // Two terms of nearly -2^63 each: a sum that wrapped in 64 bits would look in range.
+    let wide = "loop 4294967295 {\nloop 4294967295 {\n\
+        nop | nop | send m[4294967295 - 2147483648*i0 - 2147483648*i1] -> m0\n}\n}\n";
+    assert!(
+        err(wide).contains("outside the address space"),
+        "{}",
+        err(wide)
+    );
+    let wide = wide.replace(
+        "4294967295 - 2147483648*i0 - 2147483648*i1",
+        "0 + 2147483647*i0 + 2147483647*i1",
+    );
+    assert!(
+        err(&wide).contains("outside the address space"),
+        "{}",
+        err(&wide)
+    );
     assert!(err("loop 4 {\nmul m[2 + 1*i0 + 2*i0], m1\n}\n").contains("i0 appears twice"));
     assert!(err("loop 4 {\nmul m[1*(i0 % 1)], m1\n}\n").contains("wrap 1"));
     assert!(
