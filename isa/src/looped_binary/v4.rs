@@ -25,6 +25,14 @@ const REC_OPEN: u8 = 1;
 const REC_CLOSE: u8 = 2;
 
 /// Bundle head: bits 2–4 the op kind, then whether a term count and a predicate count follow.
+/// Every kind's code must fit those 3 bits (a kind coded 8 or more needs a new version).
+const _: () = {
+    let mut i = 0;
+    while i < crate::inst::OPS.len() {
+        assert!(crate::inst::OPS[i].code < 8);
+        i += 1;
+    }
+};
 const B_TERMS: u8 = 1 << 5;
 const B_PREDS: u8 = 1 << 6;
 const B_USED: u8 = REC_TYPE | 0b111 << 2 | B_TERMS | B_PREDS;
