@@ -13,7 +13,9 @@ use crate::binary::{
     F_ACC_DST, F_ACC_ZERO, F_OP_DST, F_XFER, F_XFER_ACC, HEADER_BYTES,
 };
 use crate::inst::{OpInfo, OpKind};
-use crate::looped::{field, Cmp, CountStep, Field, LBundle, LoopProgram, Node, Pred, Slot, Term};
+use crate::looped::{
+    field, Cmp, CountStep, Field, LBundle, LoopProgram, Node, Pred, Slot, Term, MAX_LOOP_DEPTH,
+};
 
 /// The header's version field.
 pub const VERSION: u16 = 4;
@@ -25,17 +27,20 @@ const REC_OPEN: u8 = 1;
 const REC_CLOSE: u8 = 2;
 
 /// Bundle head: bits 2–4 the op kind, then whether a term count and a predicate count follow.
-/// Every kind's code must fit those 3 bits (a kind coded 8 or more needs a new version).
+const B_TERMS: u8 = 1 << 5;
+const B_PREDS: u8 = 1 << 6;
+const B_USED: u8 = REC_TYPE | 0b111 << 2 | B_TERMS | B_PREDS;
+
+// Every op kind's code fits the head's 3 bits (a kind coded 8 or more needs a new version),
+// and every level the depth limit allows fits 3 bits of a term, predicate or step.
 const _: () = {
     let mut i = 0;
     while i < crate::inst::OPS.len() {
         assert!(crate::inst::OPS[i].code < 8);
         i += 1;
     }
+    assert!(MAX_LOOP_DEPTH <= LEVELS as usize);
 };
-const B_TERMS: u8 = 1 << 5;
-const B_PREDS: u8 = 1 << 6;
-const B_USED: u8 = REC_TYPE | 0b111 << 2 | B_TERMS | B_PREDS;
 
 /// Loop-open head: bits 2–3 the count's length in bytes minus 1, then whether a step follows.
 const L_STEPPED: u8 = 1 << 4;
@@ -52,7 +57,7 @@ const P_USED: u8 = 0x7f;
 /// Word index of the immediate among the version-2 record's eight fields (op a, op b,
 /// immediate, op dst, acc src, acc dst, xfer src, xfer dst); it always takes 4 bytes.
 const IMM_WORD: usize = 2;
-/// The most levels a 3-bit level field holds: the depth limit.
+/// The levels a 3-bit level field holds.
 const LEVELS: u8 = 8;
 
 /// The two widths the header states.
