@@ -943,3 +943,26 @@ fn dot_products_interleaved_across_iterations_match_with_strides_sends_and_fault
         "dot products ran side by side for {side} PE-cycles"
     );
 }
+
+/// A dot product whose send reads the running sum's own word: each step's send carries the sum
+/// as it was at the start of that step, as the flat machine reads it, in bulk too.
+#[test]
+fn a_send_of_the_running_sum_carries_each_steps_value() {
+    // The random ring that found it: one step, the sum sent as it is accumulated.
+    check(&case(14965313876937140416, 0));
+}
+
+#[test]
+fn a_looped_send_of_the_running_sum_carries_each_steps_value() {
+    let text = |pe: u32| {
+        format!(
+            ".format 3\n.pe {pe}\n.pes 2\n.mem 24\n\
+             loop 6 {{\n    mul m[0 + 1*i0], m[6 + 1*i0] | add m12 -> m12 | send m12 -> m[13 + 1*i0]\n}}\n"
+        )
+    };
+    let progs: Vec<LoopProgram> = (0..2).map(|pe| parse_looped(&text(pe)).unwrap()).collect();
+    let preloads = (0..2)
+        .flat_map(|pe| (0..13).map(move |a| (pe, a, (a as f32 - 5.5) / (3.0 + pe as f32))))
+        .collect();
+    check(&Case { progs, preloads });
+}
