@@ -431,3 +431,62 @@ fn paired_scores_on_larger_rings_run_from_their_files() {
     }
     assert_eq!(ran, 11);
 }
+
+/// Compiled loop programs of several layers decode, from either binary version, to the program
+/// that was encoded; version 4 is the smaller by at least half, and the q = k = v layer of 128
+/// tokens, `d = 64`, 4 heads on 12 PEs (over 16 KiB per PE in version 3) fits every PE's file
+/// in the 16 KiB of a small accelerator core's program memory.
+#[test]
+fn compiled_loop_programs_decode_from_both_binary_versions() {
+    let shared128 = "layer l { tokens = 128; dim = 64; heads = 4; qkv = shared; }";
+    let layers = [
+        (shared128.to_string(), 12, Choice::Auto),
+        (layer_src(64, 16, 2, false, true), 4, Choice::Stream),
+        (layer_src(48, 16, 3, true, false), 6, Choice::Stream),
+        (layer_src(40, 8, 1, false, false), 3, Choice::Stream),
+        // Rerolled unrolled schedules, whose addresses follow no stream layout.
+        (
+            layer_src(24, 10, 1, false, false),
+            4,
+            Choice::parse("rows").expect("a scheduler"),
+        ),
+        (
+            layer_src(16, 8, 2, true, true),
+            8,
+            Choice::parse("split").expect("a scheduler"),
+        ),
+    ];
+    for (src, pes, schedule) in layers {
+        let c = compiler::compile(
+            &parse_one(&src),
+            &compiler::Options {
+                pes,
+                schedule,
+                reroll: true,
+                ..Default::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{src}: {e:?}"));
+        assert!(!c.loops.is_empty(), "{src}: no loop programs");
+        let mut largest = 0;
+        for p in &c.loops {
+            let v4 = isa::encode_looped(p).unwrap();
+            let v3 = isa::looped_binary::v3::encode(p).unwrap();
+            assert_eq!(&v4[8..10], &4u16.to_le_bytes());
+            assert_eq!(&isa::decode_looped(&v4).unwrap(), p, "{src}: PE {}", p.pe);
+            assert_eq!(&isa::decode_looped(&v3).unwrap(), p, "{src}: PE {}", p.pe);
+            assert_eq!(isa::looped_binary::encoded_len(p), v4.len() as u64);
+            assert!(
+                2 * v4.len() <= v3.len(),
+                "{src}: PE {}: {} against {}",
+                p.pe,
+                v4.len(),
+                v3.len()
+            );
+            largest = largest.max(v4.len());
+        }
+        if src == shared128 {
+            assert!(largest <= 16 << 10, "{src}: {largest} bytes");
+        }
+    }
+}

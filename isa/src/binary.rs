@@ -62,19 +62,31 @@ impl Layout {
     }
 }
 
-const F_OP_DST: u8 = 1 << 0;
-const F_ACC: u8 = 1 << 1;
-const F_ACC_ZERO: u8 = 1 << 2;
-const F_ACC_DST: u8 = 1 << 3;
-const F_XFER: u8 = 1 << 4;
-const F_XFER_ACC: u8 = 1 << 5;
+// The flags byte; the loop format's version 4 reuses it, and which fields it says are present.
+pub(crate) const F_OP_DST: u8 = 1 << 0;
+pub(crate) const F_ACC: u8 = 1 << 1;
+pub(crate) const F_ACC_ZERO: u8 = 1 << 2;
+pub(crate) const F_ACC_DST: u8 = 1 << 3;
+pub(crate) const F_XFER: u8 = 1 << 4;
+pub(crate) const F_XFER_ACC: u8 = 1 << 5;
 const F_ALL: u8 = F_OP_DST | F_ACC | F_ACC_ZERO | F_ACC_DST | F_XFER | F_XFER_ACC;
 
 /// Why a program cannot be encoded: a count the header holds in 32 bits is
-/// larger (about 128 GiB of bundles; no program attnc makes comes near).
+/// larger (about 128 GiB of bundles; no program attnc makes comes near), or
+/// a value of a loop program is beyond its field in the record (a loop level
+/// above 7 or more than 255 terms on a bundle: programs validation refuses
+/// anyway, or more than 255 predicates on one bundle).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum EncodeError {
-    TooLarge { what: &'static str, count: u64 },
+    TooLarge {
+        what: &'static str,
+        count: u64,
+    },
+    OutOfRange {
+        what: &'static str,
+        value: u64,
+        max: u64,
+    },
 }
 
 impl fmt::Display for EncodeError {
@@ -83,6 +95,10 @@ impl fmt::Display for EncodeError {
             EncodeError::TooLarge { what, count } => write!(
                 f,
                 "{count} {what}: more than the 32-bit count of the binary header holds"
+            ),
+            EncodeError::OutOfRange { what, value, max } => write!(
+                f,
+                "{what} is {value}, more than the {max} its field in the binary record holds"
             ),
         }
     }
@@ -116,7 +132,9 @@ impl fmt::Display for DecodeError {
             DecodeError::BadMagic => f.write_str("not an attnc ISA binary (bad magic)"),
             DecodeError::UnsupportedVersion(version) => write!(
                 f,
-                "unsupported format version {version} (this decoder reads versions 1 to {FORMAT_VERSION})"
+                "unsupported format version {version} (flat programs are versions 1 to {FORMAT_VERSION}, loop programs {} and {})",
+                crate::looped_binary::v3::VERSION,
+                crate::looped_binary::v4::VERSION
             ),
             DecodeError::Truncated => f.write_str("truncated input"),
             DecodeError::ChecksumMismatch => f.write_str("checksum mismatch (corrupted input)"),

@@ -29,7 +29,7 @@ pub use looped::{
     Cmp, CountStep, Field, FlattenError, LBundle, Loop, LoopError, LoopProgram, Node, Pred, Slot,
     Term, LOOP_FORMAT_VERSION, MAX_LOOP_DEPTH,
 };
-pub use looped_binary::{decode_any, decode_looped, encode_looped};
+pub use looped_binary::{decode_any, decode_looped, encode_looped, LOOP_BINARY_VERSION};
 pub use looped_exec::{LoopLoadError, LoopMachine};
 pub use looped_text::{parse_any, parse_looped, AnyProgram};
 pub use machine::{

@@ -14,8 +14,9 @@ use std::fmt;
 
 use crate::inst::{Acc, AccSrc, Addr, Arith, Bundle, Op, Program, Xfer, XferSrc};
 
-/// Version number of the loop formats (text `.format 3`, binary version 3),
-/// after the flat formats 1 and 2.
+/// Version number of the loop formats' text form (`.format 3`), after the flat
+/// formats 1 and 2. Their binary form is written as version 4
+/// ([`crate::LOOP_BINARY_VERSION`]); binary version 3 stays readable.
 pub const LOOP_FORMAT_VERSION: u16 = 3;
 /// Deepest allowed loop nesting. Eight levels cover heads × ring steps ×
 /// rows × blocks × columns with room to spare while keeping an index vector
@@ -298,9 +299,12 @@ impl LBundle {
     }
 
     /// The hull of `f` with loop level `l`'s index in `range(l)` = `[first, end)`, not empty.
+    /// Each term reaches nearly ±2^63 (an i32 stride times a u32 index), so a few of them
+    /// overflow i64: the sums are exact in i128 and clamped to i64, which keeps every
+    /// comparison with the address space exact (a wrapped sum could look in range).
     fn hull_within(&self, f: Field, range: impl Fn(usize) -> (u32, u32)) -> Option<(i64, i64)> {
         let base = field(&self.bundle, f)?;
-        let (mut lo, mut hi) = (i64::from(base), i64::from(base));
+        let (mut lo, mut hi) = (i128::from(base), i128::from(base));
         for t in self.terms.iter().filter(|t| t.field == f) {
             let (first, end) = range(usize::from(t.level));
             let (a, b) = if t.wrap == 0 {
@@ -317,13 +321,14 @@ impl LBundle {
                 }
             };
             let (x, y) = (
-                i64::from(t.stride) * i64::from(a),
-                i64::from(t.stride) * i64::from(b),
+                i128::from(t.stride) * i128::from(a),
+                i128::from(t.stride) * i128::from(b),
             );
             lo += x.min(y);
             hi += x.max(y);
         }
-        Some((lo, hi))
+        let clamp = |v: i128| v.clamp(i64::MIN.into(), i64::MAX.into()) as i64;
+        Some((clamp(lo), clamp(hi)))
     }
 
     /// The flat bundle this template executes at loop indices `idx`.

@@ -1,275 +1,207 @@
-//! Binary form of format 3: the flat formats' header layout with version 3, a
-//! stream of variable-length records (loop open, loop close, bundle), and a
-//! CRC-32. Bundle records embed the 36-byte version-2 bundle record, so
-//! there is one definition of how a bundle's slots are encoded.
+//! Binary forms of loop programs. Version 4 ([`v4`]) is the one written: a dense record
+//! stream whose address fields are as wide as the program needs. Version 3 ([`v3`]), fixed
+//! 4-byte fields around embedded 36-byte bundle records, stays readable so that directories
+//! written before version 4 still run. Both share the flat formats' 28-byte header layout and
+//! trailing CRC-32, so one dispatch on the version field reads any attnc binary.
 //!
-//! Canonical like format 1: every reserved byte is zero and terms and
-//! predicates are in their sorted order, so `encode(decode(b)?) == b`.
+//! Both encodings are canonical: the decoder rejects every byte string that is not exactly
+//! what the encoder writes for the program it describes, so `encode(decode(b)?) == b`.
 
-use crate::binary::{
-    self, decode_record, encode_record, DecodeError, EncodeError, BUNDLE_BYTES_V2, CHECKSUM_BYTES,
-    HEADER_BYTES, MAGIC,
-};
-use crate::looped::{
-    Cmp, CountStep, Field, LBundle, Loop, LoopProgram, Node, Pred, Slot, Term, LOOP_FORMAT_VERSION,
-    MAX_LOOP_DEPTH,
-};
+pub mod v3;
+pub mod v4;
+
+use crate::binary::{self, DecodeError, CHECKSUM_BYTES, HEADER_BYTES, MAGIC};
+use crate::looped::{CountStep, LBundle, Loop, LoopProgram, Node, MAX_LOOP_DEPTH};
 use crate::looped_text::AnyProgram;
 
-const TAG_LOOP: u8 = 1;
-const TAG_END: u8 = 2;
-const TAG_BUNDLE: u8 = 3;
-/// Bytes of one affine term: field, level, 2 reserved, stride i32, wrap u32.
-const TERM_BYTES: usize = 12;
-/// Bytes of one predicate: slot, level, cmp, reserved, value u32.
-const PRED_BYTES: usize = 8;
+pub use v4::{encode_looped, encoded_len};
 
-/// Encodes a loop program; refuses a record stream over 4 GiB, which the
-/// header cannot count.
-pub fn encode_looped(p: &LoopProgram) -> Result<Vec<u8>, EncodeError> {
-    let mut recs = Vec::new();
-    fn body(out: &mut Vec<u8>, nodes: &[Node]) {
-        for n in nodes {
-            match n {
-                Node::Loop(l) => {
-                    // Byte 1: 0, or 1 + the level a stepped count follows; bytes 2–3: the step.
-                    let (level, per) = l.step.map_or((0, 0i16), |s| (s.level + 1, s.per));
-                    let [p0, p1] = per.to_le_bytes();
-                    out.extend_from_slice(&[TAG_LOOP, level, p0, p1]);
-                    out.extend_from_slice(&l.count.to_le_bytes());
-                    body(out, &l.body);
-                    out.extend_from_slice(&[TAG_END, 0, 0, 0]);
-                }
-                Node::Bundle(b) => {
-                    out.extend_from_slice(&[
-                        TAG_BUNDLE,
-                        b.terms.len().min(255) as u8,
-                        b.preds.len().min(255) as u8,
-                        0,
-                    ]);
-                    out.extend_from_slice(&encode_record(&b.bundle));
-                    for t in b.terms.iter().take(255) {
-                        out.extend_from_slice(&[t.field.code(), t.level, 0, 0]);
-                        out.extend_from_slice(&t.stride.to_le_bytes());
-                        out.extend_from_slice(&t.wrap.to_le_bytes());
-                    }
-                    for pr in b.preds.iter().take(255) {
-                        out.extend_from_slice(&[pr.slot as u8, pr.level, pr.cmp as u8, 0]);
-                        out.extend_from_slice(&pr.value.to_le_bytes());
-                    }
-                }
-            }
+/// The binary version attnc writes loop programs in.
+pub const LOOP_BINARY_VERSION: u16 = v4::VERSION;
+
+/// Decodes any attnc binary: a loop program of version 3 or 4, else a flat program (whose
+/// decoder reports versions it does not know).
+pub fn decode_any(bytes: &[u8]) -> Result<AnyProgram, DecodeError> {
+    match version_of(bytes) {
+        Some(v3::VERSION | v4::VERSION) => decode_looped(bytes).map(AnyProgram::Looped),
+        _ => binary::decode(bytes).map(AnyProgram::Flat),
+    }
+}
+
+/// Decodes a loop program of binary version 3 or 4 and validates it. `InvalidBundle`'s `index`
+/// is the byte offset of the offending record in the stream (for a rule of
+/// [`LoopProgram::validate`], the pre-order node index, named in the reason).
+pub fn decode_looped(bytes: &[u8]) -> Result<LoopProgram, DecodeError> {
+    let frame = Frame::read(bytes)?;
+    match frame.version {
+        v3::VERSION => v3::decode(&frame),
+        v4::VERSION => v4::decode(&frame),
+        v => Err(DecodeError::UnsupportedVersion(v)),
+    }
+}
+
+/// The version field of an input that starts with the magic.
+fn version_of(bytes: &[u8]) -> Option<u16> {
+    (bytes.get(..MAGIC.len())? == MAGIC).then_some(())?;
+    let v = bytes.get(8..10)?;
+    Some(u16::from_le_bytes([v[0], v[1]]))
+}
+
+/// The header and record stream of a loop binary whose magic, length and checksum are right.
+pub(crate) struct Frame<'a> {
+    pub version: u16,
+    /// Header bytes 10 and 11: reserved in version 3, the field widths in version 4.
+    pub widths: [u8; 2],
+    pub pe: u32,
+    pub pes: u32,
+    pub mem_words: u32,
+    pub records: &'a [u8],
+}
+
+impl<'a> Frame<'a> {
+    /// Checks, in order: magic, version (3 or 4, before anything else is read, since another
+    /// version lays out the rest differently), length against the header's record length,
+    /// checksum.
+    fn read(bytes: &'a [u8]) -> Result<Frame<'a>, DecodeError> {
+        if bytes.len() < MAGIC.len() {
+            return Err(if MAGIC.starts_with(bytes) {
+                DecodeError::Truncated
+            } else {
+                DecodeError::BadMagic
+            });
+        }
+        if bytes[..MAGIC.len()] != MAGIC {
+            return Err(DecodeError::BadMagic);
+        }
+        let version = version_of(bytes).ok_or(DecodeError::Truncated)?;
+        if version != v3::VERSION && version != v4::VERSION {
+            return Err(DecodeError::UnsupportedVersion(version));
+        }
+        let header = bytes.get(..HEADER_BYTES).ok_or(DecodeError::Truncated)?;
+        let [pe, pes, mem_words, len] = [12, 16, 20, 24].map(|at| u32_le(&header[at..at + 4]));
+        let expected = HEADER_BYTES as u64 + u64::from(len) + CHECKSUM_BYTES as u64;
+        if (bytes.len() as u64) < expected {
+            return Err(DecodeError::Truncated);
+        }
+        if bytes.len() as u64 > expected {
+            return Err(DecodeError::TrailingBytes);
+        }
+        let end = bytes.len() - CHECKSUM_BYTES;
+        if crc32fast::hash(&bytes[..end]) != u32_le(&bytes[end..]) {
+            return Err(DecodeError::ChecksumMismatch);
+        }
+        Ok(Frame {
+            version,
+            widths: [header[10], header[11]],
+            pe,
+            pes,
+            mem_words,
+            records: &bytes[HEADER_BYTES..end],
+        })
+    }
+
+    /// The program with `body` and this frame's header, not yet validated.
+    fn program(&self, body: Vec<Node>) -> LoopProgram {
+        LoopProgram {
+            pe: self.pe,
+            pes: self.pes,
+            mem_words: self.mem_words,
+            body,
         }
     }
-    body(&mut recs, &p.body);
-    let len = u32::try_from(recs.len()).map_err(|_| EncodeError::TooLarge {
-        what: "bytes of loop records",
-        count: recs.len() as u64,
-    })?;
-    let mut out = Vec::with_capacity(HEADER_BYTES + recs.len() + CHECKSUM_BYTES);
+
+    /// `p` if it passes [`LoopProgram::validate`].
+    fn validated(p: LoopProgram) -> Result<LoopProgram, DecodeError> {
+        p.validate().map_err(|e| DecodeError::InvalidBundle {
+            index: e.node,
+            reason: format!("node {}: {}", e.node, e.message),
+        })?;
+        Ok(p)
+    }
+}
+
+/// `bytes` (at most 4) as a little-endian unsigned number.
+pub(crate) fn u32_le(bytes: &[u8]) -> u32 {
+    bytes
+        .iter()
+        .rev()
+        .fold(0u32, |acc, &b| (acc << 8) | u32::from(b))
+}
+
+/// The header both versions write: magic, `version`, header bytes 10 and 11, pe, pes,
+/// mem_words and the record stream's byte length.
+pub(crate) fn header(p: &LoopProgram, version: u16, widths: [u8; 2], len: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_BYTES);
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&LOOP_FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&widths);
     for v in [p.pe, p.pes, p.mem_words, len] {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    out.extend_from_slice(&recs);
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    Ok(out)
+    out
 }
 
-/// The length [`encode_looped`] gives `p`, without encoding it.
-pub fn encoded_len(p: &LoopProgram) -> u64 {
-    fn body(nodes: &[Node]) -> u64 {
-        nodes
-            .iter()
-            .map(|n| match n {
-                // Open and end records.
-                Node::Loop(l) => 8 + 4 + body(&l.body),
-                Node::Bundle(b) => {
-                    (4 + BUNDLE_BYTES_V2
-                        + b.terms.len().min(255) * TERM_BYTES
-                        + b.preds.len().min(255) * PRED_BYTES) as u64
-                }
-            })
-            .sum()
-    }
-    (HEADER_BYTES + CHECKSUM_BYTES) as u64 + body(&p.body)
+/// `header`, `records` and the CRC-32 of both.
+pub(crate) fn seal(mut header: Vec<u8>, records: &[u8]) -> Vec<u8> {
+    header.reserve(records.len() + CHECKSUM_BYTES);
+    header.extend_from_slice(records);
+    let crc = crc32fast::hash(&header);
+    header.extend_from_slice(&crc.to_le_bytes());
+    header
 }
 
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+/// The loop tree as records open, fill and close it, in pre-order.
+pub(crate) struct Tree {
+    /// The open loops' counts, steps and bodies so far; the first entry is the program's body.
+    stack: Vec<(u32, Option<CountStep>, Vec<Node>)>,
 }
 
-/// Decodes either binary format, dispatching on the version field.
-pub fn decode_any(bytes: &[u8]) -> Result<AnyProgram, DecodeError> {
-    if bytes.len() >= 10 && bytes[..8] == MAGIC && bytes[8..10] == LOOP_FORMAT_VERSION.to_le_bytes()
-    {
-        return decode_looped(bytes).map(AnyProgram::Looped);
-    }
-    binary::decode(bytes).map(AnyProgram::Flat)
-}
-
-/// Decodes a format-3 binary and validates the program. `InvalidBundle`'s
-/// `index` is the byte offset of the offending record in the stream.
-pub fn decode_looped(bytes: &[u8]) -> Result<LoopProgram, DecodeError> {
-    if bytes.len() < MAGIC.len() {
-        return Err(if MAGIC.starts_with(bytes) {
-            DecodeError::Truncated
-        } else {
-            DecodeError::BadMagic
-        });
-    }
-    if bytes[..MAGIC.len()] != MAGIC {
-        return Err(DecodeError::BadMagic);
-    }
-    let version = bytes
-        .get(8..10)
-        .map(|v| u16::from_le_bytes([v[0], v[1]]))
-        .ok_or(DecodeError::Truncated)?;
-    if version != LOOP_FORMAT_VERSION {
-        return Err(DecodeError::UnsupportedVersion(version));
-    }
-    if bytes.len() < HEADER_BYTES {
-        return Err(DecodeError::Truncated);
-    }
-    let reserved = u16::from_le_bytes([bytes[10], bytes[11]]);
-    let [pe, pes, mem_words, len] = [12, 16, 20, 24].map(|at| u32_at(bytes, at).unwrap_or(0));
-    let expected = HEADER_BYTES as u64 + u64::from(len) + CHECKSUM_BYTES as u64;
-    if (bytes.len() as u64) < expected {
-        return Err(DecodeError::Truncated);
-    }
-    if bytes.len() as u64 > expected {
-        return Err(DecodeError::TrailingBytes);
-    }
-    let end = bytes.len() - CHECKSUM_BYTES;
-    if crc32fast::hash(&bytes[..end]) != u32_at(bytes, end).unwrap_or(0) {
-        return Err(DecodeError::ChecksumMismatch);
-    }
-    if reserved != 0 {
-        return Err(DecodeError::InvalidHeader {
-            reason: format!("reserved field is {reserved:#06x}, must be 0"),
-        });
-    }
-    let recs = &bytes[HEADER_BYTES..end];
-    let mut stack: Vec<(u32, Option<CountStep>, Vec<Node>)> = vec![(1, None, Vec::new())];
-    let mut at = 0usize;
-    while at < recs.len() {
-        let bad = |reason: String| DecodeError::InvalidBundle { index: at, reason };
-        let head = recs
-            .get(at..at + 4)
-            .ok_or_else(|| bad("record header cut off".into()))?;
-        match head[0] {
-            TAG_LOOP => {
-                let per = i16::from_le_bytes([head[2], head[3]]);
-                let step = match (head[1], per) {
-                    (0, 0) => None,
-                    (0, _) | (_, 0) => {
-                        return Err(bad(
-                            "a loop record's step level and step must both be zero or both not"
-                                .into(),
-                        ))
-                    }
-                    (l, per) => Some(CountStep { level: l - 1, per }),
-                };
-                let count =
-                    u32_at(recs, at + 4).ok_or_else(|| bad("loop record cut off".into()))?;
-                // The depth limit is checked here too so that a hostile file
-                // cannot build an unbounded stack before validation.
-                if stack.len() > MAX_LOOP_DEPTH {
-                    return Err(bad(format!("loops nested deeper than {MAX_LOOP_DEPTH}")));
-                }
-                stack.push((count, step, Vec::new()));
-                at += 8;
-            }
-            TAG_END => {
-                if head[1..] != [0, 0, 0] {
-                    return Err(bad("non-zero reserved bytes in an end record".into()));
-                }
-                if stack.len() == 1 {
-                    return Err(bad("loop end without an open loop".into()));
-                }
-                if let Some((count, step, body)) = stack.pop() {
-                    if let Some(top) = stack.last_mut() {
-                        top.2.push(Node::Loop(Loop { count, step, body }));
-                    }
-                }
-                at += 4;
-            }
-            TAG_BUNDLE => {
-                if head[3] != 0 {
-                    return Err(bad("non-zero reserved byte in a bundle record".into()));
-                }
-                let (nt, np) = (usize::from(head[1]), usize::from(head[2]));
-                let size = 4 + BUNDLE_BYTES_V2 + nt * TERM_BYTES + np * PRED_BYTES;
-                let rec = recs
-                    .get(at..at + size)
-                    .ok_or_else(|| bad("bundle record cut off".into()))?;
-                let bundle = decode_record(&rec[4..4 + BUNDLE_BYTES_V2]).map_err(&bad)?;
-                let mut terms = Vec::with_capacity(nt);
-                for k in 0..nt {
-                    let t = &rec[4 + BUNDLE_BYTES_V2 + k * TERM_BYTES..][..TERM_BYTES];
-                    let field = Field::from_code(t[0])
-                        .ok_or_else(|| bad(format!("unknown address field {}", t[0])))?;
-                    if t[2] != 0 || t[3] != 0 {
-                        return Err(bad("non-zero reserved bytes in a term".into()));
-                    }
-                    terms.push(Term {
-                        field,
-                        level: t[1],
-                        stride: i32::from_le_bytes([t[4], t[5], t[6], t[7]]),
-                        wrap: u32::from_le_bytes([t[8], t[9], t[10], t[11]]),
-                    });
-                }
-                let mut preds = Vec::with_capacity(np);
-                for k in 0..np {
-                    let p = &rec[4 + BUNDLE_BYTES_V2 + nt * TERM_BYTES + k * PRED_BYTES..]
-                        [..PRED_BYTES];
-                    let slot = *Slot::ALL
-                        .get(usize::from(p[0]))
-                        .ok_or_else(|| bad(format!("unknown predicate slot {}", p[0])))?;
-                    let cmp = *Cmp::ALL
-                        .get(usize::from(p[2]))
-                        .ok_or_else(|| bad(format!("unknown comparison {}", p[2])))?;
-                    if p[3] != 0 {
-                        return Err(bad("non-zero reserved byte in a predicate".into()));
-                    }
-                    preds.push(Pred {
-                        slot,
-                        level: p[1],
-                        cmp,
-                        value: u32::from_le_bytes([p[4], p[5], p[6], p[7]]),
-                    });
-                }
-                if let Some(top) = stack.last_mut() {
-                    top.2.push(Node::Bundle(LBundle {
-                        bundle,
-                        terms,
-                        preds,
-                    }));
-                }
-                at += size;
-            }
-            t => return Err(bad(format!("unknown record tag {t}"))),
+impl Tree {
+    pub fn new() -> Tree {
+        Tree {
+            stack: vec![(1, None, Vec::new())],
         }
     }
-    if stack.len() != 1 {
-        return Err(DecodeError::InvalidBundle {
-            index: recs.len(),
-            reason: "loop not closed at the end of the stream".into(),
-        });
+
+    /// Opens a loop. The depth limit is checked here, not only by validation, so that a hostile
+    /// file cannot build an unbounded stack first.
+    pub fn open(&mut self, count: u32, step: Option<CountStep>) -> Result<(), String> {
+        if self.stack.len() > MAX_LOOP_DEPTH {
+            return Err(format!("loops nested deeper than {MAX_LOOP_DEPTH}"));
+        }
+        self.stack.push((count, step, Vec::new()));
+        Ok(())
     }
-    let body = stack.pop().map(|s| s.2).unwrap_or_default();
-    let p = LoopProgram {
-        pe,
-        pes,
-        mem_words,
-        body,
-    };
-    p.validate().map_err(|e| DecodeError::InvalidBundle {
-        index: e.node,
-        reason: format!("node {}: {}", e.node, e.message),
-    })?;
-    Ok(p)
+
+    pub fn close(&mut self) -> Result<(), String> {
+        if self.stack.len() == 1 {
+            return Err("loop end without an open loop".into());
+        }
+        if let Some((count, step, body)) = self.stack.pop() {
+            self.push(Node::Loop(Loop { count, step, body }));
+        }
+        Ok(())
+    }
+
+    pub fn bundle(&mut self, b: LBundle) {
+        self.push(Node::Bundle(b));
+    }
+
+    fn push(&mut self, n: Node) {
+        if let Some(top) = self.stack.last_mut() {
+            top.2.push(n);
+        }
+    }
+
+    /// The program's body; `end` is the stream's length, the offset an unclosed loop is
+    /// reported at.
+    pub fn finish(mut self, end: usize) -> Result<Vec<Node>, DecodeError> {
+        if self.stack.len() != 1 {
+            return Err(DecodeError::InvalidBundle {
+                index: end,
+                reason: "loop not closed at the end of the stream".into(),
+            });
+        }
+        Ok(self.stack.pop().map(|s| s.2).unwrap_or_default())
+    }
 }

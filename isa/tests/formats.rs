@@ -226,7 +226,7 @@ fn wrong_magic_version_and_trailing_bytes() {
     assert_eq!(decode(&b), Err(DecodeError::UnsupportedVersion(3)));
     assert_eq!(
         decode(&b).unwrap_err().to_string(),
-        "unsupported format version 3 (this decoder reads versions 1 to 2)"
+        "unsupported format version 3 (flat programs are versions 1 to 2, loop programs 3 and 4)"
     );
 
     let mut b = good.clone();

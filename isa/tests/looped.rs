@@ -1,4 +1,4 @@
-//! Format 2: the native loop interpreter (cycle by cycle and in bulk)
+//! Format 3: the native loop interpreter (cycle by cycle and in bulk)
 //! against the flattened format-1 program on the format-1 machine, text and
 //! binary round trips, and rejection of malformed programs.
 
@@ -654,6 +654,23 @@ fn malformed_text_is_rejected_with_a_line() {
     assert_eq!(err("}\n"), "line 5:1: `}` without an open loop");
     assert!(err("mul m[0 + 1*i0], m1\n").contains("only 0 loop(s) enclose"));
     assert!(err("loop 4 {\nmul m[2 - 1*i0], m1\n}\n").contains("outside the address space"));
+    // Two terms of nearly -2^63 each: a sum that wrapped in 64 bits would look in range.
+    let wide = "loop 4294967295 {\nloop 4294967295 {\n\
+        nop | nop | send m[4294967295 - 2147483648*i0 - 2147483648*i1] -> m0\n}\n}\n";
+    assert!(
+        err(wide).contains("outside the address space"),
+        "{}",
+        err(wide)
+    );
+    let wide = wide.replace(
+        "4294967295 - 2147483648*i0 - 2147483648*i1",
+        "0 + 2147483647*i0 + 2147483647*i1",
+    );
+    assert!(
+        err(&wide).contains("outside the address space"),
+        "{}",
+        err(&wide)
+    );
     assert!(err("loop 4 {\nmul m[2 + 1*i0 + 2*i0], m1\n}\n").contains("i0 appears twice"));
     assert!(err("loop 4 {\nmul m[1*(i0 % 1)], m1\n}\n").contains("wrap 1"));
     assert!(
@@ -678,34 +695,39 @@ fn malformed_text_is_rejected_with_a_line() {
 #[test]
 fn malformed_binary_is_rejected() {
     let p = parse_looped(".format 3\n.pe 1\n.pes 2\n.mem 8\nloop 3 {\nmul m[0 + 1*i0], m4 | add 0 | send acc -> m[4 + 1*i0] if i0 >= 1\n}\n").unwrap();
-    let good = encode_looped(&p).unwrap();
-    assert_eq!(decode_looped(&good).unwrap(), p);
-    for cut in 0..good.len() {
-        assert!(decode_looped(&good[..cut]).is_err());
-    }
-    // Every single-bit flip is caught (by the checksum or a field check).
-    for i in 0..good.len() {
-        for bit in 0..8 {
-            let mut b = good.clone();
-            b[i] ^= 1 << bit;
-            assert_ne!(
-                decode_looped(&b).ok(),
-                Some(p.clone()),
-                "byte {i} bit {bit}"
-            );
+    let written = encode_looped(&p).unwrap();
+    let old = isa::looped_binary::v3::encode(&p).unwrap();
+    for good in [&written, &old] {
+        assert_eq!(&decode_looped(good).unwrap(), &p);
+        for cut in 0..good.len() {
+            assert!(decode_looped(&good[..cut]).is_err());
+        }
+        // Every single-bit flip is caught (by the checksum or a field check).
+        for i in 0..good.len() {
+            for bit in 0..8 {
+                let mut b = good.clone();
+                b[i] ^= 1 << bit;
+                assert_ne!(
+                    decode_looped(&b).ok(),
+                    Some(p.clone()),
+                    "byte {i} bit {bit}"
+                );
+            }
         }
     }
-    // A zero trip count with a valid checksum is still refused.
-    let mut b = good.clone();
-    let at = 28 + 4;
-    b[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
-    let end = b.len() - 4;
-    let crc = crc32(&b[..end]);
-    b[end..].copy_from_slice(&crc.to_le_bytes());
-    assert!(decode_looped(&b)
-        .unwrap_err()
-        .to_string()
-        .contains("at least 1"));
+    // A zero trip count with a valid checksum is still refused: in version 4 the loop-open
+    // record's one count byte, in version 3 its u32 at offset 4.
+    for (good, at, width) in [(&written, 28 + 1, 1), (&old, 28 + 4, 4)] {
+        let mut b = good.clone();
+        b[at..at + width].fill(0);
+        let end = b.len() - 4;
+        let crc = crc32(&b[..end]);
+        b[end..].copy_from_slice(&crc.to_le_bytes());
+        assert!(decode_looped(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1"));
+    }
 }
 
 fn crc32(bytes: &[u8]) -> u32 {
@@ -920,4 +942,27 @@ fn dot_products_interleaved_across_iterations_match_with_strides_sends_and_fault
         side > 1000,
         "dot products ran side by side for {side} PE-cycles"
     );
+}
+
+/// A dot product whose send reads the running sum's own word: each step's send carries the sum
+/// as it was at the start of that step, as the flat machine reads it, in bulk too.
+#[test]
+fn a_send_of_the_running_sum_carries_each_steps_value() {
+    // The random ring that found it: one step, the sum sent as it is accumulated.
+    check(&case(14965313876937140416, 0));
+}
+
+#[test]
+fn a_looped_send_of_the_running_sum_carries_each_steps_value() {
+    let text = |pe: u32| {
+        format!(
+            ".format 3\n.pe {pe}\n.pes 2\n.mem 24\n\
+             loop 6 {{\n    mul m[0 + 1*i0], m[6 + 1*i0] | add m12 -> m12 | send m12 -> m[13 + 1*i0]\n}}\n"
+        )
+    };
+    let progs: Vec<LoopProgram> = (0..2).map(|pe| parse_looped(&text(pe)).unwrap()).collect();
+    let preloads = (0..2)
+        .flat_map(|pe| (0..13).map(move |a| (pe, a, (a as f32 - 5.5) / (3.0 + pe as f32))))
+        .collect();
+    check(&Case { progs, preloads });
 }

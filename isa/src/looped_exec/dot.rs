@@ -66,12 +66,27 @@ pub(super) fn dot_of(plan: &Plan) -> Option<Dot> {
             src: XferSrc::Acc, ..
         } => return None,
     };
+    let s = pr[3]?.at(0);
+    // A chain stores its sum before its sends read their words, so a send that reads the
+    // sum's word in some step would carry the final sum instead of that step's running value.
+    if send.is_some_and(|(src, _)| reaches(src, s)) {
+        return None;
+    }
     Some(Dot {
         a: pr[0]?,
         b: pr[1]?,
-        s: pr[3]?.at(0),
+        s,
         send,
     })
+}
+
+/// Whether `pr` is at `word` in some step `t ≥ 0`.
+fn reaches(pr: Prog, word: usize) -> bool {
+    let gap = word as i64 - pr.addr;
+    match pr.stride {
+        0 => gap == 0,
+        k => gap % k == 0 && gap / k >= 0,
+    }
 }
 
 /// Runs one chain on its own: nothing to go side by side with, so each product is added as
