@@ -45,6 +45,18 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// The two tallies together (PEs counted apart).
+    pub(super) fn plus(&self, o: &Tally) -> Option<Tally> {
+        Some(Tally {
+            phase1_mul: self.phase1_mul.checked_add(o.phase1_mul)?,
+            phase3_mul: self.phase3_mul.checked_add(o.phase3_mul)?,
+            exp: self.exp.checked_add(o.exp)?,
+            div: self.div.checked_add(o.div)?,
+            max: self.max.checked_add(o.max)?,
+            rescale: self.rescale.checked_add(o.rescale)?,
+        })
+    }
+
     fn scaled(&self, k: u64) -> Option<Tally> {
         Some(Tally {
             phase1_mul: self.phase1_mul.checked_mul(k)?,
@@ -130,7 +142,7 @@ enum Others {
 
 /// Bounds on the proof's work: symbolic evaluation that keeps falling back to iteration by
 /// iteration is not going to scale, and a verifier must answer.
-const MAX_EVALUATIONS: u64 = 1_000_000;
+pub(super) const MAX_EVALUATIONS: u64 = 1_000_000;
 pub(super) const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The most iterations regrouped into one (`unroll`).
@@ -167,6 +179,9 @@ pub(super) struct Eval {
     /// step boundaries the contracts are pushed and the sends collected.
     pub(super) hooks: Vec<super::induct::Hook>,
     pub(super) induct: Option<Box<super::induct::State>>,
+    /// Limits shared with evaluations running beside this one (the per-PE induction's
+    /// workers), and this evaluation's PE among them.
+    pub(super) shared: Option<(std::sync::Arc<super::workers::Shared>, usize)>,
 }
 
 /// A fact's place in the log, for replacing it: base, strides and counts, remote.
@@ -209,7 +224,16 @@ impl Eval {
             per_pe,
             hooks: Vec::new(),
             induct: None,
+            shared: None,
         }
+    }
+
+    /// Returns the evaluations made since the count stood at `to` (a failed attempt's).
+    fn give_back(&mut self, to: u64) {
+        if let Some((s, _)) = &self.shared {
+            s.give_back(self.evaluations.saturating_sub(to));
+        }
+        self.evaluations = to;
     }
 
     /// The hook on `nodes`, when they are the body of a loop the per-step induction marks.
@@ -1030,15 +1054,27 @@ impl Eval {
 
     pub(super) fn bundle(&mut self, b: &LBundle, env: &[Ix]) -> R<()> {
         self.evaluations += 1;
+        // Evaluations running side by side count against one limit, not one each.
+        let total = match &self.shared {
+            Some((s, _)) => s.count_one(),
+            None => self.evaluations,
+        };
         // Attempts that fail give their evaluations back, so time is watched on all of them.
         self.attempted += 1;
-        if self.attempted.is_multiple_of(256) && std::time::Instant::now() > self.deadline {
-            return Err(Fail::Decline(format!(
-                "more than {} s of evaluation",
-                MAX_TIME.as_secs()
-            )));
+        if self.attempted.is_multiple_of(256) {
+            if std::time::Instant::now() > self.deadline {
+                return Err(Fail::Decline(format!(
+                    "more than {} s of evaluation",
+                    MAX_TIME.as_secs()
+                )));
+            }
+            if let Some((s, pe)) = &self.shared {
+                if s.stopped(*pe) {
+                    return Err(Fail::Decline("stopped: an earlier PE failed".into()));
+                }
+            }
         }
-        if self.evaluations > MAX_EVALUATIONS {
+        if total > MAX_EVALUATIONS {
             return Err(Fail::Decline(format!(
                 "more than {MAX_EVALUATIONS} bundle evaluations"
             )));
@@ -1218,7 +1254,7 @@ impl Eval {
             Err(Fail::Retry(why)) => {
                 self.truncate(mark);
                 self.tally = tally;
-                self.evaluations = evals;
+                self.give_back(evals);
                 env.truncate(level);
                 // At the edge a read ran into, if it was this loop's; otherwise one by one
                 // (cutting blindly costs more than it finds).
