@@ -119,7 +119,10 @@ fn the_induction_comes_to_the_same_on_one_worker_and_on_two() {
             let cut = text.find("time: ").expect("a time line");
             let rest = &text[cut..];
             let after = rest.find(';').expect("the time's end");
-            (format!("{}{}", &text[..cut], &rest[after..]), proof.evaluations)
+            (
+                format!("{}{}", &text[..cut], &rest[after..]),
+                proof.evaluations,
+            )
         };
         assert_eq!(report(1), report(2), "{what}");
     }

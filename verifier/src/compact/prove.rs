@@ -156,7 +156,7 @@ pub(super) struct Eval {
     online: bool,
     pub(super) facts: Vec<Option<Fact>>,
     pub(super) keys: HashMap<Key, usize>,
-    pub(super) counts: HashMap<Var, u64>,
+    pub(super) counts: Counts,
     next_var: Var,
     next_loop: u32,
     pub(super) loops: Vec<Active>,
@@ -184,6 +184,33 @@ pub(super) struct Eval {
     pub(super) shared: Option<(std::sync::Arc<super::workers::Shared>, usize)>,
 }
 
+/// The range of every index variable (`count` values from 0), by variable: they are handed out
+/// in order from [`BINDERS`], so a vector holds them (range bounds are looked up for every
+/// address a read compares).
+#[derive(Default)]
+pub(super) struct Counts {
+    by_var: Vec<Option<u64>>,
+}
+
+impl Counts {
+    pub(super) fn get(&self, v: &Var) -> Option<&u64> {
+        let i = v.checked_sub(BINDERS)? as usize;
+        self.by_var.get(i)?.as_ref()
+    }
+
+    /// Variables are handed out from [`BINDERS`] up; a binder has no range here.
+    fn insert(&mut self, v: Var, count: u64) {
+        let Some(i) = v.checked_sub(BINDERS) else {
+            return;
+        };
+        let i = i as usize;
+        if self.by_var.len() <= i {
+            self.by_var.resize(i + 1, None);
+        }
+        self.by_var[i] = Some(count);
+    }
+}
+
 /// A fact's place in the log, for replacing it: base, strides and counts, remote.
 pub(super) type Key = (Aff, Vec<(i64, u64)>, bool);
 
@@ -208,7 +235,7 @@ impl Eval {
             online: true,
             facts: Vec::new(),
             keys: HashMap::default(),
-            counts: HashMap::default(),
+            counts: Counts::default(),
             next_var: BINDERS,
             next_loop: 0,
             loops: Vec::new(),
