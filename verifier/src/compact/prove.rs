@@ -107,6 +107,8 @@ pub(super) struct Fact {
     havoc: bool,
     lo: i64,
     hi: i64,
+    /// The words as one address over the coordinates, `base + Σ stride·x`.
+    words: Aff,
 }
 
 /// A loop index: a known value, or `var + offset` for a loop (or a piece of one, from
@@ -335,7 +337,12 @@ impl Eval {
             hi += s * (n as i64 - 1);
         }
         lo = lo.min(hi);
+        let mut words = base.clone();
+        for &(v, s, _) in &dims {
+            words = words.add_term(v, s);
+        }
         Ok(Fact {
+            words,
             base,
             dims,
             value,
@@ -682,14 +689,23 @@ impl Eval {
         if ab.1 < f.lo || ab.0 > f.hi {
             return Err(true);
         }
-        let d = addr.minus(&f.base);
-        let undecided = |e: &Self| {
-            let mut words = f.base.clone();
-            for &(v, s, _) in &f.dims {
-                words = words.add_term(v, s);
+        // The read's distance to the fact's words, over all their values at once: when it
+        // excludes 0 the read misses every word, which is what the test below comes to then
+        // (it starts with these bounds), without solving for coordinates. Only when the
+        // coordinates are the fact's own (not also the read's or the base's variables): the
+        // distance is then 0 wherever the coordinates equal a solution, so a fact that holds
+        // the read never gets here.
+        let off = addr.minus(&f.words);
+        let own = |a: &Aff| f.dims.iter().all(|&(v, _, _)| a.coef(v) == 0);
+        if own(addr) && own(&f.base) {
+            if let Some((lo, hi)) = self.bounds(&off) {
+                if lo > 0 || hi < 0 {
+                    return Err(true);
+                }
             }
-            Err(e.never_zero(&addr.minus(&words), None))
-        };
+        }
+        let d = addr.minus(&f.base);
+        let undecided = |e: &Self| Err(e.never_zero(&off, None));
         let Some((sol, c)) = coords(f, &d) else {
             return undecided(self);
         };
@@ -788,7 +804,8 @@ impl Eval {
             };
             for i in (bottom..top).rev() {
                 let Some(f) = &self.facts[i] else { continue };
-                if f.remote {
+                // Most facts lie elsewhere: the interval test `hit` starts with, before a call.
+                if f.remote || ab.1 < f.lo || ab.0 > f.hi {
                     continue;
                 }
                 match self.hit(f, addr, ab) {
