@@ -695,17 +695,17 @@ impl Eval {
         // coordinates are the fact's own (not also the read's or the base's variables): the
         // distance is then 0 wherever the coordinates equal a solution, so a fact that holds
         // the read never gets here.
-        let off = addr.minus(&f.words);
         let own = |a: &Aff| f.dims.iter().all(|&(v, _, _)| a.coef(v) == 0);
         if own(addr) && own(&f.base) {
-            if let Some((lo, hi)) = self.bounds(&off) {
+            let count = |v| self.counts.get(&v).copied();
+            if let Some((lo, hi)) = addr.bounds_of_difference(&f.words, &count) {
                 if lo > 0 || hi < 0 {
                     return Err(true);
                 }
             }
         }
         let d = addr.minus(&f.base);
-        let undecided = |e: &Self| Err(e.never_zero(&off, None));
+        let undecided = |e: &Self| Err(e.never_zero(&addr.minus(&f.words), None));
         let Some((sol, c)) = coords(f, &d) else {
             return undecided(self);
         };
