@@ -735,6 +735,9 @@ fn step<'a>(
     }
     eval_item(e, &it, Some(head_var))?;
     w.at += lengths.item(&it);
+    // Between items no failed attempt restores the log: facts newer ones cover word for word
+    // can go (no read can reach them), and every later read would scan past them.
+    e.forget_shadowed();
     Ok(())
 }
 
@@ -813,6 +816,8 @@ fn alternating<'a>(
     let r = e.lp(&pairs, &mut ix);
     e.hooks.pop();
     r?;
+    // As after any item.
+    e.forget_shadowed();
     for k in 0..2 * q {
         w.starts[t].insert(hop0 + k as i64, w.at + k * len);
     }
