@@ -88,3 +88,55 @@ fn gpt2_small_on_64_pes_is_proved_by_induction() {
     eprintln!("{proof}\n({:?})", t.elapsed());
     assert!(proof.proved(), "{proof}");
 }
+
+/// The PEs are evaluated apart, each from a fresh state, so the proof comes to the same on any
+/// number of worker threads: the operation counts, the evaluations, the expressions and the
+/// report, and on a ring whose sends miss the contract the same failure (the lowest PE's).
+#[test]
+fn the_induction_comes_to_the_same_on_one_worker_and_on_two() {
+    for (n, d, h, m) in [(128, 4, 2, 8), (96, 2, 3, 6)] {
+        let src = source(n, d, h);
+        let (loops, man) = compile(&src, m);
+        let what = format!("{src} on {m} PEs");
+        let one = verifier::compact::induct::evaluate_on(&loops, &man, 1)
+            .unwrap_or_else(|why| panic!("{what}, one worker: {why}"));
+        let two = verifier::compact::induct::evaluate_on(&loops, &man, 2)
+            .unwrap_or_else(|why| panic!("{what}, two workers: {why}"));
+        assert_eq!(one.wrong_count, 0, "{what}: {:?}", one.wrong);
+        assert_eq!(one.ops, two.ops, "{what}");
+        assert_eq!(one.evaluations, two.evaluations, "{what}");
+        assert_eq!(one.expressions, two.expressions, "{what}");
+        assert_eq!(one.wrong, two.wrong, "{what}");
+        let report = |threads| {
+            let opts = verifier::Options {
+                threads,
+                ..Default::default()
+            };
+            let proof = verifier::compact::prove_loops_by_induction(&loops, &man, &opts);
+            assert!(proof.proved(), "{what} on {threads} worker(s): {proof}");
+            // Everything but the time it took.
+            let text = proof.to_string();
+            let cut = text.find("time: ").expect("a time line");
+            let rest = &text[cut..];
+            let after = rest.find(';').expect("the time's end");
+            (
+                format!("{}{}", &text[..cut], &rest[after..]),
+                proof.evaluations,
+            )
+        };
+        assert_eq!(report(1), report(2), "{what}");
+    }
+    let (loops, man) = compile(&source(128, 4, 2), 8);
+    let mut moved = loops.clone();
+    let mut done = false;
+    shift_first_send(&mut moved[5].body, &mut done);
+    assert!(done, "PE 5 sends nothing");
+    let one = verifier::compact::induct::evaluate_on(&moved, &man, 1);
+    let two = verifier::compact::induct::evaluate_on(&moved, &man, 2);
+    let why = one.expect_err("a send moved by a word is proved on one worker");
+    assert_eq!(
+        Err::<(), _>(why),
+        two.map(|_| ()),
+        "one worker and two fail differently"
+    );
+}

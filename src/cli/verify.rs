@@ -12,6 +12,10 @@ pub struct VerifyArgs {
     /// Violations listed per invariant (all are counted)
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub max_violations: usize,
+    /// Worker threads for proofs that evaluate PEs apart (0: one per available core); the
+    /// verdict and the report are the same for any number
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub threads: usize,
 }
 
 pub fn run(args: &VerifyArgs) -> Result<(), String> {
@@ -19,6 +23,7 @@ pub fn run(args: &VerifyArgs) -> Result<(), String> {
     let opts = verifier::Options {
         max_per_invariant: args.max_violations,
         max_listed: args.max_violations.saturating_mul(5),
+        threads: args.threads,
         ..Default::default()
     };
     let bundles: u64 = loaded.loops.iter().map(|p| p.cycles()).sum();

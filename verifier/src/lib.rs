@@ -116,6 +116,10 @@ pub struct Options {
     /// Require exactly the necessary operations even when the manifest declares more (see
     /// `op-count` in the crate documentation).
     pub exact_ops: bool,
+    /// Worker threads of the proofs that evaluate PEs apart (the per-PE induction of loop
+    /// programs, `compact::induct`): 0 is the machine's available parallelism. The verdict and
+    /// the report are the same for any number.
+    pub threads: usize,
 }
 
 impl Default for Options {
@@ -125,6 +129,7 @@ impl Default for Options {
             max_listed: 50,
             style: Style::default(),
             exact_ops: false,
+            threads: 0,
         }
     }
 }

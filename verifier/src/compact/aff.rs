@@ -108,6 +108,44 @@ impl Aff {
         self.t.is_empty().then_some(self.c)
     }
 
+    /// [`Aff::bounds`] of `self − o`, without building it: the terms are merged as
+    /// [`Aff::minus`] merges them, a coefficient that cancels contributing nothing.
+    pub fn bounds_of_difference(
+        &self,
+        o: &Aff,
+        count: &impl Fn(Var) -> Option<u64>,
+    ) -> Option<(i64, i64)> {
+        let c = self.c - o.c;
+        let (mut lo, mut hi) = (c, c);
+        let mut add = |v: Var, k: i64| -> Option<()> {
+            if k == 0 {
+                return Some(());
+            }
+            let n = count(v)?;
+            let top = i64::try_from(n.checked_sub(1)?).ok()?;
+            let x = k.checked_mul(top)?;
+            lo = lo.checked_add(x.min(0))?;
+            hi = hi.checked_add(x.max(0))?;
+            Some(())
+        };
+        let (a, b) = (&self.t, &o.t);
+        let (mut i, mut j) = (0, 0);
+        while i < a.len() || j < b.len() {
+            if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {
+                add(a[i].0, a[i].1)?;
+                i += 1;
+            } else if i == a.len() || b[j].0 < a[i].0 {
+                add(b[j].0, -b[j].1)?;
+                j += 1;
+            } else {
+                add(a[i].0, a[i].1 - b[j].1)?;
+                i += 1;
+                j += 1;
+            }
+        }
+        Some((lo, hi))
+    }
+
     /// Smallest and largest value over the variables' ranges (`count(v)` values from 0), or
     /// `None` if a variable has no known range.
     pub fn bounds(&self, count: &impl Fn(Var) -> Option<u64>) -> Option<(i64, i64)> {
@@ -139,5 +177,11 @@ mod tests {
         assert_eq!(c.minus(&a).minus(&a.scaled(-1)), c);
         assert_eq!(c.minus(&c), Aff::cst(0));
         assert_eq!(c.minus(&Aff::var(3)).coef(3), 1);
+        for (x, y) in [(&a, &b), (&b, &a), (&a, &a), (&c, &a), (&a, &c)] {
+            assert_eq!(x.bounds_of_difference(y, &count), x.minus(y).bounds(&count));
+        }
+        let partial = |v: Var| (v != 3).then_some(8);
+        assert_eq!(c.bounds_of_difference(&a, &partial), None);
+        assert_eq!(c.bounds_of_difference(&c, &partial), Some((0, 0)));
     }
 }

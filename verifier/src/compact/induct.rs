@@ -25,11 +25,11 @@
 
 use super::aff::{Aff, Var};
 use super::contract::{discharge, owed, pieces, Block, Need, Piece};
-use super::prove::{tensor_layout, Eval, Evaluated, Fact, Fail, Ix, R};
+use super::prove::{tensor_layout, Eval, Evaluated, Fact, Fail, Ix, Tally, R};
 use super::ring::{
-    compare, eval_item, extents, head_loops, meet, runs, split, strided_extents, swap, Ext, Item,
-    Lengths, Pe,
+    compare, eval_item, extents, head_loops, meet, runs, split, strided_extents, Ext, Item, Lengths,
 };
+use super::workers::{count, in_order, Shared};
 use crate::expr::FxMap as HashMap;
 use isa::{Loop, LoopProgram, Node};
 use runtime::manifest::Manifest;
@@ -320,28 +320,59 @@ pub fn applies(programs: &[LoopProgram], m: &Manifest) -> Result<(), String> {
 type Starts = Vec<HashMap<i64, u64>>;
 
 /// Evaluates every PE alone with its steps proved by induction (the module documentation), and
-/// compares every output row with the specification. `Err` says why the proof does not
-/// cover the programs; it claims nothing either way.
+/// compares every output row with the specification, on as many workers as the machine has.
+/// `Err` says why the proof does not cover the programs; it claims nothing either way.
 pub fn evaluate(programs: &[LoopProgram], m: &Manifest) -> Result<Evaluated, String> {
-    evaluate_until(programs, m, None)
+    evaluate_until(programs, m, None, 0)
+}
+
+/// As [`evaluate`] on `workers` threads (0: as many as the machine has): the result is the same
+/// for any number.
+pub fn evaluate_on(
+    programs: &[LoopProgram],
+    m: &Manifest,
+    workers: usize,
+) -> Result<Evaluated, String> {
+    evaluate_until(programs, m, None, workers)
+}
+
+/// What the evaluation of every PE needs, the same for all.
+struct Ring<'a> {
+    programs: &'a [LoopProgram],
+    m: &'a Manifest,
+    heads: Vec<&'a Loop>,
+    need: Need,
+    blocks: Vec<Block>,
+    rows: u32,
+    y: runtime::manifest::Layout,
+    outputs: Vec<Vec<(i64, i64, u64)>>,
+    deadline: Option<std::time::Instant>,
+}
+
+/// What one PE's evaluation came to.
+struct Done {
+    ops: Tally,
+    wrong: Vec<String>,
+    wrong_count: usize,
+    evaluations: u64,
+    expressions: usize,
+    starts: Starts,
+    pushed: Vec<BTreeSet<i64>>,
+    discharged: Vec<BTreeSet<i64>>,
 }
 
 /// [`evaluate`] within the time bound `until` when given (another proof already spent part of
-/// the bound).
+/// the bound), on `workers` threads (0: the machine's available parallelism). The bounds on
+/// evaluations and time are those of one proof, shared by all workers.
 pub(super) fn evaluate_until(
     programs: &[LoopProgram],
     m: &Manifest,
     until: Option<std::time::Instant>,
+    workers: usize,
 ) -> Result<Evaluated, String> {
     applies(programs, m)?;
     let hs = head_loops(programs).ok_or("no head loop")?;
-    let l = &m.layer;
-    let (heads, tokens, dim) = (i64::from(l.heads), i64::from(l.tokens), i64::from(l.dim));
     let pes = programs.len();
-    let need = Need::from_manifest(m)?;
-    let why = |f: Fail| match f {
-        Fail::Retry(why) | Fail::Decline(why) => why,
-    };
     let mut blocks = Vec::new();
     for name in ["k", "v"] {
         blocks.push(Block::from_manifest(m, name)?);
@@ -350,81 +381,43 @@ pub(super) fn evaluate_until(
     if blocks[1].at[0].rows_per_pe != rows {
         return Err("keys and values dealt differently".into());
     }
-    let mut e = Eval::new(0, tokens, true);
-    if let Some(t) = until {
-        e.deadline = t;
-    }
-    e.tm.seed_budgets(m.pes);
-    let head_var = e.fresh(u64::from(l.heads));
-    let head = Aff::var(head_var);
-    let mut lengths = Lengths::default();
-    let mut starts: Vec<Starts> = Vec::new();
-    let mut pushed: Vec<Vec<BTreeSet<i64>>> = Vec::new();
-    let mut discharged: Vec<Vec<BTreeSet<i64>>> = Vec::new();
-    let mut wrong = Vec::new();
-    let mut wrong_count = 0;
     let y = tensor_layout(m, "y")?;
-    let outputs = runs(&y, m.pes, l.tokens);
-    for p in 0..pes {
-        let mut pe = Pe::default();
-        swap(&mut e, &mut pe);
-        let st = State {
-            blocks: blocks
-                .iter()
-                .map(|b| {
-                    let mine = pieces(&b.at[0], m.pes, l.tokens, p as u32, &need)?;
-                    let next = pieces(&b.at[0], m.pes, l.tokens, ((p + 1) % pes) as u32, &need)?;
-                    Ok((*b, mine, next))
-                })
-                .collect::<Result<_, String>>()?,
-            head: head.clone(),
-            heads: l.heads,
-            rows,
-            pushed: vec![BTreeSet::new(); 2],
-            discharged: vec![BTreeSet::new(); 2],
-        };
-        e.induct = Some(Box::new(st));
-        let r = one_pe(&mut e, m, p, hs[p], head_var, &mut lengths);
-        let st = e.induct.take();
-        e.hooks.clear();
-        let mine = match r {
-            Ok(s) => s,
-            Err(f) => {
-                swap(&mut e, &mut pe);
-                return Err(format!("PE {p}: {}", why(f)));
-            }
-        };
-        let Some(st) = st else {
-            swap(&mut e, &mut pe);
-            return Err("the induction's state".into());
-        };
-        starts.push(mine);
-        pushed.push(st.pushed);
-        discharged.push(st.discharged);
-
-        let r = compare(
-            &mut e,
-            p,
-            &outputs[p],
-            &y,
-            (heads, tokens, dim),
-            l.mask == "causal",
-            l.scale as f32,
-            l.softmax == "safe",
-        );
-        swap(&mut e, &mut pe);
-        let (w, n) = r.map_err(why)?;
-        wrong_count += n;
-        for x in w {
+    let ring = Ring {
+        programs,
+        m,
+        outputs: runs(&y, m.pes, m.layer.tokens),
+        heads: hs,
+        need: Need::from_manifest(m)?,
+        blocks,
+        rows,
+        y,
+        deadline: until,
+    };
+    let shared = Shared::new();
+    let done = in_order(
+        pes,
+        count(workers, pes),
+        &shared,
+        Lengths::default,
+        |lengths, p| one_pe_proved(&ring, &shared, lengths, p),
+    )?;
+    let mut ops = Tally::default();
+    let (mut wrong, mut wrong_count, mut evaluations, mut expressions) = (Vec::new(), 0, 0, 0);
+    for d in &done {
+        ops = ops.plus(&d.ops).ok_or("operation counts overflow")?;
+        wrong_count += d.wrong_count;
+        evaluations += d.evaluations;
+        expressions += d.expressions;
+        for x in &d.wrong {
             if wrong.len() < 5 {
-                wrong.push(x);
+                wrong.push(x.clone());
             }
         }
     }
     // Every hop a PE pushed is one its predecessor's sends discharged, and the reverse.
-    for (p, mine) in pushed.iter().enumerate() {
+    for (p, d) in done.iter().enumerate() {
         let from = (p + pes - 1) % pes;
-        for (t, (got, sent)) in mine.iter().zip(&discharged[from]).enumerate() {
+        for (t, (got, sent)) in d.pushed.iter().zip(&done[from].discharged).enumerate() {
             if got != sent {
                 return Err(format!(
                     "PE {p} takes `{}` hops {got:?} as received, PE {from} sends hops {sent:?}",
@@ -434,8 +427,8 @@ pub(super) fn evaluate_until(
         }
     }
     // Every PE starts the step of each hop in the same cycle.
-    for (p, theirs) in starts.iter().enumerate().skip(1) {
-        for (t, (mine, first)) in theirs.iter().zip(&starts[0]).enumerate() {
+    for (p, d) in done.iter().enumerate().skip(1) {
+        for (t, (mine, first)) in d.starts.iter().zip(&done[0].starts).enumerate() {
             if mine != first {
                 let mut a: Vec<_> = first.iter().collect();
                 let mut b: Vec<_> = mine.iter().collect();
@@ -450,11 +443,80 @@ pub(super) fn evaluate_until(
         }
     }
     Ok(Evaluated {
+        ops,
+        wrong,
+        wrong_count,
+        evaluations,
+        expressions,
+    })
+}
+
+/// PE `p` evaluated alone from a fresh state (so that its result is the same whichever worker
+/// runs it, after whichever PEs), its output rows compared with the specification.
+fn one_pe_proved(
+    ring: &Ring,
+    shared: &std::sync::Arc<Shared>,
+    lengths: &mut Lengths,
+    p: usize,
+) -> Result<Done, String> {
+    let (m, l) = (ring.m, &ring.m.layer);
+    let (heads, tokens, dim) = (i64::from(l.heads), i64::from(l.tokens), i64::from(l.dim));
+    let pes = ring.programs.len();
+    let why = |f: Fail| match f {
+        Fail::Retry(why) | Fail::Decline(why) => format!("PE {p}: {why}"),
+    };
+    let mut e = Eval::new(0, tokens, true);
+    if let Some(t) = ring.deadline {
+        e.deadline = t;
+    }
+    e.shared = Some((shared.clone(), p));
+    let head_var = e.fresh(u64::from(l.heads));
+    let st = State {
+        blocks: ring
+            .blocks
+            .iter()
+            .map(|b| {
+                let mine = pieces(&b.at[0], m.pes, l.tokens, p as u32, &ring.need)?;
+                let next = pieces(
+                    &b.at[0],
+                    m.pes,
+                    l.tokens,
+                    ((p + 1) % pes) as u32,
+                    &ring.need,
+                )?;
+                Ok((*b, mine, next))
+            })
+            .collect::<Result<_, String>>()?,
+        head: Aff::var(head_var),
+        heads: l.heads,
+        rows: ring.rows,
+        pushed: vec![BTreeSet::new(); 2],
+        discharged: vec![BTreeSet::new(); 2],
+    };
+    e.induct = Some(Box::new(st));
+    let starts = one_pe(&mut e, m, p, ring.heads[p], head_var, lengths).map_err(why)?;
+    let st = e.induct.take().ok_or("the induction's state")?;
+    e.hooks.clear();
+    let (wrong, wrong_count) = compare(
+        &mut e,
+        p,
+        &ring.outputs[p],
+        &ring.y,
+        (heads, tokens, dim),
+        l.mask == "causal",
+        l.scale as f32,
+        l.softmax == "safe",
+    )
+    .map_err(why)?;
+    Ok(Done {
         ops: e.tally,
         wrong,
         wrong_count,
         evaluations: e.evaluations,
         expressions: e.tm.len(),
+        starts,
+        pushed: st.pushed,
+        discharged: st.discharged,
     })
 }
 
@@ -673,6 +735,9 @@ fn step<'a>(
     }
     eval_item(e, &it, Some(head_var))?;
     w.at += lengths.item(&it);
+    // Between items no failed attempt restores the log: facts newer ones cover word for word
+    // can go (no read can reach them), and every later read would scan past them.
+    e.forget_shadowed();
     Ok(())
 }
 
@@ -751,6 +816,8 @@ fn alternating<'a>(
     let r = e.lp(&pairs, &mut ix);
     e.hooks.pop();
     r?;
+    // As after any item.
+    e.forget_shadowed();
     for k in 0..2 * q {
         w.starts[t].insert(hop0 + k as i64, w.at + k * len);
     }

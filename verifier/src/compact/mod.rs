@@ -24,6 +24,7 @@ mod slots;
 pub mod steps;
 mod term;
 mod unroll;
+mod workers;
 
 pub use bounds::{extent, Extent, Level};
 
@@ -704,7 +705,7 @@ fn prove_with(
         time: Duration::ZERO,
         checks,
     };
-    proof.outcome = outcome(programs, manifest, route, &mut proof);
+    proof.outcome = outcome(programs, manifest, route, opts.threads, &mut proof);
     proof.time = start.elapsed();
     proof
 }
@@ -713,6 +714,7 @@ fn outcome(
     programs: &[LoopProgram],
     m: &Manifest,
     route: Route,
+    threads: usize,
     proof: &mut Proof,
 ) -> Result<String, String> {
     if proof.checks.total_violations() > 0 {
@@ -734,9 +736,11 @@ fn outcome(
     } else {
         let until = Instant::now() + prove::MAX_TIME;
         let by_induction = || {
-            induct::evaluate_until(programs, m, Some(until)).and_then(|ev| match ev.wrong_count {
-                0 => Ok(ev),
-                n => Err(format!("{n} output row(s) not in the specification's form")),
+            induct::evaluate_until(programs, m, Some(until), threads).and_then(|ev| {
+                match ev.wrong_count {
+                    0 => Ok(ev),
+                    n => Err(format!("{n} output row(s) not in the specification's form")),
+                }
             })
         };
         let in_lockstep = || ring::evaluate_until(programs, m, Some(until));

@@ -45,6 +45,18 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// The two tallies together (PEs counted apart).
+    pub(super) fn plus(&self, o: &Tally) -> Option<Tally> {
+        Some(Tally {
+            phase1_mul: self.phase1_mul.checked_add(o.phase1_mul)?,
+            phase3_mul: self.phase3_mul.checked_add(o.phase3_mul)?,
+            exp: self.exp.checked_add(o.exp)?,
+            div: self.div.checked_add(o.div)?,
+            max: self.max.checked_add(o.max)?,
+            rescale: self.rescale.checked_add(o.rescale)?,
+        })
+    }
+
     fn scaled(&self, k: u64) -> Option<Tally> {
         Some(Tally {
             phase1_mul: self.phase1_mul.checked_mul(k)?,
@@ -95,6 +107,8 @@ pub(super) struct Fact {
     havoc: bool,
     lo: i64,
     hi: i64,
+    /// The words as one address over the coordinates, `base + Σ stride·x`.
+    words: Aff,
 }
 
 /// A loop index: a known value, or `var + offset` for a loop (or a piece of one, from
@@ -130,7 +144,7 @@ enum Others {
 
 /// Bounds on the proof's work: symbolic evaluation that keeps falling back to iteration by
 /// iteration is not going to scale, and a verifier must answer.
-const MAX_EVALUATIONS: u64 = 1_000_000;
+pub(super) const MAX_EVALUATIONS: u64 = 1_000_000;
 pub(super) const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The most iterations regrouped into one (`unroll`).
@@ -144,7 +158,7 @@ pub(super) struct Eval {
     online: bool,
     pub(super) facts: Vec<Option<Fact>>,
     pub(super) keys: HashMap<Key, usize>,
-    pub(super) counts: HashMap<Var, u64>,
+    pub(super) counts: Counts,
     next_var: Var,
     next_loop: u32,
     pub(super) loops: Vec<Active>,
@@ -167,6 +181,36 @@ pub(super) struct Eval {
     /// step boundaries the contracts are pushed and the sends collected.
     pub(super) hooks: Vec<super::induct::Hook>,
     pub(super) induct: Option<Box<super::induct::State>>,
+    /// Limits shared with evaluations running beside this one (the per-PE induction's
+    /// workers), and this evaluation's PE among them.
+    pub(super) shared: Option<(std::sync::Arc<super::workers::Shared>, usize)>,
+}
+
+/// The range of every index variable (`count` values from 0), by variable: they are handed out
+/// in order from [`BINDERS`], so a vector holds them (range bounds are looked up for every
+/// address a read compares).
+#[derive(Default)]
+pub(super) struct Counts {
+    by_var: Vec<Option<u64>>,
+}
+
+impl Counts {
+    pub(super) fn get(&self, v: &Var) -> Option<&u64> {
+        let i = v.checked_sub(BINDERS)? as usize;
+        self.by_var.get(i)?.as_ref()
+    }
+
+    /// Variables are handed out from [`BINDERS`] up; a binder has no range here.
+    fn insert(&mut self, v: Var, count: u64) {
+        let Some(i) = v.checked_sub(BINDERS) else {
+            return;
+        };
+        let i = i as usize;
+        if self.by_var.len() <= i {
+            self.by_var.resize(i + 1, None);
+        }
+        self.by_var[i] = Some(count);
+    }
 }
 
 /// A fact's place in the log, for replacing it: base, strides and counts, remote.
@@ -193,7 +237,7 @@ impl Eval {
             online: true,
             facts: Vec::new(),
             keys: HashMap::default(),
-            counts: HashMap::default(),
+            counts: Counts::default(),
             next_var: BINDERS,
             next_loop: 0,
             loops: Vec::new(),
@@ -209,7 +253,16 @@ impl Eval {
             per_pe,
             hooks: Vec::new(),
             induct: None,
+            shared: None,
         }
+    }
+
+    /// Returns the evaluations made since the count stood at `to` (a failed attempt's).
+    fn give_back(&mut self, to: u64) {
+        if let Some((s, _)) = &self.shared {
+            s.give_back(self.evaluations.saturating_sub(to));
+        }
+        self.evaluations = to;
     }
 
     /// The hook on `nodes`, when they are the body of a loop the per-step induction marks.
@@ -284,7 +337,12 @@ impl Eval {
             hi += s * (n as i64 - 1);
         }
         lo = lo.min(hi);
+        let mut words = base.clone();
+        for &(v, s, _) in &dims {
+            words = words.add_term(v, s);
+        }
         Ok(Fact {
+            words,
             base,
             dims,
             value,
@@ -570,6 +628,12 @@ impl Eval {
                 gcd(b, a % b)
             }
         }
+        // Most tests end at the first bounds: no copy for those.
+        match self.bounds(d) {
+            Some((lo, hi)) if lo > 0 || hi < 0 => return true,
+            None => return false,
+            _ => {}
+        }
         let mut rest = d.clone();
         loop {
             match self.bounds(&rest) {
@@ -631,14 +695,23 @@ impl Eval {
         if ab.1 < f.lo || ab.0 > f.hi {
             return Err(true);
         }
-        let d = addr.minus(&f.base);
-        let undecided = |e: &Self| {
-            let mut words = f.base.clone();
-            for &(v, s, _) in &f.dims {
-                words = words.add_term(v, s);
+        // The read's distance to the fact's words, over all their values at once: when it
+        // excludes 0 the read misses every word, which is what the test below comes to then
+        // (it starts with these bounds), without solving for coordinates. Only when the
+        // coordinates are the fact's own (not also the read's or the base's variables): the
+        // distance is then 0 wherever the coordinates equal a solution, so a fact that holds
+        // the read never gets here.
+        let own = |a: &Aff| f.dims.iter().all(|&(v, _, _)| a.coef(v) == 0);
+        if own(addr) && own(&f.base) {
+            let count = |v| self.counts.get(&v).copied();
+            if let Some((lo, hi)) = addr.bounds_of_difference(&f.words, &count) {
+                if lo > 0 || hi < 0 {
+                    return Err(true);
+                }
             }
-            Err(e.never_zero(&addr.minus(&words), None))
-        };
+        }
+        let d = addr.minus(&f.base);
+        let undecided = |e: &Self| Err(e.never_zero(&addr.minus(&f.words), None));
         let Some((sol, c)) = coords(f, &d) else {
             return undecided(self);
         };
@@ -737,7 +810,8 @@ impl Eval {
             };
             for i in (bottom..top).rev() {
                 let Some(f) = &self.facts[i] else { continue };
-                if f.remote {
+                // Most facts lie elsewhere: the interval test `hit` starts with, before a call.
+                if f.remote || ab.1 < f.lo || ab.0 > f.hi {
                     continue;
                 }
                 match self.hit(f, addr, ab) {
@@ -1030,15 +1104,27 @@ impl Eval {
 
     pub(super) fn bundle(&mut self, b: &LBundle, env: &[Ix]) -> R<()> {
         self.evaluations += 1;
+        // Evaluations running side by side count against one limit, not one each.
+        let total = match &self.shared {
+            Some((s, _)) => s.count_one(),
+            None => self.evaluations,
+        };
         // Attempts that fail give their evaluations back, so time is watched on all of them.
         self.attempted += 1;
-        if self.attempted.is_multiple_of(256) && std::time::Instant::now() > self.deadline {
-            return Err(Fail::Decline(format!(
-                "more than {} s of evaluation",
-                MAX_TIME.as_secs()
-            )));
+        if self.attempted.is_multiple_of(256) {
+            if std::time::Instant::now() > self.deadline {
+                return Err(Fail::Decline(format!(
+                    "more than {} s of evaluation",
+                    MAX_TIME.as_secs()
+                )));
+            }
+            if let Some((s, pe)) = &self.shared {
+                if s.stopped(*pe) {
+                    return Err(Fail::Decline("stopped: an earlier PE failed".into()));
+                }
+            }
         }
-        if self.evaluations > MAX_EVALUATIONS {
+        if total > MAX_EVALUATIONS {
             return Err(Fail::Decline(format!(
                 "more than {MAX_EVALUATIONS} bundle evaluations"
             )));
@@ -1218,7 +1304,7 @@ impl Eval {
             Err(Fail::Retry(why)) => {
                 self.truncate(mark);
                 self.tally = tally;
-                self.evaluations = evals;
+                self.give_back(evals);
                 env.truncate(level);
                 // At the edge a read ran into, if it was this loop's; otherwise one by one
                 // (cutting blindly costs more than it finds).
@@ -1893,12 +1979,12 @@ fn coords(f: &Fact, d: &Aff) -> Option<(Vec<Aff>, i64)> {
     let mut sol = vec![Aff::cst(0); f.dims.len()];
     for &(v, k) in &d.t {
         let i = f.dims.iter().position(|&(_, s, _)| k % s == 0)?;
-        sol[i] = sol[i].clone().add_term(v, k / f.dims[i].1);
+        sol[i] = std::mem::take(&mut sol[i]).add_term(v, k / f.dims[i].1);
     }
     let mut c = d.c;
     for (i, &(_, s, _)) in f.dims.iter().enumerate() {
         let q = c.div_euclid(s);
-        sol[i] = sol[i].clone().add_const(q);
+        sol[i].c += q;
         c -= q * s;
     }
     Some((sol, c))

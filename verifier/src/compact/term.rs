@@ -802,18 +802,17 @@ impl Terms {
         if self.vars[x as usize] & var_bit(v) == 0 {
             return x;
         }
-        if let Some(&y) = memo.get(&x) {
-            return y;
-        }
-        // An atom's forms are substituted in place (no copy of the node first).
+        // An atom's forms are substituted in place (no copy of the node first), and not
+        // remembered: interning the same forms again gives the same atom, and a read of an
+        // input region substitutes into a lone atom, for which a memo would be allocated.
         if let T::Atom(t, a, b, c) = self.node(x) {
-            let y = if a.coef(v) == 0 && b.coef(v) == 0 && c.coef(v) == 0 {
-                x
-            } else {
-                let (t, a, b, c) = (*t, a.subst(v, by), b.subst(v, by), c.subst(v, by));
-                self.atom(t, a, b, c)
-            };
-            memo.insert(x, y);
+            if a.coef(v) == 0 && b.coef(v) == 0 && c.coef(v) == 0 {
+                return x;
+            }
+            let (t, a, b, c) = (*t, a.subst(v, by), b.subst(v, by), c.subst(v, by));
+            return self.atom(t, a, b, c);
+        }
+        if let Some(&y) = memo.get(&x) {
             return y;
         }
         let y = match self.node(x).clone() {
