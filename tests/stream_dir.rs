@@ -431,3 +431,38 @@ fn paired_scores_on_larger_rings_run_from_their_files() {
     }
     assert_eq!(ran, 11);
 }
+
+/// Causal layers on rings that do not deal the tokens in `2m` equal chunks take whole rows
+/// (per-element placements, every k/v row of a head kept); they run from their files against
+/// the reference, in exactly the cycles the manifest states.
+#[test]
+fn whole_rows_under_a_causal_mask_run_from_their_files() {
+    let mut ran = 0;
+    for (n, m) in [(13u32, 3u32), (19, 4), (29, 6), (50, 12), (64, 6), (64, 10)] {
+        for d in [1u32, 5, 16] {
+            for heads in [1u32, 3] {
+                let src = layer_src(n, d, heads, false, true).replace("plain", "safe");
+                let what = format!("n={n} d={d} m={m} heads={heads}");
+                // It keeps every k/v row of a head: more words than the default allowance.
+                let opts = compiler::Options {
+                    pes: m,
+                    schedule: Choice::Stream,
+                    dump_after: None,
+                    mem_limit: Some(u32::MAX),
+                    reroll: false,
+                };
+                let c = compiler::compile(&parse_one(&src), &opts)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    c.manifest.inputs["q"].layout.is_none(),
+                    "{what}: not whole rows"
+                );
+                let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+                let (_, cycles, _) = run_dir(&files(&c, true), seed);
+                assert_eq!(cycles, c.manifest.cycles, "{what}");
+                ran += 1;
+            }
+        }
+    }
+    assert_eq!(ran, 36);
+}

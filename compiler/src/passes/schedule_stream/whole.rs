@@ -718,19 +718,6 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         bodies.push(body);
     }
     let ends: Vec<u64> = bodies.iter().map(|b| cycles(b)).collect();
-    if std::env::var_os("WHOLE_DEBUG").is_some() {
-        for pe in 0..mu {
-            let home = start[prev(pe)][mu - 1] + steps[prev(pe)][mu - 1].1;
-            eprintln!(
-                "pe {pe}: end {} waits {:?} home wait {} step lens {:?} ready {:?}",
-                ends[pe],
-                waits[pe],
-                home.saturating_sub(end[pe]),
-                steps[pe].iter().map(|x| cycles(&x.0)).collect::<Vec<_>>(),
-                steps[pe].iter().map(|x| x.1).collect::<Vec<_>>()
-            );
-        }
-    }
     // The heads start together: a block of the next head lands where this one's was read.
     let head = ends.iter().copied().max().unwrap_or(0);
     let programs = bodies
@@ -821,6 +808,45 @@ fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runtime::layer::{Normalisation, Softmax};
+
+    /// The programs execute the deferred formulation's operations and one more per head
+    /// (token 0's maximum copies its only score), validate, and every PE's is as long as the
+    /// layer; the padded stream takes more cycles on the shapes the deal is for.
+    #[test]
+    fn programs_execute_the_formulation_and_beat_padding() {
+        for (n, d, h, m) in [(29u32, 3u32, 2u32, 3u32), (64, 8, 1, 6), (128, 16, 1, 12)] {
+            let p = Problem::attention(n, d, h, false, true, Softmax::Safe);
+            let st = run(&p, m, None).unwrap();
+            let need = p.shape().necessary_as(Normalisation::Deferred).unwrap();
+            assert_eq!(st.total_ops, need.total() + u64::from(h), "n={n} m={m}");
+            for lp in &st.programs {
+                lp.validate().unwrap();
+                assert_eq!(lp.cycles(), st.cycles, "n={n} m={m} PE {}", lp.pe);
+            }
+            if n >= 64 {
+                let padded = super::super::run_with(&p, m, true, super::super::Lag::Off).unwrap();
+                assert!(st.cycles < padded.cycles, "n={n} m={m}");
+            }
+        }
+    }
+
+    /// Rings that deal the tokens in equal chunks, and non-causal or shared layers, are not
+    /// for whole rows.
+    #[test]
+    fn refuses_what_it_is_not_for() {
+        let even = Problem::attention(48, 4, 1, false, true, Softmax::Safe);
+        assert!(unsupported(&even, 4).is_some());
+        let open = Problem::attention(50, 4, 1, false, false, Softmax::Safe);
+        assert!(unsupported(&open, 4).is_some());
+        let plain = Problem::attention(50, 4, 1, false, true, Softmax::Plain);
+        assert!(unsupported(&plain, 4).is_some());
+        let short = Problem::attention(15, 4, 1, false, true, Softmax::Safe);
+        assert!(unsupported(&short, 4).is_some());
+        assert!(
+            unsupported(&Problem::attention(50, 4, 1, false, true, Softmax::Safe), 4).is_none()
+        );
+    }
 
     /// The deal gives every token to exactly one PE, zigzag over the periods from the top.
     #[test]
