@@ -81,11 +81,13 @@ fn deal(n: u32, m: u32, d: u32) -> Vec<Vec<u32>> {
 /// One PE's rows and memory map.
 #[derive(Clone, Debug)]
 struct Pe {
-    /// Its tokens, ascending: the remainder ones (below `n mod 2m`), then per period the low
-    /// position (`p`) and the high one (`2m − 1 − p`).
+    /// Its tokens, ascending: per period (the first one partial, `n mod 2m` tokens, where they
+    /// exist) the low position (`p`) and the high one (`2m − 1 − p`).
     tokens: Vec<u32>,
-    /// How many of them are remainder tokens.
-    low: u32,
+    /// Local row of period 0's low and high token: period `i`'s are `2i` further.
+    c: [u32; 2],
+    /// First period of its low and high tokens: −1 where the partial period holds one.
+    first: [i32; 2],
     q: u32,
     /// The own block, per head `[k rows][v rows]`, in local order.
     kv: u32,
@@ -106,28 +108,21 @@ impl Pe {
     }
 }
 
-/// One of the two progressions of a block's period tokens (`lo`: position `b`, else
-/// `2m − 1 − b`), or one remainder token.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Keys {
-    Period { high: bool },
-    Single(u32),
-}
-
-/// A key loop of a row's work against a block: `count` keys (at the nest's first row) of one
-/// progression, `stepped` when the count grows by one per period of the rows.
+/// A key loop of a row's work against a block: `count` keys of its low or high progression
+/// from its first (at the nest's first row), `stepped` when the count grows by one per period
+/// of the rows.
 #[derive(Clone, Copy, Debug)]
 struct KeyLoop {
-    keys: Keys,
+    high: bool,
     count: u32,
     stepped: bool,
 }
 
-/// A word progression a step forwards: `len` keys of one progression from key `start`, k rows
-/// (`v` false) or v rows.
+/// Words a step forwards: `len` keys of a block's low or high progression from its key
+/// `start`, k rows (`v` false) or v rows.
 #[derive(Clone, Copy, Debug)]
 struct Piece {
-    keys: Keys,
+    high: bool,
     v: bool,
     start: u32,
     len: u32,
@@ -148,9 +143,27 @@ impl Deal {
         let periods = n / (2 * m);
         let (dd, nn, h) = (u64::from(d), u64::from(n), u64::from(heads));
         let mut pes = Vec::new();
-        for tokens in deal(n, m, d) {
+        for (p, tokens) in deal(n, m, d).into_iter().enumerate() {
+            let p = p as u32;
+            // The least loaded PE takes each of the first tokens, and after whole periods
+            // every PE's load is the same: that continues the zigzag into the partial period,
+            // so each PE's tokens are two progressions of stride 2m (checked here).
+            let pos = [p, 2 * m - 1 - p];
+            let period =
+                |x: usize, i: i64| i64::from(rest) + 2 * i64::from(m) * i + i64::from(pos[x]);
+            let first = [0, 1].map(|x| if period(x, -1) >= 0 { -1 } else { 0 });
+            let mut want: Vec<u32> = (0..2)
+                .flat_map(|x| {
+                    (first[x]..periods as i32).map(move |i| period(x, i64::from(i)) as u32)
+                })
+                .collect();
+            want.sort_unstable();
+            if want != tokens {
+                return None;
+            }
+            let at = |t: i64| tokens.iter().position(|&x| i64::from(x) == t);
+            let c = [at(period(0, 0))? as u32, at(period(1, 0))? as u32];
             let r = tokens.len() as u64;
-            let low = tokens.iter().filter(|&&t| t < rest).count() as u32;
             let q = 0u64;
             let kv = q + h * r * dd;
             let y = kv + h * 2 * r * dd;
@@ -163,7 +176,8 @@ impl Deal {
             let w = |x: u64| u32::try_from(x).ok();
             pes.push(Pe {
                 tokens,
-                low,
+                c,
+                first,
                 q: w(q)?,
                 kv: w(kv)?,
                 y: w(y)?,
@@ -207,127 +221,113 @@ impl Deal {
         }
     }
 
-    /// Token of key `j` of a progression of block `b`.
-    fn token(&self, b: u32, keys: Keys, j: u32) -> u32 {
-        match keys {
-            Keys::Period { high } => self.rest + 2 * self.m * j + self.pos(b, high),
-            Keys::Single(t) => t,
-        }
+    /// First period of block `b`'s low or high keys.
+    fn first(&self, b: u32, high: bool) -> i32 {
+        self.pe(b).first[usize::from(high)]
     }
 
-    /// Where PE `p` reads key `j = 0` of a progression of block `b` (k row, column 0) and the
-    /// stride of `j` there; `v`: its v row.
-    fn key_at(&self, p: u32, b: u32, keys: Keys, v: bool) -> (Ad, i64) {
+    /// Keys of block `b`'s low or high progression.
+    fn keys(&self, b: u32, high: bool) -> u32 {
+        (self.periods as i32 - self.first(b, high)) as u32
+    }
+
+    /// Token of period `i` at PE `b`'s low or high position (it exists).
+    fn token(&self, b: u32, high: bool, i: i32) -> u32 {
+        (i64::from(self.rest) + 2 * i64::from(self.m) * i64::from(i) + i64::from(self.pos(b, high)))
+            as u32
+    }
+
+    /// Token of the first key of block `b`'s low or high progression.
+    fn key0(&self, b: u32, high: bool) -> u32 {
+        self.token(b, high, self.first(b, high))
+    }
+
+    /// Where PE `p` reads the first key of a progression of block `b` (k row, column 0; `v`:
+    /// its v row) and the stride of the key index there.
+    fn key_at(&self, p: u32, b: u32, high: bool, v: bool) -> (Ad, i64) {
         let pe = self.pe(p);
         let d = i64::from(self.d);
-        let t0 = self.token(b, keys, 0);
         if b == p {
             let own = i64::from(pe.rows());
-            let local = pe.tokens.iter().position(|&t| t == t0).unwrap_or(0) as i64;
+            let x = usize::from(high);
+            let local = i64::from(pe.c[x]) + 2 * i64::from(pe.first[x]);
             let at = ad(pe.kv)
                 .t(0, 2 * own * d)
                 .plus((local + if v { own } else { 0 }) * d);
             (at, 2 * d)
         } else {
             let base = if v { pe.vb } else { pe.kb };
-            (ad(base + t0 * self.d), 2 * i64::from(self.m) * d)
+            (
+                ad(base + self.key0(b, high) * self.d),
+                2 * i64::from(self.m) * d,
+            )
         }
     }
 
-    /// Where the next PE keeps key `j = 0` of a progression of block `b`, and the stride of `j`.
-    fn key_dst(&self, p: u32, b: u32, keys: Keys, v: bool) -> (Ad, i64) {
+    /// Where the next PE keeps the first key of a progression of block `b`, and the stride.
+    fn key_dst(&self, p: u32, b: u32, high: bool, v: bool) -> (Ad, i64) {
         let nx = self.next(p);
-        let t0 = self.token(b, keys, 0);
         let base = if v { nx.vb } else { nx.kb };
         (
-            ad(base + t0 * self.d),
+            ad(base + self.key0(b, high) * self.d),
             2 * i64::from(self.m) * i64::from(self.d),
         )
     }
 
-    /// The key loops of a period row of PE `p` (`high`: its high-position row) of period `i`
-    /// against block `b`: every key of the block at or before the row's token.
-    fn key_loops(&self, p: u32, b: u32, high: bool, i: u32) -> Vec<KeyLoop> {
-        let blk = self.pe(b);
-        let lows = if high { i + 1 } else { i + u32::from(b <= p) };
-        let highs = if high { i + u32::from(b >= p) } else { i };
-        let mut v = vec![
-            KeyLoop {
-                keys: Keys::Period { high: false },
-                count: lows,
+    /// The key loops of PE `p`'s low or high row of period `i` against block `b`: every key
+    /// of the block at or before the row's token.
+    fn key_loops(&self, p: u32, b: u32, high: bool, i: i32) -> Vec<KeyLoop> {
+        // Keys of periods below `lim` are visible (the positions decide the row's own period).
+        let lim = |keys_high: bool| match (high, keys_high) {
+            (false, false) => i + i32::from(b <= p),
+            (false, true) => i,
+            (true, false) => i + 1,
+            (true, true) => i + i32::from(b >= p),
+        };
+        [false, true]
+            .map(|kh| KeyLoop {
+                high: kh,
+                count: (lim(kh) - self.first(b, kh)).max(0) as u32,
                 stepped: true,
-            },
-            KeyLoop {
-                keys: Keys::Period { high: true },
-                count: highs,
-                stepped: true,
-            },
-        ];
-        v.extend(blk.tokens[..blk.low as usize].iter().map(|&t| KeyLoop {
-            keys: Keys::Single(t),
-            count: 1,
-            stepped: false,
-        }));
-        v
-    }
-
-    /// The key loops of remainder row `t` against block `b`: its remainder tokens up to `t`.
-    fn rest_loops(&self, b: u32, t: u32) -> Vec<KeyLoop> {
-        let blk = self.pe(b);
-        blk.tokens[..blk.low as usize]
-            .iter()
-            .filter(|&&k| k <= t)
-            .map(|&k| KeyLoop {
-                keys: Keys::Single(k),
-                count: 1,
-                stepped: false,
             })
-            .collect()
+            .to_vec()
     }
 
-    /// Local row of period `i`'s low or high row of PE `p`.
-    fn local(&self, p: u32, high: bool, i: u32) -> u32 {
-        self.pe(p).low + 2 * i + u32::from(high)
+    /// Local row of PE `p`'s low or high row of period `i`.
+    fn local(&self, p: u32, high: bool, i: i32) -> u32 {
+        (self.pe(p).c[usize::from(high)] as i32 + 2 * i) as u32
     }
 
-    /// Rows `local0 + 2·i` (`i < rows`, `stride` local rows apart) of PE `p` against block `b`
-    /// through `loops` (counts at the first row; stepped ones one more per row), the link
-    /// slots carrying `sends` (one per loop at most: the piece and the loop's index).
-    #[allow(clippy::too_many_arguments)] // one nest: its rows, its keys, its sends
+    /// Rows `local0 + 2·i` (`i < rows`) of PE `p` against block `b` through `loops` (counts
+    /// at the first row; stepped ones one more per row), the link slots carrying `sends` (one
+    /// per loop at most: the loop's index and the piece).
     fn scores(
         &self,
         p: u32,
         b: u32,
-        local0: u32,
-        rows: u32,
-        stride: u32,
+        (local0, rows): (u32, u32),
         loops: &[KeyLoop],
         sends: &[(usize, Piece)],
     ) -> Vec<Node> {
         let pe = self.pe(p);
         let (d, n) = (i64::from(self.d), i64::from(self.n));
         let (lr, lb, lc) = (1u8, 2u8, 3u8);
-        let rs = i64::from(stride);
         let q = ad(pe.q + local0 * self.d)
             .t(0, i64::from(pe.rows()) * d)
-            .t(lr, rs * d);
+            .t(lr, 2 * d);
         let mut body = Vec::new();
         for (at, kl) in loops.iter().enumerate() {
             if kl.count == 0 {
                 continue;
             }
-            let (k, kst) = self.key_at(p, b, kl.keys, false);
-            let col_stride = match kl.keys {
-                Keys::Period { .. } => 2 * i64::from(self.m),
-                Keys::Single(_) => 0,
-            };
-            let sc = ad(pe.s + local0 * self.n + self.token(b, kl.keys, 0))
-                .t(lr, rs * n)
-                .t(lb, col_stride);
+            let (k, kst) = self.key_at(p, b, kl.high, false);
+            let sc = ad(pe.s + local0 * self.n + self.key0(b, kl.high))
+                .t(lr, 2 * n)
+                .t(lb, 2 * i64::from(self.m));
             let k = k.t(lb, kst);
             let send = sends.iter().find(|x| x.0 == at).map(|&(_, piece)| {
-                let (src, sst) = self.key_at(p, b, piece.keys, piece.v);
-                let (dst, dstr) = self.key_dst(p, b, piece.keys, piece.v);
+                let (src, sst) = self.key_at(p, b, piece.high, piece.v);
+                let (dst, dstr) = self.key_dst(p, b, piece.high, piece.v);
                 let off = i64::from(piece.start);
                 let preds = if piece.len < kl.count || kl.stepped {
                     vec![Pred {
@@ -371,19 +371,18 @@ impl Deal {
                 body: key,
             }));
         }
-        // A row that sees no key of the block (a remainder row) has nothing to do in the step.
+        // A row that sees no key of the block has nothing to do in the step.
         if body.is_empty() {
             return Vec::new();
         }
         lp(rows, body)
     }
 
-    /// The words of block `b` that step `s` forwards, as pieces of its progressions: the last
-    /// hop brings only the v rows home (the owner's k rows are in its own region). Every PE's
-    /// last token is `n − 1 − q`, so the top high key of block `b` (token `n − 1 − b`) is read
-    /// by the PEs `q ≤ b` only: block 0's travels without its k row.
+    /// The words of block `b` that step `s` forwards: the last hop brings only the v rows
+    /// home (the owner's k rows are in its own region). Every PE's last token is `n − 1 − q`,
+    /// so the top high key of block `b` (token `n − 1 − b`) is read by the PEs `q ≤ b` only:
+    /// block 0's travels without its k row.
     fn pieces(&self, b: u32, s: u32) -> Vec<Piece> {
-        let blk = self.pe(b);
         let halves: &[bool] = if s + 1 == self.m {
             &[true]
         } else {
@@ -392,22 +391,12 @@ impl Deal {
         let mut v = Vec::new();
         for high in [false, true] {
             for &vv in halves {
-                let len = self.periods - u32::from(high && !vv && b == 0);
+                let len = self.keys(b, high) - u32::from(high && !vv && b == 0);
                 v.push(Piece {
-                    keys: Keys::Period { high },
+                    high,
                     v: vv,
                     start: 0,
                     len,
-                });
-            }
-        }
-        for &t in &blk.tokens[..blk.low as usize] {
-            for &vv in halves {
-                v.push(Piece {
-                    keys: Keys::Single(t),
-                    v: vv,
-                    start: 0,
-                    len: 1,
                 });
             }
         }
@@ -419,19 +408,16 @@ impl Deal {
     fn step(&self, p: u32, s: u32) -> Result<(Vec<Node>, u64), String> {
         let b = self.held(p, s);
         let pe = self.pe(p);
-        let big = self.periods;
-        // Peel rows from the top, alternately high and low, until the block's words fit
+        let big = self.periods as i32;
+        // Peel rows from the top, high and low alternately, until the block's words fit
         // their loops.
-        for top in 1..=big {
-            // Top rows, the highest first: (high, period).
-            let mut peeled: Vec<(bool, u32)> = Vec::new();
-            for k in 0..top {
-                peeled.push((true, big - 1 - k));
-                peeled.push((false, big - 1 - k));
-            }
+        for top in 1..=self.periods as i32 {
+            let peeled: Vec<(bool, i32)> = (0..top)
+                .flat_map(|k| [(true, big - 1 - k), (false, big - 1 - k)])
+                .collect();
             let rows: Vec<Vec<KeyLoop>> = peeled
                 .iter()
-                .map(|&(high, i)| self.key_loops(p, b, high, i))
+                .map(|&(high, i)| fixed(&self.key_loops(p, b, high, i)))
                 .collect();
             let Some(plan) = assign(&self.pieces(b, s), &rows) else {
                 continue;
@@ -443,30 +429,26 @@ impl Deal {
                     .filter(|x| x.0 == r)
                     .map(|x| (x.1, x.2))
                     .collect();
-                let loops = fixed(&rows[r]);
                 let local = self.local(p, high, i);
-                nodes.extend(self.scores(p, b, local, 1, 2, &loops, &sends));
+                nodes.extend(self.scores(p, b, (local, 1), &rows[r], &sends));
             }
             let ready = cycles(&nodes);
             // The rest of each kind: one row alone while a key loop would be empty, then a
             // stepped nest.
             for high in [true, false] {
-                let mut i = 0;
+                let mut i = pe.first[usize::from(high)];
                 while i < big - top {
                     let loops = self.key_loops(p, b, high, i);
                     let local = self.local(p, high, i);
                     if loops.iter().any(|x| x.count == 0) {
-                        nodes.extend(self.scores(p, b, local, 1, 2, &fixed(&loops), &[]));
+                        nodes.extend(self.scores(p, b, (local, 1), &fixed(&loops), &[]));
                         i += 1;
                     } else {
-                        nodes.extend(self.scores(p, b, local, big - top - i, 2, &loops, &[]));
+                        let rows = (big - top - i) as u32;
+                        nodes.extend(self.scores(p, b, (local, rows), &loops, &[]));
                         break;
                     }
                 }
-            }
-            for (r, &t) in pe.tokens[..pe.low as usize].iter().enumerate() {
-                let loops = self.rest_loops(b, t);
-                nodes.extend(self.scores(p, b, r as u32, 1, 1, &loops, &[]));
             }
             return Ok((nodes, ready));
         }
@@ -475,28 +457,19 @@ impl Deal {
         ))
     }
 
-    /// After the ring pass, rows `local0 + 2·i` (`i < rows`, `stride` apart) of PE `p`,
-    /// tokens `t0 + 2m·i` (at least 2 when `rows > 1`): maximum, exponentials summed into `l`,
-    /// weighted values, `y /= l`.
-    fn values(
-        &self,
-        p: u32,
-        local0: u32,
-        t0: u32,
-        rows: u32,
-        stride: u32,
-        scale: f32,
-    ) -> Vec<Node> {
+    /// After the ring pass, rows `local0 + 2·i` (`i < rows`) of PE `p`, tokens `t0 + 2m·i`
+    /// (at least 2 when `rows > 1`): maximum, exponentials summed into `l`, weighted values,
+    /// `y /= l`.
+    fn values(&self, p: u32, (local0, rows): (u32, u32), t0: u32, scale: f32) -> Vec<Node> {
         let pe = self.pe(p);
         let (d, n) = (i64::from(self.d), i64::from(self.n));
-        let rs = i64::from(stride);
         let lr = 1u8;
-        let sc = ad(pe.s + local0 * self.n).t(lr, rs * n);
-        let mx = ad(pe.mx + local0).t(lr, rs);
-        let l = ad(pe.l + local0).t(lr, rs);
+        let sc = ad(pe.s + local0 * self.n).t(lr, 2 * n);
+        let mx = ad(pe.mx + local0).t(lr, 2);
+        let l = ad(pe.l + local0).t(lr, 2);
         let y = ad(pe.y + local0 * self.d)
             .t(0, i64::from(pe.rows()) * d)
-            .t(lr, rs * d);
+            .t(lr, 2 * d);
         let per = 2 * self.m;
         let stepped = |count: u32, body: Vec<Node>| -> Vec<Node> {
             vec![Node::Loop(Loop {
@@ -511,9 +484,8 @@ impl Deal {
         let mut body = Vec::new();
         // The row's maximum; a row of one key copies its score (`max(S, S)`, the one
         // operation beyond the formulation's).
-        let m_at = if t0 == 0 {
+        if t0 == 0 {
             body.push(B::new().max(sc.clone(), sc.clone(), mx.clone()).build());
-            mx.clone()
         } else {
             body.push(
                 B::new()
@@ -528,11 +500,10 @@ impl Deal {
                         .build()],
                 ));
             }
-            mx.clone()
-        };
+        }
         body.push(
             B::new()
-                .expd(sc.clone(), m_at.clone(), scale, sc.clone())
+                .expd(sc.clone(), mx.clone(), scale, sc.clone())
                 .add(None, l.clone())
                 .build(),
         );
@@ -541,7 +512,7 @@ impl Deal {
             body.extend(stepped(
                 t0,
                 vec![B::new()
-                    .expd(e.clone(), m_at, scale, e)
+                    .expd(e.clone(), mx.clone(), scale, e)
                     .add(Some(l.clone()), l.clone())
                     .build()],
             ));
@@ -566,24 +537,21 @@ impl Deal {
         lp(rows, body)
     }
 
-    /// Every row's values: the remainder rows and the low rows of tokens below 2 alone, the
-    /// rest in one nest per kind.
+    /// Every row's values: the rows of tokens below 2 alone, the rest in one nest per kind.
     fn all_values(&self, p: u32, scale: f32) -> Vec<Node> {
         let pe = self.pe(p);
         let mut nodes = Vec::new();
-        for (r, &t) in pe.tokens[..pe.low as usize].iter().enumerate() {
-            nodes.extend(self.values(p, r as u32, t, 1, 1, scale));
-        }
         for high in [false, true] {
-            let mut i = 0;
-            while i < self.periods {
-                let t = self.rest + 2 * self.m * i + self.pos(p, high);
+            let mut i = pe.first[usize::from(high)];
+            while i < self.periods as i32 {
+                let t = self.token(p, high, i);
                 let local = self.local(p, high, i);
                 if t < 2 {
-                    nodes.extend(self.values(p, local, t, 1, 2, scale));
+                    nodes.extend(self.values(p, (local, 1), t, scale));
                     i += 1;
                 } else {
-                    nodes.extend(self.values(p, local, t, self.periods - i, 2, scale));
+                    let rows = (self.periods as i32 - i) as u32;
+                    nodes.extend(self.values(p, (local, rows), t, scale));
                     break;
                 }
             }
@@ -672,8 +640,9 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     }
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let scale = p.scale as f32;
-    let deal = Deal::new(n, d, m, heads)
-        .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
+    let deal = Deal::new(n, d, m, heads).ok_or_else(|| {
+        format!("{NAME}: whole rows do not deal the layer in two progressions per PE within 32-bit addresses")
+    })?;
     let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
     if budget.is_some_and(|b| u64::from(words) > b) {
         return Err(format!(
