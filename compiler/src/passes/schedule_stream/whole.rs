@@ -311,7 +311,9 @@ impl Deal {
     ) -> Vec<Node> {
         let pe = self.pe(p);
         let (d, n) = (i64::from(self.d), i64::from(self.n));
-        let (lr, lb, lc) = (1u8, 2u8, 3u8);
+        // Level 1 is the ring step's own loop (of one iteration: adjacent steps that continue
+        // one another are merged into one loop afterwards).
+        let (lr, lb, lc) = (2u8, 3u8, 4u8);
         let q = ad(pe.q + local0 * self.d)
             .t(0, i64::from(pe.rows()) * d)
             .t(lr, 2 * d);
@@ -432,7 +434,7 @@ impl Deal {
                 let local = self.local(p, high, i);
                 nodes.extend(self.scores(p, b, (local, 1), &rows[r], &sends));
             }
-            let ready = cycles(&nodes);
+            let ready = cycles(&lp(1, nodes.clone()));
             // The rest of each kind: one row alone while a key loop would be empty, then a
             // stepped nest.
             for high in [true, false] {
@@ -450,7 +452,7 @@ impl Deal {
                     }
                 }
             }
-            return Ok((nodes, ready));
+            return Ok((lp(1, nodes), ready));
         }
         Err(format!(
             "{NAME}: whole rows cannot carry block {b} on PE {p}'s score loops"
@@ -695,12 +697,15 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         .enumerate()
         .map(|(pe, (mut body, &e))| {
             body.extend(wait(head - e)?);
-            Ok(LoopProgram {
+            // Steps whose rows see their blocks alike (a run of blocks before or after the
+            // PE's, whose first periods agree) continue one another: one loop over them.
+            let raw = super::once::strip(LoopProgram {
                 pe: pe as u32,
                 pes: m,
                 mem_words: deal.pes[pe].words,
                 body: lp(heads, body),
-            })
+            });
+            Ok(super::merge::merge(super::merge::merge_at(raw, 1)))
         })
         .collect::<Result<Vec<_>, String>>()?;
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
