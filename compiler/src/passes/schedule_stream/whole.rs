@@ -26,6 +26,10 @@ use isa::{Cmp, CountStep, Loop, LoopProgram, Node, Pred, Slot};
 use super::{ad, lp, Ad, Place, Send, Stream, B, NAME};
 use crate::problem::Problem;
 
+/// Bundles of all PEs' programs flattened that the proof of a layer with per-element
+/// placements can take (`attnc verify`'s flattening limit, `attnc::rundir::MAX_FLATTENED_BUNDLES`).
+const FLAT_PROOF_BUNDLES: u64 = 8_000_000;
+
 /// Why the whole-rows deal does not apply to `p` on `m` PEs, if it does not.
 pub fn unsupported(p: &Problem, m: u32) -> Option<String> {
     if !p.causal || p.symmetric || p.shared_values || !p.safe() {
@@ -709,6 +713,15 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         })
         .collect::<Result<Vec<_>, String>>()?;
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
+    // Per-element placements leave the proof to the flattened programs (the checks without
+    // unrolling take affine layouts only), and `attnc verify` flattens at most this many
+    // bundles: a layer beyond it would be written unprovable, so it keeps another stream.
+    let bundles = cycles.saturating_mul(u64::from(m));
+    if bundles > FLAT_PROOF_BUNDLES {
+        return Err(format!(
+            "{NAME}: whole rows would take {bundles} bundles, more than the {FLAT_PROOF_BUNDLES} the flattened proof takes"
+        ));
+    }
     let total_ops: u64 = programs
         .iter()
         .map(|p| p.op_counts().iter().sum::<u64>())
@@ -820,6 +833,10 @@ mod tests {
         assert!(
             unsupported(&Problem::attention(50, 4, 1, false, true, Softmax::Safe), 4).is_none()
         );
+        // 720,764 cycles on 12 PEs: more bundles than the flattened proof takes.
+        let big = Problem::attention(128, 128, 4, false, true, Softmax::Safe);
+        assert!(unsupported(&big, 12).is_none());
+        assert!(run(&big, 12, None).is_err());
     }
 
     /// The deal gives every token to exactly one PE, zigzag over the periods from the top.
