@@ -384,20 +384,16 @@ impl Deal {
         lp(rows, body)
     }
 
-    /// The words of block `b` that step `s` forwards: the last hop brings only the v rows
-    /// home (the owner's k rows are in its own region). Every PE's last token is `n − 1 − q`,
-    /// so the top high key of block `b` (token `n − 1 − b`) is read by the PEs `q ≤ b` only:
-    /// block 0's travels without its k row.
-    fn pieces(&self, b: u32, s: u32) -> Vec<Piece> {
-        let halves: &[bool] = if s + 1 == self.m {
-            &[true]
-        } else {
-            &[false, true]
-        };
+    /// The words of a block a step forwards, as pieces of its progressions: every k and v
+    /// row, the top high key's k row a piece of its own. The same pieces for every block, so
+    /// that steps whose rows see their blocks alike carry them on the same loops and join into
+    /// one loop; [`Deal::sent`] says which a step leaves out.
+    fn pieces(&self, b: u32) -> Vec<Piece> {
         let mut v = Vec::new();
         for high in [false, true] {
-            for &vv in halves {
-                let len = self.keys(b, high) - u32::from(high && !vv && b == 0);
+            for vv in [false, true] {
+                let keys = self.keys(b, high);
+                let len = keys - u32::from(high && !vv);
                 v.push(Piece {
                     high,
                     v: vv,
@@ -406,7 +402,22 @@ impl Deal {
                 });
             }
         }
+        v.push(Piece {
+            high: true,
+            v: false,
+            start: self.keys(b, true) - 1,
+            len: 1,
+        });
         v
+    }
+
+    /// Whether step `s` sends `piece` of block `b`: the last hop brings only the v rows home
+    /// (the owner's k rows are in its own region), and every PE's last token is `n − 1 − q`,
+    /// so the top high key of block `b` (token `n − 1 − b`) is read by the PEs `q ≤ b` only:
+    /// block 0's travels without its k row.
+    fn sent(&self, b: u32, s: u32, piece: &Piece) -> bool {
+        let top = piece.high && !piece.v && piece.start + piece.len == self.keys(b, true);
+        piece.v || (s + 1 < self.m && !(b == 0 && top))
     }
 
     /// Ring step `s` on PE `p`: the top rows carrying the block to the next PE first, then
@@ -425,9 +436,10 @@ impl Deal {
                 .iter()
                 .map(|&(high, i)| fixed(&self.key_loops(p, b, high, i)))
                 .collect();
-            let Some(plan) = assign(&self.pieces(b, s), &rows) else {
+            let Some(plan) = assign(&self.pieces(b), &rows) else {
                 continue;
             };
+            let plan: Vec<_> = plan.into_iter().filter(|x| self.sent(b, s, &x.2)).collect();
             let mut nodes = Vec::new();
             for (r, &(high, i)) in peeled.iter().enumerate() {
                 let sends: Vec<(usize, Piece)> = plan
