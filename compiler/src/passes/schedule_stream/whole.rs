@@ -426,12 +426,15 @@ impl Deal {
         let b = self.held(p, s);
         let pe = self.pe(p);
         let big = self.periods as i32;
-        // Peel rows from the top, high and low alternately, until the block's words fit
-        // their loops.
-        for top in 1..=self.periods as i32 {
-            let peeled: Vec<(bool, i32)> = (0..top)
-                .flat_map(|k| [(true, big - 1 - k), (false, big - 1 - k)])
-                .collect();
+        // Peel rows from the top, high and low alternately, one at a time until the block's
+        // words fit their loops.
+        let order: Vec<(bool, i32)> = (0..big)
+            .flat_map(|k| [(true, big - 1 - k), (false, big - 1 - k)])
+            .collect();
+        for top in 1..=order.len() {
+            let peeled = &order[..top];
+            // Rows of each kind left below the peeled ones.
+            let left = |high: bool| big - peeled.iter().filter(|x| x.0 == high).count() as i32;
             let rows: Vec<Vec<KeyLoop>> = peeled
                 .iter()
                 .map(|&(high, i)| fixed(&self.key_loops(p, b, high, i)))
@@ -455,14 +458,14 @@ impl Deal {
             // stepped nest.
             for high in [true, false] {
                 let mut i = pe.first[usize::from(high)];
-                while i < big - top {
+                while i < left(high) {
                     let loops = self.key_loops(p, b, high, i);
                     let local = self.local(p, high, i);
                     if loops.iter().any(|x| x.count == 0) {
                         nodes.extend(self.scores(p, b, (local, 1), &fixed(&loops), &[]));
                         i += 1;
                     } else {
-                        let rows = (big - top - i) as u32;
+                        let rows = (left(high) - i) as u32;
                         nodes.extend(self.scores(p, b, (local, rows), &loops, &[]));
                         break;
                     }
