@@ -42,6 +42,13 @@ pub fn unsupported(p: &Problem, m: u32) -> Option<String> {
             "{NAME}: whole rows are for rings of 2 or more PEs that do not deal the tokens in 2m equal chunks"
         ));
     }
+    // A row's keys grow by a period, `2m`, from one row of a kind to the next: a loop count's
+    // step, an `i16`.
+    if 2 * u64::from(m) > i16::MAX as u64 {
+        return Some(format!(
+            "{NAME}: whole rows take rings of at most 16383 PEs"
+        ));
+    }
     // Two periods give every row kind a nest and the block's words score loops to ride on.
     if p.tokens / (2 * m) < 2 {
         return Some(format!(
