@@ -4,8 +4,9 @@
 //! Row `t` of a causal head costs `(2d + 2)(t + 1) − 1 + d` operations, so equal shares need
 //! rows from all over the sequence: the tokens from the last one down are dealt zigzag over
 //! periods of `2m` (PE `p` takes positions `p` and `2m − 1 − p` of each period), and the
-//! `n mod 2m` first, cheapest, rows each to the least loaded PE. No row is cut, so no partial
-//! states merge.
+//! `n mod 2m` first, cheapest, rows each to the least loaded PE — which continues the zigzag into
+//! a partial period at the bottom, so each PE's tokens are two progressions of stride `2m`. No
+//! row is cut, so no partial states merge.
 //!
 //! Every PE keeps every k/v row of a head that reaches it, in token order, so nothing is
 //! rescaled: the ring pass computes scores only (each row's `n`-word score row takes column
@@ -17,7 +18,11 @@
 //! The blocks are forwarded on the score loops of a few rows at the top of each kind, which
 //! each step runs first; the PEs' steps differ in length, so a step waits (no-ops) until the
 //! block it reads has arrived, the values until the own block is home, and the heads end
-//! together.
+//! together. Each step is a loop of its own, and steps that see their blocks alike join into one
+//! loop over them ([`super::merge::merge_at`]).
+//!
+//! Placements are listed per element, which leaves the proof to the flattened programs: layers
+//! beyond the flattening limit are refused rather than written unprovable.
 
 use std::collections::BTreeMap;
 
