@@ -19,7 +19,7 @@
 //! each step runs first; the PEs' steps differ in length, so a step waits (no-ops) until the
 //! block it reads has arrived, the values until the own block is home, and the heads end
 //! together. Each step is a loop of its own, and steps that see their blocks alike join into one
-//! loop over them ([`super::merge::merge_at`]).
+//! loop over them (`merge::merge_at`).
 //!
 //! Placements are listed per element, which leaves the proof to the flattened programs: layers
 //! beyond the flattening limit are refused rather than written unprovable.
