@@ -109,7 +109,8 @@ fn every_kind_of_layer_runs_from_its_files() {
 
 /// Causal layers with a safe softmax, whose values trail their keys (by the whole ring within
 /// the default allowance, or by 2 steps in groups under a `--mem` limit that allows no more),
-/// run from their files against the reference, tokens that do not divide the ring included.
+/// run from their files against the reference, tokens that do not divide the ring included
+/// (within the default allowance those are dealt whole rows, which run here too).
 #[test]
 fn lagged_values_run_from_their_files() {
     let mut ran = 0;
@@ -119,15 +120,25 @@ fn lagged_values_run_from_their_files() {
                 let src = layer_src(n, d, heads, false, true).replace("plain", "safe");
                 let what = format!("n={n} d={d} m={m} heads={heads}");
                 let whole = stream(&src, m).unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert!(
-                    whole
-                        .manifest
-                        .selection
-                        .reason
-                        .contains("values trail keys"),
-                    "{what}: {}",
-                    whole.manifest.selection.reason
-                );
+                if n.is_multiple_of(2 * m) {
+                    assert!(
+                        whole
+                            .manifest
+                            .selection
+                            .reason
+                            .contains("values trail keys"),
+                        "{what}: {}",
+                        whole.manifest.selection.reason
+                    );
+                } else {
+                    // Dealt in whole rows instead (no padding; placements listed per element):
+                    // the lag of 2 below still runs these tokens padded.
+                    assert!(
+                        whole.manifest.inputs["q"].layout.is_none(),
+                        "{what}: {}",
+                        whole.manifest.selection.reason
+                    );
+                }
                 // The memory of a lag of 2: the least a lagged program needs.
                 let p = compiler::problem::Problem::attention(
                     n,
@@ -489,4 +500,39 @@ fn compiled_loop_programs_decode_from_both_binary_versions() {
             assert!(largest <= 16 << 10, "{src}: {largest} bytes");
         }
     }
+}
+
+/// Causal layers on rings that do not deal the tokens in `2m` equal chunks take whole rows
+/// (per-element placements, every k/v row of a head kept); they run from their files against
+/// the reference, in exactly the cycles the manifest states.
+#[test]
+fn whole_rows_under_a_causal_mask_run_from_their_files() {
+    let mut ran = 0;
+    for (n, m) in [(13u32, 3u32), (19, 4), (29, 6), (50, 12), (64, 6), (64, 10)] {
+        for d in [1u32, 5, 16] {
+            for heads in [1u32, 3] {
+                let src = layer_src(n, d, heads, false, true).replace("plain", "safe");
+                let what = format!("n={n} d={d} m={m} heads={heads}");
+                // It keeps every k/v row of a head: more words than the default allowance.
+                let opts = compiler::Options {
+                    pes: m,
+                    schedule: Choice::Stream,
+                    dump_after: None,
+                    mem_limit: Some(u32::MAX),
+                    reroll: false,
+                };
+                let c = compiler::compile(&parse_one(&src), &opts)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    c.manifest.inputs["q"].layout.is_none(),
+                    "{what}: not whole rows"
+                );
+                let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+                let (_, cycles, _) = run_dir(&files(&c, true), seed);
+                assert_eq!(cycles, c.manifest.cycles, "{what}");
+                ran += 1;
+            }
+        }
+    }
+    assert_eq!(ran, 36);
 }

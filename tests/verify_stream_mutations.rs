@@ -675,6 +675,69 @@ fn uneven_deal_mutants_are_rejected() {
     assert!(rejected.iter().all(|&r| r >= 20), "{rejected:?}");
 }
 
+/// Whole rows under a causal mask (steps of different lengths joined into loops where they
+/// continue one another, stepped nests, placements listed element by element): proved, and
+/// every mutant of a loop count, a stride, a base address or a count's step rejected.
+#[test]
+fn whole_row_mutants_are_rejected() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(19);
+    let mut rejected = [0u32; 4];
+    for (n, d, h, m) in [(29, 3, 1, 6), (19, 2, 2, 4), (20, 4, 1, 3)] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let src = layer_src(n, d, h, false, true).replace("softmax = plain", "softmax = safe");
+        // Whole rows keep a head's every k/v row: more than the default allowance.
+        let c = stream(&src, m, Some(u32::MAX));
+        assert!(
+            c.manifest.inputs["q"].layout.is_none(),
+            "{what}: not whole rows"
+        );
+        // Steps wait for their blocks and PEs for the longest one: a loop of no-ops (a wait)
+        // may have slack, and one run shorter is still a correct program. Loop counts are
+        // mutated on loops that do work.
+        reject_mutants(
+            &c,
+            &what,
+            &[Mutation::Stride, Mutation::Base, Mutation::Step],
+            &mut rng,
+            &mut rejected[1..],
+        );
+        for _ in 0..8 {
+            let mut loops = c.loops.clone();
+            let pe = rng.random_range(0..loops.len());
+            let total = count_loops(&loops[pe].body);
+            let mut k = rng.random_range(0..total);
+            let Some(l) = nth_loop(&mut loops[pe].body, &mut k) else {
+                continue;
+            };
+            if !does_work(&l.body) {
+                continue;
+            }
+            let old = l.count;
+            let new = if old > 1 && rng.random_bool(0.5) {
+                old - 1
+            } else {
+                old + 1
+            };
+            l.count = new;
+            let r = prove(&files(&loops, &c.manifest));
+            assert!(
+                r.is_err(),
+                "{what}: PE {pe}, loop count {old} -> {new}: the mutant was proved"
+            );
+            rejected[0] += 1;
+        }
+    }
+    assert!(rejected.iter().all(|&r| r >= 12), "{rejected:?}");
+}
+
+/// Whether a loop body holds an operation, an accumulation or a send.
+fn does_work(nodes: &[Node]) -> bool {
+    nodes.iter().any(|n| match n {
+        Node::Loop(l) => does_work(&l.body),
+        Node::Bundle(b) => b.bundle != isa::Bundle::NOP,
+    })
+}
+
 #[test]
 fn carried_score_mutants_are_rejected() {
     // The shared stream whose mirrored scores travel home with their blocks (with room to

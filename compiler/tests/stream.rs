@@ -451,6 +451,49 @@ fn uneven_deals_run_exactly_their_operations() {
     }
 }
 
+/// Causal layers on rings that do not deal the tokens in `2m` equal chunks, dealt whole rows:
+/// run against the reference the same in bulk, cycle by cycle and flattened, in the predicted
+/// cycles, executing per head exactly the necessary operations of the safe formulation with
+/// deferred normalisation (counted here from the shape) and one copy (token 0's maximum).
+#[test]
+fn whole_rows_run_exactly_their_operations() {
+    for (n, d, h, m) in [
+        (13, 2, 1, 3),
+        (19, 3, 2, 4),
+        (29, 5, 3, 6),
+        (53, 8, 1, 12),
+        (64, 16, 2, 6),
+        (128, 32, 1, 12),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let p = problem(n, d, h, false, true);
+        let st = schedule_stream::run_whole(&p, m).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for prog in &st.programs {
+            assert_eq!(prog.cycles(), st.cycles, "{what}");
+        }
+        let stats = run_three_ways(&p, m, &st, &what);
+        let kind = |k: OpKind| stats.per_pe.iter().map(|x| x.count(k)).sum::<u64>();
+        let (n64, d64) = (u64::from(n), u64::from(d));
+        let weights = n64 * (n64 + 1) / 2;
+        // Products of scores and values, an exponential per weight, d divisions per row, a
+        // row's keys less one maxima, and the copy.
+        let per_head = 2 * weights * d64 + weights + n64 * d64 + (weights - n64) + 1;
+        let ran: u64 = [
+            OpKind::Mul,
+            OpKind::Exp,
+            OpKind::Div,
+            OpKind::Max,
+            OpKind::Expd,
+        ]
+        .into_iter()
+        .map(kind)
+        .sum();
+        assert_eq!(ran, st.total_ops, "{what}");
+        assert_eq!(st.total_ops, u64::from(h) * per_head, "{what}");
+        assert_eq!(kind(OpKind::Div), u64::from(h) * n64 * d64, "{what}");
+    }
+}
+
 #[test]
 fn one_division_per_weight_runs_exactly_its_formulation() {
     // The whole ring's lag dividing each weight: the reference's results, bit-identical in

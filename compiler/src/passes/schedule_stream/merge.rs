@@ -19,12 +19,25 @@ pub(super) fn merge(mut p: LoopProgram) -> LoopProgram {
     p
 }
 
-fn walk(nodes: &mut Vec<Node>, level: u8) {
-    for node in nodes.iter_mut() {
-        if let Node::Loop(l) = node {
-            walk(&mut l.body, level + 1);
+/// `p` with adjacent loops merged at loop depth `depth` only (their bodies as they are), so
+/// that loops whose bodies would merge differently inside still join as wholes first.
+pub(super) fn merge_at(mut p: LoopProgram, depth: u8) -> LoopProgram {
+    fn down(nodes: &mut Vec<Node>, level: u8, depth: u8) {
+        if level == depth {
+            join_siblings(nodes, level);
+            return;
+        }
+        for node in nodes.iter_mut() {
+            if let Node::Loop(l) = node {
+                down(&mut l.body, level + 1, depth);
+            }
         }
     }
+    down(&mut p.body, 0, depth);
+    p
+}
+
+fn join_siblings(nodes: &mut Vec<Node>, level: u8) {
     let mut out: Vec<Node> = Vec::with_capacity(nodes.len());
     for node in nodes.drain(..) {
         if let (Some(Node::Loop(a)), Node::Loop(b)) = (out.last_mut(), &node) {
@@ -36,6 +49,15 @@ fn walk(nodes: &mut Vec<Node>, level: u8) {
         out.push(node);
     }
     *nodes = out;
+}
+
+fn walk(nodes: &mut Vec<Node>, level: u8) {
+    for node in nodes.iter_mut() {
+        if let Node::Loop(l) = node {
+            walk(&mut l.body, level + 1);
+        }
+    }
+    join_siblings(nodes, level);
 }
 
 /// `a` then `b` as one loop at `level`, if `b`'s iterations continue `a`'s.

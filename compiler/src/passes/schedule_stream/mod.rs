@@ -40,6 +40,7 @@ mod merge;
 mod once;
 mod paired;
 mod uneven;
+mod whole;
 
 pub const NAME: &str = "schedule-stream";
 pub const DESCRIPTION: &str =
@@ -841,6 +842,12 @@ pub fn run_uneven(p: &Problem, pes: u32) -> Result<Stream, String> {
     uneven::run(p, pes, None)
 }
 
+/// Whole rows alone (separate q, k, v, causal mask, safe softmax, a ring that does not deal
+/// the tokens in `2m` equal chunks), whatever the padded deal would take.
+pub fn run_whole(p: &Problem, pes: u32) -> Result<Stream, String> {
+    whole::run(p, pes, None)
+}
+
 /// Whether a shared layer without a mask computes each score block once for both of its uses
 /// ([`paired`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -921,6 +928,18 @@ fn run_pairing_online(
             if let Ok(u) = uneven::run(p, pes, Some(budget)) {
                 if u.cycles < plain.cycles {
                     return Ok(u);
+                }
+            }
+        }
+    }
+    // Under a causal mask the same holds for whole rows dealt over periods of `2m`: no
+    // padding, every k/v row of a head kept and a score row per row.
+    if let Lag::Fit(limit) = lag {
+        if safe && whole::unsupported(p, pes).is_none() {
+            let budget = limit.map_or_else(|| allowance(p, pes), u64::from);
+            if let Ok(w) = whole::run(p, pes, Some(budget)) {
+                if w.cycles < plain.cycles {
+                    return Ok(w);
                 }
             }
         }

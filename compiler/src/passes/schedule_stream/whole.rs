@@ -1,0 +1,887 @@
+//! Whole rows under a causal mask on a ring that does not deal the tokens in `2m` equal chunks
+//! (docs/scheduling.md, "Streaming ring schedule", "Whole rows under a causal mask").
+//!
+//! Row `t` of a causal head costs `(2d + 2)(t + 1) − 1 + d` operations, so equal shares need
+//! rows from all over the sequence: the tokens from the last one down are dealt zigzag over
+//! periods of `2m` (PE `p` takes positions `p` and `2m − 1 − p` of each period), and the
+//! `n mod 2m` first, cheapest, rows each to the least loaded PE — which continues the zigzag into
+//! a partial period at the bottom, so each PE's tokens are two progressions of stride `2m`. No
+//! row is cut, so no partial states merge.
+//!
+//! Every PE keeps every k/v row of a head that reaches it, in token order, so nothing is
+//! rescaled: the ring pass computes scores only (each row's `n`-word score row takes column
+//! `key token`), and the ring's last hop brings each block home into its owner's buffer, so
+//! that after the pass every row finds all its keys' scores and v rows at affine addresses and
+//! takes its maximum, exponentials, sum, weighted values and `d` divisions in one stepped nest
+//! per kind of row. The programs execute exactly the deferred formulation's operations.
+//!
+//! The blocks are forwarded on the score loops of a few rows at the top of each kind, which
+//! each step runs first; the PEs' steps differ in length, so a step waits (no-ops) until the
+//! block it reads has arrived, the values until the own block is home, and the heads end
+//! together. Each step is a loop of its own, and steps that see their blocks alike join into one
+//! loop over them (`merge::merge_at`).
+//!
+//! Placements are listed per element, which leaves the proof to the flattened programs: layers
+//! beyond the flattening limit are refused rather than written unprovable.
+
+use std::collections::BTreeMap;
+
+use isa::{Cmp, CountStep, Loop, LoopProgram, Node, Pred, Slot};
+
+use super::{ad, lp, Ad, Place, Send, Stream, B, NAME};
+use crate::problem::Problem;
+
+/// Bundles of all PEs' programs flattened that the proof of a layer with per-element
+/// placements can take (`attnc verify`'s flattening limit, `attnc::rundir::MAX_FLATTENED_BUNDLES`).
+const FLAT_PROOF_BUNDLES: u64 = 8_000_000;
+
+/// Why the whole-rows deal does not apply to `p` on `m` PEs, if it does not.
+pub fn unsupported(p: &Problem, m: u32) -> Option<String> {
+    if !p.causal || p.symmetric || p.shared_values || !p.safe() {
+        return Some(format!(
+            "{NAME}: whole rows take separate q, k, v under a causal mask and the safe softmax"
+        ));
+    }
+    if m < 2 || p.tokens.is_multiple_of(2 * m) {
+        return Some(format!(
+            "{NAME}: whole rows are for rings of 2 or more PEs that do not deal the tokens in 2m equal chunks"
+        ));
+    }
+    // A row's keys grow by a period, `2m`, from one row of a kind to the next: a loop count's
+    // step, an `i16`.
+    if 2 * u64::from(m) > i16::MAX as u64 {
+        return Some(format!(
+            "{NAME}: whole rows take rings of at most 16383 PEs"
+        ));
+    }
+    // Two periods give every row kind a nest and the block's words score loops to ride on.
+    if p.tokens / (2 * m) < 2 {
+        return Some(format!(
+            "{NAME}: whole rows need at least {} tokens on {m} PEs ({})",
+            4 * m,
+            p.tokens
+        ));
+    }
+    None
+}
+
+/// Operations of causal row `t` (deferred safe softmax).
+fn row_cost(t: u32, d: u32) -> u64 {
+    (2 * u64::from(d) + 2) * (u64::from(t) + 1) - 1 + u64::from(d)
+}
+
+/// Which tokens each PE owns: zigzag over whole periods of `2m` from the last token down, the
+/// `n mod 2m` first tokens (largest first) to the least loaded PE.
+fn deal(n: u32, m: u32, d: u32) -> Vec<Vec<u32>> {
+    let period = 2 * m;
+    let rest = n % period;
+    let mut rows: Vec<Vec<u32>> = vec![Vec::new(); m as usize];
+    let mut load = vec![0u64; m as usize];
+    for t in rest..n {
+        let pos = (t - rest) % period;
+        let pe = if pos < m { pos } else { period - 1 - pos };
+        rows[pe as usize].push(t);
+        load[pe as usize] += row_cost(t, d);
+    }
+    for t in (0..rest).rev() {
+        let pe = (0..m as usize).min_by_key(|&q| (load[q], q)).unwrap_or(0);
+        rows[pe].push(t);
+        load[pe] += row_cost(t, d);
+    }
+    for r in &mut rows {
+        r.sort_unstable();
+    }
+    rows
+}
+
+/// One PE's rows and memory map.
+#[derive(Clone, Debug)]
+struct Pe {
+    /// Its tokens, ascending: per period (the first one partial, `n mod 2m` tokens, where they
+    /// exist) the low position (`p`) and the high one (`2m − 1 − p`).
+    tokens: Vec<u32>,
+    /// Local row of period 0's low and high token: period `i`'s are `2i` further.
+    c: [u32; 2],
+    /// First period of its low and high tokens: −1 where the partial period holds one.
+    first: [i32; 2],
+    q: u32,
+    /// The own block, per head `[k rows][v rows]`, in local order.
+    kv: u32,
+    y: u32,
+    /// Every k/v row of the head, in token order (the own ones once they come home).
+    kb: u32,
+    vb: u32,
+    /// Scores, one row of `n` per local row (column = key token), then its exponentials.
+    s: u32,
+    mx: u32,
+    l: u32,
+    words: u32,
+}
+
+impl Pe {
+    fn rows(&self) -> u32 {
+        self.tokens.len() as u32
+    }
+}
+
+/// A key loop of a row's work against a block: `count` keys of its low or high progression
+/// from its first (at the nest's first row), `stepped` when the count grows by one per period
+/// of the rows.
+#[derive(Clone, Copy, Debug)]
+struct KeyLoop {
+    high: bool,
+    count: u32,
+    stepped: bool,
+}
+
+/// Words a step forwards: `len` keys of a block's low or high progression from its key
+/// `start`, k rows (`v` false) or v rows.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    high: bool,
+    v: bool,
+    start: u32,
+    len: u32,
+}
+
+struct Deal {
+    n: u32,
+    d: u32,
+    m: u32,
+    rest: u32,
+    periods: u32,
+    pes: Vec<Pe>,
+}
+
+impl Deal {
+    fn new(n: u32, d: u32, m: u32, heads: u32) -> Option<Deal> {
+        let rest = n % (2 * m);
+        let periods = n / (2 * m);
+        let (dd, nn, h) = (u64::from(d), u64::from(n), u64::from(heads));
+        let mut pes = Vec::new();
+        for (p, tokens) in deal(n, m, d).into_iter().enumerate() {
+            let p = p as u32;
+            // The least loaded PE takes each of the first tokens, and after whole periods
+            // every PE's load is the same: that continues the zigzag into the partial period,
+            // so each PE's tokens are two progressions of stride 2m (checked here).
+            let pos = [p, 2 * m - 1 - p];
+            let period =
+                |x: usize, i: i64| i64::from(rest) + 2 * i64::from(m) * i + i64::from(pos[x]);
+            let first = [0, 1].map(|x| if period(x, -1) >= 0 { -1 } else { 0 });
+            let mut want: Vec<u32> = (0..2)
+                .flat_map(|x| {
+                    (first[x]..periods as i32).map(move |i| period(x, i64::from(i)) as u32)
+                })
+                .collect();
+            want.sort_unstable();
+            if want != tokens {
+                return None;
+            }
+            let at = |t: i64| tokens.iter().position(|&x| i64::from(x) == t);
+            let c = [at(period(0, 0))? as u32, at(period(1, 0))? as u32];
+            let r = tokens.len() as u64;
+            let q = 0u64;
+            let kv = q + h * r * dd;
+            let y = kv + h * 2 * r * dd;
+            let kb = y + h * r * dd;
+            let vb = kb + nn * dd;
+            let s = vb + nn * dd;
+            let mx = s + r * nn;
+            let l = mx + r;
+            let words = l + r;
+            let w = |x: u64| u32::try_from(x).ok();
+            pes.push(Pe {
+                tokens,
+                c,
+                first,
+                q: w(q)?,
+                kv: w(kv)?,
+                y: w(y)?,
+                kb: w(kb)?,
+                vb: w(vb)?,
+                s: w(s)?,
+                mx: w(mx)?,
+                l: w(l)?,
+                words: w(words)?,
+            });
+        }
+        Some(Deal {
+            n,
+            d,
+            m,
+            rest,
+            periods,
+            pes,
+        })
+    }
+
+    fn pe(&self, p: u32) -> &Pe {
+        &self.pes[p as usize]
+    }
+
+    fn next(&self, p: u32) -> &Pe {
+        &self.pes[((p + 1) % self.m) as usize]
+    }
+
+    /// Block held by PE `p` in ring step `s`.
+    fn held(&self, p: u32, s: u32) -> u32 {
+        (p + self.m - s) % self.m
+    }
+
+    /// Position in each period of PE `b`'s low or high tokens.
+    fn pos(&self, b: u32, high: bool) -> u32 {
+        if high {
+            2 * self.m - 1 - b
+        } else {
+            b
+        }
+    }
+
+    /// First period of block `b`'s low or high keys.
+    fn first(&self, b: u32, high: bool) -> i32 {
+        self.pe(b).first[usize::from(high)]
+    }
+
+    /// Keys of block `b`'s low or high progression.
+    fn keys(&self, b: u32, high: bool) -> u32 {
+        (self.periods as i32 - self.first(b, high)) as u32
+    }
+
+    /// Token of period `i` at PE `b`'s low or high position (it exists).
+    fn token(&self, b: u32, high: bool, i: i32) -> u32 {
+        (i64::from(self.rest) + 2 * i64::from(self.m) * i64::from(i) + i64::from(self.pos(b, high)))
+            as u32
+    }
+
+    /// Token of the first key of block `b`'s low or high progression.
+    fn key0(&self, b: u32, high: bool) -> u32 {
+        self.token(b, high, self.first(b, high))
+    }
+
+    /// Where PE `p` reads the first key of a progression of block `b` (k row, column 0; `v`:
+    /// its v row) and the stride of the key index there.
+    fn key_at(&self, p: u32, b: u32, high: bool, v: bool) -> (Ad, i64) {
+        let pe = self.pe(p);
+        let d = i64::from(self.d);
+        if b == p {
+            let own = i64::from(pe.rows());
+            let x = usize::from(high);
+            let local = i64::from(pe.c[x]) + 2 * i64::from(pe.first[x]);
+            let at = ad(pe.kv)
+                .t(0, 2 * own * d)
+                .plus((local + if v { own } else { 0 }) * d);
+            (at, 2 * d)
+        } else {
+            let base = if v { pe.vb } else { pe.kb };
+            (
+                ad(base + self.key0(b, high) * self.d),
+                2 * i64::from(self.m) * d,
+            )
+        }
+    }
+
+    /// Where the next PE keeps the first key of a progression of block `b`, and the stride.
+    fn key_dst(&self, p: u32, b: u32, high: bool, v: bool) -> (Ad, i64) {
+        let nx = self.next(p);
+        let base = if v { nx.vb } else { nx.kb };
+        (
+            ad(base + self.key0(b, high) * self.d),
+            2 * i64::from(self.m) * i64::from(self.d),
+        )
+    }
+
+    /// The key loops of PE `p`'s low or high row of period `i` against block `b`: every key
+    /// of the block at or before the row's token.
+    fn key_loops(&self, p: u32, b: u32, high: bool, i: i32) -> Vec<KeyLoop> {
+        // Keys of periods below `lim` are visible (the positions decide the row's own period).
+        let lim = |keys_high: bool| match (high, keys_high) {
+            (false, false) => i + i32::from(b <= p),
+            (false, true) => i,
+            (true, false) => i + 1,
+            (true, true) => i + i32::from(b >= p),
+        };
+        [false, true]
+            .map(|kh| KeyLoop {
+                high: kh,
+                count: (lim(kh) - self.first(b, kh)).max(0) as u32,
+                stepped: true,
+            })
+            .to_vec()
+    }
+
+    /// Local row of PE `p`'s low or high row of period `i`.
+    fn local(&self, p: u32, high: bool, i: i32) -> u32 {
+        (self.pe(p).c[usize::from(high)] as i32 + 2 * i) as u32
+    }
+
+    /// Rows `local0 + 2·i` (`i < rows`) of PE `p` against block `b` through `loops` (counts
+    /// at the first row; stepped ones one more per row), the link slots carrying `sends` (one
+    /// per loop at most: the loop's index and the piece).
+    fn scores(
+        &self,
+        p: u32,
+        b: u32,
+        (local0, rows): (u32, u32),
+        loops: &[KeyLoop],
+        sends: &[(usize, Piece)],
+    ) -> Vec<Node> {
+        let pe = self.pe(p);
+        let (d, n) = (i64::from(self.d), i64::from(self.n));
+        // Level 1 is the ring step's own loop (of one iteration: adjacent steps that continue
+        // one another are merged into one loop afterwards).
+        let (lr, lb, lc) = (2u8, 3u8, 4u8);
+        let q = ad(pe.q + local0 * self.d)
+            .t(0, i64::from(pe.rows()) * d)
+            .t(lr, 2 * d);
+        let mut body = Vec::new();
+        for (at, kl) in loops.iter().enumerate() {
+            if kl.count == 0 {
+                continue;
+            }
+            let (k, kst) = self.key_at(p, b, kl.high, false);
+            let sc = ad(pe.s + local0 * self.n + self.key0(b, kl.high))
+                .t(lr, 2 * n)
+                .t(lb, 2 * i64::from(self.m));
+            let k = k.t(lb, kst);
+            let send = sends.iter().find(|x| x.0 == at).map(|&(_, piece)| {
+                let (src, sst) = self.key_at(p, b, piece.high, piece.v);
+                let (dst, dstr) = self.key_dst(p, b, piece.high, piece.v);
+                let off = i64::from(piece.start);
+                let preds = if piece.len < kl.count || kl.stepped {
+                    vec![Pred {
+                        slot: Slot::Xfer,
+                        level: lb,
+                        cmp: Cmp::Lt,
+                        value: piece.len,
+                    }]
+                } else {
+                    Vec::new()
+                };
+                Send {
+                    src: src.plus(off * sst).t(lb, sst),
+                    dst: dst.plus(off * dstr).t(lb, dstr),
+                    preds,
+                }
+            });
+            let cols = |s: &Option<Send>| {
+                s.as_ref().map(|s| Send {
+                    src: s.src.clone().plus(1).t(lc, 1),
+                    dst: s.dst.clone().plus(1).t(lc, 1),
+                    preds: s.preds.clone(),
+                })
+            };
+            let mut key = vec![B::new()
+                .mul(q.clone(), k.clone(), None)
+                .add(None, sc.clone())
+                .send(send.as_ref())
+                .build()];
+            key.extend(lp(
+                self.d - 1,
+                vec![B::new()
+                    .mul(q.clone().plus(1).t(lc, 1), k.plus(1).t(lc, 1), None)
+                    .add(Some(sc.clone()), sc)
+                    .send(cols(&send).as_ref())
+                    .build()],
+            ));
+            body.push(Node::Loop(Loop {
+                count: kl.count,
+                step: (kl.stepped && rows > 1).then_some(CountStep { level: lr, per: 1 }),
+                body: key,
+            }));
+        }
+        // A row that sees no key of the block has nothing to do in the step.
+        if body.is_empty() {
+            return Vec::new();
+        }
+        lp(rows, body)
+    }
+
+    /// The words of a block a step forwards, as pieces of its progressions: every k and v
+    /// row, the top high key's k row a piece of its own. The same pieces for every block, so
+    /// that steps whose rows see their blocks alike carry them on the same loops and join into
+    /// one loop; [`Deal::sent`] says which a step leaves out.
+    fn pieces(&self, b: u32) -> Vec<Piece> {
+        let mut v = Vec::new();
+        for high in [false, true] {
+            for vv in [false, true] {
+                let keys = self.keys(b, high);
+                let len = keys - u32::from(high && !vv);
+                v.push(Piece {
+                    high,
+                    v: vv,
+                    start: 0,
+                    len,
+                });
+            }
+        }
+        v.push(Piece {
+            high: true,
+            v: false,
+            start: self.keys(b, true) - 1,
+            len: 1,
+        });
+        v
+    }
+
+    /// Whether step `s` sends `piece` of block `b`: the last hop brings only the v rows home
+    /// (the owner's k rows are in its own region), and every PE's last token is `n − 1 − q`,
+    /// so the top high key of block `b` (token `n − 1 − b`) is read by the PEs `q ≤ b` only:
+    /// block 0's travels without its k row.
+    fn sent(&self, b: u32, s: u32, piece: &Piece) -> bool {
+        let top = piece.high && !piece.v && piece.start + piece.len == self.keys(b, true);
+        piece.v || (s + 1 < self.m && !(b == 0 && top))
+    }
+
+    /// Ring step `s` on PE `p`: the top rows carrying the block to the next PE first, then
+    /// the rest. Also the cycles, from the step's start, by which the next PE has the block.
+    fn step(&self, p: u32, s: u32) -> Result<(Vec<Node>, u64), String> {
+        let b = self.held(p, s);
+        let pe = self.pe(p);
+        let big = self.periods as i32;
+        // Peel rows from the top, high and low alternately, one at a time until the block's
+        // words fit their loops.
+        let order: Vec<(bool, i32)> = (0..big)
+            .flat_map(|k| [(true, big - 1 - k), (false, big - 1 - k)])
+            .collect();
+        for top in 1..=order.len() {
+            let peeled = &order[..top];
+            // Rows of each kind left below the peeled ones.
+            let left = |high: bool| big - peeled.iter().filter(|x| x.0 == high).count() as i32;
+            let rows: Vec<Vec<KeyLoop>> = peeled
+                .iter()
+                .map(|&(high, i)| fixed(&self.key_loops(p, b, high, i)))
+                .collect();
+            let Some(plan) = assign(&self.pieces(b), &rows) else {
+                continue;
+            };
+            let plan: Vec<_> = plan.into_iter().filter(|x| self.sent(b, s, &x.2)).collect();
+            let mut nodes = Vec::new();
+            for (r, &(high, i)) in peeled.iter().enumerate() {
+                let sends: Vec<(usize, Piece)> = plan
+                    .iter()
+                    .filter(|x| x.0 == r)
+                    .map(|x| (x.1, x.2))
+                    .collect();
+                let local = self.local(p, high, i);
+                nodes.extend(self.scores(p, b, (local, 1), &rows[r], &sends));
+            }
+            let ready = cycles(&lp(1, nodes.clone()));
+            // The rest of each kind: one row alone while a key loop would be empty, then a
+            // stepped nest.
+            for high in [true, false] {
+                let mut i = pe.first[usize::from(high)];
+                while i < left(high) {
+                    let loops = self.key_loops(p, b, high, i);
+                    let local = self.local(p, high, i);
+                    if loops.iter().any(|x| x.count == 0) {
+                        nodes.extend(self.scores(p, b, (local, 1), &fixed(&loops), &[]));
+                        i += 1;
+                    } else {
+                        let rows = (left(high) - i) as u32;
+                        nodes.extend(self.scores(p, b, (local, rows), &loops, &[]));
+                        break;
+                    }
+                }
+            }
+            return Ok((lp(1, nodes), ready));
+        }
+        Err(format!(
+            "{NAME}: whole rows cannot carry block {b} on PE {p}'s score loops"
+        ))
+    }
+
+    /// After the ring pass, rows `local0 + 2·i` (`i < rows`) of PE `p`, tokens `t0 + 2m·i`
+    /// (at least 2 when `rows > 1`): maximum, exponentials summed into `l`, weighted values,
+    /// `y /= l`.
+    fn values(&self, p: u32, (local0, rows): (u32, u32), t0: u32, scale: f32) -> Vec<Node> {
+        let pe = self.pe(p);
+        let (d, n) = (i64::from(self.d), i64::from(self.n));
+        let lr = 1u8;
+        let sc = ad(pe.s + local0 * self.n).t(lr, 2 * n);
+        let mx = ad(pe.mx + local0).t(lr, 2);
+        let l = ad(pe.l + local0).t(lr, 2);
+        let y = ad(pe.y + local0 * self.d)
+            .t(0, i64::from(pe.rows()) * d)
+            .t(lr, 2 * d);
+        let per = 2 * self.m;
+        let stepped = |count: u32, body: Vec<Node>| -> Vec<Node> {
+            vec![Node::Loop(Loop {
+                count,
+                step: (rows > 1).then_some(CountStep {
+                    level: lr,
+                    per: per as i16,
+                }),
+                body,
+            })]
+        };
+        let mut body = Vec::new();
+        // The row's maximum; a row of one key copies its score (`max(S, S)`, the one
+        // operation beyond the formulation's).
+        if t0 == 0 {
+            body.push(B::new().max(sc.clone(), sc.clone(), mx.clone()).build());
+        } else {
+            body.push(
+                B::new()
+                    .max(sc.clone(), sc.clone().plus(1), mx.clone())
+                    .build(),
+            );
+            if t0 >= 2 {
+                body.extend(stepped(
+                    t0 - 1,
+                    vec![B::new()
+                        .max(mx.clone(), sc.clone().plus(2).t(2, 1), mx.clone())
+                        .build()],
+                ));
+            }
+        }
+        body.push(
+            B::new()
+                .expd(sc.clone(), mx.clone(), scale, sc.clone())
+                .add(None, l.clone())
+                .build(),
+        );
+        if t0 >= 1 {
+            let e = sc.clone().plus(1).t(2, 1);
+            body.extend(stepped(
+                t0,
+                vec![B::new()
+                    .expd(e.clone(), mx.clone(), scale, e)
+                    .add(Some(l.clone()), l.clone())
+                    .build()],
+            ));
+        }
+        let yc = y.clone().t(2, 1);
+        let v = ad(pe.vb).t(2, 1);
+        let mut cols = vec![B::new()
+            .mul(sc.clone(), v.clone(), None)
+            .add(None, yc.clone())
+            .build()];
+        if t0 >= 1 {
+            cols.extend(stepped(
+                t0,
+                vec![B::new()
+                    .mul(sc.clone().plus(1).t(3, 1), v.plus(d).t(3, d), None)
+                    .add(Some(yc.clone()), yc.clone())
+                    .build()],
+            ));
+        }
+        body.extend(lp(self.d, cols));
+        body.extend(lp(self.d, vec![B::new().div(yc.clone(), l, yc).build()]));
+        lp(rows, body)
+    }
+
+    /// Every row's values: the rows of tokens below 2 alone, the rest in one nest per kind.
+    fn all_values(&self, p: u32, scale: f32) -> Vec<Node> {
+        let pe = self.pe(p);
+        let mut nodes = Vec::new();
+        for high in [false, true] {
+            let mut i = pe.first[usize::from(high)];
+            while i < self.periods as i32 {
+                let t = self.token(p, high, i);
+                let local = self.local(p, high, i);
+                if t < 2 {
+                    nodes.extend(self.values(p, (local, 1), t, scale));
+                    i += 1;
+                } else {
+                    let rows = (self.periods as i32 - i) as u32;
+                    nodes.extend(self.values(p, (local, rows), t, scale));
+                    break;
+                }
+            }
+        }
+        nodes
+    }
+}
+
+/// `loops` as the loops of one row: fixed counts.
+fn fixed(loops: &[KeyLoop]) -> Vec<KeyLoop> {
+    loops
+        .iter()
+        .map(|x| KeyLoop {
+            stepped: false,
+            ..*x
+        })
+        .collect()
+}
+
+/// Which key loop of which row carries which piece of the block: `(row, loop, piece)`, each
+/// loop carrying at most one piece no longer than its count; pieces longer than any free loop
+/// are split. `None` if the loops do not hold them all.
+fn assign(pieces: &[Piece], rows: &[Vec<KeyLoop>]) -> Option<Vec<(usize, usize, Piece)>> {
+    let mut free: Vec<(usize, usize, u32)> = rows
+        .iter()
+        .enumerate()
+        .flat_map(|(r, loops)| {
+            loops
+                .iter()
+                .enumerate()
+                .filter(|x| x.1.count > 0)
+                .map(move |(i, x)| (r, i, x.count))
+        })
+        .collect();
+    let mut todo: Vec<Piece> = pieces.to_vec();
+    let mut plan = Vec::new();
+    while let Some(at) = (0..todo.len()).max_by_key(|&i| (todo[i].len, std::cmp::Reverse(i))) {
+        let piece = todo.swap_remove(at);
+        // The smallest loop that holds it whole, else the largest, and the rest again.
+        let fit = (0..free.len())
+            .filter(|&i| free[i].2 >= piece.len)
+            .min_by_key(|&i| (free[i].2, free[i].0, free[i].1));
+        let pick =
+            fit.or_else(|| (0..free.len()).max_by_key(|&i| (free[i].2, std::cmp::Reverse(i))))?;
+        let (r, l, cap) = free.swap_remove(pick);
+        let len = piece.len.min(cap);
+        plan.push((r, l, Piece { len, ..piece }));
+        if len < piece.len {
+            todo.push(Piece {
+                start: piece.start + len,
+                len: piece.len - len,
+                ..piece
+            });
+        }
+    }
+    Some(plan)
+}
+
+fn nop() -> Node {
+    B::new().build()
+}
+
+/// Cycles of a stretch of a head's body: under a loop standing for the head loop, so that
+/// stepped counts find the row loop at its level.
+fn cycles(nodes: &[Node]) -> u64 {
+    LoopProgram {
+        pe: 0,
+        pes: 1,
+        mem_words: 0,
+        body: lp(1, nodes.to_vec()),
+    }
+    .cycles()
+}
+
+/// `count` idle cycles.
+fn wait(count: u64) -> Result<Vec<Node>, String> {
+    let c = u32::try_from(count).map_err(|_| format!("{NAME}: a wait of {count} cycles"))?;
+    Ok(lp(c, vec![nop()]))
+}
+
+/// The whole-rows programs for `p` on `m` PEs (see the module's doc), if every PE's memory is
+/// within `budget` words (checked before anything is built).
+pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
+    if let Some(why) = unsupported(p, m) {
+        return Err(why);
+    }
+    let (n, d, heads) = (p.tokens, p.dim, p.heads);
+    let scale = p.scale as f32;
+    let deal = Deal::new(n, d, m, heads).ok_or_else(|| {
+        format!("{NAME}: whole rows do not deal the layer in two progressions per PE within 32-bit addresses")
+    })?;
+    let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
+    if budget.is_some_and(|b| u64::from(words) > b) {
+        return Err(format!(
+            "{NAME}: whole rows need {words} words per PE, more than {}",
+            budget.unwrap_or(0)
+        ));
+    }
+    let mu = m as usize;
+    let prev = |pe: usize| (pe + mu - 1) % mu;
+    let steps: Vec<Vec<(Vec<Node>, u64)>> = (0..m)
+        .map(|pe| (0..m).map(|s| deal.step(pe, s)).collect::<Result<_, _>>())
+        .collect::<Result<_, _>>()?;
+    // Each step waits until the block it reads is whole on its PE (the PE before forwards it
+    // from the start of its step before).
+    let mut waits = vec![vec![0u64; mu]; mu];
+    let mut start = vec![vec![0u64; mu]; mu];
+    let mut end = vec![0u64; mu];
+    for s in 0..mu {
+        for pe in 0..mu {
+            let ready = if s == 0 {
+                0
+            } else {
+                start[prev(pe)][s - 1] + steps[prev(pe)][s - 1].1
+            };
+            let at = end[pe].max(ready);
+            waits[pe][s] = at - end[pe];
+            start[pe][s] = at;
+            end[pe] = at + cycles(&steps[pe][s].0);
+        }
+    }
+    let mut bodies = Vec::with_capacity(mu);
+    for pe in 0..mu {
+        let mut body = Vec::new();
+        for (s, (nodes, _)) in steps[pe].iter().enumerate() {
+            body.extend(wait(waits[pe][s])?);
+            body.extend(nodes.iter().cloned());
+        }
+        // The own block comes home on the last step of the PE before.
+        let home = start[prev(pe)][mu - 1] + steps[prev(pe)][mu - 1].1;
+        body.extend(wait(home.saturating_sub(end[pe]))?);
+        body.extend(deal.all_values(pe as u32, scale));
+        bodies.push(body);
+    }
+    let ends: Vec<u64> = bodies.iter().map(|b| cycles(b)).collect();
+    // The heads start together: a block of the next head lands where this one's was read.
+    let head = ends.iter().copied().max().unwrap_or(0);
+    let programs = bodies
+        .into_iter()
+        .zip(&ends)
+        .enumerate()
+        .map(|(pe, (mut body, &e))| {
+            body.extend(wait(head - e)?);
+            // Steps whose rows see their blocks alike (a run of blocks before or after the
+            // PE's, whose first periods agree) continue one another: one loop over them.
+            let raw = super::once::strip(LoopProgram {
+                pe: pe as u32,
+                pes: m,
+                mem_words: deal.pes[pe].words,
+                body: lp(heads, body),
+            });
+            Ok(super::merge::merge(super::merge::merge_at(raw, 1)))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
+    // Per-element placements leave the proof to the flattened programs (the checks without
+    // unrolling take affine layouts only), and `attnc verify` flattens at most this many
+    // bundles: a layer beyond it would be written unprovable, so it keeps another stream.
+    let bundles = cycles.saturating_mul(u64::from(m));
+    if bundles > FLAT_PROOF_BUNDLES {
+        return Err(format!(
+            "{NAME}: whole rows would take {bundles} bundles, more than the {FLAT_PROOF_BUNDLES} the flattened proof takes"
+        ));
+    }
+    let total_ops: u64 = programs
+        .iter()
+        .map(|p| p.op_counts().iter().sum::<u64>())
+        .sum();
+    let weights = u64::from(n) * (u64::from(n) + 1) / 2 * u64::from(heads);
+    let ops = crate::schedule::OpCounts {
+        phase1_mac: weights * u64::from(d),
+        phase2_exp: weights,
+        phase2_max: 0,
+        phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
+        phase3_mac: weights * u64::from(d),
+    };
+    let (inputs, output) = places(&deal, heads);
+    Ok(Stream {
+        programs,
+        inputs,
+        output,
+        cycles,
+        ops,
+        total_ops,
+        lag: 0,
+        normalisation: runtime::layer::Normalisation::Deferred,
+        // Each PE's map has its own sizes (its rows).
+        buffers: Vec::new(),
+    })
+}
+
+/// Every element's word: q, k, v and y of token `t` on the PE that owns its row.
+fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
+    let (n, d) = (deal.n, deal.d);
+    let mut owner = vec![(0u32, 0u32); n as usize];
+    for (p, pe) in deal.pes.iter().enumerate() {
+        for (i, &t) in pe.tokens.iter().enumerate() {
+            owner[t as usize] = (p as u32, i as u32);
+        }
+    }
+    let mut lists: [(Vec<u32>, Vec<u32>); 4] = Default::default();
+    for h in 0..heads {
+        for &(p, i) in &owner {
+            let pe = &deal.pes[p as usize];
+            let rows = pe.rows();
+            for c in 0..d {
+                let kv = pe.kv + h * 2 * rows * d + i * d + c;
+                let at = [
+                    pe.q + (h * rows + i) * d + c,
+                    kv,
+                    kv + rows * d,
+                    pe.y + (h * rows + i) * d + c,
+                ];
+                for (list, a) in lists.iter_mut().zip(at) {
+                    list.0.push(p);
+                    list.1.push(a);
+                }
+            }
+        }
+    }
+    let [q, k, v, y] = lists.map(|(pe, addr)| Place::Listed {
+        tokens: n,
+        dim: d,
+        pe,
+        addr,
+    });
+    let inputs = BTreeMap::from([
+        ("q".to_string(), q),
+        ("k".to_string(), k),
+        ("v".to_string(), v),
+    ]);
+    (inputs, y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runtime::layer::{Normalisation, Softmax};
+
+    /// The programs execute the deferred formulation's operations and one more per head
+    /// (token 0's maximum copies its only score), validate, and every PE's is as long as the
+    /// layer; the padded stream takes more cycles on the shapes the deal is for.
+    #[test]
+    fn programs_execute_the_formulation_and_beat_padding() {
+        for (n, d, h, m) in [(29u32, 3u32, 2u32, 3u32), (64, 8, 1, 6), (128, 16, 1, 12)] {
+            let p = Problem::attention(n, d, h, false, true, Softmax::Safe);
+            let st = run(&p, m, None).unwrap();
+            let need = p.shape().necessary_as(Normalisation::Deferred).unwrap();
+            assert_eq!(st.total_ops, need.total() + u64::from(h), "n={n} m={m}");
+            for lp in &st.programs {
+                lp.validate().unwrap();
+                assert_eq!(lp.cycles(), st.cycles, "n={n} m={m} PE {}", lp.pe);
+            }
+            if n >= 64 {
+                let padded = super::super::run_with(&p, m, true, super::super::Lag::Off).unwrap();
+                assert!(st.cycles < padded.cycles, "n={n} m={m}");
+            }
+        }
+    }
+
+    /// Rings that deal the tokens in equal chunks, and non-causal or shared layers, are not
+    /// for whole rows.
+    #[test]
+    fn refuses_what_it_is_not_for() {
+        let even = Problem::attention(48, 4, 1, false, true, Softmax::Safe);
+        assert!(unsupported(&even, 4).is_some());
+        let open = Problem::attention(50, 4, 1, false, false, Softmax::Safe);
+        assert!(unsupported(&open, 4).is_some());
+        let plain = Problem::attention(50, 4, 1, false, true, Softmax::Plain);
+        assert!(unsupported(&plain, 4).is_some());
+        let short = Problem::attention(15, 4, 1, false, true, Softmax::Safe);
+        assert!(unsupported(&short, 4).is_some());
+        assert!(
+            unsupported(&Problem::attention(50, 4, 1, false, true, Softmax::Safe), 4).is_none()
+        );
+        // 720,764 cycles on 12 PEs: more bundles than the flattened proof takes.
+        let big = Problem::attention(128, 128, 4, false, true, Softmax::Safe);
+        assert!(unsupported(&big, 12).is_none());
+        assert!(run(&big, 12, None).is_err());
+    }
+
+    /// The deal gives every token to exactly one PE, zigzag over the periods from the top.
+    #[test]
+    fn every_token_is_dealt_once_and_periods_zigzag() {
+        for (n, m) in [(64u32, 6u32), (128, 6), (128, 12), (29, 3), (50, 4)] {
+            let rows = deal(n, m, 8);
+            let mut all: Vec<u32> = rows.iter().flatten().copied().collect();
+            all.sort_unstable();
+            assert_eq!(all, (0..n).collect::<Vec<_>>(), "n={n} m={m}");
+            let rest = n % (2 * m);
+            for (p, r) in rows.iter().enumerate() {
+                let p = p as u32;
+                for t in r.iter().filter(|&&t| t >= rest) {
+                    let pos = (t - rest) % (2 * m);
+                    assert!(pos == p || pos == 2 * m - 1 - p, "n={n} m={m} t={t} p={p}");
+                }
+            }
+        }
+    }
+}
