@@ -1316,6 +1316,13 @@ impl Eval {
                 if !names(var) && self.loops.iter().any(|l| names(l.var)) {
                     return Err(Fail::Retry(why));
                 }
+                let mut at: Vec<u64> = std::mem::take(&mut self.hints)
+                    .into_iter()
+                    .filter(|&(v, x)| v == var && x > 0 && (x as u64) < b - a)
+                    .map(|(_, x)| a + x as u64)
+                    .collect();
+                at.sort_unstable();
+                at.dedup();
                 let regroup = std::mem::take(&mut self.regroup)
                     .into_iter()
                     .filter(|&(v, m)| {
@@ -1326,24 +1333,22 @@ impl Eval {
                     })
                     .map(|(_, m)| m)
                     .min();
-                if let Some(m) = regroup {
+                // Regrouping by `m` evaluates the body `m` times and leaves what the loop
+                // writes as `m` interleaved regions; fewer pieces, each contiguous, are
+                // cheaper and read back as one region later (a block dealt as two runs of
+                // rows, read by one loop over all rows, is two pieces).
+                let fewer_pieces =
+                    !at.is_empty() && regroup.is_some_and(|m| at.len() as u64 + 1 < m);
+                if let (Some(m), false) = (regroup, fewer_pieces) {
                     let q = (b - a) / m;
                     if let Some(u) = super::unroll::unrolled(l, level, a, m, q) {
-                        self.hints.clear();
                         self.lp(&u, env)?;
                         return self.piece(l, env, a + m * q, b);
                     }
                 }
-                let mut at: Vec<u64> = std::mem::take(&mut self.hints)
-                    .into_iter()
-                    .filter(|&(v, x)| v == var && x > 0 && (x as u64) < b - a)
-                    .map(|(_, x)| a + x as u64)
-                    .collect();
                 if at.is_empty() {
                     return self.iterate(l, env, a, b);
                 }
-                at.sort_unstable();
-                at.dedup();
                 let mut from = a;
                 for x in at.into_iter().chain([b]) {
                     self.piece(l, env, from, x)?;
