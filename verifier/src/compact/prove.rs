@@ -2100,6 +2100,58 @@ mod tests {
         assert_ne!(got, Some(want));
     }
 
+    /// A block dealt as two runs of eight rows (stacked into one fact, the runs 8 words apart
+    /// and 40 tokens apart), read by one loop over its sixteen rows: the loop is cut at row 8
+    /// into two symbolic halves rather than regrouped by 8 into eight interleaved copies, so
+    /// what it writes is two contiguous regions and a later loop over all sixteen results is
+    /// two pieces too, not sixteen words one by one.
+    #[test]
+    fn a_block_of_two_runs_is_cut_in_two_not_regrouped() {
+        let b = body(
+            "loop 16 {\n  mul m[0 + 1*i0], m40 -> m[16 + 1*i0]\n}\nloop 16 {\n  max m41, m[16 + 1*i0] -> m41\n}\n",
+        );
+        let mut e = Eval::new(0, 64, true);
+        e.tm.seed_budgets(1);
+        let (w, r) = (e.fresh(2), e.fresh(8));
+        let keys =
+            e.tm.atom(1, Aff::cst(0), Aff::var(r).add_term(w, 40), Aff::cst(0));
+        let f = e
+            .fact(Aff::cst(0), vec![(w, 8, 2), (r, 1, 8)], keys, false)
+            .unwrap();
+        e.facts.push(Some(f));
+        let q = e.tm.atom(0, Aff::cst(0), Aff::cst(0), Aff::cst(0));
+        let f = e.fact(Aff::cst(40), Vec::new(), q, false).unwrap();
+        e.facts.push(Some(f));
+        let m = e.tm.atom(2, Aff::cst(0), Aff::cst(0), Aff::cst(0));
+        let f = e.fact(Aff::cst(41), Vec::new(), m, false).unwrap();
+        e.facts.push(Some(f));
+        e.body(&b, &mut Vec::new()).unwrap();
+        // Each loop: two halves of one evaluation each (the failed whole attempts give theirs
+        // back); regrouped, the products took eight and the maximum sixteen.
+        assert_eq!(e.evaluations, 4);
+        // The products are two regions of eight words, each the product with its own run.
+        for (base, t0) in [(16, 0), (24, 40)] {
+            let x = e.fresh(8);
+            let got = e.read(&Aff::cst(base).add_term(x, 1)).ok().map(|v| v.0);
+            let k =
+                e.tm.atom(1, Aff::cst(0), Aff::var(x).add_const(t0), Aff::cst(0));
+            let want = e.tm.mul(k, q, true);
+            assert_eq!(got, Some(want), "the products at m{base}..");
+        }
+        // The maximum is the two runs' ranges and the initial word.
+        let got = e.read(&Aff::cst(41)).ok().map(|v| v.0);
+        let mut want = m;
+        for t0 in [0, 40] {
+            let j = e.fresh(8);
+            let k =
+                e.tm.atom(1, Aff::cst(0), Aff::var(j).add_const(t0), Aff::cst(0));
+            let p = e.tm.mul(k, q, true);
+            let run = e.tm.range(false, j, 0, 8, p);
+            want = e.tm.max(want, run);
+        }
+        assert_eq!(got, Some(want));
+    }
+
     #[test]
     fn wrapped_terms_and_count_steps_keep_a_loop_concrete() {
         let b = body("loop 4 {\n  mul m[0 + 2*(i0 % 2)], m1 -> m9\n}\n");
