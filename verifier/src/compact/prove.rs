@@ -1316,6 +1316,13 @@ impl Eval {
                 if !names(var) && self.loops.iter().any(|l| names(l.var)) {
                     return Err(Fail::Retry(why));
                 }
+                let mut at: Vec<u64> = std::mem::take(&mut self.hints)
+                    .into_iter()
+                    .filter(|&(v, x)| v == var && x > 0 && (x as u64) < b - a)
+                    .map(|(_, x)| a + x as u64)
+                    .collect();
+                at.sort_unstable();
+                at.dedup();
                 let regroup = std::mem::take(&mut self.regroup)
                     .into_iter()
                     .filter(|&(v, m)| {
@@ -1326,24 +1333,22 @@ impl Eval {
                     })
                     .map(|(_, m)| m)
                     .min();
-                if let Some(m) = regroup {
+                // Regrouping by `m` evaluates the body `m` times and leaves what the loop
+                // writes as `m` interleaved regions; fewer pieces, each contiguous, are
+                // cheaper and read back as one region later (a block dealt as two runs of
+                // rows, read by one loop over all rows, is two pieces).
+                let fewer_pieces =
+                    !at.is_empty() && regroup.is_some_and(|m| at.len() as u64 + 1 < m);
+                if let (Some(m), false) = (regroup, fewer_pieces) {
                     let q = (b - a) / m;
                     if let Some(u) = super::unroll::unrolled(l, level, a, m, q) {
-                        self.hints.clear();
                         self.lp(&u, env)?;
                         return self.piece(l, env, a + m * q, b);
                     }
                 }
-                let mut at: Vec<u64> = std::mem::take(&mut self.hints)
-                    .into_iter()
-                    .filter(|&(v, x)| v == var && x > 0 && (x as u64) < b - a)
-                    .map(|(_, x)| a + x as u64)
-                    .collect();
                 if at.is_empty() {
                     return self.iterate(l, env, a, b);
                 }
-                at.sort_unstable();
-                at.dedup();
                 let mut from = a;
                 for x in at.into_iter().chain([b]) {
                     self.piece(l, env, from, x)?;
@@ -2093,6 +2098,58 @@ mod tests {
             "loop 4 {\n  loop 2 {\n    loop 8 {\n      max m[100 + 1*i1], m[0 + 7*i0 + 1*i2] -> m[100 + 1*i1]\n    }\n  }\n}\n",
         );
         assert_ne!(got, Some(want));
+    }
+
+    /// A block dealt as two runs of eight rows (stacked into one fact, the runs 8 words apart
+    /// and 40 tokens apart), read by one loop over its sixteen rows: the loop is cut at row 8
+    /// into two symbolic halves rather than regrouped by 8 into eight interleaved copies, so
+    /// what it writes is two contiguous regions and a later loop over all sixteen results is
+    /// two pieces too, not sixteen words one by one.
+    #[test]
+    fn a_block_of_two_runs_is_cut_in_two_not_regrouped() {
+        let b = body(
+            "loop 16 {\n  mul m[0 + 1*i0], m40 -> m[16 + 1*i0]\n}\nloop 16 {\n  max m41, m[16 + 1*i0] -> m41\n}\n",
+        );
+        let mut e = Eval::new(0, 64, true);
+        e.tm.seed_budgets(1);
+        let (w, r) = (e.fresh(2), e.fresh(8));
+        let keys =
+            e.tm.atom(1, Aff::cst(0), Aff::var(r).add_term(w, 40), Aff::cst(0));
+        let f = e
+            .fact(Aff::cst(0), vec![(w, 8, 2), (r, 1, 8)], keys, false)
+            .unwrap();
+        e.facts.push(Some(f));
+        let q = e.tm.atom(0, Aff::cst(0), Aff::cst(0), Aff::cst(0));
+        let f = e.fact(Aff::cst(40), Vec::new(), q, false).unwrap();
+        e.facts.push(Some(f));
+        let m = e.tm.atom(2, Aff::cst(0), Aff::cst(0), Aff::cst(0));
+        let f = e.fact(Aff::cst(41), Vec::new(), m, false).unwrap();
+        e.facts.push(Some(f));
+        e.body(&b, &mut Vec::new()).unwrap();
+        // Each loop: two halves of one evaluation each (the failed whole attempts give theirs
+        // back); regrouped, the products took eight and the maximum sixteen.
+        assert_eq!(e.evaluations, 4);
+        // The products are two regions of eight words, each the product with its own run.
+        for (base, t0) in [(16, 0), (24, 40)] {
+            let x = e.fresh(8);
+            let got = e.read(&Aff::cst(base).add_term(x, 1)).ok().map(|v| v.0);
+            let k =
+                e.tm.atom(1, Aff::cst(0), Aff::var(x).add_const(t0), Aff::cst(0));
+            let want = e.tm.mul(k, q, true);
+            assert_eq!(got, Some(want), "the products at m{base}..");
+        }
+        // The maximum is the two runs' ranges and the initial word.
+        let got = e.read(&Aff::cst(41)).ok().map(|v| v.0);
+        let mut want = m;
+        for t0 in [0, 40] {
+            let j = e.fresh(8);
+            let k =
+                e.tm.atom(1, Aff::cst(0), Aff::var(j).add_const(t0), Aff::cst(0));
+            let p = e.tm.mul(k, q, true);
+            let run = e.tm.range(false, j, 0, 8, p);
+            want = e.tm.max(want, run);
+        }
+        assert_eq!(got, Some(want));
     }
 
     #[test]
