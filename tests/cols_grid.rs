@@ -131,6 +131,18 @@ fn row_lanes_beat_the_row_dataflow_where_keys_stream_cheaper_than_scores_gather(
     );
 }
 
+/// On large rings the softmax PEs are also tried at more than the estimate's count: with
+/// q = k = v, 8 tokens, d = 64 on 256 PEs the lane whose weights go round the ring to the q/k
+/// PEs took 426 cycles with the estimate's counts (two softmax PEs and fewer), 419 with eight.
+#[test]
+fn more_softmax_pes_on_large_rings() {
+    let cols = check(8, 64, 256, 1, Scheme::Shared, true);
+    assert!(
+        cols < 426,
+        "8 tokens, d = 64, shared on 256 PEs: cols {cols}"
+    );
+}
+
 /// Where one lane per row is tried (separate q, k, v, no mask, `2d ≤ n`, 3 PEs per row and
 /// head or more): rings of 3 to 5 PEs per row, one or two heads, both formulations.
 #[test]

@@ -37,6 +37,8 @@ const AUTO_TOKENS_PER_PE: u64 = 4;
 /// Above this many necessary operations each kind of lane is simulated once (see
 /// [`candidates`]).
 const LARGE_OPS: u64 = 30_000;
+/// From this many PEs [`candidates`] also tries more softmax PEs than the estimate likes.
+const WIDE_SOFT_PES: u32 = 64;
 
 /// The registry's handle on this pass.
 pub struct Cols;
@@ -109,8 +111,11 @@ impl Scheduler for Cols {
 /// busiest part's work, or the words its busiest link forwards, plus the hops and chains a row
 /// waits through. Its softmax PEs are then tried at that count and at a half and a quarter of
 /// it: rows finish one after another, so a softmax PE's rows overlap the column parts' work
-/// more than the estimate assumes, and each softmax PE adds a hop to every weight. Several row
-/// groups are tried only where their estimate beats one group's.
+/// more than the estimate assumes, and each softmax PE adds a hop to every weight. On rings of
+/// [`WIDE_SOFT_PES`] or more, small layers also try twice and four times that count: a lane
+/// there leaves most PEs idle, and where the weights go on round the ring to the q/k PEs a
+/// softmax PE adds no hop to them (it shortens their way back by one). Several row groups are tried only
+/// where their estimate beats one group's.
 pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     let large = p.necessary_ops() > LARGE_OPS;
     let mut best: Vec<(u64, u32, Apart)> = Vec::new();
@@ -137,8 +142,18 @@ pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
             continue;
         }
         let ladder: &[u32] = if large { &[1] } else { &[1, 2, 4] };
-        for &k in ladder {
-            let soft = (lane.soft / k).max(1);
+        let mut softs: Vec<u32> = ladder.iter().map(|&k| (lane.soft / k).max(1)).collect();
+        // On rings of 64 PEs or more the PEs a lane leaves idle cost nothing, and more softmax
+        // PEs let later rows' maxima and exponentials run beside earlier rows' divisions: twice
+        // and four times the estimate's count, as far as the rows and the lane's share allow.
+        if !large && pes >= WIDE_SOFT_PES {
+            let rows = p.tokens.div_ceil(groups);
+            let room = (pes / (p.heads * groups).max(1)).saturating_sub(lane.r1 + lane.r3);
+            for k in [2, 4] {
+                softs.push((lane.soft * k).min(rows).min(room).max(1));
+            }
+        }
+        for soft in softs {
             let c = (groups, Apart { soft, ..lane });
             if !out.contains(&c) {
                 out.push(c);
