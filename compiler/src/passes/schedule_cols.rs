@@ -101,6 +101,15 @@ impl Scheduler for Cols {
                 }
             }
         }
+        // Likewise for the lanes with each row's outputs on its own softmax PE.
+        let local = local_v_lanes(p, pes);
+        if !local.is_empty() {
+            if let Ok(o) = schedule_split::run_apart(p, pes, &local) {
+                if o.cycles() < s.cycles() {
+                    s = o;
+                }
+            }
+        }
         s.algorithm = NAME;
         Ok(s)
     }
@@ -196,6 +205,42 @@ fn overlapped(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     out
 }
 
+/// Lanes whose rows each take their softmax and their outputs on a softmax PE of their own
+/// (`Apart::local_v`): the v rows stream from the q/k PEs past the softmax PEs, `n·d` words,
+/// and no weight leaves the PE that divides it, where the other lanes send the `n²` weights
+/// (and with q = k = v the x rows as well) over the link into the v columns. Tried on rings of
+/// [`WIDE_SOFT_PES`] or more for small layers with `d ≤ n` (a softmax PE then does about
+/// `n·d` products of its row beside `3n` softmax operations), at a softmax PE per row and at
+/// half as many.
+fn local_v_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let (n, d) = (p.tokens, p.dim.max(1));
+    if pes < WIDE_SOFT_PES || d > n || p.necessary_ops() > LARGE_OPS {
+        return Vec::new();
+    }
+    let per = pes / p.heads.max(1);
+    let mut out = Vec::new();
+    for soft in [n, n.div_ceil(2)] {
+        let r1 = d.min(per.saturating_sub(soft));
+        if r1 == 0 {
+            continue;
+        }
+        let c = (
+            1,
+            Apart {
+                r1,
+                soft,
+                r3: 0,
+                spread: false,
+                local_v: true,
+            },
+        );
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// One lane per row, each k and v row homed in its own row's lane (`Apart::spread`): every
 /// lane computes one row's scores, softmax and outputs while the k and v rows stream round
 /// the ring past all of them. Each link then forwards about `2·n·d` words of k and v, where
@@ -224,6 +269,7 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 soft: 1,
                 r3,
                 spread: true,
+                local_v: false,
             },
         );
         if !out.contains(&c) {
@@ -299,6 +345,7 @@ fn best_lane(
                     soft: soft as u32,
                     r3: r3 as u32,
                     spread: false,
+                    local_v: false,
                 };
                 if best.is_none_or(|(e, _)| est < e) {
                     best = Some((est, lane));

@@ -180,6 +180,9 @@ pub(crate) struct Apart {
     pub(crate) soft: u32,
     pub(crate) r3: u32,
     pub(crate) spread: bool,
+    /// Phase 3 on each row's own softmax PE (`r3 = 0`): the v rows stream there past the
+    /// softmax PEs and no weight moves.
+    pub(crate) local_v: bool,
 }
 
 impl Apart {
@@ -1388,7 +1391,10 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         for a in 0..n {
             let lane = g.lane(h, a);
             for c in 0..d {
-                let pe = g.p3(lane, c);
+                let pe = match g.apart {
+                    Some(ap) if ap.local_v => g.land(lane, lane_row[(h * n + a) as usize]),
+                    _ => g.p3(lane, c),
+                };
                 let id = chains.len();
                 let mut ts = Vec::new();
                 for bcol in (0..n).filter(|&bc| p.unmasked(a, bc)) {
