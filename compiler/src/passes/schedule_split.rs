@@ -169,7 +169,8 @@ struct Layout {
 /// from one part to the next, and no input is needed by two lanes of one head unless its rows
 /// are cut into groups. `r3 = 0` puts the v columns on the q/k PEs instead: the weights then
 /// travel on round the ring to them, which costs hops but moves no input word (with
-/// q = k = v, the x rows would otherwise cross from the first part to the last).
+/// q = k = v, the x rows would otherwise cross from the first part to the last). With
+/// `local_v` (and `r3 = 0`) each row's outputs accumulate on its own softmax PE instead.
 ///
 /// `spread` homes each k and v row in the lane of its own row group instead of the head's
 /// first lane, so that with many lanes (one per row) the rows stream round the ring from
