@@ -209,12 +209,12 @@ fn overlapped(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
 /// (`Apart::local_v`): the v rows stream from the q/k PEs past the softmax PEs, `n·d` words,
 /// and no weight leaves the PE that divides it, where the other lanes send the `n²` weights
 /// (and with q = k = v the x rows as well) over the link into the v columns. Tried on rings of
-/// [`WIDE_SOFT_PES`] or more for small layers with `d ≤ n` (a softmax PE then does about
+/// [`WIDE_SOFT_PES`] or more for small layers with `d ≤ 2n` (a softmax PE then does about
 /// `n·d` products of its row beside `3n` softmax operations), at a softmax PE per row and at
 /// half as many.
 fn local_v_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     let (n, d) = (p.tokens, p.dim.max(1));
-    if pes < WIDE_SOFT_PES || d > n || p.necessary_ops() > LARGE_OPS {
+    if pes < WIDE_SOFT_PES || d > 2 * n || p.necessary_ops() > LARGE_OPS {
         return Vec::new();
     }
     let per = pes / p.heads.max(1);
