@@ -39,6 +39,9 @@ const AUTO_TOKENS_PER_PE: u64 = 4;
 const LARGE_OPS: u64 = 30_000;
 /// From this many PEs [`candidates`] also tries more softmax PEs than the estimate likes.
 const WIDE_SOFT_PES: u32 = 64;
+/// From this many PEs [`candidates`]' lanes are joined by those of [`local_v_lanes`] (on 8 PEs
+/// none of the small-shapes table's `d = 8` layers gained from them).
+const LOCAL_V_PES: u32 = 16;
 
 /// The registry's handle on this pass.
 pub struct Cols;
@@ -209,12 +212,12 @@ fn overlapped(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
 /// (`Apart::local_v`): the v rows stream from the q/k PEs past the softmax PEs, `n·d` words,
 /// and no weight leaves the PE that divides it, where the other lanes send the `n²` weights
 /// (and with q = k = v the x rows as well) over the link into the v columns. Tried on rings of
-/// [`WIDE_SOFT_PES`] or more for small layers with `d ≤ 2n` (a softmax PE then does about
+/// [`LOCAL_V_PES`] or more for small layers with `d ≤ 2n` (a softmax PE then does about
 /// `n·d` products of its row beside `3n` softmax operations), at a softmax PE per row and at
 /// half as many.
 fn local_v_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     let (n, d) = (p.tokens, p.dim.max(1));
-    if pes < WIDE_SOFT_PES || d > 2 * n || p.necessary_ops() > LARGE_OPS {
+    if pes < LOCAL_V_PES || d > 2 * n || p.necessary_ops() > LARGE_OPS {
         return Vec::new();
     }
     let per = pes / p.heads.max(1);
