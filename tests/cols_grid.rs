@@ -143,7 +143,7 @@ fn more_softmax_pes_on_large_rings() {
     );
 }
 
-/// With q = k = v and `d ≤ n` on large rings, rows that keep their outputs on their own
+/// With q = k = v and `d ≤ 2n` on large rings, rows that keep their outputs on their own
 /// softmax PEs receive the x rows once and move no weight: 8 tokens, d = 8 on 256 PEs must
 /// beat the row dataflow (measured when it was added: 124 cycles against 173; the cols lanes
 /// before it took 174).
