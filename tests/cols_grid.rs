@@ -131,6 +131,34 @@ fn row_lanes_beat_the_row_dataflow_where_keys_stream_cheaper_than_scores_gather(
     );
 }
 
+/// On large rings the softmax PEs are also tried at more than the estimate's count: with
+/// q = k = v, 8 tokens, d = 64 on 256 PEs the lane whose weights go round the ring to the q/k
+/// PEs took 426 cycles with the estimate's counts (two softmax PEs and fewer), 419 with eight.
+#[test]
+fn more_softmax_pes_on_large_rings() {
+    let cols = check(8, 64, 256, 1, Scheme::Shared, true);
+    assert!(
+        cols < 426,
+        "8 tokens, d = 64, shared on 256 PEs: cols {cols}"
+    );
+}
+
+/// With q = k = v and `d ≤ 2n` on large rings, rows that keep their outputs on their own
+/// softmax PEs receive the x rows once and move no weight: 8 tokens, d = 8 on 256 PEs must
+/// beat the row dataflow (measured when it was added: 124 cycles against 173; the cols lanes
+/// before it took 174).
+#[test]
+fn outputs_on_the_softmax_pes_beat_the_row_dataflow_with_shared_rows() {
+    let cols = check(8, 8, 256, 1, Scheme::Shared, true);
+    let text = src(8, 8, 1, Scheme::Shared, true);
+    let rows = compile_src(&text, 256, Choice::Named("rows"));
+    assert!(
+        cols < rows.manifest.cycles,
+        "{text} on 256 PEs: cols {cols} against rows {}",
+        rows.manifest.cycles
+    );
+}
+
 /// Where one lane per row is tried (separate q, k, v, no mask, `2d ≤ n`, 3 PEs per row and
 /// head or more): rings of 3 to 5 PEs per row, one or two heads, both formulations.
 #[test]

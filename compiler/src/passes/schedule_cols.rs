@@ -37,6 +37,11 @@ const AUTO_TOKENS_PER_PE: u64 = 4;
 /// Above this many necessary operations each kind of lane is simulated once (see
 /// [`candidates`]).
 const LARGE_OPS: u64 = 30_000;
+/// From this many PEs [`candidates`] also tries more softmax PEs than the estimate likes.
+const WIDE_SOFT_PES: u32 = 64;
+/// From this many PEs [`candidates`]' lanes are joined by those of [`local_v_lanes`] (on 8 PEs
+/// none of the small-shapes table's `d = 8` layers gained from them).
+const LOCAL_V_PES: u32 = 16;
 
 /// The registry's handle on this pass.
 pub struct Cols;
@@ -99,6 +104,15 @@ impl Scheduler for Cols {
                 }
             }
         }
+        // Likewise for the lanes with each row's outputs on its own softmax PE.
+        let local = local_v_lanes(p, pes);
+        if !local.is_empty() {
+            if let Ok(o) = schedule_split::run_apart(p, pes, &local) {
+                if o.cycles() < s.cycles() {
+                    s = o;
+                }
+            }
+        }
         s.algorithm = NAME;
         Ok(s)
     }
@@ -109,8 +123,11 @@ impl Scheduler for Cols {
 /// busiest part's work, or the words its busiest link forwards, plus the hops and chains a row
 /// waits through. Its softmax PEs are then tried at that count and at a half and a quarter of
 /// it: rows finish one after another, so a softmax PE's rows overlap the column parts' work
-/// more than the estimate assumes, and each softmax PE adds a hop to every weight. Several row
-/// groups are tried only where their estimate beats one group's.
+/// more than the estimate assumes, and each softmax PE adds a hop to every weight. On rings of
+/// [`WIDE_SOFT_PES`] or more, small layers also try twice and four times that count: a lane
+/// there leaves most PEs idle, and where the weights go on round the ring to the q/k PEs a
+/// softmax PE adds no hop to them (it shortens their way back by one). Several row groups are tried only
+/// where their estimate beats one group's.
 pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     let large = p.necessary_ops() > LARGE_OPS;
     let mut best: Vec<(u64, u32, Apart)> = Vec::new();
@@ -137,8 +154,18 @@ pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
             continue;
         }
         let ladder: &[u32] = if large { &[1] } else { &[1, 2, 4] };
-        for &k in ladder {
-            let soft = (lane.soft / k).max(1);
+        let mut softs: Vec<u32> = ladder.iter().map(|&k| (lane.soft / k).max(1)).collect();
+        // On rings of 64 PEs or more the PEs a lane leaves idle cost nothing, and more softmax
+        // PEs let later rows' maxima and exponentials run beside earlier rows' divisions: twice
+        // and four times the estimate's count, as far as the rows and the lane's share allow.
+        if !large && pes >= WIDE_SOFT_PES {
+            let rows = p.tokens.div_ceil(groups);
+            let room = (pes / (p.heads * groups).max(1)).saturating_sub(lane.r1 + lane.r3);
+            for k in [2, 4] {
+                softs.push((lane.soft * k).min(rows).min(room).max(1));
+            }
+        }
+        for soft in softs {
             let c = (groups, Apart { soft, ..lane });
             if !out.contains(&c) {
                 out.push(c);
@@ -181,6 +208,45 @@ fn overlapped(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     out
 }
 
+/// Lanes whose rows each take their softmax and their outputs on a softmax PE of their own
+/// (`Apart::local_v`): the v rows stream from the q/k PEs past the softmax PEs, `n·d` words,
+/// and no weight leaves the PE that divides it, where the other lanes send the `n²` weights
+/// (and with q = k = v the x rows as well) over the link into the v columns. Tried on rings of
+/// [`LOCAL_V_PES`] or more with `d ≤ 2n` (a softmax PE then does about `n·d` products of its
+/// row beside `3n` softmax operations), up to 30 000 operations or, with `d ≤ n/2`, 300 000,
+/// at a softmax PE per row and at half as many.
+fn local_v_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let (n, d) = (p.tokens, p.dim.max(1));
+    // Larger layers only where a row's products are few against its scores (32 tokens, d = 8,
+    // 4 heads on 256 PEs: 975 cycles before, 887 with these lanes).
+    let ops = p.necessary_ops();
+    if pes < LOCAL_V_PES || d > 2 * n || ops > AUTO_OPS || (ops > LARGE_OPS && 2 * d > n) {
+        return Vec::new();
+    }
+    let per = pes / p.heads.max(1);
+    let mut out = Vec::new();
+    for soft in [n, n.div_ceil(2)] {
+        let r1 = d.min(per.saturating_sub(soft));
+        if r1 == 0 {
+            continue;
+        }
+        let c = (
+            1,
+            Apart {
+                r1,
+                soft,
+                r3: 0,
+                spread: false,
+                local_v: true,
+            },
+        );
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// One lane per row, each k and v row homed in its own row's lane (`Apart::spread`): every
 /// lane computes one row's scores, softmax and outputs while the k and v rows stream round
 /// the ring past all of them. Each link then forwards about `2·n·d` words of k and v, where
@@ -209,6 +275,7 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 soft: 1,
                 r3,
                 spread: true,
+                local_v: false,
             },
         );
         if !out.contains(&c) {
@@ -284,6 +351,7 @@ fn best_lane(
                     soft: soft as u32,
                     r3: r3 as u32,
                     spread: false,
+                    local_v: false,
                 };
                 if best.is_none_or(|(e, _)| est < e) {
                     best = Some((est, lane));

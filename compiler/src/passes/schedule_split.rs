@@ -169,7 +169,8 @@ struct Layout {
 /// from one part to the next, and no input is needed by two lanes of one head unless its rows
 /// are cut into groups. `r3 = 0` puts the v columns on the q/k PEs instead: the weights then
 /// travel on round the ring to them, which costs hops but moves no input word (with
-/// q = k = v, the x rows would otherwise cross from the first part to the last).
+/// q = k = v, the x rows would otherwise cross from the first part to the last). With
+/// `local_v` (and `r3 = 0`) each row's outputs accumulate on its own softmax PE instead.
 ///
 /// `spread` homes each k and v row in the lane of its own row group instead of the head's
 /// first lane, so that with many lanes (one per row) the rows stream round the ring from
@@ -180,6 +181,9 @@ pub(crate) struct Apart {
     pub(crate) soft: u32,
     pub(crate) r3: u32,
     pub(crate) spread: bool,
+    /// Phase 3 on each row's own softmax PE (`r3 = 0`): the v rows stream there past the
+    /// softmax PEs and no weight moves.
+    pub(crate) local_v: bool,
 }
 
 impl Apart {
@@ -1388,7 +1392,10 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         for a in 0..n {
             let lane = g.lane(h, a);
             for c in 0..d {
-                let pe = g.p3(lane, c);
+                let pe = match g.apart {
+                    Some(ap) if ap.local_v => g.land(lane, lane_row[(h * n + a) as usize]),
+                    _ => g.p3(lane, c),
+                };
                 let id = chains.len();
                 let mut ts = Vec::new();
                 for bcol in (0..n).filter(|&bc| p.unmasked(a, bc)) {
