@@ -106,6 +106,42 @@ pub struct Stream {
     pub buffers: Vec<runtime::manifest::BufferInfo>,
 }
 
+impl Stream {
+    /// A stream whose rows are whole on their PEs under deferred normalisation (no lag, no
+    /// rescaling), each PE with a memory map of its own sizes: `weights` weights per layer, each
+    /// one score and one product chain of `d`, and `d` divisions per row and head.
+    fn per_pe_deferred(
+        programs: Vec<LoopProgram>,
+        (inputs, output): (BTreeMap<String, Place>, Place),
+        cycles: u64,
+        weights: u64,
+        (n, d, heads): (u32, u32, u32),
+    ) -> Stream {
+        let total_ops = programs
+            .iter()
+            .map(|p| p.op_counts().iter().sum::<u64>())
+            .sum();
+        let ops = crate::schedule::OpCounts {
+            phase1_mac: weights * u64::from(d),
+            phase2_exp: weights,
+            phase2_max: 0,
+            phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
+            phase3_mac: weights * u64::from(d),
+        };
+        Stream {
+            programs,
+            inputs,
+            output,
+            cycles,
+            ops,
+            total_ops,
+            lag: 0,
+            normalisation: runtime::layer::Normalisation::Deferred,
+            buffers: Vec::new(),
+        }
+    }
+}
+
 /// One buffer of a memory map.
 fn buffer(name: &str, base: u32, words: u32) -> runtime::manifest::BufferInfo {
     runtime::manifest::BufferInfo {

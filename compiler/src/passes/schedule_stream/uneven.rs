@@ -800,31 +800,15 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         })
         .collect::<Result<Vec<_>, String>>()?;
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
-    let total_ops: u64 = programs
-        .iter()
-        .map(|p| p.op_counts().iter().sum::<u64>())
-        .sum();
     let weights = u64::from(n) * u64::from(n) * u64::from(heads);
-    let ops = crate::schedule::OpCounts {
-        phase1_mac: weights * u64::from(d),
-        phase2_exp: weights,
-        phase2_max: 0,
-        phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
-        phase3_mac: weights * u64::from(d),
-    };
-    let (inputs, output) = places(&deal, heads);
-    Ok(Stream {
+    // Each PE's map has its own sizes (its rows and cut rows).
+    Ok(Stream::per_pe_deferred(
         programs,
-        inputs,
-        output,
+        places(&deal, heads),
         cycles,
-        ops,
-        total_ops,
-        lag: 0,
-        normalisation: runtime::layer::Normalisation::Deferred,
-        // Each PE's map has its own sizes (its rows and cut rows).
-        buffers: Vec::new(),
-    })
+        weights,
+        (n, d, heads),
+    ))
 }
 
 /// Every element's word: q, k, v on the PE whose stretch the token's row starts in, y on the
