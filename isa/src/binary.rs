@@ -240,16 +240,7 @@ fn encode_bundle(b: &Bundle, layout: Layout, rec: &mut [u8; BUNDLE_BYTES_V2]) {
 /// bundles), so a file from a future version is reported as such rather than
 /// as whatever its unknown layout looks like to this one.
 pub fn decode(bytes: &[u8]) -> Result<Program, DecodeError> {
-    if bytes.len() < MAGIC.len() {
-        return Err(if MAGIC.starts_with(bytes) {
-            DecodeError::Truncated
-        } else {
-            DecodeError::BadMagic
-        });
-    }
-    if bytes[..MAGIC.len()] != MAGIC {
-        return Err(DecodeError::BadMagic);
-    }
+    check_magic(bytes)?;
     let version = u16_at(bytes, 8).ok_or(DecodeError::Truncated)?;
     if version == 0 || version > FORMAT_VERSION {
         return Err(DecodeError::UnsupportedVersion(version));
@@ -456,4 +447,15 @@ pub fn decode_record(rec: &[u8]) -> Result<Bundle, String> {
         return Err(format!("a bundle record is {BUNDLE_BYTES_V2} bytes"));
     }
     decode_bundle(rec, 2, Layout::of(2))
+}
+
+/// The magic both program formats start with: a prefix of it is a truncated file, anything else
+/// is not a program.
+pub(crate) fn check_magic(bytes: &[u8]) -> Result<(), DecodeError> {
+    match bytes.get(..MAGIC.len()) {
+        Some(head) if head == MAGIC => Ok(()),
+        Some(_) => Err(DecodeError::BadMagic),
+        None if MAGIC.starts_with(bytes) => Err(DecodeError::Truncated),
+        None => Err(DecodeError::BadMagic),
+    }
 }

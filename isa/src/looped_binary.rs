@@ -63,16 +63,7 @@ impl<'a> Frame<'a> {
     /// version lays out the rest differently), length against the header's record length,
     /// checksum.
     fn read(bytes: &'a [u8]) -> Result<Frame<'a>, DecodeError> {
-        if bytes.len() < MAGIC.len() {
-            return Err(if MAGIC.starts_with(bytes) {
-                DecodeError::Truncated
-            } else {
-                DecodeError::BadMagic
-            });
-        }
-        if bytes[..MAGIC.len()] != MAGIC {
-            return Err(DecodeError::BadMagic);
-        }
+        binary::check_magic(bytes)?;
         let version = version_of(bytes).ok_or(DecodeError::Truncated)?;
         if version != v3::VERSION && version != v4::VERSION {
             return Err(DecodeError::UnsupportedVersion(version));
