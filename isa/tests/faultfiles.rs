@@ -23,6 +23,9 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+mod common;
+use common::crc32_bitwise;
+
 /// The outcome keys, in the order a program meets them.
 const OUTCOMES: [&str; 5] = [
     "parse-error",
@@ -248,29 +251,13 @@ fn edit(bytes: &mut Vec<u8>, spec: &str) -> Result<(), String> {
         // Recomputes the trailing checksum, so that an edit reaches the checks behind it.
         ["crc"] => {
             let body = bytes.len().saturating_sub(isa::binary::CHECKSUM_BYTES);
-            let crc = crc32(&bytes[..body]);
+            let crc = crc32_bitwise(&bytes[..body]);
             bytes.truncate(body);
             bytes.extend_from_slice(&crc.to_le_bytes());
         }
         _ => return Err(format!("bytes: unknown edit `{spec}`")),
     }
     Ok(())
-}
-
-/// CRC-32 (IEEE), written out here so that the test does not share the decoder's checksum code.
-fn crc32(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in data {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
 }
 
 /// What happened to a case: its outcome line (without the `; `), and the variant it produced.

@@ -12,6 +12,9 @@ use isa::{
 };
 use proptest::prelude::*;
 
+mod common;
+use common::crc32_bitwise;
+
 const MAGIC: &[u8; 8] = b"ATNCISA\0";
 
 /// A version-4 file around `records`, with header widths `w` and `x` and a correct checksum.
@@ -183,22 +186,6 @@ fn every_truncation_and_bit_flip_is_rejected() {
         u32::from_le_bytes(good[end..].try_into().unwrap()),
         crc32_bitwise(&good[..end])
     );
-}
-
-/// CRC-32/ISO-HDLC bit by bit, independent of the crate the decoder uses.
-fn crc32_bitwise(bytes: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in bytes {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0xEDB8_8320
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
 }
 
 /// The decode error of a version-4 file of `records` with widths 2 and 2 and 300 words.

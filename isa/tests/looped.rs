@@ -10,6 +10,9 @@ use isa::{
 };
 use proptest::prelude::*;
 
+mod common;
+use common::crc32_bitwise;
+
 /// A small deterministic generator, so one proptest seed describes a whole
 /// ring of programs and their preloads.
 struct Rng(u64);
@@ -721,29 +724,13 @@ fn malformed_binary_is_rejected() {
         let mut b = good.clone();
         b[at..at + width].fill(0);
         let end = b.len() - 4;
-        let crc = crc32(&b[..end]);
+        let crc = crc32_bitwise(&b[..end]);
         b[end..].copy_from_slice(&crc.to_le_bytes());
         assert!(decode_looped(&b)
             .unwrap_err()
             .to_string()
             .contains("at least 1"));
     }
-}
-
-fn crc32(bytes: &[u8]) -> u32 {
-    // Bitwise CRC-32 (IEEE), independent of the crate's implementation.
-    let mut c = !0u32;
-    for &b in bytes {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0xEDB8_8320
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
 }
 
 #[test]
