@@ -29,6 +29,9 @@ const SEED: Var = u32::MAX - 1;
 /// loop's, never [`SEED`]).
 const NEST: Var = u32::MAX - 2;
 
+/// Substitutions [`Terms::subst`] remembers at most.
+const MAX_SUBSTITUTED: usize = 1 << 18;
+
 /// Candidate bodies [`Terms::seed`] tries in one proof.
 const MAX_SEED_TRIES: u32 = 20_000;
 
@@ -807,6 +810,11 @@ impl Terms {
         }
         let mut memo = HashMap::default();
         let y = self.subst_in(x, v, by, &mut memo);
+        // Forgetting costs only recomputation: one store shared by a whole ring (the lockstep
+        // proof) would otherwise keep every substitution it ever made.
+        if self.substituted.len() >= MAX_SUBSTITUTED {
+            self.substituted.clear();
+        }
         self.substituted.insert(key, y);
         y
     }
