@@ -4,6 +4,9 @@
 /// loop indices and region coordinates, each with a range known to the evaluator.
 pub type Var = u32;
 
+/// The terms of an [`Aff`].
+pub type Terms = smallvec::SmallVec<[(Var, i64); 3]>;
+
 /// Variables reserved for range binders (a range binds one above every binder inside it, so
 /// nesting depth bounds them).
 pub const BINDERS: Var = 1024;
@@ -11,19 +14,20 @@ pub const BINDERS: Var = 1024;
 #[derive(Clone, PartialEq, Eq, Hash, Debug, PartialOrd, Ord, Default)]
 pub struct Aff {
     pub c: i64,
-    /// Sorted by variable, no zero coefficient.
-    pub t: Vec<(Var, i64)>,
+    /// Sorted by variable, no zero coefficient. Most forms have a few terms: kept inline,
+    /// they cost no allocation (the evaluator builds and drops millions of them).
+    pub t: Terms,
 }
 
 impl Aff {
     pub fn cst(c: i64) -> Aff {
-        Aff { c, t: Vec::new() }
+        Aff { c, t: Terms::new() }
     }
 
     pub fn var(v: Var) -> Aff {
         Aff {
             c: 0,
-            t: vec![(v, 1)],
+            t: smallvec::smallvec![(v, 1)],
         }
     }
 
@@ -58,7 +62,7 @@ impl Aff {
             return self.clone();
         }
         let (a, b) = (&self.t, &o.t);
-        let mut t = Vec::with_capacity(a.len() + b.len());
+        let mut t = Terms::with_capacity(a.len() + b.len());
         let (mut i, mut j) = (0, 0);
         while i < a.len() || j < b.len() {
             if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {

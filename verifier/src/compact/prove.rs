@@ -492,6 +492,13 @@ impl Eval {
         for (a, b) in low.dims.iter().zip(&high.dims) {
             value = self.tm.subst(value, b.0, &Aff::var(a.0));
         }
+        // Two copies of one value (a result written to its word and accumulated into another
+        // far away) are not rows of a block: stacked, they made one region whose interval
+        // spans every word between them, and every read in between had to be shown to miss
+        // it coordinate by coordinate.
+        if value == low.value {
+            return None;
+        }
         let w = self.fresh(2);
         let body = self.tm.interpolate(low.value, value, w)?;
         // The body means the two facts exactly: checked at both ends, not trusted.
@@ -2168,5 +2175,45 @@ mod tests {
             panic!("the loop's body starts with a loop")
         };
         assert!(splittable(&inner.body, 1));
+    }
+
+    /// Rows of a block pushed one by one are stacked into one region; two copies of one value
+    /// far apart (a result written to its word and accumulated into another) are not, so a
+    /// read between them is not taken for a word of a region spanning both.
+    #[test]
+    fn rows_are_stacked_but_copies_of_one_value_are_not() {
+        let live = |e: &Eval| e.facts.iter().flatten().count();
+        let mut e = Eval::new(0, 64, true);
+        let row = |e: &mut Eval, r: i64| {
+            let c = e.fresh(4);
+            let v = e.tm.atom(0, Aff::cst(0), Aff::cst(r), Aff::var(c));
+            e.fact(Aff::cst(8 * r), vec![(c, 1, 4)], v, false).unwrap()
+        };
+        for r in 0..3 {
+            let f = row(&mut e, r);
+            e.push(f);
+        }
+        assert_eq!(live(&e), 1, "three rows of a block are one region");
+        let x = e.fresh(3);
+        let y = e.fresh(4);
+        let got = e
+            .read(&Aff::cst(0).add_term(x, 8).add_term(y, 1))
+            .unwrap()
+            .0;
+        let want = e.tm.atom(0, Aff::cst(0), Aff::var(x), Aff::var(y));
+        assert_eq!(got, want);
+
+        let mut e = Eval::new(0, 64, true);
+        let v = e.tm.atom(0, Aff::cst(0), Aff::cst(0), Aff::cst(0));
+        for at in [0, 40] {
+            let f = e.fact(Aff::cst(at), Vec::new(), v, true).unwrap();
+            e.push(f);
+        }
+        assert_eq!(live(&e), 2, "two copies of one value stay two facts");
+        for at in [0, 40] {
+            assert_eq!(e.read(&Aff::cst(at)).unwrap().0, v);
+        }
+        // Nothing was written between them.
+        assert!(e.read(&Aff::cst(20)).is_err());
     }
 }

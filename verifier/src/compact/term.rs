@@ -29,6 +29,9 @@ const SEED: Var = u32::MAX - 1;
 /// loop's, never [`SEED`]).
 const NEST: Var = u32::MAX - 2;
 
+/// Substitutions [`Terms::subst`] remembers at most.
+const MAX_SUBSTITUTED: usize = 1 << 18;
+
 /// Candidate bodies [`Terms::seed`] tries in one proof.
 const MAX_SEED_TRIES: u32 = 20_000;
 
@@ -73,6 +76,10 @@ pub struct Terms {
     seed_tries: u32,
     /// Budgets of [`MAX_SEED_TRIES`] granted (one per PE evaluated).
     seed_budgets: u32,
+    /// What [`Terms::subst`] gave before, by term, variable and replacement: a fact's value
+    /// is substituted at the same coordinates by many reads (the row loops of every ring
+    /// step), and the result depends only on the three (the store only grows).
+    substituted: HashMap<(Id, Var, Aff), Id>,
 }
 
 impl Terms {
@@ -794,8 +801,22 @@ impl Terms {
 
     /// `x` with variable `v` replaced by `by`, rebuilt through the canonical constructors.
     pub fn subst(&mut self, x: Id, v: Var, by: &Aff) -> Id {
+        if self.vars[x as usize] & var_bit(v) == 0 || matches!(self.node(x), T::Atom(..)) {
+            return self.subst_in(x, v, by, &mut HashMap::default());
+        }
+        let key = (x, v, by.clone());
+        if let Some(&y) = self.substituted.get(&key) {
+            return y;
+        }
         let mut memo = HashMap::default();
-        self.subst_in(x, v, by, &mut memo)
+        let y = self.subst_in(x, v, by, &mut memo);
+        // Forgetting costs only recomputation: one store shared by a whole ring (the lockstep
+        // proof) would otherwise keep every substitution it ever made.
+        if self.substituted.len() >= MAX_SUBSTITUTED {
+            self.substituted.clear();
+        }
+        self.substituted.insert(key, y);
+        y
     }
 
     fn subst_in(&mut self, x: Id, v: Var, by: &Aff, memo: &mut HashMap<Id, Id>) -> Id {
