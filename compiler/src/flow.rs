@@ -10,7 +10,6 @@
 
 use crate::pe_map::PeValMap;
 use crate::schedule::{Builder, Val, Work};
-use rustc_hash::FxHashMap as HashMap;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -54,15 +53,17 @@ pub fn simulate_within(
     // avail[p][v] = first cycle at which v can be read on p.
     let mut avail: Avail = PeValMap::new(m, b.vals(), 0);
     // Where each value sits in each PE's forwarding list, and the listed values already present.
-    let listed: Vec<HashMap<Val, usize>> = flow
-        .forward
-        .iter()
-        .map(|f| f.iter().enumerate().map(|(i, &v)| (v, i)).collect())
-        .collect();
+    // Asked on every arrival, so a dense map like `avail`.
+    let mut listed: PeValMap<usize> = PeValMap::new(m, b.vals(), 0);
+    for (p, f) in flow.forward.iter().enumerate() {
+        for (i, &v) in f.iter().enumerate() {
+            listed.insert(p, v, i);
+        }
+    }
     let mut ready: Ready = vec![BinaryHeap::new(); m];
     let arrive = |avail: &mut Avail, ready: &mut Ready, p: usize, v: Val, at: usize| {
         if avail.get(p, v).is_none_or(|old| at < old) && avail.insert(p, v, at).is_none() {
-            if let Some(&i) = listed[p].get(&v) {
+            if let Some(i) = listed.get(p, v) {
                 ready[p].push(Reverse(i));
             }
         }

@@ -12,7 +12,6 @@
 use crate::pe_map::PeValMap;
 use crate::schedule::{Element, RingSchedule, Slot, Val, ValInfo, Work};
 use isa::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc};
-use rustc_hash::FxHashMap as HashMap;
 
 pub const NAME: &str = "codegen";
 pub const DESCRIPTION: &str =
@@ -170,8 +169,11 @@ pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> 
             pes.start(*pe as usize, val, 0, true, NONE, INPUT_KIND);
         }
     }
-    let output_at: HashMap<(u32, Val), ()> =
-        s.outputs.iter().map(|&(_, pe, v)| ((pe, v), ())).collect();
+    // Asked of every value written, so a dense map rather than a hash set of (PE, value).
+    let mut output_at = PeValMap::new(m, s.vals.len(), ());
+    for &(_, pe, v) in s.outputs.iter().filter(|o| (o.1 as usize) < m) {
+        output_at.insert(pe as usize, v, ());
+    }
 
     // Discover lifetimes in time order; reads extend the lifetime they fall in.
     let read = |pes: &mut Lives, pe: usize, val: Val, t: usize| -> Result<(), CodegenError> {
@@ -208,7 +210,7 @@ pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> 
                     Work::Div { .. } => None,
                 };
                 for (k, v) in work.writes().enumerate() {
-                    let pinned = output_at.contains_key(&(pe as u32, v));
+                    let pinned = output_at.get(pe, v).is_some();
                     let heir_of = match updated {
                         Some((old, new)) if new == v => {
                             pes.at(pe, old, t).map_or(NONE, |i| i as u32)
@@ -220,7 +222,7 @@ pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> 
             }
             if let Some(v) = slot.send {
                 let to = (pe + 1) % m;
-                let pinned = output_at.contains_key(&(to as u32, v));
+                let pinned = output_at.get(to, v).is_some();
                 pes.start(to, v, t + 1, pinned, NONE, kind_of(None, 0));
             }
         }
@@ -354,11 +356,16 @@ fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
 /// order of a priority queue on `(end, address)`: cycle after cycle, and within one cycle by
 /// address. A lifetime's end is never before its start, and starts are visited in order, so a
 /// bucket per cycle is never filled after it was released; a priority queue of all live words
-/// spends its time sifting (a pinned lifetime, never released, is not held at all).
+/// spends its time sifting (a pinned lifetime, never released, is not held at all). Buckets are
+/// lists threaded through one vector: a vector per cycle costs an allocation for nearly every
+/// lifetime.
 #[derive(Default)]
 struct Busy {
-    /// `by_end[e]`: words whose lifetime's last read is in cycle `e`.
-    by_end: Vec<Vec<Addr>>,
+    /// `head[e]`: the last word pushed whose lifetime's last read is in cycle `e`, as an index
+    /// into `words` (`NONE` if none).
+    head: Vec<u32>,
+    /// Each pushed word and the index of the one pushed before it into the same cycle.
+    words: Vec<(Addr, u32)>,
     /// Cycles below this have been released.
     released: usize,
     out: Vec<Addr>,
@@ -367,24 +374,26 @@ struct Busy {
 impl Busy {
     fn push(&mut self, end: usize, addr: Addr) {
         debug_assert!(end >= self.released, "a lifetime ends before its start");
-        if end >= self.by_end.len() {
-            self.by_end.resize_with(end + 1, Vec::new);
+        if end >= self.head.len() {
+            self.head.resize((end + 1).max(2 * self.head.len()), NONE);
         }
-        self.by_end[end].push(addr);
+        let next = std::mem::replace(&mut self.head[end], self.words.len() as u32);
+        self.words.push((addr, next));
     }
 
     /// Releases every word whose lifetime ended before cycle `start`, in queue order.
     fn ending_before(&mut self, start: usize) -> std::vec::Drain<'_, Addr> {
         self.out.clear();
-        let upto = start.min(self.by_end.len());
-        for bucket in self
-            .by_end
-            .get_mut(self.released..upto)
-            .into_iter()
-            .flatten()
-        {
-            bucket.sort_unstable();
-            self.out.append(bucket);
+        let upto = start.min(self.head.len());
+        for e in self.released..upto {
+            let from = self.out.len();
+            let mut i = std::mem::replace(&mut self.head[e], NONE);
+            while i != NONE {
+                let (addr, next) = self.words[i as usize];
+                self.out.push(addr);
+                i = next;
+            }
+            self.out[from..].sort_unstable();
         }
         self.released = self.released.max(upto);
         self.out.drain(..)
