@@ -8,8 +8,8 @@
 //! computed or received in cycle `t` is usable from cycle `t + 1`, exactly as the ISA says, so
 //! the simulated timeline *is* the schedule and its length is the exact cycle count.
 
+use crate::pe_map::PeValMap;
 use crate::schedule::{Builder, Val, Work};
-use rustc_hash::FxHashMap as HashMap;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -33,7 +33,7 @@ pub struct Flow {
 }
 
 /// Per PE: the first cycle each value can be read there.
-type Avail = Vec<HashMap<Val, usize>>;
+type Avail = PeValMap<usize>;
 /// Per PE: positions in its forwarding list of values that are present and not yet sent.
 type Ready = Vec<BinaryHeap<Reverse<usize>>>;
 
@@ -51,17 +51,19 @@ pub fn simulate_within(
 ) -> Result<Option<usize>, String> {
     let m = flow.tasks.len();
     // avail[p][v] = first cycle at which v can be read on p.
-    let mut avail: Avail = vec![HashMap::default(); m];
+    let mut avail: Avail = PeValMap::new(m, b.vals(), 0);
     // Where each value sits in each PE's forwarding list, and the listed values already present.
-    let listed: Vec<HashMap<Val, usize>> = flow
-        .forward
-        .iter()
-        .map(|f| f.iter().enumerate().map(|(i, &v)| (v, i)).collect())
-        .collect();
+    // Asked on every arrival, so a dense map like `avail`.
+    let mut listed: PeValMap<usize> = PeValMap::new(m, b.vals(), 0);
+    for (p, f) in flow.forward.iter().enumerate() {
+        for (i, &v) in f.iter().enumerate() {
+            listed.insert(p, v, i);
+        }
+    }
     let mut ready: Ready = vec![BinaryHeap::new(); m];
     let arrive = |avail: &mut Avail, ready: &mut Ready, p: usize, v: Val, at: usize| {
-        if avail[p].get(&v).is_none_or(|&old| at < old) && avail[p].insert(v, at).is_none() {
-            if let Some(&i) = listed[p].get(&v) {
+        if avail.get(p, v).is_none_or(|old| at < old) && avail.insert(p, v, at).is_none() {
+            if let Some(i) = listed.get(p, v) {
                 ready[p].push(Reverse(i));
             }
         }
@@ -84,7 +86,7 @@ pub fn simulate_within(
         let mut progressed = false;
         let mut events: Vec<(usize, Val)> = Vec::new();
         for p in 0..m {
-            let here = |v: Val| avail[p].get(&v).is_some_and(|&at| at <= t);
+            let here = |v: Val| avail.get(p, v).is_some_and(|at| at <= t);
             if let Some(pos) = pending[p]
                 .iter()
                 .take(WINDOW)

@@ -39,6 +39,7 @@ pub mod exact;
 pub mod flow;
 pub mod ir;
 pub mod passes;
+pub(crate) mod pe_map;
 pub mod problem;
 pub mod schedule;
 pub mod scheduler;

@@ -14,7 +14,9 @@
 //! * every work item has a phase it can belong to, and the schedule's operation counts equal
 //!   what its slots hold.
 
+use crate::pe_map::PeValMap;
 use crate::schedule::{OpCounts, RingSchedule, ScheduleError, Val, ValInfo, Work};
+use cranelift_entity::EntityRef;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 /// What a valid schedule is, for the passes after it.
@@ -43,18 +45,25 @@ pub fn validate(s: &RingSchedule) -> Result<Info, Vec<ScheduleError>> {
     if s.slots.iter().any(|row| row.len() != cycles) {
         return Err(vec![ScheduleError::Ragged]);
     }
-    // Values present on each PE, as of the cycle being checked.
-    let mut here: Vec<FxHashSet<Val>> = vec![FxHashSet::default(); m];
-    let mut produced: FxHashSet<Val> = FxHashSet::default();
+    // Values present on each PE, as of the cycle being checked (a map per PE, see `pe_map`).
+    let mut here: PeValMap<()> = PeValMap::new(m, s.vals.len(), ());
+    let on = |here: &PeValMap<()>, pe: usize, v: Val| here.get(pe, v).is_some();
+    // Per value: produced by some input or work (a slot may name a value beyond `vals`).
+    let mut produced: Vec<bool> = vec![false; s.vals.len()];
+    let produce = |produced: &mut Vec<bool>, v: Val| {
+        if v.index() >= produced.len() {
+            produced.resize(v.index() + 1, false);
+        }
+        produced[v.index()] = true;
+    };
     for (val, info) in s.vals.iter() {
         if let ValInfo::Input { pe, .. } = *info {
-            match here.get_mut(pe as usize) {
-                Some(set) => {
-                    set.insert(val);
-                }
-                None => errors.push(ScheduleError::NoSuchPe { pe, pes: s.pes }),
+            if (pe as usize) < m {
+                here.insert(pe as usize, val, ());
+            } else {
+                errors.push(ScheduleError::NoSuchPe { pe, pes: s.pes });
             }
-            produced.insert(val);
+            produce(&mut produced, val);
         }
     }
     let mut found = OpCounts::default();
@@ -70,7 +79,7 @@ pub fn validate(s: &RingSchedule) -> Result<Info, Vec<ScheduleError>> {
             };
             if let Some(work) = slot.work {
                 for v in work.reads() {
-                    if !here[pe].contains(&v) {
+                    if !on(&here, pe, v) {
                         errors.push(missing(v));
                     }
                 }
@@ -85,7 +94,7 @@ pub fn validate(s: &RingSchedule) -> Result<Info, Vec<ScheduleError>> {
             }
             if let Some(v) = slot.send {
                 let from_acc = slot.work.as_ref().and_then(acc_result) == Some(v);
-                if !from_acc && !here[pe].contains(&v) {
+                if !from_acc && !on(&here, pe, v) {
                     errors.push(missing(v));
                 }
                 if m == 1 {
@@ -101,13 +110,13 @@ pub fn validate(s: &RingSchedule) -> Result<Info, Vec<ScheduleError>> {
         for (pe, row) in s.slots.iter().enumerate() {
             if let Some(work) = row[t].work {
                 for v in work.writes() {
-                    here[pe].insert(v);
-                    produced.insert(v);
+                    here.insert(pe, v, ());
+                    produce(&mut produced, v);
                 }
             }
         }
         for &(to, v) in &arriving {
-            here[to].insert(v);
+            here.insert(to, v, ());
         }
     }
     let mut seen = FxHashSet::default();
@@ -121,19 +130,19 @@ pub fn validate(s: &RingSchedule) -> Result<Info, Vec<ScheduleError>> {
                 reason: "the element is listed twice",
             });
         }
-        match here.get(pe as usize) {
-            Some(set) if set.contains(&val) => {}
-            Some(_) => errors.push(ScheduleError::Output {
+        if (pe as usize) >= m {
+            errors.push(ScheduleError::NoSuchPe { pe, pes: s.pes });
+        } else if !on(&here, pe as usize, val) {
+            errors.push(ScheduleError::Output {
                 pe,
                 val,
                 reason: "not on this PE after the last cycle",
-            }),
-            None => errors.push(ScheduleError::NoSuchPe { pe, pes: s.pes }),
+            });
         }
         seen.insert(val);
     }
     for v in seen {
-        if !produced.contains(&v) {
+        if !produced.get(v.index()).copied().unwrap_or(false) {
             errors.push(ScheduleError::UnknownValue { val: v });
         }
     }

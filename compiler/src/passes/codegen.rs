@@ -9,11 +9,9 @@
 //! [`Packing`]). An address is reused only by a value written after the previous occupant's last
 //! read, so no write can clobber a live word and no two writes to one address fall in one cycle.
 
+use crate::pe_map::PeValMap;
 use crate::schedule::{Element, RingSchedule, Slot, Val, ValInfo, Work};
 use isa::{Acc, AccSrc, Addr, Bundle, Op, Program, Xfer, XferSrc};
-use rustc_hash::FxHashMap as HashMap;
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 
 pub const NAME: &str = "codegen";
 pub const DESCRIPTION: &str =
@@ -83,18 +81,25 @@ const KINDS: usize = 16;
 
 const NONE: u32 = u32::MAX;
 
-/// Lifetimes on one PE, indexed by value for lookups at a cycle.
-#[derive(Default)]
-struct PeLives {
-    lives: Vec<Life>,
-    latest: HashMap<Val, u32>,
+/// Lifetimes on every PE (`on[pe]`), indexed by value for lookups at a cycle.
+struct Lives {
+    on: Vec<Vec<Life>>,
+    /// Per PE, per value: its latest lifetime there.
+    latest: PeValMap<u32>,
 }
 
-impl PeLives {
-    fn start(&mut self, val: Val, start: usize, pinned: bool, heir_of: u32, kind: u8) {
-        let idx = self.lives.len() as u32;
-        let prev = self.latest.insert(val, idx).unwrap_or(NONE);
-        self.lives.push(Life {
+impl Lives {
+    fn new(pes: usize, vals: usize) -> Self {
+        Lives {
+            on: vec![Vec::new(); pes],
+            latest: PeValMap::new(pes, vals, NONE),
+        }
+    }
+
+    fn start(&mut self, pe: usize, val: Val, start: usize, pinned: bool, heir_of: u32, kind: u8) {
+        let idx = self.on[pe].len() as u32;
+        let prev = self.latest.insert(pe, val, idx).unwrap_or(NONE);
+        self.on[pe].push(Life {
             start,
             end: None,
             pinned,
@@ -105,31 +110,32 @@ impl PeLives {
         });
     }
 
-    /// Lifetimes of `val` on this PE, latest first.
-    fn chain(&self, val: Val) -> impl Iterator<Item = usize> + '_ {
-        let mut next = self.latest.get(&val).copied().unwrap_or(NONE);
+    /// Lifetimes of `val` on `pe`, latest first.
+    fn chain(&self, pe: usize, val: Val) -> impl Iterator<Item = usize> + '_ {
+        let mut next = self.latest.get(pe, val).unwrap_or(NONE);
+        let lives = &self.on[pe];
         std::iter::from_fn(move || {
             (next != NONE).then(|| {
                 let i = next as usize;
-                next = self.lives[i].prev;
+                next = lives[i].prev;
                 i
             })
         })
     }
 
-    /// The lifetime of `val` holding at `cycle`: the latest one started at or before it.
-    fn at(&self, val: Val, cycle: usize) -> Option<usize> {
-        self.chain(val).find(|&i| self.lives[i].start <= cycle)
+    /// The lifetime of `val` on `pe` holding at `cycle`: the latest one started at or before it.
+    fn at(&self, pe: usize, val: Val, cycle: usize) -> Option<usize> {
+        self.chain(pe, val).find(|&i| self.on[pe][i].start <= cycle)
     }
 
-    fn starting(&self, val: Val, cycle: usize) -> Option<&Life> {
-        self.chain(val)
-            .map(|i| &self.lives[i])
+    fn starting(&self, pe: usize, val: Val, cycle: usize) -> Option<&Life> {
+        self.chain(pe, val)
+            .map(|i| &self.on[pe][i])
             .find(|l| l.start == cycle)
     }
 
-    fn stored(&self, val: Val, cycle: usize) -> Option<Addr> {
-        self.starting(val, cycle)
+    fn stored(&self, pe: usize, val: Val, cycle: usize) -> Option<Addr> {
+        self.starting(pe, val, cycle)
             .filter(|l| l.end.is_some() || l.pinned)
             .map(|l| l.addr)
     }
@@ -156,27 +162,29 @@ fn acc_result(work: &Work) -> Option<Val> {
 pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> {
     let m = s.pes as usize;
     let cycles = s.cycles();
-    let mut pes: Vec<PeLives> = (0..m).map(|_| PeLives::default()).collect();
+    let mut pes = Lives::new(m, s.vals.len());
 
     for (val, info) in s.vals.iter() {
         if let ValInfo::Input { pe, .. } = info {
-            pes[*pe as usize].start(val, 0, true, NONE, INPUT_KIND);
+            pes.start(*pe as usize, val, 0, true, NONE, INPUT_KIND);
         }
     }
-    let output_at: HashMap<(u32, Val), ()> =
-        s.outputs.iter().map(|&(_, pe, v)| ((pe, v), ())).collect();
+    // Asked of every value written, so a dense map rather than a hash set of (PE, value).
+    let mut output_at = PeValMap::new(m, s.vals.len(), ());
+    for &(_, pe, v) in s.outputs.iter().filter(|o| (o.1 as usize) < m) {
+        output_at.insert(pe as usize, v, ());
+    }
 
     // Discover lifetimes in time order; reads extend the lifetime they fall in.
-    let read =
-        |pes: &mut Vec<PeLives>, pe: usize, val: Val, t: usize| -> Result<(), CodegenError> {
-            let i = pes[pe].at(val, t).ok_or_else(|| {
-                CodegenError(format!(
-                    "PE {pe} reads {val} at cycle {t} but it is not there"
-                ))
-            })?;
-            pes[pe].lives[i].end = Some(t);
-            Ok(())
-        };
+    let read = |pes: &mut Lives, pe: usize, val: Val, t: usize| -> Result<(), CodegenError> {
+        let i = pes.at(pe, val, t).ok_or_else(|| {
+            CodegenError(format!(
+                "PE {pe} reads {val} at cycle {t} but it is not there"
+            ))
+        })?;
+        pes.on[pe][i].end = Some(t);
+        Ok(())
+    };
     for t in 0..cycles {
         for pe in 0..m {
             let slot = s.slots[pe][t];
@@ -202,50 +210,50 @@ pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> 
                     Work::Div { .. } => None,
                 };
                 for (k, v) in work.writes().enumerate() {
-                    let pinned = output_at.contains_key(&(pe as u32, v));
+                    let pinned = output_at.get(pe, v).is_some();
                     let heir_of = match updated {
                         Some((old, new)) if new == v => {
-                            pes[pe].at(old, t).map_or(NONE, |i| i as u32)
+                            pes.at(pe, old, t).map_or(NONE, |i| i as u32)
                         }
                         _ => NONE,
                     };
-                    pes[pe].start(v, t + 1, pinned, heir_of, kind_of(Some(&work), k));
+                    pes.start(pe, v, t + 1, pinned, heir_of, kind_of(Some(&work), k));
                 }
             }
             if let Some(v) = slot.send {
                 let to = (pe + 1) % m;
-                let pinned = output_at.contains_key(&(to as u32, v));
-                pes[to].start(v, t + 1, pinned, NONE, kind_of(None, 0));
+                let pinned = output_at.get(to, v).is_some();
+                pes.start(to, v, t + 1, pinned, NONE, kind_of(None, 0));
             }
         }
     }
 
-    let mut mem_words = vec![0u32; m];
-    for (pe, lives) in pes.iter_mut().enumerate() {
-        mem_words[pe] = match packing {
-            Packing::Tight => allocate(&mut lives.lives, false),
+    let mut mem_words = Vec::with_capacity(m);
+    for lives in pes.on.iter_mut() {
+        mem_words.push(match packing {
+            Packing::Tight => allocate(lives, false),
             Packing::ByKind { limit } => {
-                let words = allocate(&mut lives.lives, true);
+                let words = allocate(lives, true);
                 if limit.is_some_and(|l| words > l) {
-                    allocate(&mut lives.lives, false)
+                    allocate(lives, false)
                 } else {
                     words
                 }
             }
-        };
+        });
     }
 
     let mut programs = Vec::with_capacity(m);
-    for pe in 0..m {
+    for (pe, &mem_words) in mem_words.iter().enumerate() {
         let next = (pe + 1) % m;
         let mut bundles = Vec::with_capacity(cycles);
         for t in 0..cycles {
-            bundles.push(bundle(&pes[pe], &pes[next], s.slots[pe][t], pe, t)?);
+            bundles.push(bundle(&pes, s.slots[pe][t], pe, next, t)?);
         }
         programs.push(Program {
             pe: pe as u32,
             pes: s.pes,
-            mem_words: mem_words[pe],
+            mem_words,
             bundles,
         });
     }
@@ -253,7 +261,7 @@ pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> 
     let mut inputs = Vec::new();
     for (val, info) in s.vals.iter() {
         if let ValInfo::Input { element, pe } = *info {
-            let life = pes[pe as usize].starting(val, 0).ok_or_else(|| {
+            let life = pes.starting(pe as usize, val, 0).ok_or_else(|| {
                 CodegenError(format!(
                     "input {val:?} on PE {pe} has no lifetime from cycle 0"
                 ))
@@ -263,11 +271,10 @@ pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> 
     }
     let mut outputs = Vec::new();
     for &(element, pe, val) in &s.outputs {
-        let lives = &pes[pe as usize];
-        let i = lives
-            .at(val, cycles)
+        let i = pes
+            .at(pe as usize, val, cycles)
             .ok_or_else(|| CodegenError(format!("output {val} is not on PE {pe} at the end")))?;
-        outputs.push((element, pe, lives.lives[i].addr));
+        outputs.push((element, pe, pes.on[pe as usize][i].addr));
     }
     Ok(Emitted {
         programs,
@@ -283,7 +290,7 @@ fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
         .filter(|&i| lives[i].end.is_some() || lives[i].pinned)
         .collect();
     order.sort_by_key(|&i| lives[i].start);
-    let mut busy: BinaryHeap<Reverse<(usize, Addr)>> = BinaryHeap::new();
+    let mut busy = Busy::default();
     // Tight: last freed, first reused. Any free word keeps memory at the peak of live values,
     // and taking the most recent one makes a stretch of work that repeats reuse its own
     // temporaries, where lowest-address-first would drag in words freed long before.
@@ -302,18 +309,13 @@ fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
         let start = lives[i].start;
         // An address read for the last time at cycle e may be written at the end of cycle e,
         // i.e. reused by a lifetime starting at e + 1.
-        while let Some(&Reverse((end, addr))) = busy.peek() {
-            if end < start {
-                busy.pop();
-                if by_kind {
-                    own[usize::from(kind_at[addr as usize])].push_back(addr);
-                } else {
-                    free.push(addr);
-                }
-                is_free[addr as usize] = true;
+        for addr in busy.ending_before(start) {
+            if by_kind {
+                own[usize::from(kind_at[addr as usize])].push_back(addr);
             } else {
-                break;
+                free.push(addr);
             }
+            is_free[addr as usize] = true;
         }
         let inherited = lives
             .get(lives[i].heir_of as usize)
@@ -343,30 +345,76 @@ fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
         is_free[addr as usize] = false;
         kind_at[addr as usize] = kind as u8;
         lives[i].addr = addr;
-        let end = if lives[i].pinned {
-            usize::MAX
-        } else {
-            lives[i].end.unwrap_or(start)
-        };
-        busy.push(Reverse((end, addr)));
+        if !lives[i].pinned {
+            busy.push(lives[i].end.unwrap_or(start), addr);
+        }
     }
     words
 }
 
+/// The words held by lifetimes not yet over, by the cycle of their last read, released in the
+/// order of a priority queue on `(end, address)`: cycle after cycle, and within one cycle by
+/// address. A lifetime's end is never before its start, and starts are visited in order, so a
+/// bucket per cycle is never filled after it was released; a priority queue of all live words
+/// spends its time sifting (a pinned lifetime, never released, is not held at all). Buckets are
+/// lists threaded through one vector: a vector per cycle costs an allocation for nearly every
+/// lifetime.
+#[derive(Default)]
+struct Busy {
+    /// `head[e]`: the last word pushed whose lifetime's last read is in cycle `e`, as an index
+    /// into `words` (`NONE` if none).
+    head: Vec<u32>,
+    /// Each pushed word and the index of the one pushed before it into the same cycle.
+    words: Vec<(Addr, u32)>,
+    /// Cycles below this have been released.
+    released: usize,
+    out: Vec<Addr>,
+}
+
+impl Busy {
+    fn push(&mut self, end: usize, addr: Addr) {
+        debug_assert!(end >= self.released, "a lifetime ends before its start");
+        if end >= self.head.len() {
+            self.head.resize((end + 1).max(2 * self.head.len()), NONE);
+        }
+        let next = std::mem::replace(&mut self.head[end], self.words.len() as u32);
+        self.words.push((addr, next));
+    }
+
+    /// Releases every word whose lifetime ended before cycle `start`, in queue order.
+    fn ending_before(&mut self, start: usize) -> std::vec::Drain<'_, Addr> {
+        self.out.clear();
+        let upto = start.min(self.head.len());
+        for e in self.released..upto {
+            let from = self.out.len();
+            let mut i = std::mem::replace(&mut self.head[e], NONE);
+            while i != NONE {
+                let (addr, next) = self.words[i as usize];
+                self.out.push(addr);
+                i = next;
+            }
+            self.out[from..].sort_unstable();
+        }
+        self.released = self.released.max(upto);
+        self.out.drain(..)
+    }
+}
+
 fn bundle(
-    here: &PeLives,
-    next: &PeLives,
+    lives: &Lives,
     slot: Slot,
     pe: usize,
+    next: usize,
     t: usize,
 ) -> Result<Bundle, CodegenError> {
     let addr = |v: Val| -> Result<Addr, CodegenError> {
-        here.at(v, t)
-            .map(|i| here.lives[i].addr)
+        lives
+            .at(pe, v, t)
+            .map(|i| lives.on[pe][i].addr)
             .filter(|&a| a != Addr::MAX)
             .ok_or_else(|| CodegenError(format!("{v} has no address on PE {pe} at cycle {t}")))
     };
-    let dst = |v: Val| here.stored(v, t + 1);
+    let dst = |v: Val| lives.stored(pe, v, t + 1);
     let acc_src = |acc: Option<Val>| -> Result<AccSrc, CodegenError> {
         Ok(match acc {
             Some(v) => AccSrc::Mem(addr(v)?),
@@ -410,7 +458,7 @@ fn bundle(
             } else {
                 XferSrc::Mem(addr(v)?)
             };
-            let dst = next.stored(v, t + 1).ok_or_else(|| {
+            let dst = lives.stored(next, v, t + 1).ok_or_else(|| {
                 CodegenError(format!(
                     "PE {pe} sends {v} at cycle {t} but the next PE never reads it"
                 ))

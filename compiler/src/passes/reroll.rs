@@ -189,9 +189,11 @@ impl Describer<'_> {
 }
 
 fn item(node: RNode, interner: &mut Interner) -> Item {
+    // A bundle has at most one parameter per field; sized for that, the first push is the
+    // only allocation of the flat program's items.
     let mut d = Describer {
         interner,
-        params: Vec::new(),
+        params: Vec::with_capacity(Field::ALL.len()),
     };
     let (shape, depth) = d.describe(&node, false);
     Item {
