@@ -143,6 +143,18 @@ fn more_softmax_pes_on_large_rings() {
     );
 }
 
+/// Every softmax count up to 8 is tried, not only the estimate's ladder of halves and doubles:
+/// 8 tokens, d = 8 on 64 PEs took 115 cycles with the ladder's counts and 106 with three
+/// softmax PEs.
+#[test]
+fn every_small_softmax_count_is_tried() {
+    let cols = check(8, 8, 64, 1, Scheme::Separate, true);
+    assert!(
+        cols < 115,
+        "8 tokens, d = 8, separate on 64 PEs: cols {cols}"
+    );
+}
+
 /// With q = k = v and `d ≤ 2n` on large rings, rows that keep their outputs on their own
 /// softmax PEs receive the x rows once and move no weight: 8 tokens, d = 8 on 256 PEs must
 /// beat the row dataflow (measured when it was added: 124 cycles against 173; the cols lanes

@@ -42,6 +42,13 @@ const WIDE_SOFT_PES: u32 = 64;
 /// From this many PEs [`candidates`]' lanes are joined by those of [`local_v_lanes`] (on 8 PEs
 /// none of the small-shapes table's `d = 8` layers gained from them).
 const LOCAL_V_PES: u32 = 16;
+/// [`other_softmax_counts`] tries every softmax count up to this one, on rings of at least
+/// [`SOFT_STEP_PES`] PEs and heads of at most [`SOFT_STEP_DIM`] columns: the small-shapes
+/// table gained only there (none of its 48 shapes on 8 PEs with `d = 8`, nor of the 48 on 64
+/// PEs with `d = 64`, moved), and the extra run costs a quarter to a third more compile time.
+const MAX_SOFT_STEP: u32 = 8;
+const SOFT_STEP_PES: u32 = 16;
+const SOFT_STEP_DIM: u32 = 16;
 
 /// The registry's handle on this pass.
 pub struct Cols;
@@ -99,6 +106,16 @@ impl Scheduler for Cols {
         let overlapped = overlapped(p, pes);
         if !overlapped.is_empty() {
             if let Ok(o) = schedule_split::run_apart(p, pes, &overlapped) {
+                if o.cycles() < s.cycles() {
+                    s = o;
+                }
+            }
+        }
+        // Likewise for every other softmax count of the lanes above (a run of its own for the
+        // same reason).
+        let softs = other_softmax_counts(p, pes, &parts);
+        if !softs.is_empty() {
+            if let Ok(o) = schedule_split::run_apart(p, pes, &softs) {
                 if o.cycles() < s.cycles() {
                     s = o;
                 }
@@ -173,6 +190,33 @@ pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         }
     }
     out.extend(row_lanes(p, pes));
+    out
+}
+
+/// The lanes of `parts` (one row group, not one lane per row) with each softmax count from 1 to
+/// [`MAX_SOFT_STEP`] (as far as the lane's rows and its share of the ring allow) that `parts`
+/// does not already try, on layers up to [`LARGE_OPS`] operations (and the ring and head
+/// sizes of [`MAX_SOFT_STEP`]). The estimate's ladder
+/// (halves, quarters, doubles) skips counts such as 3, and which count wins depends on how the
+/// rows' softmax work overlaps the columns', which the estimate does not model (8 tokens,
+/// `d = 8` on 64 PEs: 115 cycles with the ladder's counts, 106 with 3 softmax PEs).
+fn other_softmax_counts(p: &Problem, pes: u32, parts: &[(u32, Apart)]) -> Vec<(u32, Apart)> {
+    if p.necessary_ops() > LARGE_OPS || pes < SOFT_STEP_PES || p.dim > SOFT_STEP_DIM {
+        return Vec::new();
+    }
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    for &(groups, lane) in parts {
+        if groups != 1 || lane.spread {
+            continue;
+        }
+        let room = (pes / p.heads.max(1)).saturating_sub(lane.r1 + lane.r3);
+        for soft in 1..=MAX_SOFT_STEP.min(p.tokens).min(room) {
+            let c = (groups, Apart { soft, ..lane });
+            if !parts.contains(&c) && !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
     out
 }
 
