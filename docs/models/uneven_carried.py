@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Timing model of carried scores (q = k = v, no mask, safe softmax) on rings that do not divide
+the tokens (docs/scheduling.md, "Carried scores on rings that do not divide the tokens").
+
+Nothing here is built; it estimates what such loop programs would take.
+
+* Deal: PE p owns the contiguous rows [ceil(p*n/m), ceil((p+1)*n/m)): floor(n/m) or ceil(n/m)
+  whole rows, none cut. Its block is the x rows of its tokens.
+* Work per PE and head that does not depend on the deal of scores: per row n - 1 maxima, n
+  exponentials, n*d products of the values and min(n, d) divisions (deferred normalisation, or
+  one division per weight with fewer tokens than d). Scores: the own triangle r(r + 1)/2, then
+  for every other PE q the part x[p][q] of the r_p x r_q cross block that p computes when q's
+  block visits it (in ring step (p - q) mod m); q computes the rest, r_p*r_q - x[p][q], when p's
+  block visits q. Each computed score's mirror rides home with the visiting block (the payload),
+  so each row's whole softmax is local after the ring pass: no merge, no rescaling.
+* Balance: the cross scores are dealt so that every PE's operations come within d of the
+  smallest possible maximum (rows of the larger blocks compute fewer cross scores). The split
+  of each pair starts at half plus an even share of both PEs' surplus, then a hill climb over
+  moves that keep every PE's total (a unit round a triangle of pairs) shortens the timeline.
+* Timeline: step s of PE p starts once its own step s - 1 is done and the visiting block's x rows
+  have arrived (the previous PE sends them one word per cycle from the start of its step s - 1;
+  the payload follows). A step takes d cycles per score, and at least as many as the words it
+  forwards (x rows, payload so far, the fresh mirrors); the maxima over scores already held fill
+  link-bound steps and waits. After the ring pass the PE's remaining local work runs
+  uninterrupted; the heads run back to back.
+
+Usage: python3 docs/models/uneven_carried.py
+Prints per shape the row dataflow's cycles (the shapes table), the lower bound, the balanced
+bound and the model's cycles.
+"""
+
+import random
+
+# Cycles of the row dataflow where it is kept for q = k = v on 6 or 12 PEs (README, shapes
+# table: n/d/m/heads).
+ROWS = {
+    "64/32/6/1": 34998,
+    "64/32/6/4": 139926,
+    "64/32/12/1": 17532,
+    "64/32/12/4": 69996,
+    "64/64/6/1": 67959,
+    "64/64/6/4": 272917,
+    "64/64/12/1": 34044,
+    "64/64/12/4": 135916,
+    "64/128/6/1": 133879,
+    "64/128/6/4": 537685,
+    "64/128/12/1": 67068,
+    "64/128/12/4": 267756,
+    "128/32/6/1": 139670,
+    "128/32/6/4": 558390,
+    "128/32/12/1": 69847,
+    "128/32/12/4": 279223,
+    "128/64/6/1": 271126,
+    "128/64/12/1": 135607,
+    "128/128/6/1": 534038,
+    "128/128/12/1": 267127,
+    "256/32/6/1": 557718,
+    "256/32/12/1": 278945,
+}
+
+
+def deal(n, m):
+    return [((p + 1) * n + m - 1) // m - (p * n + m - 1) // m for p in range(m)]
+
+
+def timeline(x, heads, n, d, m, r):
+    tri = [rp * (rp + 1) // 2 for rp in r]
+    local = [rp * ((n - 1) + n + n * d + min(n, d)) for rp in r]
+    xrows = [rq * d for rq in r]
+    free = [0] * m
+    for _ in range(heads):
+        start = [[0] * m for _ in range(m)]
+        end = [[0] * m for _ in range(m)]
+        payload = [0] * m
+        held = [0] * m
+        reduced = [0] * m
+        for s in range(m):
+            for p in range(m):
+                q = (p - s) % m
+                if s == 0:
+                    t0, length, words = free[p], d * tri[p], xrows[p]
+                else:
+                    ready = start[(p - 1) % m][s - 1] + xrows[q] + 1
+                    t0 = max(end[p][s - 1], ready)
+                    reduced[p] += min(max(0, ready - end[p][s - 1]), held[p] - reduced[p])
+                    length = d * x[p][q]
+                    words = payload[q] + x[p][q] + (xrows[q] if s < m - 1 else 0)
+                if words > length:
+                    reduced[p] += min(words - length, held[p] - reduced[p])
+                    length = words
+                held[p] += tri[p] - r[p] if s == 0 else x[p][q]
+                start[p][s], end[p][s] = t0, t0 + length
+            if s > 0:
+                for p in range(m):
+                    payload[(p - s) % m] += x[p][(p - s) % m]
+        free = [end[p][m - 1] + local[p] - reduced[p] for p in range(m)]
+    return max(free)
+
+
+def model(n, d, m, heads, climb=20000):
+    r = deal(n, m)
+    local = [rp * ((n - 1) + n + n * d + min(n, d)) for rp in r]
+    tri = [rp * (rp + 1) // 2 for rp in r]
+    cross = sum(r[p] * r[q] for p in range(m) for q in range(p + 1, m))
+    total = sum(local) + d * (sum(tri) + cross)
+    lb = -(-total // m)
+    bound = lb
+    while sum(max(0, (bound - local[p] - d * tri[p]) // d) for p in range(m)) < cross:
+        bound += 1
+    want = [max(0, (bound - local[p] - d * tri[p]) // d) for p in range(m)]
+    for _ in range(sum(want) - cross):
+        p = max(range(m), key=lambda u: local[u] + d * (tri[u] + want[u]))
+        want[p] -= 1
+    half = [sum(r[p] * r[q] for q in range(m) if q != p) / 2 for p in range(m)]
+    surplus = [want[p] - half[p] for p in range(m)]
+    x = [[0] * m for _ in range(m)]
+    for p in range(m):
+        for q in range(p + 1, m):
+            t = r[p] * r[q]
+            x[p][q] = min(t, max(0, round(t / 2 + (surplus[p] - surplus[q]) / m)))
+            x[q][p] = t - x[p][q]
+
+    def has(p):
+        return sum(x[p][q] for q in range(m) if q != p)
+
+    while any(has(p) > want[p] for p in range(m)):
+        p = max(range(m), key=lambda u: has(u) - want[u])
+        q = max((u for u in range(m) if has(u) < want[u]), key=lambda u: x[p][u] - x[u][p])
+        x[p][q] -= 1
+        x[q][p] += 1
+    rnd = random.Random(1)
+    best = timeline(x, 1, n, d, m, r)
+    for _ in range(climb if m <= 6 else 2 * climb):
+        if best <= bound:
+            break
+        p, q, u = rnd.sample(range(m), 3)
+        k = rnd.choice([1, 1, 2, 4, 8])
+        if min(x[p][q], x[q][u], x[u][p]) < k:
+            continue
+        for a, b in ((p, q), (q, u), (u, p)):
+            x[a][b] -= k
+            x[b][a] += k
+        c = timeline(x, 1, n, d, m, r)
+        if c <= best:
+            best = c
+        else:
+            for a, b in ((p, q), (q, u), (u, p)):
+                x[a][b] += k
+                x[b][a] -= k
+    assert all(x[p][q] + x[q][p] == r[p] * r[q] for p in range(m) for q in range(m) if p != q)
+    assert all(has(p) == want[p] for p in range(m))
+    return lb * heads, bound * heads, timeline(x, heads, n, d, m, r)
+
+
+def main():
+    print("| n/d/m/heads | row dataflow | lower bound | balanced | model | model - rows |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for shape, rows in ROWS.items():
+        n, d, m, heads = map(int, shape.split("/"))
+        lb, bound, cycles = model(n, d, m, heads)
+        print(f"| {shape} | {rows} | {lb} | {bound} | {cycles} | {cycles - rows:+d} |")
+
+
+if __name__ == "__main__":
+    main()
