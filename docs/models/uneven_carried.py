@@ -196,18 +196,23 @@ def model(n, d, m, heads, climb=20000):
                 x[b][a] -= k
     assert all(x[p][q] + x[q][p] == r[p] * r[q] for p in range(m) for q in range(m) if p != q)
     assert all(has(p) == want[p] for p in range(m))
-    return lb * heads, bound * heads, timeline(x, heads, n, d, m, r), timeline_relayed(x, heads, n, d, m, r)
+    # Words per PE: x and y rows of every head, score and exponential rows (n per own row), the
+    # mirrors that come home, every other block's x rows kept for the values, maxima and sums.
+    words = max(2 * heads * r[p] * d + 2 * r[p] * n + sum(x[q][p] for q in range(m) if q != p)
+                + (n - r[p]) * d + 2 * r[p] for p in range(m))
+    return (lb * heads, bound * heads, timeline(x, heads, n, d, m, r),
+            timeline_relayed(x, heads, n, d, m, r), words)
 
 
 def main():
     print("| n/d/m/heads | row dataflow | lower bound | balanced | on the step | − rows "
-          "| relayed | − rows | busiest link |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| relayed | − rows | busiest link | words/PE |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for shape, rows in ROWS.items():
         n, d, m, heads = map(int, shape.split("/"))
-        lb, bound, cycles, (relayed, busy) = model(n, d, m, heads)
+        lb, bound, cycles, (relayed, busy), words = model(n, d, m, heads)
         print(f"| {shape} | {rows} | {lb} | {bound} | {cycles} | {cycles - rows:+d} "
-              f"| {relayed} | {relayed - rows:+d} | {busy:.2f} |")
+              f"| {relayed} | {relayed - rows:+d} | {busy:.2f} | {words} |")
 
 
 if __name__ == "__main__":
