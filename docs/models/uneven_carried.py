@@ -15,8 +15,9 @@ Nothing here is built; it estimates what such loop programs would take.
   so each row's whole softmax is local after the ring pass: no merge, no rescaling.
 * Balance: the cross scores are dealt so that every PE's operations come within d of the
   smallest possible maximum (rows of the larger blocks compute fewer cross scores). The split
-  of each pair starts at half plus an even share of both PEs' surplus, then a hill climb over
-  moves that keep every PE's total (a unit round a triangle of pairs) shortens the timeline.
+  of each pair starts at half plus an even share of both PEs' surplus; for the first timeline a
+  hill climb over moves that keep every PE's total (a unit round a triangle of pairs) then
+  shortens it.
 * Timeline, on the step: step s of PE p starts once its own step s - 1 is done and the visiting
   block's x rows have arrived (the previous PE sends them one word per cycle from the start of its
   step s - 1; the payload follows). A step takes d cycles per score, and at least as many as the
@@ -24,16 +25,21 @@ Nothing here is built; it estimates what such loop programs would take.
   held fill link-bound steps and waits. After the ring pass the PE's remaining local work runs
   uninterrupted; the heads run back to back.
 * Timeline, relayed: the links carry every block's x rows as soon as they arrive (own block
-  first, then each block in the order it came), apart from the score steps, and the mirrors after
-  them; a step starts once its block's x rows are all on the PE. The mirrors' trips are not timed
-  one by one: the busiest link's words (x rows and mirrors crossing it) over its ring pass are
-  reported instead.
+  first, then each block in the order it came), apart from the score steps; a step starts once
+  its block's x rows are all on the PE. The mirrors are timed word by word: each leaves in the
+  cycle its score's chain ends and takes, on each link of its way home, the first cycle the x
+  rows and earlier mirrors leave free. A meeting enumerates its scores by the visiting rows, and
+  after its ring pass a PE takes its rows' softmax one row at a time in the order their mirrors
+  are all home. This timeline uses the split as it starts (no search).
 
 Usage: python3 docs/models/uneven_carried.py
 Prints per shape the row dataflow's cycles (the shapes table), the lower bound, the balanced
-bound and the model's cycles under both timelines.
+bound, the model's cycles under both timelines, the busiest link's share of the ring pass, the
+most cycles a PE waits for mirrors, and words per PE.
 """
 
+import bisect
+import heapq
 import random
 
 # Cycles of the row dataflow where it is kept for q = k = v on 6 or 12 PEs (README, shapes
@@ -105,16 +111,19 @@ def timeline(x, heads, n, d, m, r):
 def timeline_relayed(x, heads, n, d, m, r):
     """The links carry every block's x rows as soon as they arrive (own block first, then each
     block relayed in the order it came), independently of the score steps, and the mirrors after
-    them; a step starts once its block's x rows are all in. Returns the cycles and the largest
-    share of a ring pass that a link is busy (x rows and mirrors)."""
+    them; a step starts once its block's x rows are all in. Returns the cycles, the largest
+    share of a ring pass that a link is busy (x rows and mirrors) and the most cycles a PE waits
+    for a mirror (none where they are home before its maxima over its own scores are done)."""
     tri = [rp * (rp + 1) // 2 for rp in r]
     local = [rp * ((n - 1) + n + n * d + min(n, d)) for rp in r]
     free = [0] * m
     busiest = 0.0
+    mirror_wait = 0
     for _ in range(heads):
         # arrive[b][p]: cycle by which block b's x rows are all on PE p
         arrive = [[0] * m for _ in range(m)]
         link_free = free[:]  # link out of p
+        spans = [[] for _ in range(m)]
         for b in range(m):
             arrive[b][b] = free[b]
         for hop in range(1, m):
@@ -124,15 +133,69 @@ def timeline_relayed(x, heads, n, d, m, r):
                 words = r[b] * d
                 begin = max(link_free[p], free[p] if hop == 1 else src_ready - words + 1)
                 end = max(begin + words, src_ready + 1)
+                spans[p].append((begin, end))
                 link_free[p] = end
                 arrive[b][(p + 1) % m] = end
         end = [0] * m
+        step_end = [[0] * m for _ in range(m)]
         for p in range(m):
             t = free[p] + d * tri[p]
             for s in range(1, m):
                 q = (p - s) % m
                 t = max(t, arrive[q][p]) + d * x[p][q]
+                step_end[p][s] = t
             end[p] = t
+        # The mirrors, word by word: each leaves its PE in the cycle its score's chain ends (as
+        # in the carried programs) and takes, on every link of its way home, the first cycle
+        # that the x rows (given the whole span of each relayed block) and earlier mirrors leave
+        # free; a word that arrives in cycle t can go on from t + 1.
+        busy = [sorted(spans[p]) for p in range(m)]
+        nxt = [dict() for _ in range(m)]
+
+        def take(j, t):
+            while True:
+                seen = []
+                while t in nxt[j]:
+                    seen.append(t)
+                    t = nxt[j][t]
+                i = bisect.bisect_right(busy[j], (t, float("inf"))) - 1
+                if i >= 0 and busy[j][i][0] <= t < busy[j][i][1]:
+                    t = busy[j][i][1]
+                    continue
+                for u in seen:
+                    nxt[j][u] = t
+                nxt[j][t] = t + 1
+                return t
+
+        # A meeting at p enumerates its scores by the visiting rows (each visiting row against
+        # all of p's rows in turn), so that the mirrors of a row of q come home together.
+        heap = []
+        for p in range(m):
+            for s in range(1, m):
+                q = (p - s) % m
+                first = step_end[p][s] - d * x[p][q]
+                heap.extend((first + d * (i + 1) - 1, p, q, i // r[p]) for i in range(x[p][q]))
+        heapq.heapify(heap)
+        done = [[0] * r[q] for q in range(m)]
+        while heap:
+            t, at, q, row = heapq.heappop(heap)
+            if at == q:
+                done[q][row] = max(done[q][row], t)
+                continue
+            sent = take(at, t)
+            heapq.heappush(heap, (sent + 1, (at + 1) % m, q, row))
+        # After its ring pass each PE takes its rows' softmax and values in the order their
+        # mirrors are all home, a row at a time.
+        late = [0] * m
+        fin = [0] * m
+        for p in range(m):
+            t = end[p]
+            per_row = local[p] // r[p]
+            for c in sorted(done[p]):
+                t = max(t, c + 1) + per_row
+            fin[p] = t + local[p] - per_row * r[p]
+            late[p] = fin[p] - (end[p] + local[p])
+        mirror_wait = max(mirror_wait, max(late))
         for p in range(m):
             # mirrors on link p: those computed at a for block q whose path a -> q crosses p
             mirrors = sum(x[a][q] for a in range(m) for q in range(m)
@@ -140,8 +203,8 @@ def timeline_relayed(x, heads, n, d, m, r):
             xwords = sum(r[b] * d for b in range(m) if b != (p + 1) % m)
             span = end[(p + 1) % m] - free[(p + 1) % m]
             busiest = max(busiest, (xwords + mirrors) / span)
-        free = [end[p] + local[p] for p in range(m)]
-    return max(free), busiest
+        free = [end[p] + late[p] + local[p] for p in range(m)]
+    return max(free), busiest, mirror_wait
 
 
 def model(n, d, m, heads, climb=20000):
@@ -206,13 +269,15 @@ def model(n, d, m, heads, climb=20000):
 
 def main():
     print("| n/d/m/heads | row dataflow | lower bound | balanced | on the step | − rows "
-          "| relayed | − rows | busiest link | words/PE |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| relayed | − rows | busiest link | mirrors late | words/PE |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for shape, rows in ROWS.items():
         n, d, m, heads = map(int, shape.split("/"))
-        lb, bound, cycles, (relayed, busy), words = model(n, d, m, heads)
+        lb, bound, cycles, _, words = model(n, d, m, heads)
+        # Relayed, the closed-form split needs no search.
+        _, _, _, (relayed, busy, late), _ = model(n, d, m, heads, climb=0)
         print(f"| {shape} | {rows} | {lb} | {bound} | {cycles} | {cycles - rows:+d} "
-              f"| {relayed} | {relayed - rows:+d} | {busy:.2f} | {words} |")
+              f"| {relayed} | {relayed - rows:+d} | {busy:.2f} | {late} | {words} |")
 
 
 if __name__ == "__main__":
