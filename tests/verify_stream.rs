@@ -1310,3 +1310,41 @@ fn whole_rows_with_a_hop_or_a_maximum_taken_out_are_rejected() {
         "a maximum taken out was proved"
     );
 }
+
+/// Shared layers without a mask on rings that do not divide the tokens, rows dealt whole and
+/// each score computed once with its mirror carried home: proved flattened, with no online
+/// work, every PE's program as long as the layer.
+#[test]
+fn mirrored_scores_are_proved() {
+    let mut proved = 0;
+    for (n, m) in [
+        (9u32, 2u32),
+        (13, 3),
+        (14, 4),
+        (22, 5),
+        (26, 6),
+        (29, 6),
+        (40, 12),
+    ] {
+        for d in [2u32, 3, 8] {
+            for h in [1u32, 2] {
+                let what = format!("n={n} d={d} h={h} m={m}");
+                let p = problem(n, d, h, true, false, true);
+                let st =
+                    schedule_stream::run_mirrored(&p, m).unwrap_or_else(|e| panic!("{what}: {e}"));
+                for lp in &st.programs {
+                    assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
+                }
+                let man = stream_manifest(&p, m, &st);
+                let flat: Vec<Program> = st
+                    .programs
+                    .iter()
+                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+                    .collect();
+                assert_proved(&flat, &man, &what);
+                proved += 1;
+            }
+        }
+    }
+    assert_eq!(proved, 7 * 3 * 2);
+}

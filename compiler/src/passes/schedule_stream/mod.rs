@@ -37,6 +37,7 @@ mod carried;
 mod cut;
 mod lagged;
 mod merge;
+mod mirrored;
 mod once;
 mod paired;
 mod uneven;
@@ -882,6 +883,12 @@ pub fn run_uneven(p: &Problem, pes: u32) -> Result<Stream, String> {
 /// the tokens in `2m` equal chunks), whatever the padded deal would take.
 pub fn run_whole(p: &Problem, pes: u32) -> Result<Stream, String> {
     whole::run(p, pes, None)
+}
+
+/// Mirrored scores alone (q = k = v, no mask, safe softmax, a ring that does not divide the
+/// tokens): rows dealt whole, each score computed once and its mirror carried home.
+pub fn run_mirrored(p: &Problem, pes: u32) -> Result<Stream, String> {
+    mirrored::run(p, pes, None)
 }
 
 /// Whether a shared layer without a mask computes each score block once for both of its uses
