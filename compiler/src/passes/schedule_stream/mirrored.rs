@@ -8,11 +8,13 @@
 //! into the payload that travels with the visiting block and reaches the block's PE with the
 //! ring's last hop. The splits balance the PEs: one with a row more computes fewer cross scores.
 //!
-//! Each step forwards the block it holds (x rows, then the payload so far) on its own products,
-//! the words past what its products carry on sends of their own; a step waits until the step
-//! before it on the previous PE has ended, and the softmax until the own payload is home. Then
-//! each row's maximum, exponentials and sum are local, `y = Σ e·x` over the kept x rows, and `y`
-//! is divided by the sum once per element (deferred).
+//! Each step forwards the block it holds on its own products: its x rows on the first, the
+//! payload so far on the last (the ring's last hop as early as its words are there), what the
+//! products cannot carry on sends of their own after them. A stretch (a step, then the rows)
+//! waits until every word it reads from the previous PE has arrived, the cycles taken from the
+//! flattened stretches. Then each row's maximum, exponentials and sum are local, `y = Σ e·x` over
+//! the kept x rows, and `y` is divided by the sum once per element (deferred), row by row in the
+//! order their words arrive.
 
 use std::collections::BTreeMap;
 
@@ -24,6 +26,9 @@ use crate::problem::Problem;
 /// Per-element placements leave the proof to the flattened programs, which `attnc verify` takes
 /// up to this many bundles over all PEs.
 const FLAT_PROOF_BUNDLES: u64 = 8_000_000;
+
+/// Largest program (binary form) a PE is given.
+const MAX_PROGRAM_BYTES: u64 = 16 * 1024;
 
 /// Why the mirrored deal does not apply to `p` on `m` PEs, if it does not.
 pub fn unsupported(p: &Problem, m: u32) -> Option<String> {
@@ -658,79 +663,69 @@ impl Deal {
     /// Row `j` of PE `p`: its maximum, exponentials and their sum, `y = Σ e·x` over every
     /// block, then `y /= l`.
     fn row(&self, p: u32, j: u32, scale: f32) -> Vec<Node> {
-        let n = i64::from(self.n);
-        let mut out = Vec::new();
-        {
-            let runs = self.runs(p, j);
-            let mx = ad(self.mx).plus(i64::from(j));
-            let l = ad(self.l).plus(i64::from(j));
-            let e = ad(self.e).plus(i64::from(j) * n);
-            let key = |i: usize, k: u32| runs[i].0.clone().plus(i64::from(k) * runs[i].1);
-            // The first two keys start the maximum.
-            let (a, b) = if runs[0].3 >= 2 {
-                (key(0, 0), key(0, 1))
-            } else {
-                (key(0, 0), key(1, 0))
-            };
-            let mut body = vec![B::new().max(a, b, mx.clone()).build()];
-            let mut skip = 2u32;
-            for (i, r) in runs.iter().enumerate() {
-                let from = skip.min(r.3);
-                skip -= from;
-                body.extend(lp(
-                    r.3 - from,
-                    vec![B::new()
-                        .max(mx.clone(), key(i, from).t(1, r.1), mx.clone())
-                        .build()],
-                ));
-            }
-            let mut first = true;
-            for (i, r) in runs.iter().enumerate() {
-                let dst = e.clone().plus(i64::from(r.2));
-                if first {
-                    body.push(
-                        B::new()
-                            .expd(key(i, 0), mx.clone(), scale, dst.clone())
-                            .add(None, l.clone())
-                            .build(),
-                    );
-                }
-                let from = u32::from(first);
-                first = false;
-                body.extend(lp(
-                    r.3 - from,
-                    vec![B::new()
-                        .expd(
-                            key(i, from).t(1, r.1),
-                            mx.clone(),
-                            scale,
-                            dst.plus(i64::from(from)).t(1, 1),
-                        )
-                        .add(Some(l.clone()), l.clone())
-                        .build()],
-                ));
-            }
-            out.extend(body);
-        }
-        out.extend(self.values(p, j));
-        out
-    }
-
-    /// `y = Σ e·x` of row `j` over every block, then `y /= l`.
-    fn values(&self, p: u32, j: u32) -> Vec<Node> {
         let (n, d) = (i64::from(self.n), i64::from(self.d));
-        let rp = self.r(p);
-        // Levels: 1 column, 2 key.
+        // Levels: 1 key of the softmax, or 1 column and 2 key of the values.
+        let lv: u8 = 1;
+        let runs = self.runs(p, j);
+        let mx = ad(self.mx).plus(i64::from(j));
+        let l = ad(self.l).plus(i64::from(j));
+        let e = ad(self.e).plus(i64::from(j) * n);
+        let key = |i: usize, k: u32| runs[i].0.clone().plus(i64::from(k) * runs[i].1);
+        // The first two keys start the maximum.
+        let (a, b) = if runs[0].3 >= 2 {
+            (key(0, 0), key(0, 1))
+        } else {
+            (key(0, 0), key(1, 0))
+        };
+        let mut body = vec![B::new().max(a, b, mx.clone()).build()];
+        let mut skip = 2u32;
+        for (i, r) in runs.iter().enumerate() {
+            let from = skip.min(r.3);
+            skip -= from;
+            body.extend(lp(
+                r.3 - from,
+                vec![B::new()
+                    .max(mx.clone(), key(i, from).t(lv, r.1), mx.clone())
+                    .build()],
+            ));
+        }
+        let mut first = true;
+        for (i, r) in runs.iter().enumerate() {
+            let dst = e.clone().plus(i64::from(r.2));
+            if first {
+                body.push(
+                    B::new()
+                        .expd(key(i, 0), mx.clone(), scale, dst.clone())
+                        .add(None, l.clone())
+                        .build(),
+                );
+            }
+            let from = u32::from(first);
+            first = false;
+            body.extend(lp(
+                r.3 - from,
+                vec![B::new()
+                    .expd(
+                        key(i, from).t(lv, r.1),
+                        mx.clone(),
+                        scale,
+                        dst.plus(i64::from(from)).t(lv, 1),
+                    )
+                    .add(Some(l.clone()), l.clone())
+                    .build()],
+            ));
+        }
+        // Values: columns at `lv`, keys one deeper.
+        let (col, kl) = (lv, lv + 1);
         let y = ad(self.y)
             .plus(i64::from(j) * d)
-            .t(0, i64::from(rp) * d)
-            .t(1, 1);
-        let e = ad(self.e).plus(i64::from(j) * n);
+            .t(0, i64::from(self.r(p)) * d)
+            .t(col, 1);
         let mut inner = Vec::new();
         for q in 0..self.m {
             let xq = i64::from(self.x[q as usize]);
             let rq = self.r(q);
-            let xr = self.xrows(q).t(1, 1);
+            let xr = self.xrows(q).t(col, 1);
             if q == 0 {
                 inner.push(
                     B::new()
@@ -741,7 +736,7 @@ impl Deal {
                 inner.extend(lp(
                     rq - 1,
                     vec![B::new()
-                        .mul(e.clone().plus(1).t(2, 1), xr.plus(d).t(2, d), None)
+                        .mul(e.clone().plus(1).t(kl, 1), xr.plus(d).t(kl, d), None)
                         .add(Some(y.clone()), y.clone())
                         .build()],
                 ));
@@ -749,16 +744,15 @@ impl Deal {
                 inner.extend(lp(
                     rq,
                     vec![B::new()
-                        .mul(e.clone().plus(xq).t(2, 1), xr.t(2, d), None)
+                        .mul(e.clone().plus(xq).t(kl, 1), xr.t(kl, d), None)
                         .add(Some(y.clone()), y.clone())
                         .build()],
                 ));
             }
         }
-        let mut out = lp(self.d, inner);
-        let l = ad(self.l).plus(i64::from(j));
-        out.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
-        out
+        body.extend(lp(self.d, inner));
+        body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
+        body
     }
 }
 
@@ -843,6 +837,15 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         return Err(why);
     }
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
+    // Every PE's bundles are at least the layer's operations: beyond the flattened proof's
+    // limit nothing need be built.
+    let (n64, d64) = (u64::from(n), u64::from(d));
+    let ops = u64::from(heads) * (n64 * (n64 + 1) / 2 * d64 + n64 * n64 * (d64 + 2));
+    if ops > FLAT_PROOF_BUNDLES {
+        return Err(format!(
+            "{NAME}: mirrored scores would take {ops} bundles or more, more than the {FLAT_PROOF_BUNDLES} the flattened proof takes"
+        ));
+    }
     let scale = p.scale as f32;
     let deal = Deal::new(n, d, m, heads)
         .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
@@ -974,6 +977,16 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
             Ok(super::merge::merge(raw))
         })
         .collect::<Result<Vec<_>, String>>()?;
+    // Each row's softmax is a body of its own, so the programs grow with the rows per PE.
+    if let Some(big) = programs
+        .iter()
+        .map(isa::looped_binary::encoded_len)
+        .find(|&b| b > MAX_PROGRAM_BYTES)
+    {
+        return Err(format!(
+            "{NAME}: mirrored scores would take {big} bytes of program on a PE, more than {MAX_PROGRAM_BYTES}"
+        ));
+    }
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     let bundles = cycles.saturating_mul(u64::from(m));
     if bundles > FLAT_PROOF_BUNDLES {

@@ -945,10 +945,25 @@ pub fn run_pairing(
         (Lag::PerWeight, _) if safe => carried::stream(p, pes, u64::MAX, true),
         _ => None,
     };
-    match (other, carried) {
+    // On a ring that does not divide the tokens the carried programs do not apply; rows dealt
+    // whole in uneven counts carry the mirrors home instead ([`mirrored`]), kept only where they
+    // take fewer cycles than every other stream.
+    let mirrored = match (lag, pairing) {
+        (Lag::Fit(limit), Pairing::Auto) if safe && mirrored::unsupported(p, pes).is_none() => {
+            let budget = limit.map_or_else(|| allowance(p, pes), u64::from);
+            mirrored::run(p, pes, Some(budget)).ok()
+        }
+        _ => None,
+    };
+    let best = match (other, carried) {
         (Ok(o), Some(c)) if c.cycles < o.cycles => Ok(c),
         (Err(_), Some(c)) => Ok(c),
         (other, _) => other,
+    };
+    match (best, mirrored) {
+        (Ok(o), Some(w)) if w.cycles < o.cycles => Ok(w),
+        (Err(_), Some(w)) => Ok(w),
+        (best, _) => best,
     }
 }
 
