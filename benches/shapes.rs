@@ -6,7 +6,8 @@
 //! largest PE's binary program, as `attnc compile` writes them: rerolled where that is smaller).
 //!
 //! Run: `cargo bench --bench shapes` (add `-- --quick` for the n = 64 rows only, or `-- --n N`
-//! for one sequence length). `-- --safe-only` compiles the default formulation only, and then
+//! for one sequence length; `--d D`, `--m M`, `--heads H` and `--scheme separate|shared|causal`
+//! narrow it likewise, and the summary then counts that slice only). `-- --safe-only` compiles the default formulation only, and then
 //! also the shapes above the unrolling limit (only the stream is built for those, in
 //! milliseconds). `-- --against FILE` compares the safe cycles with those of a table this bench
 //! printed before (any markdown file holding one, such as the README; where several list a
@@ -236,13 +237,40 @@ fn main() {
         None if flag("--quick") => vec![64],
         None => vec![64, 128, 256],
     };
+    // A slice of the table (one ring size, dimension or scheme) is what a change to one schedule
+    // needs measured; a value outside the table's is refused rather than measuring nothing.
+    let pick = |f: &str, all: &[u32]| -> Vec<u32> {
+        match value(f) {
+            None => all.to_vec(),
+            Some(v) => match v.parse::<u32>() {
+                Ok(x) if all.contains(&x) => vec![x],
+                _ => {
+                    eprintln!("shapes: {f} takes one of {all:?}, not {v}");
+                    std::process::exit(2);
+                }
+            },
+        }
+    };
+    let ds = pick("--d", &[32, 64, 128]);
+    let ms = pick("--m", &[4, 6, 8, 12]);
+    let hs = pick("--heads", &[1, 4]);
+    let schemes: Vec<usize> = match value("--scheme") {
+        None => (0..SCHEMES.len()).collect(),
+        Some(v) => match SCHEMES.iter().position(|s| s.0 == v) {
+            Some(i) => vec![i],
+            None => {
+                eprintln!("shapes: --scheme takes separate, shared or causal, not {v}");
+                std::process::exit(2);
+            }
+        },
+    };
     let mut jobs = Vec::new();
     let mut skipped = 0;
     for &n in &ns {
-        for d in [32u32, 64, 128] {
-            for m in [4u32, 6, 8, 12] {
-                for heads in [1u32, 4] {
-                    for scheme in 0..SCHEMES.len() {
+        for &d in &ds {
+            for &m in &ms {
+                for &heads in &hs {
+                    for &scheme in &schemes {
                         let job = Job {
                             n,
                             d,

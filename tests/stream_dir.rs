@@ -536,3 +536,72 @@ fn whole_rows_under_a_causal_mask_run_from_their_files() {
     }
     assert_eq!(ran, 36);
 }
+
+/// Shared layers without a mask on rings that do not divide the tokens, rows dealt whole and
+/// each score computed once with its mirror carried home: run from their files against the
+/// reference, in exactly the cycles the manifest states, on 6 and 12 PEs and other rings.
+#[test]
+fn mirrored_scores_run_from_their_files() {
+    let mut ran = 0;
+    for (n, m) in [
+        (13u32, 3u32),
+        (26, 6),
+        (40, 6),
+        (64, 6),
+        (50, 12),
+        (64, 12),
+        (45, 8),
+    ] {
+        for d in [2u32, 5, 16] {
+            for heads in [1u32, 2] {
+                let what = format!("n={n} d={d} m={m} heads={heads}");
+                let p = compiler::problem::Problem::attention(
+                    n,
+                    d,
+                    heads,
+                    true,
+                    false,
+                    runtime::layer::Softmax::Safe,
+                );
+                let st = compiler::passes::schedule_stream::run_mirrored(&p, m)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into())
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let mut f = BTreeMap::new();
+                for lp in &st.programs {
+                    f.insert(format!("pe{}.s", lp.pe), lp.to_text().into_bytes());
+                    f.insert(format!("pe{}.bin", lp.pe), isa::encode_looped(lp).unwrap());
+                }
+                f.insert("manifest.json".into(), man.to_json().unwrap().into_bytes());
+                let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+                let (_, cycles, _) = run_dir(&f, seed);
+                assert_eq!(cycles, st.cycles, "{what}");
+                assert_eq!(cycles, man.cycles, "{what}");
+                ran += 1;
+            }
+        }
+    }
+    assert_eq!(ran, 7 * 3 * 2);
+}
+
+/// Where mirrored scores take fewer cycles than every other stream, `--schedule stream` with
+/// room for them takes them: 64 tokens, `d = 32` on 6 PEs.
+#[test]
+fn mirrored_scores_are_taken_where_they_are_fastest() {
+    let src = layer_src(64, 32, 1, true, false).replace("plain", "safe");
+    let opts = compiler::Options {
+        pes: 6,
+        schedule: Choice::Stream,
+        dump_after: None,
+        mem_limit: Some(u32::MAX),
+        reroll: false,
+    };
+    let c = compiler::compile(&parse_one(&src), &opts).unwrap();
+    assert!(
+        c.manifest.inputs["x"].layout.is_none(),
+        "not the mirrored deal"
+    );
+    let (_, cycles, _) = run_dir(&files(&c, true), 7);
+    assert_eq!(cycles, c.manifest.cycles);
+    assert_eq!(cycles, 34_739);
+}

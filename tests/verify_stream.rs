@@ -1113,7 +1113,16 @@ fn carried_scores_are_chosen_where_they_apply_and_others_proved_where_not() {
         );
         let st = schedule_stream::run_with(&p, m, true, Lag::Fit(Some(u32::MAX))).unwrap();
         let man = stream_manifest(&p, m, &st);
-        assert!(man.ops.online_rescale > 0, "{what}: no online work");
+        // These rings do not divide the tokens: the mirrored deal (placements listed per
+        // element, nothing rescaled) where it takes fewer cycles, else a stream with online work.
+        let mirrored = man.inputs["x"].layout.is_none();
+        if mirrored {
+            let m_st = schedule_stream::run_mirrored(&p, m).unwrap();
+            assert_eq!(m_st.cycles, st.cycles, "{what}: the mirrored deal");
+            assert_eq!(man.ops.online_rescale, 0, "{what}: online work");
+        } else {
+            assert!(man.ops.online_rescale > 0, "{what}: no online work");
+        }
         let flat: Vec<Program> = st
             .programs
             .iter()
@@ -1309,4 +1318,89 @@ fn whole_rows_with_a_hop_or_a_maximum_taken_out_are_rejected() {
         !verify(&cut, &man).is_ok(),
         "a maximum taken out was proved"
     );
+}
+
+/// Shared layers without a mask on rings that do not divide the tokens, rows dealt whole and
+/// each score computed once with its mirror carried home: proved flattened, with no online
+/// work, every PE's program as long as the layer.
+#[test]
+fn mirrored_scores_are_proved() {
+    let mut proved = 0;
+    for (n, m) in [
+        (9u32, 2u32),
+        (13, 3),
+        (14, 4),
+        (22, 5),
+        (26, 6),
+        (29, 6),
+        (40, 12),
+    ] {
+        for d in [2u32, 3, 8] {
+            for h in [1u32, 2] {
+                let what = format!("n={n} d={d} h={h} m={m}");
+                let p = problem(n, d, h, true, false, true);
+                let st =
+                    schedule_stream::run_mirrored(&p, m).unwrap_or_else(|e| panic!("{what}: {e}"));
+                for lp in &st.programs {
+                    assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
+                }
+                let man = stream_manifest(&p, m, &st);
+                let flat: Vec<Program> = st
+                    .programs
+                    .iter()
+                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+                    .collect();
+                assert_proved(&flat, &man, &what);
+                proved += 1;
+            }
+        }
+    }
+    assert_eq!(proved, 7 * 3 * 2);
+}
+
+/// Mirrored scores with one mirror's send taken out, or one maximum taken out, are rejected.
+#[test]
+fn mirrored_scores_with_a_mirror_or_maximum_taken_out_are_rejected() {
+    let p = problem(26, 3, 2, true, false, true);
+    let st = schedule_stream::run_mirrored(&p, 6).unwrap();
+    let man = stream_manifest(&p, 6, &st);
+    let flat: Vec<Program> = st
+        .programs
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect();
+    assert_proved(&flat, &man, "original");
+    for pe in [0usize, 2, 5] {
+        // A score's mirror leaves from the acc of its chain's last product.
+        let mut cut = flat.clone();
+        let at = cut[pe]
+            .bundles
+            .iter()
+            .position(|b| {
+                matches!(
+                    b.xfer,
+                    isa::Xfer::Send {
+                        src: isa::XferSrc::Acc,
+                        ..
+                    }
+                )
+            })
+            .unwrap();
+        cut[pe].bundles[at].xfer = isa::Xfer::Nop;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "PE {pe}: a mirror left out was proved"
+        );
+        let mut cut = flat.clone();
+        let at = cut[pe]
+            .bundles
+            .iter()
+            .rposition(|b| b.op.kind() == Some(OpKind::Max))
+            .unwrap();
+        cut[pe].bundles[at] = isa::Bundle::NOP;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "PE {pe}: a maximum left out was proved"
+        );
+    }
 }

@@ -37,6 +37,7 @@ mod carried;
 mod cut;
 mod lagged;
 mod merge;
+mod mirrored;
 mod once;
 mod paired;
 mod uneven;
@@ -884,6 +885,12 @@ pub fn run_whole(p: &Problem, pes: u32) -> Result<Stream, String> {
     whole::run(p, pes, None)
 }
 
+/// Mirrored scores alone (q = k = v, no mask, safe softmax, a ring that does not divide the
+/// tokens): rows dealt whole, each score computed once and its mirror carried home.
+pub fn run_mirrored(p: &Problem, pes: u32) -> Result<Stream, String> {
+    mirrored::run(p, pes, None)
+}
+
 /// Whether a shared layer without a mask computes each score block once for both of its uses
 /// ([`paired`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -938,10 +945,25 @@ pub fn run_pairing(
         (Lag::PerWeight, _) if safe => carried::stream(p, pes, u64::MAX, true),
         _ => None,
     };
-    match (other, carried) {
+    // On a ring that does not divide the tokens the carried programs do not apply; rows dealt
+    // whole in uneven counts carry the mirrors home instead ([`mirrored`]), kept only where they
+    // take fewer cycles than every other stream.
+    let mirrored = match (lag, pairing) {
+        (Lag::Fit(limit), Pairing::Auto) if safe && mirrored::unsupported(p, pes).is_none() => {
+            let budget = limit.map_or_else(|| allowance(p, pes), u64::from);
+            mirrored::run(p, pes, Some(budget)).ok()
+        }
+        _ => None,
+    };
+    let best = match (other, carried) {
         (Ok(o), Some(c)) if c.cycles < o.cycles => Ok(c),
         (Err(_), Some(c)) => Ok(c),
         (other, _) => other,
+    };
+    match (best, mirrored) {
+        (Ok(o), Some(w)) if w.cycles < o.cycles => Ok(w),
+        (Err(_), Some(w)) => Ok(w),
+        (best, _) => best,
     }
 }
 

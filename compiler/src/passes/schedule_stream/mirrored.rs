@@ -1,0 +1,1049 @@
+//! Carried scores on a ring that does not divide the tokens: a shared layer (q = k = v) without
+//! a mask under the safe softmax, its rows dealt whole in uneven counts.
+//!
+//! PE `p` owns the rows `[⌈p·n/m⌉, ⌈(p + 1)·n/m⌉)`, none cut, so no partial state is merged or
+//! rescaled. The blocks of PEs `u` and `v` meet twice in a ring pass, and any split of their
+//! `r_u × r_v` scores between the two meetings is correct: each score is computed once, kept by
+//! the PE that computes it, and its mirror is sent, from the acc of the chain's last product,
+//! into the payload that travels with the visiting block and reaches the block's PE with the
+//! ring's last hop. The splits balance the PEs: one with a row more computes fewer cross scores.
+//!
+//! Each step forwards the block it holds on its own products: its x rows on the first, the
+//! payload so far on the last (the ring's last hop as early as its words are there), what the
+//! products cannot carry on sends of their own after them. A stretch (a step, then the rows)
+//! waits until every word it reads from the previous PE has arrived, the cycles taken from the
+//! flattened stretches. Then each row's maximum, exponentials and sum are local, `y = Σ e·x` over
+//! the kept x rows, and `y` is divided by the sum once per element (deferred), row by row in the
+//! order their words arrive.
+
+use std::collections::BTreeMap;
+
+use isa::{Cmp, Field, LoopProgram, Node, Pred, Slot, Xfer, XferSrc};
+
+use super::{ad, lp, Ad, Place, Stream, B, NAME};
+use crate::problem::Problem;
+
+/// Per-element placements leave the proof to the flattened programs, which `attnc verify` takes
+/// up to this many bundles over all PEs.
+const FLAT_PROOF_BUNDLES: u64 = 8_000_000;
+
+/// Largest program (binary form) a PE is given.
+const MAX_PROGRAM_BYTES: u64 = 16 * 1024;
+
+/// Why the mirrored deal does not apply to `p` on `m` PEs, if it does not.
+pub fn unsupported(p: &Problem, m: u32) -> Option<String> {
+    if !(p.symmetric && p.shared_values && !p.causal && p.safe()) {
+        return Some(format!(
+            "{NAME}: mirrored scores take a shared layer without a mask and the safe softmax"
+        ));
+    }
+    let n = p.tokens;
+    if m < 2 || n.is_multiple_of(m) {
+        return Some(format!(
+            "{NAME}: mirrored scores are for rings that do not divide the tokens ({n} on {m} PEs)"
+        ));
+    }
+    if n / m < 2 || p.dim < 2 {
+        return Some(format!(
+            "{NAME}: mirrored scores need 2 rows per PE and d ≥ 2 ({n} tokens, d = {}, {m} PEs)",
+            p.dim
+        ));
+    }
+    None
+}
+
+/// The first token of PE `p`'s rows.
+fn first(n: u32, m: u32, p: u32) -> u32 {
+    (u64::from(p) * u64::from(n)).div_ceil(u64::from(m)) as u32
+}
+
+/// How the scores of PEs `u` and `v` (`u` the one that meets the other in the earlier step) are
+/// split: `u` takes its rows `0 … k − 1` against all of `v`'s and row `k` against `v`'s first
+/// `c` rows; `v` takes the rest.
+#[derive(Clone, Copy, Debug)]
+struct Split {
+    k: u32,
+    c: u32,
+}
+
+struct Deal {
+    n: u32,
+    d: u32,
+    m: u32,
+    heads: u32,
+    /// First token of each PE, and `n` at the end.
+    x: Vec<u32>,
+    /// Scores PE `p` computes in its meeting with PE `q`: `cnt[p][q]`.
+    cnt: Vec<Vec<u32>>,
+    /// Split of each pair, by `(u, v)` with `u` the earlier meeting.
+    split: BTreeMap<(u32, u32), Split>,
+    /// Start of block `q` (x rows, then its payload) in a head's area.
+    blk: Vec<u32>,
+    /// Words of one head's area.
+    area: u32,
+    /// Offset in block `q`'s payload of the mirrors of its meeting in step `s`.
+    pay: Vec<Vec<u32>>,
+    y: u32,
+    sc: u32,
+    e: u32,
+    mx: u32,
+    l: u32,
+    words: u32,
+}
+
+impl Deal {
+    fn r(&self, p: u32) -> u32 {
+        self.x[p as usize + 1] - self.x[p as usize]
+    }
+
+    /// The PE that meets the other in the earlier step, then the other.
+    fn orient(&self, a: u32, b: u32) -> (u32, u32) {
+        let m = self.m;
+        let sa = (a + m - b) % m;
+        let sb = (b + m - a) % m;
+        if sa < sb || (sa == sb && a < b) {
+            (a, b)
+        } else {
+            (b, a)
+        }
+    }
+
+    fn new(n: u32, d: u32, m: u32, heads: u32) -> Option<Deal> {
+        let x: Vec<u32> = (0..=m).map(|p| first(n, m, p)).collect();
+        let r = |p: u32| i64::from(x[p as usize + 1] - x[p as usize]);
+        let (n64, d64) = (i64::from(n), i64::from(d));
+        // Each PE's own work in cycles: its triangle, softmax, values and divisions.
+        let own = |p: u32| {
+            let rp = r(p);
+            d64 * rp * (rp + 1) / 2 + rp * (2 * n64 - 1) + rp * n64 * d64 + rp * d64
+        };
+        let cross: i64 = (0..m)
+            .flat_map(|u| (u + 1..m).map(move |v| (u, v)))
+            .map(|(u, v)| r(u) * r(v))
+            .sum();
+        let total: i64 = (0..m).map(own).sum::<i64>() + d64 * cross;
+        // Cross scores each PE should compute to meet the mean, before rounding.
+        let want: Vec<f64> = (0..m)
+            .map(|p| (total as f64 / f64::from(m) - own(p) as f64) / f64::from(d))
+            .collect();
+        let half: Vec<f64> = (0..m)
+            .map(|p| {
+                (0..m)
+                    .filter(|&q| q != p)
+                    .map(|q| (r(p) * r(q)) as f64 / 2.0)
+                    .sum()
+            })
+            .collect();
+        let mu = m as usize;
+        let mut cnt = vec![vec![0i64; mu]; mu];
+        for u in 0..mu {
+            for v in u + 1..mu {
+                let all = r(u as u32) * r(v as u32);
+                let du = want[u] - half[u];
+                let dv = want[v] - half[v];
+                let cu = (all as f64 / 2.0 + (du - dv) / f64::from(m)).round() as i64;
+                let cu = cu.clamp(0, all);
+                cnt[u][v] = cu;
+                cnt[v][u] = all - cu;
+            }
+        }
+        // Single scores moved until every PE's total is its share of the cross scores.
+        let mut target: Vec<i64> = want.iter().map(|w| w.round() as i64).collect();
+        let diff = cross - target.iter().sum::<i64>();
+        for i in 0..diff.unsigned_abs() as usize {
+            target[i % mu] += diff.signum();
+        }
+        for _ in 0..100_000 {
+            let sum = |p: usize, cnt: &Vec<Vec<i64>>| cnt[p].iter().sum::<i64>();
+            let over = (0..mu).find(|&p| sum(p, &cnt) > target[p]);
+            let Some(u) = over else { break };
+            let under = (0..mu).find(|&q| q != u && sum(q, &cnt) < target[q] && cnt[u][q] > 0);
+            let Some(v) = under else { break };
+            cnt[u][v] -= 1;
+            cnt[v][u] += 1;
+        }
+        let cnt: Vec<Vec<u32>> = cnt
+            .into_iter()
+            .map(|row| row.into_iter().map(|c| c as u32).collect())
+            .collect();
+        let mut deal = Deal {
+            n,
+            d,
+            m,
+            heads,
+            x,
+            cnt,
+            split: BTreeMap::new(),
+            blk: Vec::new(),
+            area: 0,
+            pay: Vec::new(),
+            y: 0,
+            sc: 0,
+            e: 0,
+            mx: 0,
+            l: 0,
+            words: 0,
+        };
+        for a in 0..m {
+            for b in a + 1..m {
+                let (u, v) = deal.orient(a, b);
+                let c = deal.cnt[u as usize][v as usize];
+                let rv = deal.r(v);
+                deal.split.insert(
+                    (u, v),
+                    Split {
+                        k: c / rv,
+                        c: c % rv,
+                    },
+                );
+            }
+        }
+        let w = |x: u64| u32::try_from(x).ok();
+        let mut at = 0u64;
+        for q in 0..m {
+            deal.blk.push(w(at)?);
+            let mut offs = vec![0u32; mu];
+            let mut e = 0u64;
+            for s in 1..m {
+                offs[s as usize] = w(e)?;
+                e += u64::from(deal.cnt[((q + s) % m) as usize][q as usize]);
+            }
+            deal.pay.push(offs);
+            at += u64::from(deal.r(q)) * d64 as u64 + e;
+        }
+        deal.area = w(at)?;
+        let rmax = u64::from((0..m).map(|p| deal.r(p)).max()?);
+        deal.y = w(u64::from(heads) * at)?;
+        deal.sc = w(u64::from(deal.y) + u64::from(heads) * rmax * u64::from(d))?;
+        deal.e = w(u64::from(deal.sc) + rmax * u64::from(n))?;
+        deal.mx = w(u64::from(deal.e) + rmax * u64::from(n))?;
+        deal.l = w(u64::from(deal.mx) + rmax)?;
+        deal.words = w(u64::from(deal.l) + rmax)?;
+        Some(deal)
+    }
+
+    /// Block `q`'s x rows in this head's area.
+    fn xrows(&self, q: u32) -> Ad {
+        ad(self.blk[q as usize]).t(0, i64::from(self.area))
+    }
+
+    /// Block `q`'s payload in this head's area.
+    fn payload(&self, q: u32) -> Ad {
+        self.xrows(q).plus(i64::from(self.r(q) * self.d))
+    }
+}
+
+/// A rectangle of scores: own rows `r0 … r0 + rows − 1` against visiting keys `k0 … k0 + keys −
+/// 1` (local indices), each score kept at `sc` and, where `mirror` is given, sent on to the
+/// next PE at `mirror + row·stride_r + key·stride_k` (absolute local row and key).
+struct Rect {
+    r0: u32,
+    rows: u32,
+    k0: u32,
+    keys: u32,
+    mirror: Option<(Ad, i64, i64)>,
+}
+
+/// What the products of a piece of a rectangle forward: nothing, every product but the last
+/// of each chain (the word at `at + chain·(d − 1) + column`), or, in a single chain, its first
+/// `rem`.
+#[derive(Clone)]
+enum Fwd {
+    No,
+    All(Ad),
+    Part(Ad, u32),
+}
+
+/// Words forwarded from `at` on, from the products of chain `chain` of the step on.
+struct Seg {
+    chain: u64,
+    words: u64,
+    at: Ad,
+}
+
+struct Gen<'a> {
+    g: &'a Deal,
+    /// The own rows.
+    own: Ad,
+    /// The visiting block's x rows.
+    vis: Ad,
+    /// Score row base of the visiting block's first key.
+    sc: Ad,
+}
+
+impl Gen<'_> {
+    /// Rows `ra …` × keys `ka …` of `rect`, `rows × keys` of them, forwarding as `f` says.
+    fn piece(
+        &self,
+        rect: &Rect,
+        (ra, rows): (u32, u32),
+        (ka, keys): (u32, u32),
+        f: Fwd,
+    ) -> Vec<Node> {
+        if rows == 0 || keys == 0 {
+            return Vec::new();
+        }
+        let g = self.g;
+        let (d, n) = (i64::from(g.d), i64::from(g.n));
+        let (ra_, ka_) = (i64::from(ra), i64::from(ka));
+        // Levels: 1 row, 2 key, 3 middle column.
+        let own = self.own.clone().plus(ra_ * d).t(1, d);
+        let vis = self.vis.clone().plus(ka_ * d).t(2, d);
+        let sc = self.sc.clone().plus(ra_ * n + ka_).t(1, n).t(2, 1);
+        let chain_w = |at: &Ad| at.clone().t(1, i64::from(keys) * (d - 1)).t(2, d - 1);
+        let send = |mut b: B, src: Ad, pred: Option<u32>| {
+            b.xfer = Xfer::Send {
+                src: XferSrc::Mem(0),
+                dst: 0,
+            };
+            b.fields.push((Field::XferSrc, src.clone()));
+            b.fields.push((Field::XferDst, src));
+            if let Some(v) = pred {
+                b.preds.push(Pred {
+                    slot: Slot::Xfer,
+                    level: 3,
+                    cmp: Cmp::Lt,
+                    value: v,
+                });
+            }
+            b
+        };
+        let mut first = B::new()
+            .mul(own.clone(), vis.clone(), None)
+            .add(None, sc.clone());
+        let mut mid = B::new()
+            .mul(
+                own.clone().plus(1).t(3, 1),
+                vis.clone().plus(1).t(3, 1),
+                None,
+            )
+            .add(Some(sc.clone()), sc.clone());
+        match &f {
+            Fwd::No => {}
+            Fwd::All(at) => {
+                first = send(first, chain_w(at), None);
+                mid = send(mid, chain_w(at).plus(1).t(3, 1), None);
+            }
+            Fwd::Part(at, rem) => {
+                if *rem >= 1 {
+                    first = send(first, chain_w(at), None);
+                }
+                if *rem >= 2 {
+                    let p = (rem - 1 < g.d - 2).then_some(rem - 1);
+                    mid = send(mid, chain_w(at).plus(1).t(3, 1), p);
+                }
+            }
+        }
+        let mut last = B::new()
+            .mul(own.plus(d - 1), vis.plus(d - 1), None)
+            .add(Some(sc.clone()), sc);
+        if let Some((base, sr, sk)) = &rect.mirror {
+            last.xfer = Xfer::Send {
+                src: XferSrc::Acc,
+                dst: 0,
+            };
+            let dst = base.clone().plus(ra_ * sr + ka_ * sk).t(1, *sr).t(2, *sk);
+            last.fields.push((Field::XferDst, dst));
+        }
+        let mut chain = vec![first.build()];
+        chain.extend(lp(g.d - 2, vec![mid.build()]));
+        chain.push(last.build());
+        lp(rows, lp(keys, chain))
+    }
+
+    /// Chains `c0 … c1 − 1` of `rect` (counted within it), all forwarding as `f` (advanced
+    /// chain by chain) says.
+    fn span(&self, rect: &Rect, (c0, c1): (u64, u64), f: Fwd) -> Vec<Node> {
+        let keys = u64::from(rect.keys);
+        let per = i64::from(self.g.d - 1);
+        let mut out = Vec::new();
+        let mut c = c0;
+        let adv = |f: &Fwd, by: u64| match f {
+            Fwd::All(at) => Fwd::All(at.clone().plus(by as i64 * per)),
+            other => other.clone(),
+        };
+        while c < c1 {
+            let (row, key) = ((c / keys) as u32, (c % keys) as u32);
+            let (rows, ks) = if key == 0 && c1 - c >= keys {
+                (((c1 - c) / keys) as u32, rect.keys)
+            } else {
+                (1, (keys - u64::from(key)).min(c1 - c) as u32)
+            };
+            out.extend(self.piece(
+                rect,
+                (rect.r0 + row, rows),
+                (rect.k0 + key, ks),
+                adv(&f, c - c0),
+            ));
+            c += u64::from(rows) * u64::from(ks);
+        }
+        out
+    }
+
+    /// The rectangles in order, forwarding each segment's words on their products and what
+    /// they cannot carry on sends of their own after them.
+    fn step(&self, rects: &[Rect], segs: &[Seg]) -> Vec<Node> {
+        let per = u64::from(self.g.d - 1);
+        // Chain intervals of the step and how each forwards.
+        let mut plan: Vec<(u64, u64, Fwd)> = Vec::new();
+        let mut extra: Vec<(Ad, u64)> = Vec::new();
+        let total: u64 = rects
+            .iter()
+            .map(|r| u64::from(r.rows) * u64::from(r.keys))
+            .sum();
+        for sg in segs {
+            let full = (sg.words / per).min(total.saturating_sub(sg.chain));
+            plan.push((sg.chain, sg.chain + full, Fwd::All(sg.at.clone())));
+            let mut done = full * per;
+            let rem = sg.words - done;
+            if rem > 0 && rem < per && sg.chain + full < total {
+                let c = sg.chain + full;
+                plan.push((
+                    c,
+                    c + 1,
+                    Fwd::Part(sg.at.clone().plus(done as i64), rem as u32),
+                ));
+                done += rem;
+            }
+            if done < sg.words {
+                extra.push((sg.at.clone().plus(done as i64), sg.words - done));
+            }
+        }
+        plan.retain(|p| p.0 < p.1);
+        plan.sort_by_key(|p| p.0);
+        let mut out = Vec::new();
+        let mut base = 0u64;
+        for rect in rects {
+            let n = u64::from(rect.rows) * u64::from(rect.keys);
+            if n == 0 {
+                continue;
+            }
+            let (lo, hi) = (base, base + n);
+            let mut c = lo;
+            for (a, b, f) in &plan {
+                let (a2, b2) = ((*a).max(lo), (*b).min(hi));
+                if a2 >= b2 {
+                    continue;
+                }
+                out.extend(self.span(rect, (c - lo, a2 - lo), Fwd::No));
+                let f = match f {
+                    Fwd::All(at) => Fwd::All(at.clone().plus(((a2 - a) * per) as i64)),
+                    other => other.clone(),
+                };
+                out.extend(self.span(rect, (a2 - lo, b2 - lo), f));
+                c = b2;
+            }
+            out.extend(self.span(rect, (c - lo, hi - lo), Fwd::No));
+            base = hi;
+        }
+        for (at, words) in extra {
+            let src = at.t(1, 1);
+            let mut b = B::new();
+            b.xfer = Xfer::Send {
+                src: XferSrc::Mem(0),
+                dst: 0,
+            };
+            b.fields.push((Field::XferSrc, src.clone()));
+            b.fields.push((Field::XferDst, src));
+            out.extend(lp(words as u32, vec![b.build()]));
+        }
+        out
+    }
+}
+
+/// Where a step forwards its x rows (`x` words from `xat`, on its first products) and its
+/// payload (`pay` words from `pat`, on its last ones, so that the mirrors the previous PE sent
+/// last are forwarded last), over `chains` chains of `d − 1` forwarding products each.
+fn segments(
+    chains: u64,
+    per: u64,
+    (xat, x): (Ad, u64),
+    (pat, pay): (Ad, u64),
+    last_at: u64,
+) -> Vec<Seg> {
+    let xc = x.div_ceil(per);
+    let pc = pay.div_ceil(per);
+    let mut out = Vec::new();
+    if x > 0 {
+        out.push(Seg {
+            chain: 0,
+            words: x,
+            at: xat.clone(),
+        });
+    }
+    if pay > 0 {
+        if x == 0 {
+            // The ring's last hop: the payload as early as its words are there, so that the
+            // rows it completes need not wait for the mirrors computed here.
+            out.push(Seg {
+                chain: last_at.min(chains.saturating_sub(pc)),
+                words: pay,
+                at: pat,
+            });
+        } else if xc + pc <= chains {
+            out.push(Seg {
+                chain: chains - pc,
+                words: pay,
+                at: pat,
+            });
+        } else if x > 0 && xat.clone().plus(x as i64).base == pat.base {
+            // Not room for both apart: one run of words from the x rows on.
+            out[0].words += pay;
+        } else {
+            out.push(Seg {
+                chain: xc,
+                words: pay,
+                at: pat,
+            });
+        }
+    }
+    out
+}
+
+impl Deal {
+    /// Step `s` of PE `p`: its score nests and the words they forward.
+    fn ring_step(&self, p: u32, s: u32, last_at: u64) -> Vec<Node> {
+        let m = self.m;
+        let b = (p + m - s) % m;
+        let own = self.xrows(p);
+        let rp = self.r(p);
+        let rb = self.r(b);
+        let sc_row = ad(self.sc).plus(i64::from(self.x[b as usize]));
+        if s == 0 {
+            // The own triangle (key ≥ row), forwarding the own x rows.
+            let rects: Vec<Rect> = (0..rp)
+                .map(|a| Rect {
+                    r0: a,
+                    rows: 1,
+                    k0: a,
+                    keys: rp - a,
+                    mirror: None,
+                })
+                .collect();
+            let chains: u64 = rects.iter().map(|r| u64::from(r.keys)).sum();
+            let segs = segments(
+                chains,
+                u64::from(self.d - 1),
+                (own.clone(), u64::from(rp * self.d)),
+                (own.clone(), 0),
+                0,
+            );
+            let gen = Gen {
+                g: self,
+                own: own.clone(),
+                vis: own,
+                sc: sc_row,
+            };
+            return gen.step(&rects, &segs);
+        }
+        let pay = self.payload(b);
+        let e_s = i64::from(self.pay[b as usize][s as usize]);
+        let fresh = pay.clone().plus(e_s);
+        let (u, v) = self.orient(p, b);
+        let sp = self.split[&(u, v)];
+        let rects = if u == p {
+            // Rows `0 … k − 1` against all keys, row `k` against keys `0 … c − 1`; the mirror
+            // of (row i, key j) at `j·k + i`, the strip's at `k·r_b + j`.
+            let k = i64::from(sp.k);
+            vec![
+                Rect {
+                    r0: 0,
+                    rows: sp.k,
+                    k0: 0,
+                    keys: rb,
+                    mirror: Some((fresh.clone(), 1, k)),
+                },
+                Rect {
+                    r0: sp.k,
+                    rows: u32::from(sp.c > 0),
+                    k0: 0,
+                    keys: sp.c,
+                    mirror: Some((fresh.clone().plus(k * i64::from(rb)), 0, 1)),
+                },
+            ]
+        } else {
+            // All own rows against keys `k + 1 …`, rows `c …` against key `k`; the mirror of
+            // (row j, key i) at `(i − k − 1)·r_p + j`, the strip's at `(r_b − k − 1)·r_p + j − c`.
+            let (k, c) = (sp.k, sp.c);
+            let rpi = i64::from(rp);
+            let after = rb.saturating_sub(k + 1);
+            let ki = i64::from(k);
+            vec![
+                Rect {
+                    r0: 0,
+                    rows: rp,
+                    k0: k + 1,
+                    keys: after,
+                    mirror: Some((fresh.clone().plus(-(ki + 1) * rpi), 1, rpi)),
+                },
+                Rect {
+                    r0: c,
+                    rows: if k < rb { rp - c } else { 0 },
+                    k0: k,
+                    keys: 1,
+                    mirror: Some((fresh.plus(i64::from(after) * rpi - i64::from(c)), 1, 0)),
+                },
+            ]
+        };
+        let x = if s == m - 1 {
+            0
+        } else {
+            u64::from(rb * self.d)
+        };
+        let chains: u64 = rects
+            .iter()
+            .map(|r| u64::from(r.rows) * u64::from(r.keys))
+            .sum();
+        let segs = segments(
+            chains,
+            u64::from(self.d - 1),
+            (self.xrows(b), x),
+            (pay, e_s as u64),
+            last_at,
+        );
+        let gen = Gen {
+            g: self,
+            own,
+            vis: self.xrows(b),
+            sc: sc_row,
+        };
+        gen.step(&rects, &segs)
+    }
+
+    /// Where row `j` of PE `p` finds its scores: runs of `(source, key stride, token, keys)` in
+    /// token order.
+    fn runs(&self, p: u32, j: u32) -> Vec<(Ad, i64, u32, u32)> {
+        let m = self.m;
+        let n = i64::from(self.n);
+        let mut out = Vec::new();
+        let row = |q: u32| ad(self.sc).plus(i64::from(j) * n + i64::from(self.x[q as usize]));
+        for q in 0..m {
+            let xq = self.x[q as usize];
+            let rq = self.r(q);
+            if q == p {
+                // Keys below the row from their own rows' triangle, the others from this row.
+                out.push((ad(self.sc).plus(i64::from(xq + j)), n, xq, j));
+                out.push((row(q).plus(i64::from(j)), 1, xq + j, rq - j));
+                continue;
+            }
+            // The other meeting of this pair: block `p` at PE `q` in step `(q − p) mod m`.
+            let mir = self
+                .payload(p)
+                .plus(i64::from(self.pay[p as usize][((q + m - p) % m) as usize]));
+            let (u, _) = self.orient(p, q);
+            let sp = self.split[&self.orient(p, q)];
+            let (k, c) = (sp.k, sp.c);
+            if u == p {
+                let after = i64::from(self.r(p).saturating_sub(k + 1));
+                if j < k {
+                    out.push((row(q), 1, xq, rq));
+                } else if j == k {
+                    out.push((row(q), 1, xq, c));
+                    out.push((mir.plus(after * i64::from(rq)), 1, xq + c, rq - c));
+                } else {
+                    out.push((mir.plus(i64::from(j - k - 1) * i64::from(rq)), 1, xq, rq));
+                }
+            } else {
+                let rp = i64::from(self.r(p));
+                out.push((mir.clone().plus(i64::from(j) * i64::from(k)), 1, xq, k));
+                if k < rq {
+                    if j < c {
+                        out.push((mir.plus(i64::from(k) * rp + i64::from(j)), 1, xq + k, 1));
+                    } else {
+                        out.push((row(q).plus(i64::from(k)), 1, xq + k, 1));
+                    }
+                    out.push((row(q).plus(i64::from(k + 1)), 1, xq + k + 1, rq - k - 1));
+                }
+            }
+        }
+        out.retain(|r| r.3 > 0);
+        out
+    }
+
+    /// Row `j` of PE `p`: its maximum, exponentials and their sum, `y = Σ e·x` over every
+    /// block, then `y /= l`.
+    fn row(&self, p: u32, j: u32, scale: f32) -> Vec<Node> {
+        let (n, d) = (i64::from(self.n), i64::from(self.d));
+        // Levels: 1 key of the softmax, or 1 column and 2 key of the values.
+        let lv: u8 = 1;
+        let runs = self.runs(p, j);
+        let mx = ad(self.mx).plus(i64::from(j));
+        let l = ad(self.l).plus(i64::from(j));
+        let e = ad(self.e).plus(i64::from(j) * n);
+        let key = |i: usize, k: u32| runs[i].0.clone().plus(i64::from(k) * runs[i].1);
+        // The first two keys start the maximum.
+        let (a, b) = if runs[0].3 >= 2 {
+            (key(0, 0), key(0, 1))
+        } else {
+            (key(0, 0), key(1, 0))
+        };
+        let mut body = vec![B::new().max(a, b, mx.clone()).build()];
+        let mut skip = 2u32;
+        for (i, r) in runs.iter().enumerate() {
+            let from = skip.min(r.3);
+            skip -= from;
+            body.extend(lp(
+                r.3 - from,
+                vec![B::new()
+                    .max(mx.clone(), key(i, from).t(lv, r.1), mx.clone())
+                    .build()],
+            ));
+        }
+        let mut first = true;
+        for (i, r) in runs.iter().enumerate() {
+            let dst = e.clone().plus(i64::from(r.2));
+            if first {
+                body.push(
+                    B::new()
+                        .expd(key(i, 0), mx.clone(), scale, dst.clone())
+                        .add(None, l.clone())
+                        .build(),
+                );
+            }
+            let from = u32::from(first);
+            first = false;
+            body.extend(lp(
+                r.3 - from,
+                vec![B::new()
+                    .expd(
+                        key(i, from).t(lv, r.1),
+                        mx.clone(),
+                        scale,
+                        dst.plus(i64::from(from)).t(lv, 1),
+                    )
+                    .add(Some(l.clone()), l.clone())
+                    .build()],
+            ));
+        }
+        // Values: columns at `lv`, keys one deeper.
+        let (col, kl) = (lv, lv + 1);
+        let y = ad(self.y)
+            .plus(i64::from(j) * d)
+            .t(0, i64::from(self.r(p)) * d)
+            .t(col, 1);
+        let mut inner = Vec::new();
+        for q in 0..self.m {
+            let xq = i64::from(self.x[q as usize]);
+            let rq = self.r(q);
+            let xr = self.xrows(q).t(col, 1);
+            if q == 0 {
+                inner.push(
+                    B::new()
+                        .mul(e.clone(), xr.clone(), None)
+                        .add(None, y.clone())
+                        .build(),
+                );
+                inner.extend(lp(
+                    rq - 1,
+                    vec![B::new()
+                        .mul(e.clone().plus(1).t(kl, 1), xr.plus(d).t(kl, d), None)
+                        .add(Some(y.clone()), y.clone())
+                        .build()],
+                ));
+            } else {
+                inner.extend(lp(
+                    rq,
+                    vec![B::new()
+                        .mul(e.clone().plus(xq).t(kl, 1), xr.t(kl, d), None)
+                        .add(Some(y.clone()), y.clone())
+                        .build()],
+                ));
+            }
+        }
+        body.extend(lp(self.d, inner));
+        body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
+        body
+    }
+}
+
+fn nop() -> Node {
+    B::new().build()
+}
+
+/// Cycles of a stretch of a head's body (under a loop standing for the head loop).
+fn cycles(nodes: &[Node]) -> u64 {
+    LoopProgram {
+        pe: 0,
+        pes: 1,
+        mem_words: 0,
+        body: lp(1, nodes.to_vec()),
+    }
+    .cycles()
+}
+
+/// When a stretch of a head's body first reads each word, and when it sends each word (the
+/// address on the next PE), in cycles from its start; and its length.
+struct Line {
+    read: std::collections::HashMap<u32, u64>,
+    sent: std::collections::HashMap<u32, u64>,
+    len: u64,
+}
+
+fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
+    if nodes.is_empty() {
+        return Ok(Line {
+            read: Default::default(),
+            sent: Default::default(),
+            len: 0,
+        });
+    }
+    let flat = LoopProgram {
+        pe: 0,
+        pes: 1,
+        mem_words: words,
+        body: lp(1, nodes.to_vec()),
+    }
+    .flatten(u64::MAX)
+    .map_err(|e| format!("{NAME}: {e:?}"))?;
+    let mut read = std::collections::HashMap::new();
+    let mut sent = std::collections::HashMap::new();
+    for (t, b) in flat.bundles.iter().enumerate() {
+        let t = t as u64;
+        let mut at = |a: u32| {
+            read.entry(a).or_insert(t);
+        };
+        if let isa::Op::Arith(x) = &b.op {
+            x.reads().for_each(&mut at);
+        }
+        if let isa::Acc::Add {
+            src: isa::AccSrc::Mem(a),
+            ..
+        } = b.acc
+        {
+            at(a);
+        }
+        if let Xfer::Send { src, dst } = b.xfer {
+            if let XferSrc::Mem(a) = src {
+                at(a);
+            }
+            sent.insert(dst, t);
+        }
+    }
+    Ok(Line {
+        read,
+        sent,
+        len: flat.bundles.len() as u64,
+    })
+}
+
+fn wait(count: u64) -> Result<Vec<Node>, String> {
+    let c = u32::try_from(count).map_err(|_| format!("{NAME}: a wait of {count} cycles"))?;
+    Ok(lp(c, vec![nop()]))
+}
+
+/// The mirrored programs for `p` on `m` PEs, if every PE's memory is within `budget` words.
+pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
+    if let Some(why) = unsupported(p, m) {
+        return Err(why);
+    }
+    let (n, d, heads) = (p.tokens, p.dim, p.heads);
+    // Every PE's bundles are at least the layer's operations: beyond the flattened proof's
+    // limit nothing need be built.
+    let (n64, d64) = (u64::from(n), u64::from(d));
+    let ops = u64::from(heads) * (n64 * (n64 + 1) / 2 * d64 + n64 * n64 * (d64 + 2));
+    if ops > FLAT_PROOF_BUNDLES {
+        return Err(format!(
+            "{NAME}: mirrored scores would take {ops} bundles or more, more than the {FLAT_PROOF_BUNDLES} the flattened proof takes"
+        ));
+    }
+    let scale = p.scale as f32;
+    let deal = Deal::new(n, d, m, heads)
+        .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
+    if budget.is_some_and(|b| u64::from(deal.words) > b) {
+        return Err(format!(
+            "{NAME}: mirrored scores need {} words per PE, more than {}",
+            deal.words,
+            budget.unwrap_or(0)
+        ));
+    }
+    let mu = m as usize;
+    let prev = |pe: usize| (pe + mu - 1) % mu;
+    let mut steps: Vec<Vec<Vec<Node>>> = (0..m)
+        .map(|pe| (0..m - 1).map(|s| deal.ring_step(pe, s, 0)).collect())
+        .collect();
+    let mut lines: Vec<Vec<Line>> = steps
+        .iter()
+        .map(|st| st.iter().map(|s| line(s, deal.words)).collect())
+        .collect::<Result<_, _>>()?;
+    // A stretch starts once every word it reads that the previous PE sends has arrived (a word
+    // sent in one cycle is read from the next); the waits are the gaps this leaves.
+    let mut waits = vec![vec![0u64; mu + 1]; mu];
+    let mut start = vec![vec![0u64; mu]; mu];
+    let mut end = vec![0u64; mu];
+    let ready =
+        |lines: &[Vec<Line>], reads: &Line, pe: usize, upto: usize, start: &[Vec<u64>]| -> u64 {
+            let q = prev(pe);
+            let mut at = 0u64;
+            for s in 0..upto {
+                for (addr, &sent) in &lines[q][s].sent {
+                    if let Some(&read) = reads.read.get(addr) {
+                        at = at.max((start[q][s] + sent + 1).saturating_sub(read));
+                    }
+                }
+            }
+            at
+        };
+    for s in 0..mu {
+        if s == mu - 1 {
+            // The last hop's payload starts on the first chain from which every word it
+            // forwards is there when the step starts without a wait.
+            for pe in 0..mu {
+                let q = prev(pe);
+                let b = (pe as u32 + 1) % m;
+                let pat = deal.blk[b as usize] + deal.r(b) * d;
+                let words = u64::from(deal.pay[b as usize][mu - 1]);
+                let (dd, per) = (u64::from(d), u64::from(d - 1));
+                let mut at = 0u64;
+                for s2 in 0..mu - 1 {
+                    for (&a, &t) in &lines[q][s2].sent {
+                        let w = u64::from(a.wrapping_sub(pat));
+                        if a >= pat && w < words {
+                            let arrive = start[q][s2] + t + 1;
+                            let need = arrive.saturating_sub(end[pe] + w % per).div_ceil(dd);
+                            at = at.max(need.saturating_sub(w / per));
+                        }
+                    }
+                }
+                let nodes = deal.ring_step(pe as u32, s as u32, at);
+                lines[pe].push(line(&nodes, deal.words)?);
+                steps[pe].push(nodes);
+            }
+        }
+        for pe in 0..mu {
+            let at = end[pe].max(ready(&lines, &lines[pe][s], pe, s, &start));
+            waits[pe][s] = at - end[pe];
+            start[pe][s] = at;
+            end[pe] = at + lines[pe][s].len;
+        }
+    }
+    // Each row's softmax and values once its scores are home: the rows whose mirrors arrive
+    // first go first.
+    let mut finals = Vec::with_capacity(mu);
+    let mut final_lines = Vec::with_capacity(mu);
+    for pe in 0..mu {
+        let mut rows = (0..deal.r(pe as u32))
+            .map(|j| {
+                let nodes = deal.row(pe as u32, j, scale);
+                let l = line(&nodes, deal.words)?;
+                let q = prev(pe);
+                let need = (0..mu)
+                    .flat_map(|s| {
+                        let st = start[q][s];
+                        lines[q][s]
+                            .sent
+                            .iter()
+                            .filter(|(a, _)| l.read.contains_key(a))
+                            .map(move |(_, &t)| st + t)
+                    })
+                    .max()
+                    .unwrap_or(0);
+                Ok((need, j, nodes))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        rows.sort_by_key(|r| (r.0, r.1));
+        let fin: Vec<Node> = rows.into_iter().flat_map(|r| r.2).collect();
+        let fl = line(&fin, deal.words)?;
+        let at = end[pe].max(ready(&lines, &fl, pe, mu, &start));
+        waits[pe][mu] = at - end[pe];
+        finals.push(fin);
+        final_lines.push(fl);
+    }
+    let mut bodies = Vec::with_capacity(mu);
+    for (pe, fin) in finals.into_iter().enumerate() {
+        let mut body = Vec::new();
+        for (s, nodes) in steps[pe].iter().enumerate() {
+            body.extend(wait(waits[pe][s])?);
+            body.extend(nodes.iter().cloned());
+        }
+        body.extend(wait(waits[pe][mu])?);
+        body.extend(fin);
+        bodies.push(body);
+    }
+    let ends: Vec<u64> = bodies.iter().map(|b| cycles(b)).collect();
+    // The heads start together, so the waits above hold in every head.
+    let head = ends.iter().copied().max().unwrap_or(0);
+    let programs = bodies
+        .into_iter()
+        .zip(&ends)
+        .enumerate()
+        .map(|(pe, (mut body, &e))| {
+            body.extend(wait(head - e)?);
+            let raw = super::once::strip(LoopProgram {
+                pe: pe as u32,
+                pes: m,
+                mem_words: deal.words,
+                body: lp(heads, body),
+            });
+            Ok(super::merge::merge(raw))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    // Each row's softmax is a body of its own, so the programs grow with the rows per PE.
+    if let Some(big) = programs
+        .iter()
+        .map(isa::looped_binary::encoded_len)
+        .find(|&b| b > MAX_PROGRAM_BYTES)
+    {
+        return Err(format!(
+            "{NAME}: mirrored scores would take {big} bytes of program on a PE, more than {MAX_PROGRAM_BYTES}"
+        ));
+    }
+    let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
+    let bundles = cycles.saturating_mul(u64::from(m));
+    if bundles > FLAT_PROOF_BUNDLES {
+        return Err(format!(
+            "{NAME}: mirrored scores would take {bundles} bundles, more than the {FLAT_PROOF_BUNDLES} the flattened proof takes"
+        ));
+    }
+    let total_ops: u64 = programs
+        .iter()
+        .map(|p| p.op_counts().iter().sum::<u64>())
+        .sum();
+    let (n64, d64, h64) = (u64::from(n), u64::from(d), u64::from(heads));
+    let weights = n64 * n64 * h64;
+    let ops = crate::schedule::OpCounts {
+        phase1_mac: n64 * (n64 + 1) / 2 * d64 * h64,
+        phase2_exp: weights,
+        phase2_max: 0,
+        phase2_div: n64 * d64 * h64,
+        phase3_mac: weights * d64,
+    };
+    let (inputs, output) = places(&deal);
+    Ok(Stream {
+        programs,
+        inputs,
+        output,
+        cycles,
+        ops,
+        total_ops,
+        lag: m,
+        normalisation: runtime::layer::Normalisation::Deferred,
+        buffers: Vec::new(),
+    })
+}
+
+/// x of token `t` in its block of each head's area on its owner, y in the owner's output rows.
+fn places(deal: &Deal) -> (BTreeMap<String, Place>, Place) {
+    let (n, d) = (deal.n, deal.d);
+    let mut x = (Vec::new(), Vec::new());
+    let mut y = (Vec::new(), Vec::new());
+    for h in 0..deal.heads {
+        for p in 0..deal.m {
+            let rp = deal.r(p);
+            for i in 0..rp {
+                for c in 0..d {
+                    x.0.push(p);
+                    x.1.push(h * deal.area + deal.blk[p as usize] + i * d + c);
+                    y.0.push(p);
+                    y.1.push(deal.y + (h * rp + i) * d + c);
+                }
+            }
+        }
+    }
+    let list = |(pe, addr): (Vec<u32>, Vec<u32>)| Place::Listed {
+        tokens: n,
+        dim: d,
+        pe,
+        addr,
+    };
+    (BTreeMap::from([("x".to_string(), list(x))]), list(y))
+}
