@@ -75,11 +75,11 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             let pe = ((x >> 33) % pes as u64) as usize;
             let v = Val::new(((x >> 40) % 64) as usize);
-            if (x >> 20) % 3 == 0 {
+            if (x >> 20).is_multiple_of(3) {
                 assert_eq!(map.insert(pe, v, step), plain[pe].insert(v, step));
             }
-            for q in 0..pes {
-                assert_eq!(map.get(q, v), plain[q].get(&v).copied());
+            for (q, one) in plain.iter().enumerate() {
+                assert_eq!(map.get(q, v), one.get(&v).copied());
             }
         }
         assert_eq!(map.get(pes, Val::new(1000)), None);

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use isa::{Cmp, Field, LoopProgram, Node, Pred, Slot, Xfer, XferSrc};
 
-use super::{ad, lp, Ad, Place, Stream, B, NAME};
+use super::{ad, head_cycles, lp, wait, Ad, Place, Stream, B, NAME};
 use crate::problem::Problem;
 
 /// Per-element placements leave the proof to the flattened programs, which `attnc verify` takes
@@ -756,21 +756,6 @@ impl Deal {
     }
 }
 
-fn nop() -> Node {
-    B::new().build()
-}
-
-/// Cycles of a stretch of a head's body (under a loop standing for the head loop).
-fn cycles(nodes: &[Node]) -> u64 {
-    LoopProgram {
-        pe: 0,
-        pes: 1,
-        mem_words: 0,
-        body: lp(1, nodes.to_vec()),
-    }
-    .cycles()
-}
-
 /// When a stretch of a head's body first reads each word, and when it sends each word (the
 /// address on the next PE), in cycles from its start; and its length.
 struct Line {
@@ -824,11 +809,6 @@ fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
         sent,
         len: flat.bundles.len() as u64,
     })
-}
-
-fn wait(count: u64) -> Result<Vec<Node>, String> {
-    let c = u32::try_from(count).map_err(|_| format!("{NAME}: a wait of {count} cycles"))?;
-    Ok(lp(c, vec![nop()]))
 }
 
 /// The mirrored programs for `p` on `m` PEs, if every PE's memory is within `budget` words.
@@ -959,7 +939,7 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         body.extend(fin);
         bodies.push(body);
     }
-    let ends: Vec<u64> = bodies.iter().map(|b| cycles(b)).collect();
+    let ends: Vec<u64> = bodies.iter().map(|b| head_cycles(b)).collect();
     // The heads start together, so the waits above hold in every head.
     let head = ends.iter().copied().max().unwrap_or(0);
     let programs = bodies
@@ -994,31 +974,16 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
             "{NAME}: mirrored scores would take {bundles} bundles, more than the {FLAT_PROOF_BUNDLES} the flattened proof takes"
         ));
     }
-    let total_ops: u64 = programs
-        .iter()
-        .map(|p| p.op_counts().iter().sum::<u64>())
-        .sum();
-    let (n64, d64, h64) = (u64::from(n), u64::from(d), u64::from(heads));
-    let weights = n64 * n64 * h64;
-    let ops = crate::schedule::OpCounts {
-        phase1_mac: n64 * (n64 + 1) / 2 * d64 * h64,
-        phase2_exp: weights,
-        phase2_max: 0,
-        phase2_div: n64 * d64 * h64,
-        phase3_mac: weights * d64,
-    };
-    let (inputs, output) = places(&deal);
-    Ok(Stream {
+    let (n64, h64) = (u64::from(n), u64::from(heads));
+    // Each pair's score is computed once and serves both of its weights.
+    Ok(Stream::per_pe_deferred(
         programs,
-        inputs,
-        output,
+        places(&deal),
         cycles,
-        ops,
-        total_ops,
-        lag: m,
-        normalisation: runtime::layer::Normalisation::Deferred,
-        buffers: Vec::new(),
-    })
+        (n64 * (n64 + 1) / 2 * h64, n64 * n64 * h64),
+        (n, d, heads),
+        m,
+    ))
 }
 
 /// x of token `t` in its block of each head's area on its owner, y in the owner's output rows.

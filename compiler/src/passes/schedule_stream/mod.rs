@@ -108,22 +108,25 @@ pub struct Stream {
 }
 
 impl Stream {
-    /// A stream whose rows are whole on their PEs under deferred normalisation (no lag, no
-    /// rescaling), each PE with a memory map of its own sizes: `weights` weights per layer, each
-    /// one score and one product chain of `d`, and `d` divisions per row and head.
+    /// A stream whose rows are whole on their PEs under deferred normalisation (no
+    /// rescaling), each PE with a memory map of its own sizes: `scores` scores per layer, each a
+    /// product chain of `d` (fewer than `weights` where a score serves two weights), `weights`
+    /// weights, each one exponential and one product chain of `d`, and `d` divisions per row
+    /// and head; the values trail the keys by `lag` ring steps.
     fn per_pe_deferred(
         programs: Vec<LoopProgram>,
         (inputs, output): (BTreeMap<String, Place>, Place),
         cycles: u64,
-        weights: u64,
+        (scores, weights): (u64, u64),
         (n, d, heads): (u32, u32, u32),
+        lag: u32,
     ) -> Stream {
         let total_ops = programs
             .iter()
             .map(|p| p.op_counts().iter().sum::<u64>())
             .sum();
         let ops = crate::schedule::OpCounts {
-            phase1_mac: weights * u64::from(d),
+            phase1_mac: scores * u64::from(d),
             phase2_exp: weights,
             phase2_max: 0,
             phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
@@ -136,7 +139,7 @@ impl Stream {
             cycles,
             ops,
             total_ops,
-            lag: 0,
+            lag,
             normalisation: runtime::layer::Normalisation::Deferred,
             buffers: Vec::new(),
         }
@@ -371,6 +374,29 @@ impl B {
             preds,
         })
     }
+}
+
+/// A bundle that does nothing.
+fn nop() -> Node {
+    B::new().build()
+}
+
+/// `count` idle cycles.
+fn wait(count: u64) -> Result<Vec<Node>, String> {
+    let c = u32::try_from(count).map_err(|_| format!("{NAME}: a wait of {count} cycles"))?;
+    Ok(lp(c, vec![nop()]))
+}
+
+/// Cycles of a stretch of a head's body: under a loop standing for the head loop, so that
+/// stepped counts find the row loop at its level.
+fn head_cycles(nodes: &[Node]) -> u64 {
+    LoopProgram {
+        pe: 0,
+        pes: 1,
+        mem_words: 0,
+        body: lp(1, nodes.to_vec()),
+    }
+    .cycles()
 }
 
 /// A loop; none for a count of 0. A count of 1 still makes a loop so that

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use isa::{Cmp, LoopProgram, Node, Pred, Slot};
 
-use super::{ad, lp, Ad, Place, Send, Stream, B, NAME};
+use super::{ad, lp, wait, Ad, Place, Send, Stream, B, NAME};
 use crate::problem::Problem;
 
 /// Why the uneven deal does not apply to `p` on `m` PEs, if it does not.
@@ -658,10 +658,6 @@ enum Part {
     In,
 }
 
-fn nop() -> Node {
-    B::new().build()
-}
-
 fn cycles(nodes: &[Node]) -> u64 {
     LoopProgram {
         pe: 0,
@@ -670,12 +666,6 @@ fn cycles(nodes: &[Node]) -> u64 {
         body: nodes.to_vec(),
     }
     .cycles()
-}
-
-/// `count` idle cycles.
-fn wait(count: u64) -> Result<Vec<Node>, String> {
-    let c = u32::try_from(count).map_err(|_| format!("{NAME}: a wait of {count} cycles"))?;
-    Ok(lp(c, vec![nop()]))
 }
 
 /// The uneven deal's programs for `p` on `m` PEs (see the module's doc), if every PE's memory
@@ -806,8 +796,9 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         programs,
         places(&deal, heads),
         cycles,
-        weights,
+        (weights, weights),
         (n, d, heads),
+        0,
     ))
 }
 

@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 
 use isa::{Cmp, CountStep, Loop, LoopProgram, Node, Pred, Slot};
 
-use super::{ad, lp, Ad, Place, Send, Stream, B, NAME};
+use super::{ad, head_cycles, lp, wait, Ad, Place, Send, Stream, B, NAME};
 use crate::problem::Problem;
 
 /// Bundles of all PEs' programs flattened that the proof of a layer with per-element
@@ -465,7 +465,7 @@ impl Deal {
                 let local = self.local(p, high, i);
                 nodes.extend(self.scores(p, b, (local, 1), &rows[r], &sends));
             }
-            let ready = cycles(&lp(1, nodes.clone()));
+            let ready = head_cycles(&lp(1, nodes.clone()));
             // The rest of each kind: one row alone while a key loop would be empty, then a
             // stepped nest.
             for high in [true, false] {
@@ -643,28 +643,6 @@ fn assign(pieces: &[Piece], rows: &[Vec<KeyLoop>]) -> Option<Vec<(usize, usize, 
     Some(plan)
 }
 
-fn nop() -> Node {
-    B::new().build()
-}
-
-/// Cycles of a stretch of a head's body: under a loop standing for the head loop, so that
-/// stepped counts find the row loop at its level.
-fn cycles(nodes: &[Node]) -> u64 {
-    LoopProgram {
-        pe: 0,
-        pes: 1,
-        mem_words: 0,
-        body: lp(1, nodes.to_vec()),
-    }
-    .cycles()
-}
-
-/// `count` idle cycles.
-fn wait(count: u64) -> Result<Vec<Node>, String> {
-    let c = u32::try_from(count).map_err(|_| format!("{NAME}: a wait of {count} cycles"))?;
-    Ok(lp(c, vec![nop()]))
-}
-
 /// The whole-rows programs for `p` on `m` PEs (see the module's doc), if every PE's memory is
 /// within `budget` words (checked before anything is built).
 pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
@@ -703,7 +681,7 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
             let at = end[pe].max(ready);
             waits[pe][s] = at - end[pe];
             start[pe][s] = at;
-            end[pe] = at + cycles(&steps[pe][s].0);
+            end[pe] = at + head_cycles(&steps[pe][s].0);
         }
     }
     let mut bodies = Vec::with_capacity(mu);
@@ -719,7 +697,7 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         body.extend(deal.all_values(pe as u32, scale));
         bodies.push(body);
     }
-    let ends: Vec<u64> = bodies.iter().map(|b| cycles(b)).collect();
+    let ends: Vec<u64> = bodies.iter().map(|b| head_cycles(b)).collect();
     // The heads start together: a block of the next head lands where this one's was read.
     let head = ends.iter().copied().max().unwrap_or(0);
     let programs = bodies
@@ -755,8 +733,9 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         programs,
         places(&deal, heads),
         cycles,
-        weights,
+        (weights, weights),
         (n, d, heads),
+        0,
     ))
 }
 
