@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use isa::{Cmp, Field, LoopProgram, Node, Pred, Slot, Xfer, XferSrc};
 
-use super::{ad, head_cycles, lp, wait, Ad, Place, Stream, B, NAME};
+use super::{ad, head_cycles, head_programs, lp, wait, Ad, Place, Stream, B, NAME};
 use crate::problem::Problem;
 
 /// Per-element placements leave the proof to the flattened programs, which `attnc verify` takes
@@ -941,22 +941,13 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     }
     let ends: Vec<u64> = bodies.iter().map(|b| head_cycles(b)).collect();
     // The heads start together, so the waits above hold in every head.
-    let head = ends.iter().copied().max().unwrap_or(0);
-    let programs = bodies
-        .into_iter()
-        .zip(&ends)
-        .enumerate()
-        .map(|(pe, (mut body, &e))| {
-            body.extend(wait(head - e)?);
-            let raw = super::once::strip(LoopProgram {
-                pe: pe as u32,
-                pes: m,
-                mem_words: deal.words,
-                body: lp(heads, body),
-            });
-            Ok(super::merge::merge(raw))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+    let programs = head_programs(
+        bodies,
+        &ends,
+        (m, heads),
+        |_| deal.words,
+        |raw| super::merge::merge(super::once::strip(raw)),
+    )?;
     // Each row's softmax is a body of its own, so the programs grow with the rows per PE.
     if let Some(big) = programs
         .iter()

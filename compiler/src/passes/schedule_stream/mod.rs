@@ -399,6 +399,33 @@ fn head_cycles(nodes: &[Node]) -> u64 {
     .cycles()
 }
 
+/// Every PE's program from its body of one head: each body padded to the longest (the heads
+/// start together, so a block of the next head lands where this one's was read), the head
+/// loop around it, memory `words(pe)`, then `finish` (the folding a stream's bodies allow).
+fn head_programs(
+    bodies: Vec<Vec<Node>>,
+    ends: &[u64],
+    (m, heads): (u32, u32),
+    words: impl Fn(usize) -> u32,
+    finish: impl Fn(LoopProgram) -> LoopProgram,
+) -> Result<Vec<LoopProgram>, String> {
+    let head = ends.iter().copied().max().unwrap_or(0);
+    bodies
+        .into_iter()
+        .zip(ends)
+        .enumerate()
+        .map(|(pe, (mut body, &e))| {
+            body.extend(wait(head - e)?);
+            Ok(finish(LoopProgram {
+                pe: pe as u32,
+                pes: m,
+                mem_words: words(pe),
+                body: lp(heads, body),
+            }))
+        })
+        .collect()
+}
+
 /// A loop; none for a count of 0. A count of 1 still makes a loop so that
 /// the levels the bodies refer to stay where the generator put them.
 fn lp(count: u32, body: Vec<Node>) -> Vec<Node> {

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use isa::{Cmp, LoopProgram, Node, Pred, Slot};
 
-use super::{ad, lp, wait, Ad, Place, Send, Stream, B, NAME};
+use super::{ad, head_programs, lp, wait, Ad, Place, Send, Stream, B, NAME};
 use crate::problem::Problem;
 
 /// Why the uneven deal does not apply to `p` on `m` PEs, if it does not.
@@ -773,22 +773,7 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         body.extend(deal.normalise(p32));
         ends.push(cycles(body));
     }
-    // The heads start together: a block of the next head lands where this one's was read.
-    let head = ends.iter().copied().max().unwrap_or(0);
-    let programs = bodies
-        .into_iter()
-        .zip(&ends)
-        .enumerate()
-        .map(|(pe, (mut body, &e))| {
-            body.extend(wait(head - e)?);
-            Ok(LoopProgram {
-                pe: pe as u32,
-                pes: m,
-                mem_words: deal.pes[pe].words,
-                body: lp(heads, body),
-            })
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+    let programs = head_programs(bodies, &ends, (m, heads), |pe| deal.pes[pe].words, |p| p)?;
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     let weights = u64::from(n) * u64::from(n) * u64::from(heads);
     // Each PE's map has its own sizes (its rows and cut rows).

@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 
 use isa::{Cmp, CountStep, Loop, LoopProgram, Node, Pred, Slot};
 
-use super::{ad, head_cycles, lp, wait, Ad, Place, Send, Stream, B, NAME};
+use super::{ad, head_cycles, head_programs, lp, wait, Ad, Place, Send, Stream, B, NAME};
 use crate::problem::Problem;
 
 /// Bundles of all PEs' programs flattened that the proof of a layer with per-element
@@ -698,25 +698,15 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         bodies.push(body);
     }
     let ends: Vec<u64> = bodies.iter().map(|b| head_cycles(b)).collect();
-    // The heads start together: a block of the next head lands where this one's was read.
-    let head = ends.iter().copied().max().unwrap_or(0);
-    let programs = bodies
-        .into_iter()
-        .zip(&ends)
-        .enumerate()
-        .map(|(pe, (mut body, &e))| {
-            body.extend(wait(head - e)?);
-            // Steps whose rows see their blocks alike (a run of blocks before or after the
-            // PE's, whose first periods agree) continue one another: one loop over them.
-            let raw = super::once::strip(LoopProgram {
-                pe: pe as u32,
-                pes: m,
-                mem_words: deal.pes[pe].words,
-                body: lp(heads, body),
-            });
-            Ok(super::merge::merge(super::merge::merge_at(raw, 1)))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+    // Steps whose rows see their blocks alike (a run of blocks before or after the PE's, whose
+    // first periods agree) continue one another: one loop over them.
+    let programs = head_programs(
+        bodies,
+        &ends,
+        (m, heads),
+        |pe| deal.pes[pe].words,
+        |raw| super::merge::merge(super::merge::merge_at(super::once::strip(raw), 1)),
+    )?;
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     // Per-element placements leave the proof to the flattened programs (the checks without
     // unrolling take affine layouts only), and `attnc verify` flattens at most this many
