@@ -322,21 +322,10 @@ fn canonical_scales_switch_to_exponent_form_as_documented() {
     assert_eq!(print(0.17677669), "0.17677669");
 }
 
-/// CRC-32/ISO-HDLC, bit by bit from its definition, independent of the crc32fast crate.
-fn crc32_iso_hdlc(bytes: &[u8]) -> u32 {
-    let mut crc = 0xFFFF_FFFFu32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
+/// The bitwise CRC-32 oracle of the `isa` crate's tests (one copy for the workspace).
+#[path = "../isa/tests/common/mod.rs"]
+mod isa_common;
+use isa_common::crc32_bitwise as crc32_iso_hdlc;
 
 #[test]
 fn binary_checksum_is_crc32_iso_hdlc_of_everything_before_it() {
