@@ -7,6 +7,7 @@ mod common;
 use attnc::rundir;
 use common::{layer_src, parse_one};
 use compiler::manifest::{Manifest, ProgramKind};
+use compiler::passes::schedule_stream::MirroredTiming;
 use compiler::passes::select::Choice;
 use std::collections::BTreeMap;
 
@@ -553,8 +554,12 @@ fn mirrored_scores_run_from_their_files() {
         (45, 8),
     ] {
         for d in [2u32, 5, 16] {
-            for heads in [1u32, 2] {
-                let what = format!("n={n} d={d} m={m} heads={heads}");
+            for (heads, timing) in [
+                (1u32, MirroredTiming::OnStep),
+                (1, MirroredTiming::Relayed),
+                (2, MirroredTiming::Fastest),
+            ] {
+                let what = format!("n={n} d={d} m={m} heads={heads} {timing:?}");
                 let p = compiler::problem::Problem::attention(
                     n,
                     d,
@@ -563,8 +568,16 @@ fn mirrored_scores_run_from_their_files() {
                     false,
                     runtime::layer::Softmax::Safe,
                 );
-                let st = compiler::passes::schedule_stream::run_mirrored(&p, m)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let st = match compiler::passes::schedule_stream::run_mirrored_timed(&p, m, timing)
+                {
+                    Ok(st) => st,
+                    // Two words a step's chain of products on 12 PEs: relaying at half a word a
+                    // cycle cannot keep ahead of the steps.
+                    Err(e) if d == 2 && m == 12 && e.contains("relayed timing does not apply") => {
+                        continue;
+                    }
+                    Err(e) => panic!("{what}: {e}"),
+                };
                 let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into())
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                 let mut f = BTreeMap::new();
@@ -581,7 +594,7 @@ fn mirrored_scores_run_from_their_files() {
             }
         }
     }
-    assert_eq!(ran, 7 * 3 * 2);
+    assert_eq!(ran, 7 * 3 * 3 - 2);
 }
 
 /// Where mirrored scores take fewer cycles than every other stream, `--schedule stream` with
@@ -603,5 +616,5 @@ fn mirrored_scores_are_taken_where_they_are_fastest() {
     );
     let (_, cycles, _) = run_dir(&files(&c, true), 7);
     assert_eq!(cycles, c.manifest.cycles);
-    assert_eq!(cycles, 34_739);
+    assert_eq!(cycles, 34_646);
 }

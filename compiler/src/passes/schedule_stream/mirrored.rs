@@ -15,8 +15,13 @@
 //! flattened stretches. Then each row's maximum, exponentials and sum are local, `y = Σ e·x` over
 //! the kept x rows, and `y` is divided by the sum once per element (deferred), row by row in the
 //! order their words arrive.
+//!
+//! Or, relayed: every forwarded word (x rows and mirrors alike) goes on from the first chain
+//! not yet taken whose products leave after it arrives, the x rows first, so that no step waits
+//! on the words the previous step had to forward; what the chains cannot carry goes on sends of
+//! their own after the last step. `run` keeps whichever timing takes fewer cycles.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use isa::{Cmp, Field, LoopProgram, Node, Pred, Slot, Xfer, XferSrc};
 
@@ -29,6 +34,9 @@ const FLAT_PROOF_BUNDLES: u64 = 8_000_000;
 
 /// Largest program (binary form) a PE is given.
 const MAX_PROGRAM_BYTES: u64 = 16 * 1024;
+
+/// Times the relay is planned anew on the timeline the last plan's programs took.
+const RELAY_ROUNDS: usize = 4;
 
 /// Why the mirrored deal does not apply to `p` on `m` PEs, if it does not.
 pub fn unsupported(p: &Problem, m: u32) -> Option<String> {
@@ -387,11 +395,17 @@ impl Gen<'_> {
         // Chain intervals of the step and how each forwards.
         let mut plan: Vec<(u64, u64, Fwd)> = Vec::new();
         let mut extra: Vec<(Ad, u64)> = Vec::new();
+        // Runs placed after the chains, at `(position − chains)·(d − 1)` sends after them.
+        let mut tail: Vec<(u64, Ad, u64)> = Vec::new();
         let total: u64 = rects
             .iter()
             .map(|r| u64::from(r.rows) * u64::from(r.keys))
             .sum();
         for sg in segs {
+            if sg.chain >= total && sg.words > 0 {
+                tail.push((sg.chain - total, sg.at.clone(), sg.words));
+                continue;
+            }
             let full = (sg.words / per).min(total.saturating_sub(sg.chain));
             plan.push((sg.chain, sg.chain + full, Fwd::All(sg.at.clone())));
             let mut done = full * per;
@@ -436,18 +450,34 @@ impl Gen<'_> {
             out.extend(self.span(rect, (c - lo, hi - lo), Fwd::No));
             base = hi;
         }
+        tail.sort_by_key(|t| t.0);
+        let mut sent = 0u64;
+        for (pos, at, words) in tail {
+            out.extend(lp(
+                (pos * per).saturating_sub(sent) as u32,
+                vec![super::nop()],
+            ));
+            sent = sent.max(pos * per);
+            out.extend(Self::sends(at, words));
+            sent += words;
+        }
         for (at, words) in extra {
-            let src = at.t(1, 1);
-            let mut b = B::new();
-            b.xfer = Xfer::Send {
-                src: XferSrc::Mem(0),
-                dst: 0,
-            };
-            b.fields.push((Field::XferSrc, src.clone()));
-            b.fields.push((Field::XferDst, src));
-            out.extend(lp(words as u32, vec![b.build()]));
+            out.extend(Self::sends(at, words));
         }
         out
+    }
+
+    /// `words` sends of their own, each word to its own address on the next PE.
+    fn sends(at: Ad, words: u64) -> Vec<Node> {
+        let src = at.t(1, 1);
+        let mut b = B::new();
+        b.xfer = Xfer::Send {
+            src: XferSrc::Mem(0),
+            dst: 0,
+        };
+        b.fields.push((Field::XferSrc, src.clone()));
+        b.fields.push((Field::XferDst, src));
+        lp(words as u32, vec![b.build()])
     }
 }
 
@@ -500,9 +530,233 @@ fn segments(
     out
 }
 
+/// Per PE and ring step, the words it relays: `(chain, words, first word)`; chains past the
+/// last step's own stand for sends of their own after them.
+type Relay = Vec<Vec<Vec<(u64, u64, Ad)>>>;
+
 impl Deal {
-    /// Step `s` of PE `p`: its score nests and the words they forward.
-    fn ring_step(&self, p: u32, s: u32, last_at: u64) -> Vec<Node> {
+    /// Chains of PE `p`'s step `s`, and the payload so far it forwards.
+    fn step_size(&self, p: u32, s: u32) -> (u64, u64) {
+        let b = (p + self.m - s) % self.m;
+        if s == 0 {
+            let r = u64::from(self.r(p));
+            (r * (r + 1) / 2, 0)
+        } else {
+            (
+                u64::from(self.cnt[p as usize][b as usize]),
+                u64::from(self.pay[b as usize][s as usize]),
+            )
+        }
+    }
+
+    /// Every forwarded word relayed as soon as it arrives rather than with the step that reads
+    /// it, on the timeline where PE `p`'s step `s` starts in cycle `starts[p][s]` and sends the
+    /// mirror to address `a` of the next PE in cycle `fresh[p][s][a]` of the step. Each PE
+    /// first places the x rows of its own block, then those of every block in the order they
+    /// come, then the payloads step by step (the mirrors computed so far for each block it has
+    /// met), in runs of `d − 1` words, each on the first chain not yet taken whose products
+    /// leave after the run's words arrive. `None` where the chains cannot carry every run.
+    fn relay(&self, starts: &[Vec<u64>], fresh: &[Vec<HashMap<u32, u64>>]) -> Option<Relay> {
+        // A step reads its visiting block from its first chain, so the timeline planned on
+        // starts each step once the block's x rows are all there; the relay is placed again on
+        // that timeline until the two agree (placing on a later timeline moves no word
+        // earlier); where they do not within the rounds (blocks so small that the steps outrun
+        // any relay), `None`.
+        let mut starts = starts.to_vec();
+        let dd = u64::from(self.d);
+        for _ in 0..RELAY_ROUNDS * 4 {
+            let (plan, arrive) = self.place(&starts, fresh)?;
+            let mut again = starts.clone();
+            for (p, row) in again.iter_mut().enumerate() {
+                for s in 1..row.len() {
+                    let after = row[s - 1] + self.step_size(p as u32, s as u32 - 1).0 * dd;
+                    row[s] = row[s].max(after).max(arrive[p][s]);
+                }
+            }
+            if again == starts {
+                return Some(plan);
+            }
+            starts = again;
+        }
+        None
+    }
+
+    /// [`Deal::relay`] on one timeline, and per PE and step when the last of the visiting
+    /// block's x rows arrives.
+    fn place(
+        &self,
+        starts: &[Vec<u64>],
+        fresh: &[Vec<HashMap<u32, u64>>],
+    ) -> Option<(Relay, Vec<Vec<u64>>)> {
+        let mu = self.m as usize;
+        let dd = u64::from(self.d);
+        let per = dd - 1;
+        // Per PE, every chain: (step, chain, cycle of its first product); after the last
+        // step's chains, runs of `d − 1` sends of their own, as many as every word would take.
+        let spare: u64 = (0..mu)
+            .map(|b| u64::from(self.r(b as u32) * self.d + self.pay[b][mu - 1]))
+            .sum::<u64>()
+            .div_ceil(per);
+        let chains: Vec<Vec<(usize, u64, u64)>> = (0..mu)
+            .map(|p| {
+                let mut list: Vec<(usize, u64, u64)> = (0..mu)
+                    .flat_map(|s| {
+                        let (n, _) = self.step_size(p as u32, s as u32);
+                        let t = starts[p][s];
+                        (0..n).map(move |c| (s, c, t + c * dd))
+                    })
+                    .collect();
+                let (n, _) = self.step_size(p as u32, self.m - 1);
+                let end = starts[p][mu - 1] + n * dd;
+                list.extend((0..spare).map(|k| (mu - 1, n + k, end + k * per)));
+                list
+            })
+            .collect();
+        // The first chain not yet taken from each index on (path-halving).
+        let mut next: Vec<Vec<usize>> = chains.iter().map(|c| (0..=c.len()).collect()).collect();
+        fn find(next: &mut [usize], mut i: usize) -> usize {
+            while next[i] != i {
+                next[i] = next[next[i]];
+                i = next[i];
+            }
+            i
+        }
+        // When each PE sends the word for each address of the next PE.
+        let mut sent: Vec<HashMap<u32, u64>> = (0..mu)
+            .map(|p| {
+                fresh[p]
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(s, f)| f.iter().map(move |(&a, &t)| (a, starts[p][s] + t)))
+                    .collect()
+            })
+            .collect();
+        // Chunks placed: per PE, (chain index, first address, words).
+        let mut placed: Vec<Vec<(usize, u32, u64)>> = vec![Vec::new(); mu];
+        let mut runs: Vec<Vec<(usize, u32, u64)>> = Vec::new();
+        for h in 0..mu - 1 {
+            runs.push(
+                (0..mu)
+                    .map(|p| {
+                        let b = (p + mu - h) % mu;
+                        (p, self.blk[b], u64::from(self.r(b as u32)) * dd)
+                    })
+                    .collect(),
+            );
+        }
+        for st in 1..mu {
+            runs.push(
+                (0..mu)
+                    .map(|p| {
+                        let b = (p + mu - st) % mu;
+                        let at = self.blk[b] + self.r(b as u32) * self.d;
+                        (p, at, u64::from(self.pay[b][st]))
+                    })
+                    .collect(),
+            );
+        }
+        for round in runs {
+            let mut now: Vec<(usize, u32, u64)> = Vec::new();
+            for (p, at, words) in round {
+                let q = (p + mu - 1) % mu;
+                for j in 0..words.div_ceil(per) {
+                    let (i0, i1) = (j * per, ((j + 1) * per).min(words));
+                    let mut need = 0u64;
+                    for i in i0..i1 {
+                        let a = at + i as u32;
+                        // The own block's x rows are there from the start.
+                        let arrive = if sent[q].contains_key(&a) {
+                            sent[q][&a] + 1
+                        } else if a >= self.blk[p] && a < self.blk[p] + self.r(p as u32) * self.d {
+                            0
+                        } else {
+                            return None;
+                        };
+                        need = need.max(arrive.saturating_sub(i - i0));
+                    }
+                    let list = &chains[p];
+                    let from = list.partition_point(|c| c.2 < need);
+                    let k = find(&mut next[p], from);
+                    if k >= list.len() {
+                        return None;
+                    }
+                    next[p][k] = k + 1;
+                    placed[p].push((k, at + i0 as u32, i1 - i0));
+                    for i in i0..i1 {
+                        now.push((p, at + i as u32, list[k].2 + (i - i0)));
+                    }
+                }
+            }
+            for (p, a, t) in now {
+                sent[p].insert(a, t);
+            }
+        }
+        let mut out: Relay = vec![vec![Vec::new(); mu]; mu];
+        for (p, mut list) in placed.into_iter().enumerate() {
+            list.sort_unstable();
+            // The sends after the last step's chains go after every forward on its chains.
+            let last = self.step_size(p as u32, self.m - 1).0;
+            let apart = |k: usize| chains[p][k].0 == mu - 1 && chains[p][k].1 >= last;
+            let mut i = 0;
+            while i < list.len() {
+                let (k, a, mut w) = list[i];
+                let mut e = i + 1;
+                // Whole runs on consecutive chains of one step go as one.
+                while e < list.len()
+                    && w % per == 0
+                    && list[e].0 == k + (e - i)
+                    && chains[p][list[e].0].0 == chains[p][k].0
+                    && apart(list[e].0) == apart(k)
+                    && list[e].1 == a + w as u32
+                {
+                    w += list[e].2;
+                    e += 1;
+                }
+                let (s, c, _) = chains[p][k];
+                out[p][s].push((c, w, ad(a).t(0, i64::from(self.area))));
+                i = e;
+            }
+        }
+        let arrive: Vec<Vec<u64>> = (0..mu)
+            .map(|p| {
+                let q = (p + mu - 1) % mu;
+                (0..mu)
+                    .map(|s| {
+                        let b = (p + mu - s) % mu;
+                        if s == 0 {
+                            return 0;
+                        }
+                        (self.blk[b]..self.blk[b] + self.r(b as u32) * self.d)
+                            .map(|a| sent[q].get(&a).map_or(0, |t| t + 1))
+                            .max()
+                            .unwrap_or(0)
+                    })
+                    .collect()
+            })
+            .collect();
+        Some((out, arrive))
+    }
+
+    /// Step `s` of PE `p`: its score nests and the words they forward: its block and payload
+    /// so far, or where `relay` is given, what it says instead.
+    fn ring_step(
+        &self,
+        p: u32,
+        s: u32,
+        last_at: u64,
+        relay: Option<&[(u64, u64, Ad)]>,
+    ) -> Vec<Node> {
+        let relayed = || -> Vec<Seg> {
+            relay
+                .unwrap_or(&[])
+                .iter()
+                .map(|(chain, words, at)| Seg {
+                    chain: *chain,
+                    words: *words,
+                    at: at.clone(),
+                })
+                .collect()
+        };
         let m = self.m;
         let b = (p + m - s) % m;
         let own = self.xrows(p);
@@ -521,13 +775,17 @@ impl Deal {
                 })
                 .collect();
             let chains: u64 = rects.iter().map(|r| u64::from(r.keys)).sum();
-            let segs = segments(
-                chains,
-                u64::from(self.d - 1),
-                (own.clone(), u64::from(rp * self.d)),
-                (own.clone(), 0),
-                0,
-            );
+            let segs = if relay.is_some() {
+                relayed()
+            } else {
+                segments(
+                    chains,
+                    u64::from(self.d - 1),
+                    (own.clone(), u64::from(rp * self.d)),
+                    (own.clone(), 0),
+                    0,
+                )
+            };
             let gen = Gen {
                 g: self,
                 own: own.clone(),
@@ -594,13 +852,17 @@ impl Deal {
             .iter()
             .map(|r| u64::from(r.rows) * u64::from(r.keys))
             .sum();
-        let segs = segments(
-            chains,
-            u64::from(self.d - 1),
-            (self.xrows(b), x),
-            (pay, e_s as u64),
-            last_at,
-        );
+        let segs = if relay.is_some() {
+            relayed()
+        } else {
+            segments(
+                chains,
+                u64::from(self.d - 1),
+                (self.xrows(b), x),
+                (pay, e_s as u64),
+                last_at,
+            )
+        };
         let gen = Gen {
             g: self,
             own,
@@ -759,8 +1021,8 @@ impl Deal {
 /// When a stretch of a head's body first reads each word, and when it sends each word (the
 /// address on the next PE), in cycles from its start; and its length.
 struct Line {
-    read: std::collections::HashMap<u32, u64>,
-    sent: std::collections::HashMap<u32, u64>,
+    read: HashMap<u32, u64>,
+    sent: HashMap<u32, u64>,
     len: u64,
 }
 
@@ -780,8 +1042,8 @@ fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
     }
     .flatten(u64::MAX)
     .map_err(|e| format!("{NAME}: {e:?}"))?;
-    let mut read = std::collections::HashMap::new();
-    let mut sent = std::collections::HashMap::new();
+    let mut read = HashMap::new();
+    let mut sent = HashMap::new();
     for (t, b) in flat.bundles.iter().enumerate() {
         let t = t as u64;
         let mut at = |a: u32| {
@@ -811,8 +1073,29 @@ fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
     })
 }
 
+/// How the mirrored programs forward the words of the ring pass.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Timing {
+    /// Whichever of the two below takes fewer cycles (on the step where they tie).
+    Fastest,
+    /// Each step forwards the block it holds and its payload so far.
+    OnStep,
+    /// Every word relayed as soon as it arrives, on whatever chains are free then.
+    Relayed,
+}
+
 /// The mirrored programs for `p` on `m` PEs, if every PE's memory is within `budget` words.
 pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
+    run_timed(p, m, budget, Timing::Fastest)
+}
+
+/// [`run`] with the forwarding `timing` says.
+pub fn run_timed(
+    p: &Problem,
+    m: u32,
+    budget: Option<u64>,
+    timing: Timing,
+) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, m) {
         return Err(why);
     }
@@ -836,10 +1119,144 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
             budget.unwrap_or(0)
         ));
     }
+    // Relayed x rows leave the steps only the payloads to forward, which spares the steps of
+    // the PEs with few cross scores from waiting on forwarded words; on the step stays where
+    // relaying does not fit before the ring's last step or takes longer.
+    let fits = |programs: Vec<LoopProgram>| -> Result<Vec<LoopProgram>, String> {
+        // Each row's softmax is a body of its own, so the programs grow with the rows per PE.
+        match programs
+            .iter()
+            .map(isa::looped_binary::encoded_len)
+            .find(|&b| b > MAX_PROGRAM_BYTES)
+        {
+            Some(big) => Err(format!(
+                "{NAME}: mirrored scores would take {big} bytes of program on a PE, more than {MAX_PROGRAM_BYTES}"
+            )),
+            None => Ok(programs),
+        }
+    };
+    let on_step = if timing == Timing::Relayed {
+        Err(format!("{NAME}: relayed timing asked for"))
+    } else {
+        build(&deal, None, scale)?
+            .0
+            .ok_or_else(|| format!("{NAME}: the steps' waits do not settle"))
+            .and_then(fits)
+    };
+    let relayed = if timing == Timing::OnStep {
+        None
+    } else {
+        relay(&deal, scale, fits)?
+    };
+    let programs = match (on_step, relayed) {
+        (Ok(o), Some(r)) => {
+            if cycles_of(&r) < cycles_of(&o) {
+                r
+            } else {
+                o
+            }
+        }
+        (Err(_), Some(r)) => r,
+        (Err(e), None) if timing == Timing::Relayed => {
+            return Err(format!(
+                "{NAME}: the relayed timing does not apply or fit ({e})"
+            ))
+        }
+        (o, None) => o?,
+    };
+    let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
+    let bundles = cycles.saturating_mul(u64::from(m));
+    if bundles > FLAT_PROOF_BUNDLES {
+        return Err(format!(
+            "{NAME}: mirrored scores would take {bundles} bundles, more than the {FLAT_PROOF_BUNDLES} the flattened proof takes"
+        ));
+    }
+    let (n64, h64) = (u64::from(n), u64::from(heads));
+    // Each pair's score is computed once and serves both of its weights.
+    Ok(Stream::per_pe_deferred(
+        programs,
+        places(&deal),
+        cycles,
+        (n64 * (n64 + 1) / 2 * h64, n64 * n64 * h64),
+        (n, d, heads),
+        m,
+    ))
+}
+
+/// The relayed programs, if a relay fits the chains and its waits settle: planned first on the
+/// timeline without waits, then again on the timeline each plan gives (a plan changes the
+/// timeline it was made on), the fastest that `fits` kept.
+fn relay(
+    deal: &Deal,
+    scale: f32,
+    fits: impl Fn(Vec<LoopProgram>) -> Result<Vec<LoopProgram>, String>,
+) -> Result<Option<Vec<LoopProgram>>, String> {
+    let (m, d) = (deal.m, deal.d);
+    let mut starts: Vec<Vec<u64>> = (0..m)
+        .map(|pe| {
+            let mut t = 0u64;
+            (0..m)
+                .map(|s| {
+                    let at = t;
+                    t += deal.step_size(pe, s).0 * u64::from(d);
+                    at
+                })
+                .collect()
+        })
+        .collect();
+    // When each step sends its mirrors: a step given nothing to relay sends nothing else.
+    let fresh: Vec<Vec<HashMap<u32, u64>>> = (0..m)
+        .map(|pe| {
+            (0..m)
+                .map(|s| line(&deal.ring_step(pe, s, 0, Some(&[])), deal.words).map(|l| l.sent))
+                .collect()
+        })
+        .collect::<Result<_, _>>()?;
+    let mut best: Option<Vec<LoopProgram>> = None;
+    for _ in 0..RELAY_ROUNDS {
+        let Some(plan) = deal.relay(&starts, &fresh) else {
+            break;
+        };
+        let (programs, next) = build(deal, Some(&plan), scale)?;
+        if let Some(Ok(p)) = programs.map(&fits) {
+            if best.as_ref().is_none_or(|b| cycles_of(&p) < cycles_of(b)) {
+                best = Some(p);
+            }
+        }
+        if next == starts {
+            break;
+        }
+        starts = next;
+    }
+    Ok(best)
+}
+
+fn cycles_of(programs: &[LoopProgram]) -> u64 {
+    programs.iter().map(LoopProgram::cycles).max().unwrap_or(0)
+}
+
+/// Every PE's program, or none where the waits do not settle, and the cycle each stretch
+/// starts in (as far as the rounds got).
+type Built = (Option<Vec<LoopProgram>>, Vec<Vec<u64>>);
+
+/// Every PE's program: the ring steps (forwarding on the step, or relaying the x rows as
+/// `relay` says), then the rows, each stretch after a wait for the words it reads.
+fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String> {
+    let (m, d, heads) = (deal.m, deal.d, deal.heads);
     let mu = m as usize;
     let prev = |pe: usize| (pe + mu - 1) % mu;
+    // Forwarding on the step, the last step's payload waits for the timeline of the others;
+    // relayed, every step is known up front.
+    let upfront = if relay.is_some() { mu } else { mu - 1 };
     let mut steps: Vec<Vec<Vec<Node>>> = (0..m)
-        .map(|pe| (0..m - 1).map(|s| deal.ring_step(pe, s, 0)).collect())
+        .map(|pe| {
+            (0..upfront as u32)
+                .map(|s| {
+                    let r = relay.map(|r| r[pe as usize][s as usize].as_slice());
+                    deal.ring_step(pe, s, 0, r)
+                })
+                .collect()
+        })
         .collect();
     let mut lines: Vec<Vec<Line>> = steps
         .iter()
@@ -850,44 +1267,98 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     let mut waits = vec![vec![0u64; mu + 1]; mu];
     let mut start = vec![vec![0u64; mu]; mu];
     let mut end = vec![0u64; mu];
+    // How much later than stretch `sent` of the previous PE the stretch `reads` must start for
+    // the words it takes from it. The lags keep their sign: a word read late in its stretch
+    // lets the stretch start before the one sending it.
+    let lag = |sent: &Line, reads: &Line| -> Option<i64> {
+        sent.sent
+            .iter()
+            .filter_map(|(addr, &t)| reads.read.get(addr).map(|&r| t as i64 + 1 - r as i64))
+            .max()
+    };
     let ready =
         |lines: &[Vec<Line>], reads: &Line, pe: usize, upto: usize, start: &[Vec<u64>]| -> u64 {
             let q = prev(pe);
-            let mut at = 0u64;
-            for s in 0..upto {
-                for (addr, &sent) in &lines[q][s].sent {
-                    if let Some(&read) = reads.read.get(addr) {
-                        at = at.max((start[q][s] + sent + 1).saturating_sub(read));
-                    }
-                }
-            }
-            at
+            (0..upto)
+                .filter_map(|s| lag(&lines[q][s], reads).map(|l| (start[q][s] as i64 + l).max(0)))
+                .max()
+                .unwrap_or(0) as u64
         };
-    for s in 0..mu {
-        if s == mu - 1 {
-            // The last hop's payload starts on the first chain from which every word it
-            // forwards is there when the step starts without a wait.
+    // Relayed words may come from any stretch of the previous PE, even one that runs alongside
+    // or after the reading one there, so the steps built up front take the least starts that
+    // meet every such bound, found by rounds that only move starts later. Where the bounds do
+    // not hold on any timeline (a stretch forwarding a word before the stretch it waits for can
+    // send it, round the ring) the rounds do not end, and the caller is told.
+    let lags: Vec<Vec<Vec<(usize, i64)>>> = (0..mu)
+        .map(|pe| {
+            (0..upfront)
+                .map(|s| {
+                    (0..upfront)
+                        .filter_map(|s2| lag(&lines[prev(pe)][s2], &lines[pe][s]).map(|l| (s2, l)))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let mut settled = false;
+    for _ in 0..4 * mu + 16 {
+        let mut moved = false;
+        for s in 0..upfront {
             for pe in 0..mu {
+                let before = if s == 0 {
+                    0
+                } else {
+                    start[pe][s - 1] + lines[pe][s - 1].len
+                };
                 let q = prev(pe);
-                let b = (pe as u32 + 1) % m;
-                let pat = deal.blk[b as usize] + deal.r(b) * d;
-                let words = u64::from(deal.pay[b as usize][mu - 1]);
-                let (dd, per) = (u64::from(d), u64::from(d - 1));
-                let mut at = 0u64;
-                for s2 in 0..mu - 1 {
-                    for (&a, &t) in &lines[q][s2].sent {
-                        let w = u64::from(a.wrapping_sub(pat));
-                        if a >= pat && w < words {
-                            let arrive = start[q][s2] + t + 1;
-                            let need = arrive.saturating_sub(end[pe] + w % per).div_ceil(dd);
-                            at = at.max(need.saturating_sub(w / per));
-                        }
+                let at = lags[pe][s]
+                    .iter()
+                    .map(|&(s2, l)| (start[q][s2] as i64 + l).max(0) as u64)
+                    .fold(before, u64::max);
+                if at != start[pe][s] {
+                    moved = true;
+                    start[pe][s] = at;
+                }
+            }
+        }
+        if !moved {
+            settled = true;
+            break;
+        }
+    }
+    if !settled {
+        return Ok((None, start));
+    }
+    for pe in 0..mu {
+        for s in 0..upfront {
+            waits[pe][s] = start[pe][s] - end[pe];
+            end[pe] = start[pe][s] + lines[pe][s].len;
+        }
+    }
+    if upfront < mu {
+        let s = mu - 1;
+        // The last hop's payload starts on the first chain from which every word it
+        // forwards is there when the step starts without a wait.
+        for pe in 0..mu {
+            let q = prev(pe);
+            let b = (pe as u32 + 1) % m;
+            let pat = deal.blk[b as usize] + deal.r(b) * d;
+            let words = u64::from(deal.pay[b as usize][mu - 1]);
+            let (dd, per) = (u64::from(d), u64::from(d - 1));
+            let mut at = 0u64;
+            for s2 in 0..mu - 1 {
+                for (&a, &t) in &lines[q][s2].sent {
+                    let w = u64::from(a.wrapping_sub(pat));
+                    if a >= pat && w < words {
+                        let arrive = start[q][s2] + t + 1;
+                        let need = arrive.saturating_sub(end[pe] + w % per).div_ceil(dd);
+                        at = at.max(need.saturating_sub(w / per));
                     }
                 }
-                let nodes = deal.ring_step(pe as u32, s as u32, at);
-                lines[pe].push(line(&nodes, deal.words)?);
-                steps[pe].push(nodes);
             }
+            let nodes = deal.ring_step(pe as u32, s as u32, at, None);
+            lines[pe].push(line(&nodes, deal.words)?);
+            steps[pe].push(nodes);
         }
         for pe in 0..mu {
             let at = end[pe].max(ready(&lines, &lines[pe][s], pe, s, &start));
@@ -899,7 +1370,6 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     // Each row's softmax and values once its scores are home: the rows whose mirrors arrive
     // first go first.
     let mut finals = Vec::with_capacity(mu);
-    let mut final_lines = Vec::with_capacity(mu);
     for pe in 0..mu {
         let mut rows = (0..deal.r(pe as u32))
             .map(|j| {
@@ -926,7 +1396,6 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         let at = end[pe].max(ready(&lines, &fl, pe, mu, &start));
         waits[pe][mu] = at - end[pe];
         finals.push(fin);
-        final_lines.push(fl);
     }
     let mut bodies = Vec::with_capacity(mu);
     for (pe, fin) in finals.into_iter().enumerate() {
@@ -948,33 +1417,7 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         |_| deal.words,
         |raw| super::merge::merge(super::once::strip(raw)),
     )?;
-    // Each row's softmax is a body of its own, so the programs grow with the rows per PE.
-    if let Some(big) = programs
-        .iter()
-        .map(isa::looped_binary::encoded_len)
-        .find(|&b| b > MAX_PROGRAM_BYTES)
-    {
-        return Err(format!(
-            "{NAME}: mirrored scores would take {big} bytes of program on a PE, more than {MAX_PROGRAM_BYTES}"
-        ));
-    }
-    let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
-    let bundles = cycles.saturating_mul(u64::from(m));
-    if bundles > FLAT_PROOF_BUNDLES {
-        return Err(format!(
-            "{NAME}: mirrored scores would take {bundles} bundles, more than the {FLAT_PROOF_BUNDLES} the flattened proof takes"
-        ));
-    }
-    let (n64, h64) = (u64::from(n), u64::from(heads));
-    // Each pair's score is computed once and serves both of its weights.
-    Ok(Stream::per_pe_deferred(
-        programs,
-        places(&deal),
-        cycles,
-        (n64 * (n64 + 1) / 2 * h64, n64 * n64 * h64),
-        (n, d, heads),
-        m,
-    ))
+    Ok((Some(programs), start))
 }
 
 /// x of token `t` in its block of each head's area on its owner, y in the owner's output rows.

@@ -944,6 +944,13 @@ pub fn run_mirrored(p: &Problem, pes: u32) -> Result<Stream, String> {
     mirrored::run(p, pes, None)
 }
 
+pub use mirrored::Timing as MirroredTiming;
+
+/// [`run_mirrored`] with the forwarding `timing` says: on the step, relayed, or the faster.
+pub fn run_mirrored_timed(p: &Problem, pes: u32, timing: MirroredTiming) -> Result<Stream, String> {
+    mirrored::run_timed(p, pes, None, timing)
+}
+
 /// Whether a shared layer without a mask computes each score block once for both of its uses
 /// ([`paired`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
