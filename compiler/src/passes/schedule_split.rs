@@ -1181,8 +1181,12 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     let g = Geometry::new(p, m, layout);
     let (n, d) = (p.tokens, p.dim);
     let mut b = Builder::new(NAME, m);
+    // About one task per necessary operation (a maximum's first terms are tasks too): the
+    // local search on the ring-spanning lane makes a plan per landing it moves, and growing
+    // these step by step showed in its profile.
+    let ops = usize::try_from(p.necessary_ops()).unwrap_or(0).min(1 << 24);
     let mut chains: Vec<Chain> = Vec::new();
-    let mut tasks: Vec<Task> = Vec::new();
+    let mut tasks: Vec<Task> = Vec::with_capacity(ops + ops / 8);
     // Input uses: (role, head, row, col) → reading PEs; created after all readers are known.
     let mut uses: HashMap<Element, Vec<u32>> = HashMap::default();
     let mut want = |t: Tensor, h: u32, row: u32, col: u32, pe: u32| -> Element {
@@ -1196,7 +1200,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         e
     };
     // Input operands are patched from elements to values once homes are known.
-    let mut input_of: Vec<(usize, bool, Element)> = Vec::new();
+    let mut input_of: Vec<(usize, bool, Element)> = Vec::with_capacity(2 * ops);
 
     // Scores: one chain per distinct score, landing balanced over the ring (one lane) or on the
     // lane's softmax PE.
