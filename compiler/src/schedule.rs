@@ -313,6 +313,11 @@ impl Builder {
         self.sched.pes
     }
 
+    /// Whether anything has been refused or reported so far ([`Builder::finish`] would fail).
+    pub fn failed(&self) -> bool {
+        !self.errors.is_empty()
+    }
+
     pub fn input(&mut self, element: Element, pe: u32) -> Val {
         self.sched.vals.push(ValInfo::Input { element, pe })
     }
@@ -370,7 +375,7 @@ impl Builder {
 
     /// Puts `work` on `pe` at `cycle`, as part of `phase` (1, 2 or 3).
     pub fn work(&mut self, pe: u32, cycle: usize, phase: u8, work: Work) {
-        let Some(ph) = Phase::from_number(phase).filter(|&ph| fits(ph, work.phase_kind())) else {
+        let Some(ph) = Phase::from_number(phase).filter(|_| accepts(phase, &work)) else {
             self.errors
                 .push(ScheduleError::PhaseMismatch { pe, cycle, phase });
             return;
@@ -426,6 +431,12 @@ impl Builder {
         }
         Ok(self.sched)
     }
+}
+
+/// Whether [`Builder::work`] takes `work` as part of `phase` (1, 2 or 3): for a pass that
+/// simulates trial schedules without booking them and must refuse what the builder refuses.
+pub(crate) fn accepts(phase: u8, work: &Work) -> bool {
+    Phase::from_number(phase).is_some_and(|ph| fits(ph, work.phase_kind()))
 }
 
 /// Can work of `kind` be part of `phase`?

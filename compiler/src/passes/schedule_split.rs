@@ -36,7 +36,10 @@ use crate::scheduler::Scheduler;
 use cranelift_entity::EntityRef;
 use rustc_hash::FxHashMap as HashMap;
 
+mod book;
 mod ready;
+
+use book::{Book, Tally};
 
 pub const NAME: &str = "schedule-split";
 pub const DESCRIPTION: &str =
@@ -388,18 +391,23 @@ fn explore(
             ..base
         };
         let mut tweaks = Tweaks::seeded(seed);
-        match build(
-            p,
-            m,
-            layout,
-            &mut tweaks,
-            limit(&best),
-            &mut spent,
-            &mut plans,
-        ) {
-            Ok(Some(r)) => keep(r, layout, tweaks, &mut best),
-            Ok(None) => {}
-            Err(e) => errors.extend(e),
+        let cap = limit(&best);
+        // Tried without booking; booked again only where the schedule is wanted: to keep it,
+        // or for its errors.
+        let again = match trial(p, m, layout, &mut tweaks, cap, &mut spent, &mut plans) {
+            Trial::Over => false,
+            Trial::Done(cycles, _) => best
+                .as_ref()
+                .is_none_or(|b| cycles < b.run.schedule.cycles()),
+            Trial::Refused => true,
+        };
+        if again {
+            let mut replay = tweaks.replaying();
+            match build(p, m, layout, &mut replay, cap, &mut 0, &mut plans) {
+                Ok(Some(r)) => keep(r, layout, tweaks, &mut best),
+                Ok(None) => {}
+                Err(e) => errors.extend(e),
+            }
         }
     }
     if let Some(b) = best.as_mut() {
@@ -513,24 +521,25 @@ fn search(p: &Problem, m: u32, best: &mut Best, allowance: Allowance, plans: &mu
             }
         }
         let mut run_t = t.replaying();
+        let cap = cur_score.0;
         // A change whose plan the pass finds inconsistent is dropped like a longer one; one
-        // that cannot be emitted is walked through but never kept.
-        if let Ok(Some(r)) = build(
-            p,
-            m,
-            best.layout,
-            &mut run_t,
-            cur_score.0,
-            &mut spent,
-            plans,
-        ) {
-            let score = (r.schedule.cycles(), r.spread);
+        // that cannot be emitted is walked through but never kept. Only a run that shortens
+        // the best is booked (again) into a schedule.
+        if let Trial::Done(cycles, spread) =
+            trial(p, m, best.layout, &mut run_t, cap, &mut spent, plans)
+        {
+            let score = (cycles, spread);
             if score <= cur_score {
                 cur = t;
                 cur_score = score;
-                if score.0 < best.run.schedule.cycles() && emittable(&r.schedule) {
-                    best.run = r;
-                    best.tweaks = cur.replaying();
+                if score.0 < best.run.schedule.cycles() {
+                    let mut replay = cur.replaying();
+                    if let Ok(Some(r)) = build(p, m, best.layout, &mut replay, cap, &mut 0, plans) {
+                        if emittable(&r.schedule) {
+                            best.run = r;
+                            best.tweaks = cur.replaying();
+                        }
+                    }
                 }
             }
         }
@@ -875,8 +884,8 @@ impl Tweaks {
     }
 }
 
-/// The plan (tasks and chains) for one layout, then its simulation; nothing if that takes more
-/// than `limit` cycles.
+/// The plan (tasks and chains) for one layout, then its simulation booked into a schedule;
+/// nothing if that takes more than `limit` cycles.
 fn build(
     p: &Problem,
     m: u32,
@@ -886,6 +895,67 @@ fn build(
     work: &mut u64,
     plans: &mut Plans,
 ) -> Result<Option<Run>, Vec<ScheduleError>> {
+    // Room for as many cycles as the last run of the plan took, and a value per task.
+    let (out, mut b) = simulate(p, m, layout, tweaks, limit, work, plans, |plan| {
+        plan.b
+            .fork(plan.cycles.min(limit.saturating_add(1)), plan.tasks.len())
+    });
+    let spread = match out {
+        Ok(Some((_, spread))) => spread,
+        Ok(None) => return Ok(None),
+        Err(why) => {
+            b.bug(NAME, why);
+            0
+        }
+    };
+    b.finish().map(|schedule| Some(Run { schedule, spread }))
+}
+
+/// How a run [`trial`] did not book went.
+enum Trial {
+    /// Finished within the limit: cycles, and the spread of the PEs' last operations.
+    Done(usize, u64),
+    /// Took more than the limit.
+    Over,
+    /// [`build`] would have returned errors.
+    Refused,
+}
+
+/// The same run as [`build`], with the same work counted, but booked into a [`Tally`]: its
+/// length without its schedule. [`build`] with the same arguments (and a replay of `tweaks`
+/// as they stand after this) makes the schedule of this very run.
+fn trial(
+    p: &Problem,
+    m: u32,
+    layout: Layout,
+    tweaks: &mut Tweaks,
+    limit: usize,
+    work: &mut u64,
+    plans: &mut Plans,
+) -> Trial {
+    let (out, tally) = simulate(p, m, layout, tweaks, limit, work, plans, |plan| {
+        Tally::new(&plan.b)
+    });
+    // As in `build`: a run over the limit is just that, whatever was reported on the way.
+    match out {
+        Ok(None) => Trial::Over,
+        Ok(Some((cycles, spread))) if !tally.failed => Trial::Done(cycles, spread),
+        _ => Trial::Refused,
+    }
+}
+
+/// The plan for one layout, then its simulation, booked into what `book` makes of the plan.
+#[allow(clippy::too_many_arguments)]
+fn simulate<B: Book>(
+    p: &Problem,
+    m: u32,
+    layout: Layout,
+    tweaks: &mut Tweaks,
+    limit: usize,
+    work: &mut u64,
+    plans: &mut Plans,
+    book: impl FnOnce(&Plan) -> B,
+) -> (Result<Option<(usize, u64)>, String>, B) {
     // Only the ring-spanning lane moves landings. They are drawn before any priority offset,
     // one per phase-2 operation, so drawing them all up front keeps a seeded run's sequence.
     let ring = Geometry::new(p, m, layout).ring;
@@ -901,10 +971,7 @@ fn build(
     };
     let Plans { recent, scratch } = plans;
     let plan = plan_for(recent, p, m, layout, bumps);
-    // Room for as many cycles as the last run of the plan took, and a value per task.
-    let mut b = plan
-        .b
-        .fork(plan.cycles.min(limit.saturating_add(1)), plan.tasks.len());
+    let mut b = book(plan);
     let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
     let span = if tweaks.noise.0 == 0 { 0 } else { 4 };
     let prio: Vec<i64> = plan
@@ -967,18 +1034,11 @@ fn build(
     // Charged per run even where the plan is reused: the search's length is counted in these
     // units, and the same units end it at the same step.
     *work += PLAN_WORK * tasks.len() as u64 + PLAN_FIXED;
-    let spread = match sim.run(&mut b, &preloaded, limit, work, scratch) {
-        Ok(Some((cycles, spread))) => {
-            plan.cycles = cycles;
-            spread
-        }
-        Ok(None) => return Ok(None),
-        Err(why) => {
-            b.bug(NAME, why);
-            0
-        }
-    };
-    b.finish().map(|schedule| Some(Run { schedule, spread }))
+    let out = sim.run(&mut b, &preloaded, limit, work, scratch);
+    if let Ok(Some((cycles, _))) = out {
+        plan.cycles = cycles;
+    }
+    (out, b)
 }
 
 /// What a run needs that its priority offsets and variant do not change: the tasks and chains of
@@ -1121,8 +1181,12 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     let g = Geometry::new(p, m, layout);
     let (n, d) = (p.tokens, p.dim);
     let mut b = Builder::new(NAME, m);
+    // About one task per necessary operation (a maximum's first terms are tasks too): the
+    // local search on the ring-spanning lane makes a plan per landing it moves, and growing
+    // these step by step showed in its profile.
+    let ops = usize::try_from(p.necessary_ops()).unwrap_or(0).min(1 << 24);
     let mut chains: Vec<Chain> = Vec::new();
-    let mut tasks: Vec<Task> = Vec::new();
+    let mut tasks: Vec<Task> = Vec::with_capacity(ops + ops / 8);
     // Input uses: (role, head, row, col) → reading PEs; created after all readers are known.
     let mut uses: HashMap<Element, Vec<u32>> = HashMap::default();
     let mut want = |t: Tensor, h: u32, row: u32, col: u32, pe: u32| -> Element {
@@ -1136,7 +1200,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         e
     };
     // Input operands are patched from elements to values once homes are known.
-    let mut input_of: Vec<(usize, bool, Element)> = Vec::new();
+    let mut input_of: Vec<(usize, bool, Element)> = Vec::with_capacity(2 * ops);
 
     // Scores: one chain per distinct score, landing balanced over the ring (one lane) or on the
     // lane's softmax PE.
@@ -1909,9 +1973,9 @@ impl Sim<'_> {
         }
     }
 
-    fn run(
+    fn run<B: Book>(
         &self,
-        b: &mut Builder,
+        b: &mut B,
         preloaded: &[(u32, Val, i64)],
         limit: usize,
         work: &mut u64,
@@ -2142,9 +2206,9 @@ impl Sim<'_> {
 
     /// Runs the task at position `k` on `pe` in cycle `t`; says how its chain moved on.
     #[allow(clippy::too_many_arguments)]
-    fn execute(
+    fn execute<B: Book>(
         &self,
-        b: &mut Builder,
+        b: &mut B,
         k: usize,
         t: usize,
         pe: usize,
@@ -2161,7 +2225,7 @@ impl Sim<'_> {
         match task.kind {
             TaskKind::Div { num, den, out } => {
                 let Some(den) = state[den].result else {
-                    b.bug(NAME, "a division before its sum");
+                    b.bug(NAME, "a division before its sum".into());
                     return Moved::Not;
                 };
                 b.work(pe as u32, t, 2, Work::Div { num, den, out });
@@ -2171,14 +2235,14 @@ impl Sim<'_> {
             }
             TaskKind::Term { chain, x, y, e, .. } => {
                 let (Some(xv), acc) = (val(x, state), state[chain].partial) else {
-                    b.bug(NAME, "a term before its operand");
+                    b.bug(NAME, "a term before its operand".into());
                     return Moved::Not;
                 };
                 let out = b.computed();
                 let (phase, work, is_acc) = match self.chains[chain].kind {
                     ChainKind::Mac(ph) => {
                         let Some(yv) = y.and_then(|y| val(y, state)) else {
-                            b.bug(NAME, "a product with one operand");
+                            b.bug(NAME, "a product with one operand".into());
                             return Moved::Not;
                         };
                         (
@@ -2194,7 +2258,7 @@ impl Sim<'_> {
                     }
                     ChainKind::Exp { bias } => {
                         let Some(e) = e else {
-                            b.bug(NAME, "an exponential with nowhere to keep it");
+                            b.bug(NAME, "an exponential with nowhere to keep it".into());
                             return Moved::Not;
                         };
                         ready.write(avail, pe as u32, e, t + 1);
@@ -2213,7 +2277,7 @@ impl Sim<'_> {
                     }
                     ChainKind::Max => {
                         let Some(a) = acc else {
-                            b.bug(NAME, "a maximum with nothing to compare");
+                            b.bug(NAME, "a maximum with nothing to compare".into());
                             return Moved::Not;
                         };
                         (2, Work::Max { a, b: xv, out }, false)
