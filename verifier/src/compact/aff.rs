@@ -153,8 +153,17 @@ impl Aff {
     /// Smallest and largest value over the variables' ranges (`count(v)` values from 0), or
     /// `None` if a variable has no known range.
     pub fn bounds(&self, count: &impl Fn(Var) -> Option<u64>) -> Option<(i64, i64)> {
-        let (mut lo, mut hi) = (self.c, self.c);
-        for &(v, k) in &self.t {
+        Aff::bounds_from(self.c, &self.t, count)
+    }
+
+    /// [`Aff::bounds`] of the form with constant `c` and terms `t`, without building it.
+    pub fn bounds_from(
+        c: i64,
+        t: &[(Var, i64)],
+        count: &impl Fn(Var) -> Option<u64>,
+    ) -> Option<(i64, i64)> {
+        let (mut lo, mut hi) = (c, c);
+        for &(v, k) in t {
             let n = count(v)?;
             let top = i64::try_from(n.checked_sub(1)?).ok()?;
             let x = k.checked_mul(top)?;

@@ -387,14 +387,19 @@ impl Eval {
             {
                 continue;
             }
+            // Where the slab lies decides first: most candidates are not adjacent, and the
+            // substitutions below build terms.
+            let below = slab.base == region.base.clone().add_const(-s);
+            let above = slab.base == region.base.clone().add_const(s * n as i64);
+            if !(below || above) {
+                continue;
+            }
             let mut value = slab.value;
             for (a, b) in rest.iter().zip(&slab.dims) {
                 value = self.tm.subst(value, b.0, &Aff::var(a.0));
             }
-            let below = slab.base == region.base.clone().add_const(-s);
-            let above = slab.base == region.base.clone().add_const(s * n as i64);
             let at = if below { -1 } else { n as i64 };
-            if !(below || above) || value != self.tm.subst(region.value, v, &Aff::cst(at)) {
+            if value != self.tm.subst(region.value, v, &Aff::cst(at)) {
                 continue;
             }
             // The grown coordinate gets a variable of its own, with the grown count (reads
@@ -525,26 +530,30 @@ impl Eval {
         let mut between: Vec<(i64, i64)> = Vec::new();
         while i > floor && looked < 4 {
             i -= 1;
-            let Some(g) = self.facts[i].clone() else {
+            // Taken out while it is compared (fusing reads no other fact), put back unless
+            // fused.
+            let Some(g) = self.facts[i].take() else {
                 continue;
             };
             looked += 1;
             if between.iter().any(|&(lo, hi)| lo <= g.hi && g.lo <= hi) {
                 between.push((g.lo, g.hi));
+                self.facts[i] = Some(g);
                 continue;
             }
-            let fused = self.fuse(&f, &g).or_else(|| self.fuse(&g, &f));
-            if fused.is_none() {
-                between.push((g.lo, g.hi));
-            }
-            if let Some(h) = fused {
-                let key = key_of(&g);
-                if self.keys.get(&key) == Some(&i) {
-                    self.keys.remove(&key);
+            match self.fuse(&f, &g).or_else(|| self.fuse(&g, &f)) {
+                None => {
+                    between.push((g.lo, g.hi));
+                    self.facts[i] = Some(g);
                 }
-                self.facts[i] = None;
-                f = h;
-                looked = 0;
+                Some(h) => {
+                    let key = key_of(&g);
+                    if self.keys.get(&key) == Some(&i) {
+                        self.keys.remove(&key);
+                    }
+                    f = h;
+                    looked = 0;
+                }
             }
         }
         let key = key_of(&f);
@@ -642,8 +651,9 @@ impl Eval {
             _ => {}
         }
         let mut rest = d.clone();
+        let count = |v: Var| self.counts.get(&v).copied();
         loop {
-            match self.bounds(&rest) {
+            match rest.bounds(&count) {
                 Some((lo, hi)) if lo > 0 || hi < 0 => return true,
                 None => return false,
                 _ => {}
@@ -656,43 +666,37 @@ impl Eval {
                 return true;
             }
             let a = rest.t.iter().map(|&(_, k)| k.abs()).max().unwrap_or(1);
-            let group: Vec<(Var, i64)> = rest
-                .t
-                .iter()
-                .copied()
-                .filter(|&(_, k)| k.abs() == a)
-                .collect();
-            let mut others = rest.clone();
-            for &(v, k) in &group {
-                others = others.add_term(v, -k);
+            // The group of magnitude `a`, tested in place: two terms `x − x'` when `pair` asks.
+            let mut group = 0;
+            let (mut has_x, mut has_xp, mut ks) = (false, false, [0i64; 2]);
+            for &(v, k) in &rest.t {
+                if k.abs() == a {
+                    if group < 2 {
+                        ks[group] = k;
+                    }
+                    group += 1;
+                    if let Some((x, xp)) = pair {
+                        has_x |= v == x;
+                        has_xp |= v == xp;
+                    }
+                }
             }
+            let r0 = rest.c.rem_euclid(a);
+            rest.t.retain(|&mut (_, k)| k.abs() != a);
             // The constant's multiple of `a` joins the group (which then sums to a multiple of
             // `a` still); what remains must stay strictly inside (−a, a).
-            let r0 = rest.c.rem_euclid(a);
-            let fits = |e: &Self, r: i64| {
-                let mut o = others.clone();
-                o.c = r;
-                matches!(e.bounds(&o), Some((lo, hi)) if lo > -a && hi < a)
-            };
-            let r = if fits(self, r0) {
+            let fits = |o: &Aff, r: i64| matches!(Aff::bounds_from(r, &o.t, &count), Some((lo, hi)) if lo > -a && hi < a);
+            let r = if fits(&rest, r0) {
                 r0
-            } else if fits(self, r0 - a) {
+            } else if fits(&rest, r0 - a) {
                 r0 - a
             } else {
                 return false;
             };
-            if let Some((x, xp)) = pair {
-                if rest.c == r
-                    && group.len() == 2
-                    && group.iter().any(|&(v, _)| v == x)
-                    && group.iter().any(|&(v, _)| v == xp)
-                    && group[0].1 == -group[1].1
-                {
-                    return true;
-                }
+            if pair.is_some() && rest.c == r && group == 2 && has_x && has_xp && ks[0] == -ks[1] {
+                return true;
             }
-            others.c = r;
-            rest = others;
+            rest.c = r;
         }
     }
 
