@@ -119,7 +119,17 @@ impl Aff {
         o: &Aff,
         count: &impl Fn(Var) -> Option<u64>,
     ) -> Option<(i64, i64)> {
-        let c = self.c - o.c;
+        Aff::bounds_of_difference_of(self.c - o.c, &self.t, &o.t, count)
+    }
+
+    /// [`Aff::bounds_of_difference`] of forms given by their sorted terms, `c` the difference
+    /// of their constants.
+    pub fn bounds_of_difference_of(
+        c: i64,
+        a: &[(Var, i64)],
+        b: &[(Var, i64)],
+        count: &impl Fn(Var) -> Option<u64>,
+    ) -> Option<(i64, i64)> {
         let (mut lo, mut hi) = (c, c);
         let mut add = |v: Var, k: i64| -> Option<()> {
             if k == 0 {
@@ -132,7 +142,6 @@ impl Aff {
             hi = hi.checked_add(x.max(0))?;
             Some(())
         };
-        let (a, b) = (&self.t, &o.t);
         let (mut i, mut j) = (0, 0);
         while i < a.len() || j < b.len() {
             if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {

@@ -624,12 +624,19 @@ impl Eval {
     }
 
     fn truncate(&mut self, to: usize) {
-        for f in self.facts.drain(to..).flatten() {
-            let key = key_of(&f);
+        self.take_from(to);
+    }
+
+    /// The facts from `to` on, taken off the log (as [`Eval::truncate`] drops them).
+    fn take_from(&mut self, to: usize) -> Vec<Fact> {
+        let taken: Vec<Fact> = self.facts.drain(to..).flatten().collect();
+        for f in &taken {
+            let key = key_of(f);
             if self.keys.get(&key).is_some_and(|&i| i >= to) {
                 self.keys.remove(&key);
             }
         }
+        taken
     }
 
     /// Whether `d` is never 0 over the variables' ranges (with `pair = (x, x')` also assuming
@@ -702,7 +709,7 @@ impl Eval {
 
     /// Whether fact `f` holds `addr` for every value of the variables: the coordinates, or
     /// `Err(true)` if it certainly does not, `Err(false)` if undecided.
-    pub(super) fn hit(&self, f: &Fact, addr: &Aff, ab: (i64, i64)) -> Result<Vec<Aff>, bool> {
+    pub(super) fn hit(&self, f: &Fact, addr: &Aff, ab: (i64, i64)) -> Result<Coords, bool> {
         if ab.1 < f.lo || ab.0 > f.hi {
             return Err(true);
         }
@@ -773,6 +780,34 @@ impl Eval {
     /// Whether `addr` may be a word that another iteration of `l` writes through `family`:
     /// `Ok(false)` certainly not, `Ok(true)` the same fixed word, `Err` undecided.
     fn alias(&self, addr: &Aff, family: &Aff, l: &Active, others: Others) -> Result<bool, ()> {
+        // Most families lie elsewhere: the bounds of the difference, which the test below
+        // starts with, from the terms in place (the family's index renamed on the stack).
+        let k = family.coef(l.var);
+        let mut renamed: smallvec::SmallVec<[(Var, i64); 8]> = family
+            .t
+            .iter()
+            .copied()
+            .filter(|&(v, _)| v != l.var)
+            .collect();
+        if k != 0 {
+            match renamed.binary_search_by_key(&l.other, |&(w, _)| w) {
+                Ok(i) => {
+                    renamed[i].1 += k;
+                    if renamed[i].1 == 0 {
+                        renamed.remove(i);
+                    }
+                }
+                Err(i) => renamed.insert(i, (l.other, k)),
+            }
+        }
+        let count = |v| self.counts.get(&v).copied();
+        if let Some((lo, hi)) =
+            Aff::bounds_of_difference_of(addr.c - family.c, &addr.t, &renamed, &count)
+        {
+            if lo > 0 || hi < 0 {
+                return Ok(false);
+            }
+        }
         let other = family.subst(l.var, &Aff::var(l.other));
         let d = addr.minus(&other);
         if d.as_const() == Some(0) && family.coef(l.var) == 0 {
@@ -833,7 +868,8 @@ impl Eval {
                     }
                     Ok(sol) => {
                         let (mut v, computed) = (f.value, f.computed);
-                        let dims: Vec<Var> = f.dims.iter().map(|d| d.0).collect();
+                        let dims: smallvec::SmallVec<[Var; 4]> =
+                            f.dims.iter().map(|d| d.0).collect();
                         for (var, x) in dims.into_iter().zip(sol) {
                             v = self.tm.subst(v, var, &x);
                         }
@@ -1491,8 +1527,7 @@ impl Eval {
         let Some(active) = active else {
             return Err(Fail::Decline("loop stack".into()));
         };
-        let written: Vec<Fact> = self.facts[marker..].iter().flatten().cloned().collect();
-        self.truncate(marker);
+        let written = self.take_from(marker);
         // Every summary first, then the log: a carried word's value before the loop is read
         // from the log as the loop found it, not from another summary of the same loop (two
         // halves of a regrouped step each writing a row's running sum, say).
@@ -1560,12 +1595,7 @@ impl Eval {
         let Some(active) = self.loops.pop() else {
             return Err(Fail::Decline("loop stack".into()));
         };
-        let written: Vec<Fact> = self.facts[active.marker..]
-            .iter()
-            .flatten()
-            .cloned()
-            .collect();
-        self.truncate(active.marker);
+        let written = self.take_from(active.marker);
         // As for any symbolic loop: every summary from the log as the loop found it, then
         // the log.
         let mut summaries = Vec::with_capacity(written.len());
@@ -1991,8 +2021,8 @@ pub(super) fn spec(
 
 /// The coordinates in `f` of the offset `d` from its base, term by term on the dimension whose
 /// stride divides each coefficient, and the constant left over (0 when `d` lands on an element).
-fn coords(f: &Fact, d: &Aff) -> Option<(Vec<Aff>, i64)> {
-    let mut sol = vec![Aff::cst(0); f.dims.len()];
+fn coords(f: &Fact, d: &Aff) -> Option<(Coords, i64)> {
+    let mut sol: Coords = smallvec::smallvec![Aff::cst(0); f.dims.len()];
     for &(v, k) in &d.t {
         let i = f.dims.iter().position(|&(_, s, _)| k % s == 0)?;
         sol[i] = std::mem::take(&mut sol[i]).add_term(v, k / f.dims[i].1);
@@ -2005,6 +2035,9 @@ fn coords(f: &Fact, d: &Aff) -> Option<(Vec<Aff>, i64)> {
     }
     Some((sol, c))
 }
+
+/// A fact's coordinates of one word (facts have a few).
+pub(super) type Coords = smallvec::SmallVec<[Aff; 4]>;
 
 /// Whether renaming `high`'s coordinates one by one to `low`'s would capture one of `low`'s
 /// (a coordinate of `low` at another position has the same variable).
