@@ -119,7 +119,17 @@ impl Aff {
         o: &Aff,
         count: &impl Fn(Var) -> Option<u64>,
     ) -> Option<(i64, i64)> {
-        let c = self.c - o.c;
+        Aff::bounds_of_difference_of(self.c - o.c, &self.t, &o.t, count)
+    }
+
+    /// [`Aff::bounds_of_difference`] of forms given by their sorted terms, `c` the difference
+    /// of their constants.
+    pub fn bounds_of_difference_of(
+        c: i64,
+        a: &[(Var, i64)],
+        b: &[(Var, i64)],
+        count: &impl Fn(Var) -> Option<u64>,
+    ) -> Option<(i64, i64)> {
         let (mut lo, mut hi) = (c, c);
         let mut add = |v: Var, k: i64| -> Option<()> {
             if k == 0 {
@@ -132,7 +142,6 @@ impl Aff {
             hi = hi.checked_add(x.max(0))?;
             Some(())
         };
-        let (a, b) = (&self.t, &o.t);
         let (mut i, mut j) = (0, 0);
         while i < a.len() || j < b.len() {
             if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {
@@ -153,8 +162,17 @@ impl Aff {
     /// Smallest and largest value over the variables' ranges (`count(v)` values from 0), or
     /// `None` if a variable has no known range.
     pub fn bounds(&self, count: &impl Fn(Var) -> Option<u64>) -> Option<(i64, i64)> {
-        let (mut lo, mut hi) = (self.c, self.c);
-        for &(v, k) in &self.t {
+        Aff::bounds_from(self.c, &self.t, count)
+    }
+
+    /// [`Aff::bounds`] of the form with constant `c` and terms `t`, without building it.
+    pub fn bounds_from(
+        c: i64,
+        t: &[(Var, i64)],
+        count: &impl Fn(Var) -> Option<u64>,
+    ) -> Option<(i64, i64)> {
+        let (mut lo, mut hi) = (c, c);
+        for &(v, k) in t {
             let n = count(v)?;
             let top = i64::try_from(n.checked_sub(1)?).ok()?;
             let x = k.checked_mul(top)?;

@@ -29,6 +29,7 @@ use super::prove::{tensor_layout, Eval, Evaluated, Fact, Fail, Ix, Tally, R};
 use super::ring::{
     compare, eval_item, extents, head_loops, meet, runs, split, strided_extents, Ext, Item, Lengths,
 };
+use super::term::Terms;
 use super::workers::{count, in_order, Shared};
 use crate::expr::FxMap as HashMap;
 use isa::{Loop, LoopProgram, Node};
@@ -398,8 +399,8 @@ pub(super) fn evaluate_until(
         pes,
         count(workers, pes),
         &shared,
-        Lengths::default,
-        |lengths, p| one_pe_proved(&ring, &shared, lengths, p),
+        <(Lengths, Terms)>::default,
+        |(lengths, store), p| one_pe_proved(&ring, &shared, lengths, store, p),
     )?;
     let mut ops = Tally::default();
     let (mut wrong, mut wrong_count, mut evaluations, mut expressions) = (Vec::new(), 0, 0, 0);
@@ -457,6 +458,23 @@ fn one_pe_proved(
     ring: &Ring,
     shared: &std::sync::Arc<Shared>,
     lengths: &mut Lengths,
+    store: &mut Terms,
+    p: usize,
+) -> Result<Done, String> {
+    let mut e = Eval::new(0, i64::from(ring.m.layer.tokens), true);
+    // The worker's store from its last PE, emptied: a fresh state in memory already mapped.
+    store.clear();
+    e.tm = std::mem::take(store);
+    let r = one_pe_in(&mut e, ring, shared, lengths, p);
+    *store = std::mem::take(&mut e.tm);
+    r
+}
+
+fn one_pe_in(
+    e: &mut Eval,
+    ring: &Ring,
+    shared: &std::sync::Arc<Shared>,
+    lengths: &mut Lengths,
     p: usize,
 ) -> Result<Done, String> {
     let (m, l) = (ring.m, &ring.m.layer);
@@ -465,7 +483,6 @@ fn one_pe_proved(
     let why = |f: Fail| match f {
         Fail::Retry(why) | Fail::Decline(why) => format!("PE {p}: {why}"),
     };
-    let mut e = Eval::new(0, tokens, true);
     if let Some(t) = ring.deadline {
         e.deadline = t;
     }
@@ -494,11 +511,11 @@ fn one_pe_proved(
         discharged: vec![BTreeSet::new(); 2],
     };
     e.induct = Some(Box::new(st));
-    let starts = one_pe(&mut e, m, p, ring.heads[p], head_var, lengths).map_err(why)?;
+    let starts = one_pe(e, m, p, ring.heads[p], head_var, lengths).map_err(why)?;
     let st = e.induct.take().ok_or("the induction's state")?;
     e.hooks.clear();
     let (wrong, wrong_count) = compare(
-        &mut e,
+        e,
         p,
         &ring.outputs[p],
         &ring.y,

@@ -387,14 +387,19 @@ impl Eval {
             {
                 continue;
             }
+            // Where the slab lies decides first: most candidates are not adjacent, and the
+            // substitutions below build terms.
+            let below = slab.base == region.base.clone().add_const(-s);
+            let above = slab.base == region.base.clone().add_const(s * n as i64);
+            if !(below || above) {
+                continue;
+            }
             let mut value = slab.value;
             for (a, b) in rest.iter().zip(&slab.dims) {
                 value = self.tm.subst(value, b.0, &Aff::var(a.0));
             }
-            let below = slab.base == region.base.clone().add_const(-s);
-            let above = slab.base == region.base.clone().add_const(s * n as i64);
             let at = if below { -1 } else { n as i64 };
-            if !(below || above) || value != self.tm.subst(region.value, v, &Aff::cst(at)) {
+            if value != self.tm.subst(region.value, v, &Aff::cst(at)) {
                 continue;
             }
             // The grown coordinate gets a variable of its own, with the grown count (reads
@@ -525,26 +530,30 @@ impl Eval {
         let mut between: Vec<(i64, i64)> = Vec::new();
         while i > floor && looked < 4 {
             i -= 1;
-            let Some(g) = self.facts[i].clone() else {
+            // Taken out while it is compared (fusing reads no other fact), put back unless
+            // fused.
+            let Some(g) = self.facts[i].take() else {
                 continue;
             };
             looked += 1;
             if between.iter().any(|&(lo, hi)| lo <= g.hi && g.lo <= hi) {
                 between.push((g.lo, g.hi));
+                self.facts[i] = Some(g);
                 continue;
             }
-            let fused = self.fuse(&f, &g).or_else(|| self.fuse(&g, &f));
-            if fused.is_none() {
-                between.push((g.lo, g.hi));
-            }
-            if let Some(h) = fused {
-                let key = key_of(&g);
-                if self.keys.get(&key) == Some(&i) {
-                    self.keys.remove(&key);
+            match self.fuse(&f, &g).or_else(|| self.fuse(&g, &f)) {
+                None => {
+                    between.push((g.lo, g.hi));
+                    self.facts[i] = Some(g);
                 }
-                self.facts[i] = None;
-                f = h;
-                looked = 0;
+                Some(h) => {
+                    let key = key_of(&g);
+                    if self.keys.get(&key) == Some(&i) {
+                        self.keys.remove(&key);
+                    }
+                    f = h;
+                    looked = 0;
+                }
             }
         }
         let key = key_of(&f);
@@ -615,12 +624,19 @@ impl Eval {
     }
 
     fn truncate(&mut self, to: usize) {
-        for f in self.facts.drain(to..).flatten() {
-            let key = key_of(&f);
+        self.take_from(to);
+    }
+
+    /// The facts from `to` on, taken off the log (as [`Eval::truncate`] drops them).
+    fn take_from(&mut self, to: usize) -> Vec<Fact> {
+        let taken: Vec<Fact> = self.facts.drain(to..).flatten().collect();
+        for f in &taken {
+            let key = key_of(f);
             if self.keys.get(&key).is_some_and(|&i| i >= to) {
                 self.keys.remove(&key);
             }
         }
+        taken
     }
 
     /// Whether `d` is never 0 over the variables' ranges (with `pair = (x, x')` also assuming
@@ -642,8 +658,9 @@ impl Eval {
             _ => {}
         }
         let mut rest = d.clone();
+        let count = |v: Var| self.counts.get(&v).copied();
         loop {
-            match self.bounds(&rest) {
+            match rest.bounds(&count) {
                 Some((lo, hi)) if lo > 0 || hi < 0 => return true,
                 None => return false,
                 _ => {}
@@ -656,49 +673,43 @@ impl Eval {
                 return true;
             }
             let a = rest.t.iter().map(|&(_, k)| k.abs()).max().unwrap_or(1);
-            let group: Vec<(Var, i64)> = rest
-                .t
-                .iter()
-                .copied()
-                .filter(|&(_, k)| k.abs() == a)
-                .collect();
-            let mut others = rest.clone();
-            for &(v, k) in &group {
-                others = others.add_term(v, -k);
+            // The group of magnitude `a`, tested in place: two terms `x − x'` when `pair` asks.
+            let mut group = 0;
+            let (mut has_x, mut has_xp, mut ks) = (false, false, [0i64; 2]);
+            for &(v, k) in &rest.t {
+                if k.abs() == a {
+                    if group < 2 {
+                        ks[group] = k;
+                    }
+                    group += 1;
+                    if let Some((x, xp)) = pair {
+                        has_x |= v == x;
+                        has_xp |= v == xp;
+                    }
+                }
             }
+            let r0 = rest.c.rem_euclid(a);
+            rest.t.retain(|&mut (_, k)| k.abs() != a);
             // The constant's multiple of `a` joins the group (which then sums to a multiple of
             // `a` still); what remains must stay strictly inside (−a, a).
-            let r0 = rest.c.rem_euclid(a);
-            let fits = |e: &Self, r: i64| {
-                let mut o = others.clone();
-                o.c = r;
-                matches!(e.bounds(&o), Some((lo, hi)) if lo > -a && hi < a)
-            };
-            let r = if fits(self, r0) {
+            let fits = |o: &Aff, r: i64| matches!(Aff::bounds_from(r, &o.t, &count), Some((lo, hi)) if lo > -a && hi < a);
+            let r = if fits(&rest, r0) {
                 r0
-            } else if fits(self, r0 - a) {
+            } else if fits(&rest, r0 - a) {
                 r0 - a
             } else {
                 return false;
             };
-            if let Some((x, xp)) = pair {
-                if rest.c == r
-                    && group.len() == 2
-                    && group.iter().any(|&(v, _)| v == x)
-                    && group.iter().any(|&(v, _)| v == xp)
-                    && group[0].1 == -group[1].1
-                {
-                    return true;
-                }
+            if pair.is_some() && rest.c == r && group == 2 && has_x && has_xp && ks[0] == -ks[1] {
+                return true;
             }
-            others.c = r;
-            rest = others;
+            rest.c = r;
         }
     }
 
     /// Whether fact `f` holds `addr` for every value of the variables: the coordinates, or
     /// `Err(true)` if it certainly does not, `Err(false)` if undecided.
-    pub(super) fn hit(&self, f: &Fact, addr: &Aff, ab: (i64, i64)) -> Result<Vec<Aff>, bool> {
+    pub(super) fn hit(&self, f: &Fact, addr: &Aff, ab: (i64, i64)) -> Result<Coords, bool> {
         if ab.1 < f.lo || ab.0 > f.hi {
             return Err(true);
         }
@@ -769,6 +780,34 @@ impl Eval {
     /// Whether `addr` may be a word that another iteration of `l` writes through `family`:
     /// `Ok(false)` certainly not, `Ok(true)` the same fixed word, `Err` undecided.
     fn alias(&self, addr: &Aff, family: &Aff, l: &Active, others: Others) -> Result<bool, ()> {
+        // Most families lie elsewhere: the bounds of the difference, which the test below
+        // starts with, from the terms in place (the family's index renamed on the stack).
+        let k = family.coef(l.var);
+        let mut renamed: smallvec::SmallVec<[(Var, i64); 8]> = family
+            .t
+            .iter()
+            .copied()
+            .filter(|&(v, _)| v != l.var)
+            .collect();
+        if k != 0 {
+            match renamed.binary_search_by_key(&l.other, |&(w, _)| w) {
+                Ok(i) => {
+                    renamed[i].1 += k;
+                    if renamed[i].1 == 0 {
+                        renamed.remove(i);
+                    }
+                }
+                Err(i) => renamed.insert(i, (l.other, k)),
+            }
+        }
+        let count = |v| self.counts.get(&v).copied();
+        if let Some((lo, hi)) =
+            Aff::bounds_of_difference_of(addr.c - family.c, &addr.t, &renamed, &count)
+        {
+            if lo > 0 || hi < 0 {
+                return Ok(false);
+            }
+        }
         let other = family.subst(l.var, &Aff::var(l.other));
         let d = addr.minus(&other);
         if d.as_const() == Some(0) && family.coef(l.var) == 0 {
@@ -829,7 +868,8 @@ impl Eval {
                     }
                     Ok(sol) => {
                         let (mut v, computed) = (f.value, f.computed);
-                        let dims: Vec<Var> = f.dims.iter().map(|d| d.0).collect();
+                        let dims: smallvec::SmallVec<[Var; 4]> =
+                            f.dims.iter().map(|d| d.0).collect();
                         for (var, x) in dims.into_iter().zip(sol) {
                             v = self.tm.subst(v, var, &x);
                         }
@@ -1487,8 +1527,7 @@ impl Eval {
         let Some(active) = active else {
             return Err(Fail::Decline("loop stack".into()));
         };
-        let written: Vec<Fact> = self.facts[marker..].iter().flatten().cloned().collect();
-        self.truncate(marker);
+        let written = self.take_from(marker);
         // Every summary first, then the log: a carried word's value before the loop is read
         // from the log as the loop found it, not from another summary of the same loop (two
         // halves of a regrouped step each writing a row's running sum, say).
@@ -1556,12 +1595,7 @@ impl Eval {
         let Some(active) = self.loops.pop() else {
             return Err(Fail::Decline("loop stack".into()));
         };
-        let written: Vec<Fact> = self.facts[active.marker..]
-            .iter()
-            .flatten()
-            .cloned()
-            .collect();
-        self.truncate(active.marker);
+        let written = self.take_from(active.marker);
         // As for any symbolic loop: every summary from the log as the loop found it, then
         // the log.
         let mut summaries = Vec::with_capacity(written.len());
@@ -1987,8 +2021,8 @@ pub(super) fn spec(
 
 /// The coordinates in `f` of the offset `d` from its base, term by term on the dimension whose
 /// stride divides each coefficient, and the constant left over (0 when `d` lands on an element).
-fn coords(f: &Fact, d: &Aff) -> Option<(Vec<Aff>, i64)> {
-    let mut sol = vec![Aff::cst(0); f.dims.len()];
+fn coords(f: &Fact, d: &Aff) -> Option<(Coords, i64)> {
+    let mut sol: Coords = smallvec::smallvec![Aff::cst(0); f.dims.len()];
     for &(v, k) in &d.t {
         let i = f.dims.iter().position(|&(_, s, _)| k % s == 0)?;
         sol[i] = std::mem::take(&mut sol[i]).add_term(v, k / f.dims[i].1);
@@ -2001,6 +2035,9 @@ fn coords(f: &Fact, d: &Aff) -> Option<(Vec<Aff>, i64)> {
     }
     Some((sol, c))
 }
+
+/// A fact's coordinates of one word (facts have a few).
+pub(super) type Coords = smallvec::SmallVec<[Aff; 4]>;
 
 /// Whether renaming `high`'s coordinates one by one to `low`'s would capture one of `low`'s
 /// (a coordinate of `low` at another position has the same variable).

@@ -80,6 +80,9 @@ pub struct Terms {
     /// is substituted at the same coordinates by many reads (the row loops of every ring
     /// step), and the result depends only on the three (the store only grows).
     substituted: HashMap<(Id, Var, Aff), Id>,
+    /// Emptied memo tables of [`Terms::subst`], kept for the next one (each substitution
+    /// starts from an empty table; only the allocation is reused).
+    memos: Vec<HashMap<Id, Id>>,
 }
 
 impl Terms {
@@ -134,6 +137,49 @@ impl Terms {
 
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Back to the empty store, keeping the memory: evaluating the next PE in it is the same
+    /// as in a new store (every field reset, ids handed out from 0 again), without growing
+    /// and faulting in the tables afresh.
+    pub fn clear(&mut self) {
+        let Terms {
+            nodes,
+            ids,
+            hashes,
+            depth,
+            carries,
+            vars,
+            seeding,
+            seed_tries,
+            seed_budgets,
+            substituted,
+            memos,
+        } = self;
+        nodes.clear();
+        ids.clear();
+        hashes.clear();
+        depth.clear();
+        carries.clear();
+        vars.clear();
+        *seeding = false;
+        *seed_tries = 0;
+        *seed_budgets = 0;
+        substituted.clear();
+        memos.clear();
+    }
+
+    fn memo(&mut self) -> HashMap<Id, Id> {
+        self.memos.pop().unwrap_or_default()
+    }
+
+    /// Returns a memo table to the pool, empty; a large one is dropped (emptying it would
+    /// cost as much as its capacity at every later use).
+    fn done_with(&mut self, mut memo: HashMap<Id, Id>) {
+        if memo.capacity() <= 1024 && self.memos.len() < 16 {
+            memo.clear();
+            self.memos.push(memo);
+        }
     }
 
     pub fn has_carry(&self, id: Id) -> bool {
@@ -676,12 +722,24 @@ impl Terms {
             0
         };
         // v = v' − shift, v' ∈ [lo + shift, hi + shift).
-        let moved = self.subst(body, v, &Aff::var(v).add_const(-shift));
-        let binder = self.depth[moved as usize];
-        let body = if binder == v {
-            moved
-        } else {
-            self.subst(moved, v, &Aff::var(binder))
+        // Shifting `v` binds nothing, so the binder is one above those bound in `body`, and
+        // the shift and the renaming are one substitution. It stands only if nothing in the
+        // result binds the new name (else it could capture it): then the two steps as written.
+        let binder = self.depth[body as usize];
+        let once = (binder != v)
+            .then(|| self.subst(body, v, &Aff::var(binder).add_const(-shift)))
+            .filter(|&b| self.depth[b as usize] <= binder);
+        let (binder, body) = match once {
+            Some(b) => (binder, b),
+            None => {
+                let moved = self.subst(body, v, &Aff::var(v).add_const(-shift));
+                let binder = self.depth[moved as usize];
+                if binder == v {
+                    (binder, moved)
+                } else {
+                    (binder, self.subst(moved, v, &Aff::var(binder)))
+                }
+            }
         };
         let (lo, hi) = (lo + shift, hi + shift);
         let node = if add {
@@ -808,8 +866,9 @@ impl Terms {
         if let Some(&y) = self.substituted.get(&key) {
             return y;
         }
-        let mut memo = HashMap::default();
+        let mut memo = self.memo();
         let y = self.subst_in(x, v, by, &mut memo);
+        self.done_with(memo);
         // Forgetting costs only recomputation: one store shared by a whole ring (the lockstep
         // proof) would otherwise keep every substitution it ever made.
         if self.substituted.len() >= MAX_SUBSTITUTED {
@@ -817,6 +876,23 @@ impl Terms {
         }
         self.substituted.insert(key, y);
         y
+    }
+
+    /// The maximum of substituted arguments `ys`, as substitution rebuilds it.
+    fn max_of(&mut self, ys: Vec<Id>) -> Id {
+        let mut all = Vec::new();
+        for y in ys {
+            let y = self.norm(y);
+            match self.node(y) {
+                T::Max(zs) => all.extend(zs.iter().copied()),
+                _ => all.push(y),
+            }
+        }
+        if all.len() == 1 && !matches!(self.node(all[0]), T::RMax(..)) {
+            self.intern(T::Max(all))
+        } else {
+            self.collect(false, all)
+        }
     }
 
     fn subst_in(&mut self, x: Id, v: Var, by: &Aff, memo: &mut HashMap<Id, Id>) -> Id {
@@ -834,6 +910,15 @@ impl Terms {
             return self.atom(t, a, b, c);
         }
         if let Some(&y) = memo.get(&x) {
+            return y;
+        }
+        // Sums and maxima: their arguments copied to the stack, not the node cloned.
+        if let T::Max(xs) | T::Sum(xs) = self.node(x) {
+            let add = matches!(self.node(x), T::Sum(_));
+            let xs: smallvec::SmallVec<[Id; 16]> = xs.iter().copied().collect();
+            let ys: Vec<Id> = xs.iter().map(|&y| self.subst_in(y, v, by, memo)).collect();
+            let y = if add { self.sum(&ys) } else { self.max_of(ys) };
+            memo.insert(x, y);
             return y;
         }
         let y = match self.node(x).clone() {
@@ -860,21 +945,10 @@ impl Terms {
                 let a = self.norm(a);
                 self.intern(T::Exp(a, s))
             }
+            // Sums and maxima take the path above; these arms only keep the match total.
             T::Max(xs) => {
                 let ys: Vec<Id> = xs.iter().map(|&y| self.subst_in(y, v, by, memo)).collect();
-                let mut all = Vec::new();
-                for y in ys {
-                    let y = self.norm(y);
-                    match self.node(y) {
-                        T::Max(zs) => all.extend(zs.iter().copied()),
-                        _ => all.push(y),
-                    }
-                }
-                if all.len() == 1 && !matches!(self.node(all[0]), T::RMax(..)) {
-                    self.intern(T::Max(all))
-                } else {
-                    self.collect(false, all)
-                }
+                self.max_of(ys)
             }
             T::Sum(xs) => {
                 let ys: Vec<Id> = xs.iter().map(|&y| self.subst_in(y, v, by, memo)).collect();
@@ -884,13 +958,12 @@ impl Terms {
                 let _ = (lo, hi, body);
                 x
             }
-            T::RSum(b, lo, hi, body) => {
-                let body = self.subst_in(body, v, by, &mut HashMap::default());
-                self.range(true, b, lo, hi, body)
-            }
-            T::RMax(b, lo, hi, body) => {
-                let body = self.subst_in(body, v, by, &mut HashMap::default());
-                self.range(false, b, lo, hi, body)
+            T::RSum(b, lo, hi, body) | T::RMax(b, lo, hi, body) => {
+                let add = matches!(self.node(x), T::RSum(..));
+                let mut inner = self.memo();
+                let body = self.subst_in(body, v, by, &mut inner);
+                self.done_with(inner);
+                self.range(add, b, lo, hi, body)
             }
         };
         memo.insert(x, y);
