@@ -50,6 +50,10 @@ const MAX_SOFT_STEP: u32 = 8;
 const SOFT_STEP_PES: u32 = 16;
 const SOFT_STEP_DIM: u32 = 16;
 
+/// [`near_lanes`] tried in one run (one above [`LARGE_OPS`]): the estimate ranks them only
+/// roughly, and a run's cost is mostly its search, which only its best layout gets.
+const NEAR_LANES: usize = 3;
+
 /// The registry's handle on this pass.
 pub struct Cols;
 
@@ -125,6 +129,23 @@ impl Scheduler for Cols {
         let local = local_v_lanes(p, pes);
         if !local.is_empty() {
             if let Ok(o) = schedule_split::run_apart(p, pes, &local) {
+                if o.cycles() < s.cycles() {
+                    s = o;
+                }
+            }
+        }
+        // Likewise for the lanes whose columns split between the two ways of reaching phase 3.
+        let count = if p.necessary_ops() > LARGE_OPS {
+            1
+        } else {
+            NEAR_LANES
+        };
+        let near: Vec<(u32, Apart)> = near_lanes(p, pes, count)
+            .into_iter()
+            .map(|(_, groups, lane)| (groups, lane))
+            .collect();
+        if !near.is_empty() {
+            if let Ok(o) = schedule_split::run_apart(p, pes, &near) {
                 if o.cycles() < s.cycles() {
                     s = o;
                 }
@@ -282,6 +303,7 @@ fn local_v_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 r3: 0,
                 spread: false,
                 local_v: true,
+                near: 0,
             },
         );
         if !out.contains(&c) {
@@ -320,6 +342,7 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 r3,
                 spread: true,
                 local_v: false,
+                near: 0,
             },
         );
         if !out.contains(&c) {
@@ -327,6 +350,84 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         }
     }
     out
+}
+
+/// With q = k = v, lanes whose first `near` columns keep their phase 3 on their q/k PEs
+/// (`Apart::near`), the weights going on round the ring to them, while the other columns'
+/// phase 3 runs on `r3` PEs after the softmax PEs, their x words crossing to it. Either way
+/// alone has a floor: the weights' trip round the ring is about `m` cycles after the scores,
+/// and the x words crossing the softmax PEs' links are `n·d`; splitting the columns lets each
+/// take part. Each lane is the one the estimate likes best for its `near`, the estimate being
+/// the later of the two kinds of column (the round trip to the last near PE, or the crossing
+/// words and the hops after them); the best `count` of those are returned.
+fn near_lanes(p: &Problem, pes: u32, count: usize) -> Vec<(u64, u32, Apart)> {
+    if !p.shared_values {
+        return Vec::new();
+    }
+    let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
+    let weights = if p.causal { n * (n + 1) / 2 } else { n * n };
+    let scores = if p.symmetric && !p.causal {
+        n * (n + 1) / 2
+    } else {
+        weights
+    };
+    let heads = u64::from(p.heads.max(1));
+    let per = u64::from(pes) / heads;
+    let mut widths: Vec<u64> = (1..=d).map(|c| d.div_ceil(c)).collect();
+    widths.dedup();
+    let step = (d / 16).max(1);
+    let mut found: Vec<(u64, u32, Apart)> = Vec::new();
+    for near in (step..d).step_by(step as usize) {
+        let far = d - near;
+        let mut far_widths: Vec<u64> = (1..=far).map(|c| far.div_ceil(c)).collect();
+        far_widths.dedup();
+        let mut best: Option<(u64, Apart)> = None;
+        for soft in 1..=n {
+            let work2 = n.div_ceil(soft) * 3 * n;
+            for &r1 in &widths {
+                let near_pes = (near * r1).div_ceil(d);
+                for &r3 in &far_widths {
+                    if r1 + soft + r3 > per {
+                        continue;
+                    }
+                    let cols = d.div_ceil(r1);
+                    let work1 = scores * cols;
+                    let tail = d + 2 * soft + 4 * n;
+                    // The near PEs wait for the weights' trip round the whole ring.
+                    let hops = u64::from(pes) - r1 - soft + near_pes;
+                    let wrap = (work1 + weights * cols).max(work2) + tail + hops;
+                    // Every head's weights pass every link; the far columns' x words cross
+                    // into their PEs from cycle 0.
+                    let link = n * far + weights * heads;
+                    let apart = (work1.max(weights * far.div_ceil(r3)).max(work2) + tail + r3)
+                        .max(link + 2 * soft + r3);
+                    let est = wrap.max(apart);
+                    let lane = Apart {
+                        r1: r1 as u32,
+                        soft: soft as u32,
+                        r3: r3 as u32,
+                        spread: false,
+                        local_v: false,
+                        near: near as u32,
+                    };
+                    if best.is_none_or(|(e, _)| est < e) {
+                        best = Some((est, lane));
+                    }
+                }
+            }
+        }
+        if let Some((est, lane)) = best {
+            found.push((est, 1, lane));
+        }
+    }
+    // Where all x words crossing beside phase 1 is estimated no later, the split gains
+    // nothing: the trip round the ring is then the longer way by far (8 tokens, `d = 8` on 256
+    // PEs: 124 cycles with all words crossing, 366 at best split).
+    let crossing = best_lane(p, pes, 1, false, true).map_or(u64::MAX, |b| b.0);
+    found.retain(|f| f.0 < crossing);
+    found.sort_by_key(|f| f.0);
+    found.truncate(count);
+    found
 }
 
 /// The lane of `groups` row groups per head (v columns on the q/k PEs when `wrap`) with the
@@ -396,6 +497,7 @@ fn best_lane(
                     r3: r3 as u32,
                     spread: false,
                     local_v: false,
+                    near: 0,
                 };
                 if best.is_none_or(|(e, _)| est < e) {
                     best = Some((est, lane));

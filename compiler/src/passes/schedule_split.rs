@@ -187,6 +187,10 @@ pub(crate) struct Apart {
     /// Phase 3 on each row's own softmax PE (`r3 = 0`): the v rows stream there past the
     /// softmax PEs and no weight moves.
     pub(crate) local_v: bool,
+    /// With `r3 > 0`, the first `near` columns keep their phase 3 on their q/k PEs (the
+    /// weights going on round the ring to them) and only the others' are on the `r3` PEs: with
+    /// q = k = v only those columns' x words then cross the softmax PEs.
+    pub(crate) near: u32,
 }
 
 impl Apart {
@@ -787,10 +791,11 @@ impl Geometry {
     /// PE of phase-3 column `c` for rows of `lane` (the next lane when there are several).
     fn p3(&self, lane: u32, c: u32) -> u32 {
         if let Some(a) = self.apart {
-            if a.r3 == 0 {
+            if a.r3 == 0 || c < a.near {
                 return self.p1(lane, c);
             }
-            let off = (u64::from(c) * u64::from(a.r3)) / u64::from(self.d.max(1));
+            let far = u64::from(self.d.saturating_sub(a.near).max(1));
+            let off = (u64::from(c - a.near) * u64::from(a.r3)) / far;
             return (self.start(lane) + a.r1 + a.soft + off as u32) % self.m;
         }
         let l = if self.ring { lane } else { lane + 1 };
