@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use isa::{Cmp, Field, LoopProgram, Node, Pred, Slot, Xfer, XferSrc};
 
-use super::{ad, head_cycles, head_programs, lp, wait, Ad, Place, Stream, B, NAME};
+use super::{ad, head_programs, lp, wait, Ad, Place, Stream, B, NAME};
 use crate::problem::Problem;
 
 /// Per-element placements leave the proof to the flattened programs, which `attnc verify` takes
@@ -1408,11 +1408,9 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         body.extend(fin);
         bodies.push(body);
     }
-    let ends: Vec<u64> = bodies.iter().map(|b| head_cycles(b)).collect();
     // The heads start together, so the waits above hold in every head.
     let programs = head_programs(
         bodies,
-        &ends,
         (m, heads),
         |_| deal.words,
         |raw| super::merge::merge(super::once::strip(raw)),

@@ -404,17 +404,17 @@ fn head_cycles(nodes: &[Node]) -> u64 {
 /// loop around it, memory `words(pe)`, then `finish` (the folding a stream's bodies allow).
 fn head_programs(
     bodies: Vec<Vec<Node>>,
-    ends: &[u64],
     (m, heads): (u32, u32),
     words: impl Fn(usize) -> u32,
     finish: impl Fn(LoopProgram) -> LoopProgram,
 ) -> Result<Vec<LoopProgram>, String> {
+    let ends: Vec<u64> = bodies.iter().map(|b| head_cycles(b)).collect();
     let head = ends.iter().copied().max().unwrap_or(0);
     bodies
         .into_iter()
         .zip(ends)
         .enumerate()
-        .map(|(pe, (mut body, &e))| {
+        .map(|(pe, (mut body, e))| {
             body.extend(wait(head - e)?);
             Ok(finish(LoopProgram {
                 pe: pe as u32,

@@ -763,7 +763,6 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         parts.push(cycles(&body));
         bodies.push(body);
     }
-    let mut ends = Vec::with_capacity(mu);
     for (pe, body) in bodies.iter_mut().enumerate() {
         let p32 = pe as u32;
         if deal.pes[pe].cut_in.is_some() {
@@ -771,9 +770,8 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
             body.extend(deal.merge(p32, scale));
         }
         body.extend(deal.normalise(p32));
-        ends.push(cycles(body));
     }
-    let programs = head_programs(bodies, &ends, (m, heads), |pe| deal.pes[pe].words, |p| p)?;
+    let programs = head_programs(bodies, (m, heads), |pe| deal.pes[pe].words, |p| p)?;
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     let weights = u64::from(n) * u64::from(n) * u64::from(heads);
     // Each PE's map has its own sizes (its rows and cut rows).

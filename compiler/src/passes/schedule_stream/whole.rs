@@ -697,12 +697,10 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         body.extend(deal.all_values(pe as u32, scale));
         bodies.push(body);
     }
-    let ends: Vec<u64> = bodies.iter().map(|b| head_cycles(b)).collect();
     // Steps whose rows see their blocks alike (a run of blocks before or after the PE's, whose
     // first periods agree) continue one another: one loop over them.
     let programs = head_programs(
         bodies,
-        &ends,
         (m, heads),
         |pe| deal.pes[pe].words,
         |raw| super::merge::merge(super::merge::merge_at(super::once::strip(raw), 1)),
