@@ -538,6 +538,50 @@ fn whole_rows_under_a_causal_mask_run_from_their_files() {
     assert_eq!(ran, 36);
 }
 
+/// Whole rows whose rows see fewer keys than `d` on the whole divide each weight by its row's
+/// sum instead of each output element: chosen by the stream builder there, they run from their
+/// files against the reference in exactly the cycles the manifest states, on 6 and 12 PEs.
+#[test]
+fn whole_rows_dividing_each_weight_run_from_their_files() {
+    let mut ran = 0;
+    for (n, d, m) in [
+        (29u32, 24u32, 6u32),
+        (40, 32, 6),
+        (64, 48, 6),
+        (50, 40, 12),
+        (64, 64, 12),
+    ] {
+        for heads in [1u32, 4] {
+            let src = layer_src(n, d, heads, false, true).replace("plain", "safe");
+            let what = format!("n={n} d={d} m={m} heads={heads}");
+            let opts = compiler::Options {
+                pes: m,
+                schedule: Choice::Stream,
+                dump_after: None,
+                mem_limit: Some(u32::MAX),
+                reroll: false,
+            };
+            let c = compiler::compile(&parse_one(&src), &opts)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(
+                c.manifest.inputs["q"].layout.is_none(),
+                "{what}: not whole rows"
+            );
+            assert_eq!(
+                c.manifest.normalisation,
+                runtime::layer::Normalisation::PerWeight,
+                "{what}"
+            );
+            assert_eq!(c.manifest.ops.online_rescale, 0, "{what}");
+            let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+            let (_, cycles, _) = run_dir(&files(&c, true), seed);
+            assert_eq!(cycles, c.manifest.cycles, "{what}");
+            ran += 1;
+        }
+    }
+    assert_eq!(ran, 10);
+}
+
 /// Shared layers without a mask on rings that do not divide the tokens, rows dealt whole and
 /// each score computed once with its mirror carried home: run from their files against the
 /// reference, in exactly the cycles the manifest states, on 6 and 12 PEs and other rings.

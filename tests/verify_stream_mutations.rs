@@ -676,13 +676,21 @@ fn uneven_deal_mutants_are_rejected() {
 }
 
 /// Whole rows under a causal mask (steps of different lengths joined into loops where they
-/// continue one another, stepped nests, placements listed element by element): proved, and
-/// every mutant of a loop count, a stride, a base address or a count's step rejected.
+/// continue one another, stepped nests, placements listed element by element), with deferred
+/// normalisation and dividing each weight: proved, and every mutant of a loop count, a stride,
+/// a base address or a count's step rejected.
 #[test]
 fn whole_row_mutants_are_rejected() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(19);
     let mut rejected = [0u32; 4];
-    for (n, d, h, m) in [(29, 3, 1, 6), (19, 2, 2, 4), (20, 4, 1, 3)] {
+    // The last two divide each weight (their rows see fewer keys than `d`).
+    for (n, d, h, m) in [
+        (29, 3, 1, 6),
+        (19, 2, 2, 4),
+        (20, 4, 1, 3),
+        (19, 24, 1, 4),
+        (29, 20, 2, 6),
+    ] {
         let what = format!("n={n} d={d} h={h} m={m}");
         let src = layer_src(n, d, h, false, true).replace("softmax = plain", "softmax = safe");
         // Whole rows keep a head's every k/v row: more than the default allowance.
@@ -690,6 +698,11 @@ fn whole_row_mutants_are_rejected() {
         assert!(
             c.manifest.inputs["q"].layout.is_none(),
             "{what}: not whole rows"
+        );
+        assert_eq!(
+            c.manifest.normalisation.is_per_weight(),
+            d > 4,
+            "{what}: normalisation"
         );
         // Steps wait for their blocks and PEs for the longest one: a loop of no-ops (a wait)
         // may have slack, and one run shorter is still a correct program. Loop counts are

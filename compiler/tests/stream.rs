@@ -467,7 +467,8 @@ fn whole_rows_run_exactly_their_operations() {
     ] {
         let what = format!("n={n} d={d} h={h} m={m}");
         let p = problem(n, d, h, false, true);
-        let st = schedule_stream::run_whole(&p, m).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let st =
+            schedule_stream::run_whole_as(&p, m, false).unwrap_or_else(|e| panic!("{what}: {e}"));
         for prog in &st.programs {
             assert_eq!(prog.cycles(), st.cycles, "{what}");
         }
@@ -491,6 +492,57 @@ fn whole_rows_run_exactly_their_operations() {
         assert_eq!(ran, st.total_ops, "{what}");
         assert_eq!(st.total_ops, u64::from(h) * per_head, "{what}");
         assert_eq!(kind(OpKind::Div), u64::from(h) * n64 * d64, "{what}");
+    }
+}
+
+/// Whole rows dividing each weight by its row's sum: run against the reference the same in
+/// bulk, cycle by cycle and flattened, in the predicted cycles, executing per head exactly the
+/// per-weight formulation's operations (token 0's exponential takes its score as its maximum);
+/// `run_whole` keeps them where they take fewer cycles than deferred normalisation.
+#[test]
+fn whole_rows_per_weight_run_exactly_their_operations() {
+    for (n, d, h, m) in [
+        (13, 2, 1, 3),
+        (19, 24, 2, 4),
+        (29, 20, 4, 6),
+        (53, 8, 1, 12),
+        (64, 48, 1, 6),
+        (64, 40, 4, 12),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let p = problem(n, d, h, false, true);
+        let st =
+            schedule_stream::run_whole_as(&p, m, true).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for prog in &st.programs {
+            assert_eq!(prog.cycles(), st.cycles, "{what}");
+        }
+        let stats = run_three_ways(&p, m, &st, &what);
+        let kind = |k: OpKind| stats.per_pe.iter().map(|x| x.count(k)).sum::<u64>();
+        let (n64, d64) = (u64::from(n), u64::from(d));
+        let weights = n64 * (n64 + 1) / 2;
+        // Products of scores and values, an exponential and a division per weight, a row's
+        // keys less one maxima.
+        let per_head = 2 * weights * d64 + 2 * weights + (weights - n64);
+        let ran: u64 = [
+            OpKind::Mul,
+            OpKind::Exp,
+            OpKind::Div,
+            OpKind::Max,
+            OpKind::Expd,
+        ]
+        .into_iter()
+        .map(kind)
+        .sum();
+        assert_eq!(ran, st.total_ops, "{what}");
+        assert_eq!(st.total_ops, u64::from(h) * per_head, "{what}");
+        assert_eq!(kind(OpKind::Div), u64::from(h) * weights, "{what}");
+        let deferred = schedule_stream::run_whole_as(&p, m, false).unwrap();
+        let kept = schedule_stream::run_whole(&p, m).unwrap();
+        assert_eq!(kept.cycles, st.cycles.min(deferred.cycles), "{what}");
+        // Fewer divisions than `d` per row on the busiest PE where `n + 1 < 2d` by a margin.
+        if n + 1 < d {
+            assert!(st.cycles < deferred.cycles, "{what}");
+        }
     }
 }
 

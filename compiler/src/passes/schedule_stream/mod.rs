@@ -115,11 +115,25 @@ impl Stream {
     /// and head; the values trail the keys by `lag` ring steps.
     fn per_pe_deferred(
         programs: Vec<LoopProgram>,
+        places: (BTreeMap<String, Place>, Place),
+        cycles: u64,
+        counts: (u64, u64),
+        shape: (u32, u32, u32),
+        lag: u32,
+    ) -> Stream {
+        let norm = runtime::layer::Normalisation::Deferred;
+        Self::per_pe(programs, places, cycles, counts, shape, (lag, norm))
+    }
+
+    /// [`Stream::per_pe_deferred`] under either normalisation: per weight, one division per
+    /// weight instead of `d` per row and head.
+    fn per_pe(
+        programs: Vec<LoopProgram>,
         (inputs, output): (BTreeMap<String, Place>, Place),
         cycles: u64,
         (scores, weights): (u64, u64),
         (n, d, heads): (u32, u32, u32),
-        lag: u32,
+        (lag, normalisation): (u32, runtime::layer::Normalisation),
     ) -> Stream {
         let total_ops = programs
             .iter()
@@ -129,7 +143,11 @@ impl Stream {
             phase1_mac: scores * u64::from(d),
             phase2_exp: weights,
             phase2_max: 0,
-            phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
+            phase2_div: if normalisation.is_per_weight() {
+                weights
+            } else {
+                u64::from(n) * u64::from(d) * u64::from(heads)
+            },
             phase3_mac: weights * u64::from(d),
         };
         Stream {
@@ -140,7 +158,7 @@ impl Stream {
             ops,
             total_ops,
             lag,
-            normalisation: runtime::layer::Normalisation::Deferred,
+            normalisation,
             buffers: Vec::new(),
         }
     }
@@ -936,6 +954,12 @@ pub fn run_uneven(p: &Problem, pes: u32) -> Result<Stream, String> {
 /// the tokens in `2m` equal chunks), whatever the padded deal would take.
 pub fn run_whole(p: &Problem, pes: u32) -> Result<Stream, String> {
     whole::run(p, pes, None)
+}
+
+/// [`run_whole`] under one normalisation: `per_weight` divides each weight by its row's sum
+/// instead of each output element.
+pub fn run_whole_as(p: &Problem, pes: u32, per_weight: bool) -> Result<Stream, String> {
+    whole::run_as(p, pes, per_weight)
 }
 
 /// Mirrored scores alone (q = k = v, no mask, safe softmax, a ring that does not divide the

@@ -13,7 +13,10 @@
 //! `key token`), and the ring's last hop brings each block home into its owner's buffer, so
 //! that after the pass every row finds all its keys' scores and v rows at affine addresses and
 //! takes its maximum, exponentials, sum, weighted values and `d` divisions in one stepped nest
-//! per kind of row. The programs execute exactly the deferred formulation's operations.
+//! per kind of row. The programs execute exactly the deferred formulation's operations, or,
+//! where the busiest PE's rows see fewer keys than `d` on the whole, the per-weight one's: each
+//! exponential divided by its row's sum before the values (`t + 1` divisions for row `t`
+//! instead of `d`); the faster of the two is kept.
 //!
 //! The blocks are forwarded on the score loops of a few rows at the top of each kind, which
 //! each step runs first; the PEs' steps differ in length, so a step waits (no-ops) until the
@@ -30,6 +33,7 @@ use isa::{Cmp, CountStep, Loop, LoopProgram, Node, Pred, Slot};
 
 use super::{ad, head_cycles, head_programs, lp, wait, Ad, Place, Send, Stream, B, NAME};
 use crate::problem::Problem;
+use runtime::layer::Normalisation;
 
 /// Bundles of all PEs' programs flattened that the proof of a layer with per-element
 /// placements can take (`attnc verify`'s flattening limit, `attnc::rundir::MAX_FLATTENED_BUNDLES`).
@@ -148,13 +152,16 @@ struct Deal {
     n: u32,
     d: u32,
     m: u32,
+    /// Each weight divided by its row's sum before the values (one division per key) instead
+    /// of each output element after them (`d` per row).
+    per_weight: bool,
     rest: u32,
     periods: u32,
     pes: Vec<Pe>,
 }
 
 impl Deal {
-    fn new(n: u32, d: u32, m: u32, heads: u32) -> Option<Deal> {
+    fn new(n: u32, d: u32, m: u32, heads: u32, per_weight: bool) -> Option<Deal> {
         let rest = n % (2 * m);
         let periods = n / (2 * m);
         let (dd, nn, h) = (u64::from(d), u64::from(n), u64::from(heads));
@@ -209,6 +216,7 @@ impl Deal {
             n,
             d,
             m,
+            per_weight,
             rest,
             periods,
             pes,
@@ -492,7 +500,7 @@ impl Deal {
 
     /// After the ring pass, rows `local0 + 2·i` (`i < rows`) of PE `p`, tokens `t0 + 2m·i`
     /// (at least 2 when `rows > 1`): maximum, exponentials summed into `l`, weighted values,
-    /// `y /= l`.
+    /// `y /= l` (per weight: each exponential divided by `l` before the values instead).
     fn values(&self, p: u32, (local0, rows): (u32, u32), t0: u32, scale: f32) -> Vec<Node> {
         let pe = self.pe(p);
         let (d, n) = (i64::from(self.d), i64::from(self.n));
@@ -515,9 +523,13 @@ impl Deal {
             })]
         };
         let mut body = Vec::new();
-        // The row's maximum; a row of one key copies its score (`max(S, S)`, the one
-        // operation beyond the formulation's).
-        if t0 == 0 {
+        // The row's maximum. A row of one key has its score for one: per weight its
+        // exponential takes the score itself, as that formulation counts no operation beyond
+        // its own; deferred, it copies it (`max(S, S)`, declared as online work).
+        let mut top = mx.clone();
+        if t0 == 0 && self.per_weight {
+            top = sc.clone();
+        } else if t0 == 0 {
             body.push(B::new().max(sc.clone(), sc.clone(), mx.clone()).build());
         } else {
             body.push(
@@ -536,7 +548,7 @@ impl Deal {
         }
         body.push(
             B::new()
-                .expd(sc.clone(), mx.clone(), scale, sc.clone())
+                .expd(sc.clone(), top, scale, sc.clone())
                 .add(None, l.clone())
                 .build(),
         );
@@ -549,6 +561,16 @@ impl Deal {
                     .add(Some(l.clone()), l.clone())
                     .build()],
             ));
+        }
+        if self.per_weight {
+            body.push(B::new().div(sc.clone(), l.clone(), sc.clone()).build());
+            if t0 >= 1 {
+                let w = sc.clone().plus(1).t(2, 1);
+                body.extend(stepped(
+                    t0,
+                    vec![B::new().div(w.clone(), l.clone(), w).build()],
+                ));
+            }
         }
         let yc = y.clone().t(2, 1);
         let v = ad(pe.vb).t(2, 1);
@@ -566,7 +588,9 @@ impl Deal {
             ));
         }
         body.extend(lp(self.d, cols));
-        body.extend(lp(self.d, vec![B::new().div(yc.clone(), l, yc).build()]));
+        if !self.per_weight {
+            body.extend(lp(self.d, vec![B::new().div(yc.clone(), l, yc).build()]));
+        }
         lp(rows, body)
     }
 
@@ -646,12 +670,29 @@ fn assign(pieces: &[Piece], rows: &[Vec<KeyLoop>]) -> Option<Vec<(usize, usize, 
 /// The whole-rows programs for `p` on `m` PEs (see the module's doc), if every PE's memory is
 /// within `budget` words (checked before anything is built).
 pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
+    let deferred = build(p, m, budget, false)?;
+    // One division per weight takes `t + 1` divisions for row `t` where deferred
+    // normalisation takes `d`: fewer on the busiest PE where its rows see fewer keys than `d`
+    // on the whole, which only the built programs' cycles tell exactly.
+    match build(p, m, budget, true) {
+        Ok(w) if w.cycles < deferred.cycles => Ok(w),
+        _ => Ok(deferred),
+    }
+}
+
+/// The whole-rows programs under the normalisation `per_weight` says, whatever the other
+/// would take.
+pub fn run_as(p: &Problem, m: u32, per_weight: bool) -> Result<Stream, String> {
+    build(p, m, None, per_weight)
+}
+
+fn build(p: &Problem, m: u32, budget: Option<u64>, per_weight: bool) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, m) {
         return Err(why);
     }
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let scale = p.scale as f32;
-    let deal = Deal::new(n, d, m, heads).ok_or_else(|| {
+    let deal = Deal::new(n, d, m, heads, per_weight).ok_or_else(|| {
         format!("{NAME}: whole rows do not deal the layer in two progressions per PE within 32-bit addresses")
     })?;
     let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
@@ -717,13 +758,18 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     }
     let weights = u64::from(n) * (u64::from(n) + 1) / 2 * u64::from(heads);
     // Each PE's map has its own sizes (its rows).
-    Ok(Stream::per_pe_deferred(
+    let norm = if per_weight {
+        Normalisation::PerWeight
+    } else {
+        Normalisation::Deferred
+    };
+    Ok(Stream::per_pe(
         programs,
         places(&deal, heads),
         cycles,
         (weights, weights),
         (n, d, heads),
-        0,
+        (0, norm),
     ))
 }
 
@@ -773,7 +819,7 @@ fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runtime::layer::{Normalisation, Softmax};
+    use runtime::layer::Softmax;
 
     /// The programs execute the deferred formulation's operations and one more per head
     /// (token 0's maximum copies its only score), validate, and every PE's is as long as the
