@@ -122,18 +122,25 @@ impl Stream {
         lag: u32,
     ) -> Stream {
         let norm = runtime::layer::Normalisation::Deferred;
-        Self::per_pe(programs, places, cycles, counts, shape, (lag, norm))
+        let divisions = u64::from(shape.0) * u64::from(shape.1) * u64::from(shape.2);
+        Self::per_pe(
+            programs,
+            places,
+            cycles,
+            counts,
+            shape,
+            (lag, norm, divisions),
+        )
     }
 
-    /// [`Stream::per_pe_deferred`] under either normalisation: per weight, one division per
-    /// weight instead of `d` per row and head.
+    /// [`Stream::per_pe_deferred`] under any normalisation, with the `divisions` it takes.
     fn per_pe(
         programs: Vec<LoopProgram>,
         (inputs, output): (BTreeMap<String, Place>, Place),
         cycles: u64,
         (scores, weights): (u64, u64),
-        (n, d, heads): (u32, u32, u32),
-        (lag, normalisation): (u32, runtime::layer::Normalisation),
+        (_, d, _): (u32, u32, u32),
+        (lag, normalisation, divisions): (u32, runtime::layer::Normalisation, u64),
     ) -> Stream {
         let total_ops = programs
             .iter()
@@ -143,11 +150,7 @@ impl Stream {
             phase1_mac: scores * u64::from(d),
             phase2_exp: weights,
             phase2_max: 0,
-            phase2_div: if normalisation.is_per_weight() {
-                weights
-            } else {
-                u64::from(n) * u64::from(d) * u64::from(heads)
-            },
+            phase2_div: divisions,
             phase3_mac: weights * u64::from(d),
         };
         Stream {
@@ -956,10 +959,14 @@ pub fn run_whole(p: &Problem, pes: u32) -> Result<Stream, String> {
     whole::run(p, pes, None)
 }
 
-/// [`run_whole`] under one normalisation: `per_weight` divides each weight by its row's sum
-/// instead of each output element.
-pub fn run_whole_as(p: &Problem, pes: u32, per_weight: bool) -> Result<Stream, String> {
-    whole::run_as(p, pes, per_weight)
+/// [`run_whole`] under one normalisation: deferred, per weight (each weight divided by its
+/// row's sum instead of each output element), or per row (whichever divides fewer times).
+pub fn run_whole_as(
+    p: &Problem,
+    pes: u32,
+    norm: runtime::layer::Normalisation,
+) -> Result<Stream, String> {
+    whole::run_as(p, pes, norm)
 }
 
 /// Mirrored scores alone (q = k = v, no mask, safe softmax, a ring that does not divide the

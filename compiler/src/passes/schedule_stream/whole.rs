@@ -152,16 +152,16 @@ struct Deal {
     n: u32,
     d: u32,
     m: u32,
-    /// Each weight divided by its row's sum before the values (one division per key) instead
-    /// of each output element after them (`d` per row).
-    per_weight: bool,
+    /// Which rows divide each weight by their sum before the values (one division per key)
+    /// instead of each output element after them (`d` per row).
+    norm: Normalisation,
     rest: u32,
     periods: u32,
     pes: Vec<Pe>,
 }
 
 impl Deal {
-    fn new(n: u32, d: u32, m: u32, heads: u32, per_weight: bool) -> Option<Deal> {
+    fn new(n: u32, d: u32, m: u32, heads: u32, norm: Normalisation) -> Option<Deal> {
         let rest = n % (2 * m);
         let periods = n / (2 * m);
         let (dd, nn, h) = (u64::from(d), u64::from(n), u64::from(heads));
@@ -216,7 +216,7 @@ impl Deal {
             n,
             d,
             m,
-            per_weight,
+            norm,
             rest,
             periods,
             pes,
@@ -502,6 +502,8 @@ impl Deal {
     /// (at least 2 when `rows > 1`): maximum, exponentials summed into `l`, weighted values,
     /// `y /= l` (per weight: each exponential divided by `l` before the values instead).
     fn values(&self, p: u32, (local0, rows): (u32, u32), t0: u32, scale: f32) -> Vec<Node> {
+        // Every row of the nest alike ([`Deal::all_values`] splits nests where rows differ).
+        let per_weight = !self.norm.defers(t0 + 1, self.d);
         let pe = self.pe(p);
         let (d, n) = (i64::from(self.d), i64::from(self.n));
         let lr = 1u8;
@@ -527,7 +529,7 @@ impl Deal {
         // exponential takes the score itself, as that formulation counts no operation beyond
         // its own; deferred, it copies it (`max(S, S)`, declared as online work).
         let mut top = mx.clone();
-        if t0 == 0 && self.per_weight {
+        if t0 == 0 && self.norm == Normalisation::PerWeight {
             top = sc.clone();
         } else if t0 == 0 {
             body.push(B::new().max(sc.clone(), sc.clone(), mx.clone()).build());
@@ -562,7 +564,7 @@ impl Deal {
                     .build()],
             ));
         }
-        if self.per_weight {
+        if per_weight {
             body.push(B::new().div(sc.clone(), l.clone(), sc.clone()).build());
             if t0 >= 1 {
                 let w = sc.clone().plus(1).t(2, 1);
@@ -588,7 +590,7 @@ impl Deal {
             ));
         }
         body.extend(lp(self.d, cols));
-        if !self.per_weight {
+        if !per_weight {
             body.extend(lp(self.d, vec![B::new().div(yc.clone(), l, yc).build()]));
         }
         lp(rows, body)
@@ -603,13 +605,18 @@ impl Deal {
             while i < self.periods as i32 {
                 let t = self.token(p, high, i);
                 let local = self.local(p, high, i);
+                // Rows that divide otherwise than this one (per row: from the first with `d`
+                // keys) start a nest of their own.
+                let defers = self.norm.defers(t + 1, self.d);
+                let alike = (i..self.periods as i32)
+                    .take_while(|&j| self.norm.defers(self.token(p, high, j) + 1, self.d) == defers)
+                    .count() as i32;
                 if t < 2 {
                     nodes.extend(self.values(p, (local, 1), t, scale));
                     i += 1;
                 } else {
-                    let rows = (self.periods as i32 - i) as u32;
-                    nodes.extend(self.values(p, (local, rows), t, scale));
-                    break;
+                    nodes.extend(self.values(p, (local, alike as u32), t, scale));
+                    i += alike;
                 }
             }
         }
@@ -670,29 +677,32 @@ fn assign(pieces: &[Piece], rows: &[Vec<KeyLoop>]) -> Option<Vec<(usize, usize, 
 /// The whole-rows programs for `p` on `m` PEs (see the module's doc), if every PE's memory is
 /// within `budget` words (checked before anything is built).
 pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
-    let deferred = build(p, m, budget, false)?;
+    let mut best = build(p, m, budget, Normalisation::Deferred)?;
     // One division per weight takes `t + 1` divisions for row `t` where deferred
-    // normalisation takes `d`: fewer on the busiest PE where its rows see fewer keys than `d`
-    // on the whole, which only the built programs' cycles tell exactly.
-    match build(p, m, budget, true) {
-        Ok(w) if w.cycles < deferred.cycles => Ok(w),
-        _ => Ok(deferred),
+    // normalisation takes `d`; per row, whichever is fewer. Which leaves the busiest PE
+    // shortest only the built programs' cycles tell exactly.
+    for norm in [Normalisation::PerWeight, Normalisation::PerRow] {
+        if let Ok(w) = build(p, m, budget, norm) {
+            if w.cycles < best.cycles {
+                best = w;
+            }
+        }
     }
+    Ok(best)
 }
 
-/// The whole-rows programs under the normalisation `per_weight` says, whatever the other
-/// would take.
-pub fn run_as(p: &Problem, m: u32, per_weight: bool) -> Result<Stream, String> {
-    build(p, m, None, per_weight)
+/// The whole-rows programs under the normalisation `norm`, whatever the others would take.
+pub fn run_as(p: &Problem, m: u32, norm: Normalisation) -> Result<Stream, String> {
+    build(p, m, None, norm)
 }
 
-fn build(p: &Problem, m: u32, budget: Option<u64>, per_weight: bool) -> Result<Stream, String> {
+fn build(p: &Problem, m: u32, budget: Option<u64>, norm: Normalisation) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, m) {
         return Err(why);
     }
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let scale = p.scale as f32;
-    let deal = Deal::new(n, d, m, heads, per_weight).ok_or_else(|| {
+    let deal = Deal::new(n, d, m, heads, norm).ok_or_else(|| {
         format!("{NAME}: whole rows do not deal the layer in two progressions per PE within 32-bit addresses")
     })?;
     let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
@@ -757,19 +767,24 @@ fn build(p: &Problem, m: u32, budget: Option<u64>, per_weight: bool) -> Result<S
         ));
     }
     let weights = u64::from(n) * (u64::from(n) + 1) / 2 * u64::from(heads);
+    let divisions: u64 = (0..n)
+        .map(|t| {
+            if norm.defers(t + 1, d) {
+                u64::from(d)
+            } else {
+                u64::from(t) + 1
+            }
+        })
+        .sum::<u64>()
+        * u64::from(heads);
     // Each PE's map has its own sizes (its rows).
-    let norm = if per_weight {
-        Normalisation::PerWeight
-    } else {
-        Normalisation::Deferred
-    };
     Ok(Stream::per_pe(
         programs,
         places(&deal, heads),
         cycles,
         (weights, weights),
         (n, d, heads),
-        (0, norm),
+        (0, norm, divisions),
     ))
 }
 
@@ -821,16 +836,22 @@ mod tests {
     use super::*;
     use runtime::layer::Softmax;
 
-    /// The programs execute the deferred formulation's operations and one more per head
-    /// (token 0's maximum copies its only score), validate, and every PE's is as long as the
-    /// layer; the padded stream takes more cycles on the shapes the deal is for.
+    /// The programs execute the operations of the formulation they declare and, deferred or
+    /// per row, one more per head (token 0's maximum copies its only score), validate, and
+    /// every PE's is as long as the layer; the padded stream takes more cycles on the shapes
+    /// the deal is for.
     #[test]
     fn programs_execute_the_formulation_and_beat_padding() {
         for (n, d, h, m) in [(29u32, 3u32, 2u32, 3u32), (64, 8, 1, 6), (128, 16, 1, 12)] {
             let p = Problem::attention(n, d, h, false, true, Softmax::Safe);
             let st = run(&p, m, None).unwrap();
-            let need = p.shape().necessary_as(Normalisation::Deferred).unwrap();
-            assert_eq!(st.total_ops, need.total() + u64::from(h), "n={n} m={m}");
+            let need = p.shape().necessary_as(st.normalisation).unwrap();
+            let copy = u64::from(st.normalisation != Normalisation::PerWeight);
+            assert_eq!(
+                st.total_ops,
+                need.total() + copy * u64::from(h),
+                "n={n} m={m}"
+            );
             for lp in &st.programs {
                 lp.validate().unwrap();
                 assert_eq!(lp.cycles(), st.cycles, "n={n} m={m} PE {}", lp.pe);
