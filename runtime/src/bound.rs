@@ -50,8 +50,9 @@ impl Shape {
         let (m, k, d) = (u64::from(pes), u64::from(self.tokens), u64::from(self.dim));
         if !norm.is_per_weight() {
             // A score (d accumulation cycles), its exponential, one product with v, the final
-            // division: the rescaling of an online softmax may combine partial sums, so no
-            // chain over the row is claimed.
+            // division (per row, a weight's division before the product instead): the
+            // rescaling of an online softmax may combine partial sums, so no chain over the
+            // row is claimed.
             return d.checked_add(3);
         }
         let (h, n) = (u64::from(self.heads), k);

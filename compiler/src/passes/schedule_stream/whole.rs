@@ -13,10 +13,10 @@
 //! `key token`), and the ring's last hop brings each block home into its owner's buffer, so
 //! that after the pass every row finds all its keys' scores and v rows at affine addresses and
 //! takes its maximum, exponentials, sum, weighted values and `d` divisions in one stepped nest
-//! per kind of row. The programs execute exactly the deferred formulation's operations, or,
-//! where the busiest PE's rows see fewer keys than `d` on the whole, the per-weight one's: each
-//! exponential divided by its row's sum before the values (`t + 1` divisions for row `t`
-//! instead of `d`); the faster of the two is kept.
+//! per kind of row. The programs execute exactly the deferred formulation's operations, or the
+//! per-weight one's (each exponential divided by its row's sum before the values: `t + 1`
+//! divisions for row `t` instead of `d`), or per row whichever of the two divides fewer times
+//! (rows are whole, so each may be either); the fewest cycles of the three are kept.
 //!
 //! The blocks are forwarded on the score loops of a few rows at the top of each kind, which
 //! each step runs first; the PEs' steps differ in length, so a step waits (no-ops) until the
