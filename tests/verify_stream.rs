@@ -1447,6 +1447,12 @@ fn whole_rows_per_row_with_a_division_wrong_are_rejected() {
         .map(|lp| lp.flatten(1 << 24).expect("flattens"))
         .collect();
     assert_proved(&flat, &man, "original");
+    // The statement says which rows are held to which formula.
+    let proved = verify(&flat, &man).proved.unwrap_or_default();
+    assert!(
+        proved.contains("per row: y = Σ (exp") && proved.contains("per-row normalisation"),
+        "{proved}"
+    );
     let mut caught = 0;
     for pe in 0..m as usize {
         let divs: Vec<usize> = (0..flat[pe].bundles.len())

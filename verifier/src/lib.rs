@@ -757,7 +757,14 @@ impl Verification {
             )
         };
         self.sink = run.sink;
+        let per_row = m.normalisation == runtime::layer::Normalisation::PerRow;
         let softmax = match (shape.softmax, online) {
+            (runtime::layer::Softmax::Safe, true) if per_row => {
+                ", softmax = safe, per row: y = Σ (exp(s·(w' − M)) / Σ exp(s·(w' − M)))·v in rows of fewer scores than dim, (Σ exp(s·(w' − M))·v) / Σ exp(s·(w' − M)) in the others, with M exactly each row's maximum"
+            }
+            (runtime::layer::Softmax::Plain, true) if per_row => {
+                ", per row: y = Σ (exp(s·w') / Σ exp(s·w'))·v in rows of fewer scores than dim, (Σ exp(s·w')·v) / Σ exp(s·w') in the others"
+            }
             (runtime::layer::Softmax::Safe, false) => {
                 ", softmax = safe: exp(s·(w' − M)) with M exactly each row's maximum"
             }
