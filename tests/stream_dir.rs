@@ -538,6 +538,65 @@ fn whole_rows_under_a_causal_mask_run_from_their_files() {
     assert_eq!(ran, 36);
 }
 
+/// Whole rows some of whose rows see fewer keys than `d` divide those rows' weights by their
+/// sums instead of their output elements (per row; per weight where every row does): chosen by
+/// the stream builder there, they run from their files against the reference in exactly the
+/// cycles the manifest states, on 6 and 12 PEs.
+#[test]
+fn whole_rows_dividing_weights_run_from_their_files() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/manifest.schema.json");
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let schema = jsonschema::draft202012::new(&schema).expect("a valid schema");
+    let mut ran = 0;
+    for (n, d, m) in [
+        (29u32, 24u32, 6u32),
+        (40, 32, 6),
+        (64, 48, 6),
+        (50, 40, 12),
+        (64, 64, 12),
+        (64, 16, 6),
+        (128, 64, 6),
+        (64, 32, 12),
+    ] {
+        for heads in [1u32, 4] {
+            let src = layer_src(n, d, heads, false, true).replace("plain", "safe");
+            let what = format!("n={n} d={d} m={m} heads={heads}");
+            let opts = compiler::Options {
+                pes: m,
+                schedule: Choice::Stream,
+                dump_after: None,
+                mem_limit: Some(u32::MAX),
+                reroll: false,
+            };
+            let c = compiler::compile(&parse_one(&src), &opts)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(
+                c.manifest.inputs["q"].layout.is_none(),
+                "{what}: not whole rows"
+            );
+            // Per weight counts no operation beyond its own; per row, as deferred, token 0's
+            // maximum is a copy.
+            let (norm, copies) = if n <= d {
+                (runtime::layer::Normalisation::PerWeight, 0)
+            } else {
+                (runtime::layer::Normalisation::PerRow, heads)
+            };
+            assert_eq!(c.manifest.normalisation, norm, "{what}");
+            assert_eq!(c.manifest.ops.online_rescale, u64::from(copies), "{what}");
+            let json: serde_json::Value =
+                serde_json::from_str(&c.manifest.to_json().unwrap()).unwrap();
+            let errors: Vec<String> = schema.iter_errors(&json).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{what}: {errors:#?}");
+            let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+            let (_, cycles, _) = run_dir(&files(&c, true), seed);
+            assert_eq!(cycles, c.manifest.cycles, "{what}");
+            ran += 1;
+        }
+    }
+    assert_eq!(ran, 16);
+}
+
 /// Shared layers without a mask on rings that do not divide the tokens, rows dealt whole and
 /// each score computed once with its mirror carried home: run from their files against the
 /// reference, in exactly the cycles the manifest states, on 6 and 12 PEs and other rings.

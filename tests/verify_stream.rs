@@ -8,7 +8,7 @@ mod stream;
 use compiler::passes::schedule_stream::{self, Lag, MirroredTiming};
 use compiler::problem::Problem;
 use isa::{Op, OpKind, Program};
-use runtime::layer::Softmax;
+use runtime::layer::{Normalisation, Softmax};
 use runtime::manifest::Manifest;
 use std::collections::BTreeMap;
 use stream::stream_manifest;
@@ -1258,8 +1258,8 @@ fn whole_rows_under_a_causal_mask_are_proved() {
                 }
                 let what = format!("n={n} d={d} h={h} m={m}");
                 let p = problem(n, d, h, false, true, true);
-                let st =
-                    schedule_stream::run_whole(&p, m).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let st = schedule_stream::run_whole_as(&p, m, Normalisation::Deferred)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
                 for lp in &st.programs {
                     assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
                 }
@@ -1284,13 +1284,228 @@ fn whole_rows_under_a_causal_mask_are_proved() {
     assert_eq!(proved, 17 * (2 * 3 + 2), "layers proved");
 }
 
+/// Whole rows dividing each weight by its row's sum (one division per key, before the values)
+/// instead of each output element: proved exactly, with no operation beyond the per-weight
+/// formulation's (token 0's exponential takes its only score as its maximum), over rings of 3 to
+/// 12 PEs and `d` on both sides of where it takes fewer divisions.
+#[test]
+fn whole_rows_dividing_each_weight_are_proved() {
+    let mut proved = 0;
+    for (n, m) in [
+        (13, 3),
+        (19, 4),
+        (27, 5),
+        (29, 6),
+        (26, 6),
+        (37, 8),
+        (50, 12),
+        (53, 12),
+    ] {
+        for d in [1, 4, 16, 40] {
+            for h in [1, 2, 4] {
+                if h > 1 && d > 4 && (h == 2 || m != 6 && m != 12) {
+                    continue;
+                }
+                let what = format!("n={n} d={d} h={h} m={m}");
+                let p = problem(n, d, h, false, true, true);
+                let st = schedule_stream::run_whole_as(&p, m, Normalisation::PerWeight)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(st.normalisation, Normalisation::PerWeight, "{what}");
+                for lp in &st.programs {
+                    assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
+                }
+                let man = stream_manifest(&p, m, &st);
+                assert_eq!(man.ops.online_rescale, 0, "{what}");
+                let weights = u64::from(n * (n + 1) / 2 * h);
+                assert_eq!(man.ops.phase2_div, weights, "{what}");
+                let flat: Vec<Program> = st
+                    .programs
+                    .iter()
+                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+                    .collect();
+                assert_proved(&flat, &man, &what);
+                proved += 1;
+            }
+        }
+    }
+    eprintln!("{proved} whole-row layers dividing each weight proved");
+    assert_eq!(proved, 8 * (6 + 2) + 4 * 2, "layers proved");
+}
+
+/// Whole rows dividing each weight, with one weight's division taken out or a row's
+/// exponential reading another word as its maximum, are caught.
+#[test]
+fn whole_rows_per_weight_with_a_division_or_a_maximum_wrong_are_rejected() {
+    let (n, m) = (29, 6);
+    let p = problem(n, 4, 2, false, true, true);
+    let st = schedule_stream::run_whole_as(&p, m, Normalisation::PerWeight).unwrap();
+    let man = stream_manifest(&p, m, &st);
+    let flat: Vec<Program> = st
+        .programs
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect();
+    assert_proved(&flat, &man, "original");
+    for pe in 0..m as usize {
+        let divs: Vec<usize> = (0..flat[pe].bundles.len())
+            .filter(|&i| flat[pe].bundles[i].op.kind() == Some(OpKind::Div))
+            .collect();
+        let mut cut = flat.clone();
+        cut[pe].bundles[divs[divs.len() / 2]].op = Op::Nop;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "PE {pe}: a division taken out was proved"
+        );
+    }
+    // Every PE's maxima feed its exponentials: token 0's row (PE 0's first local row) takes
+    // its score as its own maximum; a maximum taken out of any row leaves a wrong one.
+    let mut cut = flat;
+    let at = cut[3]
+        .bundles
+        .iter()
+        .rposition(|b| b.op.kind() == Some(OpKind::Max))
+        .unwrap();
+    cut[3].bundles[at].op = Op::Nop;
+    assert!(
+        !verify(&cut, &man).is_ok(),
+        "a maximum taken out was proved"
+    );
+}
+
+/// Whole rows normalising per row (each weight divided where the row has fewer keys than `d`,
+/// each output element in the others): proved exactly, with the one copy per head (token 0's
+/// maximum) as online work, over rings of 3 to 12 PEs, with `d` below, inside and above the
+/// rows' key counts.
+#[test]
+fn whole_rows_normalising_per_row_are_proved() {
+    let mut proved = 0;
+    for (n, m) in [
+        (13, 3),
+        (19, 4),
+        (27, 5),
+        (29, 6),
+        (26, 6),
+        (37, 8),
+        (50, 12),
+        (53, 12),
+    ] {
+        for d in [1, 3, 8, 20, 60] {
+            for h in [1, 4] {
+                if h > 1 && d > 8 && m != 6 && m != 12 {
+                    continue;
+                }
+                let what = format!("n={n} d={d} h={h} m={m}");
+                let p = problem(n, d, h, false, true, true);
+                let st = schedule_stream::run_whole_as(&p, m, Normalisation::PerRow)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                for lp in &st.programs {
+                    assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
+                }
+                let man = stream_manifest(&p, m, &st);
+                assert_eq!(man.normalisation, Normalisation::PerRow, "{what}");
+                assert_eq!(man.ops.online_rescale, u64::from(h), "{what}");
+                let divs: u32 = (1..=n).map(|keys| keys.min(d)).sum();
+                assert_eq!(man.ops.phase2_div, u64::from(divs * h), "{what}");
+                let flat: Vec<Program> = st
+                    .programs
+                    .iter()
+                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+                    .collect();
+                assert_proved(&flat, &man, &what);
+                // The same programs declared under either whole-layer formulation are refused:
+                // their division counts and specifications differ row by row.
+                for other in [Normalisation::Deferred, Normalisation::PerWeight] {
+                    if d == 1 || d > n {
+                        continue;
+                    }
+                    let mut wrong = man.clone();
+                    wrong.normalisation = other;
+                    assert!(
+                        !verify(&flat, &wrong).is_ok(),
+                        "{what}: proved as {other:?}"
+                    );
+                }
+                proved += 1;
+            }
+        }
+    }
+    eprintln!("{proved} whole-row layers normalising per row proved");
+    assert_eq!(proved, 4 * 10 + 4 * 8, "layers proved");
+}
+
+/// Per-row programs with a division moved to the other kind of row are caught: a deferred
+/// row's output element divided once more or less, or a per-weight row's weight left whole.
+#[test]
+fn whole_rows_per_row_with_a_division_wrong_are_rejected() {
+    let (n, d, m) = (29, 8, 6);
+    let p = problem(n, d, 2, false, true, true);
+    let st = schedule_stream::run_whole_as(&p, m, Normalisation::PerRow).unwrap();
+    let man = stream_manifest(&p, m, &st);
+    let flat: Vec<Program> = st
+        .programs
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect();
+    assert_proved(&flat, &man, "original");
+    // The statement says which rows are held to which formula.
+    let proved = verify(&flat, &man).proved.unwrap_or_default();
+    assert!(
+        proved.contains("per row: y = Σ (exp") && proved.contains("per-row normalisation"),
+        "{proved}"
+    );
+    let mut caught = 0;
+    for pe in 0..m as usize {
+        let divs: Vec<usize> = (0..flat[pe].bundles.len())
+            .filter(|&i| flat[pe].bundles[i].op.kind() == Some(OpKind::Div))
+            .collect();
+        // The first division of the head and its last: a per-weight row's (the PE's first
+        // rows are its lowest tokens) and a deferred one's.
+        for at in [divs[0], divs[divs.len() / 2 - 1]] {
+            let mut cut = flat.clone();
+            cut[pe].bundles[at].op = Op::Nop;
+            assert!(
+                !verify(&cut, &man).is_ok(),
+                "PE {pe}: division at bundle {at} taken out was proved"
+            );
+            caught += 1;
+        }
+    }
+    assert_eq!(caught, 2 * m as usize);
+}
+
+/// The proofs without unrolling cover the deferred formulation only: a deferred causal stream
+/// they prove is not proved by them once its manifest declares per-row normalisation (whose
+/// rows of fewer keys than `d` divide each weight), and the flattened proof rejects it.
+#[test]
+fn per_row_declared_on_deferred_programs_is_not_proved() {
+    let p = problem(32, 4, 1, false, true, true);
+    let st = schedule_stream::run_with(&p, 4, true, Lag::Fit(None)).unwrap();
+    let man = stream_manifest(&p, 4, &st);
+    assert_eq!(man.normalisation, Normalisation::Deferred);
+    let proof = verifier::compact::prove_loops(&st.programs, &man, &Options::default());
+    assert!(proof.proved(), "deferred: {:?}", proof.outcome);
+    let mut wrong = man.clone();
+    wrong.normalisation = Normalisation::PerRow;
+    assert!(verifier::compact::prove::applies(&st.programs, &wrong).is_err());
+    assert!(verifier::compact::ring::applies(&st.programs, &wrong).is_err());
+    let proof = verifier::compact::prove_loops(&st.programs, &wrong, &Options::default());
+    assert!(!proof.proved(), "per row: {:?}", proof.outcome);
+    let flat: Vec<Program> = st
+        .programs
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect();
+    assert_proved(&flat, &man, "deferred");
+    assert!(!verify(&flat, &wrong).is_ok(), "per row proved flattened");
+}
+
 /// Whole rows whose own block does not come home (the v rows of the last ring step's hop
 /// left out), or whose top row's maximum misses a score, are caught.
 #[test]
 fn whole_rows_with_a_hop_or_a_maximum_taken_out_are_rejected() {
     let (n, m) = (29, 6);
     let p = problem(n, 2, 2, false, true, true);
-    let st = schedule_stream::run_whole(&p, m).unwrap();
+    let st = schedule_stream::run_whole_as(&p, m, Normalisation::Deferred).unwrap();
     let man = stream_manifest(&p, m, &st);
     let flat: Vec<Program> = st
         .programs

@@ -13,6 +13,7 @@ use compiler::passes::select::Choice;
 use isa::looped::{field, set_field, Field};
 use isa::{LoopProgram, Node};
 use rand::{RngExt, SeedableRng};
+use runtime::layer::Normalisation;
 use std::collections::BTreeMap;
 
 fn stream(src: &str, pes: u32, mem_limit: Option<u32>) -> compiler::Compiled {
@@ -676,13 +677,21 @@ fn uneven_deal_mutants_are_rejected() {
 }
 
 /// Whole rows under a causal mask (steps of different lengths joined into loops where they
-/// continue one another, stepped nests, placements listed element by element): proved, and
-/// every mutant of a loop count, a stride, a base address or a count's step rejected.
+/// continue one another, stepped nests, placements listed element by element), with deferred
+/// normalisation, dividing each weight, and per row: proved, and every mutant of a loop count,
+/// a stride, a base address or a count's step rejected.
 #[test]
 fn whole_row_mutants_are_rejected() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(19);
     let mut rejected = [0u32; 4];
-    for (n, d, h, m) in [(29, 3, 1, 6), (19, 2, 2, 4), (20, 4, 1, 3)] {
+    // Under each normalisation the builder keeps: the fewest cycles.
+    for (n, d, h, m, norm) in [
+        (29, 3, 1, 6, Normalisation::Deferred),
+        (19, 2, 2, 4, Normalisation::Deferred),
+        (20, 4, 1, 3, Normalisation::PerRow),
+        (19, 24, 1, 4, Normalisation::PerWeight),
+        (29, 20, 2, 6, Normalisation::PerRow),
+    ] {
         let what = format!("n={n} d={d} h={h} m={m}");
         let src = layer_src(n, d, h, false, true).replace("softmax = plain", "softmax = safe");
         // Whole rows keep a head's every k/v row: more than the default allowance.
@@ -691,6 +700,7 @@ fn whole_row_mutants_are_rejected() {
             c.manifest.inputs["q"].layout.is_none(),
             "{what}: not whole rows"
         );
+        assert_eq!(c.manifest.normalisation, norm, "{what}: normalisation");
         // Steps wait for their blocks and PEs for the longest one: a loop of no-ops (a wait)
         // may have slack, and one run shorter is still a correct program. Loop counts are
         // mutated on loops that do work.

@@ -12,6 +12,13 @@ heads (every head runs the same programs), is a lower bound on any whole-row dea
 cycles; it ignores which sets of numbers are actually reachable, so "no" is a proof and "yes" only
 says the count does not exclude it.
 
+The second table asks what the deal whole.rs can build reaches: each PE's tokens are two
+progressions of stride 2m, so a PE's load is the sum of two of the 2m residue columns' loads
+(tokens t = c mod 2m), and the best such deal pairs the cheapest column with the dearest. Under
+each normalisation: deferred (d divisions per row), per weight (t + 1 for row t) and per row the
+fewer of the two, against the forced stream measured (`attnc compile --schedule stream --mem
+400000`: deferred only, then with per weight, then with per row, the fewest cycles kept).
+
 Usage: python3 docs/models/causal_whole_partition.py
 """
 
@@ -63,6 +70,41 @@ def bound(n, m, a, b):
         t += 1
 
 
+# Forced whole rows measured (cycles, all heads): deferred only, the fewer of deferred and one
+# division per weight, and the fewest of those and per row (release build, `--schedule stream
+# --mem 400000`).
+FORCED = {
+    "64/32/6/1": (23375, 23372, 23282),
+    "64/32/6/4": (93500, 93488, 93128),
+    "64/32/12/1": (11935, 11935, 11904),
+    "64/32/12/4": (47740, 47740, 47616),
+    "64/64/6/1": (46063, 45708, 45708),
+    "64/64/6/4": (184252, 182832, 182832),
+    "64/64/12/1": (23519, 23377, 23377),
+    "64/64/12/4": (94076, 93508, 93508),
+    "64/128/6/1": (91439, 90380, 90380),
+    "64/128/6/4": (365756, 361520, 361520),
+    "64/128/12/4": (186748, 184900, 184900),
+    "128/64/6/1": (180463, 180463, 180148),
+    "128/64/6/4": (721852, 721852, 720592),
+    "128/64/12/1": (90783, 90772, 90594),
+    "128/64/12/4": (363132, 363088, 362376),
+    "128/128/6/1": (358191, 356881, 356881),
+    "128/128/12/1": (180191, 179476, 179476),
+}
+
+
+def row_cost(t, d, norm):
+    divisions = {"deferred": d, "per weight": t + 1, "per row": min(d, t + 1)}[norm]
+    return (2 * d + 2) * (t + 1) - 1 + divisions
+
+
+def columns(n, d, m, norm):
+    """Busiest PE of the best deal of two residue columns (stride 2m) per PE."""
+    loads = sorted(sum(row_cost(t, d, norm) for t in range(c, n, 2 * m)) for c in range(2 * m))
+    return max(loads[i] + loads[-1 - i] for i in range(m))
+
+
 def main():
     print("| n/d/m/heads | row dataflow | whole rows, deferred >= | whole rows, per weight >= |")
     print("|---|---:|---:|---:|")
@@ -72,6 +114,18 @@ def main():
         per_weight = bound(n, m, 2 * d + 3, -1) * heads
         print(f"| {shape} | {rows} | {deferred} ({'no' if deferred > rows else 'not excluded'}) "
               f"| {per_weight} ({'no' if per_weight > rows else 'not excluded'}) |")
+    print()
+    print("| n/d/m/heads | row dataflow | forced: deferred, + per weight, + per row | two columns "
+          "per PE: deferred, per weight, per row |")
+    print("|---|---:|---:|---:|")
+    for shape, rows in ROWS.items():
+        if shape not in FORCED:
+            continue
+        n, d, m, heads = map(int, shape.split("/"))
+        got = " ".join(f"{x:+d}" for x in (c - rows for c in FORCED[shape]))
+        cols = " ".join(f"{heads * columns(n, d, m, k) - rows:+d}"
+                        for k in ("deferred", "per weight", "per row"))
+        print(f"| {shape} | {rows} | {got} | {cols} |")
 
 
 if __name__ == "__main__":

@@ -48,10 +48,11 @@ impl Shape {
             return None;
         }
         let (m, k, d) = (u64::from(pes), u64::from(self.tokens), u64::from(self.dim));
-        if norm == Normalisation::Deferred {
+        if !norm.is_per_weight() {
             // A score (d accumulation cycles), its exponential, one product with v, the final
-            // division: the rescaling of an online softmax may combine partial sums, so no
-            // chain over the row is claimed.
+            // division (per row, a weight's division before the product instead): the
+            // rescaling of an online softmax may combine partial sums, so no chain over the
+            // row is claimed.
             return d.checked_add(3);
         }
         let (h, n) = (u64::from(self.heads), k);
@@ -162,7 +163,7 @@ impl Shape {
             short(min_words(w, t, square_sides), 2 * n)
         }
         .checked_mul(h.checked_mul(d)?)?;
-        if norm == Normalisation::Deferred {
+        if !norm.is_per_weight() {
             // Online rescaling creates several versions of a weight, so only phase 1 is counted.
             return Some(phase1);
         }
@@ -204,7 +205,7 @@ impl Shape {
             u64::from(self.tokens),
             u64::from(self.dim),
         );
-        if norm == Normalisation::Deferred || pes < 2 || n == 0 || d == 0 {
+        if !norm.is_per_weight() || pes < 2 || n == 0 || d == 0 {
             return Some(1);
         }
         let m = u64::from(pes);

@@ -38,11 +38,24 @@ pub enum Normalisation {
     /// The unnormalised weights multiply `v` and each output element is divided once,
     /// `(Σ_j exp_ij·v_j[c]) / Z_i`: `dim` divisions per row (streamed softmax).
     Deferred,
+    /// Each row as whichever of the two divides fewer times: per weight where the row has
+    /// fewer unmasked scores than `dim`, deferred otherwise (streamed softmax).
+    PerRow,
 }
 
 impl Normalisation {
     pub fn is_per_weight(&self) -> bool {
         *self == Normalisation::PerWeight
+    }
+
+    /// Whether a row with `keys` unmasked scores of `dim` columns divides each output element
+    /// (deferred) rather than each weight.
+    pub fn defers(&self, keys: u32, dim: u32) -> bool {
+        match self {
+            Normalisation::PerWeight => false,
+            Normalisation::Deferred => true,
+            Normalisation::PerRow => keys >= dim,
+        }
     }
 }
 
@@ -133,8 +146,18 @@ impl Shape {
     /// [`Shape::necessary`] for a program that normalises as `norm`.
     pub fn necessary_as(&self, norm: Normalisation) -> Option<Necessary> {
         let mut need = self.necessary()?;
-        if norm == Normalisation::Deferred {
-            need.div = self.tensor_len()? as u64;
+        match norm {
+            Normalisation::PerWeight => {}
+            Normalisation::Deferred => need.div = self.tensor_len()? as u64,
+            Normalisation::PerRow => {
+                let d = u64::from(self.dim);
+                let mut per_head = 0u64;
+                for i in 0..self.tokens {
+                    let keys = if self.causal { i + 1 } else { self.tokens };
+                    per_head = per_head.checked_add(u64::from(keys).min(d))?;
+                }
+                need.div = per_head.checked_mul(u64::from(self.heads))?;
+            }
         }
         Some(need)
     }
@@ -225,5 +248,33 @@ mod tests {
         };
         assert_eq!(huge.necessary(), None);
         assert_eq!(shape(2, 2, false, false).lower_bound(0), None);
+    }
+
+    /// Per row, each row divides the fewer of its weights and its output elements.
+    #[test]
+    fn per_row_normalisation_divides_the_fewer() {
+        // Causal, 4 tokens, d = 2: rows of 1, 2, 3, 4 keys take 1, 2, 2, 2 divisions.
+        let causal = shape(4, 2, false, true);
+        let need = causal.necessary_as(Normalisation::PerRow).unwrap();
+        assert_eq!(need.div, 7);
+        let all = causal.necessary_as(Normalisation::PerWeight).unwrap();
+        assert_eq!(need.total(), all.total() - all.div + 7);
+        // Without a mask every row has `n` keys: the fewer of n and d per row.
+        assert_eq!(
+            shape(3, 5, false, false)
+                .necessary_as(Normalisation::PerRow)
+                .unwrap()
+                .div,
+            9
+        );
+        assert_eq!(
+            shape(3, 2, false, false)
+                .necessary_as(Normalisation::PerRow)
+                .unwrap()
+                .div,
+            6
+        );
+        assert!(Normalisation::PerRow.defers(2, 2) && !Normalisation::PerRow.defers(1, 2));
+        assert!(Normalisation::Deferred.defers(1, 2) && !Normalisation::PerWeight.defers(9, 2));
     }
 }

@@ -69,7 +69,9 @@
 //! distributes a sum times one ([`Interner::set_online`]), partial exponentials and terms built
 //! against a running maximum count as the way to an output, and the running-maximum copies,
 //! rescale factors and rescaled partial sums are counted apart and must equal
-//! `ops.online_rescale` exactly (docs/verifier.md).
+//! `ops.online_rescale` exactly (docs/verifier.md). `normalisation: "per-row"` declares the
+//! same with the rows of fewer than `dim` unmasked scores dividing each weight instead (`div` =
+//! per head `Σ_i min(keys_i, dim)`); the proofs without unrolling do not take it.
 //!
 //! Affine placements (manifest format 2) are spelt out element by element before anything else.
 //!
@@ -164,13 +166,14 @@ pub fn verify_with(programs: &[Program], manifest: &Manifest, opts: &Options) ->
 /// Whether `m` declares the online formulation of a streamed softmax: deferred normalisation
 /// (`y_i[c] = (Σ_j e_ij·v_j[c]) / Σ_j e_ij`, one division per output element) and, for a safe
 /// softmax, running row maxima with rescaling of the partial sums. The declaration is the
-/// manifest's `normalisation: "deferred"`: operation counts cannot tell (with `tokens = dim` and
-/// no mask a per-weight and a deferred division count are equal, and a plain stream rescales
-/// nothing). It selects the specification, the necessary counts (and so `necessary_ops` and
+/// manifest's `normalisation: "deferred"`, or `"per-row"` (the rows with at least `dim` unmasked
+/// scores deferred, the others dividing each weight): operation counts cannot tell (with
+/// `tokens = dim` and no mask a per-weight and a deferred division count are equal, and a plain
+/// stream rescales nothing). It selects the specification, the necessary counts (and so `necessary_ops` and
 /// `lower_bound`) and which extra operations are accounted as `ops.online_rescale`; outputs must
 /// still equal that specification exactly and every count must equal its claim.
 pub fn is_online(m: &Manifest) -> bool {
-    m.normalisation == runtime::layer::Normalisation::Deferred
+    !m.normalisation.is_per_weight()
 }
 
 /// Largest tensor whose affine placement the verifier spells out element by element; it only
@@ -575,7 +578,7 @@ impl Verification {
             !opts.exact_ops && shape.shared && !shape.causal && m.ops.phase1_mac > need.phase1_mul;
         let mut ex = Interner::new();
         ex.set_online(online);
-        let spec = spec::build(&mut ex, &shape, per_score_products, online);
+        let spec = spec::build(&mut ex, &shape, per_score_products, m.normalisation);
         let style = Style {
             heads: shape.heads > 1,
             ..opts.style
@@ -717,12 +720,17 @@ impl Verification {
                 String::new()
             };
             format!(
-                "with {} operations: mul {} + {}, exp {}, div {} (deferred normalisation: one per output element; the formulation needs {}){max}, and {} running-maximum copies, rescale factors and rescaled partial sums{products}, as the manifest declares",
+                "with {} operations: mul {} + {}, exp {}, div {} ({}; the formulation needs {}){max}, and {} running-maximum copies, rescale factors and rescaled partial sums{products}, as the manifest declares",
                 run.tally.total(),
                 run.tally.phase1_mul,
                 run.tally.phase3_mul,
                 run.tally.exp,
                 run.tally.div,
+                if m.normalisation == runtime::layer::Normalisation::PerRow {
+                    "per-row normalisation: one per output element in rows of at least dim scores, one per weight in the others"
+                } else {
+                    "deferred normalisation: one per output element"
+                },
                 need.total(),
                 run.tally.rescale,
             )
@@ -749,7 +757,14 @@ impl Verification {
             )
         };
         self.sink = run.sink;
+        let per_row = m.normalisation == runtime::layer::Normalisation::PerRow;
         let softmax = match (shape.softmax, online) {
+            (runtime::layer::Softmax::Safe, true) if per_row => {
+                ", softmax = safe, per row: y = Σ (exp(s·(w' − M)) / Σ exp(s·(w' − M)))·v in rows of fewer scores than dim, (Σ exp(s·(w' − M))·v) / Σ exp(s·(w' − M)) in the others, with M exactly each row's maximum"
+            }
+            (runtime::layer::Softmax::Plain, true) if per_row => {
+                ", per row: y = Σ (exp(s·w') / Σ exp(s·w'))·v in rows of fewer scores than dim, (Σ exp(s·w')·v) / Σ exp(s·w') in the others"
+            }
             (runtime::layer::Softmax::Safe, false) => {
                 ", softmax = safe: exp(s·(w' − M)) with M exactly each row's maximum"
             }

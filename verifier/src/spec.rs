@@ -2,6 +2,7 @@
 //! the programs' execution uses, plus the work a causal mask removes.
 
 use crate::expr::{ExprId, FxMap, Interner, Node, Tensor, MASKED, NEEDED};
+use runtime::layer::Normalisation;
 use std::collections::BTreeMap;
 
 /// The layer as the verifier reads it from the manifest.
@@ -76,12 +77,20 @@ pub struct Spec {
 /// mask interns the masked scores, exponentials, denominators and weights and marks them
 /// [`MASKED`], so that any expression a program builds from them inherits the taint.
 ///
-/// `online` selects the deferred-normalisation formulation of a streamed softmax: per row one
+/// The deferred-normalisation formulation of a streamed softmax is, per row, one
 /// denominator `l_i = Σ_j e_ij` and `y_i[c] = (Σ_j e_ij·v_j[c]) / l_i`, with `e_ij` as in the
 /// per-weight formulation (`exp(s·S_ij)`, or `exp(s·(S_ij − M_i))` with `M_i` exactly the row's
 /// maximum). The interner must already have its online identities on, so that the expected
 /// nodes are the ones a program's rescaled sums reach.
-pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool, online: bool) -> Spec {
+///
+/// `norm` says which rows take it: every row (deferred), none (per weight), or each row whose
+/// unmasked scores are at least `d` (per row; the others divide each weight).
+pub fn build(
+    ex: &mut Interner,
+    shape: &Shape,
+    per_score_products: bool,
+    norm: Normalisation,
+) -> Spec {
     let (h, n, d) = (shape.heads, shape.tokens, shape.dim);
     let roles = if shape.shared {
         [Tensor::X; 3]
@@ -163,7 +172,7 @@ pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool, online:
                 scores.iter().map(|&s| ex.exp(s, shape.scale)).collect()
             };
             let z = ex.sum(&exps);
-            if online {
+            if norm.defers(js.len() as u32, d) {
                 for &e in &exps {
                     *uses.entry(e).or_default() += 1;
                 }
@@ -221,7 +230,7 @@ pub fn build(ex: &mut Interner, shape: &Shape, per_score_products: bool, online:
                         masked.push(e);
                     }
                 }
-                if online {
+                if norm.defers(i + 1, d) {
                     // A masked key's weighted value, in any column, and a sum over the whole
                     // row; in a shared layer the exponential itself may be row j's.
                     for (j, &e) in all.iter().enumerate().skip(i as usize + 1) {

@@ -1840,7 +1840,7 @@ pub fn applies(programs: &[LoopProgram], m: &Manifest) -> Result<(), String> {
     if l.mask != "none" {
         return Err("covers layers without a mask only".into());
     }
-    if !crate::is_online(m) {
+    if m.normalisation != runtime::layer::Normalisation::Deferred {
         return Err("covers the online (deferred) formulation only".into());
     }
     let Some(first) = programs.first() else {

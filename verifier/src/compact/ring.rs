@@ -372,7 +372,7 @@ pub fn applies(programs: &[LoopProgram], m: &Manifest) -> Result<(), String> {
     if l.mask != "none" && l.mask != "causal" {
         return Err("an unknown mask".into());
     }
-    if !crate::is_online(m) {
+    if m.normalisation != runtime::layer::Normalisation::Deferred {
         return Err("covers the online (deferred) formulation only".into());
     }
     if m.pes < 2 || programs.len() != m.pes as usize {

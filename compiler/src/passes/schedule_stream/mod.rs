@@ -115,11 +115,32 @@ impl Stream {
     /// and head; the values trail the keys by `lag` ring steps.
     fn per_pe_deferred(
         programs: Vec<LoopProgram>,
+        places: (BTreeMap<String, Place>, Place),
+        cycles: u64,
+        counts: (u64, u64),
+        shape: (u32, u32, u32),
+        lag: u32,
+    ) -> Stream {
+        let norm = runtime::layer::Normalisation::Deferred;
+        let divisions = u64::from(shape.0) * u64::from(shape.1) * u64::from(shape.2);
+        Self::per_pe(
+            programs,
+            places,
+            cycles,
+            counts,
+            shape,
+            (lag, norm, divisions),
+        )
+    }
+
+    /// [`Stream::per_pe_deferred`] under any normalisation, with the `divisions` it takes.
+    fn per_pe(
+        programs: Vec<LoopProgram>,
         (inputs, output): (BTreeMap<String, Place>, Place),
         cycles: u64,
         (scores, weights): (u64, u64),
-        (n, d, heads): (u32, u32, u32),
-        lag: u32,
+        (_, d, _): (u32, u32, u32),
+        (lag, normalisation, divisions): (u32, runtime::layer::Normalisation, u64),
     ) -> Stream {
         let total_ops = programs
             .iter()
@@ -129,7 +150,7 @@ impl Stream {
             phase1_mac: scores * u64::from(d),
             phase2_exp: weights,
             phase2_max: 0,
-            phase2_div: u64::from(n) * u64::from(d) * u64::from(heads),
+            phase2_div: divisions,
             phase3_mac: weights * u64::from(d),
         };
         Stream {
@@ -140,7 +161,7 @@ impl Stream {
             ops,
             total_ops,
             lag,
-            normalisation: runtime::layer::Normalisation::Deferred,
+            normalisation,
             buffers: Vec::new(),
         }
     }
@@ -936,6 +957,16 @@ pub fn run_uneven(p: &Problem, pes: u32) -> Result<Stream, String> {
 /// the tokens in `2m` equal chunks), whatever the padded deal would take.
 pub fn run_whole(p: &Problem, pes: u32) -> Result<Stream, String> {
     whole::run(p, pes, None)
+}
+
+/// [`run_whole`] under one normalisation: deferred, per weight (each weight divided by its
+/// row's sum instead of each output element), or per row (whichever divides fewer times).
+pub fn run_whole_as(
+    p: &Problem,
+    pes: u32,
+    norm: runtime::layer::Normalisation,
+) -> Result<Stream, String> {
+    whole::run_as(p, pes, norm)
 }
 
 /// Mirrored scores alone (q = k = v, no mask, safe softmax, a ring that does not divide the

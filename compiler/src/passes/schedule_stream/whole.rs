@@ -13,7 +13,10 @@
 //! `key token`), and the ring's last hop brings each block home into its owner's buffer, so
 //! that after the pass every row finds all its keys' scores and v rows at affine addresses and
 //! takes its maximum, exponentials, sum, weighted values and `d` divisions in one stepped nest
-//! per kind of row. The programs execute exactly the deferred formulation's operations.
+//! per kind of row. The programs execute exactly the deferred formulation's operations, or the
+//! per-weight one's (each exponential divided by its row's sum before the values: `t + 1`
+//! divisions for row `t` instead of `d`), or per row whichever of the two divides fewer times
+//! (rows are whole, so each may be either); the fewest cycles of the three are kept.
 //!
 //! The blocks are forwarded on the score loops of a few rows at the top of each kind, which
 //! each step runs first; the PEs' steps differ in length, so a step waits (no-ops) until the
@@ -30,6 +33,7 @@ use isa::{Cmp, CountStep, Loop, LoopProgram, Node, Pred, Slot};
 
 use super::{ad, head_cycles, head_programs, lp, wait, Ad, Place, Send, Stream, B, NAME};
 use crate::problem::Problem;
+use runtime::layer::Normalisation;
 
 /// Bundles of all PEs' programs flattened that the proof of a layer with per-element
 /// placements can take (`attnc verify`'s flattening limit, `attnc::rundir::MAX_FLATTENED_BUNDLES`).
@@ -148,13 +152,16 @@ struct Deal {
     n: u32,
     d: u32,
     m: u32,
+    /// Which rows divide each weight by their sum before the values (one division per key)
+    /// instead of each output element after them (`d` per row).
+    norm: Normalisation,
     rest: u32,
     periods: u32,
     pes: Vec<Pe>,
 }
 
 impl Deal {
-    fn new(n: u32, d: u32, m: u32, heads: u32) -> Option<Deal> {
+    fn new(n: u32, d: u32, m: u32, heads: u32, norm: Normalisation) -> Option<Deal> {
         let rest = n % (2 * m);
         let periods = n / (2 * m);
         let (dd, nn, h) = (u64::from(d), u64::from(n), u64::from(heads));
@@ -209,6 +216,7 @@ impl Deal {
             n,
             d,
             m,
+            norm,
             rest,
             periods,
             pes,
@@ -492,8 +500,10 @@ impl Deal {
 
     /// After the ring pass, rows `local0 + 2·i` (`i < rows`) of PE `p`, tokens `t0 + 2m·i`
     /// (at least 2 when `rows > 1`): maximum, exponentials summed into `l`, weighted values,
-    /// `y /= l`.
+    /// `y /= l` (per weight: each exponential divided by `l` before the values instead).
     fn values(&self, p: u32, (local0, rows): (u32, u32), t0: u32, scale: f32) -> Vec<Node> {
+        // Every row of the nest alike ([`Deal::all_values`] splits nests where rows differ).
+        let per_weight = !self.norm.defers(t0 + 1, self.d);
         let pe = self.pe(p);
         let (d, n) = (i64::from(self.d), i64::from(self.n));
         let lr = 1u8;
@@ -515,9 +525,13 @@ impl Deal {
             })]
         };
         let mut body = Vec::new();
-        // The row's maximum; a row of one key copies its score (`max(S, S)`, the one
-        // operation beyond the formulation's).
-        if t0 == 0 {
+        // The row's maximum. A row of one key has its score for one: per weight its
+        // exponential takes the score itself, as that formulation counts no operation beyond
+        // its own; deferred, it copies it (`max(S, S)`, declared as online work).
+        let mut top = mx.clone();
+        if t0 == 0 && self.norm == Normalisation::PerWeight {
+            top = sc.clone();
+        } else if t0 == 0 {
             body.push(B::new().max(sc.clone(), sc.clone(), mx.clone()).build());
         } else {
             body.push(
@@ -536,7 +550,7 @@ impl Deal {
         }
         body.push(
             B::new()
-                .expd(sc.clone(), mx.clone(), scale, sc.clone())
+                .expd(sc.clone(), top, scale, sc.clone())
                 .add(None, l.clone())
                 .build(),
         );
@@ -549,6 +563,16 @@ impl Deal {
                     .add(Some(l.clone()), l.clone())
                     .build()],
             ));
+        }
+        if per_weight {
+            body.push(B::new().div(sc.clone(), l.clone(), sc.clone()).build());
+            if t0 >= 1 {
+                let w = sc.clone().plus(1).t(2, 1);
+                body.extend(stepped(
+                    t0,
+                    vec![B::new().div(w.clone(), l.clone(), w).build()],
+                ));
+            }
         }
         let yc = y.clone().t(2, 1);
         let v = ad(pe.vb).t(2, 1);
@@ -566,7 +590,9 @@ impl Deal {
             ));
         }
         body.extend(lp(self.d, cols));
-        body.extend(lp(self.d, vec![B::new().div(yc.clone(), l, yc).build()]));
+        if !per_weight {
+            body.extend(lp(self.d, vec![B::new().div(yc.clone(), l, yc).build()]));
+        }
         lp(rows, body)
     }
 
@@ -579,13 +605,18 @@ impl Deal {
             while i < self.periods as i32 {
                 let t = self.token(p, high, i);
                 let local = self.local(p, high, i);
+                // Rows that divide otherwise than this one (per row: from the first with `d`
+                // keys) start a nest of their own.
+                let defers = self.norm.defers(t + 1, self.d);
+                let alike = (i..self.periods as i32)
+                    .take_while(|&j| self.norm.defers(self.token(p, high, j) + 1, self.d) == defers)
+                    .count() as i32;
                 if t < 2 {
                     nodes.extend(self.values(p, (local, 1), t, scale));
                     i += 1;
                 } else {
-                    let rows = (self.periods as i32 - i) as u32;
-                    nodes.extend(self.values(p, (local, rows), t, scale));
-                    break;
+                    nodes.extend(self.values(p, (local, alike as u32), t, scale));
+                    i += alike;
                 }
             }
         }
@@ -646,12 +677,32 @@ fn assign(pieces: &[Piece], rows: &[Vec<KeyLoop>]) -> Option<Vec<(usize, usize, 
 /// The whole-rows programs for `p` on `m` PEs (see the module's doc), if every PE's memory is
 /// within `budget` words (checked before anything is built).
 pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
+    let mut best = build(p, m, budget, Normalisation::Deferred)?;
+    // One division per weight takes `t + 1` divisions for row `t` where deferred
+    // normalisation takes `d`; per row, whichever is fewer. Which leaves the busiest PE
+    // shortest only the built programs' cycles tell exactly.
+    for norm in [Normalisation::PerWeight, Normalisation::PerRow] {
+        if let Ok(w) = build(p, m, budget, norm) {
+            if w.cycles < best.cycles {
+                best = w;
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// The whole-rows programs under the normalisation `norm`, whatever the others would take.
+pub fn run_as(p: &Problem, m: u32, norm: Normalisation) -> Result<Stream, String> {
+    build(p, m, None, norm)
+}
+
+fn build(p: &Problem, m: u32, budget: Option<u64>, norm: Normalisation) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, m) {
         return Err(why);
     }
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let scale = p.scale as f32;
-    let deal = Deal::new(n, d, m, heads).ok_or_else(|| {
+    let deal = Deal::new(n, d, m, heads, norm).ok_or_else(|| {
         format!("{NAME}: whole rows do not deal the layer in two progressions per PE within 32-bit addresses")
     })?;
     let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
@@ -716,14 +767,24 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         ));
     }
     let weights = u64::from(n) * (u64::from(n) + 1) / 2 * u64::from(heads);
+    let divisions: u64 = (0..n)
+        .map(|t| {
+            if norm.defers(t + 1, d) {
+                u64::from(d)
+            } else {
+                u64::from(t) + 1
+            }
+        })
+        .sum::<u64>()
+        * u64::from(heads);
     // Each PE's map has its own sizes (its rows).
-    Ok(Stream::per_pe_deferred(
+    Ok(Stream::per_pe(
         programs,
         places(&deal, heads),
         cycles,
         (weights, weights),
         (n, d, heads),
-        0,
+        (0, norm, divisions),
     ))
 }
 
@@ -773,18 +834,24 @@ fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runtime::layer::{Normalisation, Softmax};
+    use runtime::layer::Softmax;
 
-    /// The programs execute the deferred formulation's operations and one more per head
-    /// (token 0's maximum copies its only score), validate, and every PE's is as long as the
-    /// layer; the padded stream takes more cycles on the shapes the deal is for.
+    /// The programs execute the operations of the formulation they declare and, deferred or
+    /// per row, one more per head (token 0's maximum copies its only score), validate, and
+    /// every PE's is as long as the layer; the padded stream takes more cycles on the shapes
+    /// the deal is for.
     #[test]
     fn programs_execute_the_formulation_and_beat_padding() {
         for (n, d, h, m) in [(29u32, 3u32, 2u32, 3u32), (64, 8, 1, 6), (128, 16, 1, 12)] {
             let p = Problem::attention(n, d, h, false, true, Softmax::Safe);
             let st = run(&p, m, None).unwrap();
-            let need = p.shape().necessary_as(Normalisation::Deferred).unwrap();
-            assert_eq!(st.total_ops, need.total() + u64::from(h), "n={n} m={m}");
+            let need = p.shape().necessary_as(st.normalisation).unwrap();
+            let copy = u64::from(st.normalisation != Normalisation::PerWeight);
+            assert_eq!(
+                st.total_ops,
+                need.total() + copy * u64::from(h),
+                "n={n} m={m}"
+            );
             for lp in &st.programs {
                 lp.validate().unwrap();
                 assert_eq!(lp.cycles(), st.cycles, "n={n} m={m} PE {}", lp.pe);
