@@ -595,6 +595,31 @@ fn mirrored_scores_run_from_their_files() {
         }
     }
     assert_eq!(ran, 7 * 3 * 3 - 2);
+    // Four heads relayed, the words left after a PE's ring pass laid on its rows.
+    for (n, d, m) in [(26u32, 5u32, 6u32), (40, 5, 6), (50, 5, 12), (64, 16, 12)] {
+        let what = format!("n={n} d={d} m={m} heads=4 relayed");
+        let p = compiler::problem::Problem::attention(
+            n,
+            d,
+            4,
+            true,
+            false,
+            runtime::layer::Softmax::Safe,
+        );
+        let st =
+            compiler::passes::schedule_stream::run_mirrored_timed(&p, m, MirroredTiming::Relayed)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into())
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let mut f = BTreeMap::new();
+        for lp in &st.programs {
+            f.insert(format!("pe{}.bin", lp.pe), isa::encode_looped(lp).unwrap());
+        }
+        f.insert("manifest.json".into(), man.to_json().unwrap().into_bytes());
+        let (_, cycles, _) = run_dir(&f, u64::from(n * 1000 + d * 100 + m));
+        assert_eq!(cycles, st.cycles, "{what}");
+        assert_eq!(cycles, man.cycles, "{what}");
+    }
 }
 
 /// Where mirrored scores take fewer cycles than every other stream, `--schedule stream` with

@@ -1443,3 +1443,56 @@ fn mirror_or_maximum_taken_out(timing: MirroredTiming) {
         );
     }
 }
+
+/// Relayed mirrored scores whose words left over after a PE's ring pass ride on the transfer
+/// slots of its rows' softmax and values (6 and 12 PEs, one to four heads): proved flattened,
+/// some of those sends are there, and taking one out (a word the next PE reads) is rejected.
+#[test]
+fn mirrored_words_laid_on_the_rows_are_proved() {
+    let mut laid = 0;
+    for (n, d, h, m) in [
+        (26u32, 3u32, 1u32, 6u32),
+        (26, 3, 4, 6),
+        (34, 6, 4, 6),
+        (50, 8, 1, 12),
+        (64, 8, 1, 12),
+        (61, 8, 2, 12),
+        (64, 8, 4, 12),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let p = problem(n, d, h, true, false, true);
+        let st = schedule_stream::run_mirrored_timed(&p, m, MirroredTiming::Relayed)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        for lp in &st.programs {
+            assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
+        }
+        let man = stream_manifest(&p, m, &st);
+        let flat: Vec<Program> = st
+            .programs
+            .iter()
+            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+            .collect();
+        assert_proved(&flat, &man, &what);
+        // Only the rows take maxima and exponentials, and nothing of theirs is sent.
+        let on_rows = |b: &isa::Bundle| {
+            matches!(b.op.kind(), Some(OpKind::Max | OpKind::Expd))
+                && matches!(b.xfer, isa::Xfer::Send { .. })
+        };
+        let pes: Vec<usize> = (0..flat.len())
+            .filter(|&pe| flat[pe].bundles.iter().any(on_rows))
+            .collect();
+        assert!(!pes.is_empty(), "{what}: no word laid on the rows");
+        laid += 1;
+        let pe = pes[0];
+        // The last such send of the first head.
+        let head = flat[pe].bundles.len() / h as usize;
+        let at = flat[pe].bundles[..head].iter().rposition(on_rows).unwrap();
+        let mut cut = flat.clone();
+        cut[pe].bundles[at].xfer = isa::Xfer::Nop;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "{what}: PE {pe}: a word laid on the rows left out was proved"
+        );
+    }
+    assert_eq!(laid, 7);
+}

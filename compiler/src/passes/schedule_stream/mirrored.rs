@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use isa::{Cmp, Field, LoopProgram, Node, Pred, Slot, Xfer, XferSrc};
 
-use super::{ad, head_programs, lp, wait, Ad, Place, Stream, B, NAME};
+use super::{ad, head_programs, lp, overlay, wait, Ad, Place, Stream, B, NAME};
 use crate::problem::Problem;
 
 /// Per-element placements leave the proof to the flattened programs, which `attnc verify` takes
@@ -531,7 +531,8 @@ fn segments(
 }
 
 /// Per PE and ring step, the words it relays: `(chain, words, first word)`; chains past the
-/// last step's own stand for sends of their own after them.
+/// last step's own stand for runs of `d − 1` cycles of the rows after it, whose transfer slots
+/// carry them.
 type Relay = Vec<Vec<Vec<(u64, u64, Ad)>>>;
 
 impl Deal {
@@ -570,7 +571,8 @@ impl Deal {
             for (p, row) in again.iter_mut().enumerate() {
                 for s in 1..row.len() {
                     let after = row[s - 1] + self.step_size(p as u32, s as u32 - 1).0 * dd;
-                    row[s] = row[s].max(after).max(arrive[p][s]);
+                    let x_in = arrive[p].get(s).copied().unwrap_or(0);
+                    row[s] = row[s].max(after).max(x_in);
                 }
             }
             if again == starts {
@@ -592,7 +594,8 @@ impl Deal {
         let dd = u64::from(self.d);
         let per = dd - 1;
         // Per PE, every chain: (step, chain, cycle of its first product); after the last
-        // step's chains, runs of `d − 1` sends of their own, as many as every word would take.
+        // step's chains, runs of `d − 1` words laid one a cycle onto the rows that follow from
+        // `starts[p][m]` on, as many runs as every word would take.
         let spare: u64 = (0..mu)
             .map(|b| u64::from(self.r(b as u32) * self.d + self.pay[b][mu - 1]))
             .sum::<u64>()
@@ -607,7 +610,7 @@ impl Deal {
                     })
                     .collect();
                 let (n, _) = self.step_size(p as u32, self.m - 1);
-                let end = starts[p][mu - 1] + n * dd;
+                let end = starts[p][mu];
                 list.extend((0..spare).map(|k| (mu - 1, n + k, end + k * per)));
                 list
             })
@@ -694,7 +697,8 @@ impl Deal {
         let mut out: Relay = vec![vec![Vec::new(); mu]; mu];
         for (p, mut list) in placed.into_iter().enumerate() {
             list.sort_unstable();
-            // The sends after the last step's chains go after every forward on its chains.
+            // The runs after the last step's chains (laid onto the rows) stay apart from those
+            // on its chains.
             let last = self.step_size(p as u32, self.m - 1).0;
             let apart = |k: usize| chains[p][k].0 == mu - 1 && chains[p][k].1 >= last;
             let mut i = 0;
@@ -1144,25 +1148,25 @@ pub fn run_timed(
             .and_then(fits)
     };
     let relayed = if timing == Timing::OnStep {
-        None
+        Err(format!("{NAME}: forwarding on the step asked for"))
     } else {
         relay(&deal, scale, fits)?
     };
     let programs = match (on_step, relayed) {
-        (Ok(o), Some(r)) => {
+        (Ok(o), Ok(r)) => {
             if cycles_of(&r) < cycles_of(&o) {
                 r
             } else {
                 o
             }
         }
-        (Err(_), Some(r)) => r,
-        (Err(e), None) if timing == Timing::Relayed => {
+        (Err(_), Ok(r)) => r,
+        (Err(_), Err(e)) if timing == Timing::Relayed => {
             return Err(format!(
                 "{NAME}: the relayed timing does not apply or fit ({e})"
             ))
         }
-        (o, None) => o?,
+        (o, Err(_)) => o?,
     };
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     let bundles = cycles.saturating_mul(u64::from(m));
@@ -1185,23 +1189,26 @@ pub fn run_timed(
 
 /// The relayed programs, if a relay fits the chains and its waits settle: planned first on the
 /// timeline without waits, then again on the timeline each plan gives (a plan changes the
-/// timeline it was made on), the fastest that `fits` kept.
+/// timeline it was made on), the fastest that `fits` kept; otherwise why none was.
 fn relay(
     deal: &Deal,
     scale: f32,
     fits: impl Fn(Vec<LoopProgram>) -> Result<Vec<LoopProgram>, String>,
-) -> Result<Option<Vec<LoopProgram>>, String> {
+) -> Result<Result<Vec<LoopProgram>, String>, String> {
     let (m, d) = (deal.m, deal.d);
+    // Each step's start, then the rows'.
     let mut starts: Vec<Vec<u64>> = (0..m)
         .map(|pe| {
             let mut t = 0u64;
-            (0..m)
+            let mut row: Vec<u64> = (0..m)
                 .map(|s| {
                     let at = t;
                     t += deal.step_size(pe, s).0 * u64::from(d);
                     at
                 })
-                .collect()
+                .collect();
+            row.push(t);
+            row
         })
         .collect();
     // When each step sends its mirrors: a step given nothing to relay sends nothing else.
@@ -1212,16 +1219,20 @@ fn relay(
                 .collect()
         })
         .collect::<Result<_, _>>()?;
-    let mut best: Option<Vec<LoopProgram>> = None;
+    let mut best: Result<Vec<LoopProgram>, String> = Err(format!(
+        "{NAME}: the relay does not keep ahead of the steps"
+    ));
     for _ in 0..RELAY_ROUNDS {
         let Some(plan) = deal.relay(&starts, &fresh) else {
             break;
         };
         let (programs, next) = build(deal, Some(&plan), scale)?;
-        if let Some(Ok(p)) = programs.map(&fits) {
-            if best.as_ref().is_none_or(|b| cycles_of(&p) < cycles_of(b)) {
-                best = Some(p);
+        match programs.map(&fits) {
+            Some(Ok(p)) if best.as_ref().map_or(true, |b| cycles_of(&p) < cycles_of(b)) => {
+                best = Ok(p);
             }
+            Some(Err(e)) if best.is_err() => best = Err(e),
+            _ => {}
         }
         if next == starts {
             break;
@@ -1239,33 +1250,74 @@ fn cycles_of(programs: &[LoopProgram]) -> u64 {
 /// starts in (as far as the rounds got).
 type Built = (Option<Vec<LoopProgram>>, Vec<Vec<u64>>);
 
-/// Every PE's program: the ring steps (forwarding on the step, or relaying the x rows as
-/// `relay` says), then the rows, each stretch after a wait for the words it reads.
+/// Every PE's program: the ring steps (forwarding on the step, or relaying as `relay` says,
+/// the words left after the last step laid onto the rows), then the rows, each stretch after a
+/// wait for the words it reads.
 fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String> {
     let (m, d, heads) = (deal.m, deal.d, deal.heads);
     let mu = m as usize;
+    let per = u64::from(d - 1);
     let prev = |pe: usize| (pe + mu - 1) % mu;
     // Forwarding on the step, the last step's payload waits for the timeline of the others;
     // relayed, every step is known up front.
     let upfront = if relay.is_some() { mu } else { mu - 1 };
-    let mut steps: Vec<Vec<Vec<Node>>> = (0..m)
-        .map(|pe| {
-            (0..upfront as u32)
-                .map(|s| {
-                    let r = relay.map(|r| r[pe as usize][s as usize].as_slice());
-                    deal.ring_step(pe, s, 0, r)
-                })
-                .collect()
-        })
-        .collect();
+    // Relayed, what the last step's chains cannot carry rides on the rows after it: runs of
+    // sends from the rows' first cycle on, as the relay placed them.
+    let mut tails: Vec<Vec<overlay::Run>> = vec![Vec::new(); mu];
+    let mut steps: Vec<Vec<Vec<Node>>> = Vec::with_capacity(mu);
+    for (pe, tail) in tails.iter_mut().enumerate() {
+        let mut row = Vec::with_capacity(mu);
+        for s in 0..upfront {
+            let Some(r) = relay else {
+                row.push(deal.ring_step(pe as u32, s as u32, 0, None));
+                continue;
+            };
+            let chains = deal.step_size(pe as u32, s as u32).0;
+            let (on, after): (Vec<_>, Vec<_>) = r[pe][s]
+                .iter()
+                .cloned()
+                .partition(|e| s + 1 < mu || e.0 < chains);
+            tail.extend(after.into_iter().map(|(c, words, src)| overlay::Run {
+                at: (c - chains) * per,
+                words,
+                src,
+            }));
+            row.push(deal.ring_step(pe as u32, s as u32, 0, Some(&on)));
+        }
+        tail.sort_by_key(|r| r.at);
+        steps.push(row);
+    }
     let mut lines: Vec<Vec<Line>> = steps
         .iter()
         .map(|st| st.iter().map(|s| line(s, deal.words)).collect())
         .collect::<Result<_, _>>()?;
+    // Relayed, the rows' stretch as far as its laid sends go: each word read and sent in its
+    // cycle from the rows' start.
+    let laid = relay.is_some();
+    if laid {
+        for (pe, tail) in tails.iter().enumerate() {
+            let mut l = Line {
+                read: HashMap::new(),
+                sent: HashMap::new(),
+                len: 0,
+            };
+            for r in tail {
+                for i in 0..r.words {
+                    let a = u32::try_from(r.src.base + i as i64)
+                        .map_err(|_| format!("{NAME}: a relayed word out of range"))?;
+                    l.read.insert(a, r.at + i);
+                    l.sent.insert(a, r.at + i);
+                }
+                l.len = l.len.max(r.at + r.words);
+            }
+            lines[pe].push(l);
+        }
+    }
+    let stretches = upfront + usize::from(laid);
     // A stretch starts once every word it reads that the previous PE sends has arrived (a word
     // sent in one cycle is read from the next); the waits are the gaps this leaves.
     let mut waits = vec![vec![0u64; mu + 1]; mu];
-    let mut start = vec![vec![0u64; mu]; mu];
+    let mut start = vec![vec![0u64; mu + 1]; mu];
     let mut end = vec![0u64; mu];
     // How much later than stretch `sent` of the previous PE the stretch `reads` must start for
     // the words it takes from it. The lags keep their sign: a word read late in its stretch
@@ -1276,24 +1328,23 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             .filter_map(|(addr, &t)| reads.read.get(addr).map(|&r| t as i64 + 1 - r as i64))
             .max()
     };
-    let ready =
-        |lines: &[Vec<Line>], reads: &Line, pe: usize, upto: usize, start: &[Vec<u64>]| -> u64 {
-            let q = prev(pe);
-            (0..upto)
-                .filter_map(|s| lag(&lines[q][s], reads).map(|l| (start[q][s] as i64 + l).max(0)))
-                .max()
-                .unwrap_or(0) as u64
-        };
+    let ready = |lines: &[Vec<Line>], reads: &Line, pe: usize, start: &[Vec<u64>]| -> u64 {
+        let q = prev(pe);
+        (0..lines[q].len())
+            .filter_map(|s| lag(&lines[q][s], reads).map(|l| (start[q][s] as i64 + l).max(0)))
+            .max()
+            .unwrap_or(0) as u64
+    };
     // Relayed words may come from any stretch of the previous PE, even one that runs alongside
-    // or after the reading one there, so the steps built up front take the least starts that
-    // meet every such bound, found by rounds that only move starts later. Where the bounds do
-    // not hold on any timeline (a stretch forwarding a word before the stretch it waits for can
-    // send it, round the ring) the rounds do not end, and the caller is told.
+    // or after the reading one there, so the stretches built up front take the least starts
+    // that meet every such bound, found by rounds that only move starts later. Where the
+    // bounds do not hold on any timeline (a stretch forwarding a word before the stretch it
+    // waits for can send it, round the ring) the rounds do not end, and the caller is told.
     let lags: Vec<Vec<Vec<(usize, i64)>>> = (0..mu)
         .map(|pe| {
-            (0..upfront)
+            (0..stretches)
                 .map(|s| {
-                    (0..upfront)
+                    (0..stretches)
                         .filter_map(|s2| lag(&lines[prev(pe)][s2], &lines[pe][s]).map(|l| (s2, l)))
                         .collect()
                 })
@@ -1303,7 +1354,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
     let mut settled = false;
     for _ in 0..4 * mu + 16 {
         let mut moved = false;
-        for s in 0..upfront {
+        for s in 0..stretches {
             for pe in 0..mu {
                 let before = if s == 0 {
                     0
@@ -1344,7 +1395,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             let b = (pe as u32 + 1) % m;
             let pat = deal.blk[b as usize] + deal.r(b) * d;
             let words = u64::from(deal.pay[b as usize][mu - 1]);
-            let (dd, per) = (u64::from(d), u64::from(d - 1));
+            let dd = u64::from(d);
             let mut at = 0u64;
             for s2 in 0..mu - 1 {
                 for (&a, &t) in &lines[q][s2].sent {
@@ -1361,7 +1412,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             steps[pe].push(nodes);
         }
         for pe in 0..mu {
-            let at = end[pe].max(ready(&lines, &lines[pe][s], pe, s, &start));
+            let at = end[pe].max(ready(&lines, &lines[pe][s], pe, &start));
             waits[pe][s] = at - end[pe];
             start[pe][s] = at;
             end[pe] = at + lines[pe][s].len;
@@ -1376,7 +1427,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
                 let nodes = deal.row(pe as u32, j, scale);
                 let l = line(&nodes, deal.words)?;
                 let q = prev(pe);
-                let need = (0..mu)
+                let need = (0..lines[q].len())
                     .flat_map(|s| {
                         let st = start[q][s];
                         lines[q][s]
@@ -1393,9 +1444,21 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         rows.sort_by_key(|r| (r.0, r.1));
         let fin: Vec<Node> = rows.into_iter().flat_map(|r| r.2).collect();
         let fl = line(&fin, deal.words)?;
-        let at = end[pe].max(ready(&lines, &fl, pe, mu, &start));
-        waits[pe][mu] = at - end[pe];
-        finals.push(fin);
+        let from = if laid { start[pe][mu] } else { end[pe] };
+        let at = from.max(ready(&lines, &fl, pe, &start));
+        waits[pe][mu] = from - end[pe];
+        if laid {
+            // The rows wait inside their stretch, whose first cycle the laid sends count from.
+            let mut nodes = wait(at - from)?;
+            nodes.extend(fin);
+            let have = overlay::len(&nodes)?;
+            let need = tails[pe].last().map_or(0, |r| r.at + r.words);
+            nodes.extend(wait(need.saturating_sub(have))?);
+            finals.push(overlay::overlay(&nodes, 1, &tails[pe])?);
+        } else {
+            waits[pe][mu] = at - end[pe];
+            finals.push(fin);
+        }
     }
     let mut bodies = Vec::with_capacity(mu);
     for (pe, fin) in finals.into_iter().enumerate() {
