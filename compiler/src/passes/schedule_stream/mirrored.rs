@@ -1020,6 +1020,186 @@ impl Deal {
         body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
         body
     }
+
+    /// The shape of row `j`'s code that does not move affinely with the row: per run of its
+    /// scores, its key stride, where the maximum's loop starts and whether the loops of the
+    /// maximum and the exponentials run at all; and which two keys start the maximum.
+    fn row_shape(&self, p: u32, j: u32) -> (Vec<(i64, u32, bool, bool)>, bool) {
+        let runs = self.runs(p, j);
+        let pair = runs[0].3 >= 2;
+        let mut skip = 2u32;
+        let shape = runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let from = skip.min(r.3);
+                skip -= from;
+                (r.1, from, r.3 > from, r.3 > u32::from(i == 0))
+            })
+            .collect();
+        (shape, pair)
+    }
+
+    /// Whether rows `j0 … j0 + count − 1` of PE `p` run one code with addresses and key
+    /// counts that move by the same amount from row to row, so one loop over them is their
+    /// code exactly.
+    fn rows_alike(&self, p: u32, j0: u32, count: u32) -> bool {
+        if count < 2 {
+            return true;
+        }
+        let shape = self.row_shape(p, j0);
+        let (a, b) = (self.runs(p, j0), self.runs(p, j0 + 1));
+        if a.len() != b.len() {
+            return false;
+        }
+        (j0 + 1..j0 + count).all(|j| {
+            let r = self.runs(p, j);
+            let k = i64::from(j - j0);
+            self.row_shape(p, j) == shape
+                && r.len() == a.len()
+                && r.iter().zip(a.iter().zip(&b)).all(|(r, (x, y))| {
+                    r.0.terms == x.0.terms
+                        && x.0.terms == y.0.terms
+                        && r.0.base == x.0.base + k * (y.0.base - x.0.base)
+                        && i64::from(r.2) == i64::from(x.2) + k * (i64::from(y.2) - i64::from(x.2))
+                        && i64::from(r.3) == i64::from(x.3) + k * (i64::from(y.3) - i64::from(x.3))
+                })
+        })
+    }
+
+    /// Rows `j0 … j0 + count − 1` of PE `p` (see [`Deal::rows_alike`]) as one loop at level 1:
+    /// the code of [`Deal::row`] with every address and key count moved on by the row.
+    fn row_loop(&self, p: u32, j0: u32, count: u32, scale: f32) -> Vec<Node> {
+        if count == 1 {
+            return self.row(p, j0, scale);
+        }
+        let (n, d) = (i64::from(self.n), i64::from(self.d));
+        // Levels: 1 row, 2 key of the softmax, or 2 column and 3 key of the values.
+        let (rl, lv) = (1u8, 2u8);
+        let runs = self.runs(p, j0);
+        let next = self.runs(p, j0 + 1);
+        let moves: Vec<(i64, i64, i64)> = runs
+            .iter()
+            .zip(&next)
+            .map(|(a, b)| {
+                (
+                    b.0.base - a.0.base,
+                    i64::from(b.2) - i64::from(a.2),
+                    i64::from(b.3) - i64::from(a.3),
+                )
+            })
+            .collect();
+        let j = i64::from(j0);
+        let mx = ad(self.mx).plus(j).t(rl, 1);
+        let l = ad(self.l).plus(j).t(rl, 1);
+        let e = ad(self.e).plus(j * n).t(rl, n);
+        let key = |i: usize, k: u32| {
+            runs[i]
+                .0
+                .clone()
+                .plus(i64::from(k) * runs[i].1)
+                .t(rl, moves[i].0)
+        };
+        // A loop over a run's keys whose count moves with the row.
+        let keys = |i: usize, from: u32, body: Node| -> Vec<Node> {
+            let count = runs[i].3 - from;
+            if count == 0 {
+                return Vec::new();
+            }
+            let mut lp = isa::Loop::new(count, vec![body]);
+            if moves[i].2 != 0 {
+                lp.step = Some(isa::CountStep {
+                    level: rl,
+                    per: moves[i].2 as i16,
+                });
+            }
+            vec![Node::Loop(lp)]
+        };
+        let (a, b) = if runs[0].3 >= 2 {
+            (key(0, 0), key(0, 1))
+        } else {
+            (key(0, 0), key(1, 0))
+        };
+        let mut body = vec![B::new().max(a, b, mx.clone()).build()];
+        let mut skip = 2u32;
+        for (i, r) in runs.iter().enumerate() {
+            let from = skip.min(r.3);
+            skip -= from;
+            body.extend(keys(
+                i,
+                from,
+                B::new()
+                    .max(mx.clone(), key(i, from).t(lv, r.1), mx.clone())
+                    .build(),
+            ));
+        }
+        let mut first = true;
+        for (i, r) in runs.iter().enumerate() {
+            let dst = e.clone().plus(i64::from(r.2)).t(rl, moves[i].1);
+            if first {
+                body.push(
+                    B::new()
+                        .expd(key(i, 0), mx.clone(), scale, dst.clone())
+                        .add(None, l.clone())
+                        .build(),
+                );
+            }
+            let from = u32::from(first);
+            first = false;
+            body.extend(keys(
+                i,
+                from,
+                B::new()
+                    .expd(
+                        key(i, from).t(lv, r.1),
+                        mx.clone(),
+                        scale,
+                        dst.plus(i64::from(from)).t(lv, 1),
+                    )
+                    .add(Some(l.clone()), l.clone())
+                    .build(),
+            ));
+        }
+        // Values: columns at `lv`, keys one deeper.
+        let (col, kl) = (lv, lv + 1);
+        let y = ad(self.y)
+            .plus(j * d)
+            .t(0, i64::from(self.r(p)) * d)
+            .t(rl, d)
+            .t(col, 1);
+        let mut inner = Vec::new();
+        for q in 0..self.m {
+            let xq = i64::from(self.x[q as usize]);
+            let rq = self.r(q);
+            let xr = self.xrows(q).t(col, 1);
+            if q == 0 {
+                inner.push(
+                    B::new()
+                        .mul(e.clone(), xr.clone(), None)
+                        .add(None, y.clone())
+                        .build(),
+                );
+                inner.extend(lp(
+                    rq - 1,
+                    vec![B::new()
+                        .mul(e.clone().plus(1).t(kl, 1), xr.plus(d).t(kl, d), None)
+                        .add(Some(y.clone()), y.clone())
+                        .build()],
+                ));
+            } else {
+                inner.extend(lp(
+                    rq,
+                    vec![B::new()
+                        .mul(e.clone().plus(xq).t(kl, 1), xr.t(kl, d), None)
+                        .add(Some(y.clone()), y.clone())
+                        .build()],
+                ));
+            }
+        }
+        body.extend(lp(self.d, inner));
+        body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
+        lp(count, body)
+    }
 }
 
 /// When a stretch of a head's body first reads each word, and when it sends each word (the
@@ -1442,16 +1622,46 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             })
             .collect::<Result<Vec<_>, String>>()?;
         rows.sort_by_key(|r| (r.0, r.1));
+        let order: Vec<(u32, u64)> = rows
+            .iter()
+            .map(|r| (r.1, super::head_cycles(&r.2)))
+            .collect();
         let fin: Vec<Node> = rows.into_iter().flat_map(|r| r.2).collect();
         let fl = line(&fin, deal.words)?;
         let from = if laid { start[pe][mu] } else { end[pe] };
         let at = from.max(ready(&lines, &fl, pe, &start));
         waits[pe][mu] = from - end[pe];
+        // Rows that follow one another in token order and whose code moves on alike share one
+        // loop (the same flattening, so the timing above holds); those the laid sends reach
+        // keep bodies of their own, which the sends split.
+        let reach = if laid {
+            tails[pe].last().map_or(0, |r| r.at + r.words)
+        } else {
+            0
+        };
+        let mut fin = Vec::new();
+        let mut t = at - from;
+        let mut i = 0;
+        while i < order.len() {
+            let j = order[i].0;
+            let mut c = 1u32;
+            if t >= reach {
+                while i + (c as usize) < order.len()
+                    && order[i + c as usize].0 == j + c
+                    && deal.rows_alike(pe as u32, j, c + 1)
+                {
+                    c += 1;
+                }
+            }
+            fin.extend(deal.row_loop(pe as u32, j, c, scale));
+            t += order[i..i + c as usize].iter().map(|o| o.1).sum::<u64>();
+            i += c as usize;
+        }
         if laid {
             // The rows wait inside their stretch, whose first cycle the laid sends count from.
             let mut nodes = wait(at - from)?;
             nodes.extend(fin);
-            let have = overlay::len(&nodes)?;
+            let have = super::head_cycles(&nodes);
             let need = tails[pe].last().map_or(0, |r| r.at + r.words);
             nodes.extend(wait(need.saturating_sub(have))?);
             finals.push(overlay::overlay(&nodes, 1, &tails[pe])?);

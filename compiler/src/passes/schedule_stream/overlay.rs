@@ -22,7 +22,7 @@ pub(super) struct Run {
     pub src: Ad,
 }
 
-/// Flattened length of `nodes`; the stretches laid onto have fixed counts.
+/// Flattened length of `nodes`, whose loops the runs touch have fixed counts.
 pub(super) fn len(nodes: &[Node]) -> Result<u64, String> {
     nodes.iter().try_fold(0u64, |acc, n| {
         Ok(acc
@@ -46,7 +46,7 @@ pub(super) fn overlay(nodes: &[Node], level: u8, runs: &[Run]) -> Result<Vec<Nod
             return Err(format!("{NAME}: laid sends overlap"));
         }
     }
-    let total = len(nodes)?;
+    let total = super::head_cycles(nodes);
     if runs.last().is_some_and(|r| r.at + r.words > total) {
         return Err(format!("{NAME}: laid sends past the stretch"));
     }
@@ -80,14 +80,19 @@ fn lay(
                 t += 1;
             }
             Node::Loop(l) => {
-                let body_len = len(&l.body)?;
-                let span = u64::from(l.count) * body_len;
+                // Loops no run touches may have counts stepped by the stretch's own loops.
+                let span = if level == 1 {
+                    super::head_cycles(std::slice::from_ref(node))
+                } else {
+                    u64::from(l.count) * len(&l.body)?
+                };
                 let i = first_after(runs, t);
                 if runs.get(i).is_none_or(|r| r.at >= t + span) {
                     out.push(node.clone());
                     t += span;
                     continue;
                 }
+                let body_len = len(&l.body)?;
                 let mut it = 0u32;
                 while it < l.count {
                     let s = t + u64::from(it) * body_len;
