@@ -1539,3 +1539,47 @@ fn mirrored_rows_in_loops_are_proved() {
         assert_proved(&flat, &man, &what);
     }
 }
+
+/// Mirrored scores with fewer keys than columns divide each weight by its row's sum (`n`
+/// divisions a row instead of `d`): proved under that formulation, both timings, on 3, 6 and
+/// 12 PEs with one and four heads.
+#[test]
+fn mirrored_scores_per_weight_are_proved() {
+    for (n, d, h, m, timing) in [
+        (13u32, 16u32, 1u32, 3u32, MirroredTiming::OnStep),
+        (13, 16, 2, 3, MirroredTiming::Relayed),
+        (26, 32, 1, 6, MirroredTiming::Relayed),
+        (26, 32, 4, 6, MirroredTiming::OnStep),
+        (50, 64, 1, 12, MirroredTiming::Relayed),
+        (50, 64, 4, 12, MirroredTiming::Relayed),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m} {timing:?}");
+        let p = problem(n, d, h, true, false, true);
+        let st = schedule_stream::run_mirrored_timed(&p, m, timing)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            st.normalisation,
+            runtime::layer::Normalisation::PerWeight,
+            "{what}"
+        );
+        let man = stream_manifest(&p, m, &st);
+        let flat: Vec<Program> = st
+            .programs
+            .iter()
+            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+            .collect();
+        assert_proved(&flat, &man, &what);
+        // One weight's division taken out.
+        let mut cut = flat.clone();
+        let at = cut[1]
+            .bundles
+            .iter()
+            .position(|b| b.op.kind() == Some(OpKind::Div))
+            .unwrap();
+        cut[1].bundles[at].op = Op::Nop;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "{what}: a division left out was proved"
+        );
+    }
+}

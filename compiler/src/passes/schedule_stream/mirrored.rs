@@ -79,6 +79,9 @@ struct Deal {
     d: u32,
     m: u32,
     heads: u32,
+    /// Each weight divided by its row's sum (`n` divisions a row) rather than each output
+    /// element (`d`): with fewer keys than columns.
+    per_weight: bool,
     /// First token of each PE, and `n` at the end.
     x: Vec<u32>,
     /// Scores PE `p` computes in its meeting with PE `q`: `cnt[p][q]`.
@@ -116,14 +119,15 @@ impl Deal {
         }
     }
 
-    fn new(n: u32, d: u32, m: u32, heads: u32) -> Option<Deal> {
+    fn new(n: u32, d: u32, m: u32, heads: u32, per_weight: bool) -> Option<Deal> {
         let x: Vec<u32> = (0..=m).map(|p| first(n, m, p)).collect();
         let r = |p: u32| i64::from(x[p as usize + 1] - x[p as usize]);
         let (n64, d64) = (i64::from(n), i64::from(d));
+        let divs = if per_weight { n64 } else { d64 };
         // Each PE's own work in cycles: its triangle, softmax, values and divisions.
         let own = |p: u32| {
             let rp = r(p);
-            d64 * rp * (rp + 1) / 2 + rp * (2 * n64 - 1) + rp * n64 * d64 + rp * d64
+            d64 * rp * (rp + 1) / 2 + rp * (2 * n64 - 1) + rp * n64 * d64 + rp * divs
         };
         let cross: i64 = (0..m)
             .flat_map(|u| (u + 1..m).map(move |v| (u, v)))
@@ -179,6 +183,7 @@ impl Deal {
             d,
             m,
             heads,
+            per_weight,
             x,
             cnt,
             split: BTreeMap::new(),
@@ -981,6 +986,13 @@ impl Deal {
                     .build()],
             ));
         }
+        if self.per_weight {
+            let w = e.clone().t(lv, 1);
+            body.extend(lp(
+                self.n,
+                vec![B::new().div(w.clone(), l.clone(), w).build()],
+            ));
+        }
         // Values: columns at `lv`, keys one deeper.
         let (col, kl) = (lv, lv + 1);
         let y = ad(self.y)
@@ -1017,7 +1029,9 @@ impl Deal {
             }
         }
         body.extend(lp(self.d, inner));
-        body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
+        if !self.per_weight {
+            body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
+        }
         body
     }
 
@@ -1160,6 +1174,13 @@ impl Deal {
                     .build(),
             ));
         }
+        if self.per_weight {
+            let w = e.clone().t(lv, 1);
+            body.extend(lp(
+                self.n,
+                vec![B::new().div(w.clone(), l.clone(), w).build()],
+            ));
+        }
         // Values: columns at `lv`, keys one deeper.
         let (col, kl) = (lv, lv + 1);
         let y = ad(self.y)
@@ -1197,7 +1218,9 @@ impl Deal {
             }
         }
         body.extend(lp(self.d, inner));
-        body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
+        if !self.per_weight {
+            body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
+        }
         lp(count, body)
     }
 }
@@ -1294,7 +1317,8 @@ pub fn run_timed(
         ));
     }
     let scale = p.scale as f32;
-    let deal = Deal::new(n, d, m, heads)
+    let per_weight = super::per_weight_pays(p);
+    let deal = Deal::new(n, d, m, heads, per_weight)
         .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
     if budget.is_some_and(|b| u64::from(deal.words) > b) {
         return Err(format!(
@@ -1357,14 +1381,19 @@ pub fn run_timed(
     }
     let (n64, h64) = (u64::from(n), u64::from(heads));
     // Each pair's score is computed once and serves both of its weights.
-    Ok(Stream::per_pe_deferred(
+    let mut st = Stream::per_pe_deferred(
         programs,
         places(&deal),
         cycles,
         (n64 * (n64 + 1) / 2 * h64, n64 * n64 * h64),
         (n, d, heads),
         m,
-    ))
+    );
+    if per_weight {
+        st.ops.phase2_div = n64 * n64 * h64;
+        st.normalisation = runtime::layer::Normalisation::PerWeight;
+    }
+    Ok(st)
 }
 
 /// The relayed programs, if a relay fits the chains and its waits settle: planned first on the
