@@ -1583,3 +1583,52 @@ fn mirrored_scores_per_weight_are_proved() {
         );
     }
 }
+
+/// The mirrored programs skip the relayed timing where forwarding on the step takes no more
+/// cycles than its busiest PE's operations; the layers below check that what is kept is still
+/// the faster of the two built apart (a tie keeps the step), including layers where the rule
+/// skips the relay.
+#[test]
+fn mirrored_timing_kept_is_the_faster_of_both() {
+    let mut skipped = 0;
+    for (n, d, h, m) in [
+        (26u32, 3u32, 1u32, 6u32),
+        (29, 8, 1, 6),
+        (40, 16, 1, 6),
+        (64, 8, 1, 6),
+        (64, 16, 2, 6),
+        (26, 32, 1, 6),
+        (50, 8, 1, 12),
+        (64, 16, 1, 12),
+        // Shapes of the shapes table: the relay wins on the first, is skipped on the others.
+        (64, 32, 1, 6),
+        (64, 64, 1, 6),
+        (128, 32, 2, 6),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let p = problem(n, d, h, true, false, true);
+        let on = schedule_stream::run_mirrored_timed(&p, m, MirroredTiming::OnStep)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let relayed = schedule_stream::run_mirrored_timed(&p, m, MirroredTiming::Relayed);
+        let kept = schedule_stream::run_mirrored_timed(&p, m, MirroredTiming::Fastest)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want = match &relayed {
+            Ok(r) if r.cycles < on.cycles => r.cycles,
+            _ => on.cycles,
+        };
+        assert_eq!(kept.cycles, want, "{what}");
+        let floor = on
+            .programs
+            .iter()
+            .map(|lp| lp.op_counts().iter().sum::<u64>())
+            .max()
+            .unwrap();
+        if on.cycles <= floor {
+            skipped += 1;
+        }
+    }
+    assert!(
+        skipped >= 2,
+        "the rule skipped the relay on {skipped} layers"
+    );
+}

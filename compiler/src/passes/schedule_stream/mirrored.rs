@@ -1351,8 +1351,17 @@ pub fn run_timed(
             .ok_or_else(|| format!("{NAME}: the steps' waits do not settle"))
             .and_then(fits)
     };
+    // Both timings execute the same operations on every PE (the deal fixes them; only the
+    // transfer slots differ), one a cycle at most, so where forwarding on the step already
+    // takes no more cycles than its busiest PE's operations the relay cannot take fewer, and
+    // a tie keeps the step: it is not built.
+    let at_floor = on_step.as_ref().is_ok_and(|o| cycles_of(o) <= ops_floor(o));
     let relayed = if timing == Timing::OnStep {
         Err(format!("{NAME}: forwarding on the step asked for"))
+    } else if timing == Timing::Fastest && at_floor {
+        Err(format!(
+            "{NAME}: forwarding on the step takes only its busiest PE's operations"
+        ))
     } else {
         relay(&deal, scale, fits)?
     };
@@ -1449,6 +1458,16 @@ fn relay(
         starts = next;
     }
     Ok(best)
+}
+
+/// The most operations any PE's program executes: no program with the same operations per PE
+/// takes fewer cycles.
+fn ops_floor(programs: &[LoopProgram]) -> u64 {
+    programs
+        .iter()
+        .map(|p| p.op_counts().iter().sum::<u64>())
+        .max()
+        .unwrap_or(0)
 }
 
 fn cycles_of(programs: &[LoopProgram]) -> u64 {
