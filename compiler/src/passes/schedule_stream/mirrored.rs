@@ -1241,17 +1241,14 @@ fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
             len: 0,
         });
     }
-    let flat = LoopProgram {
-        pe: 0,
-        pes: 1,
-        mem_words: words,
-        body: lp(1, nodes.to_vec()),
-    }
-    .flatten(u64::MAX)
-    .map_err(|e| format!("{NAME}: {e:?}"))?;
+    Ok(line_of(&flat(nodes, words)?))
+}
+
+/// [`line`] of a stretch's bundles.
+fn line_of(bundles: &[isa::Bundle]) -> Line {
     let mut read = HashMap::new();
     let mut sent = HashMap::new();
-    for (t, b) in flat.bundles.iter().enumerate() {
+    for (t, b) in bundles.iter().enumerate() {
         let t = t as u64;
         let mut at = |a: u32| {
             read.entry(a).or_insert(t);
@@ -1273,11 +1270,24 @@ fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
             sent.insert(dst, t);
         }
     }
-    Ok(Line {
+    Line {
         read,
         sent,
-        len: flat.bundles.len() as u64,
-    })
+        len: bundles.len() as u64,
+    }
+}
+
+/// The bundles `nodes` (a stretch of a head's body, head 0) execute, one a cycle.
+fn flat(nodes: &[Node], words: u32) -> Result<Vec<isa::Bundle>, String> {
+    Ok(LoopProgram {
+        pe: 0,
+        pes: 1,
+        mem_words: words,
+        body: lp(1, nodes.to_vec()),
+    }
+    .flatten(u64::MAX)
+    .map_err(|e| format!("{NAME}: {e:?}"))?
+    .bundles)
 }
 
 /// How the mirrored programs forward the words of the ring pass.
@@ -1674,8 +1684,9 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             .iter()
             .map(|r| (r.1, super::head_cycles(&r.2)))
             .collect();
-        let fin: Vec<Node> = rows.into_iter().flat_map(|r| r.2).collect();
-        let fl = line(&fin, deal.words)?;
+        let each: Vec<Node> = rows.into_iter().flat_map(|r| r.2).collect();
+        let each_flat = flat(&each, deal.words)?;
+        let fl = line_of(&each_flat);
         let from = if laid { start[pe][mu] } else { end[pe] };
         let at = from.max(ready(&lines, &fl, pe, &start));
         waits[pe][mu] = from - end[pe];
@@ -1687,7 +1698,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         } else {
             0
         };
-        let mut fin = Vec::new();
+        let mut grouped = Vec::new();
         let mut t = at - from;
         let mut i = 0;
         while i < order.len() {
@@ -1701,10 +1712,17 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
                     c += 1;
                 }
             }
-            fin.extend(deal.row_loop(pe as u32, j, c, scale));
+            grouped.extend(deal.row_loop(pe as u32, j, c, scale));
             t += order[i..i + c as usize].iter().map(|o| o.1).sum::<u64>();
             i += c as usize;
         }
+        // The loops stand for the rows one by one only if they flatten to them: otherwise the
+        // rows keep bodies of their own.
+        let fin = if flat(&grouped, deal.words)? == each_flat {
+            grouped
+        } else {
+            each
+        };
         if laid {
             // The rows wait inside their stretch, whose first cycle the laid sends count from.
             let mut nodes = wait(at - from)?;
@@ -1712,7 +1730,34 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             let have = super::head_cycles(&nodes);
             let need = tails[pe].last().map_or(0, |r| r.at + r.words);
             nodes.extend(wait(need.saturating_sub(have))?);
-            finals.push(overlay::overlay(&nodes, 1, &tails[pe])?);
+            let laid = overlay::overlay(&nodes, 1, &tails[pe])?;
+            // The stretch with the sends laid must be the stretch, its transfer slots aside,
+            // sending each word of each run in its cycle.
+            let with = flat(&laid, deal.words)?;
+            let mut plain = vec![isa::Bundle::NOP; (at - from) as usize];
+            plain.extend_from_slice(&each_flat);
+            plain.resize(plain.len().max(need as usize), isa::Bundle::NOP);
+            let mut want = vec![Xfer::Nop; plain.len()];
+            for r in &tails[pe] {
+                for i in 0..r.words {
+                    let a = u32::try_from(r.src.base + i as i64)
+                        .map_err(|_| format!("{NAME}: a relayed word out of range"))?;
+                    want[(r.at + i) as usize] = Xfer::Send {
+                        src: XferSrc::Mem(a),
+                        dst: a,
+                    };
+                }
+            }
+            let same = plain.len() == with.len()
+                && plain.iter().zip(&with).zip(&want).all(|((a, b), x)| {
+                    a.op == b.op && a.acc == b.acc && a.xfer == Xfer::Nop && b.xfer == *x
+                });
+            if !same {
+                return Err(format!(
+                    "{NAME}: sends laid on the rows do not flatten as placed"
+                ));
+            }
+            finals.push(laid);
         } else {
             waits[pe][mu] = at - end[pe];
             finals.push(fin);
