@@ -654,6 +654,42 @@ fn mirrored_scores_run_from_their_files() {
         }
     }
     assert_eq!(ran, 7 * 3 * 3 - 2);
+    // Four heads relayed, the words left after a PE's ring pass laid on its rows; rows enough
+    // per PE that those whose code moves on alike share a loop; one division per weight.
+    for (n, d, m, heads, timing) in [
+        (26u32, 5u32, 6u32, 4u32, MirroredTiming::Relayed),
+        (40, 5, 6, 4, MirroredTiming::Relayed),
+        (50, 5, 12, 4, MirroredTiming::Relayed),
+        (64, 16, 12, 4, MirroredTiming::Relayed),
+        (64, 4, 6, 4, MirroredTiming::OnStep),
+        (64, 8, 6, 2, MirroredTiming::Relayed),
+        (128, 4, 6, 1, MirroredTiming::OnStep),
+        // Fewer keys than columns: each weight divided by its row's sum.
+        (26, 32, 6, 1, MirroredTiming::Relayed),
+        (50, 64, 12, 4, MirroredTiming::Relayed),
+    ] {
+        let what = format!("n={n} d={d} m={m} heads={heads} {timing:?}");
+        let p = compiler::problem::Problem::attention(
+            n,
+            d,
+            heads,
+            true,
+            false,
+            runtime::layer::Softmax::Safe,
+        );
+        let st = compiler::passes::schedule_stream::run_mirrored_timed(&p, m, timing)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into())
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let mut f = BTreeMap::new();
+        for lp in &st.programs {
+            f.insert(format!("pe{}.bin", lp.pe), isa::encode_looped(lp).unwrap());
+        }
+        f.insert("manifest.json".into(), man.to_json().unwrap().into_bytes());
+        let (_, cycles, _) = run_dir(&f, u64::from(n * 1000 + d * 100 + m * 10 + heads));
+        assert_eq!(cycles, st.cycles, "{what}");
+        assert_eq!(cycles, man.cycles, "{what}");
+    }
 }
 
 /// Where mirrored scores take fewer cycles than every other stream, `--schedule stream` with

@@ -1658,3 +1658,192 @@ fn mirror_or_maximum_taken_out(timing: MirroredTiming) {
         );
     }
 }
+
+/// Relayed mirrored scores whose words left over after a PE's ring pass ride on the transfer
+/// slots of its rows' softmax and values (6 and 12 PEs, one to four heads): proved flattened,
+/// some of those sends are there, and taking one out (a word the next PE reads) is rejected.
+#[test]
+fn mirrored_words_laid_on_the_rows_are_proved() {
+    let mut laid = 0;
+    for (n, d, h, m) in [
+        (26u32, 3u32, 1u32, 6u32),
+        (26, 3, 4, 6),
+        (34, 6, 4, 6),
+        (50, 8, 1, 12),
+        (64, 8, 1, 12),
+        (61, 8, 2, 12),
+        (64, 8, 4, 12),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let p = problem(n, d, h, true, false, true);
+        let st = schedule_stream::run_mirrored_timed(&p, m, MirroredTiming::Relayed)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        for lp in &st.programs {
+            assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
+        }
+        let man = stream_manifest(&p, m, &st);
+        let flat: Vec<Program> = st
+            .programs
+            .iter()
+            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+            .collect();
+        assert_proved(&flat, &man, &what);
+        // Only the rows take maxima and exponentials, and nothing of theirs is sent.
+        let on_rows = |b: &isa::Bundle| {
+            matches!(b.op.kind(), Some(OpKind::Max | OpKind::Expd))
+                && matches!(b.xfer, isa::Xfer::Send { .. })
+        };
+        let pes: Vec<usize> = (0..flat.len())
+            .filter(|&pe| flat[pe].bundles.iter().any(on_rows))
+            .collect();
+        assert!(!pes.is_empty(), "{what}: no word laid on the rows");
+        laid += 1;
+        let pe = pes[0];
+        // The last such send of the first head.
+        let head = flat[pe].bundles.len() / h as usize;
+        let at = flat[pe].bundles[..head].iter().rposition(on_rows).unwrap();
+        let mut cut = flat.clone();
+        cut[pe].bundles[at].xfer = isa::Xfer::Nop;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "{what}: PE {pe}: a word laid on the rows left out was proved"
+        );
+    }
+    assert_eq!(laid, 7);
+}
+
+/// Whether a loop's count moves with an enclosing index somewhere in `nodes`.
+fn has_stepped(nodes: &[isa::Node]) -> bool {
+    nodes.iter().any(|n| match n {
+        isa::Node::Loop(l) => l.step.is_some() || has_stepped(&l.body),
+        isa::Node::Bundle(_) => false,
+    })
+}
+
+/// Mirrored rows that follow one another and whose code moves on alike run as one loop over
+/// the rows (key counts of the own triangle stepped by the row): proved flattened both ways,
+/// on 6 and 12 PEs with one to four heads.
+#[test]
+fn mirrored_rows_in_loops_are_proved() {
+    for (n, d, h, m, timing) in [
+        (64u32, 4u32, 1u32, 6u32, MirroredTiming::OnStep),
+        (64, 4, 1, 6, MirroredTiming::Relayed),
+        (64, 4, 4, 6, MirroredTiming::OnStep),
+        (64, 8, 2, 6, MirroredTiming::Relayed),
+        (128, 4, 1, 6, MirroredTiming::OnStep),
+        (61, 8, 2, 12, MirroredTiming::Relayed),
+        (64, 8, 4, 12, MirroredTiming::Relayed),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m} {timing:?}");
+        let p = problem(n, d, h, true, false, true);
+        let st = schedule_stream::run_mirrored_timed(&p, m, timing)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            st.programs.iter().any(|lp| has_stepped(&lp.body)),
+            "{what}: no rows in a loop"
+        );
+        for lp in &st.programs {
+            assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
+        }
+        let man = stream_manifest(&p, m, &st);
+        let flat: Vec<Program> = st
+            .programs
+            .iter()
+            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+            .collect();
+        assert_proved(&flat, &man, &what);
+    }
+}
+
+/// Mirrored scores with fewer keys than columns divide each weight by its row's sum (`n`
+/// divisions a row instead of `d`): proved under that formulation, both timings, on 3, 6 and
+/// 12 PEs with one and four heads.
+#[test]
+fn mirrored_scores_per_weight_are_proved() {
+    for (n, d, h, m, timing) in [
+        (13u32, 16u32, 1u32, 3u32, MirroredTiming::OnStep),
+        (13, 16, 2, 3, MirroredTiming::Relayed),
+        (26, 32, 1, 6, MirroredTiming::Relayed),
+        (26, 32, 4, 6, MirroredTiming::OnStep),
+        (50, 64, 1, 12, MirroredTiming::Relayed),
+        (50, 64, 4, 12, MirroredTiming::Relayed),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m} {timing:?}");
+        let p = problem(n, d, h, true, false, true);
+        let st = schedule_stream::run_mirrored_timed(&p, m, timing)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            st.normalisation,
+            runtime::layer::Normalisation::PerWeight,
+            "{what}"
+        );
+        let man = stream_manifest(&p, m, &st);
+        let flat: Vec<Program> = st
+            .programs
+            .iter()
+            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+            .collect();
+        assert_proved(&flat, &man, &what);
+        // One weight's division taken out.
+        let mut cut = flat.clone();
+        let at = cut[1]
+            .bundles
+            .iter()
+            .position(|b| b.op.kind() == Some(OpKind::Div))
+            .unwrap();
+        cut[1].bundles[at].op = Op::Nop;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "{what}: a division left out was proved"
+        );
+    }
+}
+
+/// The mirrored programs skip the relayed timing where forwarding on the step takes no more
+/// cycles than its busiest PE's operations; the layers below check that what is kept is still
+/// the faster of the two built apart (a tie keeps the step), including layers where the rule
+/// skips the relay.
+#[test]
+fn mirrored_timing_kept_is_the_faster_of_both() {
+    let mut skipped = 0;
+    for (n, d, h, m) in [
+        (26u32, 3u32, 1u32, 6u32),
+        (29, 8, 1, 6),
+        (40, 16, 1, 6),
+        (64, 8, 1, 6),
+        (64, 16, 2, 6),
+        (26, 32, 1, 6),
+        (50, 8, 1, 12),
+        (64, 16, 1, 12),
+        // Shapes of the shapes table: the relay wins on the first, is skipped on the others.
+        (64, 32, 1, 6),
+        (64, 64, 1, 6),
+        (128, 32, 2, 6),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let p = problem(n, d, h, true, false, true);
+        let on = schedule_stream::run_mirrored_timed(&p, m, MirroredTiming::OnStep)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let relayed = schedule_stream::run_mirrored_timed(&p, m, MirroredTiming::Relayed);
+        let kept = schedule_stream::run_mirrored_timed(&p, m, MirroredTiming::Fastest)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want = match &relayed {
+            Ok(r) if r.cycles < on.cycles => r.cycles,
+            _ => on.cycles,
+        };
+        assert_eq!(kept.cycles, want, "{what}");
+        let floor = on
+            .programs
+            .iter()
+            .map(|lp| lp.op_counts().iter().sum::<u64>())
+            .max()
+            .unwrap();
+        if on.cycles <= floor {
+            skipped += 1;
+        }
+    }
+    assert!(
+        skipped >= 2,
+        "the rule skipped the relay on {skipped} layers"
+    );
+}

@@ -871,3 +871,71 @@ fn induction_mutants_are_rejected() {
         "{seen:?}"
     );
 }
+
+/// Relayed mirrored scores (placements listed element by element, the words left after a PE's
+/// ring pass laid on the transfer slots of its rows, rows alike in loops whose key counts step
+/// with the row): proved, and every mutant of a loop count, a count's step, a stride or a base
+/// address rejected, on 6 and 12 PEs with one, two and four heads.
+#[test]
+fn relayed_mirrored_mutants_are_rejected() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let mut rejected = [0u32; 4];
+    for (n, d, h, m) in [
+        (26, 3, 1, 6),
+        (34, 6, 4, 6),
+        (64, 8, 2, 6),
+        (50, 8, 1, 12),
+        (61, 8, 2, 12),
+        // Fewer keys than columns: each weight divided by its row's sum.
+        (26, 32, 1, 6),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let p = compiler::problem::Problem::attention(
+            n,
+            d,
+            h,
+            true,
+            false,
+            runtime::layer::Softmax::Safe,
+        );
+        let st =
+            schedule_stream::run_mirrored_timed(&p, m, schedule_stream::MirroredTiming::Relayed)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into()).unwrap();
+        prove(&files(&st.programs, &man)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (k, &kind) in ALL_KINDS.iter().enumerate() {
+            for _ in 0..6 {
+                let mut loops = st.programs.clone();
+                let pe = rng.random_range(0..loops.len());
+                // Waits may have slack (a run one shorter is still correct): loop counts are
+                // mutated on loops that do work.
+                let how = if kind == Mutation::LoopCount {
+                    let mut at = rng.random_range(0..count_loops(&loops[pe].body));
+                    let Some(l) = nth_loop(&mut loops[pe].body, &mut at) else {
+                        continue;
+                    };
+                    if !does_work(&l.body) {
+                        continue;
+                    }
+                    let old = l.count;
+                    l.count = if old > 1 && rng.random_bool(0.5) {
+                        old - 1
+                    } else {
+                        old + 1
+                    };
+                    format!("loop count {old} -> {}", l.count)
+                } else {
+                    let Some(how) = mutate(&mut loops[pe], kind, &mut rng) else {
+                        continue;
+                    };
+                    how
+                };
+                let r = prove(&files(&loops, &man));
+                assert!(r.is_err(), "{what}: PE {pe}, {how}: the mutant was proved");
+                rejected[k] += 1;
+            }
+        }
+    }
+    eprintln!("relayed mirrored mutants rejected per kind: {rejected:?}");
+    assert!(rejected.iter().all(|&r| r >= 12), "{rejected:?}");
+}

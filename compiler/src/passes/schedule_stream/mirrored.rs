@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use isa::{Cmp, Field, LoopProgram, Node, Pred, Slot, Xfer, XferSrc};
 
-use super::{ad, head_programs, lp, wait, Ad, Place, Stream, B, NAME};
+use super::{ad, head_programs, lp, overlay, wait, Ad, Place, Stream, B, NAME};
 use crate::problem::Problem;
 
 /// Per-element placements leave the proof to the flattened programs, which `attnc verify` takes
@@ -79,6 +79,9 @@ struct Deal {
     d: u32,
     m: u32,
     heads: u32,
+    /// Each weight divided by its row's sum (`n` divisions a row) rather than each output
+    /// element (`d`): with fewer keys than columns.
+    per_weight: bool,
     /// First token of each PE, and `n` at the end.
     x: Vec<u32>,
     /// Scores PE `p` computes in its meeting with PE `q`: `cnt[p][q]`.
@@ -116,14 +119,15 @@ impl Deal {
         }
     }
 
-    fn new(n: u32, d: u32, m: u32, heads: u32) -> Option<Deal> {
+    fn new(n: u32, d: u32, m: u32, heads: u32, per_weight: bool) -> Option<Deal> {
         let x: Vec<u32> = (0..=m).map(|p| first(n, m, p)).collect();
         let r = |p: u32| i64::from(x[p as usize + 1] - x[p as usize]);
         let (n64, d64) = (i64::from(n), i64::from(d));
+        let divs = if per_weight { n64 } else { d64 };
         // Each PE's own work in cycles: its triangle, softmax, values and divisions.
         let own = |p: u32| {
             let rp = r(p);
-            d64 * rp * (rp + 1) / 2 + rp * (2 * n64 - 1) + rp * n64 * d64 + rp * d64
+            d64 * rp * (rp + 1) / 2 + rp * (2 * n64 - 1) + rp * n64 * d64 + rp * divs
         };
         let cross: i64 = (0..m)
             .flat_map(|u| (u + 1..m).map(move |v| (u, v)))
@@ -179,6 +183,7 @@ impl Deal {
             d,
             m,
             heads,
+            per_weight,
             x,
             cnt,
             split: BTreeMap::new(),
@@ -531,7 +536,8 @@ fn segments(
 }
 
 /// Per PE and ring step, the words it relays: `(chain, words, first word)`; chains past the
-/// last step's own stand for sends of their own after them.
+/// last step's own stand for runs of `d − 1` cycles of the rows after it, whose transfer slots
+/// carry them.
 type Relay = Vec<Vec<Vec<(u64, u64, Ad)>>>;
 
 impl Deal {
@@ -570,7 +576,8 @@ impl Deal {
             for (p, row) in again.iter_mut().enumerate() {
                 for s in 1..row.len() {
                     let after = row[s - 1] + self.step_size(p as u32, s as u32 - 1).0 * dd;
-                    row[s] = row[s].max(after).max(arrive[p][s]);
+                    let x_in = arrive[p].get(s).copied().unwrap_or(0);
+                    row[s] = row[s].max(after).max(x_in);
                 }
             }
             if again == starts {
@@ -592,7 +599,8 @@ impl Deal {
         let dd = u64::from(self.d);
         let per = dd - 1;
         // Per PE, every chain: (step, chain, cycle of its first product); after the last
-        // step's chains, runs of `d − 1` sends of their own, as many as every word would take.
+        // step's chains, runs of `d − 1` words laid one a cycle onto the rows that follow from
+        // `starts[p][m]` on, as many runs as every word would take.
         let spare: u64 = (0..mu)
             .map(|b| u64::from(self.r(b as u32) * self.d + self.pay[b][mu - 1]))
             .sum::<u64>()
@@ -607,7 +615,7 @@ impl Deal {
                     })
                     .collect();
                 let (n, _) = self.step_size(p as u32, self.m - 1);
-                let end = starts[p][mu - 1] + n * dd;
+                let end = starts[p][mu];
                 list.extend((0..spare).map(|k| (mu - 1, n + k, end + k * per)));
                 list
             })
@@ -694,7 +702,8 @@ impl Deal {
         let mut out: Relay = vec![vec![Vec::new(); mu]; mu];
         for (p, mut list) in placed.into_iter().enumerate() {
             list.sort_unstable();
-            // The sends after the last step's chains go after every forward on its chains.
+            // The runs after the last step's chains (laid onto the rows) stay apart from those
+            // on its chains.
             let last = self.step_size(p as u32, self.m - 1).0;
             let apart = |k: usize| chains[p][k].0 == mu - 1 && chains[p][k].1 >= last;
             let mut i = 0;
@@ -977,6 +986,13 @@ impl Deal {
                     .build()],
             ));
         }
+        if self.per_weight {
+            let w = e.clone().t(lv, 1);
+            body.extend(lp(
+                self.n,
+                vec![B::new().div(w.clone(), l.clone(), w).build()],
+            ));
+        }
         // Values: columns at `lv`, keys one deeper.
         let (col, kl) = (lv, lv + 1);
         let y = ad(self.y)
@@ -1013,8 +1029,199 @@ impl Deal {
             }
         }
         body.extend(lp(self.d, inner));
-        body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
+        if !self.per_weight {
+            body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
+        }
         body
+    }
+
+    /// The shape of row `j`'s code that does not move affinely with the row: per run of its
+    /// scores, its key stride, where the maximum's loop starts and whether the loops of the
+    /// maximum and the exponentials run at all; and which two keys start the maximum.
+    fn row_shape(&self, p: u32, j: u32) -> (Vec<(i64, u32, bool, bool)>, bool) {
+        let runs = self.runs(p, j);
+        let pair = runs[0].3 >= 2;
+        let mut skip = 2u32;
+        let shape = runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let from = skip.min(r.3);
+                skip -= from;
+                (r.1, from, r.3 > from, r.3 > u32::from(i == 0))
+            })
+            .collect();
+        (shape, pair)
+    }
+
+    /// Whether rows `j0 … j0 + count − 1` of PE `p` run one code with addresses and key
+    /// counts that move by the same amount from row to row, so one loop over them is their
+    /// code exactly.
+    fn rows_alike(&self, p: u32, j0: u32, count: u32) -> bool {
+        if count < 2 {
+            return true;
+        }
+        let shape = self.row_shape(p, j0);
+        let (a, b) = (self.runs(p, j0), self.runs(p, j0 + 1));
+        if a.len() != b.len() {
+            return false;
+        }
+        (j0 + 1..j0 + count).all(|j| {
+            let r = self.runs(p, j);
+            let k = i64::from(j - j0);
+            self.row_shape(p, j) == shape
+                && r.len() == a.len()
+                && r.iter().zip(a.iter().zip(&b)).all(|(r, (x, y))| {
+                    r.0.terms == x.0.terms
+                        && x.0.terms == y.0.terms
+                        && r.0.base == x.0.base + k * (y.0.base - x.0.base)
+                        && i64::from(r.2) == i64::from(x.2) + k * (i64::from(y.2) - i64::from(x.2))
+                        && i64::from(r.3) == i64::from(x.3) + k * (i64::from(y.3) - i64::from(x.3))
+                })
+        })
+    }
+
+    /// Rows `j0 … j0 + count − 1` of PE `p` (see [`Deal::rows_alike`]) as one loop at level 1:
+    /// the code of [`Deal::row`] with every address and key count moved on by the row.
+    fn row_loop(&self, p: u32, j0: u32, count: u32, scale: f32) -> Vec<Node> {
+        if count == 1 {
+            return self.row(p, j0, scale);
+        }
+        let (n, d) = (i64::from(self.n), i64::from(self.d));
+        // Levels: 1 row, 2 key of the softmax, or 2 column and 3 key of the values.
+        let (rl, lv) = (1u8, 2u8);
+        let runs = self.runs(p, j0);
+        let next = self.runs(p, j0 + 1);
+        let moves: Vec<(i64, i64, i64)> = runs
+            .iter()
+            .zip(&next)
+            .map(|(a, b)| {
+                (
+                    b.0.base - a.0.base,
+                    i64::from(b.2) - i64::from(a.2),
+                    i64::from(b.3) - i64::from(a.3),
+                )
+            })
+            .collect();
+        let j = i64::from(j0);
+        let mx = ad(self.mx).plus(j).t(rl, 1);
+        let l = ad(self.l).plus(j).t(rl, 1);
+        let e = ad(self.e).plus(j * n).t(rl, n);
+        let key = |i: usize, k: u32| {
+            runs[i]
+                .0
+                .clone()
+                .plus(i64::from(k) * runs[i].1)
+                .t(rl, moves[i].0)
+        };
+        // A loop over a run's keys whose count moves with the row.
+        let keys = |i: usize, from: u32, body: Node| -> Vec<Node> {
+            let count = runs[i].3 - from;
+            if count == 0 {
+                return Vec::new();
+            }
+            let mut lp = isa::Loop::new(count, vec![body]);
+            if moves[i].2 != 0 {
+                lp.step = Some(isa::CountStep {
+                    level: rl,
+                    per: moves[i].2 as i16,
+                });
+            }
+            vec![Node::Loop(lp)]
+        };
+        let (a, b) = if runs[0].3 >= 2 {
+            (key(0, 0), key(0, 1))
+        } else {
+            (key(0, 0), key(1, 0))
+        };
+        let mut body = vec![B::new().max(a, b, mx.clone()).build()];
+        let mut skip = 2u32;
+        for (i, r) in runs.iter().enumerate() {
+            let from = skip.min(r.3);
+            skip -= from;
+            body.extend(keys(
+                i,
+                from,
+                B::new()
+                    .max(mx.clone(), key(i, from).t(lv, r.1), mx.clone())
+                    .build(),
+            ));
+        }
+        let mut first = true;
+        for (i, r) in runs.iter().enumerate() {
+            let dst = e.clone().plus(i64::from(r.2)).t(rl, moves[i].1);
+            if first {
+                body.push(
+                    B::new()
+                        .expd(key(i, 0), mx.clone(), scale, dst.clone())
+                        .add(None, l.clone())
+                        .build(),
+                );
+            }
+            let from = u32::from(first);
+            first = false;
+            body.extend(keys(
+                i,
+                from,
+                B::new()
+                    .expd(
+                        key(i, from).t(lv, r.1),
+                        mx.clone(),
+                        scale,
+                        dst.plus(i64::from(from)).t(lv, 1),
+                    )
+                    .add(Some(l.clone()), l.clone())
+                    .build(),
+            ));
+        }
+        if self.per_weight {
+            let w = e.clone().t(lv, 1);
+            body.extend(lp(
+                self.n,
+                vec![B::new().div(w.clone(), l.clone(), w).build()],
+            ));
+        }
+        // Values: columns at `lv`, keys one deeper.
+        let (col, kl) = (lv, lv + 1);
+        let y = ad(self.y)
+            .plus(j * d)
+            .t(0, i64::from(self.r(p)) * d)
+            .t(rl, d)
+            .t(col, 1);
+        let mut inner = Vec::new();
+        for q in 0..self.m {
+            let xq = i64::from(self.x[q as usize]);
+            let rq = self.r(q);
+            let xr = self.xrows(q).t(col, 1);
+            if q == 0 {
+                inner.push(
+                    B::new()
+                        .mul(e.clone(), xr.clone(), None)
+                        .add(None, y.clone())
+                        .build(),
+                );
+                inner.extend(lp(
+                    rq - 1,
+                    vec![B::new()
+                        .mul(e.clone().plus(1).t(kl, 1), xr.plus(d).t(kl, d), None)
+                        .add(Some(y.clone()), y.clone())
+                        .build()],
+                ));
+            } else {
+                inner.extend(lp(
+                    rq,
+                    vec![B::new()
+                        .mul(e.clone().plus(xq).t(kl, 1), xr.t(kl, d), None)
+                        .add(Some(y.clone()), y.clone())
+                        .build()],
+                ));
+            }
+        }
+        body.extend(lp(self.d, inner));
+        if !self.per_weight {
+            body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
+        }
+        lp(count, body)
     }
 }
 
@@ -1034,17 +1241,14 @@ fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
             len: 0,
         });
     }
-    let flat = LoopProgram {
-        pe: 0,
-        pes: 1,
-        mem_words: words,
-        body: lp(1, nodes.to_vec()),
-    }
-    .flatten(u64::MAX)
-    .map_err(|e| format!("{NAME}: {e:?}"))?;
+    Ok(line_of(&flat(nodes, words)?))
+}
+
+/// [`line`] of a stretch's bundles.
+fn line_of(bundles: &[isa::Bundle]) -> Line {
     let mut read = HashMap::new();
     let mut sent = HashMap::new();
-    for (t, b) in flat.bundles.iter().enumerate() {
+    for (t, b) in bundles.iter().enumerate() {
         let t = t as u64;
         let mut at = |a: u32| {
             read.entry(a).or_insert(t);
@@ -1066,11 +1270,24 @@ fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
             sent.insert(dst, t);
         }
     }
-    Ok(Line {
+    Line {
         read,
         sent,
-        len: flat.bundles.len() as u64,
-    })
+        len: bundles.len() as u64,
+    }
+}
+
+/// The bundles `nodes` (a stretch of a head's body, head 0) execute, one a cycle.
+fn flat(nodes: &[Node], words: u32) -> Result<Vec<isa::Bundle>, String> {
+    Ok(LoopProgram {
+        pe: 0,
+        pes: 1,
+        mem_words: words,
+        body: lp(1, nodes.to_vec()),
+    }
+    .flatten(u64::MAX)
+    .map_err(|e| format!("{NAME}: {e:?}"))?
+    .bundles)
 }
 
 /// How the mirrored programs forward the words of the ring pass.
@@ -1110,7 +1327,8 @@ pub fn run_timed(
         ));
     }
     let scale = p.scale as f32;
-    let deal = Deal::new(n, d, m, heads)
+    let per_weight = super::per_weight_pays(p);
+    let deal = Deal::new(n, d, m, heads, per_weight)
         .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
     if budget.is_some_and(|b| u64::from(deal.words) > b) {
         return Err(format!(
@@ -1143,26 +1361,35 @@ pub fn run_timed(
             .ok_or_else(|| format!("{NAME}: the steps' waits do not settle"))
             .and_then(fits)
     };
+    // Both timings execute the same operations on every PE (the deal fixes them; only the
+    // transfer slots differ), one a cycle at most, so where forwarding on the step already
+    // takes no more cycles than its busiest PE's operations the relay cannot take fewer, and
+    // a tie keeps the step: it is not built.
+    let at_floor = on_step.as_ref().is_ok_and(|o| cycles_of(o) <= ops_floor(o));
     let relayed = if timing == Timing::OnStep {
-        None
+        Err(format!("{NAME}: forwarding on the step asked for"))
+    } else if timing == Timing::Fastest && at_floor {
+        Err(format!(
+            "{NAME}: forwarding on the step takes only its busiest PE's operations"
+        ))
     } else {
         relay(&deal, scale, fits)?
     };
     let programs = match (on_step, relayed) {
-        (Ok(o), Some(r)) => {
+        (Ok(o), Ok(r)) => {
             if cycles_of(&r) < cycles_of(&o) {
                 r
             } else {
                 o
             }
         }
-        (Err(_), Some(r)) => r,
-        (Err(e), None) if timing == Timing::Relayed => {
+        (Err(_), Ok(r)) => r,
+        (Err(_), Err(e)) if timing == Timing::Relayed => {
             return Err(format!(
                 "{NAME}: the relayed timing does not apply or fit ({e})"
             ))
         }
-        (o, None) => o?,
+        (o, Err(_)) => o?,
     };
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     let bundles = cycles.saturating_mul(u64::from(m));
@@ -1173,35 +1400,43 @@ pub fn run_timed(
     }
     let (n64, h64) = (u64::from(n), u64::from(heads));
     // Each pair's score is computed once and serves both of its weights.
-    Ok(Stream::per_pe_deferred(
+    let mut st = Stream::per_pe_deferred(
         programs,
         places(&deal),
         cycles,
         (n64 * (n64 + 1) / 2 * h64, n64 * n64 * h64),
         (n, d, heads),
         m,
-    ))
+    );
+    if per_weight {
+        st.ops.phase2_div = n64 * n64 * h64;
+        st.normalisation = runtime::layer::Normalisation::PerWeight;
+    }
+    Ok(st)
 }
 
 /// The relayed programs, if a relay fits the chains and its waits settle: planned first on the
 /// timeline without waits, then again on the timeline each plan gives (a plan changes the
-/// timeline it was made on), the fastest that `fits` kept.
+/// timeline it was made on), the fastest that `fits` kept; otherwise why none was.
 fn relay(
     deal: &Deal,
     scale: f32,
     fits: impl Fn(Vec<LoopProgram>) -> Result<Vec<LoopProgram>, String>,
-) -> Result<Option<Vec<LoopProgram>>, String> {
+) -> Result<Result<Vec<LoopProgram>, String>, String> {
     let (m, d) = (deal.m, deal.d);
+    // Each step's start, then the rows'.
     let mut starts: Vec<Vec<u64>> = (0..m)
         .map(|pe| {
             let mut t = 0u64;
-            (0..m)
+            let mut row: Vec<u64> = (0..m)
                 .map(|s| {
                     let at = t;
                     t += deal.step_size(pe, s).0 * u64::from(d);
                     at
                 })
-                .collect()
+                .collect();
+            row.push(t);
+            row
         })
         .collect();
     // When each step sends its mirrors: a step given nothing to relay sends nothing else.
@@ -1212,16 +1447,20 @@ fn relay(
                 .collect()
         })
         .collect::<Result<_, _>>()?;
-    let mut best: Option<Vec<LoopProgram>> = None;
+    let mut best: Result<Vec<LoopProgram>, String> = Err(format!(
+        "{NAME}: the relay does not keep ahead of the steps"
+    ));
     for _ in 0..RELAY_ROUNDS {
         let Some(plan) = deal.relay(&starts, &fresh) else {
             break;
         };
         let (programs, next) = build(deal, Some(&plan), scale)?;
-        if let Some(Ok(p)) = programs.map(&fits) {
-            if best.as_ref().is_none_or(|b| cycles_of(&p) < cycles_of(b)) {
-                best = Some(p);
+        match programs.map(&fits) {
+            Some(Ok(p)) if best.as_ref().map_or(true, |b| cycles_of(&p) < cycles_of(b)) => {
+                best = Ok(p);
             }
+            Some(Err(e)) if best.is_err() => best = Err(e),
+            _ => {}
         }
         if next == starts {
             break;
@@ -1229,6 +1468,16 @@ fn relay(
         starts = next;
     }
     Ok(best)
+}
+
+/// The most operations any PE's program executes: no program with the same operations per PE
+/// takes fewer cycles.
+fn ops_floor(programs: &[LoopProgram]) -> u64 {
+    programs
+        .iter()
+        .map(|p| p.op_counts().iter().sum::<u64>())
+        .max()
+        .unwrap_or(0)
 }
 
 fn cycles_of(programs: &[LoopProgram]) -> u64 {
@@ -1239,33 +1488,74 @@ fn cycles_of(programs: &[LoopProgram]) -> u64 {
 /// starts in (as far as the rounds got).
 type Built = (Option<Vec<LoopProgram>>, Vec<Vec<u64>>);
 
-/// Every PE's program: the ring steps (forwarding on the step, or relaying the x rows as
-/// `relay` says), then the rows, each stretch after a wait for the words it reads.
+/// Every PE's program: the ring steps (forwarding on the step, or relaying as `relay` says,
+/// the words left after the last step laid onto the rows), then the rows, each stretch after a
+/// wait for the words it reads.
 fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String> {
     let (m, d, heads) = (deal.m, deal.d, deal.heads);
     let mu = m as usize;
+    let per = u64::from(d - 1);
     let prev = |pe: usize| (pe + mu - 1) % mu;
     // Forwarding on the step, the last step's payload waits for the timeline of the others;
     // relayed, every step is known up front.
     let upfront = if relay.is_some() { mu } else { mu - 1 };
-    let mut steps: Vec<Vec<Vec<Node>>> = (0..m)
-        .map(|pe| {
-            (0..upfront as u32)
-                .map(|s| {
-                    let r = relay.map(|r| r[pe as usize][s as usize].as_slice());
-                    deal.ring_step(pe, s, 0, r)
-                })
-                .collect()
-        })
-        .collect();
+    // Relayed, what the last step's chains cannot carry rides on the rows after it: runs of
+    // sends from the rows' first cycle on, as the relay placed them.
+    let mut tails: Vec<Vec<overlay::Run>> = vec![Vec::new(); mu];
+    let mut steps: Vec<Vec<Vec<Node>>> = Vec::with_capacity(mu);
+    for (pe, tail) in tails.iter_mut().enumerate() {
+        let mut row = Vec::with_capacity(mu);
+        for s in 0..upfront {
+            let Some(r) = relay else {
+                row.push(deal.ring_step(pe as u32, s as u32, 0, None));
+                continue;
+            };
+            let chains = deal.step_size(pe as u32, s as u32).0;
+            let (on, after): (Vec<_>, Vec<_>) = r[pe][s]
+                .iter()
+                .cloned()
+                .partition(|e| s + 1 < mu || e.0 < chains);
+            tail.extend(after.into_iter().map(|(c, words, src)| overlay::Run {
+                at: (c - chains) * per,
+                words,
+                src,
+            }));
+            row.push(deal.ring_step(pe as u32, s as u32, 0, Some(&on)));
+        }
+        tail.sort_by_key(|r| r.at);
+        steps.push(row);
+    }
     let mut lines: Vec<Vec<Line>> = steps
         .iter()
         .map(|st| st.iter().map(|s| line(s, deal.words)).collect())
         .collect::<Result<_, _>>()?;
+    // Relayed, the rows' stretch as far as its laid sends go: each word read and sent in its
+    // cycle from the rows' start.
+    let laid = relay.is_some();
+    if laid {
+        for (pe, tail) in tails.iter().enumerate() {
+            let mut l = Line {
+                read: HashMap::new(),
+                sent: HashMap::new(),
+                len: 0,
+            };
+            for r in tail {
+                for i in 0..r.words {
+                    let a = u32::try_from(r.src.base + i as i64)
+                        .map_err(|_| format!("{NAME}: a relayed word out of range"))?;
+                    l.read.insert(a, r.at + i);
+                    l.sent.insert(a, r.at + i);
+                }
+                l.len = l.len.max(r.at + r.words);
+            }
+            lines[pe].push(l);
+        }
+    }
+    let stretches = upfront + usize::from(laid);
     // A stretch starts once every word it reads that the previous PE sends has arrived (a word
     // sent in one cycle is read from the next); the waits are the gaps this leaves.
     let mut waits = vec![vec![0u64; mu + 1]; mu];
-    let mut start = vec![vec![0u64; mu]; mu];
+    let mut start = vec![vec![0u64; mu + 1]; mu];
     let mut end = vec![0u64; mu];
     // How much later than stretch `sent` of the previous PE the stretch `reads` must start for
     // the words it takes from it. The lags keep their sign: a word read late in its stretch
@@ -1276,24 +1566,23 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             .filter_map(|(addr, &t)| reads.read.get(addr).map(|&r| t as i64 + 1 - r as i64))
             .max()
     };
-    let ready =
-        |lines: &[Vec<Line>], reads: &Line, pe: usize, upto: usize, start: &[Vec<u64>]| -> u64 {
-            let q = prev(pe);
-            (0..upto)
-                .filter_map(|s| lag(&lines[q][s], reads).map(|l| (start[q][s] as i64 + l).max(0)))
-                .max()
-                .unwrap_or(0) as u64
-        };
+    let ready = |lines: &[Vec<Line>], reads: &Line, pe: usize, start: &[Vec<u64>]| -> u64 {
+        let q = prev(pe);
+        (0..lines[q].len())
+            .filter_map(|s| lag(&lines[q][s], reads).map(|l| (start[q][s] as i64 + l).max(0)))
+            .max()
+            .unwrap_or(0) as u64
+    };
     // Relayed words may come from any stretch of the previous PE, even one that runs alongside
-    // or after the reading one there, so the steps built up front take the least starts that
-    // meet every such bound, found by rounds that only move starts later. Where the bounds do
-    // not hold on any timeline (a stretch forwarding a word before the stretch it waits for can
-    // send it, round the ring) the rounds do not end, and the caller is told.
+    // or after the reading one there, so the stretches built up front take the least starts
+    // that meet every such bound, found by rounds that only move starts later. Where the
+    // bounds do not hold on any timeline (a stretch forwarding a word before the stretch it
+    // waits for can send it, round the ring) the rounds do not end, and the caller is told.
     let lags: Vec<Vec<Vec<(usize, i64)>>> = (0..mu)
         .map(|pe| {
-            (0..upfront)
+            (0..stretches)
                 .map(|s| {
-                    (0..upfront)
+                    (0..stretches)
                         .filter_map(|s2| lag(&lines[prev(pe)][s2], &lines[pe][s]).map(|l| (s2, l)))
                         .collect()
                 })
@@ -1303,7 +1592,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
     let mut settled = false;
     for _ in 0..4 * mu + 16 {
         let mut moved = false;
-        for s in 0..upfront {
+        for s in 0..stretches {
             for pe in 0..mu {
                 let before = if s == 0 {
                     0
@@ -1344,7 +1633,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             let b = (pe as u32 + 1) % m;
             let pat = deal.blk[b as usize] + deal.r(b) * d;
             let words = u64::from(deal.pay[b as usize][mu - 1]);
-            let (dd, per) = (u64::from(d), u64::from(d - 1));
+            let dd = u64::from(d);
             let mut at = 0u64;
             for s2 in 0..mu - 1 {
                 for (&a, &t) in &lines[q][s2].sent {
@@ -1361,7 +1650,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             steps[pe].push(nodes);
         }
         for pe in 0..mu {
-            let at = end[pe].max(ready(&lines, &lines[pe][s], pe, s, &start));
+            let at = end[pe].max(ready(&lines, &lines[pe][s], pe, &start));
             waits[pe][s] = at - end[pe];
             start[pe][s] = at;
             end[pe] = at + lines[pe][s].len;
@@ -1376,7 +1665,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
                 let nodes = deal.row(pe as u32, j, scale);
                 let l = line(&nodes, deal.words)?;
                 let q = prev(pe);
-                let need = (0..mu)
+                let need = (0..lines[q].len())
                     .flat_map(|s| {
                         let st = start[q][s];
                         lines[q][s]
@@ -1391,11 +1680,88 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             })
             .collect::<Result<Vec<_>, String>>()?;
         rows.sort_by_key(|r| (r.0, r.1));
-        let fin: Vec<Node> = rows.into_iter().flat_map(|r| r.2).collect();
-        let fl = line(&fin, deal.words)?;
-        let at = end[pe].max(ready(&lines, &fl, pe, mu, &start));
-        waits[pe][mu] = at - end[pe];
-        finals.push(fin);
+        let order: Vec<(u32, u64)> = rows
+            .iter()
+            .map(|r| (r.1, super::head_cycles(&r.2)))
+            .collect();
+        let each: Vec<Node> = rows.into_iter().flat_map(|r| r.2).collect();
+        let each_flat = flat(&each, deal.words)?;
+        let fl = line_of(&each_flat);
+        let from = if laid { start[pe][mu] } else { end[pe] };
+        let at = from.max(ready(&lines, &fl, pe, &start));
+        waits[pe][mu] = from - end[pe];
+        // Rows that follow one another in token order and whose code moves on alike share one
+        // loop (the same flattening, so the timing above holds); those the laid sends reach
+        // keep bodies of their own, which the sends split.
+        let reach = if laid {
+            tails[pe].last().map_or(0, |r| r.at + r.words)
+        } else {
+            0
+        };
+        let mut grouped = Vec::new();
+        let mut t = at - from;
+        let mut i = 0;
+        while i < order.len() {
+            let j = order[i].0;
+            let mut c = 1u32;
+            if t >= reach {
+                while i + (c as usize) < order.len()
+                    && order[i + c as usize].0 == j + c
+                    && deal.rows_alike(pe as u32, j, c + 1)
+                {
+                    c += 1;
+                }
+            }
+            grouped.extend(deal.row_loop(pe as u32, j, c, scale));
+            t += order[i..i + c as usize].iter().map(|o| o.1).sum::<u64>();
+            i += c as usize;
+        }
+        // The loops stand for the rows one by one only if they flatten to them: otherwise the
+        // rows keep bodies of their own.
+        let fin = if flat(&grouped, deal.words)? == each_flat {
+            grouped
+        } else {
+            each
+        };
+        if laid {
+            // The rows wait inside their stretch, whose first cycle the laid sends count from.
+            let mut nodes = wait(at - from)?;
+            nodes.extend(fin);
+            let have = super::head_cycles(&nodes);
+            let need = tails[pe].last().map_or(0, |r| r.at + r.words);
+            nodes.extend(wait(need.saturating_sub(have))?);
+            let laid = overlay::overlay(&nodes, 1, &tails[pe])?;
+            // The stretch with the sends laid must be the stretch, its transfer slots aside,
+            // sending each word of each run in its cycle.
+            let with = flat(&laid, deal.words)?;
+            let mut plain = vec![isa::Bundle::NOP; (at - from) as usize];
+            plain.extend_from_slice(&each_flat);
+            plain.resize(plain.len().max(need as usize), isa::Bundle::NOP);
+            let mut want = vec![Xfer::Nop; plain.len()];
+            for r in &tails[pe] {
+                for i in 0..r.words {
+                    let a = u32::try_from(r.src.base + i as i64)
+                        .map_err(|_| format!("{NAME}: a relayed word out of range"))?;
+                    want[(r.at + i) as usize] = Xfer::Send {
+                        src: XferSrc::Mem(a),
+                        dst: a,
+                    };
+                }
+            }
+            let same = plain.len() == with.len()
+                && plain.iter().zip(&with).zip(&want).all(|((a, b), x)| {
+                    a.op == b.op && a.acc == b.acc && a.xfer == Xfer::Nop && b.xfer == *x
+                });
+            if !same {
+                return Err(format!(
+                    "{NAME}: sends laid on the rows do not flatten as placed"
+                ));
+            }
+            finals.push(laid);
+        } else {
+            waits[pe][mu] = at - end[pe];
+            finals.push(fin);
+        }
     }
     let mut bodies = Vec::with_capacity(mu);
     for (pe, fin) in finals.into_iter().enumerate() {

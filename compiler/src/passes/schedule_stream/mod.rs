@@ -39,6 +39,7 @@ mod lagged;
 mod merge;
 mod mirrored;
 mod once;
+mod overlay;
 mod paired;
 mod uneven;
 mod whole;
