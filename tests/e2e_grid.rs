@@ -9,6 +9,27 @@ use compiler::passes::select::Choice;
 
 const TOL: f64 = 1e-4;
 
+/// The proof of `c`'s programs (run by `run_emitted`) states what it proved, and accepts
+/// operations beyond the necessary ones exactly where they may be: a scheduler that does not
+/// exploit q = k (the baseline) computing each score of a shared layer without a mask. These
+/// grids hold every layer and ring the verifier's own grid of `auto` and the baseline took, so
+/// they check this for it.
+fn assert_proved_work(c: &compiler::Compiled, r: &RunResult, what: &str) {
+    assert!(r.proved.is_some(), "{what}: no statement proved");
+    let l = &c.manifest.layer;
+    let may_be_redundant = !c.scheduler.is_some_and(|s| s.necessary_only())
+        && l.qkv == "shared"
+        && l.mask == "none"
+        && l.tokens > 1;
+    assert_eq!(
+        r.redundant_ops > 0,
+        may_be_redundant,
+        "{what} ({}): redundant operations {}",
+        c.manifest.schedule,
+        r.redundant_ops
+    );
+}
+
 #[test]
 fn baseline_grid_matches_reference_and_cycle_formula() {
     let mut checked = 0;
@@ -42,6 +63,7 @@ fn baseline_grid_matches_reference_and_cycle_formula() {
                         );
                         let b = c.manifest.bound.expect("every compile states its bound");
                         assert!(r.cycles >= b.value, "{what}: below the bound {b:?}");
+                        assert_proved_work(&c, &r, &what);
                         checked += 1;
                     }
                 }
@@ -160,6 +182,7 @@ fn auto_grid_beats_paper_formulas(shared: bool, causal: bool) {
                     executed,
                     ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac
                 );
+                assert_proved_work(&c, &r, &what);
             }
         }
     }

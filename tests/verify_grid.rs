@@ -41,28 +41,9 @@ fn assert_compiled_proved(src: &str, pes: u32, schedule: Choice, c: &compiler::C
     );
 }
 
-#[test]
-fn grid_of_shapes_and_schedules() {
-    // d = n and m | n: both `auto` and the baseline apply to every combination, so each must
-    // compile and be proved.
-    for n in (1..=8).chain([12, 15, 16]) {
-        for m in (1..=n).filter(|m| n % m == 0) {
-            for heads in 1..=3 {
-                for shared in [false, true] {
-                    for causal in [false, true] {
-                        let src = source(n, n, heads, shared, causal);
-                        for schedule in [Choice::Auto, Choice::Named("baseline")] {
-                            assert!(
-                                assert_proved(&src, m, schedule),
-                                "{src} on {m} PEs ({schedule:?}) was refused"
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
+// The grid of d = n, m | n layers (n up to 16, one to three heads, every scheme) under `auto`
+// and the baseline is proved, with the same checks as `assert_compiled_proved`, by
+// tests/e2e_grid.rs, which compiles exactly those layers and runs them too.
 
 #[test]
 fn general_shapes() {

@@ -43,6 +43,10 @@ pub struct RunResult {
     pub cycles: u64,
     pub max_abs_err: f64,
     pub stats: isa::RunStats,
+    /// The proof's statement (`None`: not proved).
+    pub proved: Option<String>,
+    /// Operations beyond the necessary ones the proof accepted as declared.
+    pub redundant_ops: u64,
 }
 
 /// Runs the programs as a loader would see them on disk: every program goes through its binary
@@ -92,6 +96,8 @@ pub fn run_emitted(c: &Compiled, seed: u64) -> RunResult {
         cycles: out.stats.cycles,
         max_abs_err: compiler::exec::max_abs_err(&out.outputs["y"], &want),
         stats: out.stats,
+        proved: report.proved,
+        redundant_ops: report.redundant_ops,
     }
 }
 
