@@ -986,6 +986,21 @@ impl Deal {
                     .build()],
             ));
         }
+        // Values: columns at `lv`.
+        let y = ad(self.y)
+            .plus(i64::from(j) * d)
+            .t(0, i64::from(self.r(p)) * d)
+            .t(lv, 1);
+        self.weights_and_values(&mut body, &e, l, y, lv);
+        body
+    }
+
+    /// The end of a row's body, shared by a row alone and a loop over rows alike: each weight
+    /// divided by the row sum `l` (per weight), the values `y[c] += Σ_b e[b]·x[b][c]` (columns
+    /// at `lv`, keys one deeper, the visiting blocks in ring order), and each output element
+    /// divided (deferred). `e` and `y` carry the caller's row terms.
+    fn weights_and_values(&self, body: &mut Vec<Node>, e: &Ad, l: Ad, y: Ad, lv: u8) {
+        let d = i64::from(self.d);
         if self.per_weight {
             let w = e.clone().t(lv, 1);
             body.extend(lp(
@@ -993,12 +1008,7 @@ impl Deal {
                 vec![B::new().div(w.clone(), l.clone(), w).build()],
             ));
         }
-        // Values: columns at `lv`, keys one deeper.
         let (col, kl) = (lv, lv + 1);
-        let y = ad(self.y)
-            .plus(i64::from(j) * d)
-            .t(0, i64::from(self.r(p)) * d)
-            .t(col, 1);
         let mut inner = Vec::new();
         for q in 0..self.m {
             let xq = i64::from(self.x[q as usize]);
@@ -1032,7 +1042,6 @@ impl Deal {
         if !self.per_weight {
             body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
         }
-        body
     }
 
     /// The shape of row `j`'s code that does not move affinely with the row: per run of its
@@ -1174,53 +1183,13 @@ impl Deal {
                     .build(),
             ));
         }
-        if self.per_weight {
-            let w = e.clone().t(lv, 1);
-            body.extend(lp(
-                self.n,
-                vec![B::new().div(w.clone(), l.clone(), w).build()],
-            ));
-        }
-        // Values: columns at `lv`, keys one deeper.
-        let (col, kl) = (lv, lv + 1);
+        // Values: columns at `lv`.
         let y = ad(self.y)
             .plus(j * d)
             .t(0, i64::from(self.r(p)) * d)
             .t(rl, d)
-            .t(col, 1);
-        let mut inner = Vec::new();
-        for q in 0..self.m {
-            let xq = i64::from(self.x[q as usize]);
-            let rq = self.r(q);
-            let xr = self.xrows(q).t(col, 1);
-            if q == 0 {
-                inner.push(
-                    B::new()
-                        .mul(e.clone(), xr.clone(), None)
-                        .add(None, y.clone())
-                        .build(),
-                );
-                inner.extend(lp(
-                    rq - 1,
-                    vec![B::new()
-                        .mul(e.clone().plus(1).t(kl, 1), xr.plus(d).t(kl, d), None)
-                        .add(Some(y.clone()), y.clone())
-                        .build()],
-                ));
-            } else {
-                inner.extend(lp(
-                    rq,
-                    vec![B::new()
-                        .mul(e.clone().plus(xq).t(kl, 1), xr.t(kl, d), None)
-                        .add(Some(y.clone()), y.clone())
-                        .build()],
-                ));
-            }
-        }
-        body.extend(lp(self.d, inner));
-        if !self.per_weight {
-            body.extend(lp(self.d, vec![B::new().div(y.clone(), l, y).build()]));
-        }
+            .t(lv, 1);
+        self.weights_and_values(&mut body, &e, l, y, lv);
         lp(count, body)
     }
 }

@@ -96,24 +96,22 @@ fn lay(
                 let mut it = 0u32;
                 while it < l.count {
                     let s = t + u64::from(it) * body_len;
-                    let k = first_after(runs, s);
-                    let r = runs.get(k);
-                    // Iterations no run touches, as one loop.
-                    let free = |it: u32| {
+                    // The run that touches iteration `it`, if any.
+                    let touching = |it: u32| {
                         let s = t + u64::from(it) * body_len;
-                        let k = first_after(runs, s);
-                        runs.get(k).is_none_or(|r| r.at >= s + body_len)
+                        runs.get(first_after(runs, s))
+                            .filter(|r| r.at < s + body_len)
                     };
-                    if free(it) {
+                    let Some(r) = touching(it) else {
+                        // Iterations no run touches, as one loop.
                         let mut e = it + 1;
-                        while e < l.count && free(e) {
+                        while e < l.count && touching(e).is_none() {
                             e += 1;
                         }
                         out.push(piece(l, level, it, e - it, None)?);
                         it = e;
                         continue;
-                    }
-                    let r = r.expect("a run touches the iteration");
+                    };
                     if r.at <= s && r.at + r.words >= s + body_len {
                         // Whole iterations within one run.
                         let whole = (r.at + r.words - s) / body_len;
