@@ -361,6 +361,16 @@ impl Builder {
         self.sched.vals.push(ValInfo::Computed)
     }
 
+    /// Room for `cycles` cycles on every PE, for a pass that knows about how long its schedule
+    /// will be: rows that grow cycle by cycle otherwise copy themselves at every doubling, which
+    /// on a schedule of half a million cycles is a good part of its building time. Untouched
+    /// room costs address space only.
+    pub fn reserve_cycles(&mut self, cycles: usize) {
+        for row in &mut self.sched.slots {
+            row.reserve(cycles.saturating_sub(row.len()));
+        }
+    }
+
     fn slot(&mut self, pe: u32, cycle: usize) -> Option<&mut Slot> {
         let pes = self.sched.pes;
         let Some(row) = self.sched.slots.get_mut(pe as usize) else {

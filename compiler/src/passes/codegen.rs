@@ -160,9 +160,95 @@ fn acc_result(work: &Work) -> Option<Val> {
 }
 
 pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> {
+    pack(s, packing)?.emit(s)
+}
+
+/// Every value's addresses on every PE, before any microcode is written: enough to know the
+/// words each PE needs, which is all a candidate that loses on cycles is asked for.
+pub struct Packed {
+    lives: Lives,
+    mem_words: Vec<u32>,
+}
+
+impl Packed {
+    /// Words of memory each PE uses.
+    pub fn mem_words(&self) -> &[u32] {
+        &self.mem_words
+    }
+
+    /// The programs and input and output addresses of `s`, the schedule this packing was made
+    /// for.
+    pub fn emit(&self, s: &RingSchedule) -> Result<Emitted, CodegenError> {
+        let (m, cycles, pes) = (s.pes as usize, s.cycles(), &self.lives);
+        let mut programs = Vec::with_capacity(m);
+        for (pe, &mem_words) in self.mem_words.iter().enumerate() {
+            let next = (pe + 1) % m;
+            let mut bundles = Vec::with_capacity(cycles);
+            for t in 0..cycles {
+                bundles.push(bundle(pes, s.slots[pe][t], pe, next, t)?);
+            }
+            programs.push(Program {
+                pe: pe as u32,
+                pes: s.pes,
+                mem_words,
+                bundles,
+            });
+        }
+
+        let mut inputs = Vec::new();
+        for (val, info) in s.vals.iter() {
+            if let ValInfo::Input { element, pe } = *info {
+                let life = pes.starting(pe as usize, val, 0).ok_or_else(|| {
+                    CodegenError(format!(
+                        "input {val:?} on PE {pe} has no lifetime from cycle 0"
+                    ))
+                })?;
+                inputs.push((element, pe, life.addr));
+            }
+        }
+        let mut outputs = Vec::new();
+        for &(element, pe, val) in &s.outputs {
+            let i = pes.at(pe as usize, val, cycles).ok_or_else(|| {
+                CodegenError(format!("output {val} is not on PE {pe} at the end"))
+            })?;
+            outputs.push((element, pe, pes.on[pe as usize][i].addr));
+        }
+        Ok(Emitted {
+            programs,
+            inputs,
+            outputs,
+        })
+    }
+}
+
+/// Lifetimes and addresses of every value of `s` (the first half of [`run`]).
+pub fn pack(s: &RingSchedule, packing: Packing) -> Result<Packed, CodegenError> {
     let m = s.pes as usize;
     let cycles = s.cycles();
     let mut pes = Lives::new(m, s.vals.len());
+    // Every lifetime starts with a write, an arrival or a preload: counted first, so that a
+    // PE's list of half a million lifetimes is not copied at every doubling.
+    let mut starts = vec![0usize; m];
+    for (pe, row) in s.slots.iter().enumerate().take(m) {
+        for slot in row {
+            if let Some(work) = slot.work {
+                starts[pe] += work.writes().count();
+            }
+            if slot.send.is_some() {
+                starts[(pe + 1) % m] += 1;
+            }
+        }
+    }
+    for info in s.vals.values() {
+        if let ValInfo::Input { pe, .. } = info {
+            if let Some(n) = starts.get_mut(*pe as usize) {
+                *n += 1;
+            }
+        }
+    }
+    for (lives, n) in pes.on.iter_mut().zip(starts) {
+        lives.reserve_exact(n);
+    }
 
     for (val, info) in s.vals.iter() {
         if let ValInfo::Input { pe, .. } = info {
@@ -243,43 +329,9 @@ pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> 
         });
     }
 
-    let mut programs = Vec::with_capacity(m);
-    for (pe, &mem_words) in mem_words.iter().enumerate() {
-        let next = (pe + 1) % m;
-        let mut bundles = Vec::with_capacity(cycles);
-        for t in 0..cycles {
-            bundles.push(bundle(&pes, s.slots[pe][t], pe, next, t)?);
-        }
-        programs.push(Program {
-            pe: pe as u32,
-            pes: s.pes,
-            mem_words,
-            bundles,
-        });
-    }
-
-    let mut inputs = Vec::new();
-    for (val, info) in s.vals.iter() {
-        if let ValInfo::Input { element, pe } = *info {
-            let life = pes.starting(pe as usize, val, 0).ok_or_else(|| {
-                CodegenError(format!(
-                    "input {val:?} on PE {pe} has no lifetime from cycle 0"
-                ))
-            })?;
-            inputs.push((element, pe, life.addr));
-        }
-    }
-    let mut outputs = Vec::new();
-    for &(element, pe, val) in &s.outputs {
-        let i = pes
-            .at(pe as usize, val, cycles)
-            .ok_or_else(|| CodegenError(format!("output {val} is not on PE {pe} at the end")))?;
-        outputs.push((element, pe, pes.on[pe as usize][i].addr));
-    }
-    Ok(Emitted {
-        programs,
-        inputs,
-        outputs,
+    Ok(Packed {
+        lives: pes,
+        mem_words,
     })
 }
 
