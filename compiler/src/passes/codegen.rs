@@ -30,9 +30,11 @@ pub struct Emitted {
 /// One stretch of a value's life on one PE.
 #[derive(Clone, Copy, Debug)]
 struct Life {
-    start: usize,
-    /// Last cycle reading it; `None` while nothing does (such a value is never stored).
-    end: Option<usize>,
+    /// Cycles are kept in `u32` ([`pack`] refuses longer schedules): a layer has millions of
+    /// lifetimes, and a smaller one is fewer pages to fault in.
+    start: u32,
+    /// Last cycle reading it; [`NO_END`] while nothing does (such a value is never stored).
+    end: u32,
     /// Kept to the end: an output, or a preloaded input (which must have a home).
     pinned: bool,
     addr: Addr,
@@ -81,6 +83,9 @@ const KINDS: usize = 16;
 
 const NONE: u32 = u32::MAX;
 
+/// A lifetime nothing reads.
+const NO_END: u32 = u32::MAX;
+
 /// Lifetimes on every PE (`on[pe]`), indexed by value for lookups at a cycle.
 struct Lives {
     on: Vec<Vec<Life>>,
@@ -100,8 +105,8 @@ impl Lives {
         let idx = self.on[pe].len() as u32;
         let prev = self.latest.insert(pe, val, idx).unwrap_or(NONE);
         self.on[pe].push(Life {
-            start,
-            end: None,
+            start: start as u32,
+            end: NO_END,
             pinned,
             addr: Addr::MAX,
             prev,
@@ -125,18 +130,19 @@ impl Lives {
 
     /// The lifetime of `val` on `pe` holding at `cycle`: the latest one started at or before it.
     fn at(&self, pe: usize, val: Val, cycle: usize) -> Option<usize> {
-        self.chain(pe, val).find(|&i| self.on[pe][i].start <= cycle)
+        self.chain(pe, val)
+            .find(|&i| self.on[pe][i].start as usize <= cycle)
     }
 
     fn starting(&self, pe: usize, val: Val, cycle: usize) -> Option<&Life> {
         self.chain(pe, val)
             .map(|i| &self.on[pe][i])
-            .find(|l| l.start == cycle)
+            .find(|l| l.start as usize == cycle)
     }
 
     fn stored(&self, pe: usize, val: Val, cycle: usize) -> Option<Addr> {
         self.starting(pe, val, cycle)
-            .filter(|l| l.end.is_some() || l.pinned)
+            .filter(|l| l.end != NO_END || l.pinned)
             .map(|l| l.addr)
     }
 }
@@ -225,6 +231,12 @@ impl Packed {
 pub fn pack(s: &RingSchedule, packing: Packing) -> Result<Packed, CodegenError> {
     let m = s.pes as usize;
     let cycles = s.cycles();
+    // Lifetimes start up to one cycle past the end and keep cycles in `u32` below `NO_END`.
+    if cycles >= (NO_END - 1) as usize {
+        return Err(CodegenError(format!(
+            "{cycles} cycles are more than codegen can address"
+        )));
+    }
     let mut pes = Lives::new(m, s.vals.len());
     // Every lifetime starts with a write, an arrival or a preload: counted first, so that a
     // PE's list of half a million lifetimes is not copied at every doubling.
@@ -268,7 +280,7 @@ pub fn pack(s: &RingSchedule, packing: Packing) -> Result<Packed, CodegenError> 
                 "PE {pe} reads {val} at cycle {t} but it is not there"
             ))
         })?;
-        pes.on[pe][i].end = Some(t);
+        pes.on[pe][i].end = t as u32;
         Ok(())
     };
     for t in 0..cycles {
@@ -339,7 +351,7 @@ pub fn pack(s: &RingSchedule, packing: Packing) -> Result<Packed, CodegenError> 
 /// of words used.
 fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
     let mut order: Vec<usize> = (0..lives.len())
-        .filter(|&i| lives[i].end.is_some() || lives[i].pinned)
+        .filter(|&i| lives[i].end != NO_END || lives[i].pinned)
         .collect();
     order.sort_by_key(|&i| lives[i].start);
     let mut busy = Busy::default();
@@ -358,7 +370,7 @@ fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
     let mut is_free: Vec<bool> = Vec::new();
     let mut words: Addr = 0;
     for i in order {
-        let start = lives[i].start;
+        let start = lives[i].start as usize;
         // An address read for the last time at cycle e may be written at the end of cycle e,
         // i.e. reused by a lifetime starting at e + 1.
         for addr in busy.ending_before(start) {
@@ -398,7 +410,12 @@ fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
         kind_at[addr as usize] = kind as u8;
         lives[i].addr = addr;
         if !lives[i].pinned {
-            busy.push(lives[i].end.unwrap_or(start), addr);
+            let end = if lives[i].end == NO_END {
+                start
+            } else {
+                lives[i].end as usize
+            };
+            busy.push(end, addr);
         }
     }
     words
