@@ -32,8 +32,10 @@ pub struct Flow {
     pub preloaded: Vec<Vec<Val>>,
 }
 
-/// Per PE: the first cycle each value can be read there.
-type Avail = PeValMap<usize>;
+/// Per PE: the first cycle each value can be read there. Cycles and list positions are kept in
+/// `u32` (see [`simulate_within`]): these maps hold an entry per value of a layer of millions,
+/// and half the words is fewer pages to fault in.
+type Avail = PeValMap<u32>;
 /// Per PE: positions in its forwarding list of values that are present and not yet sent.
 type Ready = Vec<BinaryHeap<Reverse<usize>>>;
 
@@ -50,21 +52,36 @@ pub fn simulate_within(
     limit: usize,
 ) -> Result<Option<usize>, String> {
     let m = flow.tasks.len();
+    // A PE runs at most one task and sends at most one value a cycle, so the longest list is a
+    // floor on the length; an eighth more covers the waits of the dataflows built so far.
+    let floor = (flow.tasks.iter().map(Vec::len))
+        .chain(flow.forward.iter().map(Vec::len))
+        .max()
+        .unwrap_or(0);
+    b.reserve_cycles(floor.saturating_add(floor / 8));
+    // Each cycle does some work or sends a value, or the run stops three idle cycles later, so
+    // cycles and positions stay below four times the work and sends.
+    let work: usize = (flow.tasks.iter().map(Vec::len))
+        .chain(flow.forward.iter().map(Vec::len))
+        .sum();
+    if work >= (u32::MAX / 4) as usize {
+        return Err(format!("{work} tasks and sends are too many to simulate"));
+    }
     // avail[p][v] = first cycle at which v can be read on p.
     let mut avail: Avail = PeValMap::new(m, b.vals(), 0);
     // Where each value sits in each PE's forwarding list, and the listed values already present.
     // Asked on every arrival, so a dense map like `avail`.
-    let mut listed: PeValMap<usize> = PeValMap::new(m, b.vals(), 0);
+    let mut listed: PeValMap<u32> = PeValMap::new(m, b.vals(), 0);
     for (p, f) in flow.forward.iter().enumerate() {
         for (i, &v) in f.iter().enumerate() {
-            listed.insert(p, v, i);
+            listed.insert(p, v, i as u32);
         }
     }
     let mut ready: Ready = vec![BinaryHeap::new(); m];
-    let arrive = |avail: &mut Avail, ready: &mut Ready, p: usize, v: Val, at: usize| {
+    let arrive = |avail: &mut Avail, ready: &mut Ready, p: usize, v: Val, at: u32| {
         if avail.get(p, v).is_none_or(|old| at < old) && avail.insert(p, v, at).is_none() {
             if let Some(i) = listed.get(p, v) {
-                ready[p].push(Reverse(i));
+                ready[p].push(Reverse(i as usize));
             }
         }
     };
@@ -73,29 +90,35 @@ pub fn simulate_within(
             arrive(&mut avail, &mut ready, p, v, 0);
         }
     }
-    let mut pending: Vec<VecDeque<usize>> =
-        flow.tasks.iter().map(|t| (0..t.len()).collect()).collect();
+    let mut pending: Vec<VecDeque<u32>> = flow
+        .tasks
+        .iter()
+        .map(|t| (0..t.len() as u32).collect())
+        .collect();
+    let mut unrun: usize = flow.tasks.iter().map(Vec::len).sum();
     let mut unsent: usize = flow.forward.iter().map(Vec::len).sum();
     let mut t = 0usize;
     let mut idle = 0;
-    while pending.iter().any(|q| !q.is_empty()) || unsent > 0 {
+    let mut events: Vec<(usize, Val)> = Vec::new();
+    while unrun > 0 || unsent > 0 {
         // Work left for cycle `t` means at least `t + 1` cycles.
         if t >= limit {
             return Ok(None);
         }
         let mut progressed = false;
-        let mut events: Vec<(usize, Val)> = Vec::new();
+        let now = t as u32;
         for p in 0..m {
-            let here = |v: Val| avail.get(p, v).is_some_and(|at| at <= t);
+            let here = |v: Val| avail.get(p, v).is_some_and(|at| at <= now);
             if let Some(pos) = pending[p]
                 .iter()
                 .take(WINDOW)
-                .position(|&i| flow.tasks[p][i].work.reads().all(here))
+                .position(|&i| flow.tasks[p][i as usize].work.reads().all(here))
             {
                 let Some(i) = pending[p].remove(pos) else {
                     break;
                 };
-                let task = flow.tasks[p][i];
+                unrun -= 1;
+                let task = flow.tasks[p][i as usize];
                 b.work(p as u32, t, task.phase, task.work);
                 events.extend(task.work.writes().map(|v| (p, v)));
                 progressed = true;
@@ -108,15 +131,15 @@ pub fn simulate_within(
                 progressed = true;
             }
         }
-        for (p, v) in events {
-            arrive(&mut avail, &mut ready, p, v, t + 1);
+        for (p, v) in events.drain(..) {
+            arrive(&mut avail, &mut ready, p, v, now + 1);
         }
         t += 1;
         idle = if progressed { 0 } else { idle + 1 };
         if idle > 2 {
             let stuck: Vec<String> = (0..m)
                 .filter_map(|p| {
-                    let i = *pending[p].front()?;
+                    let i = *pending[p].front()? as usize;
                     Some(format!("PE {p} waits to run {}", flow.tasks[p][i].work))
                 })
                 .take(4)

@@ -295,10 +295,12 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     // Every candidate is scheduled and emitted, and the one with the fewest cycles among those
     // within the memory limit kept; ties go to less memory, then to the more specialised one.
     let mut tried: Vec<manifest::CandidateInfo> = Vec::new();
+    // Only the words a candidate's packing takes are weighed; its microcode is written only if
+    // it is kept, or ties a stream in cycles (then the sizes of the two decide).
     type Best = (
         &'static dyn Scheduler,
         schedule::RingSchedule,
-        codegen::Emitted,
+        codegen::Packed,
     );
     let mut best: Option<Best> = None;
     for alg in candidates {
@@ -315,10 +317,10 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         if wants(alg.pass()) {
             dump = Some(s.to_string());
         }
-        let e = codegen::run(&s, codegen::Packing::Tight)
+        let e = codegen::pack(&s, codegen::Packing::Tight)
             .map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
         lap(&format!("{} ({})", codegen::NAME, alg.pass()), &mut timings);
-        let max_mem = max_words(&e);
+        let max_mem = packed_words(&e);
         let fits = opts.mem_limit.is_none_or(|limit| max_mem <= limit);
         tried.push(manifest::CandidateInfo {
             schedule: s.algorithm.to_string(),
@@ -330,14 +332,14 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         if fits
             && best
                 .as_ref()
-                .is_none_or(|(_, b, be)| key < (b.cycles(), max_words(be)))
+                .is_none_or(|(_, b, be)| key < (b.cycles(), packed_words(be)))
         {
             best = Some((alg, s, e));
         }
     }
     let unrolled = best
         .as_ref()
-        .map(|(_, b, e)| (b.cycles() as u64, max_words(e)));
+        .map(|(_, b, e)| (b.cycles() as u64, packed_words(e)));
     let roomy = unrolled
         .filter(|_| competes && opts.mem_limit.is_none())
         .and_then(|(_, words)| build_stream(Some(words)))
@@ -353,22 +355,8 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     let loop_bytes = |s: &passes::schedule_stream::Stream| -> u64 {
         s.programs.iter().map(isa::looped_binary::encoded_len).sum()
     };
-    let beats = |s: &passes::schedule_stream::Stream| match &best {
-        None => true,
-        Some((_, b, e)) => {
-            let cycles = b.cycles() as u64;
-            s.cycles < cycles
-                || (s.cycles == cycles
-                    && stream::max_words(s) <= max_words(e)
-                    && loop_bytes(s) < flat_bytes(e))
-        }
-    };
-    if let Some(s) = streams
-        .into_iter()
-        .min_by_key(|s| (s.cycles, stream::max_words(s)))
-        .filter(beats)
-    {
-        let reason = format!(
+    let stream_reason = |tried: &[manifest::CandidateInfo]| {
+        format!(
             "fewest cycles among {} candidates{}; loop programs",
             tried.len(),
             if opts.mem_limit.is_some() {
@@ -376,10 +364,16 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
             } else {
                 ""
             }
-        );
-        return finish_stream(layer, &problem, opts, s, reason, tried, dump, timings);
-    }
-    let Some((chosen, schedule, mut emitted)) = best else {
+        )
+    };
+    let fastest = streams
+        .into_iter()
+        .min_by_key(|s| (s.cycles, stream::max_words(s)));
+    let Some((chosen, schedule, packed)) = best else {
+        if let Some(s) = fastest {
+            let reason = stream_reason(&tried);
+            return finish_stream(layer, &problem, opts, s, reason, tried, dump, timings);
+        }
         let smallest = tried.iter().min_by_key(|c| c.max_mem_words).map_or_else(
             || "no schedule was built".to_string(),
             |c| format!("the smallest, {}, needs {}", c.schedule, c.max_mem_words),
@@ -393,6 +387,27 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
             note: "raise --mem, or use more PEs".into(),
         }));
     };
+    let cycles = schedule.cycles() as u64;
+    let fastest = match fastest {
+        Some(s) if s.cycles < cycles => {
+            let reason = stream_reason(&tried);
+            return finish_stream(layer, &problem, opts, s, reason, tried, dump, timings);
+        }
+        other => other,
+    };
+    let mut emitted = packed
+        .emit(&schedule)
+        .map_err(|e| CompileError::Internal(Internal::Codegen(e)))?;
+    drop(packed);
+    let ties = |s: &passes::schedule_stream::Stream| {
+        s.cycles == cycles
+            && stream::max_words(s) <= max_words(&emitted)
+            && loop_bytes(s) < flat_bytes(&emitted)
+    };
+    if let Some(s) = fastest.filter(ties) {
+        let reason = stream_reason(&tried);
+        return finish_stream(layer, &problem, opts, s, reason, tried, dump, timings);
+    }
     if wants(CHOSEN_SCHEDULE) {
         dump = Some(schedule.to_string());
     }
@@ -587,6 +602,10 @@ fn finish_stream(
 
 fn max_words(e: &codegen::Emitted) -> u32 {
     e.programs.iter().map(|p| p.mem_words).max().unwrap_or(0)
+}
+
+fn packed_words(p: &codegen::Packed) -> u32 {
+    p.mem_words().iter().copied().max().unwrap_or(0)
 }
 
 /// The manifest's file list: `pe<N>.s` and `pe<N>.bin` for every PE.

@@ -6,12 +6,57 @@
 //! all of them, decides storage.
 
 use crate::ir::Tensor;
-use cranelift_entity::{entity_impl, PrimaryMap};
+use cranelift_entity::{EntityRef, PrimaryMap};
+use std::num::NonZeroU32;
 
 /// An abstract value: an input element, a partial sum, an exponent, a weight or an output element.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Val(u32);
-entity_impl!(Val, "v");
+///
+/// Held as its index plus one, so that `Option<Val>` takes no more room than a `Val`: schedules
+/// of millions of operations hold several in every slot and task. It orders and hashes as its
+/// index does (what the hashing passes and their iteration orders were built on).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Val(NonZeroU32);
+
+impl Val {
+    /// The value of index `x` (below `u32::MAX`).
+    pub fn from_u32(x: u32) -> Self {
+        Val(NonZeroU32::MIN.saturating_add(x))
+    }
+
+    /// Its index.
+    pub fn as_u32(self) -> u32 {
+        self.0.get() - 1
+    }
+}
+
+impl EntityRef for Val {
+    fn new(index: usize) -> Self {
+        debug_assert!(index < u32::MAX as usize);
+        Val::from_u32(index as u32)
+    }
+
+    fn index(self) -> usize {
+        self.as_u32() as usize
+    }
+}
+
+impl std::hash::Hash for Val {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_u32().hash(state);
+    }
+}
+
+impl std::fmt::Display for Val {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "v{}", self.as_u32())
+    }
+}
+
+impl std::fmt::Debug for Val {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
 
 /// Which element of which tensor a value stands for, when it is one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -359,6 +404,16 @@ impl Builder {
 
     pub fn computed(&mut self) -> Val {
         self.sched.vals.push(ValInfo::Computed)
+    }
+
+    /// Room for `cycles` cycles on every PE, for a pass that knows about how long its schedule
+    /// will be: rows that grow cycle by cycle otherwise copy themselves at every doubling, which
+    /// on a schedule of half a million cycles is a good part of its building time. Untouched
+    /// room costs address space only.
+    pub fn reserve_cycles(&mut self, cycles: usize) {
+        for row in &mut self.sched.slots {
+            row.reserve(cycles.saturating_sub(row.len()));
+        }
     }
 
     fn slot(&mut self, pe: u32, cycle: usize) -> Option<&mut Slot> {

@@ -30,9 +30,11 @@ pub struct Emitted {
 /// One stretch of a value's life on one PE.
 #[derive(Clone, Copy, Debug)]
 struct Life {
-    start: usize,
-    /// Last cycle reading it; `None` while nothing does (such a value is never stored).
-    end: Option<usize>,
+    /// Cycles are kept in `u32` ([`pack`] refuses longer schedules): a layer has millions of
+    /// lifetimes, and a smaller one is fewer pages to fault in.
+    start: u32,
+    /// Last cycle reading it; [`NO_END`] while nothing does (such a value is never stored).
+    end: u32,
     /// Kept to the end: an output, or a preloaded input (which must have a home).
     pinned: bool,
     addr: Addr,
@@ -81,6 +83,9 @@ const KINDS: usize = 16;
 
 const NONE: u32 = u32::MAX;
 
+/// A lifetime nothing reads.
+const NO_END: u32 = u32::MAX;
+
 /// Lifetimes on every PE (`on[pe]`), indexed by value for lookups at a cycle.
 struct Lives {
     on: Vec<Vec<Life>>,
@@ -100,8 +105,8 @@ impl Lives {
         let idx = self.on[pe].len() as u32;
         let prev = self.latest.insert(pe, val, idx).unwrap_or(NONE);
         self.on[pe].push(Life {
-            start,
-            end: None,
+            start: start as u32,
+            end: NO_END,
             pinned,
             addr: Addr::MAX,
             prev,
@@ -125,18 +130,19 @@ impl Lives {
 
     /// The lifetime of `val` on `pe` holding at `cycle`: the latest one started at or before it.
     fn at(&self, pe: usize, val: Val, cycle: usize) -> Option<usize> {
-        self.chain(pe, val).find(|&i| self.on[pe][i].start <= cycle)
+        self.chain(pe, val)
+            .find(|&i| self.on[pe][i].start as usize <= cycle)
     }
 
     fn starting(&self, pe: usize, val: Val, cycle: usize) -> Option<&Life> {
         self.chain(pe, val)
             .map(|i| &self.on[pe][i])
-            .find(|l| l.start == cycle)
+            .find(|l| l.start as usize == cycle)
     }
 
     fn stored(&self, pe: usize, val: Val, cycle: usize) -> Option<Addr> {
         self.starting(pe, val, cycle)
-            .filter(|l| l.end.is_some() || l.pinned)
+            .filter(|l| l.end != NO_END || l.pinned)
             .map(|l| l.addr)
     }
 }
@@ -160,9 +166,101 @@ fn acc_result(work: &Work) -> Option<Val> {
 }
 
 pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> {
+    pack(s, packing)?.emit(s)
+}
+
+/// Every value's addresses on every PE, before any microcode is written: enough to know the
+/// words each PE needs, which is all a candidate that loses on cycles is asked for.
+pub struct Packed {
+    lives: Lives,
+    mem_words: Vec<u32>,
+}
+
+impl Packed {
+    /// Words of memory each PE uses.
+    pub fn mem_words(&self) -> &[u32] {
+        &self.mem_words
+    }
+
+    /// The programs and input and output addresses of `s`, the schedule this packing was made
+    /// for.
+    pub fn emit(&self, s: &RingSchedule) -> Result<Emitted, CodegenError> {
+        let (m, cycles, pes) = (s.pes as usize, s.cycles(), &self.lives);
+        let mut programs = Vec::with_capacity(m);
+        for (pe, &mem_words) in self.mem_words.iter().enumerate() {
+            let next = (pe + 1) % m;
+            let mut bundles = Vec::with_capacity(cycles);
+            for t in 0..cycles {
+                bundles.push(bundle(pes, s.slots[pe][t], pe, next, t)?);
+            }
+            programs.push(Program {
+                pe: pe as u32,
+                pes: s.pes,
+                mem_words,
+                bundles,
+            });
+        }
+
+        let mut inputs = Vec::new();
+        for (val, info) in s.vals.iter() {
+            if let ValInfo::Input { element, pe } = *info {
+                let life = pes.starting(pe as usize, val, 0).ok_or_else(|| {
+                    CodegenError(format!(
+                        "input {val:?} on PE {pe} has no lifetime from cycle 0"
+                    ))
+                })?;
+                inputs.push((element, pe, life.addr));
+            }
+        }
+        let mut outputs = Vec::new();
+        for &(element, pe, val) in &s.outputs {
+            let i = pes.at(pe as usize, val, cycles).ok_or_else(|| {
+                CodegenError(format!("output {val} is not on PE {pe} at the end"))
+            })?;
+            outputs.push((element, pe, pes.on[pe as usize][i].addr));
+        }
+        Ok(Emitted {
+            programs,
+            inputs,
+            outputs,
+        })
+    }
+}
+
+/// Lifetimes and addresses of every value of `s` (the first half of [`run`]).
+pub fn pack(s: &RingSchedule, packing: Packing) -> Result<Packed, CodegenError> {
     let m = s.pes as usize;
     let cycles = s.cycles();
+    // Lifetimes start up to one cycle past the end and keep cycles in `u32` below `NO_END`.
+    if cycles >= (NO_END - 1) as usize {
+        return Err(CodegenError(format!(
+            "{cycles} cycles are more than codegen can address"
+        )));
+    }
     let mut pes = Lives::new(m, s.vals.len());
+    // Every lifetime starts with a write, an arrival or a preload: counted first, so that a
+    // PE's list of half a million lifetimes is not copied at every doubling.
+    let mut starts = vec![0usize; m];
+    for (pe, row) in s.slots.iter().enumerate().take(m) {
+        for slot in row {
+            if let Some(work) = slot.work {
+                starts[pe] += work.writes().count();
+            }
+            if slot.send.is_some() {
+                starts[(pe + 1) % m] += 1;
+            }
+        }
+    }
+    for info in s.vals.values() {
+        if let ValInfo::Input { pe, .. } = info {
+            if let Some(n) = starts.get_mut(*pe as usize) {
+                *n += 1;
+            }
+        }
+    }
+    for (lives, n) in pes.on.iter_mut().zip(starts) {
+        lives.reserve_exact(n);
+    }
 
     for (val, info) in s.vals.iter() {
         if let ValInfo::Input { pe, .. } = info {
@@ -182,7 +280,7 @@ pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> 
                 "PE {pe} reads {val} at cycle {t} but it is not there"
             ))
         })?;
-        pes.on[pe][i].end = Some(t);
+        pes.on[pe][i].end = t as u32;
         Ok(())
     };
     for t in 0..cycles {
@@ -243,43 +341,9 @@ pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> 
         });
     }
 
-    let mut programs = Vec::with_capacity(m);
-    for (pe, &mem_words) in mem_words.iter().enumerate() {
-        let next = (pe + 1) % m;
-        let mut bundles = Vec::with_capacity(cycles);
-        for t in 0..cycles {
-            bundles.push(bundle(&pes, s.slots[pe][t], pe, next, t)?);
-        }
-        programs.push(Program {
-            pe: pe as u32,
-            pes: s.pes,
-            mem_words,
-            bundles,
-        });
-    }
-
-    let mut inputs = Vec::new();
-    for (val, info) in s.vals.iter() {
-        if let ValInfo::Input { element, pe } = *info {
-            let life = pes.starting(pe as usize, val, 0).ok_or_else(|| {
-                CodegenError(format!(
-                    "input {val:?} on PE {pe} has no lifetime from cycle 0"
-                ))
-            })?;
-            inputs.push((element, pe, life.addr));
-        }
-    }
-    let mut outputs = Vec::new();
-    for &(element, pe, val) in &s.outputs {
-        let i = pes
-            .at(pe as usize, val, cycles)
-            .ok_or_else(|| CodegenError(format!("output {val} is not on PE {pe} at the end")))?;
-        outputs.push((element, pe, pes.on[pe as usize][i].addr));
-    }
-    Ok(Emitted {
-        programs,
-        inputs,
-        outputs,
+    Ok(Packed {
+        lives: pes,
+        mem_words,
     })
 }
 
@@ -287,7 +351,7 @@ pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> 
 /// of words used.
 fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
     let mut order: Vec<usize> = (0..lives.len())
-        .filter(|&i| lives[i].end.is_some() || lives[i].pinned)
+        .filter(|&i| lives[i].end != NO_END || lives[i].pinned)
         .collect();
     order.sort_by_key(|&i| lives[i].start);
     let mut busy = Busy::default();
@@ -306,7 +370,7 @@ fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
     let mut is_free: Vec<bool> = Vec::new();
     let mut words: Addr = 0;
     for i in order {
-        let start = lives[i].start;
+        let start = lives[i].start as usize;
         // An address read for the last time at cycle e may be written at the end of cycle e,
         // i.e. reused by a lifetime starting at e + 1.
         for addr in busy.ending_before(start) {
@@ -346,7 +410,12 @@ fn allocate(lives: &mut [Life], by_kind: bool) -> u32 {
         kind_at[addr as usize] = kind as u8;
         lives[i].addr = addr;
         if !lives[i].pinned {
-            busy.push(lives[i].end.unwrap_or(start), addr);
+            let end = if lives[i].end == NO_END {
+                start
+            } else {
+                lives[i].end as usize
+            };
+            busy.push(end, addr);
         }
     }
     words

@@ -593,26 +593,31 @@ fn run_on(
                 }
             }
             mine.sort_by_key(|&(rank, a, col)| (rank, arrival(pe, col), col, a));
-            let mut y: std::collections::BTreeMap<(u32, u32), Val> = Default::default();
+            // The partial y of (a, c) at `a·d + c`: a dense table, since every MAC reads and
+            // writes one, and walking it in index order visits rows, then columns, in order.
+            let mut y: Vec<Option<Val>> = vec![None; (n * d) as usize];
             for &(rank, a, col) in &mine {
+                let w = weight[&(a, col)];
                 for c in 0..d {
                     let out = b.computed();
-                    let acc = y
-                        .get(&(a, c))
-                        .copied()
-                        .or_else(|| y_in.get(&(a, c)).copied());
+                    let at = (a * d + c) as usize;
+                    let acc = y[at].or_else(|| y_in.get(&(a, c)).copied());
                     let work = Work::Mac {
-                        a: weight[&(a, col)],
+                        a: w,
                         b: vv[&(col, c)],
                         acc,
                         out,
                     };
                     tasks[pe as usize][6 + rank as usize].push(Task { work, phase: 3 });
-                    y.insert((a, c), out);
+                    y[at] = Some(out);
                 }
             }
             // Hand partial rows to the next part; keep finished rows as outputs.
-            for ((a, c), val) in y {
+            let held = y.into_iter().enumerate().filter_map(|(at, v)| {
+                let at = at as u32;
+                v.map(|v| ((at / d, at % d), v))
+            });
+            for ((a, c), val) in held {
                 if is_final_part(plan(h, a), pe) {
                     let element = Element {
                         tensor: Tensor::Y,

@@ -21,7 +21,10 @@
 //! on the words the previous step had to forward; what the chains cannot carry goes on sends of
 //! their own after the last step. `run` keeps whichever timing takes fewer cycles.
 
-use std::collections::{BTreeMap, HashMap};
+// Every use of these maps looks words up or takes a maximum over them, whatever the order (std's
+// randomly seeded hashing already varies it run to run), so the faster fixed hash is as good.
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeMap;
 
 use isa::{Cmp, Field, LoopProgram, Node, Pred, Slot, Xfer, XferSrc};
 
@@ -1215,8 +1218,8 @@ fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
 
 /// [`line`] of a stretch's bundles.
 fn line_of(bundles: &[isa::Bundle]) -> Line {
-    let mut read = HashMap::new();
-    let mut sent = HashMap::new();
+    let mut read = HashMap::default();
+    let mut sent = HashMap::default();
     for (t, b) in bundles.iter().enumerate() {
         let t = t as u64;
         let mut at = |a: u32| {
@@ -1504,8 +1507,8 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
     if laid {
         for (pe, tail) in tails.iter().enumerate() {
             let mut l = Line {
-                read: HashMap::new(),
-                sent: HashMap::new(),
+                read: HashMap::default(),
+                sent: HashMap::default(),
                 len: 0,
             };
             for r in tail {
@@ -1632,7 +1635,14 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         let mut rows = (0..deal.r(pe as u32))
             .map(|j| {
                 let nodes = deal.row(pe as u32, j, scale);
-                let l = line(&nodes, deal.words)?;
+                // A row's bundles are kept: the rows' stretch flattens to them one after
+                // another, and is checked against them below.
+                let bundles = if nodes.is_empty() {
+                    Vec::new()
+                } else {
+                    flat(&nodes, deal.words)?
+                };
+                let l = line_of(&bundles);
                 let q = prev(pe);
                 let need = (0..lines[q].len())
                     .flat_map(|s| {
@@ -1645,7 +1655,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
                     })
                     .max()
                     .unwrap_or(0);
-                Ok((need, j, nodes))
+                Ok((need, j, nodes, bundles, l))
             })
             .collect::<Result<Vec<_>, String>>()?;
         rows.sort_by_key(|r| (r.0, r.1));
@@ -1653,9 +1663,35 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             .iter()
             .map(|r| (r.1, super::head_cycles(&r.2)))
             .collect();
-        let each: Vec<Node> = rows.into_iter().flat_map(|r| r.2).collect();
-        let each_flat = flat(&each, deal.words)?;
-        let fl = line_of(&each_flat);
+        // A node list runs its nodes one after another, so the rows' stretch flattens to the
+        // rows' bundles in order, and its first read and last send of each word are those of
+        // the first row reading it and the last row sending it.
+        let mut each = Vec::new();
+        let mut each_flat = Vec::new();
+        let mut fl = Line {
+            read: HashMap::default(),
+            sent: HashMap::default(),
+            len: 0,
+        };
+        // Where each row's bundles start in the stretch, in the order of `order`.
+        let mut offs = Vec::with_capacity(rows.len() + 1);
+        for (_, _, nodes, bundles, l) in rows {
+            offs.push(each_flat.len());
+            for (&a, &t) in &l.read {
+                fl.read.entry(a).or_insert(fl.len + t);
+            }
+            fl.sent
+                .extend(l.sent.iter().map(|(&a, &t)| (a, fl.len + t)));
+            fl.len += l.len;
+            each.extend(nodes);
+            each_flat.extend(bundles);
+        }
+        offs.push(each_flat.len());
+        if each.is_empty() {
+            // No rows: what flattening them says.
+            each_flat = flat(&each, deal.words)?;
+            fl = line_of(&each_flat);
+        }
         let from = if laid { start[pe][mu] } else { end[pe] };
         let at = from.max(ready(&lines, &fl, pe, &start));
         waits[pe][mu] = from - end[pe];
@@ -1668,6 +1704,8 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             0
         };
         let mut grouped = Vec::new();
+        // What `grouped` flattens to, group by group: a row alone is its own row's code.
+        let mut grouped_flat = Vec::with_capacity(each_flat.len());
         let mut t = at - from;
         let mut i = 0;
         while i < order.len() {
@@ -1681,13 +1719,19 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
                     c += 1;
                 }
             }
-            grouped.extend(deal.row_loop(pe as u32, j, c, scale));
+            let nodes = deal.row_loop(pe as u32, j, c, scale);
+            if c == 1 {
+                grouped_flat.extend_from_slice(&each_flat[offs[i]..offs[i + 1]]);
+            } else if !nodes.is_empty() {
+                grouped_flat.extend(flat(&nodes, deal.words)?);
+            }
+            grouped.extend(nodes);
             t += order[i..i + c as usize].iter().map(|o| o.1).sum::<u64>();
             i += c as usize;
         }
         // The loops stand for the rows one by one only if they flatten to them: otherwise the
         // rows keep bodies of their own.
-        let fin = if flat(&grouped, deal.words)? == each_flat {
+        let fin = if grouped_flat == each_flat {
             grouped
         } else {
             each
