@@ -14,7 +14,10 @@
 //! With every block kept, the scores of a row need no rescaling: the ring pass computes the
 //! scores and the running maximum only, and then each row takes its exponentials against its
 //! final maximum and its values from the kept blocks. The safe softmax then executes exactly
-//! its necessary operations plus, per cut row and head, the merge's `d + 2`.
+//! its necessary operations plus, per merged cut row and head, the merge's `d + 2`. Where a
+//! first part's share of its PE's work is at most its scores' (about half a row), the row is
+//! passed on instead: the first part's scores and their maximum go to the second part's score
+//! row as they are read, and the second part takes the whole row's softmax, with no merge.
 
 use std::collections::BTreeMap;
 
@@ -69,6 +72,11 @@ struct Pe {
     /// The row cut at `x_{p+1}`: its first part is the last local row, against these pieces
     /// (step 0's whole block among them).
     cut_out: Option<Vec<Piece>>,
+    /// Whether the row cut at `x_p` (`pass_in`) or at `x_{p+1}` (`pass_out`) is passed on
+    /// rather than merged: its first part computes scores and their maximum only and sends
+    /// them on, and the second part takes the whole row's softmax.
+    pass_in: bool,
+    pass_out: bool,
     /// Rows wholly its own.
     full: u32,
     rows: u32,
@@ -128,6 +136,8 @@ struct Deal {
     n: u32,
     d: u32,
     m: u32,
+    /// Whether cut rows may be passed on rather than merged.
+    pass: bool,
     pes: Vec<Pe>,
 }
 
@@ -152,20 +162,25 @@ impl Deal {
         &self.pes[((p + 1) % self.m) as usize]
     }
 
-    fn new(n: u32, d: u32, m: u32, heads: u32) -> Option<Deal> {
+    fn new(n: u32, d: u32, m: u32, heads: u32, pass: bool) -> Option<Deal> {
         let mut deal = Deal {
             n,
             d,
             m,
+            pass,
             pes: Vec::new(),
         };
         let cuts = deal.cuts();
         let (dd, nn, h) = (u64::from(d), u64::from(n), u64::from(heads));
         for p in 0..m {
             let (first, own) = deal.block(p);
-            let cut_out = cuts[p as usize + 1].clone();
+            let pass_out = cuts[p as usize + 1].as_ref().is_some_and(|x| x.1);
+            let pass_in = cuts[p as usize].as_ref().is_some_and(|x| x.1);
+            let cut_out = cuts[p as usize + 1].as_ref().map(|x| x.0.clone());
             // The second part takes the blocks the first does not: on this PE, one step later.
-            let cut_in = cuts[p as usize].as_ref().map(|out| deal.rest(p - 1, out));
+            let cut_in = cuts[p as usize]
+                .as_ref()
+                .map(|out| deal.rest(p - 1, &out.0));
             let full = own - u32::from(cut_out.is_some());
             let rows = full + u32::from(cut_in.is_some()) + u32::from(cut_out.is_some());
             let r = u64::from(rows);
@@ -186,6 +201,8 @@ impl Deal {
                 own,
                 cut_in,
                 cut_out,
+                pass_in,
+                pass_out,
                 full,
                 rows,
                 q: w(q)?,
@@ -205,22 +222,51 @@ impl Deal {
     }
 
     /// The ring steps of the first part of each cut row (index `p`: the row cut at `x_p`, its
-    /// first part on PE `p − 1`). A part takes as many keys as bring its PE's cycles to the
-    /// mean (to within half a block): `2d + 2` per score of a row (product, maximum,
-    /// exponential, weighted value), `d` per row it normalises, `d + 3` per merge. Its steps
-    /// are chosen so that its PE's work so far stays as close as it can to the even pace: a
-    /// PE running ahead of the one before it would wait for blocks. Step 0 is always among
-    /// them, so the q row the part sends on in that step is there before the second part's
-    /// first step.
-    fn cuts(&self) -> Vec<Option<Vec<Piece>>> {
+    /// first part on PE `p − 1`), and whether the row is passed on (else merged). A part takes
+    /// as many keys as bring its PE's cycles to the mean (to within half a block): `2d + 2`
+    /// per score of a whole row (product, maximum, exponential, weighted value), `d` per row it
+    /// normalises; a merged first part's keys cost the same and its merge `d + 3` on the next
+    /// PE; a passed first part's keys only `d + 1` (product and maximum), the second part
+    /// taking every exponential and value of the row. A row is passed wherever its first part
+    /// can take the keys that even its PE out that way: passing spares the merge, but a first
+    /// part of scores holds about half a row's work at most. Its steps are chosen so that its
+    /// PE's work so far stays as close as it can to the even pace: a PE running ahead of the one
+    /// before it would wait for blocks. Step 0 is always among them, so the q row the part
+    /// sends on in that step is there before the second part's first step.
+    fn cuts(&self) -> Vec<Option<(Vec<Piece>, bool)>> {
         let (n, m) = (u64::from(self.n), u64::from(self.m));
-        let mut cuts: Vec<Option<Vec<Piece>>> = vec![None; self.m as usize + 1];
         let d = f64::from(self.d);
         let (pair, merge) = (2.0 * d + 2.0, d + 3.0);
         let count = (1..self.m).filter(|&p| u64::from(p) * n % m != 0).count() as f64;
-        let mean = (pair * (n * n) as f64 + d * n as f64 + merge * count) / m as f64;
-        // The second part on PE `q`, of the cut before.
+        let total = pair * (n * n) as f64 + d * n as f64;
+        // Which cuts merge follows from the mean, and the mean from the merges: from every cut
+        // merged, until the count stays.
+        let mut merges = count;
+        let mut result = Vec::new();
+        for _ in 0..4 {
+            let mean = (total + merge * merges) / m as f64;
+            result = self.cuts_at(mean);
+            let now = result
+                .iter()
+                .filter(|x| x.as_ref().is_some_and(|x| !x.1))
+                .count() as f64;
+            if now == merges {
+                break;
+            }
+            merges = now;
+        }
+        result
+    }
+
+    /// [`Deal::cuts`] for PEs whose cycles should come to `mean`.
+    fn cuts_at(&self, mean: f64) -> Vec<Option<(Vec<Piece>, bool)>> {
+        let (n, m) = (u64::from(self.n), u64::from(self.m));
+        let mut cuts: Vec<Option<(Vec<Piece>, bool)>> = vec![None; self.m as usize + 1];
+        let d = f64::from(self.d);
+        let (pair, score, merge) = (2.0 * d + 2.0, d + 1.0, d + 3.0);
+        // The second part on PE `q`, of the cut before, and whether it was passed.
         let mut taken_in: Vec<Piece> = Vec::new();
+        let mut passed_in = false;
         for p in 1..self.m {
             let q = p - 1;
             let frac = u64::from(p) * n % m;
@@ -239,51 +285,66 @@ impl Deal {
                     .map_or(0, |x| u64::from(x.keys))
             };
             let merged = !taken_in.is_empty();
-            let fixed = pair * ((whole * n + in_keys) as f64)
+            let fixed = pair * ((whole * n) as f64)
                 + d * (whole + u64::from(merged)) as f64
-                + if merged { merge } else { 0.0 };
-            let want = ((mean - fixed) / pair).max(1.0);
-            let target = (want * m as f64).round() as u64;
-            let mut keys = 0u64;
-            let mut work = 0u64;
-            let mut pieces = Vec::new();
-            for s in 0..self.m {
-                let b = u64::from(self.block(self.held(q, s)).1);
-                work += (whole * b + in_at(s)) * m;
-                let pace = u64::from(s + 1) * n * n / m;
-                let budget = (keys + b) * m <= target;
-                if s == 0 || (budget && (work + b * m / 2) < pace) {
-                    keys += b;
-                    work += b * m;
-                    pieces.push(Piece {
-                        step: s,
-                        k0: 0,
-                        keys: b as u32,
-                    });
-                }
-            }
-            // What whole blocks leave: the last step not taken shares its block (the second
-            // part's side at least 2 keys, for a first maximum if it is the part's first).
-            let left = (want - keys as f64).round();
-            if left >= 1.0 {
-                let free = (1..self.m)
-                    .rev()
-                    .find(|s| !pieces.iter().any(|x| x.step == *s));
-                if let Some(s) = free {
-                    let b = self.block(self.held(q, s)).1;
-                    if b >= 4 {
-                        let c = (left as u32).min(b - 2);
+                + match (merged, passed_in) {
+                    (false, _) => 0.0,
+                    (true, true) => score * in_keys as f64 + (pair - score) * n as f64,
+                    (true, false) => pair * in_keys as f64 + merge,
+                };
+            let plan = |per_key: f64, paced: bool| {
+                let want = ((mean - fixed) / per_key).max(1.0);
+                let target = (want * m as f64).round() as u64;
+                let mut keys = 0u64;
+                let mut work = 0u64;
+                let mut pieces = Vec::new();
+                for s in 0..self.m {
+                    let b = u64::from(self.block(self.held(q, s)).1);
+                    work += (whole * b + in_at(s)) * m;
+                    let pace = u64::from(s + 1) * n * n / m;
+                    let budget = (keys + b) * m <= target;
+                    if s == 0 || (budget && (!paced || (work + b * m / 2) < pace)) {
+                        keys += b;
+                        work += b * m;
                         pieces.push(Piece {
                             step: s,
                             k0: 0,
-                            keys: c,
+                            keys: b as u32,
                         });
-                        pieces.sort_by_key(|x| x.step);
                     }
                 }
-            }
+                // What whole blocks leave: the last step not taken shares its block (the
+                // second part's side at least 2 keys, for a first maximum if it is the part's
+                // first).
+                let left = (want - keys as f64).round();
+                if left >= 1.0 {
+                    let free = (1..self.m)
+                        .rev()
+                        .find(|s| !pieces.iter().any(|x| x.step == *s));
+                    if let Some(s) = free {
+                        let b = self.block(self.held(q, s)).1;
+                        if b >= 4 {
+                            let c = (left as u32).min(b - 2);
+                            keys += u64::from(c);
+                            pieces.push(Piece {
+                                step: s,
+                                k0: 0,
+                                keys: c,
+                            });
+                            pieces.sort_by_key(|x| x.step);
+                        }
+                    }
+                }
+                (pieces, (want - keys as f64).abs() <= 1.0)
+            };
+            let passed = self
+                .pass
+                .then(|| [plan(score, true), plan(score, false)])
+                .and_then(|x| x.into_iter().find(|x| x.1));
+            let (pieces, pass) = passed.unwrap_or_else(|| (plan(pair, true).0, false));
             taken_in = self.rest(q, &pieces);
-            cuts[p as usize] = Some(pieces);
+            passed_in = pass;
+            cuts[p as usize] = Some((pieces, pass));
         }
         cuts
     }
@@ -335,6 +396,7 @@ impl Deal {
         rows: u32,
         first: bool,
         fwd: Fwd,
+        pass_on: bool,
     ) -> (Vec<Node>, u64) {
         let pe = self.pe(p);
         let next = self.next(p);
@@ -391,22 +453,55 @@ impl Deal {
         ));
         let mut body = lp(keys, score);
         let mx = ad(pe.mx + lo).t(lr, 1);
+        // A first part's scores go on to the second part's score row (local row 0 of the next
+        // PE, the same columns) as its maximum reads them, so that the second part takes the
+        // whole row's softmax and nothing is merged.
+        let on = |key: u32, by_key: bool| {
+            pass_on.then(|| {
+                let src = sc.clone().plus(i64::from(key));
+                let dst = ad(next.s + t0 + k0 + key);
+                let (src, dst) = if by_key {
+                    (src.t(lb, 1), dst.t(lb, 1))
+                } else {
+                    (src, dst)
+                };
+                Send {
+                    src,
+                    dst,
+                    preds: vec![Pred {
+                        slot: Slot::Xfer,
+                        level: lr,
+                        cmp: Cmp::Eq,
+                        value: rows.saturating_sub(1),
+                    }],
+                }
+            })
+        };
         if first {
             body.push(
                 B::new()
                     .max(sc.clone(), sc.clone().plus(1), mx.clone())
+                    .send(on(0, false).as_ref())
                     .build(),
             );
             body.extend(lp(
                 keys.saturating_sub(2),
                 vec![B::new()
-                    .max(mx.clone(), sc.plus(2).t(lb, 1), mx.clone())
+                    .max(mx.clone(), sc.clone().plus(2).t(lb, 1), mx.clone())
+                    .send(on(2, true).as_ref())
                     .build()],
             ));
+            // The maximum took two scores in one bundle: the second goes on alone.
+            if pass_on {
+                body.push(B::new().send(on(1, false).as_ref()).build());
+            }
         } else {
             body.extend(lp(
                 keys,
-                vec![B::new().max(mx.clone(), sc.t(lb, 1), mx.clone()).build()],
+                vec![B::new()
+                    .max(mx.clone(), sc.clone().t(lb, 1), mx.clone())
+                    .send(on(0, true).as_ref())
+                    .build()],
             ));
         }
         let row = cycles(&body);
@@ -435,19 +530,32 @@ impl Deal {
         } else {
             Fwd::None
         };
-        let (mut nodes, row) = self.scores(p, b, (0, size), lo, hi - lo, s == 0, fwd);
+        let pass = out && pe.pass_out;
+        let (mut nodes, row) = self.scores(p, b, (0, size), lo, hi - lo, s == 0, fwd, pass);
         // The cut rows' pieces that the rows above do not take.
         if let Some(x) = pe.piece_out(s).filter(|_| s == 0 || !out) {
             let fwd = if s == 0 { Fwd::Q } else { Fwd::None };
             let first = s == 0;
             nodes.extend(
-                self.scores(p, b, (x.k0, x.keys), pe.rows - 1, 1, first, fwd)
-                    .0,
+                self.scores(
+                    p,
+                    b,
+                    (x.k0, x.keys),
+                    pe.rows - 1,
+                    1,
+                    first,
+                    fwd,
+                    pe.pass_out,
+                )
+                .0,
             );
         }
         if let Some(x) = pe.piece_in(s).filter(|_| s > 0 && lo > 0) {
             let first = in_first == Some(s);
-            nodes.extend(self.scores(p, b, (x.k0, x.keys), 0, 1, first, Fwd::None).0);
+            nodes.extend(
+                self.scores(p, b, (x.k0, x.keys), 0, 1, first, Fwd::None, false)
+                    .0,
+            );
         }
         (nodes, row + u64::from(size) * u64::from(self.d))
     }
@@ -455,6 +563,11 @@ impl Deal {
     /// The keys a row of kind `part` on PE `p` sees, as (first token, count, of the own block).
     fn keys_of(&self, p: u32, part: Part) -> Vec<(u32, u32, bool)> {
         let pe = self.pe(p);
+        let part = if part == Part::In && pe.pass_in {
+            Part::Full
+        } else {
+            part
+        };
         let pieces: Vec<Piece> = match part {
             Part::Full => (0..self.m)
                 .map(|s| Piece {
@@ -531,11 +644,19 @@ impl Deal {
                     .add((!init).then(|| l.clone()), l.clone())
             };
             if i == 0 {
-                let max = (ride == Ride::Max).then(|| Send {
-                    src: mx.clone(),
-                    dst: ad(next.rcv),
-                    preds: Vec::new(),
-                });
+                let max = match ride {
+                    Ride::Max => Some(Send {
+                        src: mx.clone(),
+                        dst: ad(next.rcv),
+                        preds: Vec::new(),
+                    }),
+                    Ride::PassedMax => Some(Send {
+                        src: ad(pe.mx + pe.rows - 1),
+                        dst: ad(next.rcv),
+                        preds: vec![row0],
+                    }),
+                    _ => None,
+                };
                 body.push(ex(e.clone(), true).send(max.as_ref()).build());
                 let state = (ride == Ride::State).then(|| Send {
                     src: ad(pe.l + pe.rows - 1),
@@ -647,6 +768,8 @@ enum Ride {
     /// The PE's first part's `l` and `y` row (row 0's loops: the whole rows come after the
     /// first part), for the merge.
     State,
+    /// A passed first part's maximum (row 0's first exponential: the first part has none).
+    PassedMax,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -674,9 +797,21 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, m) {
         return Err(why);
     }
+    // Passing cut rows on spares their merges, but its deal is coarser (a first part's key
+    // is half a whole row's) and its first parts run longer in the ring pass, which can make
+    // the next PE wait: both deals are built and the faster kept (the merged one on a tie).
+    let merged = run_as(p, m, budget, false)?;
+    match run_as(p, m, budget, true) {
+        Ok(passed) if passed.cycles < merged.cycles => Ok(passed),
+        _ => Ok(merged),
+    }
+}
+
+/// [`run`] with cut rows passed on wherever that evens the PEs out (`pass`), or all merged.
+fn run_as(p: &Problem, m: u32, budget: Option<u64>, pass: bool) -> Result<Stream, String> {
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let scale = p.scale as f32;
-    let deal = Deal::new(n, d, m, heads)
+    let deal = Deal::new(n, d, m, heads, pass)
         .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
     let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
     if budget.is_some_and(|b| u64::from(words) > b) {
@@ -730,16 +865,16 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
             body.extend(wait(waits[pe][s])?);
             body.extend(nodes.iter().cloned());
         }
-        if me.cut_out.is_some() {
+        if me.cut_out.is_some() && !me.pass_out {
             body.extend(
                 deal.values(p32, me.rows - 1, 1, Part::Out, Ride::Max, scale)
                     .0,
             );
         }
-        let ride = if me.cut_out.is_some() {
-            Ride::State
-        } else {
-            Ride::None
+        let ride = match (me.cut_out.is_some(), me.pass_out) {
+            (false, _) => Ride::None,
+            (true, false) => Ride::State,
+            (true, true) => Ride::PassedMax,
         };
         let (full, row) = deal.values(p32, me.c2(), me.full, Part::Full, ride, scale);
         sent_by[pe] = cycles(&body) + row;
@@ -751,7 +886,7 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
                 body.extend(wait(end0[prev(pe)].saturating_sub(cycles(&body)))?);
             }
             if let Some(x) = me.piece_in(0) {
-                let work = deal.scores(p32, p32, (x.k0, x.keys), 0, 1, alone, Fwd::None);
+                let work = deal.scores(p32, p32, (x.k0, x.keys), 0, 1, alone, Fwd::None, false);
                 body.extend(work.0);
             }
             // The first part's maximum, sent as its PE's exponentials begin.
@@ -765,7 +900,7 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     }
     for (pe, body) in bodies.iter_mut().enumerate() {
         let p32 = pe as u32;
-        if deal.pes[pe].cut_in.is_some() {
+        if deal.pes[pe].cut_in.is_some() && !deal.pes[pe].pass_in {
             body.extend(wait(sent_by[prev(pe)].saturating_sub(parts[pe]))?);
             body.extend(deal.merge(p32, scale));
         }
