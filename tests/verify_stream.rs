@@ -969,6 +969,17 @@ fn uneven_deals_are_proved() {
             }
         }
     }
+    // 64 tokens, `d = 64` on 6 PEs: passed cut rows whose first parts leave maxima loose.
+    let p = problem(64, 64, 1, false, false, true);
+    let st = schedule_stream::run_uneven(&p, 6).unwrap();
+    let man = stream_manifest(&p, 6, &st);
+    assert!(man.ops.online_rescale < 4 * 66, "some cut row passed");
+    let flat: Vec<Program> = st
+        .programs
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect();
+    assert_proved(&flat, &man, "n=64 d=64 m=6");
     eprintln!("{proved} uneven layers proved, {merged} merging and {passed} passing cut rows");
     assert_eq!(proved, 12 * (3 * 3 + 1), "layers proved");
     assert!(merged > 0 && passed > 0, "both kinds of cut row proved");

@@ -56,6 +56,9 @@ struct Piece {
     step: u32,
     k0: u32,
     keys: u32,
+    /// A passed first part's last keys of the piece whose maxima its PE leaves to the second
+    /// part's (each moves one operation to the next PE: the deal's fine adjustment).
+    loose: u32,
 }
 
 /// One PE's share and memory map.
@@ -136,8 +139,11 @@ struct Deal {
     n: u32,
     d: u32,
     m: u32,
-    /// Whether cut rows may be passed on rather than merged.
+    /// Whether cut rows may be passed on rather than merged, and whether a passed first part
+    /// takes a key more and leaves maxima loose: by how many cycles each cut's (index `p`)
+    /// should shorten its first part's PE.
     pass: bool,
+    loose: Option<Vec<u64>>,
     pes: Vec<Pe>,
 }
 
@@ -162,12 +168,13 @@ impl Deal {
         &self.pes[((p + 1) % self.m) as usize]
     }
 
-    fn new(n: u32, d: u32, m: u32, heads: u32, pass: bool) -> Option<Deal> {
+    fn new(n: u32, d: u32, m: u32, heads: u32, (pass, loose): How) -> Option<Deal> {
         let mut deal = Deal {
             n,
             d,
             m,
             pass,
+            loose,
             pes: Vec::new(),
         };
         let cuts = deal.cuts();
@@ -267,6 +274,8 @@ impl Deal {
         // The second part on PE `q`, of the cut before, and whether it was passed.
         let mut taken_in: Vec<Piece> = Vec::new();
         let mut passed_in = false;
+        // The maxima a passed first part left to the second part on PE `q`.
+        let mut loose_in = 0u64;
         for p in 1..self.m {
             let q = p - 1;
             let frac = u64::from(p) * n % m;
@@ -289,7 +298,9 @@ impl Deal {
                 + d * (whole + u64::from(merged)) as f64
                 + match (merged, passed_in) {
                     (false, _) => 0.0,
-                    (true, true) => score * in_keys as f64 + (pair - score) * n as f64,
+                    (true, true) => {
+                        score * in_keys as f64 + (pair - score) * n as f64 + loose_in as f64
+                    }
                     (true, false) => pair * in_keys as f64 + merge,
                 };
             let plan = |per_key: f64, paced: bool| {
@@ -310,13 +321,20 @@ impl Deal {
                             step: s,
                             k0: 0,
                             keys: b as u32,
+                            loose: 0,
                         });
                     }
                 }
                 // What whole blocks leave: the last step not taken shares its block (the
                 // second part's side at least 2 keys, for a first maximum if it is the part's
                 // first).
-                let left = (want - keys as f64).round();
+                // A passed part takes a key more rather than less, its PE's excess then moved
+                // to the next PE by maxima left loose.
+                let left = if per_key == score && self.loose.is_some() {
+                    (want - keys as f64).ceil()
+                } else {
+                    (want - keys as f64).round()
+                };
                 if left >= 1.0 {
                     let free = (1..self.m)
                         .rev()
@@ -330,6 +348,7 @@ impl Deal {
                                 step: s,
                                 k0: 0,
                                 keys: c,
+                                loose: 0,
                             });
                             pieces.sort_by_key(|x| x.step);
                         }
@@ -341,7 +360,24 @@ impl Deal {
                 .pass
                 .then(|| [plan(score, true), plan(score, false)])
                 .and_then(|x| x.into_iter().find(|x| x.1));
-            let (pieces, pass) = passed.unwrap_or_else(|| (plan(pair, true).0, false));
+            let (mut pieces, pass) = passed.unwrap_or_else(|| (plan(pair, true).0, false));
+            // The excess in maxima left loose, from the last piece back (not step 0's, whose
+            // score loops carry the q row); each piece with some costs its PE a send.
+            loose_in = 0;
+            let cut = self.loose.as_ref().map_or(0, |x| x[p as usize]);
+            if pass && cut > 0 {
+                let mut u = u32::try_from(cut).unwrap_or(u32::MAX);
+                for x in pieces.iter_mut().rev().filter(|x| x.step > 0) {
+                    if u == 0 {
+                        break;
+                    }
+                    u += 1;
+                    let take = u.min(x.keys);
+                    x.loose = take;
+                    u -= take;
+                    loose_in += u64::from(take);
+                }
+            }
             taken_in = self.rest(q, &pieces);
             passed_in = pass;
             cuts[p as usize] = Some((pieces, pass));
@@ -360,6 +396,7 @@ impl Deal {
                     step: (s + 1) % self.m,
                     k0: taken,
                     keys: b - taken,
+                    loose: 0,
                 })
             })
             .collect();
@@ -396,7 +433,7 @@ impl Deal {
         rows: u32,
         first: bool,
         fwd: Fwd,
-        pass_on: bool,
+        (pass_on, loose): (bool, u32),
     ) -> (Vec<Node>, u64) {
         let pe = self.pe(p);
         let next = self.next(p);
@@ -438,10 +475,25 @@ impl Deal {
                 }),
             }
         };
+        // Loose keys (a passed part's last, without a maximum here) send each score from the
+        // next key's chain, the last one after the loop.
+        let loose_send = (loose > 0).then(|| {
+            debug_assert!(fwd == Fwd::None && rows == 1 && !first);
+            Send {
+                src: sc.clone().plus(-1).t(lb, 1),
+                dst: ad(next.s + t0 + k0 - 1).t(lb, 1),
+                preds: vec![Pred {
+                    slot: Slot::Xfer,
+                    level: lb,
+                    cmp: Cmp::Ge,
+                    value: keys - loose + 1,
+                }],
+            }
+        });
         let mut score = vec![B::new()
             .mul(q.clone(), k.clone(), None)
             .add(None, sc.clone().t(lb, 1))
-            .send(send(0, false).as_ref())
+            .send(send(0, false).or(loose_send).as_ref())
             .build()];
         score.extend(lp(
             self.d - 1,
@@ -497,12 +549,23 @@ impl Deal {
             }
         } else {
             body.extend(lp(
-                keys,
+                keys - loose,
                 vec![B::new()
                     .max(mx.clone(), sc.clone().t(lb, 1), mx.clone())
                     .send(on(0, true).as_ref())
                     .build()],
             ));
+            if loose > 0 {
+                body.push(
+                    B::new()
+                        .send(Some(&Send {
+                            src: sc.clone().plus(i64::from(keys - 1)),
+                            dst: ad(next.s + t0 + k0 + keys - 1),
+                            preds: Vec::new(),
+                        }))
+                        .build(),
+                );
+            }
         }
         let row = cycles(&body);
         (lp(rows, body), row)
@@ -523,15 +586,16 @@ impl Deal {
         } else {
             pe.c2()
         };
-        let out = s > 0 && whole(pe.piece_out(s));
+        // A passed first part is a nest of its own in every step (its maxima may leave keys
+        // loose).
+        let out = s > 0 && whole(pe.piece_out(s)) && !pe.pass_out;
         let hi = pe.c2() + pe.full + u32::from(out);
         let fwd = if s + 1 < self.m {
             Fwd::Block
         } else {
             Fwd::None
         };
-        let pass = out && pe.pass_out;
-        let (mut nodes, row) = self.scores(p, b, (0, size), lo, hi - lo, s == 0, fwd, pass);
+        let (mut nodes, row) = self.scores(p, b, (0, size), lo, hi - lo, s == 0, fwd, (false, 0));
         // The cut rows' pieces that the rows above do not take.
         if let Some(x) = pe.piece_out(s).filter(|_| s == 0 || !out) {
             let fwd = if s == 0 { Fwd::Q } else { Fwd::None };
@@ -545,7 +609,7 @@ impl Deal {
                     1,
                     first,
                     fwd,
-                    pe.pass_out,
+                    (pe.pass_out, x.loose),
                 )
                 .0,
             );
@@ -553,7 +617,7 @@ impl Deal {
         if let Some(x) = pe.piece_in(s).filter(|_| s > 0 && lo > 0) {
             let first = in_first == Some(s);
             nodes.extend(
-                self.scores(p, b, (x.k0, x.keys), 0, 1, first, Fwd::None, false)
+                self.scores(p, b, (x.k0, x.keys), 0, 1, first, Fwd::None, (false, 0))
                     .0,
             );
         }
@@ -574,6 +638,7 @@ impl Deal {
                     step: s,
                     k0: 0,
                     keys: self.block(self.held(p, s)).1,
+                    loose: 0,
                 })
                 .collect(),
             Part::Out => pe.cut_out.clone().unwrap_or_default(),
@@ -800,15 +865,47 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     // Passing cut rows on spares their merges, but its deal is coarser (a first part's key
     // is half a whole row's) and its first parts run longer in the ring pass, which can make
     // the next PE wait: both deals are built and the faster kept (the merged one on a tie).
-    let merged = run_as(p, m, budget, false)?;
-    match run_as(p, m, budget, true) {
-        Ok(passed) if passed.cycles < merged.cycles => Ok(passed),
-        _ => Ok(merged),
+    let mut best = run_as(p, m, budget, (false, None))?.0;
+    let mut keep = |s: Stream| {
+        if s.cycles < best.cycles {
+            best = s;
+        }
+    };
+    if let Ok((s, _)) = run_as(p, m, budget, (true, None)) {
+        keep(s);
     }
+    // A key more in each passed first part, then the built PEs' cycles say how many maxima
+    // to leave loose: along each chain of cuts, whatever its first part's PE has above the
+    // mean.
+    if let Ok((s, mut load)) = run_as(p, m, budget, (true, Some(vec![0; m as usize + 1]))) {
+        keep(s);
+        let mean = load.iter().sum::<u64>().div_ceil(u64::from(m));
+        let mut cut = vec![0u64; m as usize + 1];
+        for x in 1..m as usize {
+            let r = load[x - 1].saturating_sub(mean);
+            cut[x] = r;
+            load[x - 1] -= r;
+            // The next PE takes the maxima, and about a send per piece they come from.
+            load[x] += r + 2;
+        }
+        if let Ok((s, _)) = run_as(p, m, budget, (true, Some(cut))) {
+            keep(s);
+        }
+    }
+    Ok(best)
 }
 
-/// [`run`] with cut rows passed on wherever that evens the PEs out (`pass`), or all merged.
-fn run_as(p: &Problem, m: u32, budget: Option<u64>, pass: bool) -> Result<Stream, String> {
+/// Whether cut rows may be passed on, and with loose maxima (see [`Deal::loose`]).
+type How = (bool, Option<Vec<u64>>);
+
+/// [`run`] with cut rows passed on wherever that evens the PEs out (`pass.0`; `pass.1`: with
+/// loose maxima), or all merged.
+fn run_as(
+    p: &Problem,
+    m: u32,
+    budget: Option<u64>,
+    pass: How,
+) -> Result<(Stream, Vec<u64>), String> {
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let scale = p.scale as f32;
     let deal = Deal::new(n, d, m, heads, pass)
@@ -886,13 +983,27 @@ fn run_as(p: &Problem, m: u32, budget: Option<u64>, pass: bool) -> Result<Stream
                 body.extend(wait(end0[prev(pe)].saturating_sub(cycles(&body)))?);
             }
             if let Some(x) = me.piece_in(0) {
-                let work = deal.scores(p32, p32, (x.k0, x.keys), 0, 1, alone, Fwd::None, false);
+                let work =
+                    deal.scores(p32, p32, (x.k0, x.keys), 0, 1, alone, Fwd::None, (false, 0));
                 body.extend(work.0);
             }
             // The first part's maximum, sent as its PE's exponentials begin.
             body.extend(wait((end[prev(pe)] + 1).saturating_sub(cycles(&body)))?);
             let (mx, rcv) = (ad(me.mx), ad(me.rcv));
-            body.push(B::new().max(mx.clone(), rcv, mx).build());
+            body.push(B::new().max(mx.clone(), rcv, mx.clone()).build());
+            // The passed part's loose keys, whose scores came on without their maxima.
+            let q = prev(pe) as u32;
+            for x in deal.pes[prev(pe)].cut_out.iter().flatten() {
+                if x.loose > 0 {
+                    let col = deal.block(deal.held(q, x.step)).0 + x.k0 + x.keys - x.loose;
+                    body.extend(lp(
+                        x.loose,
+                        vec![B::new()
+                            .max(mx.clone(), ad(me.s + col).t(1, 1), mx.clone())
+                            .build()],
+                    ));
+                }
+            }
             body.extend(deal.values(p32, 0, 1, Part::In, Ride::None, scale).0);
         }
         parts.push(cycles(&body));
@@ -906,18 +1017,20 @@ fn run_as(p: &Problem, m: u32, budget: Option<u64>, pass: bool) -> Result<Stream
         }
         body.extend(deal.normalise(p32));
     }
+    let load: Vec<u64> = bodies.iter().map(|b| cycles(b)).collect();
     let programs = head_programs(bodies, (m, heads), |pe| deal.pes[pe].words, |p| p)?;
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     let weights = u64::from(n) * u64::from(n) * u64::from(heads);
     // Each PE's map has its own sizes (its rows and cut rows).
-    Ok(Stream::per_pe_deferred(
+    let stream = Stream::per_pe_deferred(
         programs,
         places(&deal, heads),
         cycles,
         (weights, weights),
         (n, d, heads),
         0,
-    ))
+    );
+    Ok((stream, load))
 }
 
 /// Every element's word: q, k, v on the PE whose stretch the token's row starts in, y on the
