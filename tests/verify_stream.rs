@@ -969,11 +969,16 @@ fn uneven_deals_are_proved() {
             }
         }
     }
-    // 64 tokens, `d = 64` on 6 PEs: passed cut rows whose first parts leave maxima loose.
+    // 64 tokens, `d = 64` on 6 PEs: every cut row passed, rows handed where a first part
+    // would hold more than half a row (each moves a token's y to the next PE, as a cut row
+    // does), first parts leaving maxima loose.
     let p = problem(64, 64, 1, false, false, true);
     let st = schedule_stream::run_uneven(&p, 6).unwrap();
     let man = stream_manifest(&p, 6, &st);
-    assert!(man.ops.online_rescale < 4 * 66, "some cut row passed");
+    assert_eq!(man.ops.online_rescale, 0, "every cut row passed");
+    let (q, y) = (&man.inputs["q"].pe, &man.outputs["y"].pe);
+    let moved = q.iter().zip(y).filter(|(a, b)| a != b).count();
+    assert_eq!(moved, 6 * 64, "4 cut rows and 2 handed rows");
     let flat: Vec<Program> = st
         .programs
         .iter()

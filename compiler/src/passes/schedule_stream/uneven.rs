@@ -80,6 +80,11 @@ struct Pe {
     /// them on, and the second part takes the whole row's softmax.
     pass_in: bool,
     pass_out: bool,
+    /// Its last whole row is handed to the next PE after the ring pass (`hand_out`: its
+    /// scores and maximum go on, the next PE takes its exponentials, values and divisions), or
+    /// it takes such a row from the PE before (`hand_in`, local row `c2 + full`).
+    hand_out: bool,
+    hand_in: bool,
     /// Rows wholly its own.
     full: u32,
     rows: u32,
@@ -144,13 +149,23 @@ struct Deal {
     /// should shorten its first part's PE.
     pass: bool,
     loose: Option<Vec<u64>>,
+    /// Per boundary `p` (`0 … m`): the first token whose row starts in PE `p`'s stretch, and
+    /// whether the token before it is cut (its first part on PE `p − 1`).
+    bounds: Vec<(u32, bool)>,
+    /// Per boundary: whether PE `p − 1` hands its last whole row to PE `p`.
+    hands: Vec<bool>,
     pes: Vec<Pe>,
 }
 
 impl Deal {
-    /// `⌈p·n/m⌉`: the first token whose row starts in PE `p`'s stretch.
+    /// The first token whose row starts in PE `p`'s stretch (`⌈p·n/m⌉`, one more where the
+    /// boundary hands a row).
     fn start(&self, p: u32) -> u32 {
-        (u64::from(p) * u64::from(self.n)).div_ceil(u64::from(self.m)) as u32
+        self.bounds[p as usize].0
+    }
+    /// Whether the row before boundary `p` is cut.
+    fn cut(&self, p: u32) -> bool {
+        self.bounds[p as usize].1
     }
     /// First token and size of PE `b`'s block.
     fn block(&self, b: u32) -> (u32, u32) {
@@ -168,17 +183,41 @@ impl Deal {
         &self.pes[((p + 1) % self.m) as usize]
     }
 
-    fn new(n: u32, d: u32, m: u32, heads: u32, (pass, loose): How) -> Option<Deal> {
+    fn new(n: u32, d: u32, m: u32, heads: u32, (pass, loose, hand): How) -> Option<Deal> {
+        // A boundary whose first part would hold more than half a row (more than a passed
+        // first part of scores can) moves a token on where rows are handed: the PE before
+        // owns one whole row more and hands one to the next PE, whose cut row's first part is
+        // then the smaller rest.
+        let (nn, mm) = (u64::from(n), u64::from(m));
+        let hands: Vec<bool> = (0..=m)
+            .map(|p| {
+                let frac = u64::from(p) * nn % mm;
+                hand && p > 0 && p < m && 2 * frac > mm
+            })
+            .collect();
+        let bounds: Vec<(u32, bool)> = (0..=m)
+            .map(|p| {
+                let x = u64::from(p) * nn;
+                let start = x.div_ceil(mm) as u32 + u32::from(hands[p as usize]);
+                (start, x % mm != 0)
+            })
+            .collect();
+        // A PE takes one handed row at most, and hands none then.
+        if (1..m as usize).any(|p| hands[p] && hands[p - 1]) {
+            return None;
+        }
         let mut deal = Deal {
             n,
             d,
             m,
             pass,
             loose,
+            bounds,
+            hands,
             pes: Vec::new(),
         };
         let cuts = deal.cuts();
-        let (dd, nn, h) = (u64::from(d), u64::from(n), u64::from(heads));
+        let (dd, h) = (u64::from(d), u64::from(heads));
         for p in 0..m {
             let (first, own) = deal.block(p);
             let pass_out = cuts[p as usize + 1].as_ref().is_some_and(|x| x.1);
@@ -189,7 +228,21 @@ impl Deal {
                 .as_ref()
                 .map(|out| deal.rest(p - 1, &out.0));
             let full = own - u32::from(cut_out.is_some());
-            let rows = full + u32::from(cut_in.is_some()) + u32::from(cut_out.is_some());
+            let hand_out = deal.hands[p as usize + 1];
+            let hand_in = deal.hands[p as usize];
+            // The handed row's local row sits between the whole rows and a cut row's first
+            // part, which must then be passed (a first part in the whole rows' loops would not
+            // be the last of them).
+            if hand_in && cut_out.is_some() && !pass_out {
+                return None;
+            }
+            if (hand_out && !pass_out) || (hand_in && !pass_in) {
+                return None;
+            }
+            let rows = full
+                + u32::from(cut_in.is_some())
+                + u32::from(cut_out.is_some())
+                + u32::from(hand_in);
             let r = u64::from(rows);
             let q = 0u64;
             let kv = q + h * r * dd;
@@ -210,6 +263,8 @@ impl Deal {
                 cut_out,
                 pass_in,
                 pass_out,
+                hand_out,
+                hand_in,
                 full,
                 rows,
                 q: w(q)?,
@@ -244,7 +299,7 @@ impl Deal {
         let (n, m) = (u64::from(self.n), u64::from(self.m));
         let d = f64::from(self.d);
         let (pair, merge) = (2.0 * d + 2.0, d + 3.0);
-        let count = (1..self.m).filter(|&p| u64::from(p) * n % m != 0).count() as f64;
+        let count = (1..self.m).filter(|&p| self.cut(p)).count() as f64;
         let total = pair * (n * n) as f64 + d * n as f64;
         // Which cuts merge follows from the mean, and the mean from the merges: from every cut
         // merged, until the count stays.
@@ -276,12 +331,14 @@ impl Deal {
         let mut passed_in = false;
         // The maxima a passed first part left to the second part on PE `q`.
         let mut loose_in = 0u64;
+        // A handed row's exponentials, values and divisions, on the PE it is handed to.
+        let handed = (pair - score) * n as f64 + d;
         for p in 1..self.m {
             let q = p - 1;
-            let frac = u64::from(p) * n % m;
-            // Rows wholly PE q's: ⌊x_{q+1}⌋ − ⌈x_q⌉.
-            let whole = u64::from(p) * n / m - u64::from(self.start(q));
-            if frac == 0 {
+            // Rows wholly PE q's (a handed one among them).
+            let whole = u64::from(self.start(p) - u32::from(self.cut(p)) - self.start(q));
+            let hand = |x: u32| if self.hands[x as usize] { handed } else { 0.0 };
+            if !self.cut(p) {
                 taken_in.clear();
                 continue;
             }
@@ -294,15 +351,16 @@ impl Deal {
                     .map_or(0, |x| u64::from(x.keys))
             };
             let merged = !taken_in.is_empty();
-            let fixed = pair * ((whole * n) as f64)
-                + d * (whole + u64::from(merged)) as f64
-                + match (merged, passed_in) {
-                    (false, _) => 0.0,
-                    (true, true) => {
-                        score * in_keys as f64 + (pair - score) * n as f64 + loose_in as f64
-                    }
-                    (true, false) => pair * in_keys as f64 + merge,
-                };
+            let fixed =
+                pair * ((whole * n) as f64) + d * (whole + u64::from(merged)) as f64 + hand(q)
+                    - hand(p)
+                    + match (merged, passed_in) {
+                        (false, _) => 0.0,
+                        (true, true) => {
+                            score * in_keys as f64 + (pair - score) * n as f64 + loose_in as f64
+                        }
+                        (true, false) => pair * in_keys as f64 + merge,
+                    };
             let plan = |per_key: f64, paced: bool| {
                 let want = ((mean - fixed) / per_key).max(1.0);
                 let target = (want * m as f64).round() as u64;
@@ -433,8 +491,11 @@ impl Deal {
         rows: u32,
         first: bool,
         fwd: Fwd,
-        (pass_on, loose): (bool, u32),
+        (pass_to, loose): (Option<u32>, u32),
     ) -> (Vec<Node>, u64) {
+        let pass_on = pass_to.is_some();
+        // The local row on the next PE that takes the scores passed on.
+        let to = pass_to.unwrap_or(0) * self.n;
         let pe = self.pe(p);
         let next = self.next(p);
         let (d, n) = (i64::from(self.d), i64::from(self.n));
@@ -481,7 +542,7 @@ impl Deal {
             debug_assert!(fwd == Fwd::None && rows == 1 && !first);
             Send {
                 src: sc.clone().plus(-1).t(lb, 1),
-                dst: ad(next.s + t0 + k0 - 1).t(lb, 1),
+                dst: ad(next.s + to + t0 + k0 - 1).t(lb, 1),
                 preds: vec![Pred {
                     slot: Slot::Xfer,
                     level: lb,
@@ -511,7 +572,7 @@ impl Deal {
         let on = |key: u32, by_key: bool| {
             pass_on.then(|| {
                 let src = sc.clone().plus(i64::from(key));
-                let dst = ad(next.s + t0 + k0 + key);
+                let dst = ad(next.s + to + t0 + k0 + key);
                 let (src, dst) = if by_key {
                     (src.t(lb, 1), dst.t(lb, 1))
                 } else {
@@ -560,7 +621,7 @@ impl Deal {
                     B::new()
                         .send(Some(&Send {
                             src: sc.clone().plus(i64::from(keys - 1)),
-                            dst: ad(next.s + t0 + k0 + keys - 1),
+                            dst: ad(next.s + to + t0 + k0 + keys - 1),
                             preds: Vec::new(),
                         }))
                         .build(),
@@ -595,7 +656,29 @@ impl Deal {
         } else {
             Fwd::None
         };
-        let (mut nodes, row) = self.scores(p, b, (0, size), lo, hi - lo, s == 0, fwd, (false, 0));
+        // A handed row is the whole rows' last: its scores go on from their maxima to the
+        // next PE's handed-in row; in step 0 (whose first maximum takes two scores at once,
+        // one going on alone) it is a nest of its own.
+        let next = self.next(p);
+        let hand_to = pe.hand_out.then(|| next.c2() + next.full);
+        let peel = u32::from(s == 0 && pe.hand_out);
+        let main_to = hand_to.filter(|_| peel == 0);
+        let (mut nodes, row) = self.scores(
+            p,
+            b,
+            (0, size),
+            lo,
+            hi - lo - peel,
+            s == 0,
+            fwd,
+            (main_to, 0),
+        );
+        if peel == 1 {
+            nodes.extend(
+                self.scores(p, b, (0, size), hi - 1, 1, true, Fwd::None, (hand_to, 0))
+                    .0,
+            );
+        }
         // The cut rows' pieces that the rows above do not take.
         if let Some(x) = pe.piece_out(s).filter(|_| s == 0 || !out) {
             let fwd = if s == 0 { Fwd::Q } else { Fwd::None };
@@ -609,7 +692,7 @@ impl Deal {
                     1,
                     first,
                     fwd,
-                    (pe.pass_out, x.loose),
+                    (pe.pass_out.then_some(0), x.loose),
                 )
                 .0,
             );
@@ -617,7 +700,7 @@ impl Deal {
         if let Some(x) = pe.piece_in(s).filter(|_| s > 0 && lo > 0) {
             let first = in_first == Some(s);
             nodes.extend(
-                self.scores(p, b, (x.k0, x.keys), 0, 1, first, Fwd::None, (false, 0))
+                self.scores(p, b, (x.k0, x.keys), 0, 1, first, Fwd::None, (None, 0))
                     .0,
             );
         }
@@ -760,7 +843,26 @@ impl Deal {
                     .mul(e, v, None)
                     .add((!init).then(|| yc.clone()), yc.clone())
             };
-            if i == 0 {
+            if i == 0 && pe.hand_out && part == Part::Full && r0 == pe.c2() {
+                let hand = Send {
+                    src: ad(pe.mx + pe.c2() + pe.full - 1),
+                    dst: ad(next.mx + next.c2() + next.full),
+                    preds: vec![
+                        row0,
+                        Pred {
+                            slot: Slot::Xfer,
+                            level: 2,
+                            cmp: Cmp::Eq,
+                            value: 0,
+                        },
+                    ],
+                };
+                cols.push(mac(e.clone(), v.clone(), true).send(Some(&hand)).build());
+                cols.extend(lp(
+                    c.saturating_sub(1),
+                    vec![mac(e.plus(1).t(3, 1), v.plus(d).t(3, d), false).build()],
+                ));
+            } else if i == 0 {
                 let y_row = (ride == Ride::State).then(|| Send {
                     src: ad(pe.y + (pe.rows - 1) * self.d)
                         .t(0, i64::from(pe.rows) * d)
@@ -812,7 +914,7 @@ impl Deal {
         let pe = self.pe(p);
         let d = i64::from(self.d);
         let y = ad(pe.y).t(0, i64::from(pe.rows) * d).t(1, d).t(2, 1);
-        let rows = pe.rows - u32::from(pe.cut_out.is_some());
+        let rows = pe.rows - u32::from(pe.cut_out.is_some()) - u32::from(pe.hand_out);
         lp(
             rows,
             lp(
@@ -865,38 +967,42 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     // Passing cut rows on spares their merges, but its deal is coarser (a first part's key
     // is half a whole row's) and its first parts run longer in the ring pass, which can make
     // the next PE wait: both deals are built and the faster kept (the merged one on a tie).
-    let mut best = run_as(p, m, budget, (false, None))?.0;
+    let mut best = run_as(p, m, budget, (false, None, false))?.0;
     let mut keep = |s: Stream| {
         if s.cycles < best.cycles {
             best = s;
         }
     };
-    if let Ok((s, _)) = run_as(p, m, budget, (true, None)) {
-        keep(s);
-    }
-    // A key more in each passed first part, then the built PEs' cycles say how many maxima
-    // to leave loose: along each chain of cuts, whatever its first part's PE has above the
-    // mean.
-    if let Ok((s, mut load)) = run_as(p, m, budget, (true, Some(vec![0; m as usize + 1]))) {
-        keep(s);
-        let mean = load.iter().sum::<u64>().div_ceil(u64::from(m));
-        let mut cut = vec![0u64; m as usize + 1];
-        for x in 1..m as usize {
-            let r = load[x - 1].saturating_sub(mean);
-            cut[x] = r;
-            load[x - 1] -= r;
-            // The next PE takes the maxima, and about a send per piece they come from.
-            load[x] += r + 2;
-        }
-        if let Ok((s, _)) = run_as(p, m, budget, (true, Some(cut))) {
+    for hand in [false, true] {
+        if let Ok((s, _)) = run_as(p, m, budget, (true, None, hand)) {
             keep(s);
+        }
+        // A key more in each passed first part, then the built PEs' cycles say how many
+        // maxima to leave loose: along each chain of cuts, whatever its first part's PE has
+        // above the mean.
+        let zero = Some(vec![0; m as usize + 1]);
+        if let Ok((s, mut load)) = run_as(p, m, budget, (true, zero, hand)) {
+            keep(s);
+            let mean = load.iter().sum::<u64>().div_ceil(u64::from(m));
+            let mut cut = vec![0u64; m as usize + 1];
+            for x in 1..m as usize {
+                let r = load[x - 1].saturating_sub(mean);
+                cut[x] = r;
+                load[x - 1] -= r;
+                // The next PE takes the maxima, and about a send per piece they come from.
+                load[x] += r + 2;
+            }
+            if let Ok((s, _)) = run_as(p, m, budget, (true, Some(cut), hand)) {
+                keep(s);
+            }
         }
     }
     Ok(best)
 }
 
-/// Whether cut rows may be passed on, and with loose maxima (see [`Deal::loose`]).
-type How = (bool, Option<Vec<u64>>);
+/// Whether cut rows may be passed on, with loose maxima (see [`Deal::loose`]), and whether
+/// rows are handed where a first part would be too large to pass (see [`Deal::hands`]).
+type How = (bool, Option<Vec<u64>>, bool);
 
 /// [`run`] with cut rows passed on wherever that evens the PEs out (`pass.0`; `pass.1`: with
 /// loose maxima), or all merged.
@@ -973,7 +1079,8 @@ fn run_as(
             (true, false) => Ride::State,
             (true, true) => Ride::PassedMax,
         };
-        let (full, row) = deal.values(p32, me.c2(), me.full, Part::Full, ride, scale);
+        let whole = me.full - u32::from(me.hand_out);
+        let (full, row) = deal.values(p32, me.c2(), whole, Part::Full, ride, scale);
         sent_by[pe] = cycles(&body) + row;
         body.extend(full);
         if me.cut_in.is_some() {
@@ -983,8 +1090,7 @@ fn run_as(
                 body.extend(wait(end0[prev(pe)].saturating_sub(cycles(&body)))?);
             }
             if let Some(x) = me.piece_in(0) {
-                let work =
-                    deal.scores(p32, p32, (x.k0, x.keys), 0, 1, alone, Fwd::None, (false, 0));
+                let work = deal.scores(p32, p32, (x.k0, x.keys), 0, 1, alone, Fwd::None, (None, 0));
                 body.extend(work.0);
             }
             // The first part's maximum, sent as its PE's exponentials begin.
@@ -1005,6 +1111,14 @@ fn run_as(
                 }
             }
             body.extend(deal.values(p32, 0, 1, Part::In, Ride::None, scale).0);
+        }
+        if me.hand_in {
+            // The handed row's maximum comes on the first value product of the PE before's
+            // first whole row, after that row's `n` exponentials.
+            let n = u64::from(deal.n);
+            body.extend(wait((end[prev(pe)] + n + 1).saturating_sub(cycles(&body)))?);
+            let hin = me.c2() + me.full;
+            body.extend(deal.values(p32, hin, 1, Part::Full, Ride::None, scale).0);
         }
         parts.push(cycles(&body));
         bodies.push(body);
@@ -1037,17 +1151,26 @@ fn run_as(
 /// one it ends in (a cut row's first part is computed before its second).
 fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
     let (n, d, m) = (deal.n, deal.d, deal.m);
-    // The stretch `t` starts in: `⌈p·n/m⌉ ≤ t` exactly when `p ≤ t·m/n`.
-    let owner = |t: u32| (u64::from(t) * u64::from(m) / u64::from(n)) as u32;
+    // The stretch `t` starts in.
+    let owner = |t: u32| (0..m).rev().find(|&p| deal.start(p) <= t).unwrap_or(0);
     let mut lists: [(Vec<u32>, Vec<u32>); 4] = Default::default();
     for h in 0..heads {
         for t in 0..n {
             let p = owner(t);
             let pe = &deal.pes[p as usize];
             let i = t - pe.first;
-            let row = pe.c2() + i;
-            let (yp, yrow) = if pe.cut_out.is_some() && row == pe.rows - 1 {
-                ((p + 1) % m, 0)
+            // The cut token's row is the last local row (after a handed-in one).
+            let row = if i == pe.full {
+                pe.rows - 1
+            } else {
+                pe.c2() + i
+            };
+            let next = (p + 1) % m;
+            let (yp, yrow) = if pe.cut_out.is_some() && i == pe.full {
+                (next, 0)
+            } else if pe.hand_out && i + 1 == pe.full {
+                let nx = &deal.pes[next as usize];
+                (next, nx.c2() + nx.full)
             } else {
                 (p, row)
             };
