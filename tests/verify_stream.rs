@@ -985,6 +985,19 @@ fn uneven_deals_are_proved() {
         .map(|lp| lp.flatten(1 << 24).expect("flattens"))
         .collect();
     assert_proved(&flat, &man, "n=64 d=64 m=6");
+    // 64 tokens, `d = 128`: every row divides its 64 weights instead of its 128 outputs, which
+    // needs every cut passed.
+    let p = problem(64, 128, 1, false, false, true);
+    let st = schedule_stream::run_uneven(&p, 6).unwrap();
+    let man = stream_manifest(&p, 6, &st);
+    assert_eq!(man.normalisation, Normalisation::PerWeight);
+    assert_eq!((man.ops.online_rescale, man.ops.phase2_div), (0, 64 * 64));
+    let flat: Vec<Program> = st
+        .programs
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect();
+    assert_proved(&flat, &man, "n=64 d=128 m=6");
     eprintln!("{proved} uneven layers proved, {merged} merging and {passed} passing cut rows");
     assert_eq!(proved, 12 * (3 * 3 + 1), "layers proved");
     assert!(merged > 0 && passed > 0, "both kinds of cut row proved");

@@ -85,6 +85,9 @@ struct Pe {
     /// it takes such a row from the PE before (`hand_in`, local row `c2 + full`).
     hand_out: bool,
     hand_in: bool,
+    /// The handed row's last keys in step 0 (the own block) whose maxima the next PE takes,
+    /// as a cut row's loose ones.
+    hand_loose: u32,
     /// Rows wholly its own.
     full: u32,
     rows: u32,
@@ -144,16 +147,20 @@ struct Deal {
     n: u32,
     d: u32,
     m: u32,
-    /// Whether cut rows may be passed on rather than merged, and whether a passed first part
-    /// takes a key more and leaves maxima loose: by how many cycles each cut's (index `p`)
-    /// should shorten its first part's PE.
+    /// Whether cut rows may be passed on rather than merged, and whether passed first parts
+    /// leave maxima loose: whether each takes a key more (rather than the nearest count), and
+    /// by how many cycles each cut's (index `p`) should shorten its first part's PE.
     pass: bool,
-    loose: Option<Vec<u64>>,
+    loose: Option<(bool, Vec<u64>)>,
     /// Per boundary `p` (`0 … m`): the first token whose row starts in PE `p`'s stretch, and
     /// whether the token before it is cut (its first part on PE `p − 1`).
     bounds: Vec<(u32, bool)>,
     /// Per boundary: whether PE `p − 1` hands its last whole row to PE `p`.
     hands: Vec<bool>,
+    /// Each row divides its `n` weights by their sum before the values instead of its `d`
+    /// output elements after them (only with no cut row merged: a merged first part's
+    /// weights never meet the row's sum).
+    per_weight: bool,
     pes: Vec<Pe>,
 }
 
@@ -183,7 +190,13 @@ impl Deal {
         &self.pes[((p + 1) % self.m) as usize]
     }
 
-    fn new(n: u32, d: u32, m: u32, heads: u32, (pass, loose, hand): How) -> Option<Deal> {
+    fn new(
+        n: u32,
+        d: u32,
+        m: u32,
+        heads: u32,
+        (pass, loose, hand, per_weight): How,
+    ) -> Option<Deal> {
         // A boundary whose first part would hold more than half a row (more than a passed
         // first part of scores can) moves a token on where rows are handed: the PE before
         // owns one whole row more and hands one to the next PE, whose cut row's first part is
@@ -214,9 +227,13 @@ impl Deal {
             loose,
             bounds,
             hands,
+            per_weight,
             pes: Vec::new(),
         };
         let cuts = deal.cuts();
+        if per_weight && cuts.iter().flatten().any(|x| !x.1) {
+            return None;
+        }
         let (dd, h) = (u64::from(d), u64::from(heads));
         for p in 0..m {
             let (first, own) = deal.block(p);
@@ -230,6 +247,27 @@ impl Deal {
             let full = own - u32::from(cut_out.is_some());
             let hand_out = deal.hands[p as usize + 1];
             let hand_in = deal.hands[p as usize];
+            // What the cut's loose maxima leave of the shortening asked for, from the handed
+            // row's step 0 (its first maximum keeps two keys; one send of its own).
+            let hand_loose = match (&deal.loose, &cuts[p as usize + 1]) {
+                (Some(want), Some((pieces, true))) if hand_out => {
+                    let sends = pieces
+                        .iter()
+                        .filter(|x| x.loose > 0)
+                        .map(|x| if x.step == 0 { 2 } else { 1 })
+                        .sum::<u64>();
+                    let got = pieces.iter().map(|x| u64::from(x.loose)).sum::<u64>();
+                    let left = (want.1[p as usize + 1] + sends).saturating_sub(got);
+                    if left > 0 {
+                        u32::try_from(left + 1)
+                            .unwrap_or(u32::MAX)
+                            .min(own.saturating_sub(2))
+                    } else {
+                        0
+                    }
+                }
+                _ => 0,
+            };
             // The handed row's local row sits between the whole rows and a cut row's first
             // part, which must then be passed (a first part in the whole rows' loops would not
             // be the last of them).
@@ -265,6 +303,7 @@ impl Deal {
                 pass_out,
                 hand_out,
                 hand_in,
+                hand_loose,
                 full,
                 rows,
                 q: w(q)?,
@@ -300,7 +339,7 @@ impl Deal {
         let d = f64::from(self.d);
         let (pair, merge) = (2.0 * d + 2.0, d + 3.0);
         let count = (1..self.m).filter(|&p| self.cut(p)).count() as f64;
-        let total = pair * (n * n) as f64 + d * n as f64;
+        let total = pair * (n * n) as f64 + self.divisions() * n as f64;
         // Which cuts merge follows from the mean, and the mean from the merges: from every cut
         // merged, until the count stays.
         let mut merges = count;
@@ -332,7 +371,8 @@ impl Deal {
         // The maxima a passed first part left to the second part on PE `q`.
         let mut loose_in = 0u64;
         // A handed row's exponentials, values and divisions, on the PE it is handed to.
-        let handed = (pair - score) * n as f64 + d;
+        let div = self.divisions();
+        let handed = (pair - score) * n as f64 + div;
         for p in 1..self.m {
             let q = p - 1;
             // Rows wholly PE q's (a handed one among them).
@@ -352,7 +392,7 @@ impl Deal {
             };
             let merged = !taken_in.is_empty();
             let fixed =
-                pair * ((whole * n) as f64) + d * (whole + u64::from(merged)) as f64 + hand(q)
+                pair * ((whole * n) as f64) + div * (whole + u64::from(merged)) as f64 + hand(q)
                     - hand(p)
                     + match (merged, passed_in) {
                         (false, _) => 0.0,
@@ -388,29 +428,36 @@ impl Deal {
                 // first).
                 // A passed part takes a key more rather than less, its PE's excess then moved
                 // to the next PE by maxima left loose.
-                let left = if per_key == score && self.loose.is_some() {
+                let left = if per_key == score && self.loose.as_ref().is_some_and(|x| x.0) {
                     (want - keys as f64).ceil()
                 } else {
                     (want - keys as f64).round()
                 };
-                if left >= 1.0 {
+                // A passed part may share more than one block where one is not enough.
+                let mut left = left.max(0.0) as u32;
+                let shares = if per_key == score { self.m } else { 1 };
+                for _ in 0..shares {
+                    if left == 0 {
+                        break;
+                    }
                     let free = (1..self.m)
                         .rev()
                         .find(|s| !pieces.iter().any(|x| x.step == *s));
-                    if let Some(s) = free {
-                        let b = self.block(self.held(q, s)).1;
-                        if b >= 4 {
-                            let c = (left as u32).min(b - 2);
-                            keys += u64::from(c);
-                            pieces.push(Piece {
-                                step: s,
-                                k0: 0,
-                                keys: c,
-                                loose: 0,
-                            });
-                            pieces.sort_by_key(|x| x.step);
-                        }
+                    let Some(s) = free else { break };
+                    let b = self.block(self.held(q, s)).1;
+                    if b < 4 {
+                        break;
                     }
+                    let c = left.min(b - 2);
+                    keys += u64::from(c);
+                    left -= c;
+                    pieces.push(Piece {
+                        step: s,
+                        k0: 0,
+                        keys: c,
+                        loose: 0,
+                    });
+                    pieces.sort_by_key(|x| x.step);
                 }
                 (pieces, (want - keys as f64).abs() <= 1.0)
             };
@@ -419,18 +466,28 @@ impl Deal {
                 .then(|| [plan(score, true), plan(score, false)])
                 .and_then(|x| x.into_iter().find(|x| x.1));
             let (mut pieces, pass) = passed.unwrap_or_else(|| (plan(pair, true).0, false));
-            // The excess in maxima left loose, from the last piece back (not step 0's, whose
-            // score loops carry the q row); each piece with some costs its PE a send.
+            // The excess in maxima left loose, from the last piece back; each piece with some
+            // costs its PE a send (step 0's two: its q row's first word moves off the chains).
             loose_in = 0;
-            let cut = self.loose.as_ref().map_or(0, |x| x[p as usize]);
+            let cut = self.loose.as_ref().map_or(0, |x| x.1[p as usize]);
             if pass && cut > 0 {
                 let mut u = u32::try_from(cut).unwrap_or(u32::MAX);
-                for x in pieces.iter_mut().rev().filter(|x| x.step > 0) {
+                for x in pieces.iter_mut().rev() {
                     if u == 0 {
                         break;
                     }
-                    u += 1;
-                    let take = u.min(x.keys);
+                    // Step 0's first maximum keeps two keys, and its q row's first word
+                    // takes a send of its own.
+                    let (cap, sends) = if x.step == 0 {
+                        (x.keys.saturating_sub(2), 2)
+                    } else {
+                        (x.keys, 1)
+                    };
+                    if cap == 0 {
+                        continue;
+                    }
+                    u += sends;
+                    let take = u.min(cap);
                     x.loose = take;
                     u -= take;
                     loose_in += u64::from(take);
@@ -539,7 +596,7 @@ impl Deal {
         // Loose keys (a passed part's last, without a maximum here) send each score from the
         // next key's chain, the last one after the loop.
         let loose_send = (loose > 0).then(|| {
-            debug_assert!(fwd == Fwd::None && rows == 1 && !first);
+            debug_assert!(fwd != Fwd::Block && rows == 1 && (!first || loose + 2 <= keys));
             Send {
                 src: sc.clone().plus(-1).t(lb, 1),
                 dst: ad(next.s + to + t0 + k0 - 1).t(lb, 1),
@@ -554,7 +611,7 @@ impl Deal {
         let mut score = vec![B::new()
             .mul(q.clone(), k.clone(), None)
             .add(None, sc.clone().t(lb, 1))
-            .send(send(0, false).or(loose_send).as_ref())
+            .send(loose_send.clone().or(send(0, false)).as_ref())
             .build()];
         score.extend(lp(
             self.d - 1,
@@ -598,7 +655,7 @@ impl Deal {
                     .build(),
             );
             body.extend(lp(
-                keys.saturating_sub(2),
+                keys.saturating_sub(2) - loose,
                 vec![B::new()
                     .max(mx.clone(), sc.clone().plus(2).t(lb, 1), mx.clone())
                     .send(on(2, true).as_ref())
@@ -607,6 +664,29 @@ impl Deal {
             // The maximum took two scores in one bundle: the second goes on alone.
             if pass_on {
                 body.push(B::new().send(on(1, false).as_ref()).build());
+            }
+            if loose > 0 {
+                body.push(
+                    B::new()
+                        .send(Some(&Send {
+                            src: sc.clone().plus(i64::from(keys - 1)),
+                            dst: ad(next.s + to + t0 + k0 + keys - 1),
+                            preds: Vec::new(),
+                        }))
+                        .build(),
+                );
+                // The q row's first word, whose bundle the loose keys' sends took.
+                if fwd == Fwd::Q {
+                    body.push(
+                        B::new()
+                            .send(Some(&Send {
+                                src: q.clone(),
+                                dst: ad(next.q).t(0, i64::from(next.rows) * d),
+                                preds: Vec::new(),
+                            }))
+                            .build(),
+                    );
+                }
             }
         } else {
             body.extend(lp(
@@ -675,8 +755,17 @@ impl Deal {
         );
         if peel == 1 {
             nodes.extend(
-                self.scores(p, b, (0, size), hi - 1, 1, true, Fwd::None, (hand_to, 0))
-                    .0,
+                self.scores(
+                    p,
+                    b,
+                    (0, size),
+                    hi - 1,
+                    1,
+                    true,
+                    Fwd::None,
+                    (hand_to, pe.hand_loose),
+                )
+                .0,
             );
         }
         // The cut rows' pieces that the rows above do not take.
@@ -827,6 +916,13 @@ impl Deal {
                 body.extend(lp(c, vec![ex(e.t(2, 1), false).build()]));
             }
         }
+        // One division per weight: each exponential by the row's sum, in place.
+        if self.per_weight {
+            for &(t, c) in &spans {
+                let w = sc.clone().plus(i64::from(t)).t(2, 1);
+                body.extend(lp(c, vec![B::new().div(w.clone(), l.clone(), w).build()]));
+            }
+        }
         let mut cols = Vec::new();
         for (i, &(t, c, own)) in runs.iter().enumerate() {
             let e = sc.clone().plus(i64::from(t));
@@ -909,8 +1005,17 @@ impl Deal {
         nodes
     }
 
-    /// `y /= l` for the rows whose result this PE holds (all but a first part).
+    /// Divisions per row: `n` weights or `d` output elements.
+    fn divisions(&self) -> f64 {
+        f64::from(if self.per_weight { self.n } else { self.d })
+    }
+
+    /// `y /= l` for the rows whose result this PE holds (all but a first part); nothing
+    /// where each weight is divided.
     fn normalise(&self, p: u32) -> Vec<Node> {
+        if self.per_weight {
+            return Vec::new();
+        }
         let pe = self.pe(p);
         let d = i64::from(self.d);
         let y = ad(pe.y).t(0, i64::from(pe.rows) * d).t(1, d).t(2, 1);
@@ -967,21 +1072,24 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     // Passing cut rows on spares their merges, but its deal is coarser (a first part's key
     // is half a whole row's) and its first parts run longer in the ring pass, which can make
     // the next PE wait: both deals are built and the faster kept (the merged one on a tie).
-    let mut best = run_as(p, m, budget, (false, None, false))?.0;
+    let mut best = run_as(p, m, budget, (false, None, false, false))?.0;
     let mut keep = |s: Stream| {
         if s.cycles < best.cycles {
             best = s;
         }
     };
-    for hand in [false, true] {
-        if let Ok((s, _)) = run_as(p, m, budget, (true, None, hand)) {
-            keep(s);
-        }
-        // A key more in each passed first part, then the built PEs' cycles say how many
-        // maxima to leave loose: along each chain of cuts, whatever its first part's PE has
-        // above the mean.
-        let zero = Some(vec![0; m as usize + 1]);
-        if let Ok((s, mut load)) = run_as(p, m, budget, (true, zero, hand)) {
+    // One division per weight needs every cut passed; it pays where rows have fewer keys than
+    // `d`.
+    let per_weight = [false, true]
+        .into_iter()
+        .filter(|&w| !w || p.tokens < p.dim);
+    let variants = per_weight.flat_map(|w| [(w, false), (w, true)]);
+    for ((per_weight, hand), more) in variants.flat_map(|x| [(x, false), (x, true)]) {
+        // Passed first parts of the nearest key count or a key more, then the built PEs'
+        // cycles say how many maxima to leave loose: along each chain of cuts, whatever its
+        // first part's PE has above the mean.
+        let zero = Some((more, vec![0; m as usize + 1]));
+        if let Ok((s, mut load)) = run_as(p, m, budget, (true, zero, hand, per_weight)) {
             keep(s);
             let mean = load.iter().sum::<u64>().div_ceil(u64::from(m));
             let mut cut = vec![0u64; m as usize + 1];
@@ -992,7 +1100,8 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
                 // The next PE takes the maxima, and about a send per piece they come from.
                 load[x] += r + 2;
             }
-            if let Ok((s, _)) = run_as(p, m, budget, (true, Some(cut), hand)) {
+            let loose = Some((more, cut));
+            if let Ok((s, _)) = run_as(p, m, budget, (true, loose, hand, per_weight)) {
                 keep(s);
             }
         }
@@ -1000,9 +1109,10 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     Ok(best)
 }
 
-/// Whether cut rows may be passed on, with loose maxima (see [`Deal::loose`]), and whether
-/// rows are handed where a first part would be too large to pass (see [`Deal::hands`]).
-type How = (bool, Option<Vec<u64>>, bool);
+/// Whether cut rows may be passed on, with loose maxima (see [`Deal::loose`]), whether rows
+/// are handed where a first part would be too large to pass (see [`Deal::hands`]), and
+/// whether each weight is divided (see [`Deal::per_weight`]).
+type How = (bool, Option<(bool, Vec<u64>)>, bool, bool);
 
 /// [`run`] with cut rows passed on wherever that evens the PEs out (`pass.0`; `pass.1`: with
 /// loose maxima), or all merged.
@@ -1118,6 +1228,19 @@ fn run_as(
             let n = u64::from(deal.n);
             body.extend(wait((end[prev(pe)] + n + 1).saturating_sub(cycles(&body)))?);
             let hin = me.c2() + me.full;
+            // The handed row's loose keys, of the PE before's own block.
+            let before = &deal.pes[prev(pe)];
+            if before.hand_loose > 0 {
+                let mx = ad(me.mx + hin);
+                let (t0, size) = deal.block(prev(pe) as u32);
+                let col = t0 + size - before.hand_loose;
+                body.extend(lp(
+                    before.hand_loose,
+                    vec![B::new()
+                        .max(mx.clone(), ad(me.s + hin * deal.n + col).t(1, 1), mx)
+                        .build()],
+                ));
+            }
             body.extend(deal.values(p32, hin, 1, Part::Full, Ride::None, scale).0);
         }
         parts.push(cycles(&body));
@@ -1136,7 +1259,7 @@ fn run_as(
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     let weights = u64::from(n) * u64::from(n) * u64::from(heads);
     // Each PE's map has its own sizes (its rows and cut rows).
-    let stream = Stream::per_pe_deferred(
+    let mut stream = Stream::per_pe_deferred(
         programs,
         places(&deal, heads),
         cycles,
@@ -1144,6 +1267,10 @@ fn run_as(
         (n, d, heads),
         0,
     );
+    if deal.per_weight {
+        stream.ops.phase2_div = weights;
+        stream.normalisation = runtime::layer::Normalisation::PerWeight;
+    }
     Ok((stream, load))
 }
 
