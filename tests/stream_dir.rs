@@ -354,6 +354,53 @@ fn uneven_deals_run_from_their_files() {
     assert_eq!(ran, 36);
 }
 
+/// 64 tokens, `d = 64` and `d = 128` (one and four heads) and 128 tokens, `d = 128` on 6 PEs:
+/// passing cut rows' scores on instead of merging them (with rows handed, maxima left loose and,
+/// with `d = 128`, one division per weight on 64 tokens) takes the uneven deal below the row
+/// dataflow's cycles, so `auto` keeps its loop programs (within 16 KiB per PE); they run from
+/// their files against the reference in the cycles stated.
+#[test]
+fn uneven_deal_with_passed_rows_is_kept_by_auto() {
+    for (n, d, heads) in [
+        (64u32, 64u32, 1u32),
+        (64, 64, 4),
+        (64, 128, 1),
+        (64, 128, 4),
+        (128, 128, 1),
+    ] {
+        let src = format!("layer L {{ tokens = {n}; dim = {d}; heads = {heads}; }}");
+        let opts = |schedule| compiler::Options {
+            pes: 6,
+            schedule,
+            dump_after: None,
+            mem_limit: None,
+            reroll: true,
+        };
+        let rows = compiler::compile(&parse_one(&src), &opts(Choice::Named("rows"))).expect("rows");
+        let c = compiler::compile(&parse_one(&src), &opts(Choice::Auto)).expect("auto");
+        assert_eq!(c.manifest.schedule, "schedule-stream", "{n}");
+        assert!(
+            c.manifest.inputs["q"].layout.is_none(),
+            "{n}: not the uneven deal"
+        );
+        assert!(
+            c.manifest.cycles < rows.manifest.cycles,
+            "{n}: {} against the row dataflow's {}",
+            c.manifest.cycles,
+            rows.manifest.cycles
+        );
+        for p in &c.loops {
+            assert!(
+                isa::encode_looped(p).unwrap().len() <= 16 << 10,
+                "{n}: PE {}",
+                p.pe
+            );
+        }
+        let (_, cycles, _) = run_dir(&files(&c, true), u64::from(n * heads + d) * 1_286);
+        assert_eq!(cycles, c.manifest.cycles, "{n}");
+    }
+}
+
 /// Paired shared layers under a limit that only the idle heads' regions meet (their outputs
 /// below their x rows, the visiting block and travelling rows moving through both from head to
 /// head) run from their files and match the reference.

@@ -901,13 +901,14 @@ fn paired_scores_in_idle_heads_regions_are_proved() {
 }
 
 /// Separate layers without a mask on rings that do not divide the tokens, dealt unevenly (rows
-/// cut where the even share ends, the two parts of a cut row merged over the link): proved
-/// exactly, the merges declared as the online work; every PE's program as long as the layer's
-/// cycles; and below the padded deal's cycles.
+/// cut where the even share ends, the two parts of a cut row merged over the link, or the first
+/// part's scores passed on to the second): proved exactly, the merges declared as the online
+/// work; every PE's program as long as the layer's cycles; and below the padded deal's cycles.
 #[test]
 fn uneven_deals_are_proved() {
     let mut proved = 0;
     let mut merged = 0;
+    let mut passed = 0;
     for (n, m) in [
         (9, 2),
         (13, 3),
@@ -950,8 +951,14 @@ fn uneven_deals_are_proved() {
                 // What `compile --schedule stream --mem …` takes where the words allow.
                 let chosen = schedule_stream::run_with(&p, m, true, Lag::Fit(Some(u32::MAX)));
                 assert_eq!(chosen.unwrap().cycles, st.cycles, "{what}");
-                // Each cut row's merge: 1 exponential, d + 1 products.
+                // Each merged cut row's merge: 1 exponential, d + 1 products; a passed one has
+                // none.
+                let cuts = (1..m).filter(|&p| p * n % m != 0).count() as u64;
+                let rescale = u64::from(h * (d + 2));
+                assert!(man.ops.online_rescale.is_multiple_of(rescale), "{what}");
+                assert!(man.ops.online_rescale <= cuts * rescale, "{what}");
                 merged += usize::from(man.ops.online_rescale > 0);
+                passed += usize::from(man.ops.online_rescale < cuts * rescale);
                 let flat: Vec<Program> = st
                     .programs
                     .iter()
@@ -962,9 +969,38 @@ fn uneven_deals_are_proved() {
             }
         }
     }
-    eprintln!("{proved} uneven layers proved");
+    // 64 tokens, `d = 64` on 6 PEs: every cut row passed, rows handed where a first part
+    // would hold more than half a row (each moves a token's y to the next PE, as a cut row
+    // does), first parts leaving maxima loose.
+    let p = problem(64, 64, 1, false, false, true);
+    let st = schedule_stream::run_uneven(&p, 6).unwrap();
+    let man = stream_manifest(&p, 6, &st);
+    assert_eq!(man.ops.online_rescale, 0, "every cut row passed");
+    let (q, y) = (&man.inputs["q"].pe, &man.outputs["y"].pe);
+    let moved = q.iter().zip(y).filter(|(a, b)| a != b).count();
+    assert_eq!(moved, 6 * 64, "4 cut rows and 2 handed rows");
+    let flat: Vec<Program> = st
+        .programs
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect();
+    assert_proved(&flat, &man, "n=64 d=64 m=6");
+    // 64 tokens, `d = 128`: every row divides its 64 weights instead of its 128 outputs, which
+    // needs every cut passed.
+    let p = problem(64, 128, 1, false, false, true);
+    let st = schedule_stream::run_uneven(&p, 6).unwrap();
+    let man = stream_manifest(&p, 6, &st);
+    assert_eq!(man.normalisation, Normalisation::PerWeight);
+    assert_eq!((man.ops.online_rescale, man.ops.phase2_div), (0, 64 * 64));
+    let flat: Vec<Program> = st
+        .programs
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect();
+    assert_proved(&flat, &man, "n=64 d=128 m=6");
+    eprintln!("{proved} uneven layers proved, {merged} merging and {passed} passing cut rows");
     assert_eq!(proved, 12 * (3 * 3 + 1), "layers proved");
-    assert_eq!(merged, proved, "every layer merges some cut row");
+    assert!(merged > 0 && passed > 0, "both kinds of cut row proved");
 }
 
 /// Taking a cut row's merge out of the programs (its first part's `y` left out) is caught.

@@ -406,9 +406,11 @@ fn every_mutated_count_stride_or_base_is_caught() {
 /// Separate layers without a mask on rings that do not divide the tokens: the uneven deal (rows
 /// cut between PEs, no padding) runs against the reference the same in bulk, cycle by cycle and
 /// flattened, in the predicted cycles, executing exactly the necessary operations of the safe
-/// formulation with deferred normalisation plus `d + 2` per cut row and head (its merge).
+/// formulation with deferred normalisation plus `d + 2` per merged cut row and head (a cut row
+/// whose first part's scores are passed on has no merge).
 #[test]
 fn uneven_deals_run_exactly_their_operations() {
+    let mut passed = 0;
     for (n, d, h, m) in [
         (9, 2, 1, 2),
         (14, 3, 2, 3),
@@ -417,6 +419,7 @@ fn uneven_deals_run_exactly_their_operations() {
         (50, 8, 1, 12),
         (64, 16, 2, 12),
         (64, 32, 1, 6),
+        (64, 64, 1, 6),
     ] {
         let what = format!("n={n} d={d} h={h} m={m}");
         let p = problem(n, d, h, false, false);
@@ -442,14 +445,17 @@ fn uneven_deals_run_exactly_their_operations() {
         .map(kind)
         .sum();
         assert_eq!(ran, st.total_ops, "{what}");
-        assert_eq!(
-            st.total_ops,
-            u64::from(h) * (per_head + cuts * (d64 + 2)),
-            "{what}"
+        let merge = u64::from(h) * (d64 + 2);
+        let extra = st.total_ops - u64::from(h) * per_head;
+        assert!(
+            extra.is_multiple_of(merge) && extra <= cuts * merge,
+            "{what}: {extra}"
         );
+        passed += usize::from(extra < cuts * merge);
         assert_eq!(kind(OpKind::Div), st.ops.phase2_div, "{what}");
         assert_eq!(kind(OpKind::Max), u64::from(h) * n64 * (n64 - 1), "{what}");
     }
+    assert!(passed > 0, "some layer passes a cut row on");
 }
 
 /// Causal layers on rings that do not deal the tokens in `2m` equal chunks, dealt whole rows:

@@ -14,7 +14,10 @@
 //! With every block kept, the scores of a row need no rescaling: the ring pass computes the
 //! scores and the running maximum only, and then each row takes its exponentials against its
 //! final maximum and its values from the kept blocks. The safe softmax then executes exactly
-//! its necessary operations plus, per cut row and head, the merge's `d + 2`.
+//! its necessary operations plus, per merged cut row and head, the merge's `d + 2`. Where a
+//! first part's share of its PE's work is at most its scores' (about half a row), the row is
+//! passed on instead: the first part's scores and their maximum go to the second part's score
+//! row as they are read, and the second part takes the whole row's softmax, with no merge.
 
 use std::collections::BTreeMap;
 
@@ -53,6 +56,9 @@ struct Piece {
     step: u32,
     k0: u32,
     keys: u32,
+    /// A passed first part's last keys of the piece whose maxima its PE leaves to the second
+    /// part's (each moves one operation to the next PE: the deal's fine adjustment).
+    loose: u32,
 }
 
 /// One PE's share and memory map.
@@ -69,6 +75,19 @@ struct Pe {
     /// The row cut at `x_{p+1}`: its first part is the last local row, against these pieces
     /// (step 0's whole block among them).
     cut_out: Option<Vec<Piece>>,
+    /// Whether the row cut at `x_p` (`pass_in`) or at `x_{p+1}` (`pass_out`) is passed on
+    /// rather than merged: its first part computes scores and their maximum only and sends
+    /// them on, and the second part takes the whole row's softmax.
+    pass_in: bool,
+    pass_out: bool,
+    /// Its last whole row is handed to the next PE after the ring pass (`hand_out`: its
+    /// scores and maximum go on, the next PE takes its exponentials, values and divisions), or
+    /// it takes such a row from the PE before (`hand_in`, local row `c2 + full`).
+    hand_out: bool,
+    hand_in: bool,
+    /// The handed row's last keys in step 0 (the own block) whose maxima the next PE takes,
+    /// as a cut row's loose ones.
+    hand_loose: u32,
     /// Rows wholly its own.
     full: u32,
     rows: u32,
@@ -128,13 +147,32 @@ struct Deal {
     n: u32,
     d: u32,
     m: u32,
+    /// Whether cut rows may be passed on rather than merged, and whether passed first parts
+    /// leave maxima loose: whether each takes a key more (rather than the nearest count), and
+    /// by how many cycles each cut's (index `p`) should shorten its first part's PE.
+    pass: bool,
+    loose: Option<(bool, Vec<u64>)>,
+    /// Per boundary `p` (`0 … m`): the first token whose row starts in PE `p`'s stretch, and
+    /// whether the token before it is cut (its first part on PE `p − 1`).
+    bounds: Vec<(u32, bool)>,
+    /// Per boundary: whether PE `p − 1` hands its last whole row to PE `p`.
+    hands: Vec<bool>,
+    /// Each row divides its `n` weights by their sum before the values instead of its `d`
+    /// output elements after them (only with no cut row merged: a merged first part's
+    /// weights never meet the row's sum).
+    per_weight: bool,
     pes: Vec<Pe>,
 }
 
 impl Deal {
-    /// `⌈p·n/m⌉`: the first token whose row starts in PE `p`'s stretch.
+    /// The first token whose row starts in PE `p`'s stretch (`⌈p·n/m⌉`, one more where the
+    /// boundary hands a row).
     fn start(&self, p: u32) -> u32 {
-        (u64::from(p) * u64::from(self.n)).div_ceil(u64::from(self.m)) as u32
+        self.bounds[p as usize].0
+    }
+    /// Whether the row before boundary `p` is cut.
+    fn cut(&self, p: u32) -> bool {
+        self.bounds[p as usize].1
     }
     /// First token and size of PE `b`'s block.
     fn block(&self, b: u32) -> (u32, u32) {
@@ -152,22 +190,97 @@ impl Deal {
         &self.pes[((p + 1) % self.m) as usize]
     }
 
-    fn new(n: u32, d: u32, m: u32, heads: u32) -> Option<Deal> {
+    fn new(
+        n: u32,
+        d: u32,
+        m: u32,
+        heads: u32,
+        (pass, loose, hand, per_weight): How,
+    ) -> Option<Deal> {
+        // A boundary whose first part would hold more than half a row (more than a passed
+        // first part of scores can) moves a token on where rows are handed: the PE before
+        // owns one whole row more and hands one to the next PE, whose cut row's first part is
+        // then the smaller rest.
+        let (nn, mm) = (u64::from(n), u64::from(m));
+        let hands: Vec<bool> = (0..=m)
+            .map(|p| {
+                let frac = u64::from(p) * nn % mm;
+                hand && p > 0 && p < m && 2 * frac > mm
+            })
+            .collect();
+        let bounds: Vec<(u32, bool)> = (0..=m)
+            .map(|p| {
+                let x = u64::from(p) * nn;
+                let start = x.div_ceil(mm) as u32 + u32::from(hands[p as usize]);
+                (start, x % mm != 0)
+            })
+            .collect();
+        // A PE takes one handed row at most, and hands none then.
+        if (1..m as usize).any(|p| hands[p] && hands[p - 1]) {
+            return None;
+        }
         let mut deal = Deal {
             n,
             d,
             m,
+            pass,
+            loose,
+            bounds,
+            hands,
+            per_weight,
             pes: Vec::new(),
         };
         let cuts = deal.cuts();
-        let (dd, nn, h) = (u64::from(d), u64::from(n), u64::from(heads));
+        if per_weight && cuts.iter().flatten().any(|x| !x.1) {
+            return None;
+        }
+        let (dd, h) = (u64::from(d), u64::from(heads));
         for p in 0..m {
             let (first, own) = deal.block(p);
-            let cut_out = cuts[p as usize + 1].clone();
+            let pass_out = cuts[p as usize + 1].as_ref().is_some_and(|x| x.1);
+            let pass_in = cuts[p as usize].as_ref().is_some_and(|x| x.1);
+            let cut_out = cuts[p as usize + 1].as_ref().map(|x| x.0.clone());
             // The second part takes the blocks the first does not: on this PE, one step later.
-            let cut_in = cuts[p as usize].as_ref().map(|out| deal.rest(p - 1, out));
+            let cut_in = cuts[p as usize]
+                .as_ref()
+                .map(|out| deal.rest(p - 1, &out.0));
             let full = own - u32::from(cut_out.is_some());
-            let rows = full + u32::from(cut_in.is_some()) + u32::from(cut_out.is_some());
+            let hand_out = deal.hands[p as usize + 1];
+            let hand_in = deal.hands[p as usize];
+            // What the cut's loose maxima leave of the shortening asked for, from the handed
+            // row's step 0 (its first maximum keeps two keys; one send of its own).
+            let hand_loose = match (&deal.loose, &cuts[p as usize + 1]) {
+                (Some(want), Some((pieces, true))) if hand_out => {
+                    let sends = pieces
+                        .iter()
+                        .filter(|x| x.loose > 0)
+                        .map(|x| if x.step == 0 { 2 } else { 1 })
+                        .sum::<u64>();
+                    let got = pieces.iter().map(|x| u64::from(x.loose)).sum::<u64>();
+                    let left = (want.1[p as usize + 1] + sends).saturating_sub(got);
+                    if left > 0 {
+                        u32::try_from(left + 1)
+                            .unwrap_or(u32::MAX)
+                            .min(own.saturating_sub(2))
+                    } else {
+                        0
+                    }
+                }
+                _ => 0,
+            };
+            // The handed row's local row sits between the whole rows and a cut row's first
+            // part, which must then be passed (a first part in the whole rows' loops would not
+            // be the last of them).
+            if hand_in && cut_out.is_some() && !pass_out {
+                return None;
+            }
+            if (hand_out && !pass_out) || (hand_in && !pass_in) {
+                return None;
+            }
+            let rows = full
+                + u32::from(cut_in.is_some())
+                + u32::from(cut_out.is_some())
+                + u32::from(hand_in);
             let r = u64::from(rows);
             let q = 0u64;
             let kv = q + h * r * dd;
@@ -186,6 +299,11 @@ impl Deal {
                 own,
                 cut_in,
                 cut_out,
+                pass_in,
+                pass_out,
+                hand_out,
+                hand_in,
+                hand_loose,
                 full,
                 rows,
                 q: w(q)?,
@@ -205,28 +323,62 @@ impl Deal {
     }
 
     /// The ring steps of the first part of each cut row (index `p`: the row cut at `x_p`, its
-    /// first part on PE `p − 1`). A part takes as many keys as bring its PE's cycles to the
-    /// mean (to within half a block): `2d + 2` per score of a row (product, maximum,
-    /// exponential, weighted value), `d` per row it normalises, `d + 3` per merge. Its steps
-    /// are chosen so that its PE's work so far stays as close as it can to the even pace: a
-    /// PE running ahead of the one before it would wait for blocks. Step 0 is always among
-    /// them, so the q row the part sends on in that step is there before the second part's
-    /// first step.
-    fn cuts(&self) -> Vec<Option<Vec<Piece>>> {
+    /// first part on PE `p − 1`), and whether the row is passed on (else merged). A part takes
+    /// as many keys as bring its PE's cycles to the mean (to within half a block): `2d + 2`
+    /// per score of a whole row (product, maximum, exponential, weighted value), `d` per row it
+    /// normalises; a merged first part's keys cost the same and its merge `d + 3` on the next
+    /// PE; a passed first part's keys only `d + 1` (product and maximum), the second part
+    /// taking every exponential and value of the row. A row is passed wherever its first part
+    /// can take the keys that even its PE out that way: passing spares the merge, but a first
+    /// part of scores holds about half a row's work at most. Its steps are chosen so that its
+    /// PE's work so far stays as close as it can to the even pace: a PE running ahead of the one
+    /// before it would wait for blocks. Step 0 is always among them, so the q row the part
+    /// sends on in that step is there before the second part's first step.
+    fn cuts(&self) -> Vec<Option<(Vec<Piece>, bool)>> {
         let (n, m) = (u64::from(self.n), u64::from(self.m));
-        let mut cuts: Vec<Option<Vec<Piece>>> = vec![None; self.m as usize + 1];
         let d = f64::from(self.d);
         let (pair, merge) = (2.0 * d + 2.0, d + 3.0);
-        let count = (1..self.m).filter(|&p| u64::from(p) * n % m != 0).count() as f64;
-        let mean = (pair * (n * n) as f64 + d * n as f64 + merge * count) / m as f64;
-        // The second part on PE `q`, of the cut before.
+        let count = (1..self.m).filter(|&p| self.cut(p)).count() as f64;
+        let total = pair * (n * n) as f64 + self.divisions() * n as f64;
+        // Which cuts merge follows from the mean, and the mean from the merges: from every cut
+        // merged, until the count stays.
+        let mut merges = count;
+        let mut result = Vec::new();
+        for _ in 0..4 {
+            let mean = (total + merge * merges) / m as f64;
+            result = self.cuts_at(mean);
+            let now = result
+                .iter()
+                .filter(|x| x.as_ref().is_some_and(|x| !x.1))
+                .count() as f64;
+            if now == merges {
+                break;
+            }
+            merges = now;
+        }
+        result
+    }
+
+    /// [`Deal::cuts`] for PEs whose cycles should come to `mean`.
+    fn cuts_at(&self, mean: f64) -> Vec<Option<(Vec<Piece>, bool)>> {
+        let (n, m) = (u64::from(self.n), u64::from(self.m));
+        let mut cuts: Vec<Option<(Vec<Piece>, bool)>> = vec![None; self.m as usize + 1];
+        let d = f64::from(self.d);
+        let (pair, score, merge) = (2.0 * d + 2.0, d + 1.0, d + 3.0);
+        // The second part on PE `q`, of the cut before, and whether it was passed.
         let mut taken_in: Vec<Piece> = Vec::new();
+        let mut passed_in = false;
+        // The maxima a passed first part left to the second part on PE `q`.
+        let mut loose_in = 0u64;
+        // A handed row's exponentials, values and divisions, on the PE it is handed to.
+        let div = self.divisions();
+        let handed = (pair - score) * n as f64 + div;
         for p in 1..self.m {
             let q = p - 1;
-            let frac = u64::from(p) * n % m;
-            // Rows wholly PE q's: ⌊x_{q+1}⌋ − ⌈x_q⌉.
-            let whole = u64::from(p) * n / m - u64::from(self.start(q));
-            if frac == 0 {
+            // Rows wholly PE q's (a handed one among them).
+            let whole = u64::from(self.start(p) - u32::from(self.cut(p)) - self.start(q));
+            let hand = |x: u32| if self.hands[x as usize] { handed } else { 0.0 };
+            if !self.cut(p) {
                 taken_in.clear();
                 continue;
             }
@@ -239,51 +391,111 @@ impl Deal {
                     .map_or(0, |x| u64::from(x.keys))
             };
             let merged = !taken_in.is_empty();
-            let fixed = pair * ((whole * n + in_keys) as f64)
-                + d * (whole + u64::from(merged)) as f64
-                + if merged { merge } else { 0.0 };
-            let want = ((mean - fixed) / pair).max(1.0);
-            let target = (want * m as f64).round() as u64;
-            let mut keys = 0u64;
-            let mut work = 0u64;
-            let mut pieces = Vec::new();
-            for s in 0..self.m {
-                let b = u64::from(self.block(self.held(q, s)).1);
-                work += (whole * b + in_at(s)) * m;
-                let pace = u64::from(s + 1) * n * n / m;
-                let budget = (keys + b) * m <= target;
-                if s == 0 || (budget && (work + b * m / 2) < pace) {
-                    keys += b;
-                    work += b * m;
-                    pieces.push(Piece {
-                        step: s,
-                        k0: 0,
-                        keys: b as u32,
-                    });
-                }
-            }
-            // What whole blocks leave: the last step not taken shares its block (the second
-            // part's side at least 2 keys, for a first maximum if it is the part's first).
-            let left = (want - keys as f64).round();
-            if left >= 1.0 {
-                let free = (1..self.m)
-                    .rev()
-                    .find(|s| !pieces.iter().any(|x| x.step == *s));
-                if let Some(s) = free {
-                    let b = self.block(self.held(q, s)).1;
-                    if b >= 4 {
-                        let c = (left as u32).min(b - 2);
+            let fixed =
+                pair * ((whole * n) as f64) + div * (whole + u64::from(merged)) as f64 + hand(q)
+                    - hand(p)
+                    + match (merged, passed_in) {
+                        (false, _) => 0.0,
+                        (true, true) => {
+                            score * in_keys as f64 + (pair - score) * n as f64 + loose_in as f64
+                        }
+                        (true, false) => pair * in_keys as f64 + merge,
+                    };
+            let plan = |per_key: f64, paced: bool| {
+                let want = ((mean - fixed) / per_key).max(1.0);
+                let target = (want * m as f64).round() as u64;
+                let mut keys = 0u64;
+                let mut work = 0u64;
+                let mut pieces = Vec::new();
+                for s in 0..self.m {
+                    let b = u64::from(self.block(self.held(q, s)).1);
+                    work += (whole * b + in_at(s)) * m;
+                    let pace = u64::from(s + 1) * n * n / m;
+                    let budget = (keys + b) * m <= target;
+                    if s == 0 || (budget && (!paced || (work + b * m / 2) < pace)) {
+                        keys += b;
+                        work += b * m;
                         pieces.push(Piece {
                             step: s,
                             k0: 0,
-                            keys: c,
+                            keys: b as u32,
+                            loose: 0,
                         });
-                        pieces.sort_by_key(|x| x.step);
                     }
+                }
+                // What whole blocks leave: the last step not taken shares its block (the
+                // second part's side at least 2 keys, for a first maximum if it is the part's
+                // first).
+                // A passed part takes a key more rather than less, its PE's excess then moved
+                // to the next PE by maxima left loose.
+                let left = if per_key == score && self.loose.as_ref().is_some_and(|x| x.0) {
+                    (want - keys as f64).ceil()
+                } else {
+                    (want - keys as f64).round()
+                };
+                // A passed part may share more than one block where one is not enough.
+                let mut left = left.max(0.0) as u32;
+                let shares = if per_key == score { self.m } else { 1 };
+                for _ in 0..shares {
+                    if left == 0 {
+                        break;
+                    }
+                    let free = (1..self.m)
+                        .rev()
+                        .find(|s| !pieces.iter().any(|x| x.step == *s));
+                    let Some(s) = free else { break };
+                    let b = self.block(self.held(q, s)).1;
+                    if b < 4 {
+                        break;
+                    }
+                    let c = left.min(b - 2);
+                    keys += u64::from(c);
+                    left -= c;
+                    pieces.push(Piece {
+                        step: s,
+                        k0: 0,
+                        keys: c,
+                        loose: 0,
+                    });
+                    pieces.sort_by_key(|x| x.step);
+                }
+                (pieces, (want - keys as f64).abs() <= 1.0)
+            };
+            let passed = self
+                .pass
+                .then(|| [plan(score, true), plan(score, false)])
+                .and_then(|x| x.into_iter().find(|x| x.1));
+            let (mut pieces, pass) = passed.unwrap_or_else(|| (plan(pair, true).0, false));
+            // The excess in maxima left loose, from the last piece back; each piece with some
+            // costs its PE a send (step 0's two: its q row's first word moves off the chains).
+            loose_in = 0;
+            let cut = self.loose.as_ref().map_or(0, |x| x.1[p as usize]);
+            if pass && cut > 0 {
+                let mut u = u32::try_from(cut).unwrap_or(u32::MAX);
+                for x in pieces.iter_mut().rev() {
+                    if u == 0 {
+                        break;
+                    }
+                    // Step 0's first maximum keeps two keys, and its q row's first word
+                    // takes a send of its own.
+                    let (cap, sends) = if x.step == 0 {
+                        (x.keys.saturating_sub(2), 2)
+                    } else {
+                        (x.keys, 1)
+                    };
+                    if cap == 0 {
+                        continue;
+                    }
+                    u += sends;
+                    let take = u.min(cap);
+                    x.loose = take;
+                    u -= take;
+                    loose_in += u64::from(take);
                 }
             }
             taken_in = self.rest(q, &pieces);
-            cuts[p as usize] = Some(pieces);
+            passed_in = pass;
+            cuts[p as usize] = Some((pieces, pass));
         }
         cuts
     }
@@ -299,6 +511,7 @@ impl Deal {
                     step: (s + 1) % self.m,
                     k0: taken,
                     keys: b - taken,
+                    loose: 0,
                 })
             })
             .collect();
@@ -335,7 +548,11 @@ impl Deal {
         rows: u32,
         first: bool,
         fwd: Fwd,
+        (pass_to, loose): (Option<u32>, u32),
     ) -> (Vec<Node>, u64) {
+        let pass_on = pass_to.is_some();
+        // The local row on the next PE that takes the scores passed on.
+        let to = pass_to.unwrap_or(0) * self.n;
         let pe = self.pe(p);
         let next = self.next(p);
         let (d, n) = (i64::from(self.d), i64::from(self.n));
@@ -376,10 +593,25 @@ impl Deal {
                 }),
             }
         };
+        // Loose keys (a passed part's last, without a maximum here) send each score from the
+        // next key's chain, the last one after the loop.
+        let loose_send = (loose > 0).then(|| {
+            debug_assert!(fwd != Fwd::Block && rows == 1 && (!first || loose + 2 <= keys));
+            Send {
+                src: sc.clone().plus(-1).t(lb, 1),
+                dst: ad(next.s + to + t0 + k0 - 1).t(lb, 1),
+                preds: vec![Pred {
+                    slot: Slot::Xfer,
+                    level: lb,
+                    cmp: Cmp::Ge,
+                    value: keys - loose + 1,
+                }],
+            }
+        });
         let mut score = vec![B::new()
             .mul(q.clone(), k.clone(), None)
             .add(None, sc.clone().t(lb, 1))
-            .send(send(0, false).as_ref())
+            .send(loose_send.clone().or(send(0, false)).as_ref())
             .build()];
         score.extend(lp(
             self.d - 1,
@@ -391,23 +623,90 @@ impl Deal {
         ));
         let mut body = lp(keys, score);
         let mx = ad(pe.mx + lo).t(lr, 1);
+        // A first part's scores go on to the second part's score row (local row 0 of the next
+        // PE, the same columns) as its maximum reads them, so that the second part takes the
+        // whole row's softmax and nothing is merged.
+        let on = |key: u32, by_key: bool| {
+            pass_on.then(|| {
+                let src = sc.clone().plus(i64::from(key));
+                let dst = ad(next.s + to + t0 + k0 + key);
+                let (src, dst) = if by_key {
+                    (src.t(lb, 1), dst.t(lb, 1))
+                } else {
+                    (src, dst)
+                };
+                Send {
+                    src,
+                    dst,
+                    preds: vec![Pred {
+                        slot: Slot::Xfer,
+                        level: lr,
+                        cmp: Cmp::Eq,
+                        value: rows.saturating_sub(1),
+                    }],
+                }
+            })
+        };
         if first {
             body.push(
                 B::new()
                     .max(sc.clone(), sc.clone().plus(1), mx.clone())
+                    .send(on(0, false).as_ref())
                     .build(),
             );
             body.extend(lp(
-                keys.saturating_sub(2),
+                keys.saturating_sub(2) - loose,
                 vec![B::new()
-                    .max(mx.clone(), sc.plus(2).t(lb, 1), mx.clone())
+                    .max(mx.clone(), sc.clone().plus(2).t(lb, 1), mx.clone())
+                    .send(on(2, true).as_ref())
                     .build()],
             ));
+            // The maximum took two scores in one bundle: the second goes on alone.
+            if pass_on {
+                body.push(B::new().send(on(1, false).as_ref()).build());
+            }
+            if loose > 0 {
+                body.push(
+                    B::new()
+                        .send(Some(&Send {
+                            src: sc.clone().plus(i64::from(keys - 1)),
+                            dst: ad(next.s + to + t0 + k0 + keys - 1),
+                            preds: Vec::new(),
+                        }))
+                        .build(),
+                );
+                // The q row's first word, whose bundle the loose keys' sends took.
+                if fwd == Fwd::Q {
+                    body.push(
+                        B::new()
+                            .send(Some(&Send {
+                                src: q.clone(),
+                                dst: ad(next.q).t(0, i64::from(next.rows) * d),
+                                preds: Vec::new(),
+                            }))
+                            .build(),
+                    );
+                }
+            }
         } else {
             body.extend(lp(
-                keys,
-                vec![B::new().max(mx.clone(), sc.t(lb, 1), mx.clone()).build()],
+                keys - loose,
+                vec![B::new()
+                    .max(mx.clone(), sc.clone().t(lb, 1), mx.clone())
+                    .send(on(0, true).as_ref())
+                    .build()],
             ));
+            if loose > 0 {
+                body.push(
+                    B::new()
+                        .send(Some(&Send {
+                            src: sc.clone().plus(i64::from(keys - 1)),
+                            dst: ad(next.s + to + t0 + k0 + keys - 1),
+                            preds: Vec::new(),
+                        }))
+                        .build(),
+                );
+            }
         }
         let row = cycles(&body);
         (lp(rows, body), row)
@@ -428,26 +727,71 @@ impl Deal {
         } else {
             pe.c2()
         };
-        let out = s > 0 && whole(pe.piece_out(s));
+        // A passed first part is a nest of its own in every step (its maxima may leave keys
+        // loose).
+        let out = s > 0 && whole(pe.piece_out(s)) && !pe.pass_out;
         let hi = pe.c2() + pe.full + u32::from(out);
         let fwd = if s + 1 < self.m {
             Fwd::Block
         } else {
             Fwd::None
         };
-        let (mut nodes, row) = self.scores(p, b, (0, size), lo, hi - lo, s == 0, fwd);
+        // A handed row is the whole rows' last: its scores go on from their maxima to the
+        // next PE's handed-in row; in step 0 (whose first maximum takes two scores at once,
+        // one going on alone) it is a nest of its own.
+        let next = self.next(p);
+        let hand_to = pe.hand_out.then(|| next.c2() + next.full);
+        let peel = u32::from(s == 0 && pe.hand_out);
+        let main_to = hand_to.filter(|_| peel == 0);
+        let (mut nodes, row) = self.scores(
+            p,
+            b,
+            (0, size),
+            lo,
+            hi - lo - peel,
+            s == 0,
+            fwd,
+            (main_to, 0),
+        );
+        if peel == 1 {
+            nodes.extend(
+                self.scores(
+                    p,
+                    b,
+                    (0, size),
+                    hi - 1,
+                    1,
+                    true,
+                    Fwd::None,
+                    (hand_to, pe.hand_loose),
+                )
+                .0,
+            );
+        }
         // The cut rows' pieces that the rows above do not take.
         if let Some(x) = pe.piece_out(s).filter(|_| s == 0 || !out) {
             let fwd = if s == 0 { Fwd::Q } else { Fwd::None };
             let first = s == 0;
             nodes.extend(
-                self.scores(p, b, (x.k0, x.keys), pe.rows - 1, 1, first, fwd)
-                    .0,
+                self.scores(
+                    p,
+                    b,
+                    (x.k0, x.keys),
+                    pe.rows - 1,
+                    1,
+                    first,
+                    fwd,
+                    (pe.pass_out.then_some(0), x.loose),
+                )
+                .0,
             );
         }
         if let Some(x) = pe.piece_in(s).filter(|_| s > 0 && lo > 0) {
             let first = in_first == Some(s);
-            nodes.extend(self.scores(p, b, (x.k0, x.keys), 0, 1, first, Fwd::None).0);
+            nodes.extend(
+                self.scores(p, b, (x.k0, x.keys), 0, 1, first, Fwd::None, (None, 0))
+                    .0,
+            );
         }
         (nodes, row + u64::from(size) * u64::from(self.d))
     }
@@ -455,12 +799,18 @@ impl Deal {
     /// The keys a row of kind `part` on PE `p` sees, as (first token, count, of the own block).
     fn keys_of(&self, p: u32, part: Part) -> Vec<(u32, u32, bool)> {
         let pe = self.pe(p);
+        let part = if part == Part::In && pe.pass_in {
+            Part::Full
+        } else {
+            part
+        };
         let pieces: Vec<Piece> = match part {
             Part::Full => (0..self.m)
                 .map(|s| Piece {
                     step: s,
                     k0: 0,
                     keys: self.block(self.held(p, s)).1,
+                    loose: 0,
                 })
                 .collect(),
             Part::Out => pe.cut_out.clone().unwrap_or_default(),
@@ -531,11 +881,19 @@ impl Deal {
                     .add((!init).then(|| l.clone()), l.clone())
             };
             if i == 0 {
-                let max = (ride == Ride::Max).then(|| Send {
-                    src: mx.clone(),
-                    dst: ad(next.rcv),
-                    preds: Vec::new(),
-                });
+                let max = match ride {
+                    Ride::Max => Some(Send {
+                        src: mx.clone(),
+                        dst: ad(next.rcv),
+                        preds: Vec::new(),
+                    }),
+                    Ride::PassedMax => Some(Send {
+                        src: ad(pe.mx + pe.rows - 1),
+                        dst: ad(next.rcv),
+                        preds: vec![row0],
+                    }),
+                    _ => None,
+                };
                 body.push(ex(e.clone(), true).send(max.as_ref()).build());
                 let state = (ride == Ride::State).then(|| Send {
                     src: ad(pe.l + pe.rows - 1),
@@ -558,6 +916,13 @@ impl Deal {
                 body.extend(lp(c, vec![ex(e.t(2, 1), false).build()]));
             }
         }
+        // One division per weight: each exponential by the row's sum, in place.
+        if self.per_weight {
+            for &(t, c) in &spans {
+                let w = sc.clone().plus(i64::from(t)).t(2, 1);
+                body.extend(lp(c, vec![B::new().div(w.clone(), l.clone(), w).build()]));
+            }
+        }
         let mut cols = Vec::new();
         for (i, &(t, c, own)) in runs.iter().enumerate() {
             let e = sc.clone().plus(i64::from(t));
@@ -574,7 +939,26 @@ impl Deal {
                     .mul(e, v, None)
                     .add((!init).then(|| yc.clone()), yc.clone())
             };
-            if i == 0 {
+            if i == 0 && pe.hand_out && part == Part::Full && r0 == pe.c2() {
+                let hand = Send {
+                    src: ad(pe.mx + pe.c2() + pe.full - 1),
+                    dst: ad(next.mx + next.c2() + next.full),
+                    preds: vec![
+                        row0,
+                        Pred {
+                            slot: Slot::Xfer,
+                            level: 2,
+                            cmp: Cmp::Eq,
+                            value: 0,
+                        },
+                    ],
+                };
+                cols.push(mac(e.clone(), v.clone(), true).send(Some(&hand)).build());
+                cols.extend(lp(
+                    c.saturating_sub(1),
+                    vec![mac(e.plus(1).t(3, 1), v.plus(d).t(3, d), false).build()],
+                ));
+            } else if i == 0 {
                 let y_row = (ride == Ride::State).then(|| Send {
                     src: ad(pe.y + (pe.rows - 1) * self.d)
                         .t(0, i64::from(pe.rows) * d)
@@ -621,12 +1005,21 @@ impl Deal {
         nodes
     }
 
-    /// `y /= l` for the rows whose result this PE holds (all but a first part).
+    /// Divisions per row: `n` weights or `d` output elements.
+    fn divisions(&self) -> f64 {
+        f64::from(if self.per_weight { self.n } else { self.d })
+    }
+
+    /// `y /= l` for the rows whose result this PE holds (all but a first part); nothing
+    /// where each weight is divided.
     fn normalise(&self, p: u32) -> Vec<Node> {
+        if self.per_weight {
+            return Vec::new();
+        }
         let pe = self.pe(p);
         let d = i64::from(self.d);
         let y = ad(pe.y).t(0, i64::from(pe.rows) * d).t(1, d).t(2, 1);
-        let rows = pe.rows - u32::from(pe.cut_out.is_some());
+        let rows = pe.rows - u32::from(pe.cut_out.is_some()) - u32::from(pe.hand_out);
         lp(
             rows,
             lp(
@@ -647,6 +1040,8 @@ enum Ride {
     /// The PE's first part's `l` and `y` row (row 0's loops: the whole rows come after the
     /// first part), for the merge.
     State,
+    /// A passed first part's maximum (row 0's first exponential: the first part has none).
+    PassedMax,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -674,9 +1069,62 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, m) {
         return Err(why);
     }
+    // Passing cut rows on spares their merges, but its deal is coarser (a first part's key
+    // is half a whole row's) and its first parts run longer in the ring pass, which can make
+    // the next PE wait: both deals are built and the faster kept (the merged one on a tie).
+    let mut best = run_as(p, m, budget, (false, None, false, false))?.0;
+    let mut keep = |s: Stream| {
+        if s.cycles < best.cycles {
+            best = s;
+        }
+    };
+    // One division per weight needs every cut passed; it pays where rows have fewer keys than
+    // `d`.
+    let per_weight = [false, true]
+        .into_iter()
+        .filter(|&w| !w || p.tokens < p.dim);
+    let variants = per_weight.flat_map(|w| [(w, false), (w, true)]);
+    for ((per_weight, hand), more) in variants.flat_map(|x| [(x, false), (x, true)]) {
+        // Passed first parts of the nearest key count or a key more, then the built PEs'
+        // cycles say how many maxima to leave loose: along each chain of cuts, whatever its
+        // first part's PE has above the mean.
+        let zero = Some((more, vec![0; m as usize + 1]));
+        if let Ok((s, mut load)) = run_as(p, m, budget, (true, zero, hand, per_weight)) {
+            keep(s);
+            let mean = load.iter().sum::<u64>().div_ceil(u64::from(m));
+            let mut cut = vec![0u64; m as usize + 1];
+            for x in 1..m as usize {
+                let r = load[x - 1].saturating_sub(mean);
+                cut[x] = r;
+                load[x - 1] -= r;
+                // The next PE takes the maxima, and about a send per piece they come from.
+                load[x] += r + 2;
+            }
+            let loose = Some((more, cut));
+            if let Ok((s, _)) = run_as(p, m, budget, (true, loose, hand, per_weight)) {
+                keep(s);
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// Whether cut rows may be passed on, with loose maxima (see [`Deal::loose`]), whether rows
+/// are handed where a first part would be too large to pass (see [`Deal::hands`]), and
+/// whether each weight is divided (see [`Deal::per_weight`]).
+type How = (bool, Option<(bool, Vec<u64>)>, bool, bool);
+
+/// [`run`] with cut rows passed on wherever that evens the PEs out (`pass.0`; `pass.1`: with
+/// loose maxima), or all merged.
+fn run_as(
+    p: &Problem,
+    m: u32,
+    budget: Option<u64>,
+    pass: How,
+) -> Result<(Stream, Vec<u64>), String> {
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let scale = p.scale as f32;
-    let deal = Deal::new(n, d, m, heads)
+    let deal = Deal::new(n, d, m, heads, pass)
         .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
     let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
     if budget.is_some_and(|b| u64::from(words) > b) {
@@ -730,18 +1178,19 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
             body.extend(wait(waits[pe][s])?);
             body.extend(nodes.iter().cloned());
         }
-        if me.cut_out.is_some() {
+        if me.cut_out.is_some() && !me.pass_out {
             body.extend(
                 deal.values(p32, me.rows - 1, 1, Part::Out, Ride::Max, scale)
                     .0,
             );
         }
-        let ride = if me.cut_out.is_some() {
-            Ride::State
-        } else {
-            Ride::None
+        let ride = match (me.cut_out.is_some(), me.pass_out) {
+            (false, _) => Ride::None,
+            (true, false) => Ride::State,
+            (true, true) => Ride::PassedMax,
         };
-        let (full, row) = deal.values(p32, me.c2(), me.full, Part::Full, ride, scale);
+        let whole = me.full - u32::from(me.hand_out);
+        let (full, row) = deal.values(p32, me.c2(), whole, Part::Full, ride, scale);
         sent_by[pe] = cycles(&body) + row;
         body.extend(full);
         if me.cut_in.is_some() {
@@ -751,55 +1200,104 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
                 body.extend(wait(end0[prev(pe)].saturating_sub(cycles(&body)))?);
             }
             if let Some(x) = me.piece_in(0) {
-                let work = deal.scores(p32, p32, (x.k0, x.keys), 0, 1, alone, Fwd::None);
+                let work = deal.scores(p32, p32, (x.k0, x.keys), 0, 1, alone, Fwd::None, (None, 0));
                 body.extend(work.0);
             }
             // The first part's maximum, sent as its PE's exponentials begin.
             body.extend(wait((end[prev(pe)] + 1).saturating_sub(cycles(&body)))?);
             let (mx, rcv) = (ad(me.mx), ad(me.rcv));
-            body.push(B::new().max(mx.clone(), rcv, mx).build());
+            body.push(B::new().max(mx.clone(), rcv, mx.clone()).build());
+            // The passed part's loose keys, whose scores came on without their maxima.
+            let q = prev(pe) as u32;
+            for x in deal.pes[prev(pe)].cut_out.iter().flatten() {
+                if x.loose > 0 {
+                    let col = deal.block(deal.held(q, x.step)).0 + x.k0 + x.keys - x.loose;
+                    body.extend(lp(
+                        x.loose,
+                        vec![B::new()
+                            .max(mx.clone(), ad(me.s + col).t(1, 1), mx.clone())
+                            .build()],
+                    ));
+                }
+            }
             body.extend(deal.values(p32, 0, 1, Part::In, Ride::None, scale).0);
+        }
+        if me.hand_in {
+            // The handed row's maximum comes on the first value product of the PE before's
+            // first whole row, after that row's `n` exponentials.
+            let n = u64::from(deal.n);
+            body.extend(wait((end[prev(pe)] + n + 1).saturating_sub(cycles(&body)))?);
+            let hin = me.c2() + me.full;
+            // The handed row's loose keys, of the PE before's own block.
+            let before = &deal.pes[prev(pe)];
+            if before.hand_loose > 0 {
+                let mx = ad(me.mx + hin);
+                let (t0, size) = deal.block(prev(pe) as u32);
+                let col = t0 + size - before.hand_loose;
+                body.extend(lp(
+                    before.hand_loose,
+                    vec![B::new()
+                        .max(mx.clone(), ad(me.s + hin * deal.n + col).t(1, 1), mx)
+                        .build()],
+                ));
+            }
+            body.extend(deal.values(p32, hin, 1, Part::Full, Ride::None, scale).0);
         }
         parts.push(cycles(&body));
         bodies.push(body);
     }
     for (pe, body) in bodies.iter_mut().enumerate() {
         let p32 = pe as u32;
-        if deal.pes[pe].cut_in.is_some() {
+        if deal.pes[pe].cut_in.is_some() && !deal.pes[pe].pass_in {
             body.extend(wait(sent_by[prev(pe)].saturating_sub(parts[pe]))?);
             body.extend(deal.merge(p32, scale));
         }
         body.extend(deal.normalise(p32));
     }
+    let load: Vec<u64> = bodies.iter().map(|b| cycles(b)).collect();
     let programs = head_programs(bodies, (m, heads), |pe| deal.pes[pe].words, |p| p)?;
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     let weights = u64::from(n) * u64::from(n) * u64::from(heads);
     // Each PE's map has its own sizes (its rows and cut rows).
-    Ok(Stream::per_pe_deferred(
+    let mut stream = Stream::per_pe_deferred(
         programs,
         places(&deal, heads),
         cycles,
         (weights, weights),
         (n, d, heads),
         0,
-    ))
+    );
+    if deal.per_weight {
+        stream.ops.phase2_div = weights;
+        stream.normalisation = runtime::layer::Normalisation::PerWeight;
+    }
+    Ok((stream, load))
 }
 
 /// Every element's word: q, k, v on the PE whose stretch the token's row starts in, y on the
 /// one it ends in (a cut row's first part is computed before its second).
 fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
     let (n, d, m) = (deal.n, deal.d, deal.m);
-    // The stretch `t` starts in: `⌈p·n/m⌉ ≤ t` exactly when `p ≤ t·m/n`.
-    let owner = |t: u32| (u64::from(t) * u64::from(m) / u64::from(n)) as u32;
+    // The stretch `t` starts in.
+    let owner = |t: u32| (0..m).rev().find(|&p| deal.start(p) <= t).unwrap_or(0);
     let mut lists: [(Vec<u32>, Vec<u32>); 4] = Default::default();
     for h in 0..heads {
         for t in 0..n {
             let p = owner(t);
             let pe = &deal.pes[p as usize];
             let i = t - pe.first;
-            let row = pe.c2() + i;
-            let (yp, yrow) = if pe.cut_out.is_some() && row == pe.rows - 1 {
-                ((p + 1) % m, 0)
+            // The cut token's row is the last local row (after a handed-in one).
+            let row = if i == pe.full {
+                pe.rows - 1
+            } else {
+                pe.c2() + i
+            };
+            let next = (p + 1) % m;
+            let (yp, yrow) = if pe.cut_out.is_some() && i == pe.full {
+                (next, 0)
+            } else if pe.hand_out && i + 1 == pe.full {
+                let nx = &deal.pes[next as usize];
+                (next, nx.c2() + nx.full)
             } else {
                 (p, row)
             };
