@@ -647,6 +647,16 @@ impl Deal {
                 }
             })
         };
+        // The last key's score, whose maximum a loose first part leaves to the next PE.
+        let last_loose = || {
+            B::new()
+                .send(Some(&Send {
+                    src: sc.clone().plus(i64::from(keys - 1)),
+                    dst: ad(next.s + to + t0 + k0 + keys - 1),
+                    preds: Vec::new(),
+                }))
+                .build()
+        };
         if first {
             body.push(
                 B::new()
@@ -666,15 +676,7 @@ impl Deal {
                 body.push(B::new().send(on(1, false).as_ref()).build());
             }
             if loose > 0 {
-                body.push(
-                    B::new()
-                        .send(Some(&Send {
-                            src: sc.clone().plus(i64::from(keys - 1)),
-                            dst: ad(next.s + to + t0 + k0 + keys - 1),
-                            preds: Vec::new(),
-                        }))
-                        .build(),
-                );
+                body.push(last_loose());
                 // The q row's first word, whose bundle the loose keys' sends took.
                 if fwd == Fwd::Q {
                     body.push(
@@ -697,15 +699,7 @@ impl Deal {
                     .build()],
             ));
             if loose > 0 {
-                body.push(
-                    B::new()
-                        .send(Some(&Send {
-                            src: sc.clone().plus(i64::from(keys - 1)),
-                            dst: ad(next.s + to + t0 + k0 + keys - 1),
-                            preds: Vec::new(),
-                        }))
-                        .build(),
-                );
+                body.push(last_loose());
             }
         }
         let row = cycles(&body);
