@@ -75,26 +75,38 @@ pub fn simulate_within(
     }
     let mut pending: Vec<VecDeque<usize>> =
         flow.tasks.iter().map(|t| (0..t.len()).collect()).collect();
+    let mut left: usize = pending.iter().map(VecDeque::len).sum();
     let mut unsent: usize = flow.forward.iter().map(Vec::len).sum();
+    // Per PE, whether its window needs looking at: a window in which no task could run stays so
+    // until a value reaches the PE (its pending tasks and the values it holds are otherwise
+    // those of the cycle before), so the look is skipped until then.
+    let mut look = vec![true; m];
+    let mut events: Vec<(usize, Val)> = Vec::new();
     let mut t = 0usize;
     let mut idle = 0;
-    while pending.iter().any(|q| !q.is_empty()) || unsent > 0 {
+    while left > 0 || unsent > 0 {
         // Work left for cycle `t` means at least `t + 1` cycles.
         if t >= limit {
             return Ok(None);
         }
         let mut progressed = false;
-        let mut events: Vec<(usize, Val)> = Vec::new();
+        events.clear();
         for p in 0..m {
             let here = |v: Val| avail.get(p, v).is_some_and(|at| at <= t);
-            if let Some(pos) = pending[p]
-                .iter()
-                .take(WINDOW)
-                .position(|&i| flow.tasks[p][i].work.reads().all(here))
-            {
+            let found = if look[p] {
+                pending[p]
+                    .iter()
+                    .take(WINDOW)
+                    .position(|&i| flow.tasks[p][i].work.reads().all(here))
+            } else {
+                None
+            };
+            look[p] = found.is_some();
+            if let Some(pos) = found {
                 let Some(i) = pending[p].remove(pos) else {
                     break;
                 };
+                left -= 1;
                 let task = flow.tasks[p][i];
                 b.work(p as u32, t, task.phase, task.work);
                 events.extend(task.work.writes().map(|v| (p, v)));
@@ -108,8 +120,9 @@ pub fn simulate_within(
                 progressed = true;
             }
         }
-        for (p, v) in events {
+        for &(p, v) in &events {
             arrive(&mut avail, &mut ready, p, v, t + 1);
+            look[p] = true;
         }
         t += 1;
         idle = if progressed { 0 } else { idle + 1 };

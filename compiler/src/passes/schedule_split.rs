@@ -634,7 +634,16 @@ struct Task {
 
 /// Ring distance forward from `a` to `b`.
 fn dist(a: u32, b: u32, m: u32) -> u32 {
-    (b + m - a) % m
+    // The simulation asks this for every hop it books: PEs on the ring (below `m`) need no
+    // division.
+    let x = b + m - a;
+    if x < m {
+        x
+    } else if x - m < m {
+        x - m
+    } else {
+        x % m
+    }
 }
 
 /// Cycles from an op on `a` to a reader on `b`: an accumulate result rides `send acc` in its own
@@ -2243,7 +2252,7 @@ impl Sim<'_> {
                 }
                 if let Some((_, k)) = pick {
                     let w = links[pe].take(k);
-                    let to = (pe + 1) % m;
+                    let to = if pe + 1 == m { 0 } else { pe + 1 };
                     // A word can reach a PE by two routes (a score that is also a row's first
                     // partial maximum): the second is not sent again, only its onward hops kept.
                     if !avail[to].contains_key(&w.val) && !arrivals.contains(&(to, w.val)) {
