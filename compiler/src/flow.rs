@@ -97,9 +97,13 @@ pub fn simulate_within(
         .collect();
     let mut unrun: usize = flow.tasks.iter().map(Vec::len).sum();
     let mut unsent: usize = flow.forward.iter().map(Vec::len).sum();
+    // Per PE, whether its window needs looking at: a window in which no task could run stays so
+    // until a value reaches the PE (its pending tasks and the values it holds are otherwise
+    // those of the cycle before), so the look is skipped until then.
+    let mut look = vec![true; m];
+    let mut events: Vec<(usize, Val)> = Vec::new();
     let mut t = 0usize;
     let mut idle = 0;
-    let mut events: Vec<(usize, Val)> = Vec::new();
     while unrun > 0 || unsent > 0 {
         // Work left for cycle `t` means at least `t + 1` cycles.
         if t >= limit {
@@ -109,11 +113,16 @@ pub fn simulate_within(
         let now = t as u32;
         for p in 0..m {
             let here = |v: Val| avail.get(p, v).is_some_and(|at| at <= now);
-            if let Some(pos) = pending[p]
-                .iter()
-                .take(WINDOW)
-                .position(|&i| flow.tasks[p][i as usize].work.reads().all(here))
-            {
+            let found = if look[p] {
+                pending[p]
+                    .iter()
+                    .take(WINDOW)
+                    .position(|&i| flow.tasks[p][i as usize].work.reads().all(here))
+            } else {
+                None
+            };
+            look[p] = found.is_some();
+            if let Some(pos) = found {
                 let Some(i) = pending[p].remove(pos) else {
                     break;
                 };
@@ -133,6 +142,7 @@ pub fn simulate_within(
         }
         for (p, v) in events.drain(..) {
             arrive(&mut avail, &mut ready, p, v, now + 1);
+            look[p] = true;
         }
         t += 1;
         idle = if progressed { 0 } else { idle + 1 };

@@ -634,7 +634,16 @@ struct Task {
 
 /// Ring distance forward from `a` to `b`.
 fn dist(a: u32, b: u32, m: u32) -> u32 {
-    (b + m - a) % m
+    // The simulation asks this for every hop it books: PEs on the ring (below `m`) need no
+    // division.
+    let x = b + m - a;
+    if x < m {
+        x
+    } else if x - m < m {
+        x - m
+    } else {
+        x % m
+    }
 }
 
 /// Cycles from an op on `a` to a reader on `b`: an accumulate result rides `send acc` in its own
@@ -876,6 +885,7 @@ impl Tweaks {
     }
 
     /// Priority offset of task `i`.
+    #[inline]
     fn prio(&mut self, i: usize, span: i64) -> i64 {
         if self.replay {
             return self.prio.get(i).copied().unwrap_or(0);
@@ -977,54 +987,44 @@ fn simulate<B: Book>(
     let Plans { recent, scratch } = plans;
     let plan = plan_for(recent, p, m, layout, bumps);
     let mut b = book(plan);
-    let (row_weight, softmax_first) = (layout.row_weight, layout.softmax_first);
     let span = if tweaks.noise.0 == 0 { 0 } else { 4 };
-    let prio: Vec<i64> = plan
-        .tasks
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            // The plan's `prio` is the row's rank.
-            let boost = if softmax_first && plan.eager[i] {
-                1 << 40
-            } else {
-                0
-            };
-            boost + (plan.tail[i] - t.prio * row_weight) * 8 + tweaks.prio(i, span * 8)
-        })
-        .collect();
+    plan.base_prio(layout.row_weight, layout.softmax_first);
+    // The run's buffers are the scratch's, taken for the run and given back after it.
+    let mut prio = std::mem::take(&mut scratch.prio);
+    prio.clear();
+    prio.extend(
+        plan.base
+            .iter()
+            .enumerate()
+            .map(|(i, &base)| base + tweaks.prio(i, span * 8)),
+    );
     // A preloaded word goes on the link as urgently as its most urgent reader (a term: a
     // division reads only words made by exponentials).
-    let preloaded: Vec<(u32, Val, i64)> = plan
-        .preloaded
-        .iter()
-        .map(|&(pe, v)| {
-            let u = plan
-                .readers
-                .of_word(v)
-                .filter(|&i| plan.gates[i].chain != NONE)
-                .map(|i| prio[i])
-                .max()
-                .unwrap_or(i64::MIN);
-            (pe, v, if u == i64::MIN { 0 } else { u })
-        })
-        .collect();
+    let mut preloaded = std::mem::take(&mut scratch.preloaded);
+    preloaded.clear();
+    preloaded.extend(plan.preloaded.iter().map(|&(pe, v)| {
+        let u = plan
+            .readers
+            .of_word(v)
+            .filter(|&i| plan.gates[i].chain != NONE)
+            .map(|i| prio[i])
+            .max()
+            .unwrap_or(i64::MIN);
+        (pe, v, if u == i64::MIN { 0 } else { u })
+    }));
     plan.sort(&prio);
     // The simulation takes each PE's tasks about in this order: laid out in it, they are read
     // from nearby memory.
-    let tasks: Vec<Task> = plan
-        .order
-        .iter()
-        .map(|&i| Task {
-            prio: prio[i as usize],
-            ..plan.tasks[i as usize]
-        })
-        .collect();
-    let absorbs: Vec<bool> = plan
-        .order
-        .iter()
-        .map(|&i| plan.absorbs[i as usize])
-        .collect();
+    let mut tasks = std::mem::take(&mut scratch.tasks);
+    tasks.clear();
+    tasks.extend(
+        plan.order
+            .iter()
+            .map(|&i| Step::new(&plan.tasks[i as usize], prio[i as usize])),
+    );
+    let mut absorbs = std::mem::take(&mut scratch.absorbs);
+    absorbs.clear();
+    absorbs.extend(plan.order.iter().map(|&i| plan.absorbs[i as usize]));
     let sim = Sim {
         m,
         scale: p.scale as f32,
@@ -1043,6 +1043,10 @@ fn simulate<B: Book>(
     if let Ok(Some((cycles, _))) = out {
         plan.cycles = cycles;
     }
+    scratch.prio = prio;
+    scratch.preloaded = preloaded;
+    scratch.tasks = tasks;
+    scratch.absorbs = absorbs;
     (out, b)
 }
 
@@ -1073,6 +1077,10 @@ struct Plan {
     /// they were sorted by: a search step changes only a few of them.
     order: Vec<u32>,
     order_prio: Vec<i64>,
+    /// Each task's priority before its run's offset, for the variant `base_key` (row weight,
+    /// softmax first): the same for every run of the variant, which the search keeps.
+    base: Vec<i64>,
+    base_key: Option<(i64, bool)>,
     /// Cycles of the last run that finished.
     cycles: usize,
 }
@@ -1081,6 +1089,25 @@ struct Plan {
 const RESORT: usize = 8;
 
 impl Plan {
+    /// Makes `base` the priorities of the variant `(row_weight, softmax_first)`.
+    fn base_prio(&mut self, row_weight: i64, softmax_first: bool) {
+        if self.base_key == Some((row_weight, softmax_first)) {
+            return;
+        }
+        self.base_key = Some((row_weight, softmax_first));
+        self.base.clear();
+        self.base
+            .extend(self.tasks.iter().enumerate().map(|(i, t)| {
+                // The plan's `prio` is the row's rank.
+                let boost = if softmax_first && self.eager[i] {
+                    1 << 40
+                } else {
+                    0
+                };
+                boost + (self.tail[i] - t.prio * row_weight) * 8
+            }));
+    }
+
     /// Brings `order` up to date with the tasks' priorities `run_prio`.
     fn sort(&mut self, run_prio: &[i64]) {
         let tasks = &self.tasks;
@@ -1144,6 +1171,21 @@ struct Scratch {
     avail: Vec<Avail>,
     links: Vec<Link>,
     ready: ready::Ready,
+    prio: Vec<i64>,
+    preloaded: Vec<(u32, Val, i64)>,
+    tasks: Vec<Step>,
+    absorbs: Vec<bool>,
+    run: RunBuffers,
+}
+
+/// What [`Sim::run`] keeps per PE and per chain.
+#[derive(Default)]
+struct RunBuffers {
+    last_op: Vec<usize>,
+    state: Vec<ChainState>,
+    ops_left: Vec<usize>,
+    wake: Vec<usize>,
+    arrivals: Vec<(usize, Val)>,
 }
 
 /// Plans kept: the retries go round three layouts, and the search keeps coming back to its
@@ -1585,7 +1627,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         .collect();
     let vals = b.vals();
     let gates: Vec<Gate> = tasks.iter().map(|t| gate(t, &chains)).collect();
-    let readers = ready::Readers::new(&tasks, &gates, chains.len(), vals);
+    let readers = ready::Readers::new(&tasks, &gates, &chains, vals);
     let absorbs = tasks
         .iter()
         .map(|t| match t.kind {
@@ -1614,6 +1656,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         readers,
         order: Vec::new(),
         order_prio: Vec::new(),
+        base: Vec::new(),
+        base_key: None,
         cycles: 0,
     }
 }
@@ -1725,6 +1769,7 @@ enum Avail {
 const DENSE_AVAIL: u64 = 1 << 24;
 
 impl Avail {
+    #[inline]
     fn get(&self, v: &Val) -> Option<usize> {
         match self {
             Avail::Dense(at, _) => at
@@ -1748,11 +1793,13 @@ impl Avail {
         }
     }
 
+    #[inline]
     fn contains_key(&self, v: &Val) -> bool {
         self.get(v).is_some()
     }
 
     /// Writes `v` readable from `cycle`; whether it was not here before.
+    #[inline]
     fn insert(&mut self, v: Val, cycle: usize) -> bool {
         match self {
             Avail::Dense(at, written) => {
@@ -1837,12 +1884,83 @@ fn gate(task: &Task, chains: &[Chain]) -> Gate {
     }
 }
 
+/// A task as the simulation reads it, with its run's priority: the operands encoded as in a
+/// [`Gate`], so that it takes half the bytes of a [`Task`] (the simulation reads one per
+/// operation, from each PE's part of the list in turn). A division keeps its denominator's chain
+/// in `chain`, its numerator in `x` and its quotient in `e`.
+#[derive(Clone, Copy)]
+struct Step {
+    prio: i64,
+    pe: u32,
+    chain: u32,
+    x: u32,
+    y: u32,
+    e: u32,
+    div: bool,
+}
+
+impl Step {
+    fn new(t: &Task, prio: i64) -> Step {
+        let opnd = |o: Opnd| match o {
+            Opnd::V(v) => v.as_u32(),
+            Opnd::Chain(c) => CHAIN | c as u32,
+        };
+        match t.kind {
+            TaskKind::Term { chain, x, y, e, .. } => Step {
+                prio,
+                pe: t.pe,
+                chain: chain as u32,
+                x: opnd(x),
+                y: y.map_or(NONE, opnd),
+                e: e.map_or(NONE, |v| v.as_u32()),
+                div: false,
+            },
+            TaskKind::Div { num, den, out } => Step {
+                prio,
+                pe: t.pe,
+                chain: den as u32,
+                x: num.as_u32(),
+                y: NONE,
+                e: out.as_u32(),
+                div: true,
+            },
+        }
+    }
+
+    /// The task's kind again (a term's segment aside, which the simulation does not read).
+    #[inline]
+    fn kind(&self) -> TaskKind {
+        let opnd = |o: u32| {
+            if o & CHAIN != 0 {
+                Opnd::Chain((o & !CHAIN) as usize)
+            } else {
+                Opnd::V(Val::from_u32(o))
+            }
+        };
+        if self.div {
+            TaskKind::Div {
+                num: Val::from_u32(self.x),
+                den: self.chain as usize,
+                out: Val::from_u32(self.e),
+            }
+        } else {
+            TaskKind::Term {
+                chain: self.chain as usize,
+                seg: 0,
+                x: opnd(self.x),
+                y: (self.y != NONE).then(|| opnd(self.y)),
+                e: (self.e != NONE).then(|| Val::from_u32(self.e)),
+            }
+        }
+    }
+}
+
 /// The cycle-by-cycle list scheduler over pinned tasks.
 struct Sim<'a> {
     m: u32,
     scale: f32,
     /// The tasks by PE, then priority (highest first), then index: by position in `order`.
-    tasks: &'a [Task],
+    tasks: &'a [Step],
     /// Task indices by position.
     order: &'a [u32],
     chains: &'a [Chain],
@@ -1874,6 +1992,7 @@ enum Queued {
 
 impl Queued {
     /// Marks `v`; false if it was marked already.
+    #[inline]
     fn insert(&mut self, v: Val) -> bool {
         match self {
             Queued::Dense(bits) => {
@@ -1889,6 +2008,7 @@ impl Queued {
         }
     }
 
+    #[inline]
     fn remove(&mut self, v: Val) {
         match self {
             Queued::Dense(bits) => {
@@ -1927,6 +2047,7 @@ impl Link {
         }
     }
 
+    #[inline]
     fn push(&mut self, w: Pending) {
         if !self.queued.insert(w.val) {
             if let Some(p) = self.words.iter_mut().find(|p| p.val == w.val) {
@@ -1987,13 +2108,23 @@ impl Sim<'_> {
         scratch: &mut Scratch,
     ) -> Result<Option<(usize, u64)>, String> {
         let m = self.m as usize;
-        let mut last_op: Vec<usize> = vec![0; m];
         let dense = (m as u64) * 3 * (self.tasks.len() as u64) <= DENSE_AVAIL;
         let Scratch {
             avail,
             links,
             ready,
+            run: bufs,
+            ..
         } = scratch;
+        let RunBuffers {
+            last_op,
+            state,
+            ops_left,
+            wake,
+            arrivals,
+        } = bufs;
+        last_op.clear();
+        last_op.resize(m, 0);
         if avail.len() != m || links.len() != m || matches!(avail[0], Avail::Dense(..)) != dense {
             *avail = (0..m)
                 .map(|_| {
@@ -2016,20 +2147,25 @@ impl Sim<'_> {
             ready.write(&mut avail[pe as usize], pe, v, 0);
             self.forward(v, prio, &mut links[pe as usize]);
         }
-        let mut state: Vec<ChainState> = self
-            .chains
-            .iter()
-            .map(|c| ChainState {
-                left: c.segs.first().map_or(0, |s| s.1.len()),
-                ..Default::default()
-            })
-            .collect();
+        state.clear();
+        state.extend(self.chains.iter().map(|c| ChainState {
+            left: c.segs.first().map_or(0, |s| s.1.len()),
+            ..Default::default()
+        }));
         for (chain, c) in self.chains.iter().enumerate() {
             if let Some((pe, _)) = c.segs.first() {
-                ready.enter(self.chains, &state, chain, &avail[*pe as usize], 0);
+                ready.enter(
+                    self.readers,
+                    self.chains,
+                    state,
+                    chain,
+                    &avail[*pe as usize],
+                    0,
+                );
             }
         }
-        let mut ops_left: Vec<usize> = (0..m).map(|pe| ready.count(pe) as usize).collect();
+        ops_left.clear();
+        ops_left.extend((0..m).map(|pe| ready.count(pe) as usize));
         let mut left: usize = self.tasks.len();
         // Per PE, the operations still to run: its tasks but the first term of each maximum
         // chain that starts on it (absorbed, no operation).
@@ -2039,8 +2175,9 @@ impl Sim<'_> {
             }
         }
         // Per PE, the first cycle its task list needs looking at again.
-        let mut wake: Vec<usize> = vec![0; m];
-        let mut arrivals: Vec<(usize, Val)> = Vec::new();
+        wake.clear();
+        wake.resize(m, 0);
+        arrivals.clear();
         let mut t = 0usize;
         let mut idle = 0usize;
         while left > 0 || links.iter().any(|l| !l.words.is_empty()) {
@@ -2052,7 +2189,7 @@ impl Sim<'_> {
             if t >= limit || ops_left.iter().any(|&k| t.saturating_add(k) > limit) {
                 return Ok(None);
             }
-            ready.arrivals(self.readers, self.chains);
+            ready.arrivals(self.readers);
             let mut progressed = false;
             arrivals.clear();
             *work += m as u64;
@@ -2073,7 +2210,7 @@ impl Sim<'_> {
                             &self.gates[order[k] as usize],
                             t,
                             &avail[pe],
-                            &state
+                            state
                         )));
                         let Some(k) = found else {
                             *work += ready.count(pe);
@@ -2084,25 +2221,17 @@ impl Sim<'_> {
                         left -= 1;
                         progressed = true;
                         let absorbed = if self.absorbs[k] {
-                            self.absorb(k, t, &mut state, &mut links[pe])
+                            self.absorb(k, t, state, &mut links[pe])
                         } else {
                             None
                         };
                         if let Some(moved) = absorbed {
-                            self.moved(moved, &state, avail, ready, t);
+                            self.moved(moved, state, avail, ready, t);
                             continue;
                         }
-                        let moved = self.execute(
-                            b,
-                            k,
-                            t,
-                            pe,
-                            &mut state,
-                            &mut avail[pe],
-                            &mut links[pe],
-                            ready,
-                        );
-                        self.moved(moved, &state, avail, ready, t);
+                        let moved =
+                            self.execute(b, k, t, pe, state, &mut avail[pe], &mut links[pe], ready);
+                        self.moved(moved, state, avail, ready, t);
                         ops_left[pe] = ops_left[pe].saturating_sub(1);
                         last_op[pe] = t;
                         wake[pe] = t + 1;
@@ -2123,7 +2252,7 @@ impl Sim<'_> {
                 }
                 if let Some((_, k)) = pick {
                     let w = links[pe].take(k);
-                    let to = (pe + 1) % m;
+                    let to = if pe + 1 == m { 0 } else { pe + 1 };
                     // A word can reach a PE by two routes (a score that is also a row's first
                     // partial maximum): the second is not sent again, only its onward hops kept.
                     if !avail[to].contains_key(&w.val) && !arrivals.contains(&(to, w.val)) {
@@ -2140,7 +2269,7 @@ impl Sim<'_> {
                     }
                 }
             }
-            for &(to, v) in &arrivals {
+            for &(to, v) in arrivals.iter() {
                 ready.write(&mut avail[to], to as u32, v, t + 1);
                 wake[to] = wake[to].min(t + 1);
             }
@@ -2177,7 +2306,7 @@ impl Sim<'_> {
                     .get(state[chain].seg)
                     .map_or(0, |s| s.0 as usize);
                 if let Some(a) = avail.get(pe) {
-                    ready.enter(self.chains, state, chain, a, t);
+                    ready.enter(self.readers, self.chains, state, chain, a, t);
                 }
             }
             Moved::Result(chain, v) => {
@@ -2195,7 +2324,7 @@ impl Sim<'_> {
         state: &mut [ChainState],
         link: &mut Link,
     ) -> Option<Moved> {
-        let TaskKind::Term { chain, x, .. } = self.tasks[k].kind else {
+        let TaskKind::Term { chain, x, .. } = self.tasks[k].kind() else {
             return None;
         };
         if self.chains[chain].kind != ChainKind::Max || state[chain].partial.is_some() {
@@ -2227,7 +2356,7 @@ impl Sim<'_> {
             Opnd::V(v) => Some(v),
             Opnd::Chain(c) => state[c].result,
         };
-        match task.kind {
+        match task.kind() {
             TaskKind::Div { num, den, out } => {
                 let Some(den) = state[den].result else {
                     b.bug(NAME, "a division before its sum".into());

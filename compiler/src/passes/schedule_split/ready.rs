@@ -28,6 +28,11 @@ pub(super) struct Readers {
     needs: Vec<u8>,
     /// Tasks per PE.
     per_pe: Vec<u32>,
+    /// Tasks of each chain's segments, by segment (the segments of a chain in a row, from
+    /// `first_seg` of the chain): read on every segment entered, so kept in one array rather
+    /// than behind each chain's own lists.
+    seg_tasks: Csr<u32>,
+    first_seg: Vec<u32>,
 }
 
 /// Lists by key, stored end to end.
@@ -55,6 +60,7 @@ impl<T: Copy + Default> Csr<T> {
         Csr { start, items }
     }
 
+    #[inline]
     fn get(&self, key: usize) -> &[T] {
         match (self.start.get(key), self.start.get(key + 1)) {
             (Some(&a), Some(&b)) => &self.items[a as usize..b as usize],
@@ -66,7 +72,20 @@ impl<T: Copy + Default> Csr<T> {
 impl Readers {
     /// From each task's [`Gate`] (by task index). An operand outside the plan's `vals` words and
     /// `chains` chains is not waited for: the task is then a candidate early, never late.
-    pub(super) fn new(tasks: &[Task], gates: &[Gate], chains: usize, vals: usize) -> Readers {
+    pub(super) fn new(tasks: &[Task], gates: &[Gate], chains: &[Chain], vals: usize) -> Readers {
+        let mut first_seg = Vec::with_capacity(chains.len() + 1);
+        let mut seg_pairs: Vec<(u32, u32)> = Vec::new();
+        let mut segs = 0u32;
+        for c in chains {
+            first_seg.push(segs);
+            for (_, ts) in &c.segs {
+                seg_pairs.extend(ts.iter().map(|&i| (segs, i as u32)));
+                segs += 1;
+            }
+        }
+        first_seg.push(segs);
+        let seg_tasks = Csr::new(segs as usize, &seg_pairs);
+        let chains = chains.len();
         let mut by_val: Vec<(u32, (u32, u32))> = Vec::new();
         let mut by_chain: Vec<(u32, (u32, u32))> = Vec::new();
         let mut needs = vec![0u8; gates.len()];
@@ -105,6 +124,17 @@ impl Readers {
             by_chain: Csr::new(chains, &by_chain),
             needs,
             per_pe: (0..pes).map(|pe| by_pe.get(pe).len() as u32).collect(),
+            seg_tasks,
+            first_seg,
+        }
+    }
+
+    /// The tasks of segment `seg` of `chain`.
+    #[inline]
+    fn seg(&self, chain: usize, seg: usize) -> &[u32] {
+        match (self.first_seg.get(chain), self.first_seg.get(chain + 1)) {
+            (Some(&a), Some(&b)) if (seg as u32) < b - a => self.seg_tasks.get((a as usize) + seg),
+            _ => &[],
         }
     }
 
@@ -136,10 +166,9 @@ const NIL: u32 = u32::MAX;
 /// by PE, then priority), and the waits not yet met.
 #[derive(Default)]
 pub(super) struct Ready {
-    /// Position of each task in the order.
-    pos: Vec<u32>,
-    /// Conditions still unmet, by position.
-    unmet: Vec<u8>,
+    /// Per task (by index): its position in the order, and its conditions still unmet. A
+    /// condition met looks up both, so they sit side by side.
+    slot: Vec<(u32, u32)>,
     pending: Vec<u64>,
     candidate: Vec<u64>,
     /// First position of each PE's tasks, and the end after the last PE's.
@@ -161,14 +190,14 @@ impl Ready {
     /// Every task pending, none a candidate; `order` holds task indices by PE.
     pub(super) fn reset(&mut self, order: &[u32], m: usize, readers: &Readers) {
         let n = order.len();
-        self.pos.clear();
-        self.pos.resize(n, 0);
+        self.slot.clear();
+        self.slot
+            .extend((0..n).map(|i| (0, u32::from(readers.needs.get(i).copied().unwrap_or(0)))));
         for (k, &i) in order.iter().enumerate() {
-            if let Some(p) = self.pos.get_mut(i as usize) {
-                *p = k as u32;
+            if let Some(p) = self.slot.get_mut(i as usize) {
+                p.0 = k as u32;
             }
         }
-        self.unmet.clear();
         self.count.clear();
         self.count
             .extend((0..m).map(|pe| readers.per_pe.get(pe).copied().unwrap_or(0)));
@@ -179,11 +208,6 @@ impl Ready {
         }
         self.lo.clear();
         self.lo.extend(self.start[..m].iter().map(|&a| a / 64));
-        self.unmet.extend(
-            order
-                .iter()
-                .map(|&i| readers.needs.get(i as usize).copied().unwrap_or(0)),
-        );
         let words = n.div_ceil(64);
         self.pending.clear();
         self.pending.resize(words, !0);
@@ -194,8 +218,8 @@ impl Ready {
         }
         self.candidate.clear();
         self.candidate.resize(words, 0);
-        for k in 0..n {
-            if self.unmet[k] == 0 {
+        for (k, &i) in order.iter().enumerate() {
+            if readers.needs.get(i as usize).copied().unwrap_or(0) == 0 {
                 set(&mut self.candidate, k);
             }
         }
@@ -208,13 +232,14 @@ impl Ready {
     }
 
     /// One condition of task `i` met.
+    #[inline]
     fn lower(&mut self, i: u32) {
-        let Some(&k) = self.pos.get(i as usize) else {
+        let Some((k, unmet)) = self.slot.get_mut(i as usize) else {
             return;
         };
-        let k = k as usize;
-        self.unmet[k] = self.unmet[k].saturating_sub(1);
-        if self.unmet[k] == 0 && get(&self.pending, k) {
+        *unmet = unmet.saturating_sub(1);
+        let k = *k as usize;
+        if *unmet == 0 && get(&self.pending, k) {
             set(&mut self.candidate, k);
         }
     }
@@ -238,6 +263,7 @@ impl Ready {
     /// `chain` has entered its current segment (on the PE whose words `avail` holds) in cycle `t`.
     pub(super) fn enter(
         &mut self,
+        readers: &Readers,
         chains: &[Chain],
         state: &[ChainState],
         chain: usize,
@@ -245,14 +271,17 @@ impl Ready {
         t: usize,
     ) {
         let s = state[chain];
-        let Some((pe, tasks)) = chains[chain].segs.get(s.seg) else {
+        let Some((pe, _)) = chains[chain].segs.get(s.seg) else {
             return;
         };
         match s.partial {
             Some(v) if !here(avail, v, t) => {
                 self.wait(v, *pe, Waiter::Seg(chain as u32, s.seg as u32))
             }
-            _ => tasks.iter().for_each(|&i| self.lower(i as u32)),
+            _ => readers
+                .seg(chain, s.seg)
+                .iter()
+                .for_each(|&i| self.lower(i)),
         }
     }
 
@@ -276,6 +305,7 @@ impl Ready {
 
     /// Word `v` is written to `avail` of `pe`, readable from cycle `at`; the simulation hears of
     /// it in that cycle (`at` is always the next cycle, or 0 for a preloaded word).
+    #[inline]
     pub(super) fn write(&mut self, avail: &mut Avail, pe: u32, v: Val, at: usize) {
         if avail.insert(v, at) {
             self.due.push((pe, v));
@@ -283,16 +313,16 @@ impl Ready {
     }
 
     /// Meets the conditions of the words written in the last cycle, readable from this one.
-    pub(super) fn arrivals(&mut self, readers: &Readers, chains: &[Chain]) {
+    pub(super) fn arrivals(&mut self, readers: &Readers) {
         let mut due = std::mem::take(&mut self.due);
         for &(pe, v) in &due {
-            self.readable(readers, chains, pe, v);
+            self.readable(readers, pe, v);
         }
         due.clear();
         self.due = due;
     }
 
-    fn readable(&mut self, readers: &Readers, chains: &[Chain], pe: u32, v: Val) {
+    fn readable(&mut self, readers: &Readers, pe: u32, v: Val) {
         let all = readers.by_val.get(v.index());
         let from = all.partition_point(|&(at, _)| at < pe);
         for &(at, i) in &all[from..] {
@@ -309,13 +339,10 @@ impl Ready {
             }
             match what {
                 Waiter::Task(i) => self.lower(i),
-                Waiter::Seg(c, s) => {
-                    if let Some((_, ts)) =
-                        chains.get(c as usize).and_then(|c| c.segs.get(s as usize))
-                    {
-                        ts.iter().for_each(|&i| self.lower(i as u32));
-                    }
-                }
+                Waiter::Seg(c, s) => readers
+                    .seg(c as usize, s as usize)
+                    .iter()
+                    .for_each(|&i| self.lower(i)),
             }
         }
     }
