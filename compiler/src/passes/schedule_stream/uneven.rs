@@ -858,6 +858,8 @@ impl Deal {
             cmp: Cmp::Eq,
             value: 0,
         };
+        // The first iteration of the level-2 loop (over a run's exponentials, or a row's columns).
+        let first_at_level2 = Pred { level: 2, ..row0 };
         // Exponentials in place, over runs of adjacent tokens wherever their blocks are.
         let mut spans: Vec<(u32, u32)> = Vec::new();
         for &(t, c, _) in &runs {
@@ -892,15 +894,7 @@ impl Deal {
                 let state = (ride == Ride::State).then(|| Send {
                     src: ad(pe.l + pe.rows - 1),
                     dst: ad(next.rcv + 1),
-                    preds: vec![
-                        row0,
-                        Pred {
-                            slot: Slot::Xfer,
-                            level: 2,
-                            cmp: Cmp::Eq,
-                            value: 0,
-                        },
-                    ],
+                    preds: vec![row0, first_at_level2],
                 });
                 body.extend(lp(
                     c.saturating_sub(1),
@@ -937,15 +931,7 @@ impl Deal {
                 let hand = Send {
                     src: ad(pe.mx + pe.c2() + pe.full - 1),
                     dst: ad(next.mx + next.c2() + next.full),
-                    preds: vec![
-                        row0,
-                        Pred {
-                            slot: Slot::Xfer,
-                            level: 2,
-                            cmp: Cmp::Eq,
-                            value: 0,
-                        },
-                    ],
+                    preds: vec![row0, first_at_level2],
                 };
                 cols.push(mac(e.clone(), v.clone(), true).send(Some(&hand)).build());
                 cols.extend(lp(
