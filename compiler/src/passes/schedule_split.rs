@@ -588,6 +588,27 @@ enum Opnd {
     Chain(usize),
 }
 
+impl Opnd {
+    /// As the gates and the simulation's steps hold it: a value's index, or a chain's with
+    /// [`CHAIN`] set.
+    #[inline]
+    fn code(self) -> u32 {
+        match self {
+            Opnd::V(v) => v.as_u32(),
+            Opnd::Chain(c) => CHAIN | c as u32,
+        }
+    }
+
+    #[inline]
+    fn from_code(o: u32) -> Opnd {
+        if o & CHAIN != 0 {
+            Opnd::Chain((o & !CHAIN) as usize)
+        } else {
+            Opnd::V(Val::from_u32(o))
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum ChainKind {
     /// Phase-1 or phase-3 partial sum of products.
@@ -1857,10 +1878,6 @@ fn open(g: &Gate, t: usize, avail: &Avail, state: &[ChainState]) -> bool {
 
 /// What [`open`] needs of `task`.
 fn gate(task: &Task, chains: &[Chain]) -> Gate {
-    let opnd = |o: Opnd| match o {
-        Opnd::V(v) => v.as_u32(),
-        Opnd::Chain(c) => CHAIN | c as u32,
-    };
     match task.kind {
         TaskKind::Term {
             chain, seg, x, y, ..
@@ -1871,8 +1888,8 @@ fn gate(task: &Task, chains: &[Chain]) -> Gate {
                 Some(ChainKind::Exp { bias: Some(mx) }) => CHAIN | mx as u32,
                 _ => NONE,
             },
-            x: opnd(x),
-            y: y.map_or(NONE, opnd),
+            x: x.code(),
+            y: y.map_or(NONE, Opnd::code),
         },
         TaskKind::Div { num, den, .. } => Gate {
             chain: NONE,
@@ -1901,17 +1918,13 @@ struct Step {
 
 impl Step {
     fn new(t: &Task, prio: i64) -> Step {
-        let opnd = |o: Opnd| match o {
-            Opnd::V(v) => v.as_u32(),
-            Opnd::Chain(c) => CHAIN | c as u32,
-        };
         match t.kind {
             TaskKind::Term { chain, x, y, e, .. } => Step {
                 prio,
                 pe: t.pe,
                 chain: chain as u32,
-                x: opnd(x),
-                y: y.map_or(NONE, opnd),
+                x: x.code(),
+                y: y.map_or(NONE, Opnd::code),
                 e: e.map_or(NONE, |v| v.as_u32()),
                 div: false,
             },
@@ -1930,13 +1943,6 @@ impl Step {
     /// The task's kind again (a term's segment aside, which the simulation does not read).
     #[inline]
     fn kind(&self) -> TaskKind {
-        let opnd = |o: u32| {
-            if o & CHAIN != 0 {
-                Opnd::Chain((o & !CHAIN) as usize)
-            } else {
-                Opnd::V(Val::from_u32(o))
-            }
-        };
         if self.div {
             TaskKind::Div {
                 num: Val::from_u32(self.x),
@@ -1947,8 +1953,8 @@ impl Step {
             TaskKind::Term {
                 chain: self.chain as usize,
                 seg: 0,
-                x: opnd(self.x),
-                y: (self.y != NONE).then(|| opnd(self.y)),
+                x: Opnd::from_code(self.x),
+                y: (self.y != NONE).then(|| Opnd::from_code(self.y)),
                 e: (self.e != NONE).then(|| Val::from_u32(self.e)),
             }
         }
