@@ -54,16 +54,12 @@ pub fn simulate_within(
     let m = flow.tasks.len();
     // A PE runs at most one task and sends at most one value a cycle, so the longest list is a
     // floor on the length; an eighth more covers the waits of the dataflows built so far.
-    let floor = (flow.tasks.iter().map(Vec::len))
-        .chain(flow.forward.iter().map(Vec::len))
-        .max()
-        .unwrap_or(0);
+    let lists = || (flow.tasks.iter().map(Vec::len)).chain(flow.forward.iter().map(Vec::len));
+    let floor = lists().max().unwrap_or(0);
     b.reserve_cycles(floor.saturating_add(floor / 8));
     // Each cycle does some work or sends a value, or the run stops three idle cycles later, so
     // cycles and positions stay below four times the work and sends.
-    let work: usize = (flow.tasks.iter().map(Vec::len))
-        .chain(flow.forward.iter().map(Vec::len))
-        .sum();
+    let work: usize = lists().sum();
     if work >= (u32::MAX / 4) as usize {
         return Err(format!("{work} tasks and sends are too many to simulate"));
     }
