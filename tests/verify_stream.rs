@@ -66,11 +66,7 @@ fn build_checked(
             &format!("n={n} d={d} h={h} m={m} shared={shared} causal={causal} safe={safe} {lag:?}"),
         );
     }
-    let flat = st
-        .programs
-        .iter()
-        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-        .collect();
+    let flat = flattened(&st.programs);
     Some((flat, man))
 }
 
@@ -138,6 +134,14 @@ thread_local! {
     /// it applies to are not proved; causal layers seen, and proved without unrolling (each
     /// of them proved flattened by the caller too).
     static COMPACT: std::cell::RefCell<(usize, usize, Vec<String>, usize, usize)> = Default::default();
+}
+
+/// Every PE's loop program unrolled (the flattened programs the proofs below check).
+fn flattened(loops: &[isa::LoopProgram]) -> Vec<Program> {
+    loops
+        .iter()
+        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
+        .collect()
 }
 
 /// Proves `programs` against `man`: no violation of any invariant, and the online work the
@@ -665,11 +669,7 @@ fn a_stream_run_against_the_wrong_mask_is_masked_or_wrong() {
     for (shared, safe) in [(false, true), (false, false), (true, false), (true, true)] {
         let p = problem(8, 2, 1, shared, false, safe);
         let st = schedule_stream::run(&p, 2, safe).expect("applies");
-        let programs: Vec<Program> = st
-            .programs
-            .iter()
-            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-            .collect();
+        let programs: Vec<Program> = flattened(&st.programs);
         let mut man = stream_manifest(&p, 2, &st);
         let causal = problem(8, 2, 1, shared, true, safe);
         let cst = schedule_stream::run(&causal, 2, safe).expect("applies");
@@ -764,11 +764,7 @@ fn assert_paired_proved(
         cycles.iter().all(|&c| c == cycles[0]),
         "{what}: PEs out of lockstep {cycles:?}"
     );
-    let flat: Vec<Program> = st
-        .programs
-        .iter()
-        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-        .collect();
+    let flat: Vec<Program> = flattened(&st.programs);
     let man = stream_manifest(&p, m, &st);
     assert_compact_clean(&st.programs, &man, &what);
     assert_proved(&flat, &man, &what);
@@ -881,11 +877,7 @@ fn paired_scores_in_idle_heads_regions_are_proved() {
                 q.pe
             );
         }
-        let flat: Vec<Program> = st
-            .programs
-            .iter()
-            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-            .collect();
+        let flat: Vec<Program> = flattened(&st.programs);
         let man = stream_manifest(&p, m, &st);
         assert_compact_clean(&st.programs, &man, &format!("n={n} d={d} h={h} m={m}"));
         let r = verify(&flat, &man);
@@ -959,11 +951,7 @@ fn uneven_deals_are_proved() {
                 assert!(man.ops.online_rescale <= cuts * rescale, "{what}");
                 merged += usize::from(man.ops.online_rescale > 0);
                 passed += usize::from(man.ops.online_rescale < cuts * rescale);
-                let flat: Vec<Program> = st
-                    .programs
-                    .iter()
-                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-                    .collect();
+                let flat: Vec<Program> = flattened(&st.programs);
                 assert_proved(&flat, &man, &what);
                 proved += 1;
             }
@@ -979,11 +967,7 @@ fn uneven_deals_are_proved() {
     let (q, y) = (&man.inputs["q"].pe, &man.outputs["y"].pe);
     let moved = q.iter().zip(y).filter(|(a, b)| a != b).count();
     assert_eq!(moved, 6 * 64, "4 cut rows and 2 handed rows");
-    let flat: Vec<Program> = st
-        .programs
-        .iter()
-        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-        .collect();
+    let flat: Vec<Program> = flattened(&st.programs);
     assert_proved(&flat, &man, "n=64 d=64 m=6");
     // 64 tokens, `d = 128`: every row divides its 64 weights instead of its 128 outputs, which
     // needs every cut passed.
@@ -992,11 +976,7 @@ fn uneven_deals_are_proved() {
     let man = stream_manifest(&p, 6, &st);
     assert_eq!(man.normalisation, Normalisation::PerWeight);
     assert_eq!((man.ops.online_rescale, man.ops.phase2_div), (0, 64 * 64));
-    let flat: Vec<Program> = st
-        .programs
-        .iter()
-        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-        .collect();
+    let flat: Vec<Program> = flattened(&st.programs);
     assert_proved(&flat, &man, "n=64 d=128 m=6");
     eprintln!("{proved} uneven layers proved, {merged} merging and {passed} passing cut rows");
     assert_eq!(proved, 12 * (3 * 3 + 1), "layers proved");
@@ -1009,11 +989,7 @@ fn uneven_deal_without_a_merge_is_rejected() {
     let p = problem(26, 3, 2, false, false, true);
     let st = schedule_stream::run_uneven(&p, 6).unwrap();
     let man = stream_manifest(&p, 6, &st);
-    let mut flat: Vec<Program> = st
-        .programs
-        .iter()
-        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-        .collect();
+    let mut flat: Vec<Program> = flattened(&st.programs);
     assert_proved(&flat, &man, "original");
     // PE 1 holds the second part of the row cut at 26/6: its merge's rescaled `y` sums,
     // `mul rcv, f1 | add y -> y`, are its last acc-carrying bundles before its divisions.
@@ -1116,11 +1092,7 @@ fn carried_scores_are_proved() {
                 assert_eq!(Some(st.cycles), p.shape().lower_bound_as(m, norm), "{what}");
                 let man = stream_manifest(&p, m, &st);
                 assert_eq!(man.ops.online_rescale, 0, "{what}");
-                let flat: Vec<Program> = st
-                    .programs
-                    .iter()
-                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-                    .collect();
+                let flat: Vec<Program> = flattened(&st.programs);
                 assert_compact_clean(&st.programs, &man, &what);
                 assert_proved(&flat, &man, &what);
                 proved += 1;
@@ -1159,11 +1131,7 @@ fn carried_scores_are_chosen_where_they_apply_and_others_proved_where_not() {
         } else {
             assert!(man.ops.online_rescale > 0, "{what}: no online work");
         }
-        let flat: Vec<Program> = st
-            .programs
-            .iter()
-            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-            .collect();
+        let flat: Vec<Program> = flattened(&st.programs);
         assert_proved(&flat, &man, &what);
     }
 }
@@ -1306,11 +1274,7 @@ fn whole_rows_under_a_causal_mask_are_proved() {
                     "{what}: placements listed per element"
                 );
                 assert_eq!(man.ops.online_rescale, u64::from(h), "{what}");
-                let flat: Vec<Program> = st
-                    .programs
-                    .iter()
-                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-                    .collect();
+                let flat: Vec<Program> = flattened(&st.programs);
                 assert_proved(&flat, &man, &what);
                 proved += 1;
             }
@@ -1354,11 +1318,7 @@ fn whole_rows_dividing_each_weight_are_proved() {
                 assert_eq!(man.ops.online_rescale, 0, "{what}");
                 let weights = u64::from(n * (n + 1) / 2 * h);
                 assert_eq!(man.ops.phase2_div, weights, "{what}");
-                let flat: Vec<Program> = st
-                    .programs
-                    .iter()
-                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-                    .collect();
+                let flat: Vec<Program> = flattened(&st.programs);
                 assert_proved(&flat, &man, &what);
                 proved += 1;
             }
@@ -1376,11 +1336,7 @@ fn whole_rows_per_weight_with_a_division_or_a_maximum_wrong_are_rejected() {
     let p = problem(n, 4, 2, false, true, true);
     let st = schedule_stream::run_whole_as(&p, m, Normalisation::PerWeight).unwrap();
     let man = stream_manifest(&p, m, &st);
-    let flat: Vec<Program> = st
-        .programs
-        .iter()
-        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-        .collect();
+    let flat: Vec<Program> = flattened(&st.programs);
     assert_proved(&flat, &man, "original");
     for pe in 0..m as usize {
         let divs: Vec<usize> = (0..flat[pe].bundles.len())
@@ -1442,11 +1398,7 @@ fn whole_rows_normalising_per_row_are_proved() {
                 assert_eq!(man.ops.online_rescale, u64::from(h), "{what}");
                 let divs: u32 = (1..=n).map(|keys| keys.min(d)).sum();
                 assert_eq!(man.ops.phase2_div, u64::from(divs * h), "{what}");
-                let flat: Vec<Program> = st
-                    .programs
-                    .iter()
-                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-                    .collect();
+                let flat: Vec<Program> = flattened(&st.programs);
                 assert_proved(&flat, &man, &what);
                 // The same programs declared under either whole-layer formulation are refused:
                 // their division counts and specifications differ row by row.
@@ -1477,11 +1429,7 @@ fn whole_rows_per_row_with_a_division_wrong_are_rejected() {
     let p = problem(n, d, 2, false, true, true);
     let st = schedule_stream::run_whole_as(&p, m, Normalisation::PerRow).unwrap();
     let man = stream_manifest(&p, m, &st);
-    let flat: Vec<Program> = st
-        .programs
-        .iter()
-        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-        .collect();
+    let flat: Vec<Program> = flattened(&st.programs);
     assert_proved(&flat, &man, "original");
     // The statement says which rows are held to which formula.
     let proved = verify(&flat, &man).proved.unwrap_or_default();
@@ -1526,11 +1474,7 @@ fn per_row_declared_on_deferred_programs_is_not_proved() {
     assert!(verifier::compact::ring::applies(&st.programs, &wrong).is_err());
     let proof = verifier::compact::prove_loops(&st.programs, &wrong, &Options::default());
     assert!(!proof.proved(), "per row: {:?}", proof.outcome);
-    let flat: Vec<Program> = st
-        .programs
-        .iter()
-        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-        .collect();
+    let flat: Vec<Program> = flattened(&st.programs);
     assert_proved(&flat, &man, "deferred");
     assert!(!verify(&flat, &wrong).is_ok(), "per row proved flattened");
 }
@@ -1543,11 +1487,7 @@ fn whole_rows_with_a_hop_or_a_maximum_taken_out_are_rejected() {
     let p = problem(n, 2, 2, false, true, true);
     let st = schedule_stream::run_whole_as(&p, m, Normalisation::Deferred).unwrap();
     let man = stream_manifest(&p, m, &st);
-    let flat: Vec<Program> = st
-        .programs
-        .iter()
-        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-        .collect();
+    let flat: Vec<Program> = flattened(&st.programs);
     assert_proved(&flat, &man, "original");
     // The last send of PE 0 in the first head is a v word of the block it brings home.
     let mut cut = flat.clone();
@@ -1608,11 +1548,7 @@ fn mirrored_scores_are_proved() {
                     assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
                 }
                 let man = stream_manifest(&p, m, &st);
-                let flat: Vec<Program> = st
-                    .programs
-                    .iter()
-                    .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-                    .collect();
+                let flat: Vec<Program> = flattened(&st.programs);
                 assert_proved(&flat, &man, &what);
                 proved += 1;
             }
@@ -1633,11 +1569,7 @@ fn mirror_or_maximum_taken_out(timing: MirroredTiming) {
     let p = problem(26, 3, 2, true, false, true);
     let st = schedule_stream::run_mirrored_timed(&p, 6, timing).unwrap();
     let man = stream_manifest(&p, 6, &st);
-    let flat: Vec<Program> = st
-        .programs
-        .iter()
-        .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-        .collect();
+    let flat: Vec<Program> = flattened(&st.programs);
     assert_proved(&flat, &man, "original");
     for pe in [0usize, 2, 5] {
         // A score's mirror leaves from the acc of its chain's last product.
@@ -1718,11 +1650,7 @@ fn mirrored_words_laid_on_the_rows_are_proved() {
             assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
         }
         let man = stream_manifest(&p, m, &st);
-        let flat: Vec<Program> = st
-            .programs
-            .iter()
-            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-            .collect();
+        let flat: Vec<Program> = flattened(&st.programs);
         assert_proved(&flat, &man, &what);
         // Only the rows take maxima and exponentials, and nothing of theirs is sent.
         let on_rows = |b: &isa::Bundle| {
@@ -1782,11 +1710,7 @@ fn mirrored_rows_in_loops_are_proved() {
             assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
         }
         let man = stream_manifest(&p, m, &st);
-        let flat: Vec<Program> = st
-            .programs
-            .iter()
-            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-            .collect();
+        let flat: Vec<Program> = flattened(&st.programs);
         assert_proved(&flat, &man, &what);
     }
 }
@@ -1814,11 +1738,7 @@ fn mirrored_scores_per_weight_are_proved() {
             "{what}"
         );
         let man = stream_manifest(&p, m, &st);
-        let flat: Vec<Program> = st
-            .programs
-            .iter()
-            .map(|lp| lp.flatten(1 << 24).expect("flattens"))
-            .collect();
+        let flat: Vec<Program> = flattened(&st.programs);
         assert_proved(&flat, &man, &what);
         // One weight's division taken out.
         let mut cut = flat.clone();
