@@ -290,12 +290,17 @@ fn a_shape_the_stream_cannot_deal_is_refused_on_the_field() {
     assert!(r.message.contains("at least 2 tokens"), "{}", r.message);
 }
 
-#[test]
-fn stream_manifests_validate_against_the_published_schema() {
+/// The published manifest schema, compiled for validating.
+fn manifest_schema() -> jsonschema::Validator {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/manifest.schema.json");
     let schema: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let v = jsonschema::draft202012::new(&schema).expect("a valid schema");
+    jsonschema::draft202012::new(&schema).expect("a valid schema")
+}
+
+#[test]
+fn stream_manifests_validate_against_the_published_schema() {
+    let v = manifest_schema();
     for (n, d, h, shared, causal, m) in [
         (8, 2, 1, false, false, 2),
         (16, 4, 2, true, false, 4),
@@ -591,10 +596,7 @@ fn whole_rows_under_a_causal_mask_run_from_their_files() {
 /// cycles the manifest states, on 6 and 12 PEs.
 #[test]
 fn whole_rows_dividing_weights_run_from_their_files() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/manifest.schema.json");
-    let schema: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let schema = jsonschema::draft202012::new(&schema).expect("a valid schema");
+    let schema = manifest_schema();
     let mut ran = 0;
     for (n, d, m) in [
         (29u32, 24u32, 6u32),
