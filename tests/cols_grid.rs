@@ -5,7 +5,7 @@
 //! takes the cycles the manifest predicts and no fewer than the layer's bound, and `auto`, which
 //! weighs it among the other candidates, is never slower.
 
-mod common;
+use crate::common;
 
 use common::{compile_src, run_emitted};
 use compiler::passes::select::Choice;

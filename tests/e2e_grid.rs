@@ -2,7 +2,7 @@
 //! compiles, its emitted programs run in the interpreter, and the result matches the f64
 //! reference; cycle counts follow the paper's Algorithm 1 formula.
 
-mod common;
+use crate::common;
 use common::*;
 use compiler::manifest::ProgramKind;
 use compiler::passes::select::Choice;

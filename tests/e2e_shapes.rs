@@ -3,7 +3,7 @@
 //! `auto` keeps the wide dataflow on a shared layer, exactly the mirrored phase-1 products it
 //! declares (every row computes all of its own scores).
 
-mod common;
+use crate::common;
 use common::*;
 use compiler::passes::select::Choice;
 

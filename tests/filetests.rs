@@ -1,7 +1,7 @@
 //! File-driven tests of the `attnc` binary, in the manner of cranelift's filetests: every
 //! `tests/filetests/NAME.attn` starts with `//` directives saying how to compile it and what to
 //! print, and `tests/filetests/NAME.expect` beside it holds exactly what the binary printed.
-//! `UPDATE_EXPECT=1 cargo test --test filetests` rewrites the `.expect` files after a deliberate
+//! `UPDATE_EXPECT=1 cargo test --test suite filetests::` rewrites the `.expect` files after a deliberate
 //! change (review the diff before committing it). The directive format is in `docs/testing.md`.
 //!
 //! The binary, not the library, is driven so that these tests pin what a user sees and survive

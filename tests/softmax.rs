@@ -6,7 +6,7 @@
 //! `1e-4 · max(1, max|v|)`, i.e. 1e-4 absolute for unit-scale inputs and 1e-4 relative to the
 //! output's scale once v itself is large.
 
-mod common;
+use crate::common;
 
 use common::parse_one;
 use compiler::manifest::Manifest;

@@ -2,7 +2,7 @@
 //! and up to four heads, both softmax formulations, q = k = v or not, with and without a mask.
 //! Every program is proved by the symbolic verifier and run against the f64 reference.
 
-mod common;
+use crate::common;
 
 use common::{compile_src, run_emitted};
 use compiler::passes::select::Choice;

@@ -2,7 +2,7 @@
 //! write the files a compile writes (format-3 loop programs, a format-2 manifest with affine
 //! layouts), load them back as `run` does, execute natively and compare with the f64 reference.
 
-mod common;
+use crate::common;
 
 use attnc::rundir;
 use common::{layer_src, parse_one};

@@ -5,7 +5,7 @@
 //! some cycle, for every PE, head and hop. The contracts are stated from the manifest alone; the
 //! execution is the oracle.
 
-mod common;
+use crate::common;
 
 use compiler::passes::select::Choice;
 use isa::{Acc, Op, Xfer, XferSrc};
@@ -234,7 +234,7 @@ fn wrong_contracts_are_not_met() {
 
 /// GPT-2 small's ring (1 024 tokens on 64 PEs, 16 zigzag rows each) with narrow heads, so that
 /// it flattens: every contract met. Model-size, so run by hand
-/// (`cargo test --release --test verify_contract -- --ignored`).
+/// (`cargo test --release --test suite verify_contract:: -- --ignored`).
 #[test]
 #[ignore]
 fn gpt2_small_ring_meets_every_contract() {
@@ -255,7 +255,7 @@ fn gpt2_small_ring_meets_every_contract() {
 /// The contracts of the model-size causal layers, stated for every PE from their manifests:
 /// three pieces per PE (the blocks before PE 0's, PE 0's, the blocks that wrapped), and how
 /// long stating them takes. Run by hand
-/// (`cargo test --release --test verify_contract -- --ignored --nocapture`).
+/// (`cargo test --release --test suite verify_contract:: -- --ignored --nocapture`).
 #[test]
 #[ignore]
 fn model_layers_have_three_pieces_per_pe() {

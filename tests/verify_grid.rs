@@ -1,7 +1,6 @@
 //! The verifier proves everything the compiler emits.
 
-#[path = "verifier_common/mod.rs"]
-mod common;
+use crate::verifier_common as common;
 
 use common::{build, source, try_build};
 use compiler::passes::select::Choice;

@@ -1,7 +1,6 @@
 //! Inconsistent or hostile programs and manifests give violations, never a panic.
 
-#[path = "verifier_common/mod.rs"]
-mod common;
+use crate::verifier_common as common;
 
 use common::{build, source};
 use compiler::passes::select::Choice;

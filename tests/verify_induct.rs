@@ -4,7 +4,7 @@
 //! compiled causal streams whose step loops it evaluates symbolically, it proves what the
 //! lockstep evaluation proves, with the same operation counts.
 
-mod common;
+use crate::common;
 
 use compiler::passes::select::Choice;
 use runtime::manifest::Manifest;
@@ -76,7 +76,7 @@ fn shift_first_send(nodes: &mut [isa::Node], done: &mut bool) {
 }
 
 /// GPT-2 small's attention (1 024 tokens, 12 heads of 64, causal) on 64 PEs, proved by
-/// induction; run by hand in release (`cargo test --release --test verify_induct --
+/// induction; run by hand in release (`cargo test --release --test suite verify_induct:: --
 /// --ignored`), it reports its time.
 #[test]
 #[ignore]

@@ -1,8 +1,7 @@
 //! Seeded random mutations of compiled programs and manifests: the verifier must reject every
 //! mutant whose numeric run differs from the reference (or faults), and so never accept a wrong one.
 
-#[path = "verifier_common/mod.rs"]
-mod common;
+use crate::verifier_common as common;
 
 use common::{build, safe_source, source};
 use compiler::exec;

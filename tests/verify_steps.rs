@@ -2,7 +2,7 @@
 //! causal stream's arrivals are proved apart from each receiver's reads and writes in windows
 //! of many ring steps at once, and a send moved into the buffer its receiver reads is refused.
 
-mod common;
+use crate::common;
 
 use compiler::passes::select::Choice;
 use isa::looped::LBundle;
@@ -378,7 +378,7 @@ fn loop_field_mutants_are_refused_or_timed_truly() {
     println!("{tried} loop-field mutants: {timed} timed (claims checked), {refused} refused");
 }
 
-/// The model-size causal layers: `cargo test --release --test verify_steps -- --ignored
+/// The model-size causal layers: `cargo test --release --test suite verify_steps:: -- --ignored
 /// --nocapture` prints each one's time.
 #[test]
 #[ignore]

@@ -2,8 +2,7 @@
 //! formulation (deferred normalisation; running maxima and rescaling when safe), and corrupting
 //! one bundle of them is caught.
 
-#[path = "verifier_common/stream.rs"]
-mod stream;
+use crate::verifier_common::stream;
 
 use compiler::passes::schedule_stream::{self, Lag, MirroredTiming};
 use compiler::problem::Problem;

@@ -4,7 +4,7 @@
 //! addresses — are mutated one at a time and every mutant must be rejected: refused on loading,
 //! or not proved.
 
-mod common;
+use crate::common;
 
 use attnc::rundir;
 use common::{layer_src, parse_one};

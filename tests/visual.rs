@@ -2,7 +2,7 @@
 //! and text-format contracts of docs/isa.md, and `inspect`, `run --trace` and `show` on a grid of
 //! compiled directories.
 
-mod common;
+use crate::common;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

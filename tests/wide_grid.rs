@@ -3,7 +3,7 @@
 //! Every program is proved by the symbolic verifier (the recomputed products only as declared)
 //! and run against the f64 reference.
 
-mod common;
+use crate::common;
 
 use common::{compile_src, run_emitted};
 use compiler::passes::select::Choice;

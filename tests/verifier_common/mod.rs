@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod stream;
+
 use compiler::passes::select::Choice;
 use compiler::{compile, CompileError, Compiled, Options};
 
