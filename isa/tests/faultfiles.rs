@@ -23,7 +23,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 use common::crc32_bitwise;
 
 /// The outcome keys, in the order a program meets them.

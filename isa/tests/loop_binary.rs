@@ -12,7 +12,7 @@ use isa::{
 };
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::crc32_bitwise;
 
 const MAGIC: &[u8; 8] = b"ATNCISA\0";

@@ -10,7 +10,7 @@ use isa::{
 };
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::crc32_bitwise;
 
 /// A small deterministic generator, so one proptest seed describes a whole
