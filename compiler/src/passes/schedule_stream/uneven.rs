@@ -18,6 +18,12 @@
 //! first part's share of its PE's work is at most its scores' (about half a row), the row is
 //! passed on instead: the first part's scores and their maximum go to the second part's score
 //! row as they are read, and the second part takes the whole row's softmax, with no merge.
+//!
+//! Passing leaves the first part's PE more of its work in the ring pass than the next PE, which
+//! would catch up with it and wait for blocks; since every block stays, score nests of the
+//! steps before such a wait can run after the ring pass instead (late scores), and a passed
+//! first part can take only two keys of step 0's block (lean), shortening the step no score
+//! may leave.
 
 use std::collections::BTreeMap;
 
