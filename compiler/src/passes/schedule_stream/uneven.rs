@@ -1259,6 +1259,11 @@ fn run_as(
         .map(|pe| (0..mu).map(|s| step(pe, s, 0)).collect())
         .collect();
     let mut t = timing(&steps);
+    let lean = deal.lean;
+    if balance && !lean && t.waits.iter().flatten().all(|&w| w == 0) {
+        // Nothing to defer: the same programs as without.
+        return Err(format!("{NAME}: no PE waits for blocks"));
+    }
     if balance {
         // The earliest wait, step `s` of PE `pe`, is for the block PE `q` holds in step
         // `s − 1`; a score nest of one of `q`'s steps before that (the latest with one left)
