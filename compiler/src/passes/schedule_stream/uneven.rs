@@ -1362,8 +1362,9 @@ fn run_as(
         }
         if me.hand_in {
             // The handed row's maximum comes on the first value product of the PE before's
-            // first whole row, after that row's `n` exponentials.
-            let n = u64::from(deal.n);
+            // first whole row, after its deferred score nests and that row's `n` exponentials
+            // (and, per weight, its `n` divisions).
+            let n = u64::from(deal.n) * if deal.per_weight { 2 } else { 1 };
             body.extend(wait(
                 (end[prev(pe)] + lead[prev(pe)] + n + 1).saturating_sub(cycles(&body)),
             )?);
