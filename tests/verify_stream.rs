@@ -913,6 +913,7 @@ fn uneven_deals_are_proved() {
         (30, 7),
         (35, 8),
         (45, 8),
+        (52, 12),
     ] {
         for d in [1, 2, 3, 8] {
             for h in [1, 2, 3] {
@@ -977,8 +978,28 @@ fn uneven_deals_are_proved() {
     assert_eq!((man.ops.online_rescale, man.ops.phase2_div), (0, 64 * 64));
     let flat: Vec<Program> = flattened(&st.programs);
     assert_proved(&flat, &man, "n=64 d=128 m=6");
+    // 64 tokens on 12 PEs (blocks of 5 and 6 tokens): a PE with a passed first part or a
+    // handed row would run ahead of the next one in the ring pass and leave it waiting for
+    // blocks; with score nests deferred past the pass and first parts taking two keys of step
+    // 0, every cut row is passed and the layer comes within a cycle of its bound with `d = 64`
+    // and 23 cycles of the per-weight bound with `d = 128`.
+    for (d, norm, over) in [
+        (64, Normalisation::Deferred, 1),
+        (128, Normalisation::PerWeight, 23),
+    ] {
+        let what = format!("n=64 d={d} m=12");
+        let p = problem(64, d, 1, false, false, true);
+        let st = schedule_stream::run_uneven(&p, 12).unwrap();
+        let man = stream_manifest(&p, 12, &st);
+        assert_eq!(man.normalisation, norm, "{what}");
+        assert_eq!(man.ops.online_rescale, 0, "{what}: every cut row passed");
+        let lb = p.shape().lower_bound_as(12, norm).unwrap();
+        assert!(st.cycles <= lb + over, "{what}: {} against {lb}", st.cycles);
+        let flat: Vec<Program> = flattened(&st.programs);
+        assert_proved(&flat, &man, &what);
+    }
     eprintln!("{proved} uneven layers proved, {merged} merging and {passed} passing cut rows");
-    assert_eq!(proved, 12 * (3 * 3 + 1), "layers proved");
+    assert_eq!(proved, 13 * (3 * 3 + 1), "layers proved");
     assert!(merged > 0 && passed > 0, "both kinds of cut row proved");
 }
 

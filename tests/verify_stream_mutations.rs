@@ -650,13 +650,14 @@ fn reject_mutants(
 }
 
 /// The uneven deal's programs (rows cut between PEs, steps of different lengths, placements
-/// listed element by element): proved, and every mutant of a loop count, a stride or a base
-/// address rejected.
+/// listed element by element; on 12 PEs blocks of 4 and 5 tokens, where the variants with
+/// score nests after the ring pass are built too): proved, and every mutant of a loop count, a
+/// stride or a base address rejected.
 #[test]
 fn uneven_deal_mutants_are_rejected() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(13);
     let mut rejected = [0u32; 3];
-    for (n, d, h, m) in [(26, 3, 1, 6), (19, 2, 2, 4), (13, 4, 1, 3)] {
+    for (n, d, h, m) in [(26, 3, 1, 6), (19, 2, 2, 4), (13, 4, 1, 3), (52, 3, 1, 12)] {
         let what = format!("n={n} d={d} h={h} m={m}");
         let src = layer_src(n, d, h, false, false).replace("softmax = plain", "softmax = safe");
         // The uneven deal keeps a head's every k/v row: more than the default allowance.

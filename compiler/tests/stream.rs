@@ -420,6 +420,10 @@ fn uneven_deals_run_exactly_their_operations() {
         (64, 16, 2, 12),
         (64, 32, 1, 6),
         (64, 64, 1, 6),
+        // Blocks of 4 to 6 tokens on 12 PEs: score nests deferred past the ring pass, first
+        // parts with two keys of step 0.
+        (52, 8, 2, 12),
+        (64, 64, 1, 12),
     ] {
         let what = format!("n={n} d={d} h={h} m={m}");
         let p = problem(n, d, h, false, false);

@@ -18,6 +18,12 @@
 //! first part's share of its PE's work is at most its scores' (about half a row), the row is
 //! passed on instead: the first part's scores and their maximum go to the second part's score
 //! row as they are read, and the second part takes the whole row's softmax, with no merge.
+//!
+//! Passing leaves the first part's PE more of its work in the ring pass than the next PE, which
+//! would catch up with it and wait for blocks; since every block stays, score nests of the
+//! steps before such a wait can run after the ring pass instead (late scores), and a passed
+//! first part can take only two keys of step 0's block (lean), shortening the step no score
+//! may leave.
 
 use std::collections::BTreeMap;
 
@@ -161,6 +167,10 @@ struct Deal {
     /// output elements after them (only with no cut row merged: a merged first part's
     /// weights never meet the row's sum).
     per_weight: bool,
+    /// A passed first part takes only two keys of step 0's block (its first maximum and the
+    /// q row's carrier), the second part the rest one step later: the first part's PE's step 0
+    /// is then shorter, so that the next PE's early steps do not wait for its blocks.
+    lean: bool,
     pes: Vec<Pe>,
 }
 
@@ -195,7 +205,7 @@ impl Deal {
         d: u32,
         m: u32,
         heads: u32,
-        (pass, loose, hand, per_weight): How,
+        (pass, loose, hand, per_weight, lean): How,
     ) -> Option<Deal> {
         // A boundary whose first part would hold more than half a row (more than a passed
         // first part of scores can) moves a token on where rows are handed: the PE before
@@ -225,6 +235,7 @@ impl Deal {
             m,
             pass,
             loose,
+            lean,
             bounds,
             hands,
             per_weight,
@@ -412,7 +423,16 @@ impl Deal {
                     work += (whole * b + in_at(s)) * m;
                     let pace = u64::from(s + 1) * n * n / m;
                     let budget = (keys + b) * m <= target;
-                    if s == 0 || (budget && (!paced || (work + b * m / 2) < pace)) {
+                    if s == 0 && self.lean && per_key == score {
+                        keys += 2;
+                        work += 2 * m;
+                        pieces.push(Piece {
+                            step: 0,
+                            k0: 0,
+                            keys: 2,
+                            loose: 0,
+                        });
+                    } else if s == 0 || (budget && (!paced || (work + b * m / 2) < pace)) {
                         keys += b;
                         work += b * m;
                         pieces.push(Piece {
@@ -706,17 +726,27 @@ impl Deal {
         (lp(rows, body), row)
     }
 
-    /// Ring step `s` on PE `p`: the rows taking its block (all but the cut rows' other steps),
-    /// rows 0 and 1 forwarding the block; in step 0 the first part of a cut row then sends its
-    /// q row on; in the second part's first step, that row alone. Also the cycle, from the
-    /// step's start, by which the next PE has the whole block.
-    fn step(&self, p: u32, s: u32) -> (Vec<Node>, u64) {
+    /// How many of step `s`'s score nests on PE `p` may wait until after the ring pass (see
+    /// [`Deal::step`]): a first part's piece of its own, then the whole rows' loop from its
+    /// bottom up, two rows staying to forward the block. Step 0 keeps everything (the rows'
+    /// first maxima, the q row sent on), and so does a second part's piece (its first maximum
+    /// may be in any step).
+    fn deferrable(&self, p: u32, s: u32) -> u32 {
+        if s == 0 {
+            return 0;
+        }
+        let (lo, hi, out) = self.rows_of(p, s);
+        let piece = u32::from(self.pe(p).piece_out(s).is_some() && !out);
+        piece + (hi - lo).saturating_sub(2)
+    }
+
+    /// The main score loop's rows `lo … hi − 1` in ring step `s` on PE `p`, and whether a
+    /// first part's whole piece is among them (its last).
+    fn rows_of(&self, p: u32, s: u32) -> (u32, u32, bool) {
         let pe = self.pe(p);
-        let b = self.held(p, s);
-        let (_, size) = self.block(b);
+        let size = self.block(self.held(p, s)).1;
         let whole = |x: Option<Piece>| x.is_some_and(|x| x.keys == size);
-        let in_first = pe.in_first();
-        let lo = if in_first.is_some_and(|u| s > u) && whole(pe.piece_in(s)) {
+        let lo = if pe.in_first().is_some_and(|u| s > u) && whole(pe.piece_in(s)) {
             0
         } else {
             pe.c2()
@@ -724,7 +754,22 @@ impl Deal {
         // A passed first part is a nest of its own in every step (its maxima may leave keys
         // loose).
         let out = s > 0 && whole(pe.piece_out(s)) && !pe.pass_out;
-        let hi = pe.c2() + pe.full + u32::from(out);
+        (lo, pe.c2() + pe.full + u32::from(out), out)
+    }
+
+    /// Ring step `s` on PE `p`: the rows taking its block (all but the cut rows' other steps),
+    /// rows 0 and 1 forwarding the block; in step 0 the first part of a cut row then sends its
+    /// q row on; in the second part's first step, that row alone. The last `defer` of its
+    /// score nests (see [`Deal::deferrable`]) are returned apart, to run after the ring pass
+    /// from the kept blocks: a PE whose ring pass would run ahead of the next one's leaves
+    /// that one waiting for blocks. Also the cycle, from the step's start, by which the next
+    /// PE has the whole block, and the cycle by which it needs a second part's q row.
+    fn step(&self, p: u32, s: u32, defer: u32) -> (Vec<Node>, Vec<Node>, u64, u64) {
+        let pe = self.pe(p);
+        let b = self.held(p, s);
+        let (_, size) = self.block(b);
+        let in_first = pe.in_first();
+        let (lo, hi, out) = self.rows_of(p, s);
         let fwd = if s + 1 < self.m {
             Fwd::Block
         } else {
@@ -737,16 +782,37 @@ impl Deal {
         let hand_to = pe.hand_out.then(|| next.c2() + next.full);
         let peel = u32::from(s == 0 && pe.hand_out);
         let main_to = hand_to.filter(|_| peel == 0);
+        let piece = pe.piece_out(s).filter(|_| s == 0 || !out);
+        let defer = defer.min(self.deferrable(p, s));
+        let late_piece = defer > 0 && piece.is_some() && s > 0;
+        let late_rows = defer - u32::from(late_piece);
+        let kept = hi - lo - peel - late_rows;
         let (mut nodes, row) = self.scores(
             p,
             b,
             (0, size),
             lo,
-            hi - lo - peel,
+            kept,
             s == 0,
             fwd,
-            (main_to, 0),
+            (main_to.filter(|_| late_rows == 0), 0),
         );
+        let mut late = Vec::new();
+        if late_rows > 0 {
+            late.extend(
+                self.scores(
+                    p,
+                    b,
+                    (0, size),
+                    lo + kept,
+                    late_rows,
+                    false,
+                    Fwd::None,
+                    (main_to, 0),
+                )
+                .0,
+            );
+        }
         if peel == 1 {
             nodes.extend(
                 self.scores(
@@ -763,11 +829,11 @@ impl Deal {
             );
         }
         // The cut rows' pieces that the rows above do not take.
-        if let Some(x) = pe.piece_out(s).filter(|_| s == 0 || !out) {
+        if let Some(x) = piece {
             let fwd = if s == 0 { Fwd::Q } else { Fwd::None };
             let first = s == 0;
-            nodes.extend(
-                self.scores(
+            let work = self
+                .scores(
                     p,
                     b,
                     (x.k0, x.keys),
@@ -777,9 +843,15 @@ impl Deal {
                     fwd,
                     (pe.pass_out.then_some(0), x.loose),
                 )
-                .0,
-            );
+                .0;
+            if late_piece {
+                late.extend(work);
+            } else {
+                nodes.extend(work);
+            }
         }
+        // The second part's piece comes last: its q row need only be there by then.
+        let q_at = cycles(&nodes);
         if let Some(x) = pe.piece_in(s).filter(|_| s > 0 && lo > 0) {
             let first = in_first == Some(s);
             nodes.extend(
@@ -787,7 +859,7 @@ impl Deal {
                     .0,
             );
         }
-        (nodes, row + u64::from(size) * u64::from(self.d))
+        (nodes, late, row + u64::from(size) * u64::from(self.d), q_at)
     }
 
     /// The keys a row of kind `part` on PE `p` sees, as (first token, count, of the own block).
@@ -1033,6 +1105,25 @@ enum Part {
     In,
 }
 
+/// One ring step of a PE as built: its score nests in the ring pass and their cycles, the
+/// nests deferred past it, the cycle from its start by which the next PE has the block, and
+/// the one by which it needs a second part's q row.
+struct Step {
+    nodes: Vec<Node>,
+    cycles: u64,
+    late: Vec<Node>,
+    ready: u64,
+    q_at: u64,
+}
+
+/// The ring pass's timing: each step's wait and start, each PE's end of the pass and of step 0.
+struct Timing {
+    waits: Vec<Vec<u64>>,
+    start: Vec<Vec<u64>>,
+    end: Vec<u64>,
+    end0: Vec<u64>,
+}
+
 fn cycles(nodes: &[Node]) -> u64 {
     LoopProgram {
         pe: 0,
@@ -1052,7 +1143,7 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     // Passing cut rows on spares their merges, but its deal is coarser (a first part's key
     // is half a whole row's) and its first parts run longer in the ring pass, which can make
     // the next PE wait: both deals are built and the faster kept (the merged one on a tie).
-    let mut best = run_as(p, m, budget, (false, None, false, false))?.0;
+    let mut best = run_as(p, m, budget, (false, None, false, false, false), false)?.0;
     let mut keep = |s: Stream| {
         if s.cycles < best.cycles {
             best = s;
@@ -1064,25 +1155,32 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         .into_iter()
         .filter(|&w| !w || p.tokens < p.dim);
     let variants = per_weight.flat_map(|w| [(w, false), (w, true)]);
-    for ((per_weight, hand), more) in variants.flat_map(|x| [(x, false), (x, true)]) {
-        // Passed first parts of the nearest key count or a key more, then the built PEs'
-        // cycles say how many maxima to leave loose: along each chain of cuts, whatever its
-        // first part's PE has above the mean.
-        let zero = Some((more, vec![0; m as usize + 1]));
-        if let Ok((s, mut load)) = run_as(p, m, budget, (true, zero, hand, per_weight)) {
-            keep(s);
-            let mean = load.iter().sum::<u64>().div_ceil(u64::from(m));
-            let mut cut = vec![0u64; m as usize + 1];
-            for x in 1..m as usize {
-                let r = load[x - 1].saturating_sub(mean);
-                cut[x] = r;
-                load[x - 1] -= r;
-                // The next PE takes the maxima, and about a send per piece they come from.
-                load[x] += r + 2;
-            }
-            let loose = Some((more, cut));
-            if let Ok((s, _)) = run_as(p, m, budget, (true, loose, hand, per_weight)) {
+    let variants: Vec<_> = variants.flat_map(|x| [(x, false), (x, true)]).collect();
+    // Passed first parts of the nearest key count or a key more, then the built PEs' cycles
+    // say how many maxima to leave loose: along each chain of cuts, whatever its first part's
+    // PE has above the mean. Each is built as it is and then (winning only where faster) with
+    // score nests deferred past the ring pass where a PE would otherwise wait for blocks.
+    let ways = [(false, false), (true, false), (true, true)];
+    for (balance, lean) in ways {
+        for &((per_weight, hand), more) in &variants {
+            let zero = Some((more, vec![0; m as usize + 1]));
+            let how = (true, zero, hand, per_weight, lean);
+            if let Ok((s, mut load)) = run_as(p, m, budget, how, balance) {
                 keep(s);
+                let mean = load.iter().sum::<u64>().div_ceil(u64::from(m));
+                let mut cut = vec![0u64; m as usize + 1];
+                for x in 1..m as usize {
+                    let r = load[x - 1].saturating_sub(mean);
+                    cut[x] = r;
+                    load[x - 1] -= r;
+                    // The next PE takes the maxima, and about a send per piece they come from.
+                    load[x] += r + 2;
+                }
+                let loose = Some((more, cut));
+                let how = (true, loose, hand, per_weight, lean);
+                if let Ok((s, _)) = run_as(p, m, budget, how, balance) {
+                    keep(s);
+                }
             }
         }
     }
@@ -1092,7 +1190,7 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
 /// Whether cut rows may be passed on, with loose maxima (see [`Deal::loose`]), whether rows
 /// are handed where a first part would be too large to pass (see [`Deal::hands`]), and
 /// whether each weight is divided (see [`Deal::per_weight`]).
-type How = (bool, Option<(bool, Vec<u64>)>, bool, bool);
+type How = (bool, Option<(bool, Vec<u64>)>, bool, bool, bool);
 
 /// [`run`] with cut rows passed on wherever that evens the PEs out (`pass.0`; `pass.1`: with
 /// loose maxima), or all merged.
@@ -1101,6 +1199,7 @@ fn run_as(
     m: u32,
     budget: Option<u64>,
     pass: How,
+    balance: bool,
 ) -> Result<(Stream, Vec<u64>), String> {
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let scale = p.scale as f32;
@@ -1117,33 +1216,87 @@ fn run_as(
     let prev = |pe: usize| (pe + mu - 1) % mu;
     // Ring steps: each waits until the block it reads is whole on its PE, and a second part's
     // first step until its q row is there (sent at the end of the PE before's step 0).
-    let steps: Vec<Vec<(Vec<Node>, u64)>> = (0..m)
-        .map(|pe| (0..m).map(|s| deal.step(pe, s)).collect())
-        .collect();
     let q_from = |pe: usize| deal.pes[pe].in_first().map(|s| s as usize);
-    let mut waits = vec![vec![0u64; mu]; mu];
-    let mut start = vec![vec![0u64; mu]; mu];
-    let mut end = vec![0u64; mu];
-    let mut end0 = vec![0u64; mu];
-    for s in 0..mu {
-        for pe in 0..mu {
-            let mut ready = if s == 0 {
-                0
-            } else {
-                start[prev(pe)][s - 1] + steps[prev(pe)][s - 1].1
-            };
-            if q_from(pe) == Some(s) {
-                ready = ready.max(end0[prev(pe)]);
-            }
-            let at = end[pe].max(ready);
-            waits[pe][s] = at - end[pe];
-            start[pe][s] = at;
-            end[pe] = at + cycles(&steps[pe][s].0);
-            if s == 0 {
-                end0[pe] = end[pe];
+    let timing = |steps: &[Vec<Step>]| {
+        let mut t = Timing {
+            waits: vec![vec![0u64; mu]; mu],
+            start: vec![vec![0u64; mu]; mu],
+            end: vec![0u64; mu],
+            end0: vec![0u64; mu],
+        };
+        for s in 0..mu {
+            for pe in 0..mu {
+                let mut ready = if s == 0 {
+                    0
+                } else {
+                    t.start[prev(pe)][s - 1] + steps[prev(pe)][s - 1].ready
+                };
+                if q_from(pe) == Some(s) {
+                    ready = ready.max(t.end0[prev(pe)].saturating_sub(steps[pe][s].q_at));
+                }
+                let at = t.end[pe].max(ready);
+                t.waits[pe][s] = at - t.end[pe];
+                t.start[pe][s] = at;
+                t.end[pe] = at + steps[pe][s].cycles;
+                if s == 0 {
+                    t.end0[pe] = t.end[pe];
+                }
             }
         }
+        t
+    };
+    let step = |pe: usize, s: usize, defer: u32| {
+        let (nodes, late, ready, q_at) = deal.step(pe as u32, s as u32, defer);
+        Step {
+            cycles: cycles(&nodes),
+            nodes,
+            late,
+            ready,
+            q_at,
+        }
+    };
+    let mut steps: Vec<Vec<Step>> = (0..mu)
+        .map(|pe| (0..mu).map(|s| step(pe, s, 0)).collect())
+        .collect();
+    let mut t = timing(&steps);
+    let lean = deal.lean;
+    if balance && !lean && t.waits.iter().flatten().all(|&w| w == 0) {
+        // Nothing to defer: the same programs as without.
+        return Err(format!("{NAME}: no PE waits for blocks"));
     }
+    if balance {
+        // The earliest wait, step `s` of PE `pe`, is for the block PE `q` holds in step
+        // `s − 1`; a score nest of one of `q`'s steps before that (the latest with one left)
+        // then runs after its ring pass instead. Each round defers one nest more, so this ends.
+        let mut defer = vec![vec![0u32; mu]; mu];
+        loop {
+            let mut hits: Vec<(u64, usize, usize)> = (0..mu)
+                .flat_map(|pe| (1..mu).map(move |s| (pe, s)))
+                .filter(|&(pe, s)| t.waits[pe][s] > 0)
+                .map(|(pe, s)| (t.start[pe][s], pe, s))
+                .collect();
+            hits.sort_unstable();
+            let fix = hits.into_iter().find_map(|(_, pe, s)| {
+                let q = prev(pe);
+                (1..s.saturating_sub(1))
+                    .rev()
+                    .find(|&u| defer[q][u] < deal.deferrable(q as u32, u as u32))
+                    .map(|u| (q, u))
+            });
+            let Some((q, u)) = fix else { break };
+            defer[q][u] += 1;
+            steps[q][u] = step(q, u, defer[q][u]);
+            t = timing(&steps);
+        }
+    }
+    let Timing {
+        waits, end, end0, ..
+    } = t;
+    // The nests deferred past the ring pass delay what a PE sends after it.
+    let lead: Vec<u64> = steps
+        .iter()
+        .map(|x| x.iter().map(|y| cycles(&y.late)).sum())
+        .collect();
     // After the ring pass: the first part of a cut row, the whole rows (whose first row sends
     // that part on), the second part (its own block's scores first), which waits for the
     // first part to merge it.
@@ -1154,9 +1307,12 @@ fn run_as(
         let me = &deal.pes[pe];
         let p32 = pe as u32;
         let mut body = Vec::new();
-        for (s, (nodes, _)) in steps[pe].iter().enumerate() {
+        for (s, x) in steps[pe].iter().enumerate() {
             body.extend(wait(waits[pe][s])?);
-            body.extend(nodes.iter().cloned());
+            body.extend(x.nodes.iter().cloned());
+        }
+        for x in &steps[pe] {
+            body.extend(x.late.iter().cloned());
         }
         if me.cut_out.is_some() && !me.pass_out {
             body.extend(
@@ -1184,7 +1340,9 @@ fn run_as(
                 body.extend(work.0);
             }
             // The first part's maximum, sent as its PE's exponentials begin.
-            body.extend(wait((end[prev(pe)] + 1).saturating_sub(cycles(&body)))?);
+            body.extend(wait(
+                (end[prev(pe)] + lead[prev(pe)] + 1).saturating_sub(cycles(&body)),
+            )?);
             let (mx, rcv) = (ad(me.mx), ad(me.rcv));
             body.push(B::new().max(mx.clone(), rcv, mx.clone()).build());
             // The passed part's loose keys, whose scores came on without their maxima.
@@ -1204,9 +1362,12 @@ fn run_as(
         }
         if me.hand_in {
             // The handed row's maximum comes on the first value product of the PE before's
-            // first whole row, after that row's `n` exponentials.
-            let n = u64::from(deal.n);
-            body.extend(wait((end[prev(pe)] + n + 1).saturating_sub(cycles(&body)))?);
+            // first whole row, after its deferred score nests and that row's `n` exponentials
+            // (and, per weight, its `n` divisions).
+            let n = u64::from(deal.n) * if deal.per_weight { 2 } else { 1 };
+            body.extend(wait(
+                (end[prev(pe)] + lead[prev(pe)] + n + 1).saturating_sub(cycles(&body)),
+            )?);
             let hin = me.c2() + me.full;
             // The handed row's loose keys, of the PE before's own block.
             let before = &deal.pes[prev(pe)];
