@@ -1024,6 +1024,12 @@ pub fn run_as(p: &Problem, m: u32, norm: Normalisation) -> Result<Stream, String
     build(p, m, None, norm)
 }
 
+/// The whole-rows programs under `norm` with rows passed on, an error where passing rows on
+/// does not shorten the layer.
+pub fn run_passed_as(p: &Problem, m: u32, norm: Normalisation) -> Result<Stream, String> {
+    build_with(p, m, None, norm, true)
+}
+
 fn build(p: &Problem, m: u32, budget: Option<u64>, norm: Normalisation) -> Result<Stream, String> {
     build_with(p, m, budget, norm, false)
 }
