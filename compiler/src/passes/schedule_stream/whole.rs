@@ -311,38 +311,45 @@ impl Deal {
                 sets
             })
             .collect();
+        // The amounts each PE can pass on: the union of its sets' ranges, in order.
+        let unions: Vec<Vec<(u64, u64)>> = sets
+            .iter()
+            .map(|sets| {
+                let mut r: Vec<(u64, u64)> = sets.iter().map(|x| (x.0, x.1)).collect();
+                r.sort_unstable();
+                let mut u: Vec<(u64, u64)> = Vec::new();
+                for (lo, hi) in r {
+                    match u.last_mut() {
+                        Some(last) if lo <= last.1 + 1 => last.1 = last.1.max(hi),
+                        _ => u.push((lo, hi)),
+                    }
+                }
+                u
+            })
+            .collect();
         // The least amount PE `p` can pass on that keeps it within `top`, having received
-        // `fin`: which set and how much.
-        let pass = |p: usize, fin: u64, top: u64| -> Option<(usize, u64)> {
+        // `fin`.
+        let pass = |p: usize, fin: u64, top: u64| -> Option<u64> {
             let need = (loads[p] + fin).saturating_sub(top);
-            sets[p]
-                .iter()
-                .enumerate()
-                .filter(|x| x.1 .1 >= need)
-                .map(|(i, x)| (i, x.0.max(need)))
-                .min_by_key(|x| (x.1, sets[p][x.0].2.len()))
+            let u = &unions[p];
+            let at = u.partition_point(|x| x.1 < need);
+            u.get(at).map(|x| x.0.max(need))
         };
-        let walk = |top: u64| -> Option<Vec<(usize, u64)>> {
-            let last = &sets[m - 1];
-            let mut wraps: Vec<(usize, u64)> = last
-                .iter()
-                .enumerate()
-                .flat_map(|(i, x)| (x.0..=x.1).map(move |f| (i, f)))
-                .collect();
-            wraps.sort_by_key(|x| (x.1, last[x.0].2.len()));
-            wraps.dedup_by_key(|x| x.1);
-            'wrap: for (wi, wf) in wraps {
+        // The amounts over every boundary, the last (PE `m − 1` to PE 0) first tried.
+        let walk = |top: u64| -> Option<Vec<u64>> {
+            let wraps = unions[m - 1].iter().flat_map(|x| x.0..=x.1);
+            'wrap: for wf in wraps {
                 let mut flows = Vec::with_capacity(m);
                 let mut fin = wf;
                 for p in 0..m - 1 {
                     let Some(x) = pass(p, fin, top) else {
                         continue 'wrap;
                     };
-                    fin = x.1;
+                    fin = x;
                     flows.push(x);
                 }
                 if loads[m - 1] + fin <= top + wf {
-                    flows.push((wi, wf));
+                    flows.push(wf);
                     return Some(flows);
                 }
             }
@@ -364,8 +371,12 @@ impl Deal {
         }
         let flows = walk(lo)?;
         let mut cuts = Vec::new();
-        for (p, (set, amount)) in flows.into_iter().enumerate() {
-            // Each row moves at least its least; the rest is spread first come.
+        for (p, amount) in flows.into_iter().enumerate() {
+            // The fewest rows that can move the amount; each at least its least, the rest
+            // spread first come.
+            let set = (0..sets[p].len())
+                .filter(|&i| sets[p][i].0 <= amount && amount <= sets[p][i].1)
+                .min_by_key(|&i| (sets[p][i].2.len(), i))?;
             let rows = &sets[p][set].2;
             let mut left = amount - sets[p][set].0;
             for &t in rows {
