@@ -24,6 +24,13 @@
 //! together. Each step is a loop of its own, and steps that see their blocks alike join into one
 //! loop over them (`merge::merge_at`).
 //!
+//! What whole rows leave uneven (the first rows, one small one on each of the first PEs) is
+//! evened out by rows passed on to the next PE: all their scores computed on their own PE,
+//! which takes the maximum of the first keys and sends scores and maximum after the ring pass;
+//! the rest of the row's softmax and its values on the next PE, after its own rows. Each row
+//! still executes exactly its whole-row operations; that variant is kept only where it takes
+//! fewer cycles.
+//!
 //! Placements are listed per element, which leaves the proof to the flattened programs: layers
 //! beyond the flattening limit are refused rather than written unprovable.
 
