@@ -1465,7 +1465,7 @@ fn whole_rows_passed_on_are_proved() {
         "{} layers with rows passed on proved: {proved:#?}",
         proved.len()
     );
-    assert_eq!(proved.len(), 34, "layers proved");
+    assert_eq!(proved.len(), 42, "layers proved");
 }
 
 /// Rows passed on whose words do not all reach the next PE (one sent word taken out), or

@@ -691,7 +691,7 @@ fn whole_row_mutants_are_rejected() {
         (29, 3, 1, 6, Normalisation::Deferred, false),
         (19, 2, 2, 4, Normalisation::Deferred, false),
         (20, 4, 1, 3, Normalisation::PerRow, false),
-        (19, 24, 1, 4, Normalisation::PerWeight, false),
+        (19, 24, 1, 4, Normalisation::PerWeight, true),
         (29, 20, 2, 6, Normalisation::PerRow, true),
         (40, 16, 2, 6, Normalisation::PerRow, true),
     ] {

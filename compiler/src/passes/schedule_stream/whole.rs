@@ -158,6 +158,7 @@ struct Piece {
     len: u32,
 }
 
+#[derive(Clone)]
 struct Deal {
     n: u32,
     d: u32,
@@ -280,12 +281,12 @@ impl Deal {
 
     /// Rows to pass on so that the PE that ends last (`loads`: where each would end with whole
     /// rows) ends as early as it can with at most
-    /// [`MAX_CUTS`] rows passed from each PE to the next (the last PE's to PE 0 too), or `None`
+    /// `most` rows passed from each PE to the next (the last PE's to PE 0 too), or `None`
     /// where that is no shorter than the plain deal. Each boundary moves an amount of work
     /// within the sum of its rows' ranges (`moved(t, t + 1)` to `moved(t, 1)`); given the work
     /// a PE receives, the least it can pass on leaves the next PE the most room, so one pass
     /// round the ring per amount sent over the last boundary decides a busiest-PE bound.
-    fn plan(&self, loads: &[u64]) -> Option<Vec<(u32, u32, u32)>> {
+    fn plan(&self, loads: &[u64], most: usize) -> Option<Vec<(u32, u32, u32)>> {
         let m = self.m as usize;
         // A row passed on sends its words on a value loop of `d` iterations. A PE's top row
         // stays: it reads the v rows of all the PE's tokens, which the ring's last hop brings
@@ -303,7 +304,7 @@ impl Deal {
                     .collect();
                 let mut sets = vec![(0u64, 0u64, Vec::new())];
                 let mut grow = vec![(0u64, 0u64, Vec::new(), 0usize)];
-                for _ in 0..MAX_CUTS {
+                for _ in 0..most {
                     let mut next = Vec::new();
                     for (lo, hi, set, from) in &grow {
                         for (i, &t) in rows.iter().enumerate().skip(*from) {
@@ -1113,12 +1114,17 @@ fn build_with(
                 Ok(end[pe].max(home) + head_cycles(&nodes))
             })
             .collect::<Result<Vec<u64>, String>>()?;
-        let cuts = deal
-            .plan(&ends)
-            .ok_or_else(|| format!("{NAME}: passing rows on does not shorten the busiest PE"))?;
-        deal = deal
-            .with_cuts(&cuts, heads)
-            .ok_or_else(|| format!("{NAME}: rows passed on beyond 32-bit addresses"))?;
+        // Each row a PE passes on rides on a nest of its own: where the plan passes more
+        // than its nests take, fewer rows per boundary are planned.
+        let cut = (1..=MAX_CUTS).rev().find_map(|most| {
+            let cuts = deal.plan(&ends, most)?;
+            let cut = deal.clone().with_cuts(&cuts, heads)?;
+            (0..m)
+                .all(|pe| cut.all_values(pe, scale).is_ok())
+                .then_some(cut)
+        });
+        deal =
+            cut.ok_or_else(|| format!("{NAME}: passing rows on does not shorten the busiest PE"))?;
         check(&deal)?;
     }
     let mut bodies = Vec::with_capacity(mu);
