@@ -1441,6 +1441,95 @@ fn whole_rows_normalising_per_row_are_proved() {
     assert_eq!(proved, 4 * 10 + 4 * 8, "layers proved");
 }
 
+/// Whole rows with rows passed on to the next PE (the scores and a first part's maximum sent
+/// after the ring pass, the rest of the row's softmax and values on the next PE, its `y` row
+/// placed there): proved flattened under each normalisation, on 6 and 12 PEs, with one and four
+/// heads, with no operation beyond those of the whole rows under the same normalisation.
+#[test]
+fn whole_rows_passed_on_are_proved() {
+    let mut proved = Vec::new();
+    for (n, d, m) in [
+        (64, 32, 6),
+        (40, 16, 6),
+        (52, 20, 6),
+        (64, 64, 6),
+        (100, 24, 12),
+        (128, 32, 12),
+        (128, 64, 12),
+    ] {
+        for h in [1, 4] {
+            for norm in [
+                Normalisation::Deferred,
+                Normalisation::PerWeight,
+                Normalisation::PerRow,
+            ] {
+                let what = format!("n={n} d={d} h={h} m={m} {norm:?}");
+                let p = problem(n, d, h, false, true, true);
+                let Ok(st) = schedule_stream::run_whole_passed_as(&p, m, norm) else {
+                    continue;
+                };
+                for lp in &st.programs {
+                    assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
+                }
+                let man = stream_manifest(&p, m, &st);
+                assert_eq!(man.normalisation, norm, "{what}");
+                let copy = u64::from(norm != Normalisation::PerWeight);
+                assert_eq!(man.ops.online_rescale, copy * u64::from(h), "{what}");
+                let flat: Vec<Program> = flattened(&st.programs);
+                assert_proved(&flat, &man, &what);
+                proved.push(what);
+            }
+        }
+    }
+    eprintln!(
+        "{} layers with rows passed on proved: {proved:#?}",
+        proved.len()
+    );
+    assert_eq!(proved.len(), 42, "layers proved");
+}
+
+/// Rows passed on whose words do not all reach the next PE (one sent word taken out), or
+/// whose second part misses a maximum, are caught.
+#[test]
+fn whole_rows_passed_on_with_a_word_or_a_maximum_taken_out_are_rejected() {
+    let (n, d, m) = (64, 32, 6);
+    let p = problem(n, d, 1, false, true, true);
+    let st = schedule_stream::run_whole_passed_as(&p, m, Normalisation::PerRow).unwrap();
+    let man = stream_manifest(&p, m, &st);
+    let flat: Vec<Program> = flattened(&st.programs);
+    assert_proved(&flat, &man, "original");
+    // A PE's last send is a word of a row it passes on (the ring pass's sends come first).
+    for pe in 0..m as usize {
+        let Some(at) = flat[pe]
+            .bundles
+            .iter()
+            .rposition(|b| b.xfer != isa::Xfer::Nop)
+        else {
+            continue;
+        };
+        let mut cut = flat.clone();
+        cut[pe].bundles[at].xfer = isa::Xfer::Nop;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "PE {pe}: a word taken out was proved"
+        );
+    }
+    // Every PE's last maximum is a second part's (those come last).
+    for pe in 0..m as usize {
+        let mut cut = flat.clone();
+        let at = cut[pe]
+            .bundles
+            .iter()
+            .rposition(|b| b.op.kind() == Some(OpKind::Max))
+            .unwrap();
+        cut[pe].bundles[at].op = Op::Nop;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "PE {pe}: a maximum taken out was proved"
+        );
+    }
+}
+
 /// Per-row programs with a division moved to the other kind of row are caught: a deferred
 /// row's output element divided once more or less, or a per-weight row's weight left whole.
 #[test]

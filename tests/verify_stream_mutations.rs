@@ -679,19 +679,22 @@ fn uneven_deal_mutants_are_rejected() {
 
 /// Whole rows under a causal mask (steps of different lengths joined into loops where they
 /// continue one another, stepped nests, placements listed element by element), with deferred
-/// normalisation, dividing each weight, and per row: proved, and every mutant of a loop count,
-/// a stride, a base address or a count's step rejected.
+/// normalisation, dividing each weight, and per row, and with rows passed on to the next PE:
+/// proved, and every mutant of a loop count, a stride, a base address or a count's step
+/// rejected.
 #[test]
 fn whole_row_mutants_are_rejected() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(19);
     let mut rejected = [0u32; 4];
     // Under each normalisation the builder keeps: the fewest cycles.
-    for (n, d, h, m, norm) in [
-        (29, 3, 1, 6, Normalisation::Deferred),
-        (19, 2, 2, 4, Normalisation::Deferred),
-        (20, 4, 1, 3, Normalisation::PerRow),
-        (19, 24, 1, 4, Normalisation::PerWeight),
-        (29, 20, 2, 6, Normalisation::PerRow),
+    // Whether rows are passed on to the next PE, too.
+    for (n, d, h, m, norm, passed) in [
+        (29, 3, 1, 6, Normalisation::Deferred, false),
+        (19, 2, 2, 4, Normalisation::Deferred, false),
+        (20, 4, 1, 3, Normalisation::PerRow, false),
+        (19, 24, 1, 4, Normalisation::PerWeight, true),
+        (29, 20, 2, 6, Normalisation::PerRow, true),
+        (40, 16, 2, 6, Normalisation::PerRow, true),
     ] {
         let what = format!("n={n} d={d} h={h} m={m}");
         let src = layer_src(n, d, h, false, true).replace("softmax = plain", "softmax = safe");
@@ -702,6 +705,11 @@ fn whole_row_mutants_are_rejected() {
             "{what}: not whole rows"
         );
         assert_eq!(c.manifest.normalisation, norm, "{what}: normalisation");
+        assert_eq!(
+            c.manifest.outputs["y"].pe != c.manifest.inputs["q"].pe,
+            passed,
+            "{what}: rows passed on"
+        );
         // Steps wait for their blocks and PEs for the longest one: a loop of no-ops (a wait)
         // may have slack, and one run shorter is still a correct program. Loop counts are
         // mutated on loops that do work.

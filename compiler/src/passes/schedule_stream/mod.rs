@@ -970,6 +970,16 @@ pub fn run_whole_as(
     whole::run_as(p, pes, norm)
 }
 
+/// [`run_whole_as`] with rows passed on to the next PE to even out the PEs' ends (an error
+/// where that does not shorten the layer).
+pub fn run_whole_passed_as(
+    p: &Problem,
+    pes: u32,
+    norm: runtime::layer::Normalisation,
+) -> Result<Stream, String> {
+    whole::run_passed_as(p, pes, norm)
+}
+
 /// Mirrored scores alone (q = k = v, no mask, safe softmax, a ring that does not divide the
 /// tokens): rows dealt whole, each score computed once and its mirror carried home.
 pub fn run_mirrored(p: &Problem, pes: u32) -> Result<Stream, String> {

@@ -24,6 +24,13 @@
 //! together. Each step is a loop of its own, and steps that see their blocks alike join into one
 //! loop over them (`merge::merge_at`).
 //!
+//! What whole rows leave uneven (the first rows, one small one on each of the first PEs) is
+//! evened out by rows passed on to the next PE: all their scores computed on their own PE,
+//! which takes the maximum of the first keys and sends scores and maximum after the ring pass;
+//! the rest of the row's softmax and its values on the next PE, after its own rows. Each row
+//! still executes exactly its whole-row operations; that variant is kept only where it takes
+//! fewer cycles.
+//!
 //! Placements are listed per element, which leaves the proof to the flattened programs: layers
 //! beyond the flattening limit are refused rather than written unprovable.
 
@@ -38,6 +45,9 @@ use runtime::layer::Normalisation;
 /// Bundles of all PEs' programs flattened that the proof of a layer with per-element
 /// placements can take (`attnc verify`'s flattening limit, `attnc::rundir::MAX_FLATTENED_BUNDLES`).
 const FLAT_PROOF_BUNDLES: u64 = 8_000_000;
+
+/// Rows a PE passes on to the next at most: each rides on a nest of its own.
+const MAX_CUTS: usize = 3;
 
 /// Why the whole-rows deal does not apply to `p` on `m` PEs, if it does not.
 pub fn unsupported(p: &Problem, m: u32) -> Option<String> {
@@ -148,6 +158,7 @@ struct Piece {
     len: u32,
 }
 
+#[derive(Clone)]
 struct Deal {
     n: u32,
     d: u32,
@@ -158,6 +169,32 @@ struct Deal {
     rest: u32,
     periods: u32,
     pes: Vec<Pe>,
+    /// Rows passed on to the next PE (none in the plain deal).
+    cuts: Vec<Cut>,
+}
+
+/// A row passed on: its scores are all computed in the ring pass on its own PE `from`, which
+/// also takes the maximum of its first `c` keys (into the score row's column `t + 1`, free under
+/// the mask) and sends the scores and that maximum to the next PE; there the rest of the
+/// maxima, the exponentials, the sum, `y` and the divisions follow after that PE's own rows.
+#[derive(Clone, Copy, Debug)]
+struct Cut {
+    t: u32,
+    c: u32,
+    from: u32,
+    /// The next PE's words for the row: its scores and the sent maximum (`t + 2`), its
+    /// maximum, its sum, and its `y` row per head.
+    sc: u32,
+    mx: u32,
+    l: u32,
+    y: u32,
+}
+
+impl Cut {
+    /// Words the first part sends: every score, and its maximum where it took one.
+    fn words(&self) -> u32 {
+        self.t + 1 + u32::from(self.c >= 2)
+    }
 }
 
 impl Deal {
@@ -220,7 +257,167 @@ impl Deal {
             rest,
             periods,
             pes,
+            cuts: Vec::new(),
         })
+    }
+
+    /// Operations (and cycles) of row `t` as a whole row under this deal's normalisation.
+    fn cost(&self, t: u32) -> u64 {
+        let d = u64::from(self.d);
+        let div = if self.norm.defers(t + 1, self.d) {
+            d
+        } else {
+            u64::from(t) + 1
+        };
+        let copy = u64::from(t == 0 && self.norm != Normalisation::PerWeight);
+        (2 * d + 2) * (u64::from(t) + 1) - 1 + div + copy
+    }
+
+    /// What passing row `t` on with its first part's maximum over `c` keys moves to the next
+    /// PE: all but its scores and the first part's `c − 1` maxima.
+    fn moved(&self, t: u32, c: u32) -> u64 {
+        self.cost(t) - (u64::from(t) + 1) * u64::from(self.d) - u64::from(c - 1)
+    }
+
+    /// Rows to pass on so that the PE that ends last (`loads`: where each would end with whole
+    /// rows) ends as early as it can with at most
+    /// `most` rows passed from each PE to the next (the last PE's to PE 0 too), or `None`
+    /// where that is no shorter than the plain deal. Each boundary moves an amount of work
+    /// within the sum of its rows' ranges (`moved(t, t + 1)` to `moved(t, 1)`); given the work
+    /// a PE receives, the least it can pass on leaves the next PE the most room, so one pass
+    /// round the ring per amount sent over the last boundary decides a busiest-PE bound.
+    fn plan(&self, loads: &[u64], most: usize) -> Option<Vec<(u32, u32, u32)>> {
+        let m = self.m as usize;
+        // A row passed on sends its words on a value loop of `d` iterations. A PE's top row
+        // stays: it reads the v rows of all the PE's tokens, which the ring's last hop brings
+        // home to be read.
+        let sets: Vec<Vec<(u64, u64, Vec<u32>)>> = self
+            .pes
+            .iter()
+            .map(|pe| {
+                let top = pe.tokens.iter().copied().max().unwrap_or(0);
+                let rows: Vec<u32> = pe
+                    .tokens
+                    .iter()
+                    .copied()
+                    .filter(|&t| t >= 2 && t + 2 <= self.d && t != top)
+                    .collect();
+                let mut sets = vec![(0u64, 0u64, Vec::new())];
+                let mut grow = vec![(0u64, 0u64, Vec::new(), 0usize)];
+                for _ in 0..most {
+                    let mut next = Vec::new();
+                    for (lo, hi, set, from) in &grow {
+                        for (i, &t) in rows.iter().enumerate().skip(*from) {
+                            let mut s = set.clone();
+                            s.push(t);
+                            next.push((lo + self.moved(t, t + 1), hi + self.moved(t, 1), s, i + 1));
+                        }
+                    }
+                    sets.extend(next.iter().map(|x| (x.0, x.1, x.2.clone())));
+                    grow = next;
+                }
+                sets
+            })
+            .collect();
+        // The amounts each PE can pass on: the union of its sets' ranges, in order.
+        let unions: Vec<Vec<(u64, u64)>> = sets
+            .iter()
+            .map(|sets| {
+                let mut r: Vec<(u64, u64)> = sets.iter().map(|x| (x.0, x.1)).collect();
+                r.sort_unstable();
+                let mut u: Vec<(u64, u64)> = Vec::new();
+                for (lo, hi) in r {
+                    match u.last_mut() {
+                        Some(last) if lo <= last.1 + 1 => last.1 = last.1.max(hi),
+                        _ => u.push((lo, hi)),
+                    }
+                }
+                u
+            })
+            .collect();
+        // The least amount PE `p` can pass on that keeps it within `top`, having received
+        // `fin`.
+        let pass = |p: usize, fin: u64, top: u64| -> Option<u64> {
+            let need = (loads[p] + fin).saturating_sub(top);
+            let u = &unions[p];
+            let at = u.partition_point(|x| x.1 < need);
+            u.get(at).map(|x| x.0.max(need))
+        };
+        // The amounts over every boundary, the last (PE `m − 1` to PE 0) first tried.
+        let walk = |top: u64| -> Option<Vec<u64>> {
+            let wraps = unions[m - 1].iter().flat_map(|x| x.0..=x.1);
+            'wrap: for wf in wraps {
+                let mut flows = Vec::with_capacity(m);
+                let mut fin = wf;
+                for p in 0..m - 1 {
+                    let Some(x) = pass(p, fin, top) else {
+                        continue 'wrap;
+                    };
+                    fin = x;
+                    flows.push(x);
+                }
+                if loads[m - 1] + fin <= top + wf {
+                    flows.push(wf);
+                    return Some(flows);
+                }
+            }
+            None
+        };
+        let total: u64 = loads.iter().sum();
+        let plain = loads.iter().copied().max().unwrap_or(0);
+        let (mut lo, mut hi) = (total.div_ceil(self.m.into()), plain);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if walk(mid).is_some() {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        if lo >= plain {
+            return None;
+        }
+        let flows = walk(lo)?;
+        let mut cuts = Vec::new();
+        for (p, amount) in flows.into_iter().enumerate() {
+            // The fewest rows that can move the amount; each at least its least, the rest
+            // spread first come.
+            let set = (0..sets[p].len())
+                .filter(|&i| sets[p][i].0 <= amount && amount <= sets[p][i].1)
+                .min_by_key(|&i| (sets[p][i].2.len(), i))?;
+            let rows = &sets[p][set].2;
+            let mut left = amount - sets[p][set].0;
+            for &t in rows {
+                let more = left.min(self.moved(t, 1) - self.moved(t, t + 1));
+                left -= more;
+                let c = t + 1 - more as u32;
+                cuts.push((p as u32, t, c));
+            }
+        }
+        Some(cuts)
+    }
+
+    /// The deal with `cuts` (`(PE, token, c)`) passed on: the receiving PEs' words for them.
+    fn with_cuts(mut self, cuts: &[(u32, u32, u32)], heads: u32) -> Option<Deal> {
+        for &(from, t, c) in cuts {
+            let to = ((from + 1) % self.m) as usize;
+            let at = self.pes[to].words;
+            let sc = at;
+            let mx = sc + t + 2;
+            let l = mx + 1;
+            let y = l + 1;
+            self.pes[to].words = y.checked_add(heads.checked_mul(self.d)?)?;
+            self.cuts.push(Cut {
+                t,
+                c,
+                from,
+                sc,
+                mx,
+                l,
+                y,
+            });
+        }
+        Some(self)
     }
 
     fn pe(&self, p: u32) -> &Pe {
@@ -501,7 +698,14 @@ impl Deal {
     /// After the ring pass, rows `local0 + 2·i` (`i < rows`) of PE `p`, tokens `t0 + 2m·i`
     /// (at least 2 when `rows > 1`): maximum, exponentials summed into `l`, weighted values,
     /// `y /= l` (per weight: each exponential divided by `l` before the values instead).
-    fn values(&self, p: u32, (local0, rows): (u32, u32), t0: u32, scale: f32) -> Vec<Node> {
+    fn values(
+        &self,
+        p: u32,
+        (local0, rows): (u32, u32),
+        t0: u32,
+        scale: f32,
+        ride: Option<&Send>,
+    ) -> Vec<Node> {
         // Every row of the nest alike ([`Deal::all_values`] splits nests where rows differ).
         let per_weight = !self.norm.defers(t0 + 1, self.d);
         let pe = self.pe(p);
@@ -579,6 +783,7 @@ impl Deal {
         let mut cols = vec![B::new()
             .mul(sc.clone(), v.clone(), None)
             .add(None, yc.clone())
+            .send(ride)
             .build()];
         if t0 >= 1 {
             cols.extend(stepped(
@@ -596,31 +801,160 @@ impl Deal {
         lp(rows, body)
     }
 
-    /// Every row's values: the rows of tokens below 2 alone, the rest in one nest per kind.
-    fn all_values(&self, p: u32, scale: f32) -> Vec<Node> {
+    /// Every row's values but those passed on: the rows of tokens below 2 alone, the rest in
+    /// one nest per kind (split where a row passed on leaves it). Before them the first parts
+    /// of the rows passed on take their maxima, and each sends its words on the value loop of
+    /// the first row of a nest of its own; also when (cycles from the start) each has sent them.
+    fn all_values(&self, p: u32, scale: f32) -> Result<(Vec<Node>, Vec<u64>), String> {
         let pe = self.pe(p);
+        let n = self.n;
+        let out: Vec<&Cut> = self.cuts.iter().filter(|x| x.from == p).collect();
+        let passed = |t: u32| out.iter().any(|x| x.t == t);
+        let local_of = |t: u32| pe.tokens.iter().position(|&x| x == t).unwrap_or(0) as u32;
         let mut nodes = Vec::new();
+        for cut in &out {
+            if cut.c < 2 {
+                continue;
+            }
+            let sc = ad(pe.s + local_of(cut.t) * n);
+            let top = sc.clone().plus(i64::from(cut.t) + 1);
+            nodes.push(
+                B::new()
+                    .max(sc.clone(), sc.clone().plus(1), top.clone())
+                    .build(),
+            );
+            nodes.extend(lp(
+                cut.c - 2,
+                vec![B::new().max(top.clone(), sc.plus(2).t(1, 1), top).build()],
+            ));
+        }
+        let mut sent = Vec::new();
         for high in [false, true] {
             let mut i = pe.first[usize::from(high)];
             while i < self.periods as i32 {
                 let t = self.token(p, high, i);
+                if passed(t) {
+                    i += 1;
+                    continue;
+                }
                 let local = self.local(p, high, i);
                 // Rows that divide otherwise than this one (per row: from the first with `d`
-                // keys) start a nest of their own.
+                // keys), and rows passed on, end a nest.
                 let defers = self.norm.defers(t + 1, self.d);
                 let alike = (i..self.periods as i32)
-                    .take_while(|&j| self.norm.defers(self.token(p, high, j) + 1, self.d) == defers)
+                    .take_while(|&j| {
+                        let u = self.token(p, high, j);
+                        !passed(u) && self.norm.defers(u + 1, self.d) == defers
+                    })
                     .count() as i32;
-                if t < 2 {
-                    nodes.extend(self.values(p, (local, 1), t, scale));
-                    i += 1;
-                } else {
-                    nodes.extend(self.values(p, (local, alike as u32), t, scale));
-                    i += alike;
+                let rows = if t < 2 { 1 } else { alike as u32 };
+                let ride = out.get(sent.len()).map(|cut| {
+                    let mut preds = vec![Pred {
+                        slot: Slot::Xfer,
+                        level: 2,
+                        cmp: Cmp::Lt,
+                        value: cut.words(),
+                    }];
+                    if rows > 1 {
+                        preds.push(Pred {
+                            slot: Slot::Xfer,
+                            level: 1,
+                            cmp: Cmp::Eq,
+                            value: 0,
+                        });
+                    }
+                    Send {
+                        src: ad(pe.s + local_of(cut.t) * n).t(2, 1),
+                        dst: ad(cut.sc).t(2, 1),
+                        preds,
+                    }
+                });
+                if let Some(r) = &ride {
+                    let first = self.values(p, (local, 1), t, scale, Some(r));
+                    sent.push(head_cycles(&nodes) + head_cycles(&first));
                 }
+                nodes.extend(self.values(p, (local, rows), t, scale, ride.as_ref()));
+                i += rows as i32;
             }
         }
-        nodes
+        if sent.len() < out.len() {
+            return Err(format!(
+                "{NAME}: whole rows cannot send PE {p}'s rows passed on on its value loops"
+            ));
+        }
+        Ok((nodes, sent))
+    }
+
+    /// The second part of a row passed on to PE `p`: the maxima the first part left, the
+    /// exponentials and their sum, `y` from every key's v row, and the divisions.
+    fn second(&self, p: u32, cut: &Cut, scale: f32) -> Vec<Node> {
+        let pe = self.pe(p);
+        let d = i64::from(self.d);
+        let t = cut.t;
+        let sc = ad(cut.sc);
+        let mx = ad(cut.mx);
+        let l = ad(cut.l);
+        let mut body = Vec::new();
+        let top = if cut.c == t + 1 {
+            sc.clone().plus(i64::from(t) + 1)
+        } else {
+            let first = if cut.c >= 2 {
+                sc.clone().plus(i64::from(t) + 1)
+            } else {
+                sc.clone()
+            };
+            let c = i64::from(cut.c);
+            body.push(B::new().max(first, sc.clone().plus(c), mx.clone()).build());
+            body.extend(lp(
+                t - cut.c,
+                vec![B::new()
+                    .max(mx.clone(), sc.clone().plus(c + 1).t(2, 1), mx.clone())
+                    .build()],
+            ));
+            mx
+        };
+        body.push(
+            B::new()
+                .expd(sc.clone(), top.clone(), scale, sc.clone())
+                .add(None, l.clone())
+                .build(),
+        );
+        let e = sc.clone().plus(1).t(2, 1);
+        body.extend(lp(
+            t,
+            vec![B::new()
+                .expd(e.clone(), top, scale, e)
+                .add(Some(l.clone()), l.clone())
+                .build()],
+        ));
+        let per_weight = !self.norm.defers(t + 1, self.d);
+        if per_weight {
+            let w = sc.clone().t(2, 1);
+            body.extend(lp(
+                t + 1,
+                vec![B::new().div(w.clone(), l.clone(), w).build()],
+            ));
+        }
+        let yc = ad(cut.y).t(0, d).t(2, 1);
+        let v = ad(pe.vb).t(2, 1);
+        let cols = vec![
+            B::new()
+                .mul(sc.clone(), v.clone(), None)
+                .add(None, yc.clone())
+                .build(),
+            Node::Loop(Loop::new(
+                t,
+                vec![B::new()
+                    .mul(sc.plus(1).t(3, 1), v.plus(d).t(3, d), None)
+                    .add(Some(yc.clone()), yc.clone())
+                    .build()],
+            )),
+        ];
+        body.extend(lp(self.d, cols));
+        if !per_weight {
+            body.extend(lp(self.d, vec![B::new().div(yc.clone(), l, yc).build()]));
+        }
+        lp(1, body)
     }
 }
 
@@ -688,6 +1022,19 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
             }
         }
     }
+    // Rows passed on to the next PE even out what whole rows cannot; kept only where they
+    // take fewer cycles, so that every other layer's programs stay as they were.
+    for norm in [
+        Normalisation::Deferred,
+        Normalisation::PerWeight,
+        Normalisation::PerRow,
+    ] {
+        if let Ok(w) = build_with(p, m, budget, norm, true) {
+            if w.cycles < best.cycles {
+                best = w;
+            }
+        }
+    }
     Ok(best)
 }
 
@@ -696,22 +1043,44 @@ pub fn run_as(p: &Problem, m: u32, norm: Normalisation) -> Result<Stream, String
     build(p, m, None, norm)
 }
 
+/// The whole-rows programs under `norm` with rows passed on, an error where passing rows on
+/// does not shorten the layer.
+pub fn run_passed_as(p: &Problem, m: u32, norm: Normalisation) -> Result<Stream, String> {
+    build_with(p, m, None, norm, true)
+}
+
 fn build(p: &Problem, m: u32, budget: Option<u64>, norm: Normalisation) -> Result<Stream, String> {
+    build_with(p, m, budget, norm, false)
+}
+
+/// [`build`], with rows passed on to the next PE where that shortens the busiest PE
+/// (`pass`), else without.
+fn build_with(
+    p: &Problem,
+    m: u32,
+    budget: Option<u64>,
+    norm: Normalisation,
+    pass: bool,
+) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, m) {
         return Err(why);
     }
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
     let scale = p.scale as f32;
-    let deal = Deal::new(n, d, m, heads, norm).ok_or_else(|| {
+    let mut deal = Deal::new(n, d, m, heads, norm).ok_or_else(|| {
         format!("{NAME}: whole rows do not deal the layer in two progressions per PE within 32-bit addresses")
     })?;
-    let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
-    if budget.is_some_and(|b| u64::from(words) > b) {
-        return Err(format!(
-            "{NAME}: whole rows need {words} words per PE, more than {}",
-            budget.unwrap_or(0)
-        ));
-    }
+    let check = |deal: &Deal| {
+        let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
+        if budget.is_some_and(|b| u64::from(words) > b) {
+            return Err(format!(
+                "{NAME}: whole rows need {words} words per PE, more than {}",
+                budget.unwrap_or(0)
+            ));
+        }
+        Ok(())
+    };
+    check(&deal)?;
     let mu = m as usize;
     let prev = |pe: usize| (pe + mu - 1) % mu;
     let steps: Vec<Vec<(Vec<Node>, u64)>> = (0..m)
@@ -735,7 +1104,33 @@ fn build(p: &Problem, m: u32, budget: Option<u64>, norm: Normalisation) -> Resul
             end[pe] = at + head_cycles(&steps[pe][s].0);
         }
     }
+    if pass {
+        // Where each PE would end with whole rows: the ring pass's waits stay as they are,
+        // so what passing rows on can even out is these ends.
+        let ends = (0..mu)
+            .map(|pe| {
+                let home = start[prev(pe)][mu - 1] + steps[prev(pe)][mu - 1].1;
+                let (nodes, _) = deal.all_values(pe as u32, scale)?;
+                Ok(end[pe].max(home) + head_cycles(&nodes))
+            })
+            .collect::<Result<Vec<u64>, String>>()?;
+        // Each row a PE passes on rides on a nest of its own: where the plan passes more
+        // than its nests take, fewer rows per boundary are planned.
+        let cut = (1..=MAX_CUTS).rev().find_map(|most| {
+            let cuts = deal.plan(&ends, most)?;
+            let cut = deal.clone().with_cuts(&cuts, heads)?;
+            (0..m)
+                .all(|pe| cut.all_values(pe, scale).is_ok())
+                .then_some(cut)
+        });
+        deal =
+            cut.ok_or_else(|| format!("{NAME}: passing rows on does not shorten the busiest PE"))?;
+        check(&deal)?;
+    }
     let mut bodies = Vec::with_capacity(mu);
+    // When each PE's rows passed on have reached the next PE.
+    let mut arrive: Vec<Vec<u64>> = vec![Vec::new(); mu];
+    let mut tails = Vec::with_capacity(mu);
     for pe in 0..mu {
         let mut body = Vec::new();
         for (s, (nodes, _)) in steps[pe].iter().enumerate() {
@@ -745,8 +1140,24 @@ fn build(p: &Problem, m: u32, budget: Option<u64>, norm: Normalisation) -> Resul
         // The own block comes home on the last step of the PE before.
         let home = start[prev(pe)][mu - 1] + steps[prev(pe)][mu - 1].1;
         body.extend(wait(home.saturating_sub(end[pe]))?);
-        body.extend(deal.all_values(pe as u32, scale));
+        let from = end[pe].max(home);
+        let (nodes, sent) = deal.all_values(pe as u32, scale)?;
+        arrive[pe] = sent.iter().map(|x| from + x).collect();
+        tails.push(from + head_cycles(&nodes));
+        body.extend(nodes);
         bodies.push(body);
+    }
+    // Each PE takes the rows passed on to it last, once their words are there.
+    for (pe, body) in bodies.iter_mut().enumerate() {
+        let from = prev(pe) as u32;
+        let mut at = tails[pe];
+        for (k, cut) in deal.cuts.iter().filter(|x| x.from == from).enumerate() {
+            let ready = arrive[from as usize][k];
+            body.extend(wait(ready.saturating_sub(at))?);
+            let part = deal.second(pe as u32, cut, scale);
+            at = at.max(ready) + head_cycles(&part);
+            body.extend(part);
+        }
     }
     // Steps whose rows see their blocks alike (a run of blocks before or after the PE's, whose
     // first periods agree) continue one another: one loop over them.
@@ -804,14 +1215,20 @@ fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
             let rows = pe.rows();
             for c in 0..d {
                 let kv = pe.kv + h * 2 * rows * d + i * d + c;
+                let t = pe.tokens[i as usize];
+                // A row passed on ends on the next PE.
+                let (yp, ya) = match deal.cuts.iter().find(|x| x.from == p && x.t == t) {
+                    Some(cut) => ((p + 1) % deal.m, cut.y + h * d + c),
+                    None => (p, pe.y + (h * rows + i) * d + c),
+                };
                 let at = [
-                    pe.q + (h * rows + i) * d + c,
-                    kv,
-                    kv + rows * d,
-                    pe.y + (h * rows + i) * d + c,
+                    (p, pe.q + (h * rows + i) * d + c),
+                    (p, kv),
+                    (p, kv + rows * d),
+                    (yp, ya),
                 ];
-                for (list, a) in lists.iter_mut().zip(at) {
-                    list.0.push(p);
+                for (list, (q, a)) in lists.iter_mut().zip(at) {
+                    list.0.push(q);
                     list.1.push(a);
                 }
             }
