@@ -506,6 +506,48 @@ fn whole_rows_run_exactly_their_operations() {
     }
 }
 
+/// Runs a whole-rows stream three ways (`run_three_ways`) and checks that it executes per head
+/// exactly the formulation's operations: the products of scores and values, an exponential per
+/// weight, per row `d` divisions or one per weight (whichever `norm` takes), a row's keys less
+/// one maxima, and per row token 0's copied maximum except per weight.
+fn check_whole_rows_ops(p: &Problem, m: u32, st: &Stream, norm: Normalisation, what: &str) {
+    let (n, d, h) = (p.tokens, p.dim, p.heads);
+    let stats = run_three_ways(p, m, st, what);
+    let kind = |k: OpKind| stats.per_pe.iter().map(|x| x.count(k)).sum::<u64>();
+    let (n64, d64) = (u64::from(n), u64::from(d));
+    let weights = n64 * (n64 + 1) / 2;
+    let divs: u64 = (0..n64)
+        .map(|t| {
+            if norm.defers(t as u32 + 1, d) {
+                d64
+            } else {
+                t + 1
+            }
+        })
+        .sum();
+    let copy = u64::from(norm != Normalisation::PerWeight);
+    let per_head = 2 * weights * d64 + weights + divs + (weights - n64) + copy;
+    let ran: u64 = [
+        OpKind::Mul,
+        OpKind::Exp,
+        OpKind::Div,
+        OpKind::Max,
+        OpKind::Expd,
+    ]
+    .into_iter()
+    .map(kind)
+    .sum();
+    assert_eq!(ran, st.total_ops, "{what}");
+    assert_eq!(st.total_ops, u64::from(h) * per_head, "{what}");
+    assert_eq!(kind(OpKind::Div), u64::from(h) * divs, "{what}");
+    assert_eq!(st.ops.phase2_div, u64::from(h) * divs, "{what}");
+    assert_eq!(
+        kind(OpKind::Max),
+        u64::from(h) * (weights - n64 + copy),
+        "{what}"
+    );
+}
+
 /// Whole rows dividing each weight by its row's sum, or per row whichever divides fewer times
 /// (each weight where the row has fewer keys than `d`): run against the reference the same in
 /// bulk, cycle by cycle and flattened, in the predicted cycles, executing per head exactly the
@@ -540,37 +582,7 @@ fn whole_rows_per_weight_and_per_row_run_exactly_their_operations() {
             if norm == Normalisation::Deferred {
                 continue;
             }
-            let stats = run_three_ways(&p, m, &st, &what);
-            let kind = |k: OpKind| stats.per_pe.iter().map(|x| x.count(k)).sum::<u64>();
-            let (n64, d64) = (u64::from(n), u64::from(d));
-            let weights = n64 * (n64 + 1) / 2;
-            let divs: u64 = (0..n64)
-                .map(|t| {
-                    if norm.defers(t as u32 + 1, d) {
-                        d64
-                    } else {
-                        t + 1
-                    }
-                })
-                .sum();
-            let copy = u64::from(norm != Normalisation::PerWeight);
-            // Products of scores and values, an exponential per weight, the divisions, a
-            // row's keys less one maxima, and per row the copy.
-            let per_head = 2 * weights * d64 + weights + divs + (weights - n64) + copy;
-            let ran: u64 = [
-                OpKind::Mul,
-                OpKind::Exp,
-                OpKind::Div,
-                OpKind::Max,
-                OpKind::Expd,
-            ]
-            .into_iter()
-            .map(kind)
-            .sum();
-            assert_eq!(ran, st.total_ops, "{what}");
-            assert_eq!(st.total_ops, u64::from(h) * per_head, "{what}");
-            assert_eq!(kind(OpKind::Div), u64::from(h) * divs, "{what}");
-            assert_eq!(st.ops.phase2_div, u64::from(h) * divs, "{what}");
+            check_whole_rows_ops(&p, m, &st, norm, &what);
         }
         let kept = schedule_stream::run_whole(&p, m).unwrap();
         let what = format!("n={n} d={d} h={h} m={m}");
@@ -633,39 +645,7 @@ fn whole_rows_passed_on_run_exactly_their_operations() {
             for prog in &st.programs {
                 assert_eq!(prog.cycles(), st.cycles, "{what}");
             }
-            let stats = run_three_ways(&p, m, &st, &what);
-            let kind = |k: OpKind| stats.per_pe.iter().map(|x| x.count(k)).sum::<u64>();
-            let (n64, d64) = (u64::from(n), u64::from(d));
-            let weights = n64 * (n64 + 1) / 2;
-            let divs: u64 = (0..n64)
-                .map(|t| {
-                    if norm.defers(t as u32 + 1, d) {
-                        d64
-                    } else {
-                        t + 1
-                    }
-                })
-                .sum();
-            let copy = u64::from(norm != Normalisation::PerWeight);
-            let per_head = 2 * weights * d64 + weights + divs + (weights - n64) + copy;
-            let ran: u64 = [
-                OpKind::Mul,
-                OpKind::Exp,
-                OpKind::Div,
-                OpKind::Max,
-                OpKind::Expd,
-            ]
-            .into_iter()
-            .map(kind)
-            .sum();
-            assert_eq!(ran, st.total_ops, "{what}");
-            assert_eq!(st.total_ops, u64::from(h) * per_head, "{what}");
-            assert_eq!(kind(OpKind::Div), u64::from(h) * divs, "{what}");
-            assert_eq!(
-                kind(OpKind::Max),
-                u64::from(h) * (weights - n64 + copy),
-                "{what}"
-            );
+            check_whole_rows_ops(&p, m, &st, norm, &what);
         }
     }
     assert!(built >= 12, "{built} layers passed rows on");
