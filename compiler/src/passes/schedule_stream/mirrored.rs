@@ -1792,7 +1792,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         bodies,
         (m, heads),
         |_| deal.words,
-        |raw| super::merge::merge(super::once::strip(raw)),
+        |raw| super::once::inline(super::merge::merge(super::once::strip(raw))),
     )?;
     Ok((Some(programs), start))
 }

@@ -33,3 +33,69 @@ fn walk(nodes: &mut [Node], once: &mut Vec<bool>) {
         }
     }
 }
+
+/// `p` with every once-run loop that nothing refers to by its index (after [`strip`]) replaced
+/// by its body, the deeper levels renumbered one up: the same flattening in fewer records (a
+/// loop costs its opening and closing records, three bytes at least).
+pub(super) fn inline(mut p: LoopProgram) -> LoopProgram {
+    p.body = flatten_once(std::mem::take(&mut p.body), 0);
+    p
+}
+
+/// `nodes` (their loops at `level`) with the once-run loops inside them inlined.
+fn flatten_once(nodes: Vec<Node>, level: u8) -> Vec<Node> {
+    let mut out = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        match node {
+            Node::Loop(mut l) => {
+                if l.count == 1 && l.step.is_none() && !refers(&l.body, level) {
+                    lift(&mut l.body, level);
+                    out.extend(flatten_once(l.body, level));
+                } else {
+                    l.body = flatten_once(l.body, level + 1);
+                    out.push(Node::Loop(l));
+                }
+            }
+            bundle => out.push(bundle),
+        }
+    }
+    out
+}
+
+/// Whether anything in `nodes` uses the index at `level`: a term, a predicate or a step.
+fn refers(nodes: &[Node], level: u8) -> bool {
+    nodes.iter().any(|n| match n {
+        Node::Loop(l) => l.step.is_some_and(|s| s.level == level) || refers(&l.body, level),
+        Node::Bundle(b) => {
+            b.terms.iter().any(|t| t.level == level) || b.preds.iter().any(|q| q.level == level)
+        }
+    })
+}
+
+/// Every level below `level` in `nodes` moved one up, the loop at `level` being removed.
+fn lift(nodes: &mut [Node], level: u8) {
+    for n in nodes {
+        match n {
+            Node::Loop(l) => {
+                if let Some(s) = l.step.as_mut() {
+                    if s.level > level {
+                        s.level -= 1;
+                    }
+                }
+                lift(&mut l.body, level);
+            }
+            Node::Bundle(b) => {
+                for t in &mut b.terms {
+                    if t.level > level {
+                        t.level -= 1;
+                    }
+                }
+                for q in &mut b.preds {
+                    if q.level > level {
+                        q.level -= 1;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -8,7 +8,7 @@
 //! with its addresses moved on keeps the same level, so nothing deeper changes). The
 //! flattening is the stretch's, with the sends added, and its length is unchanged.
 
-use isa::looped::{field, set_field, Loop, Node, Term};
+use isa::looped::{field, set_field, Cmp, Loop, Node, Pred, Slot, Term};
 use isa::{Xfer, XferSrc};
 
 use super::{Ad, NAME};
@@ -89,6 +89,11 @@ fn lay(
                 let i = first_after(runs, t);
                 if runs.get(i).is_none_or(|r| r.at >= t + span) {
                     out.push(node.clone());
+                    t += span;
+                    continue;
+                }
+                if let Some(kept) = guarded_ranges(l, level, t, &runs[i..])? {
+                    out.extend(kept);
                     t += span;
                     continue;
                 }
@@ -241,4 +246,213 @@ fn send(b: &mut isa::looped::LBundle, at: &Ad) -> Result<(), String> {
     }
     b.terms.sort_by_key(|t| (t.field, t.level));
     Ok(())
+}
+
+/// `l` (at `level`, from cycle `t`) as few loops over ranges of its iterations as
+/// [`guarded`] keeps whole, from the first on; `None` where some iteration cannot be so kept.
+fn guarded_ranges(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Vec<Node>>, String> {
+    if l.step.is_some() {
+        return Ok(None);
+    }
+    let body_len = len(&l.body)?;
+    let range = |a: u32, e: u32| -> Result<Option<Loop>, String> {
+        let sub = Loop::new(e - a, rebase(&l.body, level, a)?);
+        guarded(&sub, level, t + u64::from(a) * body_len, runs)
+    };
+    let mut out = Vec::new();
+    let mut a = 0u32;
+    while a < l.count {
+        // A range that keeps whole stays so with fewer iterations, so the longest from `a`
+        // is found by halving.
+        let Some(mut best) = range(a, a + 1)? else {
+            return Ok(None);
+        };
+        let (mut lo, mut hi) = (a + 1, l.count + 1);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            match range(a, mid)? {
+                Some(k) => {
+                    best = k;
+                    lo = mid;
+                }
+                None => hi = mid,
+            }
+        }
+        out.push(Node::Loop(best));
+        a = lo;
+    }
+    Ok(Some(out))
+}
+
+/// `l` (at `level`, from cycle `t`) kept whole with the sends of `runs` on it, where every
+/// part of its body (a bundle, or a range of an inner loop's iterations) that the runs touch
+/// is sent from in a range of `l`'s iterations alone, each of its iterations there covered
+/// whole, on an address that moves on by `l`'s body from one iteration to the next: the sends
+/// are kept to that range by predicates on `l`'s index. Splitting `l`'s iterations instead
+/// repeats its body once for each part; `None` where the runs do not fall so.
+fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, String> {
+    if l.step.is_some() {
+        return Ok(None);
+    }
+    // Addresses are compared by their bases: the runs must move alike with the outer loops
+    // (the heads), and the sends take their terms on those loops.
+    let outer = runs.first().map(|r| r.src.terms.clone()).unwrap_or_default();
+    if runs.iter().any(|r| r.src.terms != outer) {
+        return Ok(None);
+    }
+    let ad_at = |a: i64| Ad {
+        base: a,
+        terms: outer.clone(),
+    };
+    let body_len = len(&l.body)?;
+    // The run covering cycle `c` and the word it sends then.
+    let word = |c: u64| -> Option<i64> {
+        let r = runs.get(first_after(runs, c)).filter(|r| r.at <= c)?;
+        Some(r.src.base + (c - r.at) as i64)
+    };
+    // Where a part spanning cycles `[s, s + n)` of iteration 0 is sent from in each
+    // iteration: every cycle covered or none, and the words consecutive; the iterations that
+    // send and the first word in the first of them, if they fall as above.
+    let sends = |s: u64, n: u64| -> Option<Option<Hit>> {
+        let mut hit: Option<Hit> = None;
+        for it in 0..l.count {
+            let c = s + u64::from(it) * body_len;
+            let first = word(c);
+            let all = (0..n).all(|k| match (first, word(c + k)) {
+                (Some(a), Some(b)) => b == a + k as i64,
+                (None, None) => true,
+                _ => false,
+            });
+            // A part touched in some cycles but not all.
+            if !all {
+                return None;
+            }
+            let Some(a) = first else { continue };
+            match &mut hit {
+                None => hit = Some((it, it + 1, a)),
+                Some((i0, i1, a0)) => {
+                    let moved = *a0 + i64::from(it - *i0) * body_len as i64;
+                    if it != *i1 || a != moved {
+                        return None;
+                    }
+                    *i1 = it + 1;
+                }
+            }
+        }
+        Some(hit)
+    };
+    // The predicates keeping a send to iterations `i0 … i1 − 1`.
+    let keep = |i0: u32, i1: u32| -> Vec<Pred> {
+        let p = |cmp, value| Pred {
+            slot: Slot::Xfer,
+            level,
+            cmp,
+            value,
+        };
+        if i1 == i0 + 1 && i0 > 0 && i1 < l.count {
+            return vec![p(Cmp::Eq, i0)];
+        }
+        let mut v = Vec::new();
+        if i0 > 0 {
+            v.push(p(Cmp::Ge, i0));
+        }
+        if i1 < l.count {
+            v.push(p(Cmp::Lt, i1));
+        }
+        v
+    };
+    // The address of a send in iteration 0 of `l`, moved on by `l`'s body where it sends in
+    // more than one iteration; `None` where iteration 0's address would leave the space.
+    let from = |(i0, i1, a): Hit| -> Option<Ad> {
+        let base = a - i64::from(i0) * body_len as i64;
+        let last = base + i64::from(l.count - 1) * body_len as i64;
+        if i1 == i0 + 1 {
+            return u32::try_from(a).is_ok().then(|| ad_at(a));
+        }
+        (base >= 0 && last <= i64::from(u32::MAX)).then(|| ad_at(base).t(level, body_len as i64))
+    };
+    let mut body = Vec::with_capacity(l.body.len());
+    let mut o = t;
+    for node in &l.body {
+        match node {
+            Node::Bundle(b) => {
+                if b.preds.iter().any(|p| p.level == level) {
+                    return Ok(None);
+                }
+                let mut b = b.clone();
+                let Some(hit) = sends(o, 1) else {
+                    return Ok(None);
+                };
+                if let Some(h) = hit {
+                    let Some(at) = from(h) else { return Ok(None) };
+                    send(&mut b, &at)?;
+                    b.preds.extend(keep(h.0, h.1));
+                    b.preds.sort();
+                }
+                body.push(Node::Bundle(b));
+                o += 1;
+            }
+            Node::Loop(c) => {
+                if c.step.is_some() {
+                    return Ok(None);
+                }
+                let cb = len(&c.body)?;
+                // Ranges of `c`'s iterations that send alike.
+                let mut parts: Vec<(u32, u32, Option<Hit>)> = Vec::new();
+                for j in 0..c.count {
+                    let Some(hit) = sends(o + u64::from(j) * cb, cb) else {
+                        return Ok(None);
+                    };
+                    let go_on = parts.last().is_some_and(|&(j0, e, h)| {
+                        j == e
+                            && match (h, hit) {
+                                (None, None) => true,
+                                (Some((i0, i1, a)), Some((k0, k1, b))) => {
+                                    i0 == k0 && i1 == k1 && b == a + i64::from(j - j0) * cb as i64
+                                }
+                                _ => false,
+                            }
+                    });
+                    match parts.last_mut() {
+                        Some(p) if go_on => p.1 += 1,
+                        _ => parts.push((j, j + 1, hit)),
+                    }
+                }
+                for (j0, j1, hit) in parts {
+                    let at = match hit {
+                        None => None,
+                        Some(h) => {
+                            let Some(at) = from(h) else { return Ok(None) };
+                            Some(at.t(level + 1, cb as i64))
+                        }
+                    };
+                    let mut p = piece(c, level + 1, j0, j1 - j0, at)?;
+                    if let Some(h) = hit {
+                        guard(&mut p, &keep(h.0, h.1));
+                    }
+                    body.push(p);
+                }
+                o += u64::from(c.count) * cb;
+            }
+        }
+    }
+    Ok(Some(Loop::new(l.count, body)))
+}
+
+/// Iterations `i0 … i1 − 1` of a loop that a part of its body is sent from in, and the word it
+/// sends first in the first of them.
+type Hit = (u32, u32, i64);
+
+
+/// Every send in `node` kept by `preds` too.
+fn guard(node: &mut Node, preds: &[Pred]) {
+    match node {
+        Node::Loop(l) => l.body.iter_mut().for_each(|n| guard(n, preds)),
+        Node::Bundle(b) => {
+            if b.bundle.xfer != Xfer::Nop {
+                b.preds.extend_from_slice(preds);
+                b.preds.sort();
+            }
+        }
+    }
 }
