@@ -1792,7 +1792,19 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         bodies,
         (m, heads),
         |_| deal.words,
-        |raw| super::once::inline(super::merge::merge(super::once::strip(raw))),
+        |raw| {
+            // Two ways to fold the loops, either shorter on some PEs: joining loops first, or
+            // once more after the once-run loops are gone (alike chains then meet as siblings).
+            let raw = super::once::strip(raw);
+            let plain = super::once::inline(super::merge::merge(raw.clone()));
+            let kept = super::merge::merge_kept(raw);
+            let again = super::once::inline(super::merge::merge_kept(super::once::inline(kept)));
+            if isa::looped_binary::encoded_len(&again) < isa::looped_binary::encoded_len(&plain) {
+                again
+            } else {
+                plain
+            }
+        },
     )?;
     Ok((Some(programs), start))
 }

@@ -99,3 +99,42 @@ fn lift(nodes: &mut [Node], level: u8) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use isa::looped::LoopProgram;
+    use isa::looped_binary::encoded_len;
+
+    /// Once-run loops go, the levels below them move up, and a loop whose index is still read
+    /// (a predicate that never holds, a stepped count) stays: the flattening is the same.
+    #[test]
+    fn inlined_once_loops_flatten_alike() {
+        let src = "\
+.format 3
+.pe 0
+.pes 2
+.mem 64
+loop 1 {
+    loop 3 {
+        loop 1 {
+            mul m[0 + 1*i1], m8 -> m[16 + 1*i1] | nop | send m[9 + 1*i1] -> m[9 + 1*i1]
+            loop 2 + i1 {
+                mul m[1 + 1*i3], m8 | add m20 -> m20
+            }
+        }
+    }
+    loop 1 {
+        mul m0, m8 -> m4 | nop | send m9 -> m10 if i1 >= 1
+    }
+}
+";
+        let p: LoopProgram = isa::parse_looped(src).expect("parses");
+        let done = super::inline(super::strip(p.clone()));
+        assert_eq!(p.flatten(1000).unwrap(), done.flatten(1000).unwrap());
+        let text = done.to_text();
+        // The outer and the inner once-run loops are gone; the one read by its predicate stays.
+        assert_eq!(text.matches("loop 1 {").count(), 1, "{text}");
+        assert!(text.contains("loop 2 + i0 {"), "{text}");
+        assert!(encoded_len(&done) < encoded_len(&p));
+    }
+}

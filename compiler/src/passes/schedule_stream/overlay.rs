@@ -296,7 +296,10 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
     }
     // Addresses are compared by their bases: the runs must move alike with the outer loops
     // (the heads), and the sends take their terms on those loops.
-    let outer = runs.first().map(|r| r.src.terms.clone()).unwrap_or_default();
+    let outer = runs
+        .first()
+        .map(|r| r.src.terms.clone())
+        .unwrap_or_default();
     if runs.iter().any(|r| r.src.terms != outer) {
         return Ok(None);
     }
@@ -312,9 +315,9 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
     };
     // Where a part spanning cycles `[s, s + n)` of iteration 0 is sent from in each
     // iteration: every cycle covered or none, and the words consecutive; the iterations that
-    // send and the first word in the first of them, if they fall as above.
+    // send and the words they send, if those move on affinely from iteration to iteration.
     let sends = |s: u64, n: u64| -> Option<Option<Hit>> {
-        let mut hit: Option<Hit> = None;
+        let mut hits: Vec<(u32, i64)> = Vec::new();
         for it in 0..l.count {
             let c = s + u64::from(it) * body_len;
             let first = word(c);
@@ -327,49 +330,73 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
             if !all {
                 return None;
             }
-            let Some(a) = first else { continue };
-            match &mut hit {
-                None => hit = Some((it, it + 1, a)),
-                Some((i0, i1, a0)) => {
-                    let moved = *a0 + i64::from(it - *i0) * body_len as i64;
-                    if it != *i1 || a != moved {
-                        return None;
-                    }
-                    *i1 = it + 1;
-                }
+            if let Some(a) = first {
+                hits.push((it, a));
             }
         }
-        Some(hit)
+        let (&(i0, a), &(last, z)) = match (hits.first(), hits.last()) {
+            (Some(f), Some(e)) => (f, e),
+            _ => return Some(None),
+        };
+        let span = i64::from(last - i0);
+        let stride = if span == 0 { 0 } else { (z - a) / span };
+        if hits
+            .iter()
+            .any(|&(it, w)| w != a + stride * i64::from(it - i0))
+        {
+            return None;
+        }
+        let gaps: Vec<u32> = (i0..last)
+            .filter(|it| hits.binary_search_by_key(it, |h| h.0).is_err())
+            .collect();
+        // Each iteration left out within the range costs a predicate.
+        if gaps.len() > 3 {
+            return None;
+        }
+        Some(Some(Hit {
+            i0,
+            i1: last + 1,
+            a,
+            stride,
+            gaps,
+        }))
     };
-    // The predicates keeping a send to iterations `i0 … i1 − 1`.
-    let keep = |i0: u32, i1: u32| -> Vec<Pred> {
+    // The predicates keeping a send to the iterations of `h`.
+    let keep = |h: &Hit| -> Vec<Pred> {
         let p = |cmp, value| Pred {
             slot: Slot::Xfer,
             level,
             cmp,
             value,
         };
-        if i1 == i0 + 1 && i0 > 0 && i1 < l.count {
-            return vec![p(Cmp::Eq, i0)];
+        if h.i1 == h.i0 + 1 {
+            return if l.count == 1 {
+                Vec::new()
+            } else {
+                vec![p(Cmp::Eq, h.i0)]
+            };
         }
-        let mut v = Vec::new();
-        if i0 > 0 {
-            v.push(p(Cmp::Ge, i0));
+        let mut v: Vec<Pred> = h.gaps.iter().map(|&g| p(Cmp::Ne, g)).collect();
+        if h.i0 > 0 {
+            v.push(p(Cmp::Ge, h.i0));
         }
-        if i1 < l.count {
-            v.push(p(Cmp::Lt, i1));
+        if h.i1 < l.count {
+            v.push(p(Cmp::Lt, h.i1));
         }
         v
     };
-    // The address of a send in iteration 0 of `l`, moved on by `l`'s body where it sends in
-    // more than one iteration; `None` where iteration 0's address would leave the space.
-    let from = |(i0, i1, a): Hit| -> Option<Ad> {
-        let base = a - i64::from(i0) * body_len as i64;
-        let last = base + i64::from(l.count - 1) * body_len as i64;
-        if i1 == i0 + 1 {
-            return u32::try_from(a).is_ok().then(|| ad_at(a));
+    // The address of a send in iteration 0 of `l`, moved on by its stride where it sends in
+    // more than one iteration; `None` where some iteration's address would leave the space.
+    let from = |h: &Hit| -> Option<Ad> {
+        if h.i1 == h.i0 + 1 {
+            return u32::try_from(h.a).is_ok().then(|| ad_at(h.a));
         }
-        (base >= 0 && last <= i64::from(u32::MAX)).then(|| ad_at(base).t(level, body_len as i64))
+        let base = h.a - i64::from(h.i0) * h.stride;
+        let last = base + i64::from(l.count - 1) * h.stride;
+        (base.min(last) >= 0
+            && base.max(last) <= i64::from(u32::MAX)
+            && i32::try_from(h.stride).is_ok())
+        .then(|| ad_at(base).t(level, h.stride))
     };
     let mut body = Vec::with_capacity(l.body.len());
     let mut o = t;
@@ -384,9 +411,9 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
                     return Ok(None);
                 };
                 if let Some(h) = hit {
-                    let Some(at) = from(h) else { return Ok(None) };
+                    let Some(at) = from(&h) else { return Ok(None) };
                     send(&mut b, &at)?;
-                    b.preds.extend(keep(h.0, h.1));
+                    b.preds.extend(keep(&h));
                     b.preds.sort();
                 }
                 body.push(Node::Bundle(b));
@@ -403,12 +430,14 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
                     let Some(hit) = sends(o + u64::from(j) * cb, cb) else {
                         return Ok(None);
                     };
-                    let go_on = parts.last().is_some_and(|&(j0, e, h)| {
-                        j == e
-                            && match (h, hit) {
+                    let go_on = parts.last().is_some_and(|(j0, e, h)| {
+                        j == *e
+                            && match (h, &hit) {
                                 (None, None) => true,
-                                (Some((i0, i1, a)), Some((k0, k1, b))) => {
-                                    i0 == k0 && i1 == k1 && b == a + i64::from(j - j0) * cb as i64
+                                (Some(h), Some(k)) => {
+                                    (h.i0, h.i1, h.stride, &h.gaps)
+                                        == (k.i0, k.i1, k.stride, &k.gaps)
+                                        && k.a == h.a + i64::from(j - j0) * cb as i64
                                 }
                                 _ => false,
                             }
@@ -419,7 +448,7 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
                     }
                 }
                 for (j0, j1, hit) in parts {
-                    let at = match hit {
+                    let at = match &hit {
                         None => None,
                         Some(h) => {
                             let Some(at) = from(h) else { return Ok(None) };
@@ -427,8 +456,8 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
                         }
                     };
                     let mut p = piece(c, level + 1, j0, j1 - j0, at)?;
-                    if let Some(h) = hit {
-                        guard(&mut p, &keep(h.0, h.1));
+                    if let Some(h) = &hit {
+                        guard(&mut p, &keep(h));
                     }
                     body.push(p);
                 }
@@ -439,10 +468,16 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
     Ok(Some(Loop::new(l.count, body)))
 }
 
-/// Iterations `i0 … i1 − 1` of a loop that a part of its body is sent from in, and the word it
-/// sends first in the first of them.
-type Hit = (u32, u32, i64);
-
+/// The iterations of a loop that a part of its body is sent from in: `i0 … i1 − 1` but `gaps`,
+/// the word it sends first in iteration `i0`, and how far that word moves on per iteration.
+#[derive(Clone, Debug)]
+struct Hit {
+    i0: u32,
+    i1: u32,
+    a: i64,
+    stride: i64,
+    gaps: Vec<u32>,
+}
 
 /// Every send in `node` kept by `preds` too.
 fn guard(node: &mut Node, preds: &[Pred]) {
@@ -453,6 +488,80 @@ fn guard(node: &mut Node, preds: &[Pred]) {
                 b.preds.extend_from_slice(preds);
                 b.preds.sort();
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ad;
+    use super::{overlay, Run};
+    use isa::looped::{LoopProgram, Node};
+    use isa::{Xfer, XferSrc};
+
+    fn body(src: &str) -> Vec<Node> {
+        let p: LoopProgram = isa::parse_looped(src).expect("parses");
+        p.body
+    }
+
+    fn program(body: Vec<Node>) -> LoopProgram {
+        LoopProgram {
+            pe: 0,
+            pes: 2,
+            mem_words: 4096,
+            body,
+        }
+    }
+
+    /// A run over part of one iteration and part of the next of a loop keeps the loop whole
+    /// (the sends kept by predicates on its index), and a second run three iterations later on
+    /// the same inner keys too where its words move on alike; the flattening is the loop's with
+    /// each word sent in its cycle.
+    #[test]
+    fn runs_within_a_loop_keep_it_whole() {
+        let src = "\
+.format 3
+.pe 0
+.pes 2
+.mem 4096
+loop 8 {
+    mul m[0 + 1*i0], m100 | add 0 -> m[200 + 1*i0]
+    loop 5 {
+        mul m[10 + 1*i0 + 8*i1], m101 | add m[200 + 1*i0] -> m[200 + 1*i0]
+    }
+}
+";
+        let nodes = body(src);
+        let runs = [
+            Run {
+                at: 6 * 2 + 3,
+                words: 6,
+                src: ad(1000),
+            },
+            Run {
+                at: 6 * 5 + 3,
+                words: 3,
+                src: ad(1009),
+            },
+        ];
+        let laid = overlay(&nodes, 0, &runs).expect("lays");
+        assert_eq!(laid.len(), 1, "{}", program(laid.clone()).to_text());
+        let plain = program(nodes).flatten(1000).unwrap().bundles;
+        let with = program(laid).flatten(1000).unwrap().bundles;
+        assert_eq!(plain.len(), with.len());
+        for (t, (a, b)) in plain.iter().zip(&with).enumerate() {
+            let t = t as u64;
+            let want = runs
+                .iter()
+                .find(|r| r.at <= t && t < r.at + r.words)
+                .map_or(Xfer::Nop, |r| {
+                    let w = (r.src.base + (t - r.at) as i64) as u32;
+                    Xfer::Send {
+                        src: XferSrc::Mem(w),
+                        dst: w,
+                    }
+                });
+            assert_eq!((a.op, a.acc, want), (b.op, b.acc, b.xfer), "cycle {t}");
         }
     }
 }
