@@ -1793,17 +1793,20 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         (m, heads),
         |_| deal.words,
         |raw| {
-            // Two ways to fold the loops, either shorter on some PEs: joining loops first, or
-            // once more after the once-run loops are gone (alike chains then meet as siblings).
+            // Ways to fold the loops, each shorter on some PEs: joining loops once, or once
+            // more after the once-run loops are gone (alike chains then meet as siblings).
+            use super::merge::{merge, merge_kept};
+            use super::once::inline;
             let raw = super::once::strip(raw);
-            let plain = super::once::inline(super::merge::merge(raw.clone()));
-            let kept = super::merge::merge_kept(raw);
-            let again = super::once::inline(super::merge::merge_kept(super::once::inline(kept)));
-            if isa::looped_binary::encoded_len(&again) < isa::looped_binary::encoded_len(&plain) {
-                again
-            } else {
-                plain
-            }
+            [
+                inline(merge(raw.clone())),
+                inline(merge_kept(inline(merge_kept(raw.clone())))),
+                inline(merge_kept(inline(merge(raw.clone())))),
+                inline(merge_kept(raw)),
+            ]
+            .into_iter()
+            .min_by_key(isa::looped_binary::encoded_len)
+            .expect("candidates")
         },
     )?;
     Ok((Some(programs), start))

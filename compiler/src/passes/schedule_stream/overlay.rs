@@ -338,14 +338,19 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
             (Some(f), Some(e)) => (f, e),
             _ => return Some(None),
         };
-        let span = i64::from(last - i0);
-        let stride = if span == 0 { 0 } else { (z - a) / span };
-        if hits
-            .iter()
-            .any(|&(it, w)| w != a + stride * i64::from(it - i0))
-        {
-            return None;
-        }
+        // The word as `stride · (i mod wrap)` from iteration `i0`'s (no wrap: `stride · i`):
+        // without a wrap where the words move on evenly, else the first wrap that fits them.
+        let fits = |wrap: u32| -> Option<i64> {
+            let at = |it: u32| i64::from(if wrap == 0 { it } else { it % wrap });
+            let span = at(last) - at(i0);
+            let stride = if span == 0 { 0 } else { (z - a) / span };
+            hits.iter()
+                .all(|&(it, w)| w == a + stride * (at(it) - at(i0)))
+                .then_some(stride)
+        };
+        let (stride, wrap) = std::iter::once(0)
+            .chain(2..=WRAPS.min(l.count))
+            .find_map(|w| fits(w).map(|s| (s, w)))?;
         let gaps: Vec<u32> = (i0..last)
             .filter(|it| hits.binary_search_by_key(it, |h| h.0).is_err())
             .collect();
@@ -358,6 +363,7 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
             i1: last + 1,
             a,
             stride,
+            wrap,
             gaps,
         }))
     };
@@ -391,12 +397,18 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
         if h.i1 == h.i0 + 1 {
             return u32::try_from(h.a).is_ok().then(|| ad_at(h.a));
         }
-        let base = h.a - i64::from(h.i0) * h.stride;
-        let last = base + i64::from(l.count - 1) * h.stride;
-        (base.min(last) >= 0
-            && base.max(last) <= i64::from(u32::MAX)
-            && i32::try_from(h.stride).is_ok())
-        .then(|| ad_at(base).t(level, h.stride))
+        let at = |it: u32| i64::from(if h.wrap == 0 { it } else { it % h.wrap });
+        let base = h.a - at(h.i0) * h.stride;
+        // The farthest the term reaches over the loop's iterations, either way.
+        let reach = i64::from(if h.wrap == 0 {
+            l.count - 1
+        } else {
+            h.wrap.min(l.count) - 1
+        }) * h.stride;
+        let mut ad = ad_at(base);
+        ad.terms
+            .push((level, i32::try_from(h.stride).ok()?, h.wrap));
+        (base.min(base + reach) >= 0 && base.max(base + reach) <= i64::from(u32::MAX)).then_some(ad)
     };
     let mut body = Vec::with_capacity(l.body.len());
     let mut o = t;
@@ -435,8 +447,8 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
                             && match (h, &hit) {
                                 (None, None) => true,
                                 (Some(h), Some(k)) => {
-                                    (h.i0, h.i1, h.stride, &h.gaps)
-                                        == (k.i0, k.i1, k.stride, &k.gaps)
+                                    (h.i0, h.i1, h.stride, h.wrap, &h.gaps)
+                                        == (k.i0, k.i1, k.stride, k.wrap, &k.gaps)
                                         && k.a == h.a + i64::from(j - j0) * cb as i64
                                 }
                                 _ => false,
@@ -476,8 +488,13 @@ struct Hit {
     i1: u32,
     a: i64,
     stride: i64,
+    /// The period of the iterations' term, 0 for none.
+    wrap: u32,
     gaps: Vec<u32>,
 }
+
+/// The longest period tried for a send's term where its words do not move on evenly.
+const WRAPS: u32 = 64;
 
 /// Every send in `node` kept by `preds` too.
 fn guard(node: &mut Node, preds: &[Pred]) {
@@ -515,10 +532,17 @@ mod tests {
 
     /// A run over part of one iteration and part of the next of a loop keeps the loop whole
     /// (the sends kept by predicates on its index), and a second run three iterations later on
-    /// the same inner keys too where its words move on alike; the flattening is the loop's with
-    /// each word sent in its cycle.
+    /// the same inner keys too, where its words move on evenly (a stride on the index) and
+    /// where they do not (a stride on the index modulo a period); the flattening is the loop's
+    /// with each word sent in its cycle.
     #[test]
     fn runs_within_a_loop_keep_it_whole() {
+        for second in [1009, 1010] {
+            laid_whole(second);
+        }
+    }
+
+    fn laid_whole(second: u32) {
         let src = "\
 .format 3
 .pe 0
@@ -541,7 +565,7 @@ loop 8 {
             Run {
                 at: 6 * 5 + 3,
                 words: 3,
-                src: ad(1009),
+                src: ad(second),
             },
         ];
         let laid = overlay(&nodes, 0, &runs).expect("lays");
