@@ -15,7 +15,15 @@ use isa::{Bundle, Xfer};
 
 /// `p` with adjacent loops merged wherever they continue one another.
 pub(super) fn merge(mut p: LoopProgram) -> LoopProgram {
-    walk(&mut p.body, 0);
+    walk(&mut p.body, 0, false);
+    p
+}
+
+/// [`merge`], where a send of one loop alone that is already kept to part of its range by
+/// predicates on the loop's index still joins a loop without one: a send riding a single
+/// stretch of a long run of alike loops (a relayed word run) then costs one loop, not three.
+pub(super) fn merge_kept(mut p: LoopProgram) -> LoopProgram {
+    walk(&mut p.body, 0, true);
     p
 }
 
@@ -24,7 +32,7 @@ pub(super) fn merge(mut p: LoopProgram) -> LoopProgram {
 pub(super) fn merge_at(mut p: LoopProgram, depth: u8) -> LoopProgram {
     fn down(nodes: &mut Vec<Node>, level: u8, depth: u8) {
         if level == depth {
-            join_siblings(nodes, level);
+            join_siblings(nodes, level, false);
             return;
         }
         for node in nodes.iter_mut() {
@@ -37,13 +45,18 @@ pub(super) fn merge_at(mut p: LoopProgram, depth: u8) -> LoopProgram {
     p
 }
 
-fn join_siblings(nodes: &mut Vec<Node>, level: u8) {
+fn join_siblings(nodes: &mut Vec<Node>, level: u8, kept: bool) {
     let mut out: Vec<Node> = Vec::with_capacity(nodes.len());
     for node in nodes.drain(..) {
         if let (Some(Node::Loop(a)), Node::Loop(b)) = (out.last_mut(), &node) {
-            if let Some(joined) = join(a, b, level) {
-                *a = joined;
-                continue;
+            if let Some(joined) = join(a, b, level, kept) {
+                // Joining keeps the flattening but may cost more than it saves (a send kept by
+                // predicates, terms a side did not need): under `kept` only a shorter joint
+                // loop is taken.
+                if !kept || size(&joined) < size(a) + size(b) {
+                    *a = joined;
+                    continue;
+                }
             }
         }
         out.push(node);
@@ -51,17 +64,28 @@ fn join_siblings(nodes: &mut Vec<Node>, level: u8) {
     *nodes = out;
 }
 
-fn walk(nodes: &mut Vec<Node>, level: u8) {
+/// The bytes `l`'s records take in the binary (at the widest field widths).
+fn size(l: &Loop) -> u64 {
+    let p = LoopProgram {
+        pe: 0,
+        pes: 1,
+        mem_words: u32::MAX,
+        body: vec![Node::Loop(l.clone())],
+    };
+    isa::looped_binary::encoded_len(&p)
+}
+
+fn walk(nodes: &mut Vec<Node>, level: u8, kept: bool) {
     for node in nodes.iter_mut() {
         if let Node::Loop(l) = node {
-            walk(&mut l.body, level + 1);
+            walk(&mut l.body, level + 1, kept);
         }
     }
-    join_siblings(nodes, level);
+    join_siblings(nodes, level, kept);
 }
 
 /// `a` then `b` as one loop at `level`, if `b`'s iterations continue `a`'s.
-fn join(a: &Loop, b: &Loop, level: u8) -> Option<Loop> {
+fn join(a: &Loop, b: &Loop, level: u8, kept: bool) -> Option<Loop> {
     if a.step.is_some() || b.step.is_some() {
         return None;
     }
@@ -73,6 +97,7 @@ fn join(a: &Loop, b: &Loop, level: u8) -> Option<Loop> {
             level,
             a: a.count,
             b: b.count,
+            kept,
         },
     )?;
     Some(Loop {
@@ -87,6 +112,8 @@ struct Span {
     level: u8,
     a: u32,
     b: u32,
+    /// Whether a send of one side alone may already be kept to part of its loop's range.
+    kept: bool,
 }
 
 fn bodies(a: &[Node], b: &[Node], sp: &Span) -> Option<Vec<Node>> {
@@ -206,6 +233,32 @@ fn joined_preds(px: &[Pred], py: &[Pred], sp: &Span) -> Option<Vec<Pred>> {
     Some(merged)
 }
 
+/// Predicates on the merged index that hold exactly where `own` (already on the merged index)
+/// and `range` (the side's own iterations) both do, the ones that add nothing left out.
+fn one_side(own: &[Pred], range: Pred, sp: &Span) -> Option<Vec<Pred>> {
+    let total = sp.a.checked_add(sp.b).filter(|&t| t <= PRED_CHECK)?;
+    let all = |ps: &[Pred], i: u32| ps.iter().all(|p| p.cmp.holds(i, p.value));
+    let want: Vec<bool> = (0..total)
+        .map(|i| range.cmp.holds(i, range.value) && all(own, i))
+        .collect();
+    let exact = |ps: &[Pred]| (0..total).all(|i| all(ps, i) == want[i as usize]);
+    let mut merged: Vec<Pred> = own.iter().copied().chain([range]).collect();
+    if !exact(&merged) {
+        return None;
+    }
+    let mut k = 0;
+    while k < merged.len() {
+        let mut fewer = merged.clone();
+        fewer.remove(k);
+        if exact(&fewer) {
+            merged = fewer;
+        } else {
+            k += 1;
+        }
+    }
+    Some(merged)
+}
+
 /// Whether `base + term(i)` stays in the address space over `count` iterations: a loop
 /// program must say where every slot would go in every iteration, the predicated-off ones
 /// too, so a term carried on over more iterations (a gap term turned into a stride) may not
@@ -259,16 +312,21 @@ fn bundle(x: &LBundle, y: &LBundle, sp: &Span) -> Option<LBundle> {
                 // A send kept to part of its own loop's range stays apart: joined here, it
                 // could no longer join a loop whose own send continues it.
                 let (own, rest) = if from_x { (px, ox) } else { (py, oy) };
-                if !own.is_empty() {
-                    return None;
-                }
-                out.preds.extend(rest);
-                out.preds.push(Pred {
+                let range = Pred {
                     slot: s,
                     level: lv,
                     cmp: if from_x { Cmp::Lt } else { Cmp::Ge },
                     value: sp.a,
-                });
+                };
+                out.preds.extend(rest);
+                if own.is_empty() {
+                    out.preds.push(range);
+                } else if sp.kept {
+                    let own = if from_x { own } else { shifted(&own, sp.a)? };
+                    out.preds.extend(one_side(&own, range, sp)?);
+                } else {
+                    return None;
+                }
             }
         }
     }

@@ -1792,7 +1792,22 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         bodies,
         (m, heads),
         |_| deal.words,
-        |raw| super::merge::merge(super::once::strip(raw)),
+        |raw| {
+            // Ways to fold the loops, each shorter on some PEs: joining loops once, or once
+            // more after the once-run loops are gone (alike chains then meet as siblings).
+            use super::merge::{merge, merge_kept};
+            use super::once::inline;
+            let raw = super::once::strip(raw);
+            [
+                inline(merge(raw.clone())),
+                inline(merge_kept(inline(merge_kept(raw.clone())))),
+                inline(merge_kept(inline(merge(raw.clone())))),
+                inline(merge_kept(raw)),
+            ]
+            .into_iter()
+            .min_by_key(isa::looped_binary::encoded_len)
+            .expect("candidates")
+        },
     )?;
     Ok((Some(programs), start))
 }

@@ -8,7 +8,7 @@
 //! with its addresses moved on keeps the same level, so nothing deeper changes). The
 //! flattening is the stretch's, with the sends added, and its length is unchanged.
 
-use isa::looped::{field, set_field, Loop, Node, Term};
+use isa::looped::{field, set_field, Cmp, Loop, Node, Pred, Slot, Term};
 use isa::{Xfer, XferSrc};
 
 use super::{Ad, NAME};
@@ -89,6 +89,11 @@ fn lay(
                 let i = first_after(runs, t);
                 if runs.get(i).is_none_or(|r| r.at >= t + span) {
                     out.push(node.clone());
+                    t += span;
+                    continue;
+                }
+                if let Some(kept) = guarded_ranges(l, level, t, &runs[i..])? {
+                    out.extend(kept);
                     t += span;
                     continue;
                 }
@@ -241,4 +246,346 @@ fn send(b: &mut isa::looped::LBundle, at: &Ad) -> Result<(), String> {
     }
     b.terms.sort_by_key(|t| (t.field, t.level));
     Ok(())
+}
+
+/// `l` (at `level`, from cycle `t`) as few loops over ranges of its iterations as
+/// [`guarded`] keeps whole, from the first on; `None` where some iteration cannot be so kept.
+fn guarded_ranges(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Vec<Node>>, String> {
+    if l.step.is_some() {
+        return Ok(None);
+    }
+    let body_len = len(&l.body)?;
+    let range = |a: u32, e: u32| -> Result<Option<Loop>, String> {
+        let sub = Loop::new(e - a, rebase(&l.body, level, a)?);
+        guarded(&sub, level, t + u64::from(a) * body_len, runs)
+    };
+    let mut out = Vec::new();
+    let mut a = 0u32;
+    while a < l.count {
+        // A range that keeps whole stays so with fewer iterations, so the longest from `a`
+        // is found by halving.
+        let Some(mut best) = range(a, a + 1)? else {
+            return Ok(None);
+        };
+        let (mut lo, mut hi) = (a + 1, l.count + 1);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            match range(a, mid)? {
+                Some(k) => {
+                    best = k;
+                    lo = mid;
+                }
+                None => hi = mid,
+            }
+        }
+        out.push(Node::Loop(best));
+        a = lo;
+    }
+    Ok(Some(out))
+}
+
+/// `l` (at `level`, from cycle `t`) kept whole with the sends of `runs` on it, where every
+/// part of its body (a bundle, or a range of an inner loop's iterations) that the runs touch
+/// is sent from in a range of `l`'s iterations alone, each of its iterations there covered
+/// whole, on an address that moves on by `l`'s body from one iteration to the next: the sends
+/// are kept to that range by predicates on `l`'s index. Splitting `l`'s iterations instead
+/// repeats its body once for each part; `None` where the runs do not fall so.
+fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, String> {
+    if l.step.is_some() {
+        return Ok(None);
+    }
+    // Addresses are compared by their bases: the runs must move alike with the outer loops
+    // (the heads), and the sends take their terms on those loops.
+    let outer = runs
+        .first()
+        .map(|r| r.src.terms.clone())
+        .unwrap_or_default();
+    if runs.iter().any(|r| r.src.terms != outer) {
+        return Ok(None);
+    }
+    let ad_at = |a: i64| Ad {
+        base: a,
+        terms: outer.clone(),
+    };
+    let body_len = len(&l.body)?;
+    // The run covering cycle `c` and the word it sends then.
+    let word = |c: u64| -> Option<i64> {
+        let r = runs.get(first_after(runs, c)).filter(|r| r.at <= c)?;
+        Some(r.src.base + (c - r.at) as i64)
+    };
+    // Where a part spanning cycles `[s, s + n)` of iteration 0 is sent from in each
+    // iteration: every cycle covered or none, and the words consecutive; the iterations that
+    // send and the words they send, if those move on affinely from iteration to iteration.
+    let sends = |s: u64, n: u64| -> Option<Option<Hit>> {
+        let mut hits: Vec<(u32, i64)> = Vec::new();
+        for it in 0..l.count {
+            let c = s + u64::from(it) * body_len;
+            let first = word(c);
+            let all = (0..n).all(|k| match (first, word(c + k)) {
+                (Some(a), Some(b)) => b == a + k as i64,
+                (None, None) => true,
+                _ => false,
+            });
+            // A part touched in some cycles but not all.
+            if !all {
+                return None;
+            }
+            if let Some(a) = first {
+                hits.push((it, a));
+            }
+        }
+        let (&(i0, a), &(last, z)) = match (hits.first(), hits.last()) {
+            (Some(f), Some(e)) => (f, e),
+            _ => return Some(None),
+        };
+        // The word as `stride · (i mod wrap)` from iteration `i0`'s (no wrap: `stride · i`):
+        // without a wrap where the words move on evenly, else the first wrap that fits them.
+        let fits = |wrap: u32| -> Option<i64> {
+            let at = |it: u32| i64::from(if wrap == 0 { it } else { it % wrap });
+            let span = at(last) - at(i0);
+            let stride = if span == 0 { 0 } else { (z - a) / span };
+            hits.iter()
+                .all(|&(it, w)| w == a + stride * (at(it) - at(i0)))
+                .then_some(stride)
+        };
+        let (stride, wrap) = std::iter::once(0)
+            .chain(2..=WRAPS.min(l.count))
+            .find_map(|w| fits(w).map(|s| (s, w)))?;
+        let gaps: Vec<u32> = (i0..last)
+            .filter(|it| hits.binary_search_by_key(it, |h| h.0).is_err())
+            .collect();
+        // Each iteration left out within the range costs a predicate.
+        if gaps.len() > 3 {
+            return None;
+        }
+        Some(Some(Hit {
+            i0,
+            i1: last + 1,
+            a,
+            stride,
+            wrap,
+            gaps,
+        }))
+    };
+    // The predicates keeping a send to the iterations of `h`.
+    let keep = |h: &Hit| -> Vec<Pred> {
+        let p = |cmp, value| Pred {
+            slot: Slot::Xfer,
+            level,
+            cmp,
+            value,
+        };
+        if h.i1 == h.i0 + 1 {
+            return if l.count == 1 {
+                Vec::new()
+            } else {
+                vec![p(Cmp::Eq, h.i0)]
+            };
+        }
+        let mut v: Vec<Pred> = h.gaps.iter().map(|&g| p(Cmp::Ne, g)).collect();
+        if h.i0 > 0 {
+            v.push(p(Cmp::Ge, h.i0));
+        }
+        if h.i1 < l.count {
+            v.push(p(Cmp::Lt, h.i1));
+        }
+        v
+    };
+    // The address of a send in iteration 0 of `l`, moved on by its stride where it sends in
+    // more than one iteration; `None` where some iteration's address would leave the space.
+    let from = |h: &Hit| -> Option<Ad> {
+        if h.i1 == h.i0 + 1 {
+            return u32::try_from(h.a).is_ok().then(|| ad_at(h.a));
+        }
+        let at = |it: u32| i64::from(if h.wrap == 0 { it } else { it % h.wrap });
+        let base = h.a - at(h.i0) * h.stride;
+        // The farthest the term reaches over the loop's iterations, either way.
+        let reach = i64::from(if h.wrap == 0 {
+            l.count - 1
+        } else {
+            h.wrap.min(l.count) - 1
+        }) * h.stride;
+        let mut ad = ad_at(base);
+        ad.terms
+            .push((level, i32::try_from(h.stride).ok()?, h.wrap));
+        (base.min(base + reach) >= 0 && base.max(base + reach) <= i64::from(u32::MAX)).then_some(ad)
+    };
+    let mut body = Vec::with_capacity(l.body.len());
+    let mut o = t;
+    for node in &l.body {
+        match node {
+            Node::Bundle(b) => {
+                if b.preds.iter().any(|p| p.level == level) {
+                    return Ok(None);
+                }
+                let mut b = b.clone();
+                let Some(hit) = sends(o, 1) else {
+                    return Ok(None);
+                };
+                if let Some(h) = hit {
+                    let Some(at) = from(&h) else { return Ok(None) };
+                    send(&mut b, &at)?;
+                    b.preds.extend(keep(&h));
+                    b.preds.sort();
+                }
+                body.push(Node::Bundle(b));
+                o += 1;
+            }
+            Node::Loop(c) => {
+                if c.step.is_some() {
+                    return Ok(None);
+                }
+                let cb = len(&c.body)?;
+                // Ranges of `c`'s iterations that send alike.
+                let mut parts: Vec<(u32, u32, Option<Hit>)> = Vec::new();
+                for j in 0..c.count {
+                    let Some(hit) = sends(o + u64::from(j) * cb, cb) else {
+                        return Ok(None);
+                    };
+                    let go_on = parts.last().is_some_and(|(j0, e, h)| {
+                        j == *e
+                            && match (h, &hit) {
+                                (None, None) => true,
+                                (Some(h), Some(k)) => {
+                                    (h.i0, h.i1, h.stride, h.wrap, &h.gaps)
+                                        == (k.i0, k.i1, k.stride, k.wrap, &k.gaps)
+                                        && k.a == h.a + i64::from(j - j0) * cb as i64
+                                }
+                                _ => false,
+                            }
+                    });
+                    match parts.last_mut() {
+                        Some(p) if go_on => p.1 += 1,
+                        _ => parts.push((j, j + 1, hit)),
+                    }
+                }
+                for (j0, j1, hit) in parts {
+                    let at = match &hit {
+                        None => None,
+                        Some(h) => {
+                            let Some(at) = from(h) else { return Ok(None) };
+                            Some(at.t(level + 1, cb as i64))
+                        }
+                    };
+                    let mut p = piece(c, level + 1, j0, j1 - j0, at)?;
+                    if let Some(h) = &hit {
+                        guard(&mut p, &keep(h));
+                    }
+                    body.push(p);
+                }
+                o += u64::from(c.count) * cb;
+            }
+        }
+    }
+    Ok(Some(Loop::new(l.count, body)))
+}
+
+/// The iterations of a loop that a part of its body is sent from in: `i0 … i1 − 1` but `gaps`,
+/// the word it sends first in iteration `i0`, and how far that word moves on per iteration.
+#[derive(Clone, Debug)]
+struct Hit {
+    i0: u32,
+    i1: u32,
+    a: i64,
+    stride: i64,
+    /// The period of the iterations' term, 0 for none.
+    wrap: u32,
+    gaps: Vec<u32>,
+}
+
+/// The longest period tried for a send's term where its words do not move on evenly.
+const WRAPS: u32 = 64;
+
+/// Every send in `node` kept by `preds` too.
+fn guard(node: &mut Node, preds: &[Pred]) {
+    match node {
+        Node::Loop(l) => l.body.iter_mut().for_each(|n| guard(n, preds)),
+        Node::Bundle(b) => {
+            if b.bundle.xfer != Xfer::Nop {
+                b.preds.extend_from_slice(preds);
+                b.preds.sort();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ad;
+    use super::{overlay, Run};
+    use isa::looped::{LoopProgram, Node};
+    use isa::{Xfer, XferSrc};
+
+    fn body(src: &str) -> Vec<Node> {
+        let p: LoopProgram = isa::parse_looped(src).expect("parses");
+        p.body
+    }
+
+    fn program(body: Vec<Node>) -> LoopProgram {
+        LoopProgram {
+            pe: 0,
+            pes: 2,
+            mem_words: 4096,
+            body,
+        }
+    }
+
+    /// A run over part of one iteration and part of the next of a loop keeps the loop whole
+    /// (the sends kept by predicates on its index), and a second run three iterations later on
+    /// the same inner keys too, where its words move on evenly (a stride on the index) and
+    /// where they do not (a stride on the index modulo a period); the flattening is the loop's
+    /// with each word sent in its cycle.
+    #[test]
+    fn runs_within_a_loop_keep_it_whole() {
+        for second in [1009, 1010] {
+            laid_whole(second);
+        }
+    }
+
+    fn laid_whole(second: u32) {
+        let src = "\
+.format 3
+.pe 0
+.pes 2
+.mem 4096
+loop 8 {
+    mul m[0 + 1*i0], m100 | add 0 -> m[200 + 1*i0]
+    loop 5 {
+        mul m[10 + 1*i0 + 8*i1], m101 | add m[200 + 1*i0] -> m[200 + 1*i0]
+    }
+}
+";
+        let nodes = body(src);
+        let runs = [
+            Run {
+                at: 6 * 2 + 3,
+                words: 6,
+                src: ad(1000),
+            },
+            Run {
+                at: 6 * 5 + 3,
+                words: 3,
+                src: ad(second),
+            },
+        ];
+        let laid = overlay(&nodes, 0, &runs).expect("lays");
+        assert_eq!(laid.len(), 1, "{}", program(laid.clone()).to_text());
+        let plain = program(nodes).flatten(1000).unwrap().bundles;
+        let with = program(laid).flatten(1000).unwrap().bundles;
+        assert_eq!(plain.len(), with.len());
+        for (t, (a, b)) in plain.iter().zip(&with).enumerate() {
+            let t = t as u64;
+            let want = runs
+                .iter()
+                .find(|r| r.at <= t && t < r.at + r.words)
+                .map_or(Xfer::Nop, |r| {
+                    let w = (r.src.base + (t - r.at) as i64) as u32;
+                    Xfer::Send {
+                        src: XferSrc::Mem(w),
+                        dst: w,
+                    }
+                });
+            assert_eq!((a.op, a.acc, want), (b.op, b.acc, b.xfer), "cycle {t}");
+        }
+    }
 }
