@@ -216,21 +216,7 @@ fn joined_preds(px: &[Pred], py: &[Pred], sp: &Span) -> Option<Vec<Pred>> {
             all(ps, i) == want
         })
     };
-    let mut merged: Vec<Pred> = px.iter().chain(py).copied().collect();
-    if !exact(&merged) {
-        return None;
-    }
-    let mut k = 0;
-    while k < merged.len() {
-        let mut fewer = merged.clone();
-        fewer.remove(k);
-        if exact(&fewer) {
-            merged = fewer;
-        } else {
-            k += 1;
-        }
-    }
-    Some(merged)
+    essential(px.iter().chain(py).copied().collect(), exact)
 }
 
 /// Predicates on the merged index that hold exactly where `own` (already on the merged index)
@@ -242,21 +228,26 @@ fn one_side(own: &[Pred], range: Pred, sp: &Span) -> Option<Vec<Pred>> {
         .map(|i| range.cmp.holds(i, range.value) && all(own, i))
         .collect();
     let exact = |ps: &[Pred]| (0..total).all(|i| all(ps, i) == want[i as usize]);
-    let mut merged: Vec<Pred> = own.iter().copied().chain([range]).collect();
-    if !exact(&merged) {
+    essential(own.iter().copied().chain([range]).collect(), exact)
+}
+
+/// `preds` if they hold exactly where `exact` says, with each predicate that adds nothing left
+/// out (tried one by one, first to last).
+fn essential(mut preds: Vec<Pred>, exact: impl Fn(&[Pred]) -> bool) -> Option<Vec<Pred>> {
+    if !exact(&preds) {
         return None;
     }
     let mut k = 0;
-    while k < merged.len() {
-        let mut fewer = merged.clone();
+    while k < preds.len() {
+        let mut fewer = preds.clone();
         fewer.remove(k);
         if exact(&fewer) {
-            merged = fewer;
+            preds = fewer;
         } else {
             k += 1;
         }
     }
-    Some(merged)
+    Some(preds)
 }
 
 /// Whether `base + term(i)` stays in the address space over `count` iterations: a loop

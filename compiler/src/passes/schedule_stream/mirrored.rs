@@ -1797,16 +1797,20 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             // more after the once-run loops are gone (alike chains then meet as siblings).
             use super::merge::{merge, merge_kept};
             use super::once::inline;
+            let len = isa::looped_binary::encoded_len;
             let raw = super::once::strip(raw);
-            [
-                inline(merge(raw.clone())),
+            let mut best = inline(merge(raw.clone()));
+            for other in [
                 inline(merge_kept(inline(merge_kept(raw.clone())))),
                 inline(merge_kept(inline(merge(raw.clone())))),
                 inline(merge_kept(raw)),
-            ]
-            .into_iter()
-            .min_by_key(isa::looped_binary::encoded_len)
-            .expect("candidates")
+            ] {
+                // The first of equally short ways is kept.
+                if len(&other) < len(&best) {
+                    best = other;
+                }
+            }
+            best
         },
     )?;
     Ok((Some(programs), start))
