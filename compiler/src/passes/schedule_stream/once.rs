@@ -108,7 +108,7 @@ mod tests {
     /// Once-run loops go, the levels below them move up, and a loop whose index is still read
     /// (a predicate that never holds, a stepped count) stays: the flattening is the same.
     #[test]
-    fn inlined_once_loops_flatten_alike() {
+    fn inlined_once_loops_flatten_alike() -> Result<(), String> {
         let src = "\
 .format 3
 .pe 0
@@ -128,13 +128,15 @@ loop 1 {
     }
 }
 ";
-        let p: LoopProgram = isa::parse_looped(src).expect("parses");
+        let p: LoopProgram = isa::parse_looped(src).map_err(|e| format!("{e:?}"))?;
         let done = super::inline(super::strip(p.clone()));
-        assert_eq!(p.flatten(1000).unwrap(), done.flatten(1000).unwrap());
+        let flat = |q: &LoopProgram| q.flatten(1000).map_err(|e| format!("{e:?}"));
+        assert_eq!(flat(&p)?, flat(&done)?);
         let text = done.to_text();
         // The outer and the inner once-run loops are gone; the one read by its predicate stays.
         assert_eq!(text.matches("loop 1 {").count(), 1, "{text}");
         assert!(text.contains("loop 2 + i0 {"), "{text}");
         assert!(encoded_len(&done) < encoded_len(&p));
+        Ok(())
     }
 }

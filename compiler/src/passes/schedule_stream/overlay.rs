@@ -516,9 +516,15 @@ mod tests {
     use isa::looped::{LoopProgram, Node};
     use isa::{Xfer, XferSrc};
 
-    fn body(src: &str) -> Vec<Node> {
-        let p: LoopProgram = isa::parse_looped(src).expect("parses");
-        p.body
+    fn body(src: &str) -> Result<Vec<Node>, String> {
+        Ok(isa::parse_looped(src).map_err(|e| format!("{e:?}"))?.body)
+    }
+
+    fn flat(body: Vec<Node>) -> Result<Vec<isa::Bundle>, String> {
+        Ok(program(body)
+            .flatten(1000)
+            .map_err(|e| format!("{e:?}"))?
+            .bundles)
     }
 
     fn program(body: Vec<Node>) -> LoopProgram {
@@ -536,13 +542,14 @@ mod tests {
     /// where they do not (a stride on the index modulo a period); the flattening is the loop's
     /// with each word sent in its cycle.
     #[test]
-    fn runs_within_a_loop_keep_it_whole() {
+    fn runs_within_a_loop_keep_it_whole() -> Result<(), String> {
         for second in [1009, 1010] {
-            laid_whole(second);
+            laid_whole(second)?;
         }
+        Ok(())
     }
 
-    fn laid_whole(second: u32) {
+    fn laid_whole(second: u32) -> Result<(), String> {
         let src = "\
 .format 3
 .pe 0
@@ -555,7 +562,7 @@ loop 8 {
     }
 }
 ";
-        let nodes = body(src);
+        let nodes = body(src)?;
         let runs = [
             Run {
                 at: 6 * 2 + 3,
@@ -568,10 +575,10 @@ loop 8 {
                 src: ad(second),
             },
         ];
-        let laid = overlay(&nodes, 0, &runs).expect("lays");
+        let laid = overlay(&nodes, 0, &runs)?;
         assert_eq!(laid.len(), 1, "{}", program(laid.clone()).to_text());
-        let plain = program(nodes).flatten(1000).unwrap().bundles;
-        let with = program(laid).flatten(1000).unwrap().bundles;
+        let plain = flat(nodes)?;
+        let with = flat(laid)?;
         assert_eq!(plain.len(), with.len());
         for (t, (a, b)) in plain.iter().zip(&with).enumerate() {
             let t = t as u64;
@@ -587,5 +594,6 @@ loop 8 {
                 });
             assert_eq!((a.op, a.acc, want), (b.op, b.acc, b.xfer), "cycle {t}");
         }
+        Ok(())
     }
 }
