@@ -4,7 +4,7 @@
 
 use crate::verifier_common::stream;
 
-use compiler::passes::schedule_stream::{self, Lag, MirroredTiming};
+use compiler::passes::schedule_stream::{self, Lag, MirroredTiming, Stream};
 use compiler::problem::Problem;
 use isa::{Op, OpKind, Program};
 use runtime::layer::{Normalisation, Softmax};
@@ -141,6 +141,14 @@ fn flattened(loops: &[isa::LoopProgram]) -> Vec<Program> {
         .iter()
         .map(|lp| lp.flatten(1 << 24).expect("flattens"))
         .collect()
+}
+/// The stream's manifest and flattened programs, proved as built (the original a mutation test
+/// then changes).
+fn proved_original(p: &Problem, m: u32, st: &Stream) -> (Manifest, Vec<Program>) {
+    let man = stream_manifest(p, m, st);
+    let flat = flattened(&st.programs);
+    assert_proved(&flat, &man, "original");
+    (man, flat)
 }
 
 /// Proves `programs` against `man`: no violation of any invariant, and the online work the
@@ -1008,9 +1016,7 @@ fn uneven_deals_are_proved() {
 fn uneven_deal_without_a_merge_is_rejected() {
     let p = problem(26, 3, 2, false, false, true);
     let st = schedule_stream::run_uneven(&p, 6).unwrap();
-    let man = stream_manifest(&p, 6, &st);
-    let mut flat: Vec<Program> = flattened(&st.programs);
-    assert_proved(&flat, &man, "original");
+    let (man, mut flat) = proved_original(&p, 6, &st);
     // PE 1 holds the second part of the row cut at 26/6: its merge's rescaled `y` sums,
     // `mul rcv, f1 | add y -> y`, are its last acc-carrying bundles before its divisions.
     let pe = 1;
@@ -1355,9 +1361,7 @@ fn whole_rows_per_weight_with_a_division_or_a_maximum_wrong_are_rejected() {
     let (n, m) = (29, 6);
     let p = problem(n, 4, 2, false, true, true);
     let st = schedule_stream::run_whole_as(&p, m, Normalisation::PerWeight).unwrap();
-    let man = stream_manifest(&p, m, &st);
-    let flat: Vec<Program> = flattened(&st.programs);
-    assert_proved(&flat, &man, "original");
+    let (man, flat) = proved_original(&p, m, &st);
     for pe in 0..m as usize {
         let divs: Vec<usize> = (0..flat[pe].bundles.len())
             .filter(|&i| flat[pe].bundles[i].op.kind() == Some(OpKind::Div))
@@ -1495,9 +1499,7 @@ fn whole_rows_passed_on_with_a_word_or_a_maximum_taken_out_are_rejected() {
     let (n, d, m) = (64, 32, 6);
     let p = problem(n, d, 1, false, true, true);
     let st = schedule_stream::run_whole_passed_as(&p, m, Normalisation::PerRow).unwrap();
-    let man = stream_manifest(&p, m, &st);
-    let flat: Vec<Program> = flattened(&st.programs);
-    assert_proved(&flat, &man, "original");
+    let (man, flat) = proved_original(&p, m, &st);
     // A PE's last send is a word of a row it passes on (the ring pass's sends come first).
     for pe in 0..m as usize {
         let Some(at) = flat[pe]
@@ -1537,9 +1539,7 @@ fn whole_rows_per_row_with_a_division_wrong_are_rejected() {
     let (n, d, m) = (29, 8, 6);
     let p = problem(n, d, 2, false, true, true);
     let st = schedule_stream::run_whole_as(&p, m, Normalisation::PerRow).unwrap();
-    let man = stream_manifest(&p, m, &st);
-    let flat: Vec<Program> = flattened(&st.programs);
-    assert_proved(&flat, &man, "original");
+    let (man, flat) = proved_original(&p, m, &st);
     // The statement says which rows are held to which formula.
     let proved = verify(&flat, &man).proved.unwrap_or_default();
     assert!(
@@ -1595,9 +1595,7 @@ fn whole_rows_with_a_hop_or_a_maximum_taken_out_are_rejected() {
     let (n, m) = (29, 6);
     let p = problem(n, 2, 2, false, true, true);
     let st = schedule_stream::run_whole_as(&p, m, Normalisation::Deferred).unwrap();
-    let man = stream_manifest(&p, m, &st);
-    let flat: Vec<Program> = flattened(&st.programs);
-    assert_proved(&flat, &man, "original");
+    let (man, flat) = proved_original(&p, m, &st);
     // The last send of PE 0 in the first head is a v word of the block it brings home.
     let mut cut = flat.clone();
     let half = cut[0].bundles.len() / 2;
@@ -1677,9 +1675,7 @@ fn mirrored_scores_with_a_mirror_or_maximum_taken_out_are_rejected() {
 fn mirror_or_maximum_taken_out(timing: MirroredTiming) {
     let p = problem(26, 3, 2, true, false, true);
     let st = schedule_stream::run_mirrored_timed(&p, 6, timing).unwrap();
-    let man = stream_manifest(&p, 6, &st);
-    let flat: Vec<Program> = flattened(&st.programs);
-    assert_proved(&flat, &man, "original");
+    let (man, flat) = proved_original(&p, 6, &st);
     for pe in [0usize, 2, 5] {
         // A score's mirror leaves from the acc of its chain's last product.
         let mut cut = flat.clone();
