@@ -1267,18 +1267,24 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     // Rows passed on to the next PE even out what whole rows cannot; kept only where they
     // take fewer cycles, so that every other layer's programs stay as they were.
     for norm in NORMS {
-        if let Ok(w) = build_with(p, m, budget, norm, Pass::Rows, Timing::Block) {
+        if let Ok(w) = build_with(p, m, budget, norm, Pass::Rows, Timing::Block, None) {
             if w.cycles < best.cycles {
                 best = w;
             }
         }
     }
-    // Steps that start as soon as the words they read are there rather than the whole block,
-    // with and without rows passed on: the same programs but for their waits, kept only where
-    // that takes fewer cycles.
-    for pass in [Pass::Off, Pass::Rows, Pass::Split] {
+    // Steps that start as soon as the words they read are there rather than the whole block
+    // (where waiting for whole blocks leaves some step waiting: otherwise nothing changes but
+    // what the rows wait for), with and without rows passed on, and rows split by their
+    // columns; kept only where that takes fewer cycles.
+    let word = word_lines(p, m).ok().flatten();
+    let (timing, passes): (Timing, &[Pass]) = match word {
+        Some(_) => (Timing::Word, &[Pass::Off, Pass::Rows, Pass::Split]),
+        None => (Timing::Block, &[Pass::Split]),
+    };
+    for &pass in passes {
         for norm in NORMS {
-            if let Ok(w) = build_with(p, m, budget, norm, pass, Timing::Word) {
+            if let Ok(w) = build_with(p, m, budget, norm, pass, timing, word.as_deref()) {
                 if w.cycles < best.cycles {
                     best = w;
                 }
@@ -1286,6 +1292,46 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
         }
     }
     Ok(best)
+}
+
+/// Every PE's ring steps' words read and sent ([`line`]), where the steps waiting for whole
+/// blocks leave some step waiting; `None` where none waits.
+fn word_lines(p: &Problem, m: u32) -> Result<Option<Vec<Vec<Line>>>, String> {
+    let deal = Deal::new(p.tokens, p.dim, m, p.heads, Normalisation::Deferred)
+        .ok_or_else(|| format!("{NAME}: whole rows do not deal the layer"))?;
+    let mu = m as usize;
+    let steps: Vec<Vec<(Vec<Node>, u64)>> = (0..m)
+        .map(|pe| (0..m).map(|s| deal.step(pe, s)).collect::<Result<_, _>>())
+        .collect::<Result<_, _>>()?;
+    let mut start = vec![vec![0u64; mu]; mu];
+    let mut end = vec![0u64; mu];
+    let mut waits = false;
+    for s in 0..mu {
+        for pe in 0..mu {
+            let q = (pe + mu - 1) % mu;
+            let ready = if s == 0 {
+                0
+            } else {
+                start[q][s - 1] + steps[q][s - 1].1
+            };
+            waits |= ready > end[pe];
+            start[pe][s] = end[pe].max(ready);
+            end[pe] = start[pe][s] + head_cycles(&steps[pe][s].0);
+        }
+    }
+    if !waits {
+        return Ok(None);
+    }
+    step_lines(&deal, &steps).map(Some)
+}
+
+/// [`line`] of every PE's ring steps.
+fn step_lines(deal: &Deal, steps: &[Vec<(Vec<Node>, u64)>]) -> Result<Vec<Vec<Line>>, String> {
+    let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
+    steps
+        .iter()
+        .map(|st| st.iter().map(|x| line(&x.0, words)).collect())
+        .collect()
 }
 
 /// The normalisations whole rows are built under, in the order that wins ties.
@@ -1324,7 +1370,7 @@ pub fn run_as(p: &Problem, m: u32, norm: Normalisation) -> Result<Stream, String
 /// The whole-rows programs under `norm` with rows passed on, an error where passing rows on
 /// does not shorten the layer.
 pub fn run_passed_as(p: &Problem, m: u32, norm: Normalisation) -> Result<Stream, String> {
-    build_with(p, m, None, norm, Pass::Rows, Timing::Block)
+    build_with(p, m, None, norm, Pass::Rows, Timing::Block, None)
 }
 
 /// The whole-rows programs under `norm`, rows passed on as `pass` says (an error where that
@@ -1336,11 +1382,11 @@ pub fn run_timed_as(
     pass: Pass,
     timing: Timing,
 ) -> Result<Stream, String> {
-    build_with(p, m, None, norm, pass, timing)
+    build_with(p, m, None, norm, pass, timing, None)
 }
 
 fn build(p: &Problem, m: u32, budget: Option<u64>, norm: Normalisation) -> Result<Stream, String> {
-    build_with(p, m, budget, norm, Pass::Off, Timing::Block)
+    build_with(p, m, budget, norm, Pass::Off, Timing::Block, None)
 }
 
 /// [`build`], with rows passed on to the next PE where that shortens the busiest PE
@@ -1352,6 +1398,7 @@ fn build_with(
     norm: Normalisation,
     pass: Pass,
     timing: Timing,
+    lines: Option<&[Vec<Line>]>,
 ) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, m) {
         return Err(why);
@@ -1377,15 +1424,15 @@ fn build_with(
     let steps: Vec<Vec<(Vec<Node>, u64)>> = (0..m)
         .map(|pe| (0..m).map(|s| deal.step(pe, s)).collect::<Result<_, _>>())
         .collect::<Result<_, _>>()?;
-    // By word: when each step first reads each word and sends each word, from its start.
-    let lines: Vec<Vec<Line>> = match timing {
-        Timing::Block => Vec::new(),
-        Timing::Word => {
-            let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
-            steps
-                .iter()
-                .map(|st| st.iter().map(|x| line(&x.0, words)).collect())
-                .collect::<Result<_, _>>()?
+    // By word: when each step first reads each word and sends each word, from its start (the
+    // steps are the same under every normalisation and whatever rows are passed on).
+    let own;
+    let lines: &[Vec<Line>] = match (timing, lines) {
+        (Timing::Block, _) => &[],
+        (Timing::Word, Some(x)) => x,
+        (Timing::Word, None) => {
+            own = step_lines(&deal, &steps)?;
+            &own
         }
     };
     // Each step waits until the block it reads is whole on its PE (the PE before forwards it
@@ -1418,10 +1465,10 @@ fn build_with(
             end[pe] = at + head_cycles(&steps[pe][s].0);
         }
     }
-    // When every word the ring pass brings has arrived: the own block home on the last step
-    // of the PE before (the last hop's v rows, which no step reads).
-    let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
-    let all_home = |pe: usize| -> u64 {
+    // When every word the ring pass brings has arrived, which the rows after it wait for: the
+    // own block home on the last step of the PE before (the last hop's v rows, which no step
+    // reads).
+    let home = |pe: usize| -> u64 {
         let start = &start;
         let q = prev(pe);
         match timing {
@@ -1432,34 +1479,13 @@ fn build_with(
                 .unwrap_or(0),
         }
     };
-    // When the rows (`nodes`) may start after the ring pass: once the own block is home, or by
-    // word once each word they read has arrived by the cycle they read it.
-    let home = |pe: usize, nodes: &[Node]| -> Result<u64, String> {
-        let start = &start;
-        let q = prev(pe);
-        Ok(match timing {
-            Timing::Block => all_home(pe),
-            Timing::Word => {
-                let reads = line(nodes, words)?;
-                let mut at = 0i64;
-                for (s, sent) in lines[q].iter().enumerate() {
-                    for (a, &t) in &sent.sent {
-                        if let Some(&r) = reads.read.get(a) {
-                            at = at.max(start[q][s] as i64 + t as i64 + 1 - r as i64);
-                        }
-                    }
-                }
-                at as u64
-            }
-        })
-    };
     if pass != Pass::Off {
         // Where each PE would end with whole rows: the ring pass's waits stay as they are,
         // so what passing rows on can even out is these ends.
         let ends = (0..mu)
             .map(|pe| {
                 let (nodes, _) = deal.all_values(pe as u32, scale)?;
-                Ok(end[pe].max(home(pe, &nodes)?) + head_cycles(&nodes))
+                Ok(end[pe].max(home(pe)) + head_cycles(&nodes))
             })
             .collect::<Result<Vec<u64>, String>>()?;
         // Each row a PE passes on rides on a nest of its own: where the plan passes more
@@ -1493,7 +1519,7 @@ fn build_with(
             body.extend(nodes.iter().cloned());
         }
         let (nodes, sent) = deal.all_values(pe as u32, scale)?;
-        let home = home(pe, &nodes)?;
+        let home = home(pe);
         body.extend(wait(home.saturating_sub(end[pe]))?);
         let from = end[pe].max(home);
         arrive[pe] = sent.iter().map(|x| from + x).collect();
@@ -1507,7 +1533,7 @@ fn build_with(
         let mut at = tails[pe];
         for (k, cut) in deal.cuts.iter().filter(|x| x.from == from).enumerate() {
             // They read the v rows of any block: all of them home first.
-            let ready = arrive[from as usize][k].max(all_home(pe));
+            let ready = arrive[from as usize][k].max(home(pe));
             body.extend(wait(ready.saturating_sub(at))?);
             let part = deal.second(pe as u32, cut, scale);
             at = at.max(ready) + head_cycles(&part);
