@@ -29,7 +29,13 @@
 //! which takes the maximum of the first keys and sends scores and maximum after the ring pass;
 //! the rest of the row's softmax and its values on the next PE, after its own rows. Each row
 //! still executes exactly its whole-row operations; that variant is kept only where it takes
-//! fewer cycles.
+//! fewer cycles. A finer grain: a row may instead keep its whole softmax and some of its output
+//! columns, sending its exponentials and their sum; the next PE computes the other columns.
+//!
+//! Where a step waiting for its whole block leaves some step waiting (blocks of more tokens
+//! than the steps they follow take to forward), the steps may instead start once each word
+//! they read has arrived by the cycle they read it, from the steps' flattenings: the same
+//! bundles with shorter waits, kept, like the finer grain, only with fewer cycles.
 //!
 //! Placements are listed per element, which leaves the proof to the flattened programs: layers
 //! beyond the flattening limit are refused rather than written unprovable.
@@ -417,15 +423,29 @@ impl Deal {
         let m = self.m as usize;
         let low = loads.iter().copied().min().unwrap_or(0);
         let cap = loads.iter().map(|x| x - low).sum::<u64>() as usize + 1;
-        // Per PE: for each row, its choices (amount, c, keep), and the fewest rows reaching each
-        // amount with the choice that did, row by row.
+        // Per PE: for each row, its choices (amount, c, keep), and after each row which amounts
+        // `c` of the rows so far reach, for every `c` up to `most` (bit sets).
         /// A row's ways of being passed on: (amount, c, keep).
         type Choices = Vec<(usize, u32, u32)>;
         struct Table {
             rows: Vec<(u32, Choices)>,
-            count: Vec<Vec<u8>>,
-            pick: Vec<Vec<Option<u16>>>,
+            reach: Vec<Vec<Vec<u64>>>,
         }
+        let wl = cap / 64 + 1;
+        let has = |set: &[u64], a: usize| set[a / 64] >> (a % 64) & 1 == 1;
+        // `to |= from << x`, within the cap.
+        let or_shifted = |to: &mut [u64], from: &[u64], x: usize| {
+            let (w, b) = (x / 64, x % 64);
+            for i in (w..wl).rev() {
+                let lo = from[i - w] << b;
+                let hi = if b > 0 && i > w {
+                    from[i - w - 1] >> (64 - b)
+                } else {
+                    0
+                };
+                to[i] |= lo | hi;
+            }
+        };
         let tables: Vec<Table> = self
             .pes
             .iter()
@@ -446,37 +466,30 @@ impl Deal {
                         (t, o)
                     })
                     .collect();
-                let none = u8::MAX;
-                let mut count = vec![vec![none; cap + 1]];
-                count[0][0] = 0;
-                let mut pick = vec![vec![None; cap + 1]];
+                let mut first = vec![vec![0u64; wl]; most + 1];
+                first[0][0] = 1;
+                let mut reach = vec![first];
                 for (_, opts) in &rows {
-                    let was = count.last()?.clone();
+                    let was = reach.last().cloned().unwrap_or_default();
                     let mut now = was.clone();
-                    let mut how = vec![None; cap + 1];
-                    for (i, &(x, _, _)) in opts.iter().enumerate() {
-                        for a in x..=cap {
-                            let c = was[a - x];
-                            if c < most as u8 && c + 1 < now[a] {
-                                now[a] = c + 1;
-                                how[a] = Some(i as u16);
-                            }
+                    for &(x, _, _) in opts {
+                        for c in 0..most {
+                            or_shifted(&mut now[c + 1], &was[c], x);
                         }
                     }
-                    count.push(now);
-                    pick.push(how);
+                    reach.push(now);
                 }
-                Some(Table { rows, count, pick })
+                Table { rows, reach }
             })
-            .collect::<Option<_>>()?;
+            .collect();
         // The least amount at or above each that PE `p` can pass on.
         let next: Vec<Vec<Option<usize>>> = tables
             .iter()
             .map(|tb| {
-                let last = tb.count.last().cloned().unwrap_or_default();
+                let last = tb.reach.last().cloned().unwrap_or_default();
                 let mut v = vec![None; cap + 2];
                 for a in (0..=cap).rev() {
-                    v[a] = if last[a] != u8::MAX {
+                    v[a] = if last.iter().any(|set| has(set, a)) {
                         Some(a)
                     } else {
                         v[a + 1]
@@ -532,15 +545,21 @@ impl Deal {
         for (p, amount) in flows.into_iter().enumerate() {
             let tb = &tables[p];
             let mut a = amount as usize;
-            for r in (1..tb.count.len()).rev() {
-                if let Some(i) = tb.pick[r][a] {
-                    // The row's choice reached `a` only if the rows before reached the rest.
-                    let (x, c, keep) = tb.rows[r - 1].1[usize::from(i)];
-                    if tb.count[r][a] != u8::MAX && tb.count[r - 1][a - x] + 1 == tb.count[r][a] {
-                        cuts.push((p as u32, tb.rows[r - 1].0, c, keep));
-                        a -= x;
-                    }
+            let r = tb.reach.len() - 1;
+            let mut c = (0..=most).find(|&c| has(&tb.reach[r][c], a))?;
+            // Back through the rows: a row is left out where the rows before reach the amount
+            // with as many rows, else one of its choices reaches it from one row fewer.
+            for r in (1..=r).rev() {
+                if has(&tb.reach[r - 1][c], a) {
+                    continue;
                 }
+                let (t, opts) = &tb.rows[r - 1];
+                let &(x, cc, keep) = opts
+                    .iter()
+                    .find(|o| c >= 1 && o.0 <= a && has(&tb.reach[r - 1][c - 1], a - o.0))?;
+                cuts.push((p as u32, *t, cc, keep));
+                a -= x;
+                c -= 1;
             }
             if a != 0 {
                 return None;
