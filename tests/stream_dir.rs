@@ -627,6 +627,32 @@ fn whole_rows_passed_on_beat_the_row_dataflow() {
         (64, 128, 6, 1),
         (128, 64, 12, 1),
     ] {
+        whole_rows_kept_below_the_rows(n, d, m, heads);
+    }
+}
+
+/// The causal layers on 12 PEs that the row dataflow kept until the ring steps were timed by
+/// word and rows could be split by their output columns: `auto` now keeps whole rows there, in
+/// fewer cycles than the row dataflow, and they run from their files.
+#[test]
+fn whole_rows_timed_by_word_and_split_beat_the_row_dataflow() {
+    for (n, d, m, heads) in [
+        (64u32, 32u32, 12u32, 1u32),
+        (64, 32, 12, 4),
+        (64, 64, 12, 1),
+        (64, 64, 12, 4),
+        (64, 128, 12, 4),
+        (128, 128, 12, 1),
+    ] {
+        whole_rows_kept_below_the_rows(n, d, m, heads);
+    }
+}
+
+/// `auto` keeps whole rows for the causal layer in fewer cycles than the row dataflow, in loop
+/// programs of at most 16 KiB per PE, and they run from their files against the reference in
+/// the cycles the manifest states.
+fn whole_rows_kept_below_the_rows(n: u32, d: u32, m: u32, heads: u32) {
+    {
         let src = layer_src(n, d, heads, false, true).replace("plain", "safe");
         let what = format!("n={n} d={d} m={m} heads={heads}");
         let compile = |schedule| {

@@ -4,7 +4,9 @@
 
 use crate::verifier_common::stream;
 
-use compiler::passes::schedule_stream::{self, Lag, MirroredTiming, Stream};
+use compiler::passes::schedule_stream::{
+    self, Lag, MirroredTiming, Stream, WholePass, WholeTiming,
+};
 use compiler::problem::Problem;
 use isa::{Op, OpKind, Program};
 use runtime::layer::{Normalisation, Softmax};
@@ -1907,4 +1909,128 @@ fn mirrored_timing_kept_is_the_faster_of_both() {
         skipped >= 2,
         "the rule skipped the relay on {skipped} layers"
     );
+}
+
+/// Whole rows whose ring steps start once each word they read has arrived rather than the
+/// whole block (the same steps, shorter waits): proved flattened on 6 and 12 PEs, one and four
+/// heads, each normalisation, with no row passed on, rows passed on after their first maxima,
+/// and rows split by their output columns as well; with none passed on never longer than the
+/// steps waiting for the whole block, and shorter on the 64-token layers of 12 PEs, where the
+/// blocks of six tokens take longer to forward than the steps of five.
+#[test]
+fn whole_rows_timed_by_word_are_proved() {
+    let mut proved = Vec::new();
+    let mut shorter = 0;
+    for (n, d, m) in [(40, 16, 6), (64, 32, 12), (64, 64, 12), (100, 24, 12)] {
+        for h in [1, 4] {
+            for norm in [
+                Normalisation::Deferred,
+                Normalisation::PerWeight,
+                Normalisation::PerRow,
+            ] {
+                for pass in [WholePass::Off, WholePass::Rows, WholePass::Split] {
+                    let what = format!("n={n} d={d} h={h} m={m} {norm:?} pass={pass:?}");
+                    let p = problem(n, d, h, false, true, true);
+                    let Ok(st) =
+                        schedule_stream::run_whole_timed(&p, m, norm, pass, WholeTiming::Word)
+                    else {
+                        assert!(pass != WholePass::Off, "{what}: not built");
+                        continue;
+                    };
+                    if pass == WholePass::Off {
+                        let block = schedule_stream::run_whole_as(&p, m, norm).unwrap();
+                        assert!(st.cycles <= block.cycles, "{what}");
+                        shorter += usize::from(st.cycles < block.cycles && n == 64);
+                    }
+                    for lp in &st.programs {
+                        assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
+                    }
+                    let man = stream_manifest(&p, m, &st);
+                    assert_eq!(man.normalisation, norm, "{what}");
+                    let flat: Vec<Program> = flattened(&st.programs);
+                    assert_proved(&flat, &man, &what);
+                    proved.push(what);
+                }
+            }
+        }
+    }
+    eprintln!("{} word-timed layers proved: {proved:#?}", proved.len());
+    assert_eq!(proved.len(), 72, "layers proved");
+    assert_eq!(shorter, 12, "64-token layers shorter by word");
+}
+
+/// Word-timed steps start without waiting for the whole block, so the proof must see each
+/// word arrive before it is read: a PE whose head starts late by all the idle cycles it ends
+/// with (moved from its end to its start) sends words the next PE reads before they arrive,
+/// and is rejected. PEs 3 to 11 end early enough for that; PEs 1 and 2 do not (their idle
+/// cycles are within the slack the next PE leaves, so moved they are still proved).
+#[test]
+fn whole_rows_timed_by_word_with_a_pe_late_are_rejected() {
+    let (n, d, m) = (64, 32, 12);
+    let p = problem(n, d, 1, false, true, true);
+    let st = schedule_stream::run_whole_timed(
+        &p,
+        m,
+        Normalisation::PerRow,
+        WholePass::Off,
+        WholeTiming::Word,
+    )
+    .unwrap();
+    let block = schedule_stream::run_whole_as(&p, m, Normalisation::PerRow).unwrap();
+    assert!(st.cycles < block.cycles);
+    let (man, flat) = proved_original(&p, m, &st);
+    let idle = |b: &isa::Bundle| *b == isa::Bundle::default();
+    let mut late = Vec::new();
+    let mut tried = 0;
+    for pe in 0..m as usize {
+        let b = &flat[pe].bundles;
+        let spare = b.iter().rev().take_while(|x| idle(x)).count();
+        if spare < 64 {
+            continue;
+        }
+        tried += 1;
+        let mut cut = flat.clone();
+        cut[pe].bundles.truncate(b.len() - spare);
+        cut[pe]
+            .bundles
+            .splice(0..0, std::iter::repeat_n(isa::Bundle::default(), spare));
+        if !verify(&cut, &man).is_ok() {
+            late.push(pe);
+        }
+    }
+    eprintln!("PEs caught late: {late:?} of {tried}");
+    assert_eq!(tried, 11);
+    assert_eq!(late, (3..12).collect::<Vec<_>>());
+}
+
+/// Rows split by their output columns whose words do not all reach the next PE (a PE's last
+/// send, the sum or an exponential of such a row, taken out) are caught.
+#[test]
+fn whole_rows_split_by_columns_with_a_word_taken_out_are_rejected() {
+    let (n, d, m) = (64, 32, 12);
+    let p = problem(n, d, 1, false, true, true);
+    let st = schedule_stream::run_whole_timed(
+        &p,
+        m,
+        Normalisation::PerRow,
+        WholePass::Split,
+        WholeTiming::Word,
+    )
+    .unwrap();
+    let (man, flat) = proved_original(&p, m, &st);
+    for pe in 0..m as usize {
+        let Some(at) = flat[pe]
+            .bundles
+            .iter()
+            .rposition(|b| b.xfer != isa::Xfer::Nop)
+        else {
+            continue;
+        };
+        let mut cut = flat.clone();
+        cut[pe].bundles[at].xfer = isa::Xfer::Nop;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "PE {pe}: a word taken out was proved"
+        );
+    }
 }

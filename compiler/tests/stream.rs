@@ -2,7 +2,7 @@
 //! in bulk) and flattened, against the f64 reference; predicted cycles and
 //! operation counts against what the interpreter counts.
 
-use compiler::passes::schedule_stream::{self, Stream};
+use compiler::passes::schedule_stream::{self, Stream, WholePass, WholeTiming};
 use compiler::problem::Problem;
 use isa::{F32Domain, LoopMachine, Machine, NoObserver, OpKind, RunStats};
 use runtime::layer::Normalisation;
@@ -564,14 +564,22 @@ fn whole_rows_per_weight_and_per_row_run_exactly_their_operations() {
         }
         let kept = schedule_stream::run_whole(&p, m).unwrap();
         let what = format!("n={n} d={d} h={h} m={m}");
-        // Rows passed on are kept only where they take fewer cycles.
+        // Rows passed on, and steps timed by word, are kept only where they take fewer cycles.
         let passed = [
             Normalisation::Deferred,
             Normalisation::PerWeight,
             Normalisation::PerRow,
         ]
         .into_iter()
-        .filter_map(|norm| schedule_stream::run_whole_passed_as(&p, m, norm).ok())
+        .flat_map(|norm| {
+            [
+                schedule_stream::run_whole_passed_as(&p, m, norm),
+                schedule_stream::run_whole_timed(&p, m, norm, WholePass::Off, WholeTiming::Word),
+                schedule_stream::run_whole_timed(&p, m, norm, WholePass::Rows, WholeTiming::Word),
+                schedule_stream::run_whole_timed(&p, m, norm, WholePass::Split, WholeTiming::Word),
+            ]
+        })
+        .filter_map(Result::ok)
         .map(|st| st.cycles)
         .min();
         let whole = *cycles.iter().min().unwrap();
@@ -627,6 +635,44 @@ fn whole_rows_passed_on_run_exactly_their_operations() {
         }
     }
     assert!(built >= 12, "{built} layers passed rows on");
+}
+
+/// Whole rows whose ring steps start once each word they read has arrived (with and without
+/// rows passed on): run against the reference the same in bulk, cycle by cycle and flattened,
+/// in the predicted cycles, executing exactly the formulation's operations, on 6 and 12 PEs,
+/// one and four heads, under each normalisation.
+#[test]
+fn whole_rows_timed_by_word_run_exactly_their_operations() {
+    let mut built = 0;
+    for (n, d, h, m) in [
+        (64, 32, 1, 12),
+        (64, 32, 4, 12),
+        (64, 64, 1, 12),
+        (40, 16, 2, 6),
+        (128, 32, 1, 12),
+    ] {
+        let p = problem(n, d, h, false, true);
+        for norm in [
+            Normalisation::Deferred,
+            Normalisation::PerWeight,
+            Normalisation::PerRow,
+        ] {
+            for pass in [WholePass::Off, WholePass::Rows, WholePass::Split] {
+                let what = format!("n={n} d={d} h={h} m={m} {norm:?} pass={pass:?}");
+                let Ok(st) = schedule_stream::run_whole_timed(&p, m, norm, pass, WholeTiming::Word)
+                else {
+                    continue;
+                };
+                built += 1;
+                assert_eq!(st.normalisation, norm, "{what}");
+                for prog in &st.programs {
+                    assert_eq!(prog.cycles(), st.cycles, "{what}");
+                }
+                check_whole_rows_ops(&p, m, &st, norm, &what);
+            }
+        }
+    }
+    assert!(built >= 24, "{built} layers timed by word");
 }
 
 #[test]

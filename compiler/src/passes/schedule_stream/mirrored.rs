@@ -1199,13 +1199,13 @@ impl Deal {
 
 /// When a stretch of a head's body first reads each word, and when it sends each word (the
 /// address on the next PE), in cycles from its start; and its length.
-struct Line {
-    read: HashMap<u32, u64>,
-    sent: HashMap<u32, u64>,
+pub(super) struct Line {
+    pub(super) read: HashMap<u32, u64>,
+    pub(super) sent: HashMap<u32, u64>,
     len: u64,
 }
 
-fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
+pub(super) fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
     if nodes.is_empty() {
         return Ok(Line {
             read: Default::default(),

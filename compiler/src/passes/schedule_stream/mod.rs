@@ -980,6 +980,21 @@ pub fn run_whole_passed_as(
     whole::run_passed_as(p, pes, norm)
 }
 
+pub use whole::{Pass as WholePass, Timing as WholeTiming};
+
+/// [`run_whole_as`] with rows passed on as `pass` says (an error where that does not shorten
+/// the layer), each ring step starting once its block is whole or once each word it reads is
+/// there.
+pub fn run_whole_timed(
+    p: &Problem,
+    pes: u32,
+    norm: runtime::layer::Normalisation,
+    pass: WholePass,
+    timing: WholeTiming,
+) -> Result<Stream, String> {
+    whole::run_timed_as(p, pes, norm, pass, timing)
+}
+
 /// Mirrored scores alone (q = k = v, no mask, safe softmax, a ring that does not divide the
 /// tokens): rows dealt whole, each score computed once and its mirror carried home.
 pub fn run_mirrored(p: &Problem, pes: u32) -> Result<Stream, String> {

@@ -29,7 +29,13 @@
 //! which takes the maximum of the first keys and sends scores and maximum after the ring pass;
 //! the rest of the row's softmax and its values on the next PE, after its own rows. Each row
 //! still executes exactly its whole-row operations; that variant is kept only where it takes
-//! fewer cycles.
+//! fewer cycles. A finer grain: a row may instead keep its whole softmax and some of its output
+//! columns, sending its exponentials and their sum; the next PE computes the other columns.
+//!
+//! Where a step waiting for its whole block leaves some step waiting (blocks of more tokens
+//! than the steps they follow take to forward), the steps may instead start once each word
+//! they read has arrived by the cycle they read it, from the steps' flattenings: the same
+//! bundles with shorter waits, kept, like the finer grain, only with fewer cycles.
 //!
 //! Placements are listed per element, which leaves the proof to the flattened programs: layers
 //! beyond the flattening limit are refused rather than written unprovable.
@@ -38,6 +44,7 @@ use std::collections::BTreeMap;
 
 use isa::{Cmp, CountStep, Loop, LoopProgram, Node, Pred, Slot};
 
+use super::mirrored::{line, Line};
 use super::{ad, head_cycles, head_programs, lp, wait, Ad, Place, Send, Stream, B, NAME};
 use crate::problem::Problem;
 use runtime::layer::Normalisation;
@@ -188,6 +195,10 @@ struct Cut {
     mx: u32,
     l: u32,
     y: u32,
+    /// Output columns its own PE keeps, where it takes the whole softmax and sends only the
+    /// exponentials (weights, per weight) and their sum: the next PE computes columns
+    /// `keep … d − 1` of `y`. 0 for a row passed on after its first maxima.
+    keep: u32,
 }
 
 impl Cut {
@@ -397,9 +408,170 @@ impl Deal {
         Some(cuts)
     }
 
-    /// The deal with `cuts` (`(PE, token, c)`) passed on: the receiving PEs' words for them.
-    fn with_cuts(mut self, cuts: &[(u32, u32, u32)], heads: u32) -> Option<Deal> {
-        for &(from, t, c) in cuts {
+    /// What keeping `keep` output columns of row `t` on its own PE moves to the next: the other
+    /// columns' weighted sums and, deferred, their divisions.
+    fn split_moved(&self, t: u32, keep: u32) -> u64 {
+        let per = u64::from(t) + 1 + u64::from(self.norm.defers(t + 1, self.d));
+        u64::from(self.d - keep) * per
+    }
+
+    /// [`Deal::plan`] with a finer grain: a row may also be passed on after its whole softmax,
+    /// the next PE taking some of its output columns (`(PE, token, c, keep)`). Amounts are
+    /// planned up to what the PEs' ends differ by in all (a larger flow round the ring only
+    /// moves the same work further), at most `most` rows from each PE.
+    fn plan_split(&self, loads: &[u64], most: usize) -> Option<Vec<(u32, u32, u32, u32)>> {
+        let m = self.m as usize;
+        let low = loads.iter().copied().min().unwrap_or(0);
+        let cap = loads.iter().map(|x| x - low).sum::<u64>() as usize + 1;
+        // Per PE: for each row, its choices (amount, c, keep), and after each row which amounts
+        // `c` of the rows so far reach, for every `c` up to `most` (bit sets).
+        /// A row's ways of being passed on: (amount, c, keep).
+        type Choices = Vec<(usize, u32, u32)>;
+        struct Table {
+            rows: Vec<(u32, Choices)>,
+            reach: Vec<Vec<Vec<u64>>>,
+        }
+        let wl = cap / 64 + 1;
+        let has = |set: &[u64], a: usize| set[a / 64] >> (a % 64) & 1 == 1;
+        // `to |= from << x`, within the cap.
+        let or_shifted = |to: &mut [u64], from: &[u64], x: usize| {
+            let (w, b) = (x / 64, x % 64);
+            for i in (w..wl).rev() {
+                let lo = from[i - w] << b;
+                let hi = if b > 0 && i > w {
+                    from[i - w - 1] >> (64 - b)
+                } else {
+                    0
+                };
+                to[i] |= lo | hi;
+            }
+        };
+        let tables: Vec<Table> = self
+            .pes
+            .iter()
+            .map(|pe| {
+                let top = pe.tokens.iter().copied().max().unwrap_or(0);
+                let rows: Vec<(u32, Choices)> = pe
+                    .tokens
+                    .iter()
+                    .copied()
+                    .filter(|&t| t >= 2 && t != top)
+                    .map(|t| {
+                        let mut o = Vec::new();
+                        if t + 2 <= self.d {
+                            o.extend((1..=t + 1).map(|c| (self.moved(t, c) as usize, c, 0)));
+                        }
+                        o.extend((1..self.d).map(|k| (self.split_moved(t, k) as usize, t + 1, k)));
+                        o.retain(|x| x.0 <= cap);
+                        (t, o)
+                    })
+                    .collect();
+                let mut first = vec![vec![0u64; wl]; most + 1];
+                first[0][0] = 1;
+                let mut reach = vec![first];
+                for (_, opts) in &rows {
+                    let was = reach.last().cloned().unwrap_or_default();
+                    let mut now = was.clone();
+                    for &(x, _, _) in opts {
+                        for c in 0..most {
+                            or_shifted(&mut now[c + 1], &was[c], x);
+                        }
+                    }
+                    reach.push(now);
+                }
+                Table { rows, reach }
+            })
+            .collect();
+        // The least amount at or above each that PE `p` can pass on.
+        let next: Vec<Vec<Option<usize>>> = tables
+            .iter()
+            .map(|tb| {
+                let last = tb.reach.last().cloned().unwrap_or_default();
+                let mut v = vec![None; cap + 2];
+                for a in (0..=cap).rev() {
+                    v[a] = if last.iter().any(|set| has(set, a)) {
+                        Some(a)
+                    } else {
+                        v[a + 1]
+                    };
+                }
+                v
+            })
+            .collect();
+        let pass = |p: usize, fin: u64, top: u64| -> Option<u64> {
+            let need = (loads[p] + fin).saturating_sub(top) as usize;
+            next[p]
+                .get(need.min(cap + 1))
+                .copied()
+                .flatten()
+                .map(|x| x as u64)
+        };
+        let walk = |top: u64| -> Option<Vec<u64>> {
+            let wraps = (0..=cap).filter(|&a| next[m - 1][a] == Some(a));
+            'wrap: for wf in wraps {
+                let wf = wf as u64;
+                let mut flows = Vec::with_capacity(m);
+                let mut fin = wf;
+                for p in 0..m - 1 {
+                    let Some(x) = pass(p, fin, top) else {
+                        continue 'wrap;
+                    };
+                    fin = x;
+                    flows.push(x);
+                }
+                if loads[m - 1] + fin <= top + wf {
+                    flows.push(wf);
+                    return Some(flows);
+                }
+            }
+            None
+        };
+        let total: u64 = loads.iter().sum();
+        let plain = loads.iter().copied().max().unwrap_or(0);
+        let (mut lo, mut hi) = (total.div_ceil(self.m.into()), plain);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if walk(mid).is_some() {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        if lo >= plain {
+            return None;
+        }
+        let flows = walk(lo)?;
+        let mut cuts = Vec::new();
+        for (p, amount) in flows.into_iter().enumerate() {
+            let tb = &tables[p];
+            let mut a = amount as usize;
+            let r = tb.reach.len() - 1;
+            let mut c = (0..=most).find(|&c| has(&tb.reach[r][c], a))?;
+            // Back through the rows: a row is left out where the rows before reach the amount
+            // with as many rows, else one of its choices reaches it from one row fewer.
+            for r in (1..=r).rev() {
+                if has(&tb.reach[r - 1][c], a) {
+                    continue;
+                }
+                let (t, opts) = &tb.rows[r - 1];
+                let &(x, cc, keep) = opts
+                    .iter()
+                    .find(|o| c >= 1 && o.0 <= a && has(&tb.reach[r - 1][c - 1], a - o.0))?;
+                cuts.push((p as u32, *t, cc, keep));
+                a -= x;
+                c -= 1;
+            }
+            if a != 0 {
+                return None;
+            }
+        }
+        Some(cuts)
+    }
+
+    /// The deal with `cuts` (`(PE, token, c, keep)`) passed on: the receiving PEs' words for
+    /// them.
+    fn with_cuts(mut self, cuts: &[(u32, u32, u32, u32)], heads: u32) -> Option<Deal> {
+        for &(from, t, c, keep) in cuts {
             let to = ((from + 1) % self.m) as usize;
             let at = self.pes[to].words;
             let sc = at;
@@ -415,6 +587,7 @@ impl Deal {
                 mx,
                 l,
                 y,
+                keep,
             });
         }
         Some(self)
@@ -705,6 +878,7 @@ impl Deal {
         t0: u32,
         scale: f32,
         ride: Option<&Send>,
+        split: Option<&Cut>,
     ) -> Vec<Node> {
         // Every row of the nest alike ([`Deal::all_values`] splits nests where rows differ).
         let per_weight = !self.norm.defers(t0 + 1, self.d);
@@ -780,10 +954,31 @@ impl Deal {
         }
         let yc = y.clone().t(2, 1);
         let v = ad(pe.vb).t(2, 1);
+        // A row split by its columns keeps the first `keep` here and sends its exponentials
+        // on the first column's loop (they are final by then) and its sum on the first
+        // division, for the next PE's columns.
+        let first_col = |src: Ad, dst: Ad| Send {
+            src,
+            dst,
+            preds: vec![Pred {
+                slot: Slot::Xfer,
+                level: 2,
+                cmp: Cmp::Eq,
+                value: 0,
+            }],
+        };
+        let split_sends = split.map(|cut| {
+            (
+                first_col(sc.clone(), ad(cut.sc)),
+                first_col(sc.clone().plus(1).t(3, 1), ad(cut.sc).plus(1).t(3, 1)),
+                first_col(l.clone(), ad(cut.l)),
+            )
+        });
+        let ncols = split.map_or(self.d, |cut| cut.keep);
         let mut cols = vec![B::new()
             .mul(sc.clone(), v.clone(), None)
             .add(None, yc.clone())
-            .send(ride)
+            .send(ride.or(split_sends.as_ref().map(|x| &x.0)))
             .build()];
         if t0 >= 1 {
             cols.extend(stepped(
@@ -791,12 +986,19 @@ impl Deal {
                 vec![B::new()
                     .mul(sc.clone().plus(1).t(3, 1), v.plus(d).t(3, d), None)
                     .add(Some(yc.clone()), yc.clone())
+                    .send(split_sends.as_ref().map(|x| &x.1))
                     .build()],
             ));
         }
-        body.extend(lp(self.d, cols));
+        body.extend(lp(ncols, cols));
         if !per_weight {
-            body.extend(lp(self.d, vec![B::new().div(yc.clone(), l, yc).build()]));
+            body.extend(lp(
+                ncols,
+                vec![B::new()
+                    .div(yc.clone(), l, yc)
+                    .send(split_sends.as_ref().map(|x| &x.2))
+                    .build()],
+            ));
         }
         lp(rows, body)
     }
@@ -808,8 +1010,11 @@ impl Deal {
     fn all_values(&self, p: u32, scale: f32) -> Result<(Vec<Node>, Vec<u64>), String> {
         let pe = self.pe(p);
         let n = self.n;
-        let out: Vec<&Cut> = self.cuts.iter().filter(|x| x.from == p).collect();
-        let passed = |t: u32| out.iter().any(|x| x.t == t);
+        let all: Vec<&Cut> = self.cuts.iter().filter(|x| x.from == p).collect();
+        let passed = |t: u32| all.iter().any(|x| x.t == t);
+        // Rows split by their columns send their own words; the others ride on nests.
+        let out: Vec<&Cut> = all.iter().copied().filter(|x| x.keep == 0).collect();
+        let mut split_sent = Vec::new();
         let local_of = |t: u32| pe.tokens.iter().position(|&x| x == t).unwrap_or(0) as u32;
         let mut nodes = Vec::new();
         for cut in &out {
@@ -833,6 +1038,14 @@ impl Deal {
             let mut i = pe.first[usize::from(high)];
             while i < self.periods as i32 {
                 let t = self.token(p, high, i);
+                if let Some(cut) = all.iter().find(|x| x.t == t && x.keep > 0) {
+                    let local = self.local(p, high, i);
+                    let row = self.values(p, (local, 1), t, scale, None, Some(cut));
+                    split_sent.push((cut.t, head_cycles(&nodes) + head_cycles(&row)));
+                    nodes.extend(row);
+                    i += 1;
+                    continue;
+                }
                 if passed(t) {
                     i += 1;
                     continue;
@@ -870,10 +1083,10 @@ impl Deal {
                     }
                 });
                 if let Some(r) = &ride {
-                    let first = self.values(p, (local, 1), t, scale, Some(r));
+                    let first = self.values(p, (local, 1), t, scale, Some(r), None);
                     sent.push(head_cycles(&nodes) + head_cycles(&first));
                 }
-                nodes.extend(self.values(p, (local, rows), t, scale, ride.as_ref()));
+                nodes.extend(self.values(p, (local, rows), t, scale, ride.as_ref(), None));
                 i += rows as i32;
             }
         }
@@ -882,6 +1095,18 @@ impl Deal {
                 "{NAME}: whole rows cannot send PE {p}'s rows passed on on its value loops"
             ));
         }
+        // In the order of the cuts.
+        let mut rides = sent.into_iter();
+        let sent = all
+            .iter()
+            .map(|cut| {
+                if cut.keep > 0 {
+                    split_sent.iter().find(|x| x.0 == cut.t).map_or(0, |x| x.1)
+                } else {
+                    rides.next().unwrap_or(0)
+                }
+            })
+            .collect();
         Ok((nodes, sent))
     }
 
@@ -895,6 +1120,9 @@ impl Deal {
         let mx = ad(cut.mx);
         let l = ad(cut.l);
         let mut body = Vec::new();
+        if cut.keep > 0 {
+            return self.split_columns(p, cut);
+        }
         let top = if cut.c == t + 1 {
             sc.clone().plus(i64::from(t) + 1)
         } else {
@@ -953,6 +1181,39 @@ impl Deal {
         body.extend(lp(self.d, cols));
         if !per_weight {
             body.extend(lp(self.d, vec![B::new().div(yc.clone(), l, yc).build()]));
+        }
+        lp(1, body)
+    }
+
+    /// The columns `keep … d − 1` of a row split by its columns, on the next PE `p`: each the
+    /// weighted sum of the exponentials (weights, per weight) the row's PE sent, then deferred
+    /// divided by the sum it sent.
+    fn split_columns(&self, p: u32, cut: &Cut) -> Vec<Node> {
+        let pe = self.pe(p);
+        let d = i64::from(self.d);
+        let (t, keep) = (cut.t, cut.keep);
+        let sc = ad(cut.sc);
+        let yc = ad(cut.y + keep).t(0, d).t(2, 1);
+        let v = ad(pe.vb + keep).t(2, 1);
+        let cols = vec![
+            B::new()
+                .mul(sc.clone(), v.clone(), None)
+                .add(None, yc.clone())
+                .build(),
+            Node::Loop(Loop::new(
+                t,
+                vec![B::new()
+                    .mul(sc.plus(1).t(3, 1), v.plus(d).t(3, d), None)
+                    .add(Some(yc.clone()), yc.clone())
+                    .build()],
+            )),
+        ];
+        let mut body = lp(self.d - keep, cols);
+        if self.norm.defers(t + 1, self.d) {
+            body.extend(lp(
+                self.d - keep,
+                vec![B::new().div(yc.clone(), ad(cut.l), yc).build()],
+            ));
         }
         lp(1, body)
     }
@@ -1024,18 +1285,100 @@ pub fn run(p: &Problem, m: u32, budget: Option<u64>) -> Result<Stream, String> {
     }
     // Rows passed on to the next PE even out what whole rows cannot; kept only where they
     // take fewer cycles, so that every other layer's programs stay as they were.
-    for norm in [
-        Normalisation::Deferred,
-        Normalisation::PerWeight,
-        Normalisation::PerRow,
-    ] {
-        if let Ok(w) = build_with(p, m, budget, norm, true) {
+    for norm in NORMS {
+        if let Ok(w) = build_with(p, m, budget, norm, Pass::Rows, Timing::Block, None) {
             if w.cycles < best.cycles {
                 best = w;
             }
         }
     }
+    // Steps that start as soon as the words they read are there rather than the whole block
+    // (where waiting for whole blocks leaves some step waiting: otherwise nothing changes but
+    // what the rows wait for), with and without rows passed on, and rows split by their
+    // columns; kept only where that takes fewer cycles.
+    let word = word_lines(p, m).ok().flatten();
+    let (timing, passes): (Timing, &[Pass]) = match word {
+        Some(_) => (Timing::Word, &[Pass::Off, Pass::Rows, Pass::Split]),
+        None => (Timing::Block, &[Pass::Split]),
+    };
+    for &pass in passes {
+        for norm in NORMS {
+            if let Ok(w) = build_with(p, m, budget, norm, pass, timing, word.as_deref()) {
+                if w.cycles < best.cycles {
+                    best = w;
+                }
+            }
+        }
+    }
     Ok(best)
+}
+
+/// Every PE's ring steps' words read and sent ([`line`]), where the steps waiting for whole
+/// blocks leave some step waiting; `None` where none waits.
+fn word_lines(p: &Problem, m: u32) -> Result<Option<Vec<Vec<Line>>>, String> {
+    let deal = Deal::new(p.tokens, p.dim, m, p.heads, Normalisation::Deferred)
+        .ok_or_else(|| format!("{NAME}: whole rows do not deal the layer"))?;
+    let mu = m as usize;
+    let steps: Vec<Vec<(Vec<Node>, u64)>> = (0..m)
+        .map(|pe| (0..m).map(|s| deal.step(pe, s)).collect::<Result<_, _>>())
+        .collect::<Result<_, _>>()?;
+    let mut start = vec![vec![0u64; mu]; mu];
+    let mut end = vec![0u64; mu];
+    let mut waits = false;
+    for s in 0..mu {
+        for pe in 0..mu {
+            let q = (pe + mu - 1) % mu;
+            let ready = if s == 0 {
+                0
+            } else {
+                start[q][s - 1] + steps[q][s - 1].1
+            };
+            waits |= ready > end[pe];
+            start[pe][s] = end[pe].max(ready);
+            end[pe] = start[pe][s] + head_cycles(&steps[pe][s].0);
+        }
+    }
+    if !waits {
+        return Ok(None);
+    }
+    step_lines(&deal, &steps).map(Some)
+}
+
+/// [`line`] of every PE's ring steps.
+fn step_lines(deal: &Deal, steps: &[Vec<(Vec<Node>, u64)>]) -> Result<Vec<Vec<Line>>, String> {
+    let words = deal.pes.iter().map(|x| x.words).max().unwrap_or(0);
+    steps
+        .iter()
+        .map(|st| st.iter().map(|x| line(&x.0, words)).collect())
+        .collect()
+}
+
+/// The normalisations whole rows are built under, in the order that wins ties.
+const NORMS: [Normalisation; 3] = [
+    Normalisation::Deferred,
+    Normalisation::PerWeight,
+    Normalisation::PerRow,
+];
+
+/// Which rows a PE passes on to the next.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Pass {
+    /// None: every row whole on its PE.
+    Off,
+    /// Rows after their first maxima.
+    Rows,
+    /// Rows after their first maxima, or after their whole softmax with some of their output
+    /// columns left to the next PE.
+    Split,
+}
+
+/// When a ring step may start.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Timing {
+    /// Once the block it reads is whole on its PE.
+    Block,
+    /// Once every word it reads has arrived by the cycle it reads it.
+    Word,
 }
 
 /// The whole-rows programs under the normalisation `norm`, whatever the others would take.
@@ -1046,11 +1389,23 @@ pub fn run_as(p: &Problem, m: u32, norm: Normalisation) -> Result<Stream, String
 /// The whole-rows programs under `norm` with rows passed on, an error where passing rows on
 /// does not shorten the layer.
 pub fn run_passed_as(p: &Problem, m: u32, norm: Normalisation) -> Result<Stream, String> {
-    build_with(p, m, None, norm, true)
+    build_with(p, m, None, norm, Pass::Rows, Timing::Block, None)
+}
+
+/// The whole-rows programs under `norm`, rows passed on as `pass` says (an error where that
+/// does not shorten the layer), each step starting as `timing` says.
+pub fn run_timed_as(
+    p: &Problem,
+    m: u32,
+    norm: Normalisation,
+    pass: Pass,
+    timing: Timing,
+) -> Result<Stream, String> {
+    build_with(p, m, None, norm, pass, timing, None)
 }
 
 fn build(p: &Problem, m: u32, budget: Option<u64>, norm: Normalisation) -> Result<Stream, String> {
-    build_with(p, m, budget, norm, false)
+    build_with(p, m, budget, norm, Pass::Off, Timing::Block, None)
 }
 
 /// [`build`], with rows passed on to the next PE where that shortens the busiest PE
@@ -1060,7 +1415,9 @@ fn build_with(
     m: u32,
     budget: Option<u64>,
     norm: Normalisation,
-    pass: bool,
+    pass: Pass,
+    timing: Timing,
+    lines: Option<&[Vec<Line>]>,
 ) -> Result<Stream, String> {
     if let Some(why) = unsupported(p, m) {
         return Err(why);
@@ -1086,17 +1443,40 @@ fn build_with(
     let steps: Vec<Vec<(Vec<Node>, u64)>> = (0..m)
         .map(|pe| (0..m).map(|s| deal.step(pe, s)).collect::<Result<_, _>>())
         .collect::<Result<_, _>>()?;
+    // By word: when each step first reads each word and sends each word, from its start (the
+    // steps are the same under every normalisation and whatever rows are passed on).
+    let own;
+    let lines: &[Vec<Line>] = match (timing, lines) {
+        (Timing::Block, _) => &[],
+        (Timing::Word, Some(x)) => x,
+        (Timing::Word, None) => {
+            own = step_lines(&deal, &steps)?;
+            &own
+        }
+    };
     // Each step waits until the block it reads is whole on its PE (the PE before forwards it
-    // from the start of its step before).
+    // from the start of its step before), or by word until each word it reads has arrived
+    // (a word sent in one cycle is read from the next). A word is read late in its step where
+    // the step computes on it, so the lag keeps its sign.
     let mut waits = vec![vec![0u64; mu]; mu];
     let mut start = vec![vec![0u64; mu]; mu];
     let mut end = vec![0u64; mu];
     for s in 0..mu {
         for pe in 0..mu {
-            let ready = if s == 0 {
-                0
-            } else {
-                start[prev(pe)][s - 1] + steps[prev(pe)][s - 1].1
+            let q = prev(pe);
+            let ready = match timing {
+                _ if s == 0 => 0,
+                Timing::Block => start[q][s - 1] + steps[q][s - 1].1,
+                Timing::Word => {
+                    let (sent, reads) = (&lines[q][s - 1], &lines[pe][s]);
+                    let lag = sent
+                        .sent
+                        .iter()
+                        .filter_map(|(a, &t)| reads.read.get(a).map(|&r| t as i64 + 1 - r as i64))
+                        .max()
+                        .unwrap_or(0);
+                    (start[q][s - 1] as i64 + lag).max(0) as u64
+                }
             };
             let at = end[pe].max(ready);
             waits[pe][s] = at - end[pe];
@@ -1104,20 +1484,40 @@ fn build_with(
             end[pe] = at + head_cycles(&steps[pe][s].0);
         }
     }
-    if pass {
+    // When every word the ring pass brings has arrived, which the rows after it wait for: the
+    // own block home on the last step of the PE before (the last hop's v rows, which no step
+    // reads).
+    let home = |pe: usize| -> u64 {
+        let start = &start;
+        let q = prev(pe);
+        match timing {
+            Timing::Block => start[q][mu - 1] + steps[q][mu - 1].1,
+            Timing::Word => (0..mu)
+                .map(|s| start[q][s] + lines[q][s].sent.values().map(|&t| t + 1).max().unwrap_or(0))
+                .max()
+                .unwrap_or(0),
+        }
+    };
+    if pass != Pass::Off {
         // Where each PE would end with whole rows: the ring pass's waits stay as they are,
         // so what passing rows on can even out is these ends.
         let ends = (0..mu)
             .map(|pe| {
-                let home = start[prev(pe)][mu - 1] + steps[prev(pe)][mu - 1].1;
                 let (nodes, _) = deal.all_values(pe as u32, scale)?;
-                Ok(end[pe].max(home) + head_cycles(&nodes))
+                Ok(end[pe].max(home(pe)) + head_cycles(&nodes))
             })
             .collect::<Result<Vec<u64>, String>>()?;
         // Each row a PE passes on rides on a nest of its own: where the plan passes more
         // than its nests take, fewer rows per boundary are planned.
         let cut = (1..=MAX_CUTS).rev().find_map(|most| {
-            let cuts = deal.plan(&ends, most)?;
+            let cuts = match pass {
+                Pass::Split => deal.plan_split(&ends, most)?,
+                _ => deal
+                    .plan(&ends, most)?
+                    .into_iter()
+                    .map(|(p, t, c)| (p, t, c, 0))
+                    .collect(),
+            };
             let cut = deal.clone().with_cuts(&cuts, heads)?;
             (0..m)
                 .all(|pe| cut.all_values(pe, scale).is_ok())
@@ -1137,11 +1537,10 @@ fn build_with(
             body.extend(wait(waits[pe][s])?);
             body.extend(nodes.iter().cloned());
         }
-        // The own block comes home on the last step of the PE before.
-        let home = start[prev(pe)][mu - 1] + steps[prev(pe)][mu - 1].1;
+        let (nodes, sent) = deal.all_values(pe as u32, scale)?;
+        let home = home(pe);
         body.extend(wait(home.saturating_sub(end[pe]))?);
         let from = end[pe].max(home);
-        let (nodes, sent) = deal.all_values(pe as u32, scale)?;
         arrive[pe] = sent.iter().map(|x| from + x).collect();
         tails.push(from + head_cycles(&nodes));
         body.extend(nodes);
@@ -1152,7 +1551,8 @@ fn build_with(
         let from = prev(pe) as u32;
         let mut at = tails[pe];
         for (k, cut) in deal.cuts.iter().filter(|x| x.from == from).enumerate() {
-            let ready = arrive[from as usize][k];
+            // They read the v rows of any block: all of them home first.
+            let ready = arrive[from as usize][k].max(home(pe));
             body.extend(wait(ready.saturating_sub(at))?);
             let part = deal.second(pe as u32, cut, scale);
             at = at.max(ready) + head_cycles(&part);
@@ -1217,9 +1617,10 @@ fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
                 let kv = pe.kv + h * 2 * rows * d + i * d + c;
                 let t = pe.tokens[i as usize];
                 // A row passed on ends on the next PE.
+                // A row split by its columns keeps its first columns.
                 let (yp, ya) = match deal.cuts.iter().find(|x| x.from == p && x.t == t) {
-                    Some(cut) => ((p + 1) % deal.m, cut.y + h * d + c),
-                    None => (p, pe.y + (h * rows + i) * d + c),
+                    Some(cut) if c >= cut.keep => ((p + 1) % deal.m, cut.y + h * d + c),
+                    _ => (p, pe.y + (h * rows + i) * d + c),
                 };
                 let at = [
                     (p, pe.q + (h * rows + i) * d + c),
