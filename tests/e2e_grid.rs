@@ -138,12 +138,38 @@ fn paper_formula(n: u64, m: u64, shared: bool, causal: bool) -> u64 {
     }
 }
 
-/// `auto` on every layer d = n ≤ 16, m | n, one to three heads, of one scheme: at or below the
-/// paper's formula, with exactly the necessary operations.
-fn auto_grid_beats_paper_formulas(shared: bool, causal: bool) {
+/// The heads the `auto` grid compiles on `n` tokens over `m` PEs: all of one to three up to
+/// 8 tokens; from 9 tokens, where each layer takes seconds, one of them, cycling with the ring.
+/// Every token count and every ring dividing it are still compiled (the cost model's choice
+/// and each scheduler's geometry turn on n and m), every head count meets large layers of
+/// each scheme, and the sample keeps the schedules `auto` chooses on the whole grid
+/// ([`AUTO_GRID_SCHEDULES`], asserted by both tests).
+/// `cargo test --release --test suite e2e_grid::auto_grid_every_head -- --ignored` runs all.
+fn auto_grid_heads(n: u32, m: u32, every_head: bool) -> Vec<u32> {
+    if every_head || n <= 8 {
+        (1..=3).collect()
+    } else {
+        vec![1 + (n + m) % 3]
+    }
+}
+
+/// What `auto` keeps somewhere on the whole grid of each scheme (separate, shared, causal,
+/// shared causal): the sampled grid must reach every one of them.
+const AUTO_GRID_SCHEDULES: [&[&str]; 4] = [
+    &["schedule-baseline", "schedule-rows", "schedule-split"],
+    &["schedule-rows", "schedule-split", "schedule-symmetric"],
+    &["schedule-causal", "schedule-rows", "schedule-split"],
+    &["schedule-causal", "schedule-rows", "schedule-split"],
+];
+
+/// `auto` on every layer d = n ≤ 16, m | n, one to three heads (sampled from 9 tokens unless
+/// `every_head`), of one scheme: at or below the paper's formula, with exactly the necessary
+/// operations; the schedules kept are those of the whole grid.
+fn auto_grid_beats_paper_formulas(shared: bool, causal: bool, every_head: bool) {
+    let mut kept = std::collections::BTreeSet::new();
     for n in 1..=16u32 {
         for m in divisors(n) {
-            for heads in 1..=3u32 {
+            for heads in auto_grid_heads(n, m, every_head) {
                 let src = layer_src(n, n, heads, shared, causal);
                 let c = compile_src(&src, m, Choice::Auto);
                 let r = run_emitted(&c, u64::from(n * 1000 + m * 10 + heads));
@@ -183,29 +209,45 @@ fn auto_grid_beats_paper_formulas(shared: bool, causal: bool) {
                     ops.phase1_mac + ops.phase2_exp + ops.phase2_div + ops.phase3_mac
                 );
                 assert_proved_work(&c, &r, &what);
+                kept.insert(c.manifest.schedule.clone());
             }
         }
     }
+    let want = AUTO_GRID_SCHEDULES[usize::from(shared) + 2 * usize::from(causal)];
+    assert_eq!(
+        kept.iter().map(String::as_str).collect::<Vec<_>>(),
+        want,
+        "schedules auto kept (shared={shared} causal={causal})"
+    );
 }
 
 #[test]
 fn auto_grid_beats_paper_formulas_separate() {
-    auto_grid_beats_paper_formulas(false, false);
+    auto_grid_beats_paper_formulas(false, false, false);
 }
 
 #[test]
 fn auto_grid_beats_paper_formulas_shared() {
-    auto_grid_beats_paper_formulas(true, false);
+    auto_grid_beats_paper_formulas(true, false, false);
 }
 
 #[test]
 fn auto_grid_beats_paper_formulas_causal() {
-    auto_grid_beats_paper_formulas(false, true);
+    auto_grid_beats_paper_formulas(false, true, false);
 }
 
 #[test]
 fn auto_grid_beats_paper_formulas_shared_causal() {
-    auto_grid_beats_paper_formulas(true, true);
+    auto_grid_beats_paper_formulas(true, true, false);
+}
+
+/// The whole grid, every head count on every layer.
+#[test]
+#[ignore = "the whole auto grid takes minutes; the sampled tests above run by default"]
+fn auto_grid_every_head() {
+    for (shared, causal) in [(false, false), (true, false), (false, true), (true, true)] {
+        auto_grid_beats_paper_formulas(shared, causal, true);
+    }
 }
 
 #[test]
@@ -334,15 +376,26 @@ fn forced_grid_layers(n: u32) -> Vec<(u32, u32, u32, bool, bool)> {
     layers
 }
 
+/// Whether the default run compiles this layer of the forced grid: below 6 tokens every one;
+/// from 6 tokens, where a layer takes seconds, every head dim, ring and scheme with one head or
+/// two, alternating with d + m + mask (so each dim and ring has both, one per mask). Every
+/// scheduler is still forced on every ring size and dim where it applies, on many layers with
+/// one head and with two ([`forced_grid_covers_every_scheduler`] counts both);
+/// `cargo test --release --test suite e2e_grid::forced_grid_every_head -- --ignored` runs
+/// every layer.
+fn forced_grid_sampled(n: u32, d: u32, m: u32, heads: u32, causal: bool) -> bool {
+    n < 6 || heads == 1 + (d + m + u32::from(causal)) % 2
+}
+
 /// Every scheduler, forced wherever it applies, over the small layers of `n` tokens of every
 /// kind (d ≠ n and rings that do not divide the sizes included): it must be the one used, its programs must be proved
 /// by the verifier and match the f64 reference, and `auto` must be no slower than any scheduler
 /// it considers. Where a scheduler does not apply, forcing it must be refused rather than fall
 /// back on another. Unlike the `auto` grids, this keeps every scheduler tested whatever the
 /// cost model prefers.
-fn forced_grid(n: u32, qkv_shared: bool) {
+fn forced_grid(n: u32, qkv_shared: bool, every_head: bool) {
     for (d, m, heads, shared, causal) in forced_grid_layers(n) {
-        if shared != qkv_shared {
+        if shared != qkv_shared || !(every_head || forced_grid_sampled(n, d, m, heads, causal)) {
             continue;
         }
         let src = layer_src(n, d, heads, shared, causal);
@@ -401,10 +454,16 @@ fn forced_grid_covers_every_scheduler() {
         );
     }
     let mut used = [0u32; 7];
+    // In the default run's sample, by head count.
+    let mut sampled = [[0u32; 7]; 2];
     for n in 1..=8u32 {
         for (d, m, heads, shared, causal) in forced_grid_layers(n) {
             for (k, &(choice, _)) in FORCED.iter().enumerate() {
-                used[k] += u32::from(forced_applies(choice, (n, d, m, heads), shared, causal));
+                let applies = forced_applies(choice, (n, d, m, heads), shared, causal);
+                used[k] += u32::from(applies);
+                if forced_grid_sampled(n, d, m, heads, causal) {
+                    sampled[heads as usize - 1][k] += u32::from(applies);
+                }
             }
         }
     }
@@ -412,6 +471,14 @@ fn forced_grid_covers_every_scheduler() {
         used,
         [384, 96, 192, 1328, 1328, 332, 592],
         "programs per scheduler"
+    );
+    assert_eq!(
+        sampled,
+        [
+            [144, 39, 66, 472, 472, 116, 288],
+            [144, 33, 78, 472, 472, 120, 88]
+        ],
+        "sampled programs per scheduler, one head and two"
     );
 }
 
@@ -421,7 +488,7 @@ macro_rules! forced_grid_tests {
         #[test]
         fn $name() {
             for n in $ns {
-                forced_grid(n, $shared);
+                forced_grid(n, $shared, false);
             }
         }
     )*};
@@ -436,6 +503,17 @@ forced_grid_tests! {
     forced_grid_7_tokens_shared: [7], true;
     forced_grid_8_tokens_separate: [8], false;
     forced_grid_8_tokens_shared: [8], true;
+}
+
+/// The forced grid with both head counts on every layer.
+#[test]
+#[ignore = "the whole forced grid takes minutes; the sampled tests above run by default"]
+fn forced_grid_every_head() {
+    for n in 1..=8 {
+        for shared in [false, true] {
+            forced_grid(n, shared, true);
+        }
+    }
 }
 
 /// `Options::reroll` (what `attnc compile` does unless `--flat`): proved and run like every

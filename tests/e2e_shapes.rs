@@ -68,7 +68,11 @@ fn check(n: u32, d: u32, m: u32, heads: u32, shared: bool, causal: bool) {
 /// so the harness runs them in parallel), with the head dims that matter to the schedulers: the
 /// smallest (one to four columns, fewer than the PEs or a few per PE), around the token count,
 /// and twice it. (The dims in between took half of the test's time and exercised no other case.)
-fn every_small_shape(shared: bool, causal: bool) {
+/// On 7 and 8 tokens, which took most of the rest, each ring takes every other dim, in pairs of
+/// rings (1, 2–3, 4–5, …) alternately, so every dim still meets rings of both parities, with
+/// fewer and more PEs than tokens, and every head count (`every_dim`: all of them on every ring;
+/// `cargo test --release --test suite e2e_shapes::every_small_shape_every_dim -- --ignored`).
+fn every_small_shape(shared: bool, causal: bool, every_dim: bool) {
     for n in 1..=8u32 {
         let mut dims: Vec<u32> = [1, 2, 3, 4, n.saturating_sub(1), n, n + 1, 2 * n]
             .into_iter()
@@ -77,7 +81,10 @@ fn every_small_shape(shared: bool, causal: bool) {
         dims.sort_unstable();
         dims.dedup();
         for m in 1..=n + 2 {
-            for &d in &dims {
+            for (i, &d) in dims.iter().enumerate() {
+                if n >= 7 && !every_dim && (i as u32 + m / 2) % 2 == 1 {
+                    continue;
+                }
                 check(n, d, m, 1 + (n + m + d) % 3, shared, causal);
             }
         }
@@ -86,29 +93,51 @@ fn every_small_shape(shared: bool, causal: bool) {
 
 #[test]
 fn every_small_shape_separate() {
-    every_small_shape(false, false);
+    every_small_shape(false, false, false);
 }
 
 #[test]
 fn every_small_shape_shared() {
-    every_small_shape(true, false);
+    every_small_shape(true, false, false);
 }
 
 #[test]
 fn every_small_shape_causal() {
-    every_small_shape(false, true);
+    every_small_shape(false, true, false);
 }
 
 #[test]
 fn every_small_shape_shared_causal() {
-    every_small_shape(true, true);
+    every_small_shape(true, true, false);
 }
 
-/// Shapes of 9 to 16 tokens, sampled, of one scheme.
-fn larger_shapes_sampled(shared: bool, causal: bool) {
+/// Every ring and dim of up to 8 tokens.
+#[test]
+#[ignore = "every dim of 7 and 8 tokens on every ring takes minutes; the tests above sample them"]
+fn every_small_shape_every_dim() {
+    for (shared, causal) in [(false, false), (true, false), (false, true), (true, true)] {
+        every_small_shape(shared, causal, true);
+    }
+}
+
+/// Shapes of 9 to 16 tokens, sampled, of one scheme: each ring of the small ones (one to three
+/// PEs, one fewer than the tokens, as many, one or two more) with two of the four head dims (one
+/// column, about the tokens, twice them), the other two on the next pair of token counts
+/// (`every_dim`: all four on each). So every ring meets every dim on four of the eight token
+/// counts, odd and even ones, and on the rings of one to three PEs with one head and with two
+/// (the heads alternate with the ring as before).
+/// `cargo test --release --test suite e2e_shapes::larger_shapes_every_dim -- --ignored` runs
+/// all four dims on every ring.
+fn larger_shapes_sampled(shared: bool, causal: bool, every_dim: bool) {
     for n in 9..=16u32 {
-        for m in [1, 2, 3, n - 1, n, n + 1, n + 2] {
-            for d in [1, n - 1, n, 2 * n] {
+        for (i, m) in [1, 2, 3, n - 1, n, n + 1, n + 2].into_iter().enumerate() {
+            let dims = [[1, n], [n - 1, 2 * n]];
+            let picked = if every_dim {
+                dims.concat()
+            } else {
+                dims[(n as usize / 2 + i) % 2].to_vec()
+            };
+            for d in picked {
                 check(n, d, m, 1 + (n + m) % 2, shared, causal);
             }
         }
@@ -117,22 +146,31 @@ fn larger_shapes_sampled(shared: bool, causal: bool) {
 
 #[test]
 fn larger_shapes_sampled_separate() {
-    larger_shapes_sampled(false, false);
+    larger_shapes_sampled(false, false, false);
 }
 
 #[test]
 fn larger_shapes_sampled_shared() {
-    larger_shapes_sampled(true, false);
+    larger_shapes_sampled(true, false, false);
 }
 
 #[test]
 fn larger_shapes_sampled_causal() {
-    larger_shapes_sampled(false, true);
+    larger_shapes_sampled(false, true, false);
 }
 
 #[test]
 fn larger_shapes_sampled_shared_causal() {
-    larger_shapes_sampled(true, true);
+    larger_shapes_sampled(true, true, false);
+}
+
+/// Every ring of the larger shapes with all four head dims.
+#[test]
+#[ignore = "all dims of the larger shapes take minutes; the sampled tests above run by default"]
+fn larger_shapes_every_dim() {
+    for (shared, causal) in [(false, false), (true, false), (false, true), (true, true)] {
+        larger_shapes_sampled(shared, causal, true);
+    }
 }
 
 /// Rings up to four times the tokens and four heads, sampled, of one scheme: every program

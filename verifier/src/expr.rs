@@ -10,6 +10,7 @@
 //! [`Node::Sum`] only when used as an operand of `mul`/`exp`/`div` or read as an output. That keeps
 //! the cost of an `add` constant instead of linear in the length of the sum.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -225,15 +226,19 @@ impl Interner {
     /// Hash-conses a node that is neither a sum nor a chain. A new node inherits the mask taint of
     /// its operands.
     fn intern(&mut self, node: Node, operands: &[ExprId]) -> ExprId {
-        if let Some(&id) = self.index.get(&node) {
-            return id;
+        // One lookup for both outcomes: a new node's insertion would otherwise hash and probe
+        // again, and most of a large layer's nodes are new.
+        let id = self.nodes.len() as ExprId;
+        match self.index.entry(node) {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(e) => {
+                e.insert(id);
+                let taint = operands
+                    .iter()
+                    .fold(0, |f, &o| f | (self.flags[o as usize] & MASKED));
+                self.push(node, taint)
+            }
         }
-        let taint = operands
-            .iter()
-            .fold(0, |f, &o| f | (self.flags(o) & MASKED));
-        let id = self.push(node, taint);
-        self.index.insert(node, id);
-        id
     }
 
     pub fn input(&mut self, tensor: Tensor, head: u32, row: u32, col: u32) -> ExprId {
