@@ -354,41 +354,8 @@ impl Deal {
             let at = u.partition_point(|x| x.1 < need);
             u.get(at).map(|x| x.0.max(need))
         };
-        // The amounts over every boundary, the last (PE `m − 1` to PE 0) first tried.
-        let walk = |top: u64| -> Option<Vec<u64>> {
-            let wraps = unions[m - 1].iter().flat_map(|x| x.0..=x.1);
-            'wrap: for wf in wraps {
-                let mut flows = Vec::with_capacity(m);
-                let mut fin = wf;
-                for p in 0..m - 1 {
-                    let Some(x) = pass(p, fin, top) else {
-                        continue 'wrap;
-                    };
-                    fin = x;
-                    flows.push(x);
-                }
-                if loads[m - 1] + fin <= top + wf {
-                    flows.push(wf);
-                    return Some(flows);
-                }
-            }
-            None
-        };
-        let total: u64 = loads.iter().sum();
-        let plain = loads.iter().copied().max().unwrap_or(0);
-        let (mut lo, mut hi) = (total.div_ceil(self.m.into()), plain);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if walk(mid).is_some() {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        if lo >= plain {
-            return None;
-        }
-        let flows = walk(lo)?;
+        let wraps = || unions[m - 1].iter().flat_map(|x| x.0..=x.1);
+        let flows = least_flows(loads, wraps, pass)?;
         let mut cuts = Vec::new();
         for (p, amount) in flows.into_iter().enumerate() {
             // The fewest rows that can move the amount; each at least its least, the rest
@@ -506,41 +473,12 @@ impl Deal {
                 .flatten()
                 .map(|x| x as u64)
         };
-        let walk = |top: u64| -> Option<Vec<u64>> {
-            let wraps = (0..=cap).filter(|&a| next[m - 1][a] == Some(a));
-            'wrap: for wf in wraps {
-                let wf = wf as u64;
-                let mut flows = Vec::with_capacity(m);
-                let mut fin = wf;
-                for p in 0..m - 1 {
-                    let Some(x) = pass(p, fin, top) else {
-                        continue 'wrap;
-                    };
-                    fin = x;
-                    flows.push(x);
-                }
-                if loads[m - 1] + fin <= top + wf {
-                    flows.push(wf);
-                    return Some(flows);
-                }
-            }
-            None
+        let wraps = || {
+            (0..=cap)
+                .filter(|&a| next[m - 1][a] == Some(a))
+                .map(|a| a as u64)
         };
-        let total: u64 = loads.iter().sum();
-        let plain = loads.iter().copied().max().unwrap_or(0);
-        let (mut lo, mut hi) = (total.div_ceil(self.m.into()), plain);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if walk(mid).is_some() {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        if lo >= plain {
-            return None;
-        }
-        let flows = walk(lo)?;
+        let flows = least_flows(loads, wraps, pass)?;
         let mut cuts = Vec::new();
         for (p, amount) in flows.into_iter().enumerate() {
             let tb = &tables[p];
@@ -1647,6 +1585,52 @@ fn places(deal: &Deal, heads: u32) -> (BTreeMap<String, Place>, Place) {
         ("v".to_string(), v),
     ]);
     (inputs, y)
+}
+
+/// The amounts passed over every boundary of the ring that bring the latest PE's end lowest,
+/// found by bisection on that end between the even share and the end without passing:
+/// `wraps` lists the amounts the last boundary (PE `m − 1` to PE 0) may carry, tried first,
+/// and `pass(p, fin, top)` the least amount PE `p` passes on to end by `top` having received
+/// `fin`. `None` when no amounts end below the PEs' largest load.
+fn least_flows<I: Iterator<Item = u64>>(
+    loads: &[u64],
+    wraps: impl Fn() -> I,
+    pass: impl Fn(usize, u64, u64) -> Option<u64>,
+) -> Option<Vec<u64>> {
+    let m = loads.len();
+    let walk = |top: u64| -> Option<Vec<u64>> {
+        'wrap: for wf in wraps() {
+            let mut flows = Vec::with_capacity(m);
+            let mut fin = wf;
+            for p in 0..m - 1 {
+                let Some(x) = pass(p, fin, top) else {
+                    continue 'wrap;
+                };
+                fin = x;
+                flows.push(x);
+            }
+            if loads[m - 1] + fin <= top + wf {
+                flows.push(wf);
+                return Some(flows);
+            }
+        }
+        None
+    };
+    let total: u64 = loads.iter().sum();
+    let plain = loads.iter().copied().max().unwrap_or(0);
+    let (mut lo, mut hi) = (total.div_ceil(m as u64), plain);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if walk(mid).is_some() {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    if lo >= plain {
+        return None;
+    }
+    walk(lo)
 }
 
 #[cfg(test)]
