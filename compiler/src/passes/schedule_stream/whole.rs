@@ -1103,19 +1103,7 @@ impl Deal {
         }
         let yc = ad(cut.y).t(0, d).t(2, 1);
         let v = ad(pe.vb).t(2, 1);
-        let cols = vec![
-            B::new()
-                .mul(sc.clone(), v.clone(), None)
-                .add(None, yc.clone())
-                .build(),
-            Node::Loop(Loop::new(
-                t,
-                vec![B::new()
-                    .mul(sc.plus(1).t(3, 1), v.plus(d).t(3, d), None)
-                    .add(Some(yc.clone()), yc.clone())
-                    .build()],
-            )),
-        ];
+        let cols = weighted_columns(t, d, sc, v, &yc);
         body.extend(lp(self.d, cols));
         if !per_weight {
             body.extend(lp(self.d, vec![B::new().div(yc.clone(), l, yc).build()]));
@@ -1133,19 +1121,7 @@ impl Deal {
         let sc = ad(cut.sc);
         let yc = ad(cut.y + keep).t(0, d).t(2, 1);
         let v = ad(pe.vb + keep).t(2, 1);
-        let cols = vec![
-            B::new()
-                .mul(sc.clone(), v.clone(), None)
-                .add(None, yc.clone())
-                .build(),
-            Node::Loop(Loop::new(
-                t,
-                vec![B::new()
-                    .mul(sc.plus(1).t(3, 1), v.plus(d).t(3, d), None)
-                    .add(Some(yc.clone()), yc.clone())
-                    .build()],
-            )),
-        ];
+        let cols = weighted_columns(t, d, sc, v, &yc);
         let mut body = lp(self.d - keep, cols);
         if self.norm.defers(t + 1, self.d) {
             body.extend(lp(
@@ -1155,6 +1131,24 @@ impl Deal {
         }
         lp(1, body)
     }
+}
+
+/// One column of a row's output, `y[c] = Σ_k w[k]·v[k][c]` over the row's `t + 1` weights at
+/// `sc` (the first starting the sum), for the column loop around it to step `v` and `yc` on.
+fn weighted_columns(t: u32, d: i64, sc: Ad, v: Ad, yc: &Ad) -> Vec<Node> {
+    vec![
+        B::new()
+            .mul(sc.clone(), v.clone(), None)
+            .add(None, yc.clone())
+            .build(),
+        Node::Loop(Loop::new(
+            t,
+            vec![B::new()
+                .mul(sc.plus(1).t(3, 1), v.plus(d).t(3, d), None)
+                .add(Some(yc.clone()), yc.clone())
+                .build()],
+        )),
+    ]
 }
 
 /// `loops` as the loops of one row: fixed counts.
