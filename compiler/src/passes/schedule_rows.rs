@@ -234,22 +234,25 @@ fn cut(p: &Problem, active: u32) -> Vec<RowPlan> {
 }
 
 /// Fewer cycles than this the row dataflow cannot take on `pes` PEs, counted from its cut
-/// without scheduling it: the operations of its busiest PE. Every score of a part is computed
-/// whole where the part is (`d` products), exponentiated, divided and multiplied into `y` (`d`
-/// more), and under a safe softmax each part reduces its own scores (`cols − 1` maxima) and all
-/// but the first take in the previous part's maximum. Only where that cut is the one run: on the
-/// whole ring (at least [`SUBSET_SCORES`] scores per PE), and unless q = k without a mask (then a
-/// PE also computes mirrored scores for another, which the count would have to follow);
-/// elsewhere the lower bound.
+/// without scheduling it: the operations of its busiest PE, each of which takes a cycle of its
+/// own. Every score of a part is exponentiated, divided and multiplied into `y` (`d` products)
+/// where the part is, and under a safe softmax each part reduces its own scores (`cols − 1`
+/// maxima) and all but the first take in the previous part's maximum. Its `d` products are
+/// computed there too, except with q = k without a mask, where the pair `{a, b}` is computed by
+/// one of its two holders only ([`pair_computed_by`]). Only where that cut and that pairing are
+/// the ones run: on the whole ring (at least [`SUBSET_SCORES`] scores per PE, where the nearer
+/// holder is never tried instead); elsewhere the lower bound.
 pub fn floor(p: &Problem, pes: u32) -> u64 {
     let lb = p.lower_bound(pes);
     let scores = u64::from(p.heads) * (0..p.tokens).map(|a| u64::from(columns(p, a))).sum::<u64>();
-    if (p.symmetric && !p.causal) || pes == 0 || scores < SUBSET_SCORES * u64::from(pes) {
+    if pes == 0 || scores < SUBSET_SCORES * u64::from(pes) {
         return lb;
     }
-    let per_score = 2 * u64::from(p.dim) + 2;
+    let d = u64::from(p.dim);
+    let paired = p.symmetric && !p.causal;
     let mut ops = vec![0u64; pes as usize];
-    for rp in cut(p, pes) {
+    for (row, rp) in cut(p, pes).iter().enumerate() {
+        let a = row as u32 % p.tokens;
         for (i, part) in rp.parts.iter().enumerate() {
             let cols = part.cols.len() as u64;
             let maxima = if p.safe() {
@@ -257,10 +260,31 @@ pub fn floor(p: &Problem, pes: u32) -> u64 {
             } else {
                 0
             };
-            ops[part.pe as usize] += per_score * cols + maxima;
+            let products = if paired {
+                part.cols
+                    .iter()
+                    .filter(|&&c| pair_computed_by(a, c))
+                    .count() as u64
+            } else {
+                cols
+            };
+            ops[part.pe as usize] += (d + 2) * cols + d * products + maxima;
         }
     }
     ops.into_iter().max().unwrap_or(0).max(lb)
+}
+
+/// With q = k and no mask, whether the holder of score `(a, col)` computes the pair `{a, col}`
+/// (the holder of `(col, a)` otherwise): alternately by the parity of `a + col`, so that every
+/// PE computes half of the pairs it shares with each other PE. The diagonal is its own pair.
+fn pair_computed_by(a: u32, col: u32) -> bool {
+    if a == col {
+        true
+    } else if (a + col).is_multiple_of(2) {
+        a > col
+    } else {
+        a < col
+    }
 }
 
 /// The dataflow with the scores shared among PEs `0..active`; k/v rows preloaded where their trip
@@ -418,11 +442,7 @@ fn run_on(
                     return there < back;
                 }
             }
-            if (a + col).is_multiple_of(2) {
-                a > col
-            } else {
-                a < col
-            }
+            pair_computed_by(a, col)
         };
         let mut score: HashMap<(u32, u32), Val> = HashMap::default();
         // Mirrored scores and their route (computing PE, holder), for the safe form's routing.
