@@ -831,6 +831,7 @@ fn alternating<'a>(
         .collect();
 
     let r = e.lp(&pairs, &mut ix);
+    e.forget_cuts_in(&pairs);
     e.hooks.pop();
     r?;
     // As after any item.

@@ -174,6 +174,10 @@ pub(super) struct Eval {
     pub(super) hints: Vec<(Var, i64)>,
     /// Loops the last undecided read suggests regrouping (an index, iterations per group).
     regroup: Vec<(Var, u64)>,
+    /// Where a piece of a loop was cut after its symbolic attempt failed, by the piece and
+    /// where it was reached (`PieceAt`): the same piece in the next iteration of the innermost
+    /// enclosing loop evaluated one by one is cut there at once.
+    cut_before: HashMap<PieceAt, Vec<u64>>,
     /// Sends leave facts marked remote for the caller to deliver, instead of arriving
     /// relabelled by the rotation symmetry.
     pub(super) per_pe: bool,
@@ -184,6 +188,46 @@ pub(super) struct Eval {
     /// Limits shared with evaluations running beside this one (the per-PE induction's
     /// workers), and this evaluation's PE among them.
     pub(super) shared: Option<(std::sync::Arc<super::workers::Shared>, usize)>,
+}
+
+/// A piece `a..b` of a loop (its body's address and length) and the enclosing indices it was
+/// reached at (a known value, or a symbolic index's offset).
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PieceAt {
+    body: (usize, usize),
+    a: u64,
+    b: u64,
+    env: Vec<(bool, i64)>,
+}
+
+impl PieceAt {
+    fn new(l: &Loop, env: &[Ix], a: u64, b: u64) -> PieceAt {
+        let env = env
+            .iter()
+            .map(|ix| match *ix {
+                Ix::At(k) => (false, k as i64),
+                Ix::Sym(_, off) => (true, off),
+            })
+            .collect();
+        PieceAt {
+            body: (l.body.as_ptr() as usize, l.body.len()),
+            a,
+            b,
+            env,
+        }
+    }
+
+    /// The same piece one iteration earlier of the innermost enclosing loop whose index is
+    /// known (inside which every loop is symbolic).
+    fn previous(&self) -> Option<PieceAt> {
+        let i = self.env.iter().rposition(|&(sym, _)| !sym)?;
+        if self.env[i].1 == 0 {
+            return None;
+        }
+        let mut p = self.clone();
+        p.env[i].1 -= 1;
+        Some(p)
+    }
 }
 
 /// The range of every index variable (`count` values from 0), by variable: they are handed out
@@ -250,6 +294,7 @@ impl Eval {
             deadline: std::time::Instant::now() + MAX_TIME,
             hints: Vec::new(),
             regroup: Vec::new(),
+            cut_before: HashMap::default(),
             per_pe,
             hooks: Vec::new(),
             induct: None,
@@ -1342,6 +1387,11 @@ impl Eval {
             return self.iterate(l, env, a, b);
         }
         let level = env.len();
+        let memo = PieceAt::new(l, env, a, b);
+        if let Some(at) = memo.previous().and_then(|p| self.cut_before.remove(&p)) {
+            self.cut_before.insert(memo, at.clone());
+            return self.cut_at(l, env, a, b, at);
+        }
         let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
         self.hints.clear();
         self.regroup.clear();
@@ -1389,22 +1439,53 @@ impl Eval {
                 if let (Some(m), false) = (regroup, fewer_pieces) {
                     let q = (b - a) / m;
                     if let Some(u) = super::unroll::unrolled(l, level, a, m, q) {
-                        self.lp(&u, env)?;
+                        let r = self.lp(&u, env);
+                        self.forget_cuts_in(&u);
+                        r?;
                         return self.piece(l, env, a + m * q, b);
                     }
                 }
-                if at.is_empty() {
-                    return self.iterate(l, env, a, b);
-                }
-                let mut from = a;
-                for x in at.into_iter().chain([b]) {
-                    self.piece(l, env, from, x)?;
-                    from = x;
-                }
-                Ok(())
+                self.cut_before.insert(memo, at.clone());
+                self.cut_at(l, env, a, b, at)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Forgets the cuts learnt in `l` and the loops inside it, a loop made for the evaluation
+    /// (regrouped) that is about to be dropped: another such loop may later be made at the
+    /// same address, and its pieces must not be cut where this one's were.
+    pub(super) fn forget_cuts_in(&mut self, l: &Loop) {
+        fn bodies(nodes: &[Node], out: &mut Vec<usize>) {
+            out.push(nodes.as_ptr() as usize);
+            for n in nodes {
+                if let Node::Loop(l) = n {
+                    bodies(&l.body, out);
+                }
+            }
+        }
+        if self.cut_before.is_empty() {
+            return;
+        }
+        let mut gone = Vec::new();
+        bodies(&l.body, &mut gone);
+        gone.sort_unstable();
+        self.cut_before
+            .retain(|k, _| gone.binary_search(&k.body.0).is_err());
+    }
+
+    /// Iterations `a..b` of `l` as pieces cut at `at` (increasing, inside the range), each
+    /// tried symbolically; with no cut, one by one.
+    fn cut_at(&mut self, l: &Loop, env: &mut Vec<Ix>, a: u64, b: u64, at: Vec<u64>) -> R<()> {
+        if at.is_empty() {
+            return self.iterate(l, env, a, b);
+        }
+        let mut from = a;
+        for x in at.into_iter().chain([b]) {
+            self.piece(l, env, from, x)?;
+            from = x;
+        }
+        Ok(())
     }
 
     /// Iterations `from..to` of `l`, one by one.
