@@ -2225,6 +2225,86 @@ mod tests {
         assert_ne!(got, Some(want));
     }
 
+    /// Rows evaluated one by one, each with a loop over keys that lie in runs of eight words
+    /// from different places of the input: the first row's loop fails whole and is cut where
+    /// its read crosses a run's edge; the next rows' loops are cut there at once, without the
+    /// failed attempt. The loop of row `r` starts at word `r`, so a later row's cut from the
+    /// row before is in the wrong place: its pieces fail and are cut again, and every value is
+    /// still exact. A loop one key short is not the specification.
+    #[test]
+    fn a_cut_is_reused_by_the_next_row_and_stays_exact() {
+        let run = |src: &str, rows: u64, shift: bool| -> (Vec<(Option<Id>, Id)>, u64, u64) {
+            let b = body(src);
+            let Node::Loop(l) = &b[0] else {
+                panic!("the body is one loop")
+            };
+            let mut e = Eval::new(0, 128, true);
+            e.tm.seed_budgets(1);
+            // Words 8·w + c hold key 40·w + c (three runs of eight).
+            for w in 0..3 {
+                let c = e.fresh(8);
+                let key =
+                    e.tm.atom(1, Aff::cst(0), Aff::var(c).add_const(40 * w), Aff::cst(0));
+                let f = e
+                    .fact(Aff::cst(8 * w), vec![(c, 1, 8)], key, false)
+                    .unwrap();
+                e.facts.push(Some(f));
+            }
+            let r = e.fresh(rows);
+            let init = e.tm.atom(0, Aff::cst(0), Aff::var(r), Aff::cst(0));
+            let f = e
+                .fact(Aff::cst(100), vec![(r, 1, rows)], init, false)
+                .unwrap();
+            e.facts.push(Some(f));
+            e.iterate(l, &mut Vec::new(), 0, rows).unwrap();
+            let (evaluations, attempted) = (e.evaluations, e.attempted);
+            let mut out = Vec::new();
+            for row in 0..rows as i64 {
+                let got = e.read(&Aff::cst(100 + row)).ok().map(|v| v.0);
+                // The sixteen words read (from `row` on if the read moves with the row): the
+                // runs they fall in, each a range of keys.
+                let start = if shift { row } else { 0 };
+                let mut want = e.tm.atom(0, Aff::cst(0), Aff::cst(row), Aff::cst(0));
+                for w in 0..3 {
+                    let (lo, hi) = ((8 * w).max(start), (8 * w + 8).min(start + 16));
+                    if lo >= hi {
+                        continue;
+                    }
+                    let j = e.fresh(8);
+                    let key = e.tm.atom(
+                        1,
+                        Aff::cst(0),
+                        Aff::var(j).add_const(40 * w - 8 * w),
+                        Aff::cst(0),
+                    );
+                    let keys = e.tm.range(false, j, lo, hi, key);
+                    want = e.tm.max(want, keys);
+                }
+                out.push((got, want));
+            }
+            (out, evaluations, attempted)
+        };
+        let same =
+            "loop 3 {\n  loop 16 {\n    max m[100 + 1*i0], m[0 + 1*i1] -> m[100 + 1*i0]\n  }\n}\n";
+        let (rows, evaluations, attempted) = run(same, 3, false);
+        for (got, want) in rows {
+            assert_eq!(got, Some(want));
+        }
+        // Two halves per row; only the first row's whole attempt failed (one evaluation).
+        assert_eq!(evaluations, 6);
+        assert_eq!(attempted, 7);
+        let moving = "loop 3 {\n  loop 16 {\n    max m[100 + 1*i0], m[0 + 1*i0 + 1*i1] -> m[100 + 1*i0]\n  }\n}\n";
+        let (rows, _, _) = run(moving, 3, true);
+        for (got, want) in rows {
+            assert_eq!(got, Some(want), "a cut in the wrong place is cut again");
+        }
+        let short = "loop 3 {\n  loop 15 {\n    max m[100 + 1*i0], m[0 + 1*i0 + 1*i1] -> m[100 + 1*i0]\n  }\n}\n";
+        let (rows, _, _) = run(short, 3, true);
+        for (got, want) in rows {
+            assert_ne!(got, Some(want), "one key short");
+        }
+    }
+
     /// A block dealt as two runs of eight rows (stacked into one fact, the runs 8 words apart
     /// and 40 tokens apart), read by one loop over its sixteen rows: the loop is cut at row 8
     /// into two symbolic halves rather than regrouped by 8 into eight interleaved copies, so
