@@ -462,6 +462,7 @@ fn one_pe_proved(
     p: usize,
 ) -> Result<Done, String> {
     let mut e = Eval::new(0, i64::from(ring.m.layer.tokens), true);
+    e.reuse_cuts = true;
     // The worker's store from its last PE, emptied: a fresh state in memory already mapped.
     store.clear();
     e.tm = std::mem::take(store);

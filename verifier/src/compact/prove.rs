@@ -175,9 +175,15 @@ pub(super) struct Eval {
     /// Loops the last undecided read suggests regrouping (an index, iterations per group).
     regroup: Vec<(Var, u64)>,
     /// Where a piece of a loop was cut after its symbolic attempt failed, by the piece and
-    /// where it was reached (`PieceAt`): the same piece in the next iteration of the innermost
-    /// enclosing loop evaluated one by one is cut there at once.
-    cut_before: HashMap<PieceAt, Vec<u64>>,
+    /// where it was reached (`PieceAt`), with the fact whose edge the failing read ran into:
+    /// the same piece in the next iteration of the innermost enclosing loop evaluated one by
+    /// one is cut there at once while that fact is still in the log (`reuse_cuts` only).
+    cut_before: HashMap<PieceAt, (Vec<u64>, Edge)>,
+    /// Whether cuts are reused (the per-PE induction; elsewhere a reused cut the whole loop
+    /// would not have needed cost more evaluations than the attempts saved).
+    pub(super) reuse_cuts: bool,
+    /// The fact the last undecided read ran into the edge of.
+    edge_of: Option<Edge>,
     /// Sends leave facts marked remote for the caller to deliver, instead of arriving
     /// relabelled by the rotation symmetry.
     pub(super) per_pe: bool,
@@ -189,6 +195,9 @@ pub(super) struct Eval {
     /// workers), and this evaluation's PE among them.
     pub(super) shared: Option<(std::sync::Arc<super::workers::Shared>, usize)>,
 }
+
+/// A fact in the log: its index, first and last word, and value.
+type Edge = (usize, i64, i64, Id);
 
 /// A piece `a..b` of a loop (its body's address and length) and the enclosing indices it was
 /// reached at (a known value, or a symbolic index's offset).
@@ -295,6 +304,8 @@ impl Eval {
             hints: Vec::new(),
             regroup: Vec::new(),
             cut_before: HashMap::default(),
+            reuse_cuts: false,
+            edge_of: None,
             per_pe,
             hooks: Vec::new(),
             induct: None,
@@ -927,6 +938,7 @@ impl Eval {
                         // to one that holds it all): a block written row by row is then cut at
                         // every row at once, not one row per failed attempt.
                         let (lo, hi, dims) = (f.lo, f.hi, f.dims.len());
+                        self.edge_of = Some((i, lo, hi, f.value));
                         self.hints = self.cuts(i, addr, ab);
                         return Err(Fail::Retry(format!(
                             "a read of {addr:?} may or may not see an earlier write (m{lo}..=m{hi}, {dims} dims)"
@@ -1388,13 +1400,14 @@ impl Eval {
         }
         let level = env.len();
         let memo = PieceAt::new(l, env, a, b);
-        if let Some(at) = memo.previous().and_then(|p| self.cut_before.remove(&p)) {
-            self.cut_before.insert(memo, at.clone());
+        if let Some((at, edge)) = self.reused_cut(&memo) {
+            self.cut_before.insert(memo, (at.clone(), edge));
             return self.cut_at(l, env, a, b, at);
         }
         let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
         self.hints.clear();
         self.regroup.clear();
+        self.edge_of = None;
         let var = self.next_var;
         match self.symbolic(l, env, a, b - a) {
             Ok(()) => Ok(()),
@@ -1445,11 +1458,24 @@ impl Eval {
                         return self.piece(l, env, a + m * q, b);
                     }
                 }
-                self.cut_before.insert(memo, at.clone());
+                if let (true, Some(edge)) = (self.reuse_cuts, self.edge_of.take()) {
+                    self.cut_before.insert(memo, (at.clone(), edge));
+                }
                 self.cut_at(l, env, a, b, at)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The cuts of the same piece one iteration earlier, if the fact whose edge made them is
+    /// still where it was in the log.
+    fn reused_cut(&mut self, memo: &PieceAt) -> Option<(Vec<u64>, Edge)> {
+        if !self.reuse_cuts || self.cut_before.is_empty() {
+            return None;
+        }
+        let (at, edge) = self.cut_before.remove(&memo.previous()?)?;
+        let f = self.facts.get(edge.0)?.as_ref()?;
+        (f.lo == edge.1 && f.hi == edge.2 && f.value == edge.3).then_some((at, edge))
     }
 
     /// Forgets the cuts learnt in `l` and the loops inside it, a loop made for the evaluation
@@ -2239,6 +2265,7 @@ mod tests {
                 panic!("the body is one loop")
             };
             let mut e = Eval::new(0, 128, true);
+            e.reuse_cuts = true;
             e.tm.seed_budgets(1);
             // Words 8·w + c hold key 40·w + c (three runs of eight).
             for w in 0..3 {
