@@ -1399,9 +1399,10 @@ impl Eval {
             return self.iterate(l, env, a, b);
         }
         let level = env.len();
-        let memo = PieceAt::new(l, env, a, b);
-        if let Some((at, edge)) = self.reused_cut(&memo) {
-            self.cut_before.insert(memo, (at.clone(), edge));
+        let memo = self.reuse_cuts.then(|| PieceAt::new(l, env, a, b));
+        if let Some((at, edge)) = memo.as_ref().and_then(|m| self.reused_cut(m)) {
+            self.cut_before
+                .insert(memo.expect("looked up"), (at.clone(), edge));
             return self.cut_at(l, env, a, b, at);
         }
         let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
@@ -1458,7 +1459,7 @@ impl Eval {
                         return self.piece(l, env, a + m * q, b);
                     }
                 }
-                if let (true, Some(edge)) = (self.reuse_cuts, self.edge_of.take()) {
+                if let (Some(memo), Some(edge)) = (memo, self.edge_of.take()) {
                     self.cut_before.insert(memo, (at.clone(), edge));
                 }
                 self.cut_at(l, env, a, b, at)
@@ -1470,7 +1471,7 @@ impl Eval {
     /// The cuts of the same piece one iteration earlier, if the fact whose edge made them is
     /// still where it was in the log.
     fn reused_cut(&mut self, memo: &PieceAt) -> Option<(Vec<u64>, Edge)> {
-        if !self.reuse_cuts || self.cut_before.is_empty() {
+        if self.cut_before.is_empty() {
             return None;
         }
         let (at, edge) = self.cut_before.remove(&memo.previous()?)?;
