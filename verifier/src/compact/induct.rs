@@ -462,6 +462,7 @@ fn one_pe_proved(
     p: usize,
 ) -> Result<Done, String> {
     let mut e = Eval::new(0, i64::from(ring.m.layer.tokens), true);
+    e.reuse_cuts = true;
     // The worker's store from its last PE, emptied: a fresh state in memory already mapped.
     store.clear();
     e.tm = std::mem::take(store);
@@ -831,6 +832,7 @@ fn alternating<'a>(
         .collect();
 
     let r = e.lp(&pairs, &mut ix);
+    e.forget_cuts_in(&pairs);
     e.hooks.pop();
     r?;
     // As after any item.

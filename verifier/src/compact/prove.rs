@@ -174,6 +174,16 @@ pub(super) struct Eval {
     pub(super) hints: Vec<(Var, i64)>,
     /// Loops the last undecided read suggests regrouping (an index, iterations per group).
     regroup: Vec<(Var, u64)>,
+    /// Where a piece of a loop was cut after its symbolic attempt failed, by the piece and
+    /// where it was reached (`PieceAt`), with the fact whose edge the failing read ran into:
+    /// the same piece in the next iteration of the innermost enclosing loop evaluated one by
+    /// one is cut there at once while that fact is still in the log (`reuse_cuts` only).
+    cut_before: HashMap<PieceAt, (Vec<u64>, Edge)>,
+    /// Whether cuts are reused (the per-PE induction; elsewhere a reused cut the whole loop
+    /// would not have needed cost more evaluations than the attempts saved).
+    pub(super) reuse_cuts: bool,
+    /// The fact the last undecided read ran into the edge of.
+    edge_of: Option<Edge>,
     /// Sends leave facts marked remote for the caller to deliver, instead of arriving
     /// relabelled by the rotation symmetry.
     pub(super) per_pe: bool,
@@ -184,6 +194,49 @@ pub(super) struct Eval {
     /// Limits shared with evaluations running beside this one (the per-PE induction's
     /// workers), and this evaluation's PE among them.
     pub(super) shared: Option<(std::sync::Arc<super::workers::Shared>, usize)>,
+}
+
+/// A fact in the log: its index, first and last word, and value.
+type Edge = (usize, i64, i64, Id);
+
+/// A piece `a..b` of a loop (its body's address and length) and the enclosing indices it was
+/// reached at (a known value, or a symbolic index's offset).
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PieceAt {
+    body: (usize, usize),
+    a: u64,
+    b: u64,
+    env: Vec<(bool, i64)>,
+}
+
+impl PieceAt {
+    fn new(l: &Loop, env: &[Ix], a: u64, b: u64) -> PieceAt {
+        let env = env
+            .iter()
+            .map(|ix| match *ix {
+                Ix::At(k) => (false, k as i64),
+                Ix::Sym(_, off) => (true, off),
+            })
+            .collect();
+        PieceAt {
+            body: (l.body.as_ptr() as usize, l.body.len()),
+            a,
+            b,
+            env,
+        }
+    }
+
+    /// The same piece one iteration earlier of the innermost enclosing loop whose index is
+    /// known (inside which every loop is symbolic).
+    fn previous(&self) -> Option<PieceAt> {
+        let i = self.env.iter().rposition(|&(sym, _)| !sym)?;
+        if self.env[i].1 == 0 {
+            return None;
+        }
+        let mut p = self.clone();
+        p.env[i].1 -= 1;
+        Some(p)
+    }
 }
 
 /// The range of every index variable (`count` values from 0), by variable: they are handed out
@@ -250,6 +303,9 @@ impl Eval {
             deadline: std::time::Instant::now() + MAX_TIME,
             hints: Vec::new(),
             regroup: Vec::new(),
+            cut_before: HashMap::default(),
+            reuse_cuts: false,
+            edge_of: None,
             per_pe,
             hooks: Vec::new(),
             induct: None,
@@ -882,6 +938,7 @@ impl Eval {
                         // to one that holds it all): a block written row by row is then cut at
                         // every row at once, not one row per failed attempt.
                         let (lo, hi, dims) = (f.lo, f.hi, f.dims.len());
+                        self.edge_of = Some((i, lo, hi, f.value));
                         self.hints = self.cuts(i, addr, ab);
                         return Err(Fail::Retry(format!(
                             "a read of {addr:?} may or may not see an earlier write (m{lo}..=m{hi}, {dims} dims)"
@@ -1342,9 +1399,16 @@ impl Eval {
             return self.iterate(l, env, a, b);
         }
         let level = env.len();
+        let memo = self.reuse_cuts.then(|| PieceAt::new(l, env, a, b));
+        if let Some((at, edge)) = memo.as_ref().and_then(|m| self.reused_cut(m)) {
+            self.cut_before
+                .insert(memo.expect("looked up"), (at.clone(), edge));
+            return self.cut_at(l, env, a, b, at);
+        }
         let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
         self.hints.clear();
         self.regroup.clear();
+        self.edge_of = None;
         let var = self.next_var;
         match self.symbolic(l, env, a, b - a) {
             Ok(()) => Ok(()),
@@ -1389,22 +1453,66 @@ impl Eval {
                 if let (Some(m), false) = (regroup, fewer_pieces) {
                     let q = (b - a) / m;
                     if let Some(u) = super::unroll::unrolled(l, level, a, m, q) {
-                        self.lp(&u, env)?;
+                        let r = self.lp(&u, env);
+                        self.forget_cuts_in(&u);
+                        r?;
                         return self.piece(l, env, a + m * q, b);
                     }
                 }
-                if at.is_empty() {
-                    return self.iterate(l, env, a, b);
+                if let (Some(memo), Some(edge)) = (memo, self.edge_of.take()) {
+                    self.cut_before.insert(memo, (at.clone(), edge));
                 }
-                let mut from = a;
-                for x in at.into_iter().chain([b]) {
-                    self.piece(l, env, from, x)?;
-                    from = x;
-                }
-                Ok(())
+                self.cut_at(l, env, a, b, at)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The cuts of the same piece one iteration earlier, if the fact whose edge made them is
+    /// still where it was in the log.
+    fn reused_cut(&mut self, memo: &PieceAt) -> Option<(Vec<u64>, Edge)> {
+        if self.cut_before.is_empty() {
+            return None;
+        }
+        let (at, edge) = self.cut_before.remove(&memo.previous()?)?;
+        let f = self.facts.get(edge.0)?.as_ref()?;
+        (f.lo == edge.1 && f.hi == edge.2 && f.value == edge.3).then_some((at, edge))
+    }
+
+    /// Forgets the cuts learnt in `l` and the loops inside it, a loop made for the evaluation
+    /// (regrouped) that is about to be dropped: another such loop may later be made at the
+    /// same address, and its pieces must not be cut where this one's were.
+    pub(super) fn forget_cuts_in(&mut self, l: &Loop) {
+        fn bodies(nodes: &[Node], out: &mut Vec<usize>) {
+            out.push(nodes.as_ptr() as usize);
+            for n in nodes {
+                if let Node::Loop(l) = n {
+                    bodies(&l.body, out);
+                }
+            }
+        }
+        if self.cut_before.is_empty() {
+            return;
+        }
+        let mut gone = Vec::new();
+        bodies(&l.body, &mut gone);
+        gone.sort_unstable();
+        self.cut_before
+            .retain(|k, _| gone.binary_search(&k.body.0).is_err());
+    }
+
+    /// Iterations `a..b` of `l` as pieces cut at `at` (increasing, inside the range), each
+    /// tried symbolically; with no cut, one by one.
+    fn cut_at(&mut self, l: &Loop, env: &mut Vec<Ix>, a: u64, b: u64, at: Vec<u64>) -> R<()> {
+        if at.is_empty() {
+            return self.iterate(l, env, a, b);
+        }
+        let mut from = a;
+        for x in at.into_iter().chain([b]) {
+            self.piece(l, env, from, x)?;
+            from = x;
+        }
+        Ok(())
     }
 
     /// Iterations `from..to` of `l`, one by one.
@@ -2142,6 +2250,87 @@ mod tests {
             "loop 4 {\n  loop 2 {\n    loop 8 {\n      max m[100 + 1*i1], m[0 + 7*i0 + 1*i2] -> m[100 + 1*i1]\n    }\n  }\n}\n",
         );
         assert_ne!(got, Some(want));
+    }
+
+    /// Rows evaluated one by one, each with a loop over keys that lie in runs of eight words
+    /// from different places of the input: the first row's loop fails whole and is cut where
+    /// its read crosses a run's edge; the next rows' loops are cut there at once, without the
+    /// failed attempt. The loop of row `r` starts at word `r`, so a later row's cut from the
+    /// row before is in the wrong place: its pieces fail and are cut again, and every value is
+    /// still exact. A loop one key short is not the specification.
+    #[test]
+    fn a_cut_is_reused_by_the_next_row_and_stays_exact() {
+        let run = |src: &str, rows: u64, shift: bool| -> (Vec<(Option<Id>, Id)>, u64, u64) {
+            let b = body(src);
+            let Node::Loop(l) = &b[0] else {
+                panic!("the body is one loop")
+            };
+            let mut e = Eval::new(0, 128, true);
+            e.reuse_cuts = true;
+            e.tm.seed_budgets(1);
+            // Words 8·w + c hold key 40·w + c (three runs of eight).
+            for w in 0..3 {
+                let c = e.fresh(8);
+                let key =
+                    e.tm.atom(1, Aff::cst(0), Aff::var(c).add_const(40 * w), Aff::cst(0));
+                let f = e
+                    .fact(Aff::cst(8 * w), vec![(c, 1, 8)], key, false)
+                    .unwrap();
+                e.facts.push(Some(f));
+            }
+            let r = e.fresh(rows);
+            let init = e.tm.atom(0, Aff::cst(0), Aff::var(r), Aff::cst(0));
+            let f = e
+                .fact(Aff::cst(100), vec![(r, 1, rows)], init, false)
+                .unwrap();
+            e.facts.push(Some(f));
+            e.iterate(l, &mut Vec::new(), 0, rows).unwrap();
+            let (evaluations, attempted) = (e.evaluations, e.attempted);
+            let mut out = Vec::new();
+            for row in 0..rows as i64 {
+                let got = e.read(&Aff::cst(100 + row)).ok().map(|v| v.0);
+                // The sixteen words read (from `row` on if the read moves with the row): the
+                // runs they fall in, each a range of keys.
+                let start = if shift { row } else { 0 };
+                let mut want = e.tm.atom(0, Aff::cst(0), Aff::cst(row), Aff::cst(0));
+                for w in 0..3 {
+                    let (lo, hi) = ((8 * w).max(start), (8 * w + 8).min(start + 16));
+                    if lo >= hi {
+                        continue;
+                    }
+                    let j = e.fresh(8);
+                    let key = e.tm.atom(
+                        1,
+                        Aff::cst(0),
+                        Aff::var(j).add_const(40 * w - 8 * w),
+                        Aff::cst(0),
+                    );
+                    let keys = e.tm.range(false, j, lo, hi, key);
+                    want = e.tm.max(want, keys);
+                }
+                out.push((got, want));
+            }
+            (out, evaluations, attempted)
+        };
+        let same =
+            "loop 3 {\n  loop 16 {\n    max m[100 + 1*i0], m[0 + 1*i1] -> m[100 + 1*i0]\n  }\n}\n";
+        let (rows, evaluations, attempted) = run(same, 3, false);
+        for (got, want) in rows {
+            assert_eq!(got, Some(want));
+        }
+        // Two halves per row; only the first row's whole attempt failed (one evaluation).
+        assert_eq!(evaluations, 6);
+        assert_eq!(attempted, 7);
+        let moving = "loop 3 {\n  loop 16 {\n    max m[100 + 1*i0], m[0 + 1*i0 + 1*i1] -> m[100 + 1*i0]\n  }\n}\n";
+        let (rows, _, _) = run(moving, 3, true);
+        for (got, want) in rows {
+            assert_eq!(got, Some(want), "a cut in the wrong place is cut again");
+        }
+        let short = "loop 3 {\n  loop 15 {\n    max m[100 + 1*i0], m[0 + 1*i0 + 1*i1] -> m[100 + 1*i0]\n  }\n}\n";
+        let (rows, _, _) = run(short, 3, true);
+        for (got, want) in rows {
+            assert_ne!(got, Some(want), "one key short");
+        }
     }
 
     /// A block dealt as two runs of eight rows (stacked into one fact, the runs 8 words apart
