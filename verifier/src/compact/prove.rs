@@ -1400,10 +1400,11 @@ impl Eval {
         }
         let level = env.len();
         let memo = self.reuse_cuts.then(|| PieceAt::new(l, env, a, b));
-        if let Some((at, edge)) = memo.as_ref().and_then(|m| self.reused_cut(m)) {
-            self.cut_before
-                .insert(memo.expect("looked up"), (at.clone(), edge));
-            return self.cut_at(l, env, a, b, at);
+        if let Some(m) = &memo {
+            if let Some((at, edge)) = self.reused_cut(m) {
+                self.cut_before.insert(m.clone(), (at.clone(), edge));
+                return self.cut_at(l, env, a, b, at);
+            }
         }
         let (mark, tally, evals) = (self.facts.len(), self.tally, self.evaluations);
         self.hints.clear();
