@@ -2260,11 +2260,12 @@ mod tests {
     /// row before is in the wrong place: its pieces fail and are cut again, and every value is
     /// still exact. A loop one key short is not the specification.
     #[test]
-    fn a_cut_is_reused_by_the_next_row_and_stays_exact() {
-        let run = |src: &str, rows: u64, shift: bool| -> (Vec<(Option<Id>, Id)>, u64, u64) {
+    fn a_cut_is_reused_by_the_next_row_and_stays_exact() -> Result<(), String> {
+        type Rows = Vec<(Option<Id>, Id)>;
+        let run = |src: &str, rows: u64, shift: bool| -> Result<(Rows, u64, u64), String> {
             let b = body(src);
-            let Node::Loop(l) = &b[0] else {
-                panic!("the body is one loop")
+            let Some(Node::Loop(l)) = b.first() else {
+                return Err(format!("{src}: the body is not one loop"));
             };
             let mut e = Eval::new(0, 128, true);
             e.reuse_cuts = true;
@@ -2276,16 +2277,17 @@ mod tests {
                     e.tm.atom(1, Aff::cst(0), Aff::var(c).add_const(40 * w), Aff::cst(0));
                 let f = e
                     .fact(Aff::cst(8 * w), vec![(c, 1, 8)], key, false)
-                    .unwrap();
+                    .map_err(|f| format!("block fact: {f:?}"))?;
                 e.facts.push(Some(f));
             }
             let r = e.fresh(rows);
             let init = e.tm.atom(0, Aff::cst(0), Aff::var(r), Aff::cst(0));
             let f = e
                 .fact(Aff::cst(100), vec![(r, 1, rows)], init, false)
-                .unwrap();
+                .map_err(|f| format!("row fact: {f:?}"))?;
             e.facts.push(Some(f));
-            e.iterate(l, &mut Vec::new(), 0, rows).unwrap();
+            e.iterate(l, &mut Vec::new(), 0, rows)
+                .map_err(|f| format!("{src}: {f:?}"))?;
             let (evaluations, attempted) = (e.evaluations, e.attempted);
             let mut out = Vec::new();
             for row in 0..rows as i64 {
@@ -2311,11 +2313,11 @@ mod tests {
                 }
                 out.push((got, want));
             }
-            (out, evaluations, attempted)
+            Ok((out, evaluations, attempted))
         };
         let same =
             "loop 3 {\n  loop 16 {\n    max m[100 + 1*i0], m[0 + 1*i1] -> m[100 + 1*i0]\n  }\n}\n";
-        let (rows, evaluations, attempted) = run(same, 3, false);
+        let (rows, evaluations, attempted) = run(same, 3, false)?;
         for (got, want) in rows {
             assert_eq!(got, Some(want));
         }
@@ -2323,15 +2325,16 @@ mod tests {
         assert_eq!(evaluations, 6);
         assert_eq!(attempted, 7);
         let moving = "loop 3 {\n  loop 16 {\n    max m[100 + 1*i0], m[0 + 1*i0 + 1*i1] -> m[100 + 1*i0]\n  }\n}\n";
-        let (rows, _, _) = run(moving, 3, true);
+        let (rows, _, _) = run(moving, 3, true)?;
         for (got, want) in rows {
             assert_eq!(got, Some(want), "a cut in the wrong place is cut again");
         }
         let short = "loop 3 {\n  loop 15 {\n    max m[100 + 1*i0], m[0 + 1*i0 + 1*i1] -> m[100 + 1*i0]\n  }\n}\n";
-        let (rows, _, _) = run(short, 3, true);
+        let (rows, _, _) = run(short, 3, true)?;
         for (got, want) in rows {
             assert_ne!(got, Some(want), "one key short");
         }
+        Ok(())
     }
 
     /// A block dealt as two runs of eight rows (stacked into one fact, the runs 8 words apart
