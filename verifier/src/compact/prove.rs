@@ -813,7 +813,12 @@ impl Eval {
                     .copied()
                     .filter(|&(v, _)| self.counts.get(&v).is_some_and(|&m| m >= 2))
                     .collect();
-            let [(v, k)] = vars[..] else { continue };
+            let [(v, k)] = vars[..] else {
+                if let Some(c) = self.cut_striding(f, x, &vars, n as i64) {
+                    return Some(c);
+                }
+                continue;
+            };
             let count = *self.counts.get(&v)? as i64;
             let c0 = x.c;
             // First iteration at which k·i + c0 reaches `edge` (k > 0) or drops below it.
@@ -831,6 +836,39 @@ impl Eval {
             }
         }
         None
+    }
+
+    /// A coordinate `x` of several varying indices, one of which, `v`, strides over the
+    /// others' whole span (a block forwarded column by column, `keys·c + b`, read against a
+    /// fact of rows of `d` words): `(v, i)` where `x` leaves `0..n` cleanly, every iteration
+    /// before `i` on one side of the edge and every one from `i` on the other. A loop cut
+    /// there reads each side from one row; the cut piece meets the next row the same way.
+    fn cut_striding(&self, f: &Fact, x: &Aff, vars: &[(Var, i64)], n: i64) -> Option<(Var, i64)> {
+        let &(v, k) = vars.iter().max_by_key(|&&(_, k)| k.abs())?;
+        if k <= 0 {
+            return None;
+        }
+        let (lo, hi) = self.bounds(&x.clone().add_term(v, -k))?;
+        if hi - lo >= k {
+            return None;
+        }
+        // Where `k` divides a stride of the fact by at most `MAX_UNROLL`, regrouping (`cuts`)
+        // meets the fact's coordinates in one piece; cutting would leave several.
+        if f.dims
+            .iter()
+            .any(|&(_, s, _)| s > k && s % k == 0 && s / k <= MAX_UNROLL)
+        {
+            return None;
+        }
+        let count = *self.counts.get(&v)? as i64;
+        // First iteration whose least word reaches `edge`; clean if the one before it stays
+        // wholly below.
+        let at = |edge: i64| (edge - lo + k - 1).div_euclid(k);
+        [n, 0]
+            .into_iter()
+            .map(|edge| (edge, at(edge)))
+            .find(|&(edge, i)| i > 0 && i < count && k * (i - 1) + hi < edge)
+            .map(|(_, i)| (v, i))
     }
 
     /// Whether `addr` may be a word that another iteration of `l` writes through `family`:
