@@ -75,9 +75,6 @@ fn shift_first_send(nodes: &mut [isa::Node], done: &mut bool) {
     }
 }
 
-/// GPT-2 small's attention (1 024 tokens, 12 heads of 64, causal) on 64 PEs, proved by
-/// induction; run by hand in release (`cargo test --release --test suite verify_induct:: --
-/// --ignored`), it reports its time.
 /// Small blocks on a ring whose zigzag chunks give the lagged value sends 4 keys on one step
 /// and 8 on others: a block forwarded word `c·keys + b` (column `c`, key `b`) is read against
 /// the contract's rows of `d = 128` words, too far apart to regroup (`128 / 4`), so the column
@@ -92,6 +89,9 @@ fn values_forwarded_four_keys_a_column_are_read_row_by_row() {
     assert!(proof.to_string().contains("by induction"), "{proof}");
 }
 
+/// GPT-2 small's attention (1 024 tokens, 12 heads of 64, causal) on 64 PEs, proved by
+/// induction; run by hand in release (`cargo test --release --test suite verify_induct:: --
+/// --ignored`), it reports its time.
 #[test]
 #[ignore]
 fn gpt2_small_on_64_pes_is_proved_by_induction() {
