@@ -12,6 +12,7 @@
 //! PE in the window. Each stretch keeps the rules of the single-loop window (no fault possible,
 //! no word written read by another slot of the same run), shown for every iteration at once.
 
+use super::defer::Sink;
 use super::dot::{dot_of, run_chains};
 use super::{
     count_times, overlap, plan_of, run_plan, Cursor, InitChunks, LoopMachine, Plan, Prog, Stepped,
@@ -553,6 +554,8 @@ impl LoopMachine<F32Domain> {
 
     pub(super) fn exec_nest(&mut self, w: u32, wins: &[Option<PeWindow>]) {
         let n = wins.len();
+        // The planner refused any window whose sends meet their receivers.
+        let mut direct = Sink::direct();
         let next = |p: usize| if p + 1 == n { 0 } else { p + 1 };
         let moved = |s: &Segment, shift: &[i64; 7], r: i64| {
             let mut plan = s.plan;
@@ -570,7 +573,7 @@ impl LoopMachine<F32Domain> {
         for (p, win) in wins.iter().enumerate() {
             let Some(win) = win else { continue };
             for s in &win.head {
-                run_plan(mems, p, next(p), &s.plan, i64::from(s.len));
+                run_plan(mems, &mut direct, p, next(p), &s.plan, i64::from(s.len));
             }
         }
         // A PE whose iterations are independent dot products hands every iteration's chain
@@ -588,7 +591,7 @@ impl LoopMachine<F32Domain> {
                 }
             }
         }
-        self.interleaved += run_chains(mems, &chains);
+        self.interleaved += run_chains(mems, &mut direct, &chains);
         self.chains = chains;
         let mems = self.m.mems_mut();
         // Where every other PE runs the same iterations of stretches of the same lengths (one
@@ -621,17 +624,24 @@ impl LoopMachine<F32Domain> {
                         let plan = moved(s, shift, r);
                         match dot_of(&plan) {
                             Some(d) => dots.push((p, next(p), d, len)),
-                            None => run_plan(mems, p, next(p), &plan, i64::from(len)),
+                            None => run_plan(mems, &mut direct, p, next(p), &plan, i64::from(len)),
                         }
                     }
-                    self.interleaved += run_chains(mems, &dots);
+                    self.interleaved += run_chains(mems, &mut direct, &dots);
                 }
             }
         } else {
             for &(p, win) in &busy {
                 for r in 0..i64::from(win.iters) {
                     for (s, shift) in &win.body {
-                        run_plan(mems, p, next(p), &moved(s, shift, r), i64::from(s.len));
+                        run_plan(
+                            mems,
+                            &mut direct,
+                            p,
+                            next(p),
+                            &moved(s, shift, r),
+                            i64::from(s.len),
+                        );
                     }
                 }
             }
@@ -639,7 +649,7 @@ impl LoopMachine<F32Domain> {
         for (p, win) in wins.iter().enumerate() {
             let Some(win) = win else { continue };
             for s in &win.tail {
-                run_plan(mems, p, next(p), &s.plan, i64::from(s.len));
+                run_plan(mems, &mut direct, p, next(p), &s.plan, i64::from(s.len));
             }
         }
         for (p, win) in wins.iter().enumerate() {
