@@ -209,6 +209,8 @@ pub struct LoopMachine<D: Domain> {
     bulk: u64,
     /// Of `bulk`, the cycles run in windows over whole loop iterations.
     nest: u64,
+    /// Of `nest`, the cycles of windows in which some PE went on from one loop into another.
+    nest_through: u64,
     /// Of `bulk`, the cycles run in windows over any structure.
     general: u64,
     /// No whole-iteration window is planned before this cycle (one failed over these).
@@ -277,6 +279,7 @@ impl<D: Domain> LoopMachine<D> {
             scratch: vec![None; n],
             bulk: 0,
             nest: 0,
+            nest_through: 0,
             general: 0,
             nest_after: 0,
             general_after: 0,
@@ -326,6 +329,12 @@ impl<D: Domain> LoopMachine<D> {
     /// whose body is bundles and one-bundle loops.
     pub fn nest_cycles(&self) -> u64 {
         self.nest
+    }
+
+    /// Of [`LoopMachine::nest_cycles`], those of windows in which some PE went on from the end
+    /// of one loop into the next.
+    pub fn nest_through_cycles(&self) -> u64 {
+        self.nest_through
     }
 
     /// Of [`LoopMachine::bulk_cycles`], those run in windows over any loop structure, planned
