@@ -48,6 +48,8 @@ pub(super) struct Block {
     /// Each whole iteration is one dot product whose running sum no other iteration touches,
     /// so the iterations' chains may run interleaved.
     free: bool,
+    /// Some stretch of the body is a dot product.
+    dots: bool,
     tail: Vec<Segment>,
 }
 
@@ -496,11 +498,13 @@ fn block(
             [(seg, shift)] => independent_dots(seg, shift, i64::from(iters)),
             _ => false,
         };
+    let dots = moved.iter().any(|(seg, _)| dot_of(&seg.plan).is_some());
     Some(Block {
         head,
         body: moved,
         iters,
         free,
+        dots,
         tail,
     })
 }
@@ -699,9 +703,29 @@ impl LoopMachine<F32Domain> {
         // The planner refused any window whose sends meet their receivers.
         self.interleaved += run_chains(mems, &mut Sink::direct(), &chains);
         self.chains = chains;
+        // A PE whose iterations hold no dot product gains nothing from the rounds (their
+        // bookkeeping is most of the cost of its one-cycle stretches): it runs on its own.
+        let mems = self.m.mems_mut();
+        let mut direct = Sink::direct();
+        for (p, win) in wins.iter().enumerate() {
+            let Some(win) = win.filter(|w| !w.free && !w.dots) else {
+                continue;
+            };
+            for r in 0..i64::from(win.iters) {
+                for (s, shift) in &win.body {
+                    let mut plan = s.plan;
+                    for (pr, d) in plan.progs.iter_mut().zip(shift) {
+                        if let Some(pr) = pr {
+                            pr.addr += d * r;
+                        }
+                    }
+                    run_plan(mems, &mut direct, p, next(p), &plan, i64::from(s.len));
+                }
+            }
+        }
         self.rounds(wins, |b, t| {
             let k = b.body.len();
-            if b.free || k == 0 || t >= k * b.iters as usize {
+            if b.free || !b.dots || k == 0 || t >= k * b.iters as usize {
                 return None;
             }
             let (s, shift) = &b.body[t % k];
