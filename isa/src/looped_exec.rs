@@ -17,9 +17,12 @@ use crate::machine::{
 };
 use crate::Program;
 
+mod defer;
 mod dot;
 mod general;
 mod nest;
+
+use defer::{meet, Access, Meet, Sink};
 
 use dot::{dot_of, run_chains, Chain};
 
@@ -206,6 +209,8 @@ pub struct LoopMachine<D: Domain> {
     bulk: u64,
     /// Of `bulk`, the cycles run in windows over whole loop iterations.
     nest: u64,
+    /// Of `nest`, the cycles of windows in which some PE went on from one loop into another.
+    nest_through: u64,
     /// Of `bulk`, the cycles run in windows over any structure.
     general: u64,
     /// No whole-iteration window is planned before this cycle (one failed over these).
@@ -222,6 +227,10 @@ pub struct LoopMachine<D: Domain> {
     chains: Vec<Chain>,
     /// PE-cycles of dot products run side by side with others.
     interleaved: u64,
+    /// Of `bulk`, the cycles run in windows whose sends were held back to the window's end.
+    held: u64,
+    /// The buffer of a window's held-back sends, kept between windows.
+    held_buf: Vec<(usize, usize, f32)>,
 }
 
 fn count(s: &mut PeStats, b: &Bundle) {
@@ -270,12 +279,15 @@ impl<D: Domain> LoopMachine<D> {
             scratch: vec![None; n],
             bulk: 0,
             nest: 0,
+            nest_through: 0,
             general: 0,
             nest_after: 0,
             general_after: 0,
             init: vec![InitChunks::default(); n],
             chains: Vec::new(),
             interleaved: 0,
+            held: 0,
+            held_buf: Vec::new(),
         })
     }
 
@@ -319,6 +331,12 @@ impl<D: Domain> LoopMachine<D> {
         self.nest
     }
 
+    /// Of [`LoopMachine::nest_cycles`], those of windows in which some PE went on from the end
+    /// of one loop into the next.
+    pub fn nest_through_cycles(&self) -> u64 {
+        self.nest_through
+    }
+
     /// Of [`LoopMachine::bulk_cycles`], those run in windows over any loop structure, planned
     /// stretch by stretch.
     pub fn general_cycles(&self) -> u64 {
@@ -330,6 +348,23 @@ impl<D: Domain> LoopMachine<D> {
     /// independent), each still adding in its own order.
     pub fn interleaved_cycles(&self) -> u64 {
         self.interleaved
+    }
+
+    /// Of [`LoopMachine::bulk_cycles`], those run in windows whose sends were held back to the
+    /// window's end because a receiver read the words they overwrite no later than that
+    /// (blocks rotating in place).
+    pub fn held_cycles(&self) -> u64 {
+        self.held
+    }
+
+    /// Where a window of `w` cycles puts its sends (counting it when they are held back).
+    fn sink(&mut self, held: bool, w: u32) -> Sink {
+        if held {
+            self.held += u64::from(w);
+            Sink::held(std::mem::take(&mut self.held_buf))
+        } else {
+            Sink::direct()
+        }
     }
 
     pub fn stats(&self) -> RunStats {
@@ -500,16 +535,16 @@ impl LoopMachine<F32Domain> {
                 }
             }
             let stay = match self.plan_window() {
-                Ok((w, plans)) => {
-                    self.exec_window(w, &plans);
+                Ok((w, plans, held)) => {
+                    self.exec_window(w, &plans, held);
                     continue;
                 }
                 Err(Stepped(k)) => k,
             };
             if self.m.cycle() >= self.general_after {
                 match self.plan_general() {
-                    Ok((w, segs)) => {
-                        self.exec_general(w, &segs);
+                    Ok((w, segs, held)) => {
+                        self.exec_general(w, &segs, held);
                         continue;
                     }
                     // Some stretch broke a rule (often one that stays broken for a while, such
@@ -532,7 +567,7 @@ impl LoopMachine<F32Domain> {
     /// A bulk window of at least 2 cycles and a plan per PE (`None`: idle),
     /// or `None` if this cycle must be stepped.
     #[inline(never)]
-    fn plan_window(&mut self) -> Result<(u32, Vec<Option<Plan>>), Stepped> {
+    fn plan_window(&mut self) -> Result<(u32, Vec<Option<Plan>>, bool), Stepped> {
         let n = self.progs.len();
         let mut w = u32::MAX;
         let progs = &self.progs;
@@ -594,6 +629,7 @@ impl LoopMachine<F32Domain> {
         }
         let w64 = i64::from(w);
         let mems = self.m.mems();
+        let mut held = false;
         for p in 0..n {
             let Some(plan) = &plans[p] else { continue };
             let b = &plan.bundle;
@@ -639,13 +675,23 @@ impl LoopMachine<F32Domain> {
                     writes.push((k, span));
                 }
             }
+            // The predecessor's sends: never onto a word this PE writes in the window, and
+            // onto a word it reads only if every read comes first (then they are held back).
             if let Some(Some(pp)) = plans.get(prev) {
                 if let Some(pr) = pp.progs[6] {
-                    let span = pr.span(w64);
-                    if span.1 >= size {
+                    if pr.span(w64).1 >= size {
                         return Err(Stepped(1));
                     }
-                    writes.push((6, span));
+                    let at = |ks: &[usize]| -> Vec<Access> {
+                        ks.iter()
+                            .filter_map(|&k| plan.progs[k].map(|q| (0, q, w64)))
+                            .collect()
+                    };
+                    match meet(&[(0, pr, w64)], &at(&[0, 1, 3, 5]), &at(&[2, 4])) {
+                        Meet::Apart => {}
+                        Meet::ReadsFirst => held = true,
+                        Meet::Clash => return Err(Stepped(1)),
+                    }
                 }
             }
             // The send's destination is checked against the receiver.
@@ -668,13 +714,14 @@ impl LoopMachine<F32Domain> {
                 }
             }
         }
-        Ok((w, plans))
+        Ok((w, plans, held))
     }
 
     #[inline(never)]
-    fn exec_window(&mut self, w: u32, plans: &[Option<Plan>]) {
+    fn exec_window(&mut self, w: u32, plans: &[Option<Plan>], held: bool) {
         let n = plans.len();
         let w64 = i64::from(w);
+        let mut sink = self.sink(held, w);
         let mems = self.m.mems_mut();
         let mut dots = Vec::new();
         for (p, plan) in plans.iter().enumerate() {
@@ -684,9 +731,10 @@ impl LoopMachine<F32Domain> {
                 dots.push((p, next, d, w));
                 continue;
             }
-            run_plan(mems, p, next, plan, w64);
+            run_plan(mems, &mut sink, p, next, plan, w64);
         }
-        self.interleaved += run_chains(mems, &dots);
+        self.interleaved += run_chains(mems, &mut sink, &dots);
+        self.held_buf = sink.flush(mems);
         for (p, plan) in plans.iter().enumerate() {
             if let Some(plan) = plan {
                 count_times(&mut self.stats[p], &plan.bundle, u64::from(w));
@@ -711,12 +759,19 @@ fn get(mem: &[Option<f32>], i: usize) -> f32 {
 /// Executes one PE's window. The planner proved that no word written here
 /// is read here (other than the register), so in-place writes equal the
 /// deferred commits of cycle-by-cycle execution.
-fn run_plan(mems: &mut [Vec<Option<f32>>], p: usize, next: usize, plan: &Plan, w: i64) {
+fn run_plan(
+    mems: &mut [Vec<Option<f32>>],
+    sink: &mut Sink,
+    p: usize,
+    next: usize,
+    plan: &Plan,
+    w: i64,
+) {
     let b = plan.bundle;
     let pr = plan.progs;
     // Fast kernel: a dot product into a register word.
     if let Some(d) = dot_of(plan) {
-        dot::run_chain(mems, (p, next, d, w as u32));
+        dot::run_chain(mems, sink, (p, next, d, w as u32));
         return;
     }
     let mut reg = if plan.register {
@@ -778,7 +833,7 @@ fn run_plan(mems: &mut [Vec<Option<f32>>], p: usize, next: usize, plan: &Plan, w
             }
         }
         if let (Some(v), Some(d)) = (sent, pr[6]) {
-            mems[next][d.at(t)] = Some(v);
+            sink.put(mems, next, d.at(t), v);
         }
     }
     if let (Some(v), Some(s)) = (reg, pr[4]) {

@@ -6,6 +6,7 @@
 //! behind the others while each chain adds its products in its own order: the sums are
 //! bit-identical to cycle-by-cycle execution.
 
+use super::defer::Sink;
 use super::{get, Plan, Prog};
 use crate::inst::{Arith, Op, OpKind, Xfer, XferSrc};
 
@@ -91,22 +92,30 @@ fn reaches(pr: Prog, word: usize) -> bool {
 
 /// Runs one chain on its own: nothing to go side by side with, so each product is added as
 /// it is formed.
-pub(super) fn run_chain(mems: &mut [Vec<Option<f32>>], (p, next, d, w): Chain) {
+pub(super) fn run_chain(mems: &mut [Vec<Option<f32>>], sink: &mut Sink, (p, next, d, w): Chain) {
     let mem = &mems[p];
     let mut sum = get(mem, d.s);
     for t in 0..i64::from(w) {
         sum += get(mem, d.a.at(t)) * get(mem, d.b.at(t));
     }
-    finish(mems, p, next, &d, sum, w as usize);
+    finish(mems, sink, p, next, &d, sum, w as usize);
 }
 
 /// Stores a chain's sum and performs its sends, in step order.
-fn finish(mems: &mut [Vec<Option<f32>>], p: usize, next: usize, d: &Dot, sum: f32, w: usize) {
+fn finish(
+    mems: &mut [Vec<Option<f32>>],
+    sink: &mut Sink,
+    p: usize,
+    next: usize,
+    d: &Dot,
+    sum: f32,
+    w: usize,
+) {
     mems[p][d.s] = Some(sum);
     if let Some((src, dst)) = d.send {
         for t in 0..w as i64 {
             let v = get(&mems[p], src.at(t));
-            mems[next][dst.at(t)] = Some(v);
+            sink.put(mems, next, dst.at(t), v);
         }
     }
 }
@@ -116,15 +125,15 @@ fn finish(mems: &mut [Vec<Option<f32>>], p: usize, next: usize, d: &Dot, sum: f3
 /// length instead would cost more than the few partial groups it saves). The caller guarantees that no chain
 /// reads or writes a word another chain writes, sends excepted, whose order is kept per PE.
 /// Returns the steps that ran side by side with other chains.
-pub(super) fn run_chains(mems: &mut [Vec<Option<f32>>], chains: &[Chain]) -> u64 {
+pub(super) fn run_chains(mems: &mut [Vec<Option<f32>>], sink: &mut Sink, chains: &[Chain]) -> u64 {
     let mut side = 0;
     let mut prods = [[0f32; DOT_GROUP]; BLOCK];
     for run in chains.chunk_by(|x, y| x.3 == y.3) {
         for group in run.chunks(DOT_GROUP) {
             match group {
-                [one] => run_chain(mems, *one),
+                [one] => run_chain(mems, sink, *one),
                 _ => {
-                    dot_group(mems, group, run[0].3 as usize, &mut prods);
+                    dot_group(mems, sink, group, run[0].3 as usize, &mut prods);
                     side += group.len() as u64 * u64::from(run[0].3);
                 }
             }
@@ -144,6 +153,7 @@ const BLOCK: usize = 64;
 /// exactly as `sum + a·b` does.
 fn dot_group(
     mems: &mut [Vec<Option<f32>>],
+    sink: &mut Sink,
     group: &[Chain],
     w: usize,
     prods: &mut [[f32; DOT_GROUP]; BLOCK],
@@ -179,6 +189,6 @@ fn dot_group(
         t0 += tn;
     }
     for (j, &(p, next, d, _)) in group.iter().enumerate() {
-        finish(mems, p, next, &d, regs[j], w);
+        finish(mems, sink, p, next, &d, regs[j], w);
     }
 }

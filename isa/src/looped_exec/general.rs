@@ -12,7 +12,8 @@
 //! iterations: the planners over one loop or whole iterations take over again as soon as every
 //! PE is back in such a loop.
 
-use super::nest::{hull, sends_meet_receivers, stretch_ok, PeMem, Segment};
+use super::defer::{meet, Access, Meet};
+use super::nest::{stretch_ok, PeMem, Segment};
 use super::{count_times, plan_of, run_plan, LoopMachine, Stepped};
 use crate::machine::F32Domain;
 
@@ -28,7 +29,7 @@ type PeSegments = Option<Vec<Segment>>;
 impl LoopMachine<F32Domain> {
     /// A window of at least 2 cycles: each PE's stretches, planned and checked (`None`: the
     /// PE has finished). `Stepped(k)`: step `k` cycles before trying again.
-    pub(super) fn plan_general(&mut self) -> Result<(u32, Vec<PeSegments>), Stepped> {
+    pub(super) fn plan_general(&mut self) -> Result<(u32, Vec<PeSegments>, bool), Stepped> {
         let n = self.progs.len();
         let mut w = MAX_CYCLES.min(self.len - self.m.cycle());
         // Each PE's next stretches up to the cap, walked once; the window ends where the PE
@@ -91,32 +92,57 @@ impl LoopMachine<F32Domain> {
             wins.push(Some(segs));
         }
         // The PEs run one after another: what a PE's predecessor sends in the window must not
-        // meet anything the PE reads or writes in it.
-        let ranges = |segs: &Vec<Segment>, fields: std::ops::Range<usize>| -> Vec<(i64, i64)> {
-            segs.iter()
-                .flat_map(|s| {
-                    fields.clone().filter_map(move |k| {
-                        s.plan.progs[k].map(|pr| hull(pr, i64::from(s.len), 0, 1))
-                    })
-                })
-                .collect()
+        // meet anything the PE writes in it, and meet what it reads only where every read
+        // comes first (the sends are then held back to the window's end).
+        let accesses = |segs: &Vec<Segment>, fields: &[usize]| -> Vec<Access> {
+            let mut out = Vec::new();
+            let mut at = 0i64;
+            for s in segs {
+                let len = i64::from(s.len);
+                out.extend(
+                    fields
+                        .iter()
+                        .filter_map(|&k| s.plan.progs[k].map(|pr| (at, pr, len))),
+                );
+                at += len;
+            }
+            out
         };
-        if sends_meet_receivers(&wins, ranges) {
-            return Err(Stepped(1));
+        let mut held = false;
+        for p in 0..n {
+            let prev = if p == 0 { n - 1 } else { p - 1 };
+            let (Some(mine), Some(theirs)) = (&wins[p], &wins[prev]) else {
+                continue;
+            };
+            let sends = accesses(theirs, &[6]);
+            if sends.is_empty() {
+                continue;
+            }
+            match meet(
+                &sends,
+                &accesses(mine, &[0, 1, 3, 5]),
+                &accesses(mine, &[2, 4]),
+            ) {
+                Meet::Apart => {}
+                Meet::ReadsFirst => held = true,
+                Meet::Clash => return Err(Stepped(1)),
+            }
         }
-        Ok((w as u32, wins))
+        Ok((w as u32, wins, held))
     }
 
-    pub(super) fn exec_general(&mut self, w: u32, wins: &[PeSegments]) {
+    pub(super) fn exec_general(&mut self, w: u32, wins: &[PeSegments], held: bool) {
         let n = wins.len();
+        let mut sink = self.sink(held, w);
         let mems = self.m.mems_mut();
         for (p, segs) in wins.iter().enumerate() {
             let Some(segs) = segs else { continue };
             let next = if p + 1 == n { 0 } else { p + 1 };
             for s in segs {
-                run_plan(mems, p, next, &s.plan, i64::from(s.len));
+                run_plan(mems, &mut sink, p, next, &s.plan, i64::from(s.len));
             }
         }
+        self.held_buf = sink.flush(mems);
         for (p, segs) in wins.iter().enumerate() {
             let Some(segs) = segs else { continue };
             for s in segs {

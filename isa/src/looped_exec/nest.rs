@@ -12,6 +12,7 @@
 //! PE in the window. Each stretch keeps the rules of the single-loop window (no fault possible,
 //! no word written read by another slot of the same run), shown for every iteration at once.
 
+use super::defer::Sink;
 use super::dot::{dot_of, run_chains};
 use super::{
     count_times, overlap, plan_of, run_plan, Cursor, InitChunks, LoopMachine, Plan, Prog, Stepped,
@@ -30,8 +31,15 @@ pub(super) struct Segment {
     pub(super) len: u32,
 }
 
-/// A PE's part of a window.
-pub(super) struct PeWindow {
+impl Segment {
+    fn plan_len(&self) -> (Plan, u32) {
+        (self.plan, self.len)
+    }
+}
+
+/// One loop's part of a PE's window: the rest of its current iteration, whole iterations
+/// that look alike, and the start of the next.
+pub(super) struct Block {
     head: Vec<Segment>,
     /// The body's stretches in the first whole iteration, with each field's move per iteration.
     body: Vec<(Segment, [i64; 7])>,
@@ -40,10 +48,23 @@ pub(super) struct PeWindow {
     /// Each whole iteration is one dot product whose running sum no other iteration touches,
     /// so the iterations' chains may run interleaved.
     free: bool,
+    /// Some stretch of the body is a dot product.
+    dots: bool,
     tail: Vec<Segment>,
+}
+
+/// A PE's part of a window: up to [`MAX_BLOCKS`] blocks, one after another in its own order
+/// (where a loop ends, the window goes on in the next one the cursor reaches).
+pub(super) struct PeWindow {
+    blocks: Vec<Block>,
     /// Where the cursor stands after the window: the planner walked it there already.
     end: Cursor,
 }
+
+/// Most loops one PE's part of a window goes through. A window ends where the first PE
+/// reaches the end of its part, and a ring's PEs leave their loops at different cycles, so
+/// with one loop each a window of many PEs would end at every PE's every loop end.
+const MAX_BLOCKS: usize = 4;
 
 /// Whether a loop body takes whole-iteration windows: bundles and one-bundle loops only.
 fn simple(list: &[Node]) -> bool {
@@ -360,96 +381,199 @@ struct Shape {
     iter_len: u64,
 }
 
-impl LoopMachine<F32Domain> {
-    fn shape(&mut self, p: usize) -> Option<Shape> {
-        let root = &self.progs[p].body;
-        let cur = &mut self.cursors[p];
-        cur.current(root)?;
-        let level = cur.window_level(root)?;
-        let body = super::list_at(root, &cur.frames, level);
-        let mut idx = [0u32; MAX_LOOP_DEPTH];
-        cur.indices(&mut idx);
-        let w = cur.frames[level];
-        let at_start = w.pos == 0
-            && cur.frames[level + 1..]
-                .iter()
-                .all(|f| f.iter == 0 && f.pos == 0);
-        let (rest, first) = if at_start {
-            (0, w.iter)
-        } else {
-            let rest = match cur.frames.get(level + 1) {
-                Some(inner) => {
-                    u64::from(inner.count - inner.iter) + body_cycles(&body[w.pos + 1..], &idx)
-                }
-                None => body_cycles(&body[w.pos..], &idx),
-            };
-            (rest, w.iter + 1)
-        };
-        let own = (level - 1) as u8;
-        let mut alike = w.count.saturating_sub(first);
-        idx[level - 1] = first;
-        let iter_len = body_cycles(body, &idx);
-        // An inner loop whose count steps with this loop's index: one iteration at a time.
-        let stepped = body
-            .iter()
-            .any(|n| matches!(n, Node::Loop(l) if l.step.is_some_and(|s| s.level == own)));
-        if stepped {
-            alike = alike.min(1);
-        }
-        for b in templates(body) {
-            for pr in b.preds.iter().filter(|pr| pr.level == own) {
-                alike = alike.min(turns(pr, first));
-            }
-            for t in b.terms.iter().filter(|t| t.level == own && t.wrap != 0) {
-                alike = alike.min(t.wrap - first % t.wrap);
-            }
-        }
-        Some(Shape {
-            level,
-            rest,
-            first,
-            alike,
-            iter_len: iter_len.max(1),
-        })
+impl Shape {
+    /// The cycles from the cursor to the end of the last alike iteration.
+    fn reach(&self) -> u64 {
+        self.rest
+            .saturating_add(u64::from(self.alike).saturating_mul(self.iter_len))
     }
+}
 
+/// The shape of the window a PE's part may take from cursor `cur`, if its loop allows one.
+fn shape(root: &[Node], cur: &mut Cursor) -> Option<Shape> {
+    cur.current(root)?;
+    let level = cur.window_level(root)?;
+    let body = super::list_at(root, &cur.frames, level);
+    let mut idx = [0u32; MAX_LOOP_DEPTH];
+    cur.indices(&mut idx);
+    let w = cur.frames[level];
+    let at_start = w.pos == 0
+        && cur.frames[level + 1..]
+            .iter()
+            .all(|f| f.iter == 0 && f.pos == 0);
+    let (rest, first) = if at_start {
+        (0, w.iter)
+    } else {
+        let rest = match cur.frames.get(level + 1) {
+            Some(inner) => {
+                u64::from(inner.count - inner.iter) + body_cycles(&body[w.pos + 1..], &idx)
+            }
+            None => body_cycles(&body[w.pos..], &idx),
+        };
+        (rest, w.iter + 1)
+    };
+    let own = (level - 1) as u8;
+    let mut alike = w.count.saturating_sub(first);
+    idx[level - 1] = first;
+    let iter_len = body_cycles(body, &idx);
+    // An inner loop whose count steps with this loop's index: one iteration at a time.
+    let stepped = body
+        .iter()
+        .any(|n| matches!(n, Node::Loop(l) if l.step.is_some_and(|s| s.level == own)));
+    if stepped {
+        alike = alike.min(1);
+    }
+    for b in templates(body) {
+        for pr in b.preds.iter().filter(|pr| pr.level == own) {
+            alike = alike.min(turns(pr, first));
+        }
+        for t in b.terms.iter().filter(|t| t.level == own && t.wrap != 0) {
+            alike = alike.min(t.wrap - first % t.wrap);
+        }
+    }
+    Some(Shape {
+        level,
+        rest,
+        first,
+        alike,
+        iter_len: iter_len.max(1),
+    })
+}
+
+/// One loop's part of a window of `w` cycles from `probe`'s position (its shape `s`), each
+/// stretch checked against `at`; `probe` ends where the part does. `None` if a stretch breaks
+/// a rule.
+fn block(
+    root: &[Node],
+    probe: &mut Cursor,
+    s: &Shape,
+    w: u64,
+    at: &mut PeMem<'_>,
+) -> Option<Block> {
+    let head_len = s.rest.min(w);
+    let iters = ((w - head_len) / s.iter_len).min(u64::from(s.alike)) as u32;
+    let tail_len = w - head_len - u64::from(iters) * s.iter_len;
+    let collect = |probe: &mut Cursor, limit: u64| {
+        let mut out = Vec::new();
+        probe.walk(root, s.level, limit, |b, idx, len, inner| {
+            out.push((b, *idx, len, inner));
+            true
+        });
+        out
+    };
+    let head = collect(probe, head_len);
+    let mut body = Vec::new();
+    if iters > 0 {
+        body = collect(probe, s.iter_len);
+        probe.finish_through(root, s.level, s.first + iters - 1);
+    }
+    let tail = collect(probe, tail_len);
+    let own = (s.level - 1) as u8;
+    let mut flat = |v: Vec<(&LBundle, [u32; MAX_LOOP_DEPTH], u32, Option<u8>)>| {
+        v.into_iter()
+            .map(|(b, idx, len, inner)| {
+                let plan = plan_of(b, &idx, inner);
+                stretch_ok(&plan, i64::from(len), &[0; 7], 1, at).then_some(Segment { plan, len })
+            })
+            .collect::<Option<Vec<_>>>()
+    };
+    let head = flat(head)?;
+    let tail = flat(tail)?;
+    let mut moved = Vec::with_capacity(body.len());
+    for (b, idx, len, inner) in body {
+        let mut plan = plan_of(b, &idx, inner);
+        let mut shift = [0i64; 7];
+        for (k, f) in Field::ALL.into_iter().enumerate() {
+            shift[k] = term_stride(b, f, own);
+        }
+        // A running sum stays in one word only if its source and destination move alike.
+        plan.register &= shift[3] == shift[4];
+        if !stretch_ok(&plan, i64::from(len), &shift, i64::from(iters), at) {
+            return None;
+        }
+        moved.push((Segment { plan, len }, shift));
+    }
+    let free = iters >= 2
+        && match moved.as_slice() {
+            [(seg, shift)] => independent_dots(seg, shift, i64::from(iters)),
+            _ => false,
+        };
+    let dots = moved.iter().any(|(seg, _)| dot_of(&seg.plan).is_some());
+    Some(Block {
+        head,
+        body: moved,
+        iters,
+        free,
+        dots,
+        tail,
+    })
+}
+
+/// Moves `cur` past `s`'s reach: the rest of the iteration and its alike ones.
+fn skip(root: &[Node], cur: &mut Cursor, s: &Shape) {
+    cur.walk(root, s.level, s.rest, |_, _, _, _| true);
+    if s.alike > 0 {
+        cur.finish_through(root, s.level, s.first + s.alike - 1);
+    }
+}
+
+impl LoopMachine<F32Domain> {
     /// A window over whole iterations (see the module's comment) of at least 2 cycles, or the
     /// cycles not to try again for (the window's, once its checks failed). Only tried where
-    /// some PE can go past its innermost loop; the single-loop planner takes the rest.
+    /// some PE can go past its innermost loop; the single-loop planner takes the rest. Each PE
+    /// may go on through up to [`MAX_BLOCKS`] loops; where that window fails its checks (a
+    /// later loop reads a word first written earlier in the window, or the longer window's
+    /// sends meet their receivers), one loop each is tried, as the window always was.
     pub(super) fn plan_nest(&mut self) -> Result<(u32, Vec<Option<PeWindow>>), Stepped> {
+        match self.plan_nest_through(MAX_BLOCKS) {
+            Ok(win) => Ok(win),
+            Err(_) => self.plan_nest_through(1),
+        }
+    }
+
+    fn plan_nest_through(
+        &mut self,
+        max_blocks: usize,
+    ) -> Result<(u32, Vec<Option<PeWindow>>), Stepped> {
         let n = self.progs.len();
-        let mut shapes = Vec::with_capacity(n);
         let mut extends = false;
         let mut w = MAX_WINDOW.min(self.len - self.m.cycle());
         for p in 0..n {
             if self.cursors[p].done {
-                shapes.push(None);
                 continue;
             }
-            let s = self.shape(p).ok_or(Stepped(1))?;
-            let cur = &self.cursors[p];
-            let depth = cur.frames.len() - 1;
-            extends |= s.level < depth
-                || super::list_at(&self.progs[p].body, &cur.frames, depth).len() > 1;
-            // It covers any window up to its alike iterations: the rest of this one, whole
-            // ones, and the start of the next.
-            w = w.min(
-                s.rest
-                    .saturating_add(u64::from(s.alike).saturating_mul(s.iter_len)),
-            );
-            shapes.push(Some(s));
+            let root = &self.progs[p].body;
+            let mut probe = self.cursors[p];
+            let s = shape(root, &mut probe).ok_or(Stepped(1))?;
+            let depth = probe.frames.len() - 1;
+            extends |= s.level < depth || super::list_at(root, &probe.frames, depth).len() > 1;
+            // Each loop covers any window up to its alike iterations: the rest of this one,
+            // whole ones, and the start of the next; then the next loop the cursor reaches.
+            let mut reach = s.reach();
+            skip(root, &mut probe, &s);
+            for _ in 1..max_blocks {
+                if reach >= w {
+                    break;
+                }
+                let Some(t) = shape(root, &mut probe) else {
+                    break;
+                };
+                reach = reach.saturating_add(t.reach());
+                skip(root, &mut probe, &t);
+            }
+            w = w.min(reach);
         }
         if !extends || w < 2 {
             return Err(Stepped(1));
         }
         let mut wins: Vec<Option<PeWindow>> = Vec::with_capacity(n);
-        for (p, s) in shapes.into_iter().enumerate() {
-            let Some(s) = s else {
+        for p in 0..n {
+            if self.cursors[p].done {
                 wins.push(None);
                 continue;
-            };
+            }
             // A stretch that breaks a rule (often for the whole loop): not again in this window.
-            let win = self.pe_window(p, &s, w).ok_or(Stepped(w))?;
+            let win = self.pe_window(p, w, max_blocks).ok_or(Stepped(w))?;
             wins.push(Some(win));
         }
         // What a PE's predecessor sends in the window never meets what the PE touches in it.
@@ -462,12 +586,14 @@ impl LoopMachine<F32Domain> {
                 }
             };
             let mut out = Vec::new();
-            for s in win.head.iter().chain(&win.tail) {
-                one(s, &[0; 7], 1, &mut out);
-            }
-            if win.iters > 0 {
-                for (s, shift) in &win.body {
-                    one(s, shift, i64::from(win.iters), &mut out);
+            for b in &win.blocks {
+                for s in b.head.iter().chain(&b.tail) {
+                    one(s, &[0; 7], 1, &mut out);
+                }
+                if b.iters > 0 {
+                    for (s, shift) in &b.body {
+                        one(s, shift, i64::from(b.iters), &mut out);
+                    }
                 }
             }
             out
@@ -479,31 +605,12 @@ impl LoopMachine<F32Domain> {
         Ok((w as u32, wins))
     }
 
-    /// PE `p`'s part of a window of `w` cycles, checked; `None` if a stretch breaks a rule.
-    fn pe_window(&mut self, p: usize, s: &Shape, w: u64) -> Option<PeWindow> {
+    /// PE `p`'s part of a window of `w` cycles, loop after loop, checked; `None` if a stretch
+    /// breaks a rule.
+    fn pe_window(&mut self, p: usize, w: u64, max_blocks: usize) -> Option<PeWindow> {
         let n = self.progs.len();
         let next = if p + 1 == n { 0 } else { p + 1 };
         let root = &self.progs[p].body;
-        let head_len = s.rest.min(w);
-        let iters = ((w - head_len) / s.iter_len).min(u64::from(s.alike)) as u32;
-        let tail_len = w - head_len - u64::from(iters) * s.iter_len;
-        let mut probe = self.cursors[p];
-        let collect = |probe: &mut Cursor, limit: u64| {
-            let mut out = Vec::new();
-            probe.walk(root, s.level, limit, |b, idx, len, inner| {
-                out.push((b, *idx, len, inner));
-                true
-            });
-            out
-        };
-        let head = collect(&mut probe, head_len);
-        let mut body = Vec::new();
-        if iters > 0 {
-            body = collect(&mut probe, s.iter_len);
-            probe.finish_through(root, s.level, s.first + iters - 1);
-        }
-        let tail = collect(&mut probe, tail_len);
-        let own = (s.level - 1) as u8;
         let mems = self.m.mems();
         let mut at = PeMem {
             mem: &mems[p],
@@ -511,74 +618,78 @@ impl LoopMachine<F32Domain> {
             init: &mut self.init[p],
             fresh: &[],
         };
-        let mut flat = |v: Vec<(&LBundle, [u32; MAX_LOOP_DEPTH], u32, Option<u8>)>| {
-            v.into_iter()
-                .map(|(b, idx, len, inner)| {
-                    let plan = plan_of(b, &idx, inner);
-                    stretch_ok(&plan, i64::from(len), &[0; 7], 1, &mut at)
-                        .then_some(Segment { plan, len })
-                })
-                .collect::<Option<Vec<_>>>()
-        };
-        let head = flat(head)?;
-        let tail = flat(tail)?;
-        let mut moved = Vec::with_capacity(body.len());
-        for (b, idx, len, inner) in body {
-            let mut plan = plan_of(b, &idx, inner);
-            let mut shift = [0i64; 7];
-            for (k, f) in Field::ALL.into_iter().enumerate() {
-                shift[k] = term_stride(b, f, own);
-            }
-            // A running sum stays in one word only if its source and destination move alike.
-            plan.register &= shift[3] == shift[4];
-            if !stretch_ok(&plan, i64::from(len), &shift, i64::from(iters), &mut at) {
+        let mut probe = self.cursors[p];
+        let mut blocks = Vec::new();
+        let mut left = w;
+        while left > 0 {
+            if blocks.len() == max_blocks {
                 return None;
             }
-            moved.push((Segment { plan, len }, shift));
+            let s = shape(root, &mut probe)?;
+            let span = s.reach().min(left);
+            if span == 0 {
+                return None;
+            }
+            blocks.push(block(root, &mut probe, &s, span, &mut at)?);
+            left -= span;
         }
-        let free = iters >= 2
-            && match moved.as_slice() {
-                [(seg, shift)] => independent_dots(seg, shift, i64::from(iters)),
-                _ => false,
-            };
-        Some(PeWindow {
-            head,
-            body: moved,
-            iters,
-            free,
-            tail,
-            end: probe,
-        })
+        Some(PeWindow { blocks, end: probe })
     }
 
     pub(super) fn exec_nest(&mut self, w: u32, wins: &[Option<PeWindow>]) {
-        let n = wins.len();
-        let next = |p: usize| if p + 1 == n { 0 } else { p + 1 };
-        let moved = |s: &Segment, shift: &[i64; 7], r: i64| {
-            let mut plan = s.plan;
-            for (pr, d) in plan.progs.iter_mut().zip(shift) {
-                if let Some(pr) = pr {
-                    pr.addr += d * r;
-                }
-            }
-            plan
-        };
-        let mems = self.m.mems_mut();
-        // The planner made the PEs independent within the window, so any interleaving of them
-        // that keeps each PE's own order gives the cycle-by-cycle result: heads, then the
-        // whole iterations, then the tails.
+        // Round `j` runs every PE's `j`-th loop, which keeps each PE's own order.
+        let rounds = wins
+            .iter()
+            .flatten()
+            .map(|win| win.blocks.len())
+            .max()
+            .unwrap_or(0);
+        for j in 0..rounds {
+            let blocks: Vec<Option<&Block>> = wins
+                .iter()
+                .map(|win| win.as_ref().and_then(|win| win.blocks.get(j)))
+                .collect();
+            self.exec_blocks(&blocks);
+        }
         for (p, win) in wins.iter().enumerate() {
             let Some(win) = win else { continue };
-            for s in &win.head {
-                run_plan(mems, p, next(p), &s.plan, i64::from(s.len));
+            let st = &mut self.stats[p];
+            for b in &win.blocks {
+                let mut add = |s: &Segment, times: u64| {
+                    count_times(st, &s.plan.bundle, u64::from(s.len) * times);
+                };
+                for s in b.head.iter().chain(&b.tail) {
+                    add(s, 1);
+                }
+                for (s, _) in &b.body {
+                    add(s, u64::from(b.iters));
+                }
             }
+            self.cursors[p] = win.end;
         }
+        if rounds > 1 {
+            self.nest_through += u64::from(w);
+        }
+        self.m.advance(u64::from(w));
+        self.bulk += u64::from(w);
+        self.nest += u64::from(w);
+    }
+
+    /// Runs one loop's part of the window on every PE that has one.
+    fn exec_blocks(&mut self, wins: &[Option<&Block>]) {
+        let n = wins.len();
+        let next = |p: usize| if p + 1 == n { 0 } else { p + 1 };
+        // The planner made the PEs independent within the window, so any interleaving of them
+        // that keeps each PE's own order gives the cycle-by-cycle result: heads, then the
+        // whole iterations, then the tails, each in rounds (round `t` runs every PE's `t`-th
+        // stretch) so that the PEs' dot products go side by side.
+        self.rounds(wins, |b, t| b.head.get(t).map(|s| s.plan_len()));
         // A PE whose iterations are independent dot products hands every iteration's chain
         // to one pool, run interleaved across PEs and iterations alike.
         let mut chains = std::mem::take(&mut self.chains);
         chains.clear();
         for (p, win) in wins.iter().enumerate() {
-            let Some(win) = win.as_ref().filter(|w| w.free) else {
+            let Some(win) = win.filter(|w| w.free) else {
                 continue;
             };
             let (s, shift) = &win.body[0];
@@ -588,76 +699,81 @@ impl LoopMachine<F32Domain> {
                 }
             }
         }
-        self.interleaved += run_chains(mems, &chains);
-        self.chains = chains;
         let mems = self.m.mems_mut();
-        // Where every other PE runs the same iterations of stretches of the same lengths (one
-        // program on every PE), stretch k of iteration r runs on all of them before stretch
-        // k + 1, so their dot products interleave.
-        let busy: Vec<(usize, &PeWindow)> = wins
-            .iter()
-            .enumerate()
-            .filter_map(|(p, w)| {
-                w.as_ref()
-                    .filter(|w| w.iters > 0 && !w.free)
-                    .map(|w| (p, w))
-            })
-            .collect();
-        let alike = busy.windows(2).all(|x| {
-            let (a, b) = (x[0].1, x[1].1);
-            a.iters == b.iters
-                && a.body.len() == b.body.len()
-                && a.body.iter().zip(&b.body).all(|(s, t)| s.0.len == t.0.len)
-        });
-        if alike && busy.len() > 1 {
-            let (iters, stretches) = (busy[0].1.iters, busy[0].1.body.len());
-            let mut dots = Vec::with_capacity(busy.len());
-            for r in 0..i64::from(iters) {
-                for k in 0..stretches {
-                    dots.clear();
-                    let len = busy[0].1.body[k].0.len;
-                    for &(p, win) in &busy {
-                        let (s, shift) = &win.body[k];
-                        let plan = moved(s, shift, r);
-                        match dot_of(&plan) {
-                            Some(d) => dots.push((p, next(p), d, len)),
-                            None => run_plan(mems, p, next(p), &plan, i64::from(len)),
+        // The planner refused any window whose sends meet their receivers.
+        self.interleaved += run_chains(mems, &mut Sink::direct(), &chains);
+        self.chains = chains;
+        // A PE whose iterations hold no dot product gains nothing from the rounds (their
+        // bookkeeping is most of the cost of its one-cycle stretches): it runs on its own.
+        let mems = self.m.mems_mut();
+        let mut direct = Sink::direct();
+        for (p, win) in wins.iter().enumerate() {
+            let Some(win) = win.filter(|w| !w.free && !w.dots) else {
+                continue;
+            };
+            for r in 0..i64::from(win.iters) {
+                for (s, shift) in &win.body {
+                    let mut plan = s.plan;
+                    for (pr, d) in plan.progs.iter_mut().zip(shift) {
+                        if let Some(pr) = pr {
+                            pr.addr += d * r;
                         }
                     }
-                    self.interleaved += run_chains(mems, &dots);
-                }
-            }
-        } else {
-            for &(p, win) in &busy {
-                for r in 0..i64::from(win.iters) {
-                    for (s, shift) in &win.body {
-                        run_plan(mems, p, next(p), &moved(s, shift, r), i64::from(s.len));
-                    }
+                    run_plan(mems, &mut direct, p, next(p), &plan, i64::from(s.len));
                 }
             }
         }
-        for (p, win) in wins.iter().enumerate() {
-            let Some(win) = win else { continue };
-            for s in &win.tail {
-                run_plan(mems, p, next(p), &s.plan, i64::from(s.len));
+        self.rounds(wins, |b, t| {
+            let k = b.body.len();
+            if b.free || !b.dots || k == 0 || t >= k * b.iters as usize {
+                return None;
             }
+            let (s, shift) = &b.body[t % k];
+            let mut plan = s.plan;
+            let r = (t / k) as i64;
+            for (pr, d) in plan.progs.iter_mut().zip(shift) {
+                if let Some(pr) = pr {
+                    pr.addr += d * r;
+                }
+            }
+            Some((plan, s.len))
+        });
+        self.rounds(wins, |b, t| b.tail.get(t).map(|s| s.plan_len()));
+    }
+
+    /// Runs `at(block, t)` of every PE's block for `t = 0, 1, …` until none has one, round by
+    /// round: a round's dot products side by side (they belong to different PEs), the rest
+    /// one after another.
+    fn rounds(
+        &mut self,
+        wins: &[Option<&Block>],
+        at: impl Fn(&Block, usize) -> Option<(Plan, u32)>,
+    ) {
+        let n = wins.len();
+        let mut chains = std::mem::take(&mut self.chains);
+        let mems = self.m.mems_mut();
+        let mut direct = Sink::direct();
+        for t in 0.. {
+            chains.clear();
+            let mut any = false;
+            for (p, win) in wins.iter().enumerate() {
+                let Some((plan, len)) = win.and_then(|b| at(b, t)) else {
+                    continue;
+                };
+                any = true;
+                let next = if p + 1 == n { 0 } else { p + 1 };
+                match dot_of(&plan) {
+                    Some(d) => chains.push((p, next, d, len)),
+                    None => run_plan(mems, &mut direct, p, next, &plan, i64::from(len)),
+                }
+            }
+            if !any {
+                break;
+            }
+            // Chains of one length go side by side.
+            chains.sort_by_key(|c| c.3);
+            self.interleaved += run_chains(mems, &mut direct, &chains);
         }
-        for (p, win) in wins.iter().enumerate() {
-            let Some(win) = win else { continue };
-            let st = &mut self.stats[p];
-            let mut add = |s: &Segment, times: u64| {
-                count_times(st, &s.plan.bundle, u64::from(s.len) * times);
-            };
-            for s in win.head.iter().chain(&win.tail) {
-                add(s, 1);
-            }
-            for (s, _) in &win.body {
-                add(s, u64::from(win.iters));
-            }
-            self.cursors[p] = win.end;
-        }
-        self.m.advance(u64::from(w));
-        self.bulk += u64::from(w);
-        self.nest += u64::from(w);
+        self.chains = chains;
     }
 }
