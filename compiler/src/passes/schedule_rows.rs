@@ -117,13 +117,20 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
     // With q = k and no mask, and idle PEs, a mirrored score may have to go round through all of
     // them; computing each pair on the holder behind the other avoids that at the cost of
     // balance, so small layers try both.
-    let mirrors: &[bool] = if p.symmetric && !p.causal && few && !mirror {
-        &[false, true]
+    let mirrors: &[Pairing] = if !p.symmetric || p.causal || mirror {
+        &[Pairing::Parity]
+    } else if few {
+        &[Pairing::Parity, Pairing::Near]
+    } else if timed_tried(p, pes) {
+        &[Pairing::Parity, Pairing::Timed]
     } else {
-        &[false]
+        &[Pairing::Parity]
     };
     for active in counts {
-        for &near_mirror in mirrors.iter().filter(|&&nm| !nm || active < pes) {
+        for &pairing in mirrors
+            .iter()
+            .filter(|&&pr| pr != Pairing::Near || active < pes)
+        {
             // Small layers start with the shortest trips and try rows' own first PEs only if
             // that moved any k/v row. Large layers start with rows' own first PEs, and try the
             // shortest trips only where the busiest link forwards more than half as many words
@@ -135,7 +142,7 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
                     .as_ref()
                     .map_or(usize::MAX, |b| b.cycles().saturating_sub(1));
                 let (s, moved, busiest) =
-                    run_on(p, pes, active, spread_homes, near_mirror, mirror, limit)?;
+                    run_on(p, pes, active, spread_homes, pairing, mirror, limit)?;
                 if let Some(s) = s {
                     if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
                         best = Some(s);
@@ -239,20 +246,43 @@ fn cut(p: &Problem, active: u32) -> Vec<RowPlan> {
 /// where the part is, and under a safe softmax each part reduces its own scores (`cols − 1`
 /// maxima) and all but the first take in the previous part's maximum. Its `d` products are
 /// computed there too, except with q = k without a mask, where the pair `{a, b}` is computed by
-/// one of its two holders only ([`pair_computed_by`]). Only where that cut and that pairing are
-/// the ones run: on the whole ring (at least [`SUBSET_SCORES`] scores per PE, where the nearer
-/// holder is never tried instead); elsewhere the lower bound.
+/// one of its two holders only ([`pair_computed_by`]; where the whole ring also pairs by start
+/// times, [`timed_pairs`], the smaller of the two busiest counts, since the faster run is kept).
+/// Only where that cut and those pairings are the ones run: on the whole ring (at least
+/// [`SUBSET_SCORES`] scores per PE, where the nearer holder is never tried instead); elsewhere
+/// the lower bound.
 pub fn floor(p: &Problem, pes: u32) -> u64 {
     let lb = p.lower_bound(pes);
     let scores = u64::from(p.heads) * (0..p.tokens).map(|a| u64::from(columns(p, a))).sum::<u64>();
     if pes == 0 || scores < SUBSET_SCORES * u64::from(pes) {
         return lb;
     }
+    let plans = cut(p, pes);
+    let parity = busiest(p, pes, &plans, None);
+    // The whole ring may also pair by start times, and the faster run is kept: its busiest PE
+    // may have fewer operations.
+    let busiest = if timed_tried(p, pes) {
+        let by = timed_pairs(p, &plans, pes);
+        parity.min(busiest(p, pes, &plans, Some(&by)))
+    } else {
+        parity
+    };
+    busiest.max(lb)
+}
+
+/// The operations of the busiest PE under the cut `plans`; with q = k without a mask, each pair
+/// computed by the holder [`timed_pairs`] says (`by`) or else by [`pair_computed_by`].
+fn busiest(
+    p: &Problem,
+    pes: u32,
+    plans: &[RowPlan],
+    by: Option<&HashMap<(u32, u32, u32), bool>>,
+) -> u64 {
     let d = u64::from(p.dim);
     let paired = p.symmetric && !p.causal;
     let mut ops = vec![0u64; pes as usize];
-    for (row, rp) in cut(p, pes).iter().enumerate() {
-        let a = row as u32 % p.tokens;
+    for (row, rp) in plans.iter().enumerate() {
+        let (h, a) = (row as u32 / p.tokens, row as u32 % p.tokens);
         for (i, part) in rp.parts.iter().enumerate() {
             let cols = part.cols.len() as u64;
             let maxima = if p.safe() {
@@ -263,7 +293,12 @@ pub fn floor(p: &Problem, pes: u32) -> u64 {
             let products = if paired {
                 part.cols
                     .iter()
-                    .filter(|&&c| pair_computed_by(a, c))
+                    .filter(
+                        |&&c| match by.and_then(|by| by.get(&(h, a.min(c), a.max(c)))) {
+                            Some(&first) => first == (a < c),
+                            None => pair_computed_by(a, c),
+                        },
+                    )
                     .count() as u64
             } else {
                 cols
@@ -271,7 +306,7 @@ pub fn floor(p: &Problem, pes: u32) -> u64 {
             ops[part.pe as usize] += (d + 2) * cols + d * products + maxima;
         }
     }
-    ops.into_iter().max().unwrap_or(0).max(lb)
+    ops.into_iter().max().unwrap_or(0)
 }
 
 /// With q = k and no mask, whether the holder of score `(a, col)` computes the pair `{a, col}`
@@ -287,6 +322,99 @@ fn pair_computed_by(a: u32, col: u32) -> bool {
     }
 }
 
+/// With q = k and no mask, which of a pair's two holders computes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pairing {
+    /// Alternately by the parity of `a + b` ([`pair_computed_by`]): every PE computes half of
+    /// the pairs it shares with each other PE.
+    Parity,
+    /// The holder from which the other is fewer hops ahead.
+    Near,
+    /// The holder that would otherwise finish first, counting when its own rows reach it
+    /// ([`timed_pairs`]).
+    Timed,
+}
+
+/// Whether the whole ring also tries [`Pairing::Timed`]: q = k without a mask, with several
+/// heads (so each covers part of the ring) on a ring of at least [`TIMED_PES`] PEs. There each head's rows
+/// stream from its first PE, so the last PEs of a head get their own rows (on which all their
+/// products wait) a whole head's rows after the first, and a mirrored score sent back to an
+/// earlier PE of the head goes round the ring.
+fn timed_tried(p: &Problem, pes: u32) -> bool {
+    p.symmetric && !p.causal && pes >= TIMED_PES && p.heads >= 2
+}
+
+/// Rings from this many PEs try [`Pairing::Timed`].
+const TIMED_PES: u32 = 32;
+
+/// Which holder computes each pair `{a, b}` (`a < b`) of a q = k layer whose holders differ,
+/// keyed `(head, a, b)`: `true` for the holder of `(a, b)`. Each PE is given a start, the cycle
+/// its first own row is estimated to arrive (a head's rows streamed from its first PE in row
+/// order, `d` words a row, one hop a cycle), and its operations other than the pairs' products;
+/// the pairs, nearest in row index first, each go to the holder whose start plus work so far is
+/// smaller (on a tie the one behind, whose score then travels forward). A PE whose rows arrive
+/// late so computes fewer products. Pairs are taken by decreasing distance in row index: those
+/// of far-apart rows, held by a head's first and last PEs, are settled while the late PEs' starts
+/// still weigh; the near ones, which neighbours can trade, even out what is left (32 tokens,
+/// d = 64, 4 heads on 64 PEs: 7870 cycles by increasing distance, 7432 by decreasing).
+fn timed_pairs(p: &Problem, plans: &[RowPlan], m: u32) -> HashMap<(u32, u32, u32), bool> {
+    let (n, d) = (p.tokens, u64::from(p.dim));
+    let mut start: Vec<Option<u64>> = vec![None; m as usize];
+    let mut load: Vec<u64> = vec![0; m as usize];
+    let mut holder: HashMap<(u32, u32, u32), u32> = HashMap::default();
+    for (row, rp) in plans.iter().enumerate() {
+        let (h, a) = (row as u32 / n.max(1), row as u32 % n.max(1));
+        let src = plans[(h * n) as usize].first();
+        for (i, part) in rp.parts.iter().enumerate() {
+            let hops = u64::from((part.pe + m - src) % m);
+            let at = if hops == 0 {
+                0
+            } else {
+                (u64::from(a) + 1) * d + hops
+            };
+            let s = &mut start[part.pe as usize];
+            *s = Some(s.map_or(at, |old| old.min(at)));
+            let cols = part.cols.len() as u64;
+            let maxima = if p.safe() {
+                (cols - 1) + u64::from(i > 0)
+            } else {
+                0
+            };
+            load[part.pe as usize] += (d + 2) * cols + maxima;
+            holder.extend(part.cols.iter().map(|&c| ((h, a, c), part.pe)));
+        }
+    }
+    for (l, s) in load.iter_mut().zip(&start) {
+        *l += s.unwrap_or(0);
+    }
+    let mut by: HashMap<(u32, u32, u32), bool> = HashMap::default();
+    for h in 0..p.heads {
+        for gap in (0..n).rev() {
+            for a in 0..n - gap {
+                let b = a + gap;
+                let (Some(&i), Some(&j)) = (holder.get(&(h, a, b)), holder.get(&(h, b, a))) else {
+                    continue;
+                };
+                if i == j {
+                    // Both scores on one PE: one product there, whichever computes it.
+                    load[i as usize] += d;
+                    continue;
+                }
+                let ahead = (j + m - i) % m <= (i + m - j) % m;
+                let first = match load[i as usize].cmp(&load[j as usize]) {
+                    std::cmp::Ordering::Less => true,
+                    std::cmp::Ordering::Greater => false,
+                    std::cmp::Ordering::Equal => ahead,
+                };
+                let pe = if first { i } else { j };
+                load[pe as usize] += d;
+                by.insert((h, a, b), first);
+            }
+        }
+    }
+    by
+}
+
 /// The dataflow with the scores shared among PEs `0..active`; k/v rows preloaded where their trip
 /// is shortest (`spread_homes`) or on their own rows' first PEs; with q = k, each pair computed
 /// by the holder nearer behind the other (`near_mirror`) or alternately. Also says whether
@@ -297,7 +425,7 @@ fn run_on(
     pes: u32,
     active: u32,
     spread_homes: bool,
-    near_mirror: bool,
+    pairing: Pairing,
     mirror: bool,
     limit: usize,
 ) -> Result<(Option<RingSchedule>, bool, usize), Vec<ScheduleError>> {
@@ -306,6 +434,7 @@ fn run_on(
 
     let plans = cut(p, active);
     let plan = |h: u32, a: u32| &plans[(h * n + a) as usize];
+    let timed = (pairing == Pairing::Timed).then(|| timed_pairs(p, &plans, m));
 
     let mut b = Builder::new(NAME, pes);
     let mut moved = false;
@@ -433,7 +562,12 @@ fn run_on(
             if !p.symmetric || p.causal || a == col || mirror {
                 return true;
             }
-            if near_mirror {
+            if let Some(by) = &timed {
+                if let Some(&first) = by.get(&(h, a.min(col), a.max(col))) {
+                    return first == (a < col);
+                }
+            }
+            if pairing == Pairing::Near {
                 // The holder from which the other is fewer hops ahead computes: on a ring with
                 // idle PEs the other way round can cross all of them.
                 let (from, to) = (unit_pe[&(a, col)], unit_pe[&(col, a)]);
