@@ -330,6 +330,7 @@ fn rows_pairing_by_start_times_beats_parity_on_large_rings() {
         (32u32, 8u32, 4u32, 64u32, 1931u64),
         (16, 8, 4, 64, 542),
         (16, 8, 2, 32, 430),
+        (32, 8, 2, 32, 1451),
     ] {
         let what = format!("n={n} d={d} heads={heads} m={m} shared");
         let c = compile_src(
