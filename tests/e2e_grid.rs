@@ -318,6 +318,43 @@ fn multi_head_interleaving_never_costs_more_and_sometimes_less() {
     assert!(strictly_less > 0, "interleaving heads never helped");
 }
 
+/// q = k = v with several heads on a large ring: each head's rows stream from its first PE, so
+/// the row dataflow also tries giving each pair to the holder that would otherwise finish first
+/// (counting when its own rows arrive). The cycles before that pairing existed are measured
+/// constants, not derived from the code under test; the programs must still be proved and match
+/// the reference.
+#[test]
+fn rows_pairing_by_start_times_beats_parity_on_large_rings() {
+    // (tokens, dim, heads, PEs, cycles with the parity pairing alone)
+    for (n, d, heads, m, before) in [
+        (32u32, 8u32, 4u32, 64u32, 1931u64),
+        (16, 8, 4, 64, 542),
+        (16, 8, 2, 32, 430),
+        (32, 8, 2, 32, 1451),
+    ] {
+        let what = format!("n={n} d={d} heads={heads} m={m} shared");
+        let c = compile_src(
+            &layer_src(n, d, heads, true, false),
+            m,
+            Choice::Named("rows"),
+        );
+        assert_eq!(c.manifest.schedule, "schedule-rows", "{what}");
+        let r = run_emitted(&c, u64::from(n * 100 + d * 10 + m));
+        assert!(
+            r.max_abs_err <= TOL,
+            "{what}: max_abs_err {}",
+            r.max_abs_err
+        );
+        assert_proved_work(&c, &r, &what);
+        assert_eq!(r.cycles, c.manifest.cycles, "{what}");
+        assert!(
+            r.cycles < before,
+            "{what}: {} cycles, not below the parity pairing's {before}",
+            r.cycles
+        );
+    }
+}
+
 /// Whether `--schedule` may force `choice` on this layer and ring, restated from the schedulers'
 /// documented requirements rather than asked of the compiler: the pair schedules and the
 /// baseline need the ring to divide tokens and dim, the symmetric one `qkv = shared` without a

@@ -65,3 +65,26 @@ fn floor_is_the_busiest_pes_work_and_never_above_the_schedule() {
         "only {paired_counted} of {paired} q = k layers without a mask had a floor above the bound"
     );
 }
+
+/// Where the whole ring also pairs by start times (q = k, several heads, 32 PEs or more), the
+/// floor is the smallest of the pairings' busiest PEs: still never above the schedule kept.
+#[test]
+fn floor_never_above_the_schedule_where_pairs_go_by_start_times() {
+    for (n, d, h, m) in [
+        (32, 8, 4, 64),
+        (16, 8, 4, 64),
+        (32, 8, 2, 32),
+        (32, 64, 4, 64),
+    ] {
+        let p = problem(n, d, h, true, false, Softmax::Safe);
+        let what = format!("{p:?} on {m} PEs");
+        let floor = schedule_rows::floor(&p, m);
+        let s = schedule_rows::run(&p, m).expect(&what);
+        assert!(floor >= p.lower_bound(m), "{what}: floor below the bound");
+        assert!(
+            floor <= s.cycles() as u64,
+            "{what}: floor {floor} above the schedule's {} cycles",
+            s.cycles()
+        );
+    }
+}

@@ -15,7 +15,9 @@
 //! the link carries each input row at most once per hop, which hides behind compute when the rows
 //! per PE are many (n ≥ m). It takes every layer; on q = k = v without a mask it computes each
 //! distinct score once (the pair `{a, b}` by one of its two holders, alternating by the parity
-//! of `a + b`, and sent on to the other), so it never does unnecessary work.
+//! of `a + b`, and sent on to the other; with several heads on a large ring also by the holder,
+//! or with q = k = v any PE before both, that would otherwise finish first, see
+//! [`assign_pairs`]), so it never does unnecessary work.
 
 use crate::flow::{self, Flow, Task};
 use crate::ir::Tensor;
@@ -117,25 +119,42 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
     // With q = k and no mask, and idle PEs, a mirrored score may have to go round through all of
     // them; computing each pair on the holder behind the other avoids that at the cost of
     // balance, so small layers try both.
-    let mirrors: &[bool] = if p.symmetric && !p.causal && few && !mirror {
-        &[false, true]
+    let mirrors: &[Pairing] = if !p.symmetric || p.causal || mirror {
+        &[Pairing::Parity]
+    } else if few {
+        &[Pairing::Parity, Pairing::Near]
+    } else if timed_tried(p, pes) && p.shared_values {
+        // The relayed pairing first: where it is the fastest, the others stop early.
+        &[Pairing::Relayed, Pairing::Timed, Pairing::Parity]
+    } else if timed_tried(p, pes) {
+        &[Pairing::Parity, Pairing::Timed]
     } else {
-        &[false]
+        &[Pairing::Parity]
     };
     for active in counts {
-        for &near_mirror in mirrors.iter().filter(|&&nm| !nm || active < pes) {
+        for &pairing in mirrors
+            .iter()
+            .filter(|&&pr| pr != Pairing::Near || active < pes)
+        {
             // Small layers start with the shortest trips and try rows' own first PEs only if
             // that moved any k/v row. Large layers start with rows' own first PEs, and try the
             // shortest trips only where the busiest link forwards more than half as many words
             // as a PE has operations (then the links, not the PEs, set the pace).
-            let order = if few { [true, false] } else { [false, true] };
-            for (i, spread_homes) in order.into_iter().enumerate() {
+            // The relayed pairing needs each head's rows streamed from one PE.
+            let order: &[bool] = if pairing == Pairing::Relayed {
+                &[true]
+            } else if few {
+                &[true, false]
+            } else {
+                &[false, true]
+            };
+            for (i, &spread_homes) in order.iter().enumerate() {
                 // A run that cannot beat the best so far is abandoned as soon as that is sure.
                 let limit = best
                     .as_ref()
                     .map_or(usize::MAX, |b| b.cycles().saturating_sub(1));
                 let (s, moved, busiest) =
-                    run_on(p, pes, active, spread_homes, near_mirror, mirror, limit)?;
+                    run_on(p, pes, active, spread_homes, pairing, mirror, limit)?;
                 if let Some(s) = s {
                     if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
                         best = Some(s);
@@ -146,7 +165,7 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
                 } else {
                     2 * busiest as u64 > p.necessary_ops() / u64::from(pes.max(1))
                 };
-                if i > 0 || !again {
+                if i > 0 || !again || order.len() == 1 {
                     break;
                 }
             }
@@ -239,20 +258,48 @@ fn cut(p: &Problem, active: u32) -> Vec<RowPlan> {
 /// where the part is, and under a safe softmax each part reduces its own scores (`cols − 1`
 /// maxima) and all but the first take in the previous part's maximum. Its `d` products are
 /// computed there too, except with q = k without a mask, where the pair `{a, b}` is computed by
-/// one of its two holders only ([`pair_computed_by`]). Only where that cut and that pairing are
-/// the ones run: on the whole ring (at least [`SUBSET_SCORES`] scores per PE, where the nearer
-/// holder is never tried instead); elsewhere the lower bound.
+/// one of its two holders only ([`pair_computed_by`]; where the whole ring also pairs by start
+/// times, [`timed_pairs`], the smaller of the two busiest counts, since the faster run is kept).
+/// Only where that cut and those pairings are the ones run: on the whole ring (at least
+/// [`SUBSET_SCORES`] scores per PE, where the nearer holder is never tried instead); elsewhere
+/// the lower bound.
 pub fn floor(p: &Problem, pes: u32) -> u64 {
     let lb = p.lower_bound(pes);
     let scores = u64::from(p.heads) * (0..p.tokens).map(|a| u64::from(columns(p, a))).sum::<u64>();
     if pes == 0 || scores < SUBSET_SCORES * u64::from(pes) {
         return lb;
     }
+    let plans = cut(p, pes);
+    let parity = busiest(p, pes, &plans, None);
+    // The whole ring may also pair by start times, and the faster run is kept: its busiest PE
+    // may have fewer operations.
+    let busiest = if timed_tried(p, pes) {
+        let timed = busiest(p, pes, &plans, Some(&assign_pairs(p, &plans, pes, false)));
+        let relayed = if p.shared_values {
+            busiest(p, pes, &plans, Some(&assign_pairs(p, &plans, pes, true)))
+        } else {
+            timed
+        };
+        parity.min(timed).min(relayed)
+    } else {
+        parity
+    };
+    busiest.max(lb)
+}
+
+/// The operations of the busiest PE under the cut `plans`; with q = k without a mask, each pair
+/// computed by the PE [`assign_pairs`] says (`by`) or else by [`pair_computed_by`]'s holder.
+fn busiest(
+    p: &Problem,
+    pes: u32,
+    plans: &[RowPlan],
+    by: Option<&HashMap<(u32, u32, u32), u32>>,
+) -> u64 {
     let d = u64::from(p.dim);
     let paired = p.symmetric && !p.causal;
     let mut ops = vec![0u64; pes as usize];
-    for (row, rp) in cut(p, pes).iter().enumerate() {
-        let a = row as u32 % p.tokens;
+    for (row, rp) in plans.iter().enumerate() {
+        let (h, a) = (row as u32 / p.tokens, row as u32 % p.tokens);
         for (i, part) in rp.parts.iter().enumerate() {
             let cols = part.cols.len() as u64;
             let maxima = if p.safe() {
@@ -263,7 +310,10 @@ pub fn floor(p: &Problem, pes: u32) -> u64 {
             let products = if paired {
                 part.cols
                     .iter()
-                    .filter(|&&c| pair_computed_by(a, c))
+                    .filter(|&&c| {
+                        let key = (h, a.min(c), a.max(c));
+                        by.is_none_or(|by| !by.contains_key(&key)) && pair_computed_by(a, c)
+                    })
                     .count() as u64
             } else {
                 cols
@@ -271,7 +321,12 @@ pub fn floor(p: &Problem, pes: u32) -> u64 {
             ops[part.pe as usize] += (d + 2) * cols + d * products + maxima;
         }
     }
-    ops.into_iter().max().unwrap_or(0).max(lb)
+    if paired {
+        for &pe in by.into_iter().flat_map(|by| by.values()) {
+            ops[pe as usize] += d;
+        }
+    }
+    ops.into_iter().max().unwrap_or(0)
 }
 
 /// With q = k and no mask, whether the holder of score `(a, col)` computes the pair `{a, col}`
@@ -287,9 +342,141 @@ fn pair_computed_by(a: u32, col: u32) -> bool {
     }
 }
 
+/// With q = k and no mask, which of a pair's two holders computes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pairing {
+    /// Alternately by the parity of `a + b` ([`pair_computed_by`]): every PE computes half of
+    /// the pairs it shares with each other PE.
+    Parity,
+    /// The holder from which the other is fewer hops ahead.
+    Near,
+    /// The holder that would otherwise finish first, counting when its own rows reach it
+    /// ([`assign_pairs`]).
+    Timed,
+    /// With q = k = v, any PE of the head at or before both holders (every row of the head
+    /// passes it): the one that would otherwise finish first ([`assign_pairs`]).
+    Relayed,
+}
+
+/// Whether the whole ring also tries [`Pairing::Timed`] (and with q = k = v
+/// [`Pairing::Relayed`]): q = k without a mask, with several heads (so each covers part of the
+/// ring) on a ring of at least [`TIMED_PES`] PEs. There each head's rows
+/// stream from its first PE, so the last PEs of a head get their own rows (on which all their
+/// products wait) a whole head's rows after the first, and a mirrored score sent back to an
+/// earlier PE of the head goes round the ring.
+fn timed_tried(p: &Problem, pes: u32) -> bool {
+    p.symmetric && !p.causal && pes >= TIMED_PES && p.heads >= 2
+}
+
+/// Rings from this many PEs try [`Pairing::Timed`].
+const TIMED_PES: u32 = 32;
+
+/// Which PE computes each pair `{a, b}` (`a ≤ b`) of a q = k layer, keyed `(head, a, b)`.
+/// Each PE is given a start and its operations other than the pairs' products. A head's rows are
+/// taken to stream from its first PE in the order the dataflow routes them (rows cut between PEs
+/// first), `d` words a row, one hop a cycle. Without `relay` the pairs whose holders differ are
+/// listed, each going to one of its holders, which starts when its first own row arrives (every
+/// product it computes waits for it). With `relay` (q = k = v) every pair is listed and may go to
+/// any PE of the head at or before both holders, since each row of the head passes it on its
+/// way to them; a PE other than the head's first starts once two rows have arrived. The pairs,
+/// farthest apart in row index first, each go to the candidate whose start plus work so far is
+/// smallest (on a tie the one nearest the holders, so the score travels forward). A PE whose
+/// rows arrive late so computes fewer products. Far pairs go first: held by a head's first and
+/// last PEs, they are settled while the late PEs' starts still weigh; the near ones, which
+/// neighbours can trade, even out what is left (32 tokens, d = 64, 4 heads on 64 PEs: 7870
+/// cycles by increasing distance, 7432 by decreasing, holders only).
+fn assign_pairs(
+    p: &Problem,
+    plans: &[RowPlan],
+    m: u32,
+    relay: bool,
+) -> HashMap<(u32, u32, u32), u32> {
+    let (n, d) = (p.tokens, u64::from(p.dim));
+    let dist = |from: u32, to: u32| (to + m - from) % m;
+    // Each row's place in its head's stream.
+    let mut rank: Vec<u64> = vec![0; plans.len()];
+    for h in 0..p.heads {
+        let mut order: Vec<u32> = (0..n).collect();
+        let plan = |r: u32| &plans[(h * n + r) as usize];
+        order.sort_by_key(|&r| plan(r).first() == plan(r).last());
+        for (i, r) in order.into_iter().enumerate() {
+            rank[(h * n + r) as usize] = i as u64;
+        }
+    }
+    let mut start: Vec<Option<u64>> = vec![None; m as usize];
+    let mut load: Vec<u64> = vec![0; m as usize];
+    let mut holder: HashMap<(u32, u32, u32), u32> = HashMap::default();
+    for (row, rp) in plans.iter().enumerate() {
+        let (h, a) = (row as u32 / n.max(1), row as u32 % n.max(1));
+        let src = plans[(h * n) as usize].first();
+        for (i, part) in rp.parts.iter().enumerate() {
+            let hops = u64::from(dist(src, part.pe));
+            let at = if hops == 0 {
+                0
+            } else if relay {
+                2 * d + hops
+            } else {
+                (rank[row] + 1) * d + hops
+            };
+            let s = &mut start[part.pe as usize];
+            *s = Some(s.map_or(at, |old| old.min(at)));
+            let cols = part.cols.len() as u64;
+            let maxima = if p.safe() {
+                (cols - 1) + u64::from(i > 0)
+            } else {
+                0
+            };
+            load[part.pe as usize] += (d + 2) * cols + maxima;
+            holder.extend(part.cols.iter().map(|&c| ((h, a, c), part.pe)));
+        }
+    }
+    for (l, s) in load.iter_mut().zip(&start) {
+        *l += s.unwrap_or(0);
+    }
+    let mut by: HashMap<(u32, u32, u32), u32> = HashMap::default();
+    for h in 0..p.heads {
+        let src = plans[(h * n) as usize].first();
+        for gap in (0..n).rev() {
+            for a in 0..n - gap {
+                let b = a + gap;
+                let (Some(&i), Some(&j)) = (holder.get(&(h, a, b)), holder.get(&(h, b, a))) else {
+                    continue;
+                };
+                let pe = if relay {
+                    // Candidates from the one nearest the holders back to the head's first PE.
+                    let near = if dist(src, i) <= dist(src, j) { i } else { j };
+                    let mut best = near;
+                    for back in 1..=dist(src, near) {
+                        let k = (near + m - back) % m;
+                        if load[k as usize] < load[best as usize] {
+                            best = k;
+                        }
+                    }
+                    best
+                } else if i == j {
+                    // Both scores on one PE: one product there, whichever computes it.
+                    load[i as usize] += d;
+                    continue;
+                } else {
+                    let ahead = dist(i, j) <= dist(j, i);
+                    match load[i as usize].cmp(&load[j as usize]) {
+                        std::cmp::Ordering::Less => i,
+                        std::cmp::Ordering::Greater => j,
+                        std::cmp::Ordering::Equal if ahead => i,
+                        std::cmp::Ordering::Equal => j,
+                    }
+                };
+                load[pe as usize] += d;
+                by.insert((h, a, b), pe);
+            }
+        }
+    }
+    by
+}
+
 /// The dataflow with the scores shared among PEs `0..active`; k/v rows preloaded where their trip
 /// is shortest (`spread_homes`) or on their own rows' first PEs; with q = k, each pair computed
-/// by the holder nearer behind the other (`near_mirror`) or alternately. Also says whether
+/// where `pairing` says. Also says whether
 /// `spread_homes` moved any row, and how many words the busiest link forwards. No schedule if it
 /// would take more than `limit` cycles.
 fn run_on(
@@ -297,7 +484,7 @@ fn run_on(
     pes: u32,
     active: u32,
     spread_homes: bool,
-    near_mirror: bool,
+    pairing: Pairing,
     mirror: bool,
     limit: usize,
 ) -> Result<(Option<RingSchedule>, bool, usize), Vec<ScheduleError>> {
@@ -306,6 +493,9 @@ fn run_on(
 
     let plans = cut(p, active);
     let plan = |h: u32, a: u32| &plans[(h * n + a) as usize];
+    let relay = pairing == Pairing::Relayed;
+    let assigned = matches!(pairing, Pairing::Timed | Pairing::Relayed)
+        .then(|| assign_pairs(p, &plans, m, relay));
 
     let mut b = Builder::new(NAME, pes);
     let mut moved = false;
@@ -420,49 +610,96 @@ fn run_on(
         let arrival = |pe: u32, col: u32| (pe + m - kv_from[col as usize]) % m;
 
         // Phase 1: every score whole on the PE that holds it. With q = k (no mask) each pair
-        // {a, b} is computed once, by the holder of (a, b) or of (b, a) alternately by the
-        // parity of a + b, so every PE computes half of the pairs it shares with each other PE
-        // (balanced work), and the value is sent on to the other holder.
+        // {a, b} is computed once, by default by the holder of (a, b) or of (b, a) alternately
+        // by the parity of a + b, so every PE computes half of the pairs it shares with each
+        // other PE (balanced work), and the value is sent on to the other holder (or holders,
+        // where a relaying PE computes it).
         let mut unit_pe: HashMap<(u32, u32), u32> = HashMap::default();
         for a in 0..n {
             for part in &plan(h, a).parts {
                 unit_pe.extend(part.cols.iter().map(|&c| ((a, c), part.pe)));
             }
         }
-        let computes = |a: u32, col: u32| -> bool {
-            if !p.symmetric || p.causal || a == col || mirror {
-                return true;
+        // The PE computing the score of unit (a, col): with q = k (no mask) the one computing
+        // the pair {a, col}.
+        let paired = p.symmetric && !p.causal && !mirror;
+        let computer = |a: u32, col: u32| -> u32 {
+            let here = unit_pe[&(a, col)];
+            if !paired {
+                return here;
             }
-            if near_mirror {
+            if let Some(&pe) = assigned
+                .as_ref()
+                .and_then(|by| by.get(&(h, a.min(col), a.max(col))))
+            {
+                return pe;
+            }
+            let there = unit_pe[&(col, a)];
+            if a == col || here == there {
+                return here;
+            }
+            if pairing == Pairing::Near {
                 // The holder from which the other is fewer hops ahead computes: on a ring with
                 // idle PEs the other way round can cross all of them.
-                let (from, to) = (unit_pe[&(a, col)], unit_pe[&(col, a)]);
-                let (there, back) = ((to + m - from) % m, (from + m - to) % m);
-                if there != back {
-                    return there < back;
+                let (ahead, back) = ((there + m - here) % m, (here + m - there) % m);
+                if ahead != back {
+                    return if ahead < back { here } else { there };
                 }
             }
-            pair_computed_by(a, col)
+            if pair_computed_by(a, col) {
+                here
+            } else {
+                there
+            }
         };
+        // Each pair's computing PE and the unit it is computed as: its own unit where the PE holds
+        // one (the one `pair_computed_by` names if it holds both), else (a, col) with a ≤ col.
+        let mut made: HashMap<(u32, u32), (u32, (u32, u32))> = HashMap::default();
+        let mut jobs: Vec<Vec<(u32, u32)>> = vec![Vec::new(); m as usize];
+        for a in 0..n {
+            for col in 0..n {
+                let Some(&here) = unit_pe.get(&(a, col)) else {
+                    continue;
+                };
+                if !paired {
+                    jobs[here as usize].push((a, col));
+                    continue;
+                }
+                let key = (a.min(col), a.max(col));
+                if made.contains_key(&key) {
+                    continue;
+                }
+                let pe = computer(a, col);
+                let holds = |u: (u32, u32)| unit_pe.get(&u) == Some(&pe);
+                let (lo, hi) = key;
+                let unit = match (holds((lo, hi)), holds((hi, lo))) {
+                    (true, true) if !pair_computed_by(lo, hi) => (hi, lo),
+                    (true, _) => (lo, hi),
+                    (false, true) => (hi, lo),
+                    (false, false) => (lo, hi),
+                };
+                made.insert(key, (pe, unit));
+                jobs[pe as usize].push(unit);
+            }
+        }
         let mut score: HashMap<(u32, u32), Val> = HashMap::default();
         // Mirrored scores and their route (computing PE, holder), for the safe form's routing.
         let mut mirrored: HashMap<Val, (u32, u32)> = HashMap::default();
         for pe in 0..m {
-            let mut mine: Vec<(u32, u32)> = Vec::new();
-            for a in 0..n {
-                for part in plan(h, a).parts.iter().filter(|pt| pt.pe == pe) {
-                    mine.extend(
-                        part.cols
-                            .iter()
-                            .map(|&c| (a, c))
-                            .filter(|&(a, c)| computes(a, c)),
-                    );
-                }
-            }
+            let mut mine = std::mem::take(&mut jobs[pe as usize]);
             // Within what the arrived rows allow, scores another PE waits for go first.
-            let kept_here =
-                |a: u32, c: u32| !p.symmetric || p.causal || unit_pe.get(&(c, a)) == Some(&pe);
-            mine.sort_by_key(|&(a, c)| (arrival(pe, c), kept_here(a, c), c, a));
+            let kept_here = |a: u32, c: u32| {
+                !p.symmetric
+                    || p.causal
+                    || (unit_pe.get(&(a, c)) == Some(&pe) && unit_pe.get(&(c, a)) == Some(&pe))
+            };
+            if relay {
+                // A relaying PE computes pairs of rows that are not its own: both must arrive.
+                let both = |a: u32, c: u32| arrival(pe, a).max(arrival(pe, c));
+                mine.sort_by_key(|&(a, c)| (both(a, c), kept_here(a, c), a.max(c), a.min(c)));
+            } else {
+                mine.sort_by_key(|&(a, c)| (arrival(pe, c), kept_here(a, c), c, a));
+            }
             for (a, col) in mine {
                 let mut acc = None;
                 for c in 0..d {
@@ -484,17 +721,40 @@ fn run_on(
                 }
             }
         }
+        // Each computed score goes once to the farther of the holders that did not compute it,
+        // passing the nearer on the way.
+        let mut sent: rustc_hash::FxHashSet<(u32, u32)> = Default::default();
         for a in 0..n {
             for col in 0..n {
-                if unit_pe.contains_key(&(a, col)) && !computes(a, col) {
-                    let v = score[&(col, a)];
-                    score.insert((a, col), v);
-                    let (from, to) = (unit_pe[&(col, a)], unit_pe[&(a, col)]);
-                    if from != to {
-                        route(&mut forward, fw_mirror, v, from, to);
-                        mirrored.insert(v, (from, to));
-                    }
+                let Some(&to) = unit_pe.get(&(a, col)) else {
+                    continue;
+                };
+                let key = (a.min(col), a.max(col));
+                let Some(&(from, unit)) = made.get(&key) else {
+                    continue;
+                };
+                let Some(&v) = score.get(&unit) else {
+                    continue;
+                };
+                score.insert((a, col), v);
+                let other = unit_pe.get(&(col, a)).copied().unwrap_or(to);
+                let far = if (other + m - from) % m > (to + m - from) % m {
+                    other
+                } else {
+                    to
+                };
+                if from != to && to == far && sent.insert(key) {
+                    route(&mut forward, fw_mirror, v, from, to);
+                    mirrored.insert(v, (from, to));
                 }
+            }
+        }
+        if relay {
+            // The relaying PEs read every row of the head as it passes: the rows must all come
+            // from one PE, behind every holder.
+            let src = plan(h, 0).first();
+            if kv_from.iter().any(|&f| f != src) {
+                return Ok((None, moved, 0));
             }
         }
 
