@@ -12,7 +12,7 @@ fn problem(n: u32, d: u32, h: u32, shared: bool, causal: bool, softmax: Softmax)
 }
 
 #[test]
-fn floor_is_the_busiest_pes_work_and_never_above_the_schedule() {
+fn floor_is_the_busiest_pes_work_and_never_above_the_schedule() -> Result<(), String> {
     let mut counted = 0;
     let mut layers = 0;
     // q = k without a mask: the count follows which holder computes each pair.
@@ -31,7 +31,7 @@ fn floor_is_the_busiest_pes_work_and_never_above_the_schedule() {
                     let p = problem(n, d, h, shared, causal, softmax);
                     let what = format!("{p:?} on {m} PEs");
                     let floor = schedule_rows::floor(&p, m);
-                    let s = schedule_rows::run(&p, m).expect(&what);
+                    let s = schedule_rows::run(&p, m).map_err(|e| format!("{what}: {e:?}"))?;
                     layers += 1;
                     paired += usize::from(shared && !causal);
                     assert!(
@@ -64,12 +64,13 @@ fn floor_is_the_busiest_pes_work_and_never_above_the_schedule() {
         paired_counted * 3 >= paired,
         "only {paired_counted} of {paired} q = k layers without a mask had a floor above the bound"
     );
+    Ok(())
 }
 
 /// Where the whole ring also pairs by start times (q = k, several heads, 32 PEs or more), the
 /// floor is the smallest of the pairings' busiest PEs: still never above the schedule kept.
 #[test]
-fn floor_never_above_the_schedule_where_pairs_go_by_start_times() {
+fn floor_never_above_the_schedule_where_pairs_go_by_start_times() -> Result<(), String> {
     for (n, d, h, m) in [
         (32, 8, 4, 64),
         (16, 8, 4, 64),
@@ -79,7 +80,7 @@ fn floor_never_above_the_schedule_where_pairs_go_by_start_times() {
         let p = problem(n, d, h, true, false, Softmax::Safe);
         let what = format!("{p:?} on {m} PEs");
         let floor = schedule_rows::floor(&p, m);
-        let s = schedule_rows::run(&p, m).expect(&what);
+        let s = schedule_rows::run(&p, m).map_err(|e| format!("{what}: {e:?}"))?;
         assert!(floor >= p.lower_bound(m), "{what}: floor below the bound");
         assert!(
             floor <= s.cycles() as u64,
@@ -87,4 +88,5 @@ fn floor_never_above_the_schedule_where_pairs_go_by_start_times() {
             s.cycles()
         );
     }
+    Ok(())
 }
