@@ -974,7 +974,7 @@ fn a_looped_send_of_the_running_sum_carries_each_steps_value() {
 /// sends that block's words on, into the same words of the next PE, `ahead` cycles before it
 /// reads them (0: in the same cycle, so its successor reads each word in the cycle it is
 /// overwritten and sees the old one). Three rounds, so every PE works on three blocks.
-fn rotating_ring(pes: u32, ahead: u32) -> Case {
+fn rotating_ring(pes: u32, ahead: u32) -> Result<Case, String> {
     let text = |pe: u32| {
         let send = if ahead == 0 {
             "send m[8 + 1*i1] -> m[8 + 1*i1]".to_string()
@@ -987,22 +987,22 @@ fn rotating_ring(pes: u32, ahead: u32) -> Case {
         )
     };
     let progs = (0..pes)
-        .map(|pe| parse_looped(&text(pe)).unwrap_or_else(|e| panic!("{e}")))
-        .collect();
+        .map(|pe| parse_looped(&text(pe)).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
     let preloads = (0..pes)
         .flat_map(|pe| {
             let words = (0..16u32).map(move |a| (pe, a, (a as f32 - 7.5) / 8.0 + pe as f32));
             words.chain((48..51).map(move |a| (pe, a, 0.0)))
         })
         .collect();
-    Case { progs, preloads }
+    Ok(Case { progs, preloads })
 }
 
 #[test]
 fn blocks_rotating_in_place_run_in_bulk_with_their_sends_held_back() -> Result<(), String> {
     for pes in 1..=5 {
         for ahead in [0, 1, 2] {
-            let c = rotating_ring(pes, ahead);
+            let c = rotating_ring(pes, ahead)?;
             // Equal to the flat and the cycle-by-cycle runs (bit for bit, every word).
             check(&c);
             let mut m = LoopMachine::new(F32Domain, c.progs.clone()).map_err(|e| e.to_string())?;
