@@ -436,6 +436,19 @@ struct Plan {
     register: bool,
 }
 
+impl Plan {
+    /// The plan `r` repetitions on, each moving field `k` by `shift[k]`.
+    fn moved(&self, shift: &[i64; 7], r: i64) -> Plan {
+        let mut plan = *self;
+        for (pr, d) in plan.progs.iter_mut().zip(shift) {
+            if let Some(pr) = pr {
+                pr.addr += d * r;
+            }
+        }
+        plan
+    }
+}
+
 /// Cycles stepped one by one after a window over any structure failed its checks.
 const GENERAL_BACKOFF: u64 = 32;
 

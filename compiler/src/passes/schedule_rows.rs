@@ -606,6 +606,14 @@ fn run_on(
             }
             kv_from[r as usize] = kv_at;
         }
+        if relay {
+            // The relaying PEs read every row of the head as it passes: the rows must all come
+            // from one PE, behind every holder (known before any score is built).
+            let src = plan(h, 0).first();
+            if kv_from.iter().any(|&f| f != src) {
+                return Ok((None, moved, 0));
+            }
+        }
         // Order in which column rows reach a PE: its own first, then by distance back home.
         let arrival = |pe: u32, col: u32| (pe + m - kv_from[col as usize]) % m;
 
@@ -749,15 +757,6 @@ fn run_on(
                 }
             }
         }
-        if relay {
-            // The relaying PEs read every row of the head as it passes: the rows must all come
-            // from one PE, behind every holder.
-            let src = plan(h, 0).first();
-            if kv_from.iter().any(|&f| f != src) {
-                return Ok((None, moved, 0));
-            }
-        }
-
         // Phase 2: exponent-accumulate along each row's parts, then divide where the exps are.
         // Per PE the order is: [split-row heads] [whole rows] [row continuations], then the
         // divisions that wait for a sum coming round the ring, then phase 3 of split-row heads,

@@ -13,7 +13,6 @@
 use super::Prog;
 
 /// Where a window's sends land.
-#[derive(Default)]
 pub(super) struct Sink {
     /// Held back (receiver, address, word), in the order they were made; `None`: straight
     /// into the receiver's memory.
@@ -26,9 +25,9 @@ impl Sink {
         Sink { held: None }
     }
 
-    /// Sends held back until [`Sink::flush`], reusing `buf`'s allocation.
-    pub(super) fn held(mut buf: Vec<(usize, usize, f32)>) -> Sink {
-        buf.clear();
+    /// Sends held back until [`Sink::flush`], reusing the allocation of `buf` (empty: what
+    /// the last flush gave back).
+    pub(super) fn held(buf: Vec<(usize, usize, f32)>) -> Sink {
         Sink { held: Some(buf) }
     }
 

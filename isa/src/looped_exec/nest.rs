@@ -61,6 +61,9 @@ pub(super) struct PeWindow {
     end: Cursor,
 }
 
+/// A whole-iteration window: its cycles and each PE's part (`None`: the PE has finished).
+type NestWindow = (u32, Vec<Option<PeWindow>>);
+
 /// Most loops one PE's part of a window goes through. A window ends where the first PE
 /// reaches the end of its part, and a ring's PEs leave their loops at different cycles, so
 /// with one loop each a window of many PEs would end at every PE's every loop end.
@@ -524,56 +527,62 @@ impl LoopMachine<F32Domain> {
     /// may go on through up to [`MAX_BLOCKS`] loops; where that window fails its checks (a
     /// later loop reads a word first written earlier in the window, or the longer window's
     /// sends meet their receivers), one loop each is tried, as the window always was.
-    pub(super) fn plan_nest(&mut self) -> Result<(u32, Vec<Option<PeWindow>>), Stepped> {
+    pub(super) fn plan_nest(&mut self) -> Result<NestWindow, Stepped> {
         match self.plan_nest_through(MAX_BLOCKS) {
             Ok(win) => Ok(win),
-            Err(_) => self.plan_nest_through(1),
+            // Only a window longer than one loop each can fail where one loop each would not.
+            Err((stepped, false)) => Err(stepped),
+            Err((_, true)) => self.plan_nest_through(1).map_err(|(stepped, _)| stepped),
         }
     }
 
-    fn plan_nest_through(
-        &mut self,
-        max_blocks: usize,
-    ) -> Result<(u32, Vec<Option<PeWindow>>), Stepped> {
+    /// [`LoopMachine::plan_nest`] with up to `max_blocks` loops per PE; a failure also says
+    /// whether the window was longer than one loop per PE would have made it.
+    fn plan_nest_through(&mut self, max_blocks: usize) -> Result<NestWindow, (Stepped, bool)> {
         let n = self.progs.len();
         let mut extends = false;
         let mut w = MAX_WINDOW.min(self.len - self.m.cycle());
+        // The least window of one loop per PE, and each PE's loops' shapes.
+        let mut one = w;
+        let mut shapes: Vec<Vec<Shape>> = Vec::with_capacity(n);
         for p in 0..n {
-            if self.cursors[p].done {
-                continue;
-            }
-            let root = &self.progs[p].body;
-            let mut probe = self.cursors[p];
-            let s = shape(root, &mut probe).ok_or(Stepped(1))?;
-            let depth = probe.frames.len() - 1;
-            extends |= s.level < depth || super::list_at(root, &probe.frames, depth).len() > 1;
-            // Each loop covers any window up to its alike iterations: the rest of this one,
-            // whole ones, and the start of the next; then the next loop the cursor reaches.
-            let mut reach = s.reach();
-            skip(root, &mut probe, &s);
-            for _ in 1..max_blocks {
-                if reach >= w {
-                    break;
+            let mut mine = Vec::new();
+            if !self.cursors[p].done {
+                let root = &self.progs[p].body;
+                let mut probe = self.cursors[p];
+                let s = shape(root, &mut probe).ok_or((Stepped(1), false))?;
+                let depth = probe.frames.len() - 1;
+                extends |= s.level < depth || super::list_at(root, &probe.frames, depth).len() > 1;
+                // Each loop covers any window up to its alike iterations: the rest of this one,
+                // whole ones, and the start of the next; then the next loop the cursor reaches.
+                let mut reach = s.reach();
+                one = one.min(reach);
+                skip(root, &mut probe, &s);
+                mine.push(s);
+                while mine.len() < max_blocks && reach < w {
+                    let Some(t) = shape(root, &mut probe) else {
+                        break;
+                    };
+                    reach = reach.saturating_add(t.reach());
+                    skip(root, &mut probe, &t);
+                    mine.push(t);
                 }
-                let Some(t) = shape(root, &mut probe) else {
-                    break;
-                };
-                reach = reach.saturating_add(t.reach());
-                skip(root, &mut probe, &t);
+                w = w.min(reach);
             }
-            w = w.min(reach);
+            shapes.push(mine);
         }
+        let longer = w > one;
         if !extends || w < 2 {
-            return Err(Stepped(1));
+            return Err((Stepped(1), longer));
         }
         let mut wins: Vec<Option<PeWindow>> = Vec::with_capacity(n);
-        for p in 0..n {
+        for (p, mine) in shapes.iter().enumerate() {
             if self.cursors[p].done {
                 wins.push(None);
                 continue;
             }
             // A stretch that breaks a rule (often for the whole loop): not again in this window.
-            let win = self.pe_window(p, w, max_blocks).ok_or(Stepped(w))?;
+            let win = self.pe_window(p, w, mine).ok_or((Stepped(w), longer))?;
             wins.push(Some(win));
         }
         // What a PE's predecessor sends in the window never meets what the PE touches in it.
@@ -600,14 +609,14 @@ impl LoopMachine<F32Domain> {
         };
         if sends_meet_receivers(&wins, ranges) {
             // Blocks rotating in place meet their receivers all through the loop.
-            return Err(Stepped(w));
+            return Err((Stepped(w), longer));
         }
         Ok((w as u32, wins))
     }
 
-    /// PE `p`'s part of a window of `w` cycles, loop after loop, checked; `None` if a stretch
-    /// breaks a rule.
-    fn pe_window(&mut self, p: usize, w: u64, max_blocks: usize) -> Option<PeWindow> {
+    /// PE `p`'s part of a window of `w` cycles, loop after loop (`shapes`, as the planner found
+    /// them from the PE's cursor), checked; `None` if a stretch breaks a rule.
+    fn pe_window(&mut self, p: usize, w: u64, shapes: &[Shape]) -> Option<PeWindow> {
         let n = self.progs.len();
         let next = if p + 1 == n { 0 } else { p + 1 };
         let root = &self.progs[p].body;
@@ -621,19 +630,20 @@ impl LoopMachine<F32Domain> {
         let mut probe = self.cursors[p];
         let mut blocks = Vec::new();
         let mut left = w;
-        while left > 0 {
-            if blocks.len() == max_blocks {
-                return None;
+        // Every loop but the window's last is run to its reach, so the cursor stands where the
+        // planner found the next loop's shape.
+        for s in shapes {
+            if left == 0 {
+                break;
             }
-            let s = shape(root, &mut probe)?;
             let span = s.reach().min(left);
             if span == 0 {
                 return None;
             }
-            blocks.push(block(root, &mut probe, &s, span, &mut at)?);
+            blocks.push(block(root, &mut probe, s, span, &mut at)?);
             left -= span;
         }
-        Some(PeWindow { blocks, end: probe })
+        (left == 0).then_some(PeWindow { blocks, end: probe })
     }
 
     pub(super) fn exec_nest(&mut self, w: u32, wins: &[Option<PeWindow>]) {
@@ -713,12 +723,7 @@ impl LoopMachine<F32Domain> {
             };
             for r in 0..i64::from(win.iters) {
                 for (s, shift) in &win.body {
-                    let mut plan = s.plan;
-                    for (pr, d) in plan.progs.iter_mut().zip(shift) {
-                        if let Some(pr) = pr {
-                            pr.addr += d * r;
-                        }
-                    }
+                    let plan = s.plan.moved(shift, r);
                     run_plan(mems, &mut direct, p, next(p), &plan, i64::from(s.len));
                 }
             }
@@ -729,14 +734,7 @@ impl LoopMachine<F32Domain> {
                 return None;
             }
             let (s, shift) = &b.body[t % k];
-            let mut plan = s.plan;
-            let r = (t / k) as i64;
-            for (pr, d) in plan.progs.iter_mut().zip(shift) {
-                if let Some(pr) = pr {
-                    pr.addr += d * r;
-                }
-            }
-            Some((plan, s.len))
+            Some((s.plan.moved(shift, (t / k) as i64), s.len))
         });
         self.rounds(wins, |b, t| b.tail.get(t).map(|s| s.plan_len()));
     }
@@ -770,8 +768,9 @@ impl LoopMachine<F32Domain> {
             if !any {
                 break;
             }
-            // Chains of one length go side by side.
-            chains.sort_by_key(|c| c.3);
+            // Chains of one length go side by side; a round holds one chain per PE, so their
+            // order is free.
+            chains.sort_unstable_by_key(|c| c.3);
             self.interleaved += run_chains(mems, &mut direct, &chains);
         }
         self.chains = chains;
