@@ -7,7 +7,7 @@
 //! bit-identical to cycle-by-cycle execution.
 
 use super::defer::Sink;
-use super::{get, Plan, Prog};
+use super::{fx, get, Plan, Prog};
 use crate::inst::{Arith, Op, OpKind, Xfer, XferSrc};
 
 /// Chains run interleaved at most: enough independent additions in flight to cover an f32
@@ -32,10 +32,12 @@ impl Dot {
             stride: pr.stride,
         };
         Dot {
-            a: by(self.a, 0),
-            b: by(self.b, 1),
-            s: (self.s as i64 + shift[3] * r) as usize,
-            send: self.send.map(|(src, dst)| (by(src, 5), by(dst, 6))),
+            a: by(self.a, fx::OP_A),
+            b: by(self.b, fx::OP_B),
+            s: (self.s as i64 + shift[fx::ACC_SRC] * r) as usize,
+            send: self
+                .send
+                .map(|(src, dst)| (by(src, fx::XFER_SRC), by(dst, fx::XFER_DST))),
         }
     }
 }
@@ -62,20 +64,20 @@ pub(super) fn dot_of(plan: &Plan) -> Option<Dot> {
         Xfer::Send {
             src: XferSrc::Mem(_),
             ..
-        } => Some((pr[5]?, pr[6]?)),
+        } => Some((pr[fx::XFER_SRC]?, pr[fx::XFER_DST]?)),
         Xfer::Send {
             src: XferSrc::Acc, ..
         } => return None,
     };
-    let s = pr[3]?.at(0);
+    let s = pr[fx::ACC_SRC]?.at(0);
     // A chain stores its sum before its sends read their words, so a send that reads the
     // sum's word in some step would carry the final sum instead of that step's running value.
     if send.is_some_and(|(src, _)| reaches(src, s)) {
         return None;
     }
     Some(Dot {
-        a: pr[0]?,
-        b: pr[1]?,
+        a: pr[fx::OP_A]?,
+        b: pr[fx::OP_B]?,
         s,
         send,
     })

@@ -15,8 +15,8 @@
 use super::defer::Sink;
 use super::dot::{dot_of, run_chains};
 use super::{
-    count_times, overlap, plan_of, run_plan, Cursor, InitChunks, LoopMachine, Plan, Prog, Stepped,
-    MAX_LOOP_DEPTH,
+    count_times, fx, overlap, plan_of, run_plan, Cursor, InitChunks, LoopMachine, Plan, Prog,
+    Stepped, MAX_LOOP_DEPTH,
 };
 use crate::inst::{Acc, Op, Xfer, XferSrc};
 use crate::looped::{Cmp, Field, LBundle, Node};
@@ -294,11 +294,15 @@ pub(super) fn stretch_ok(
     for (k, pr) in plan.progs.iter().enumerate() {
         let Some(pr) = *pr else { continue };
         let (lo, hi) = hull(pr, len, shift[k], reps);
-        let bound = if k == 6 { next_len as i64 } else { size };
+        let bound = if k == fx::XFER_DST {
+            next_len as i64
+        } else {
+            size
+        };
         if lo < 0 || hi >= bound {
             return false;
         }
-        if [0, 1, 3, 5].contains(&k) {
+        if fx::READS.contains(&k) {
             let dense = Prog {
                 addr: lo,
                 stride: 1,
@@ -327,7 +331,7 @@ pub(super) fn stretch_ok(
             overlap(hull(x, len, shift[a], reps), hull(y, len, shift[c], reps))
         }
     };
-    if meets(2, 4) {
+    if meets(fx::OP_DST, fx::ACC_DST) {
         return false;
     }
     // A slot that reads the very word it writes, cycle by cycle (`mul m[a + t], c -> m[a + t]`),
@@ -340,13 +344,13 @@ pub(super) fn stretch_ok(
             (plan.progs[a], plan.progs[c]),
             (Some(x), Some(y)) if x.addr == y.addr && x.stride == y.stride
                 && shift[a] == shift[c]
-                && (x.stride != 0 || (a == 2 && c < 2))
+                && (x.stride != 0 || (a == fx::OP_DST && (c == fx::OP_A || c == fx::OP_B)))
         )
     };
     if len > 1 {
-        for w in [2usize, 4] {
-            for r in [0usize, 1, 3, 5] {
-                let own_register = plan.register && w == 4 && r == 3;
+        for w in fx::WRITES {
+            for r in fx::READS {
+                let own_register = plan.register && w == fx::ACC_DST && r == fx::ACC_SRC;
                 if !own_register && !in_place(w, r) && meets(w, r) {
                     return false;
                 }
@@ -360,13 +364,13 @@ pub(super) fn stretch_ok(
 /// interleaving with the same results: each keeps its sum in a word of its own that no
 /// repetition reads as an operand or sends.
 fn independent_dots(seg: &Segment, shift: &[i64; 7], reps: i64) -> bool {
-    let Some(sum) = seg.plan.progs[3] else {
+    let Some(sum) = seg.plan.progs[fx::ACC_SRC] else {
         return false;
     };
-    if dot_of(&seg.plan).is_none() || shift[3] == 0 {
+    if dot_of(&seg.plan).is_none() || shift[fx::ACC_SRC] == 0 {
         return false;
     }
-    let sums = hull(sum, 1, shift[3], reps);
+    let sums = hull(sum, 1, shift[fx::ACC_SRC], reps);
     [0usize, 1, 5].iter().all(|&k| {
         seg.plan.progs[k]
             .is_none_or(|pr| !overlap(hull(pr, i64::from(seg.len), shift[k], reps), sums))
@@ -490,7 +494,7 @@ fn block(
             shift[k] = term_stride(b, f, own);
         }
         // A running sum stays in one word only if its source and destination move alike.
-        plan.register &= shift[3] == shift[4];
+        plan.register &= shift[fx::ACC_SRC] == shift[fx::ACC_DST];
         if !stretch_ok(&plan, i64::from(len), &shift, i64::from(iters), at) {
             return None;
         }
