@@ -453,6 +453,10 @@ struct Plan {
     /// The acc adds into a word it also writes back, unmoving: the running
     /// sum lives in a register for the window.
     register: bool,
+    /// The stretch's first cycle takes its product as the running sum, as `add 0 -> mS`
+    /// does, and the others go on as `add mS -> mS`: the stretch never reads mS before
+    /// writing it (a chain's first product joined to the loop that continues it).
+    fresh_sum: bool,
 }
 
 impl Plan {
@@ -536,6 +540,7 @@ fn plan_of(b: &LBundle, idx: &[u32; MAX_LOOP_DEPTH], inner: Option<u8>) -> Plan 
         bundle,
         progs,
         register,
+        fresh_sum: false,
     }
 }
 
@@ -806,7 +811,10 @@ fn run_plan(
         dot::run_chain(mems, sink, (p, next, d, w as u32));
         return;
     }
-    let mut reg = if plan.register {
+    // `add 0` takes the product itself; −0 + x is x for every x, signed zeros and NaN too.
+    let mut reg = if plan.register && plan.fresh_sum {
+        Some(-0.0)
+    } else if plan.register {
         pr[fx::ACC_SRC].map(|s| get(&mems[p], s.at(0)))
     } else {
         None

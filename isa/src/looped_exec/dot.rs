@@ -22,9 +22,21 @@ pub(super) struct Dot {
     pub(super) b: Prog,
     pub(super) s: usize,
     pub(super) send: Option<(Prog, Prog)>,
+    /// The first product is the sum (the plan's `fresh_sum`): no word `s` is read.
+    pub(super) zero: bool,
 }
 
 impl Dot {
+    /// The running sum before the first product: with `zero`, −0, since −0 + x is x for
+    /// every x (signed zeros and NaN too), as `add 0` takes the product itself.
+    fn start(&self, mem: &[Option<f32>]) -> f32 {
+        if self.zero {
+            -0.0
+        } else {
+            get(mem, self.s)
+        }
+    }
+
     /// The dot product `r` repetitions on, each moving field `k` by `shift[k]`.
     pub(super) fn moved(&self, shift: &[i64; 7], r: i64) -> Dot {
         let by = |pr: Prog, k: usize| Prog {
@@ -38,6 +50,7 @@ impl Dot {
             send: self
                 .send
                 .map(|(src, dst)| (by(src, fx::XFER_SRC), by(dst, fx::XFER_DST))),
+            zero: self.zero,
         }
     }
 }
@@ -80,6 +93,7 @@ pub(super) fn dot_of(plan: &Plan) -> Option<Dot> {
         b: pr[fx::OP_B]?,
         s,
         send,
+        zero: plan.fresh_sum,
     })
 }
 
@@ -96,7 +110,7 @@ fn reaches(pr: Prog, word: usize) -> bool {
 /// it is formed.
 pub(super) fn run_chain(mems: &mut [Vec<Option<f32>>], sink: &mut Sink, (p, next, d, w): Chain) {
     let mem = &mems[p];
-    let mut sum = get(mem, d.s);
+    let mut sum = d.start(mem);
     for t in 0..i64::from(w) {
         sum += get(mem, d.a.at(t)) * get(mem, d.b.at(t));
     }
@@ -162,7 +176,7 @@ fn dot_group(
 ) {
     let mut regs = [0f32; DOT_GROUP];
     for (j, &(p, _, d, _)) in group.iter().enumerate() {
-        regs[j] = get(&mems[p], d.s);
+        regs[j] = d.start(&mems[p]);
     }
     let mut t0 = 0;
     while t0 < w {
