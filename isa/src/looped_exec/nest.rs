@@ -559,20 +559,20 @@ fn joined(a: &Plan, b: &Plan) -> Option<Plan> {
     else {
         return None;
     };
-    let same_slot = match (a.bundle.xfer, b.bundle.xfer) {
-        (Xfer::Nop, Xfer::Nop) => true,
-        (
-            Xfer::Send {
-                src: XferSrc::Mem(_),
-                ..
-            },
-            Xfer::Send {
-                src: XferSrc::Mem(_),
-                ..
-            },
-        ) => true,
-        _ => false,
-    };
+    let same_slot = matches!(
+        (a.bundle.xfer, b.bundle.xfer),
+        (Xfer::Nop, Xfer::Nop)
+            | (
+                Xfer::Send {
+                    src: XferSrc::Mem(_),
+                    ..
+                },
+                Xfer::Send {
+                    src: XferSrc::Mem(_),
+                    ..
+                },
+            )
+    );
     let sums = (a.progs[fx::ACC_DST], b.progs[fx::ACC_DST]);
     if !same_slot || !matches!(sums, (Some(s), Some(t)) if s.addr == t.addr) {
         return None;
