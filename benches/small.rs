@@ -299,7 +299,7 @@ fn short_reason(l: &lang::Layer, why: &str) -> String {
     if why.contains("more than this layer can use") {
         format!(
             "at most {} PEs usable ({} weights)",
-            attnc::limits::usable_pes(l),
+            attnc::limits::max_pes(l),
             attnc::limits::attention_weights(l)
         )
     } else {

@@ -57,18 +57,48 @@ pub fn attention_weights(layer: &lang::Layer) -> u64 {
     u64::from(layer.heads) * per_head
 }
 
-/// The most PEs `compile` and `optimal` accept for `layer`: one per necessary operation. The split
-/// dataflow gives a PE work without a weight of its own (a share of a score's `d` products, a
-/// softmax, a column of the weighted sum), so a ring may have more PEs than weights; a PE beyond
-/// one per operation could only pass values on. Compile time stays bounded because every
-/// scheduler tries a bounded number of layouts (the row dataflow's count of working PEs is searched
-/// exhaustively only up to 64 PEs, on a geometric ladder above).
+/// The PEs a layer's work can occupy: one per necessary operation. The split dataflow gives a
+/// PE work without a weight of its own (a share of a score's `d` products, a softmax, a column
+/// of the weighted sum), so a ring may have more PEs than weights; a PE beyond one per operation
+/// could only pass values on.
 pub fn usable_pes(layer: &lang::Layer) -> u64 {
     necessary_ops(layer).max(1)
 }
 
-/// Refuses a ring larger than the layer can use, before any scheduling starts.
+/// Rings of up to this many PEs are compiled whatever the layer: an array is as large as it is,
+/// and a short prompt on it must still compile, the PEs its work cannot occupy idling or passing
+/// values on. Above it a ring may have at most one PE per necessary operation, which is what
+/// bounds compile memory for tiny layers on huge rings: the schedulers' tables grow with the
+/// square of the ring (a one-token layer took 0.13 GB on 1 024 PEs, 1.8 GB on 4 096 and was
+/// killed past 23 GB on 65 536), while layers that need 1 024 PEs' worth of operations were
+/// already accepted there at the same cost.
+pub const ANY_LAYER_PES: u32 = 1024;
+
+/// The most PEs `compile` accepts for `layer`: [`ANY_LAYER_PES`], or one per necessary
+/// operation where that is more. Compile time stays bounded because every scheduler tries a
+/// bounded number of layouts (the row dataflow's count of working PEs is searched exhaustively
+/// only up to 64 PEs, on a geometric ladder above).
+pub fn max_pes(layer: &lang::Layer) -> u64 {
+    usable_pes(layer).max(u64::from(ANY_LAYER_PES))
+}
+
+/// Refuses a ring larger than `compile` takes for the layer ([`max_pes`]), before any
+/// scheduling starts.
 pub fn check_ring(layer: &lang::Layer, pes: u32) -> Result<(), String> {
+    let most = max_pes(layer);
+    if u64::from(pes) <= most {
+        return Ok(());
+    }
+    Err(format!(
+        "--pes {pes} is more than this layer can use: layer `{}` has {} necessary operations, and a ring of more than {ANY_LAYER_PES} PEs may have at most one PE per necessary operation (use --pes {most} or fewer, or a larger layer)",
+        layer.name,
+        usable_pes(layer)
+    ))
+}
+
+/// Refuses a ring with more PEs than the layer has necessary operations, for the exact search:
+/// its model grows with the ring, and a PE that can hold no operation only lengthens paths.
+pub fn check_exact_ring(layer: &lang::Layer, pes: u32) -> Result<(), String> {
     let most = usable_pes(layer);
     if u64::from(pes) <= most {
         return Ok(());

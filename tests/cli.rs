@@ -731,3 +731,31 @@ fn verify_proves_a_model_size_causal_layer_and_not_its_mutants() {
         assert!(t.contains("NOT proved"), "`{from}` -> `{to}`: {t}");
     }
 }
+
+/// A ring far larger than a layer's work compiles (up to 1024 PEs), proved and run against
+/// the reference; above 1024 PEs a ring may have one PE per necessary operation at most, and
+/// the exact search keeps that rule on any ring.
+#[test]
+fn rings_larger_than_the_work_compile_up_to_1024_pes() -> Result<(), std::io::Error> {
+    let dir = tempfile::tempdir()?;
+    // One token, d = 8: 18 necessary operations.
+    let file = dir.path().join("one.attn");
+    std::fs::write(&file, "layer t { tokens = 1; dim = 8; heads = 1; }")?;
+    let out = dir.path().join("out");
+    let o = attnc(&[s(&file), "--pes", "256", "-o", s(&out)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("on 256 PEs"), "{}", text(&o));
+    assert!(text(&o).contains("verified"), "{}", text(&o));
+    let o = attnc(&["run", s(&out)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("max_abs_err"), "{}", text(&o));
+
+    let big = dir.path().join("big");
+    let o = attnc(&[s(&file), "--pes", "1025", "-o", s(&big)]);
+    assert_clean_failure(&o, "at most one PE per necessary operation");
+    assert!(!big.exists());
+    let o = attnc(&["optimal", s(&file), "--pes", "19", "-o", s(&big)]);
+    assert_clean_failure(&o, "at most 18 PEs");
+    assert!(!big.exists());
+    Ok(())
+}

@@ -22,6 +22,25 @@ mod dot;
 mod general;
 mod nest;
 
+/// Positions in [`Plan::progs`] and in the planners' per-field arrays: the order of
+/// [`Field::ALL`], named so that the planners say which slot they mean.
+mod fx {
+    use crate::looped::Field;
+
+    pub(super) const OP_A: usize = Field::OpA as usize;
+    pub(super) const OP_B: usize = Field::OpB as usize;
+    pub(super) const OP_DST: usize = Field::OpDst as usize;
+    pub(super) const ACC_SRC: usize = Field::AccSrc as usize;
+    pub(super) const ACC_DST: usize = Field::AccDst as usize;
+    pub(super) const XFER_SRC: usize = Field::XferSrc as usize;
+    /// The one field that writes another PE's memory (the successor's).
+    pub(super) const XFER_DST: usize = Field::XferDst as usize;
+    /// The fields that read the PE's own memory.
+    pub(super) const READS: [usize; 4] = [OP_A, OP_B, ACC_SRC, XFER_SRC];
+    /// The fields that write the PE's own memory.
+    pub(super) const WRITES: [usize; 2] = [OP_DST, ACC_DST];
+}
+
 use defer::{meet, Access, Meet, Sink};
 
 use dot::{dot_of, run_chains, Chain};
@@ -434,6 +453,10 @@ struct Plan {
     /// The acc adds into a word it also writes back, unmoving: the running
     /// sum lives in a register for the window.
     register: bool,
+    /// The stretch's first cycle takes its product as the running sum, as `add 0 -> mS`
+    /// does, and the others go on as `add mS -> mS`: the stretch never reads mS before
+    /// writing it (a chain's first product joined to the loop that continues it).
+    fresh_sum: bool,
 }
 
 impl Plan {
@@ -511,12 +534,13 @@ fn plan_of(b: &LBundle, idx: &[u32; MAX_LOOP_DEPTH], inner: Option<u8>) -> Plan 
     let register = matches!(
         bundle.acc,
         Acc::Add { src: AccSrc::Mem(s), dst: Some(d) } if s == d
-    ) && progs[3].is_some_and(|p| p.stride == 0)
-        && progs[4].is_some_and(|p| p.stride == 0);
+    ) && progs[fx::ACC_SRC].is_some_and(|p| p.stride == 0)
+        && progs[fx::ACC_DST].is_some_and(|p| p.stride == 0);
     Plan {
         bundle,
         progs,
         register,
+        fresh_sum: false,
     }
 }
 
@@ -666,7 +690,7 @@ impl LoopMachine<F32Domain> {
             let prev = if p == 0 { n - 1 } else { p - 1 };
             // Reads: in range and initialized for every step.
             let mut reads = Vec::with_capacity(4);
-            for k in [0usize, 1, 3, 5] {
+            for k in fx::READS {
                 if let Some(pr) = plan.progs[k] {
                     let span = pr.span(w64);
                     if span.1 >= size {
@@ -679,7 +703,7 @@ impl LoopMachine<F32Domain> {
                 }
             }
             let mut writes = Vec::with_capacity(3);
-            for k in [2usize, 4] {
+            for k in fx::WRITES {
                 if let Some(pr) = plan.progs[k] {
                     let span = pr.span(w64);
                     if span.1 >= size {
@@ -691,7 +715,7 @@ impl LoopMachine<F32Domain> {
             // The predecessor's sends: never onto a word this PE writes in the window, and
             // onto a word it reads only if every read comes first (then they are held back).
             if let Some(Some(pp)) = plans.get(prev) {
-                if let Some(pr) = pp.progs[6] {
+                if let Some(pr) = pp.progs[fx::XFER_DST] {
                     if pr.span(w64).1 >= size {
                         return Err(Stepped(1));
                     }
@@ -700,7 +724,7 @@ impl LoopMachine<F32Domain> {
                             .filter_map(|&k| plan.progs[k].map(|q| (0, q, w64)))
                             .collect()
                     };
-                    match meet(&[(0, pr, w64)], &at(&[0, 1, 3, 5]), &at(&[2, 4])) {
+                    match meet(&[(0, pr, w64)], &at(&fx::READS), &at(&fx::WRITES)) {
                         Meet::Apart => {}
                         Meet::ReadsFirst => held = true,
                         Meet::Clash => return Err(Stepped(1)),
@@ -708,7 +732,7 @@ impl LoopMachine<F32Domain> {
                 }
             }
             // The send's destination is checked against the receiver.
-            if let Some(pr) = plan.progs[6] {
+            if let Some(pr) = plan.progs[fx::XFER_DST] {
                 if pr.span(w64).1 >= mems[next].len() as i64 {
                     return Err(Stepped(1));
                 }
@@ -720,7 +744,7 @@ impl LoopMachine<F32Domain> {
                     }
                 }
                 for &(kr, rs) in &reads {
-                    let own_register = plan.register && kw == 4 && kr == 3;
+                    let own_register = plan.register && kw == fx::ACC_DST && kr == fx::ACC_SRC;
                     if !own_register && overlap(ws, rs) {
                         return Err(Stepped(1));
                     }
@@ -787,8 +811,11 @@ fn run_plan(
         dot::run_chain(mems, sink, (p, next, d, w as u32));
         return;
     }
-    let mut reg = if plan.register {
-        pr[3].map(|s| get(&mems[p], s.at(0)))
+    // `add 0` takes the product itself; −0 + x is x for every x, signed zeros and NaN too.
+    let mut reg = if plan.register && plan.fresh_sum {
+        Some(-0.0)
+    } else if plan.register {
+        pr[fx::ACC_SRC].map(|s| get(&mems[p], s.at(0)))
     } else {
         None
     };
@@ -797,8 +824,8 @@ fn run_plan(
         // The numeric domain's own arithmetic, so results are bit-identical.
         let r = match b.op {
             Op::Nop => None,
-            Op::Arith(x) => pr[0].map(|a| {
-                let y = pr[1].map(|c| get(mem, c.at(t)));
+            Op::Arith(x) => pr[fx::OP_A].map(|a| {
+                let y = pr[fx::OP_B].map(|c| get(mem, c.at(t)));
                 F32Domain.op(x.kind, &get(mem, a.at(t)), y.as_ref(), x.imm)
             }),
         };
@@ -818,7 +845,7 @@ fn run_plan(
             ) => {
                 let addend = match reg {
                     Some(v) => v,
-                    None => pr[3].map_or(0.0, |s| get(mem, s.at(t))),
+                    None => pr[fx::ACC_SRC].map_or(0.0, |s| get(mem, s.at(t))),
                 };
                 Some(addend + r)
             }
@@ -828,28 +855,28 @@ fn run_plan(
             Xfer::Send {
                 src: XferSrc::Mem(_),
                 ..
-            } => pr[5].map(|s| get(mem, s.at(t))),
+            } => pr[fx::XFER_SRC].map(|s| get(mem, s.at(t))),
             Xfer::Send {
                 src: XferSrc::Acc, ..
             } => acc,
             Xfer::Nop => None,
         };
         let mem = &mut mems[p];
-        if let (Some(r), Some(d)) = (r, pr[2]) {
+        if let (Some(r), Some(d)) = (r, pr[fx::OP_DST]) {
             mem[d.at(t)] = Some(r);
         }
         if let Some(a) = acc {
             if plan.register {
                 reg = Some(a);
-            } else if let Some(d) = pr[4] {
+            } else if let Some(d) = pr[fx::ACC_DST] {
                 mem[d.at(t)] = Some(a);
             }
         }
-        if let (Some(v), Some(d)) = (sent, pr[6]) {
+        if let (Some(v), Some(d)) = (sent, pr[fx::XFER_DST]) {
             sink.put(mems, next, d.at(t), v);
         }
     }
-    if let (Some(v), Some(s)) = (reg, pr[4]) {
+    if let (Some(v), Some(s)) = (reg, pr[fx::ACC_DST]) {
         mems[p][s.at(0)] = Some(v);
     }
 }

@@ -847,10 +847,12 @@ fn whole_iteration_windows_match_on_moving_running_sums_and_sends() {
 fn windows_over_any_structure_match_on_in_place_updates_and_fresh_words() {
     // The outer body nests two deep, so neither of the other planners takes it. Its in-place
     // scaling reads each word it writes, its running maximum lives in one word, and m50 is
-    // first written inside a window, then read there.
+    // first written inside a window, then read there. Each chain's first product reads m10
+    // where the rest read m9, so it is no first step of the loop after it, and the chains stay
+    // two stretches each (joined, the whole-iteration planner would take them).
     let text = |pe: u32| {
         format!(
-            ".format 3\n.pe {pe}\n.pes 2\n.mem 64\nloop 3 {{\n    loop 2 {{\n        mul m[0 + 8*i1], m9 | add 0 -> m[40 + 1*i1]\n        loop 7 {{\n            mul m[1 + 8*i1 + 1*i2], m9 | add m[40 + 1*i1] -> m[40 + 1*i1]\n        }}\n    }}\n    max m40, m41 -> m50\n    loop 6 {{\n        mul m[16 + 1*i1], m9 -> m[16 + 1*i1]\n    }}\n    loop 6 {{\n        max m50, m[16 + 1*i1] -> m50\n    }}\n}}\n"
+            ".format 3\n.pe {pe}\n.pes 2\n.mem 64\nloop 3 {{\n    loop 2 {{\n        mul m[0 + 8*i1], m10 | add 0 -> m[40 + 1*i1]\n        loop 7 {{\n            mul m[1 + 8*i1 + 1*i2], m9 | add m[40 + 1*i1] -> m[40 + 1*i1]\n        }}\n    }}\n    max m40, m41 -> m50\n    loop 6 {{\n        mul m[16 + 1*i1], m9 -> m[16 + 1*i1]\n    }}\n    loop 6 {{\n        max m50, m[16 + 1*i1] -> m50\n    }}\n}}\n"
         )
     };
     let progs: Vec<LoopProgram> = (0..2)
@@ -1018,6 +1020,63 @@ fn blocks_rotating_in_place_run_in_bulk_with_their_sends_held_back() -> Result<(
             if ahead == 0 && held < 16 {
                 return Err(format!("{pes} PEs: {held} cycles held back"));
             }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn chains_whose_first_product_is_a_bundle_of_its_own_run_side_by_side() -> Result<(), String> {
+    // Each iteration's chain is a one-cycle `add 0` bundle and a loop continuing it. Joined,
+    // every iteration is one dot product, so on one PE the iterations' chains run side by
+    // side; apart, each round holds one chain. Row 0's products are all −0: `add 0` keeps the
+    // product's sign, so a join that started the sum from +0 would leave +0 there.
+    for (pes, send) in [(1u32, false), (3, false), (3, true)] {
+        let sends = |head: bool| match (send, head) {
+            (false, _) => String::new(),
+            (true, true) => " | send m[0 + 8*i0] -> m[100 + 8*i0]".into(),
+            (true, false) => " | send m[1 + 8*i0 + 1*i1] -> m[101 + 8*i0 + 1*i1]".into(),
+        };
+        let text = |pe: u32| {
+            format!(
+                ".format 3\n.pe {pe}\n.pes {pes}\n.mem 140\nloop 5 {{\n    mul m[0 + 8*i0], m[40 + 8*i0] | add 0 -> m[90 + 1*i0]{}\n    loop 7 {{\n        mul m[1 + 8*i0 + 1*i1], m[41 + 8*i0 + 1*i1] | add m[90 + 1*i0] -> m[90 + 1*i0]{}\n    }}\n}}\n",
+                sends(true),
+                sends(false)
+            )
+        };
+        let progs = (0..pes)
+            .map(|pe| parse_looped(&text(pe)).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let preloads: Vec<(u32, u32, f32)> = (0..pes)
+            .flat_map(|pe| {
+                (0..80u32).map(move |a| {
+                    let v = match a {
+                        0..8 => -0.0,
+                        40..48 => 0.5 + a as f32,
+                        _ => (a as f32 - 30.0) / 8.0 + pe as f32,
+                    };
+                    (pe, a, v)
+                })
+            })
+            .collect();
+        let c = Case {
+            progs: progs.clone(),
+            preloads: preloads.clone(),
+        };
+        check(&c);
+        let mut m = LoopMachine::new(F32Domain, progs).map_err(|e| e.to_string())?;
+        for &(pe, a, v) in &preloads {
+            m.preload(pe, a, v).map_err(|e| format!("{e:?}"))?;
+        }
+        m.run_fast().map_err(|e| format!("{e:?}"))?;
+        if m.read(0, 90).map(|v| v.to_bits()) != Some((-0.0f32).to_bits()) {
+            return Err(format!("row 0's sum is {:?}, not -0", m.read(0, 90)));
+        }
+        if pes == 1 && m.interleaved_cycles() < 5 * 8 {
+            return Err(format!(
+                "the five chains ran side by side for {} cycles",
+                m.interleaved_cycles()
+            ));
         }
     }
     Ok(())

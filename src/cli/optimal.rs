@@ -96,7 +96,7 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
         return Err("missing -o DIR (where to write the microcode)".into());
     };
     outdir::check_target(out)?;
-    source::check_ring(layer, pes)?;
+    source::check_exact_ring(layer, pes)?;
 
     let opts = exact::Options {
         max_cycles: args.max_cycles,

@@ -49,7 +49,7 @@ pub fn ring_size(pes: Option<u32>) -> Result<u32, String> {
     }
 }
 
-pub use attnc::limits::check_ring;
+pub use attnc::limits::{check_exact_ring, check_ring};
 
 /// `pe<N>.s`, `pe<N>.bin` and `manifest.json` under `sub`, appended to `files`.
 pub fn push_program_files(

@@ -7,7 +7,7 @@
 //! bit-identical to cycle-by-cycle execution.
 
 use super::defer::Sink;
-use super::{get, Plan, Prog};
+use super::{fx, get, Plan, Prog};
 use crate::inst::{Arith, Op, OpKind, Xfer, XferSrc};
 
 /// Chains run interleaved at most: enough independent additions in flight to cover an f32
@@ -22,9 +22,21 @@ pub(super) struct Dot {
     pub(super) b: Prog,
     pub(super) s: usize,
     pub(super) send: Option<(Prog, Prog)>,
+    /// The first product is the sum (the plan's `fresh_sum`): no word `s` is read.
+    pub(super) zero: bool,
 }
 
 impl Dot {
+    /// The running sum before the first product: with `zero`, −0, since −0 + x is x for
+    /// every x (signed zeros and NaN too), as `add 0` takes the product itself.
+    fn start(&self, mem: &[Option<f32>]) -> f32 {
+        if self.zero {
+            -0.0
+        } else {
+            get(mem, self.s)
+        }
+    }
+
     /// The dot product `r` repetitions on, each moving field `k` by `shift[k]`.
     pub(super) fn moved(&self, shift: &[i64; 7], r: i64) -> Dot {
         let by = |pr: Prog, k: usize| Prog {
@@ -32,10 +44,13 @@ impl Dot {
             stride: pr.stride,
         };
         Dot {
-            a: by(self.a, 0),
-            b: by(self.b, 1),
-            s: (self.s as i64 + shift[3] * r) as usize,
-            send: self.send.map(|(src, dst)| (by(src, 5), by(dst, 6))),
+            a: by(self.a, fx::OP_A),
+            b: by(self.b, fx::OP_B),
+            s: (self.s as i64 + shift[fx::ACC_SRC] * r) as usize,
+            send: self
+                .send
+                .map(|(src, dst)| (by(src, fx::XFER_SRC), by(dst, fx::XFER_DST))),
+            zero: self.zero,
         }
     }
 }
@@ -62,22 +77,23 @@ pub(super) fn dot_of(plan: &Plan) -> Option<Dot> {
         Xfer::Send {
             src: XferSrc::Mem(_),
             ..
-        } => Some((pr[5]?, pr[6]?)),
+        } => Some((pr[fx::XFER_SRC]?, pr[fx::XFER_DST]?)),
         Xfer::Send {
             src: XferSrc::Acc, ..
         } => return None,
     };
-    let s = pr[3]?.at(0);
+    let s = pr[fx::ACC_SRC]?.at(0);
     // A chain stores its sum before its sends read their words, so a send that reads the
     // sum's word in some step would carry the final sum instead of that step's running value.
     if send.is_some_and(|(src, _)| reaches(src, s)) {
         return None;
     }
     Some(Dot {
-        a: pr[0]?,
-        b: pr[1]?,
+        a: pr[fx::OP_A]?,
+        b: pr[fx::OP_B]?,
         s,
         send,
+        zero: plan.fresh_sum,
     })
 }
 
@@ -94,7 +110,7 @@ fn reaches(pr: Prog, word: usize) -> bool {
 /// it is formed.
 pub(super) fn run_chain(mems: &mut [Vec<Option<f32>>], sink: &mut Sink, (p, next, d, w): Chain) {
     let mem = &mems[p];
-    let mut sum = get(mem, d.s);
+    let mut sum = d.start(mem);
     for t in 0..i64::from(w) {
         sum += get(mem, d.a.at(t)) * get(mem, d.b.at(t));
     }
@@ -160,7 +176,7 @@ fn dot_group(
 ) {
     let mut regs = [0f32; DOT_GROUP];
     for (j, &(p, _, d, _)) in group.iter().enumerate() {
-        regs[j] = get(&mems[p], d.s);
+        regs[j] = d.start(&mems[p]);
     }
     let mut t0 = 0;
     while t0 < w {

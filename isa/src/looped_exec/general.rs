@@ -14,7 +14,7 @@
 
 use super::defer::{meet, Access, Meet};
 use super::nest::{stretch_ok, PeMem, Segment};
-use super::{count_times, plan_of, run_plan, LoopMachine, Stepped};
+use super::{count_times, fx, plan_of, run_plan, LoopMachine, Stepped};
 use crate::machine::F32Domain;
 
 /// Most cycles one window covers.
@@ -83,7 +83,7 @@ impl LoopMachine<F32Domain> {
                     return Err(Stepped(1));
                 }
                 fresh.extend(
-                    [2, 4]
+                    fx::WRITES
                         .iter()
                         .filter_map(|&k| plan.progs[k].map(|pr| (pr, l))),
                 );
@@ -114,14 +114,14 @@ impl LoopMachine<F32Domain> {
             let (Some(mine), Some(theirs)) = (&wins[p], &wins[prev]) else {
                 continue;
             };
-            let sends = accesses(theirs, &[6]);
+            let sends = accesses(theirs, &[fx::XFER_DST]);
             if sends.is_empty() {
                 continue;
             }
             match meet(
                 &sends,
-                &accesses(mine, &[0, 1, 3, 5]),
-                &accesses(mine, &[2, 4]),
+                &accesses(mine, &fx::READS),
+                &accesses(mine, &fx::WRITES),
             ) {
                 Meet::Apart => {}
                 Meet::ReadsFirst => held = true,

@@ -15,10 +15,10 @@
 use super::defer::Sink;
 use super::dot::{dot_of, run_chains};
 use super::{
-    count_times, overlap, plan_of, run_plan, Cursor, InitChunks, LoopMachine, Plan, Prog, Stepped,
-    MAX_LOOP_DEPTH,
+    count_times, fx, overlap, plan_of, run_plan, Cursor, InitChunks, LoopMachine, Plan, Prog,
+    Stepped, MAX_LOOP_DEPTH,
 };
-use crate::inst::{Acc, Op, Xfer, XferSrc};
+use crate::inst::{Acc, AccSrc, Op, Xfer, XferSrc};
 use crate::looped::{Cmp, Field, LBundle, Node};
 use crate::machine::F32Domain;
 
@@ -294,11 +294,15 @@ pub(super) fn stretch_ok(
     for (k, pr) in plan.progs.iter().enumerate() {
         let Some(pr) = *pr else { continue };
         let (lo, hi) = hull(pr, len, shift[k], reps);
-        let bound = if k == 6 { next_len as i64 } else { size };
+        let bound = if k == fx::XFER_DST {
+            next_len as i64
+        } else {
+            size
+        };
         if lo < 0 || hi >= bound {
             return false;
         }
-        if [0, 1, 3, 5].contains(&k) {
+        if fx::READS.contains(&k) && !(plan.fresh_sum && k == fx::ACC_SRC) {
             let dense = Prog {
                 addr: lo,
                 stride: 1,
@@ -327,7 +331,7 @@ pub(super) fn stretch_ok(
             overlap(hull(x, len, shift[a], reps), hull(y, len, shift[c], reps))
         }
     };
-    if meets(2, 4) {
+    if meets(fx::OP_DST, fx::ACC_DST) {
         return false;
     }
     // A slot that reads the very word it writes, cycle by cycle (`mul m[a + t], c -> m[a + t]`),
@@ -340,13 +344,13 @@ pub(super) fn stretch_ok(
             (plan.progs[a], plan.progs[c]),
             (Some(x), Some(y)) if x.addr == y.addr && x.stride == y.stride
                 && shift[a] == shift[c]
-                && (x.stride != 0 || (a == 2 && c < 2))
+                && (x.stride != 0 || (a == fx::OP_DST && (c == fx::OP_A || c == fx::OP_B)))
         )
     };
     if len > 1 {
-        for w in [2usize, 4] {
-            for r in [0usize, 1, 3, 5] {
-                let own_register = plan.register && w == 4 && r == 3;
+        for w in fx::WRITES {
+            for r in fx::READS {
+                let own_register = plan.register && w == fx::ACC_DST && r == fx::ACC_SRC;
                 if !own_register && !in_place(w, r) && meets(w, r) {
                     return false;
                 }
@@ -360,13 +364,13 @@ pub(super) fn stretch_ok(
 /// interleaving with the same results: each keeps its sum in a word of its own that no
 /// repetition reads as an operand or sends.
 fn independent_dots(seg: &Segment, shift: &[i64; 7], reps: i64) -> bool {
-    let Some(sum) = seg.plan.progs[3] else {
+    let Some(sum) = seg.plan.progs[fx::ACC_SRC] else {
         return false;
     };
-    if dot_of(&seg.plan).is_none() || shift[3] == 0 {
+    if dot_of(&seg.plan).is_none() || shift[fx::ACC_SRC] == 0 {
         return false;
     }
-    let sums = hull(sum, 1, shift[3], reps);
+    let sums = hull(sum, 1, shift[fx::ACC_SRC], reps);
     [0usize, 1, 5].iter().all(|&k| {
         seg.plan.progs[k]
             .is_none_or(|pr| !overlap(hull(pr, i64::from(seg.len), shift[k], reps), sums))
@@ -473,11 +477,21 @@ fn block(
     let tail = collect(probe, tail_len);
     let own = (s.level - 1) as u8;
     let mut flat = |v: Vec<(&LBundle, [u32; MAX_LOOP_DEPTH], u32, Option<u8>)>| {
-        v.into_iter()
+        let segs = v
+            .into_iter()
             .map(|(b, idx, len, inner)| {
-                let plan = plan_of(b, &idx, inner);
-                stretch_ok(&plan, i64::from(len), &[0; 7], 1, at).then_some(Segment { plan, len })
+                (
+                    Segment {
+                        plan: plan_of(b, &idx, inner),
+                        len,
+                    },
+                    [0; 7],
+                )
             })
+            .collect();
+        join_chains(segs)
+            .into_iter()
+            .map(|(s, _)| stretch_ok(&s.plan, i64::from(s.len), &[0; 7], 1, at).then_some(s))
             .collect::<Option<Vec<_>>>()
     };
     let head = flat(head)?;
@@ -490,11 +504,14 @@ fn block(
             shift[k] = term_stride(b, f, own);
         }
         // A running sum stays in one word only if its source and destination move alike.
-        plan.register &= shift[3] == shift[4];
-        if !stretch_ok(&plan, i64::from(len), &shift, i64::from(iters), at) {
+        plan.register &= shift[fx::ACC_SRC] == shift[fx::ACC_DST];
+        moved.push((Segment { plan, len }, shift));
+    }
+    let moved = join_chains(moved);
+    for (s, shift) in &moved {
+        if !stretch_ok(&s.plan, i64::from(s.len), shift, i64::from(iters), at) {
             return None;
         }
-        moved.push((Segment { plan, len }, shift));
     }
     let free = iters >= 2
         && match moved.as_slice() {
@@ -510,6 +527,103 @@ fn block(
         dots,
         tail,
     })
+}
+
+/// A chain's first product `a` (one cycle: `mul … | add 0 -> mS`) joined to the stretch `b`
+/// that continues it (`mul … | add mS -> mS`, every operand and send one step on, the sum in a
+/// register): one stretch a cycle longer whose first cycle takes its product as the sum. Each
+/// cycle's instance is the one the two stretches had, so results, sends and counts are theirs;
+/// the point is that a loop of such chains becomes a loop of one dot product each, whose
+/// iterations can run side by side.
+fn joined(a: &Plan, b: &Plan) -> Option<Plan> {
+    if !b.register || a.fresh_sum || b.fresh_sum {
+        return None;
+    }
+    let (Op::Arith(x), Op::Arith(y)) = (a.bundle.op, b.bundle.op) else {
+        return None;
+    };
+    if x.kind != y.kind || x.dst.is_some() || y.dst.is_some() || x.imm.to_bits() != y.imm.to_bits()
+    {
+        return None;
+    }
+    let (
+        Acc::Add {
+            src: AccSrc::Zero,
+            dst: Some(_),
+        },
+        Acc::Add {
+            src: AccSrc::Mem(_),
+            dst: Some(_),
+        },
+    ) = (a.bundle.acc, b.bundle.acc)
+    else {
+        return None;
+    };
+    let same_slot = matches!(
+        (a.bundle.xfer, b.bundle.xfer),
+        (Xfer::Nop, Xfer::Nop)
+            | (
+                Xfer::Send {
+                    src: XferSrc::Mem(_),
+                    ..
+                },
+                Xfer::Send {
+                    src: XferSrc::Mem(_),
+                    ..
+                },
+            )
+    );
+    let sums = (a.progs[fx::ACC_DST], b.progs[fx::ACC_DST]);
+    if !same_slot || !matches!(sums, (Some(s), Some(t)) if s.addr == t.addr) {
+        return None;
+    }
+    let mut progs = b.progs;
+    for k in [fx::OP_A, fx::OP_B, fx::XFER_SRC, fx::XFER_DST] {
+        match (a.progs[k], b.progs[k]) {
+            (None, None) => {}
+            (Some(pa), Some(pb)) if pa.addr == pb.addr - pb.stride => {
+                progs[k] = Some(Prog {
+                    addr: pa.addr,
+                    stride: pb.stride,
+                });
+            }
+            _ => return None,
+        }
+    }
+    Some(Plan {
+        bundle: b.bundle,
+        progs,
+        register: true,
+        fresh_sum: true,
+    })
+}
+
+/// `segs` with every chain's first product joined to the stretch that continues it
+/// ([`joined`]), where each field of the two moves alike from iteration to iteration
+/// (`shift`).
+fn join_chains(segs: Vec<(Segment, [i64; 7])>) -> Vec<(Segment, [i64; 7])> {
+    let mut out: Vec<(Segment, [i64; 7])> = Vec::with_capacity(segs.len());
+    for (seg, shift) in segs {
+        if let Some((last, last_shift)) = out.last_mut() {
+            let alike = fx::READS
+                .iter()
+                .chain(&fx::WRITES)
+                .chain(&[fx::XFER_DST])
+                .all(|&k| k == fx::ACC_SRC || last_shift[k] == shift[k]);
+            if last.len == 1 && alike {
+                if let Some(plan) = joined(&last.plan, &seg.plan) {
+                    *last = Segment {
+                        plan,
+                        len: seg.len + 1,
+                    };
+                    *last_shift = shift;
+                    continue;
+                }
+            }
+        }
+        out.push((seg, shift));
+    }
+    out
 }
 
 /// Moves `cur` past `s`'s reach: the rest of the iteration and its alike ones.
