@@ -601,10 +601,13 @@ fn joined(a: &Plan, b: &Plan) -> Option<Plan> {
 /// `segs` with every chain's first product joined to the stretch that continues it
 /// ([`joined`]), where each field of the two moves alike from iteration to iteration
 /// (`shift`).
-fn join_chains(segs: Vec<(Segment, [i64; 7])>) -> Vec<(Segment, [i64; 7])> {
-    let mut out: Vec<(Segment, [i64; 7])> = Vec::with_capacity(segs.len());
-    for (seg, shift) in segs {
-        if let Some((last, last_shift)) = out.last_mut() {
+fn join_chains(mut segs: Vec<(Segment, [i64; 7])>) -> Vec<(Segment, [i64; 7])> {
+    // In place: `kept` stretches stay at the front, each later one joined to the last of them
+    // or moved up behind it.
+    let mut kept = 0;
+    for r in 0..segs.len() {
+        if kept > 0 {
+            let ((last, last_shift), (seg, shift)) = (&segs[kept - 1], &segs[r]);
             let alike = fx::READS
                 .iter()
                 .chain(&fx::WRITES)
@@ -612,18 +615,23 @@ fn join_chains(segs: Vec<(Segment, [i64; 7])>) -> Vec<(Segment, [i64; 7])> {
                 .all(|&k| k == fx::ACC_SRC || last_shift[k] == shift[k]);
             if last.len == 1 && alike {
                 if let Some(plan) = joined(&last.plan, &seg.plan) {
-                    *last = Segment {
-                        plan,
-                        len: seg.len + 1,
-                    };
-                    *last_shift = shift;
+                    let joint = (
+                        Segment {
+                            plan,
+                            len: seg.len + 1,
+                        },
+                        *shift,
+                    );
+                    segs[kept - 1] = joint;
                     continue;
                 }
             }
         }
-        out.push((seg, shift));
+        segs.swap(kept, r);
+        kept += 1;
     }
-    out
+    segs.truncate(kept);
+    segs
 }
 
 /// Moves `cur` past `s`'s reach: the rest of the iteration and its alike ones.
