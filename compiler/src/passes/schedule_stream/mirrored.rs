@@ -85,6 +85,12 @@ struct Deal {
     /// Each weight divided by its row's sum (`n` divisions a row) rather than each output
     /// element (`d`): with fewer keys than columns.
     per_weight: bool,
+    /// Each pair's scores kept whole at the home of each block: the segment of block `q`'s
+    /// payload for its meeting with PE `o` holds all `r_q × r_o` scores of the pair (row-major
+    /// where `q` meets `o` in the earlier step, column-major where it is the later one), the
+    /// mirrors one contiguous run of it and the scores the home computes itself the rest, so
+    /// that each of a row's keys of a block lies at an address affine in the row.
+    full: bool,
     /// First token of each PE, and `n` at the end.
     x: Vec<u32>,
     /// Scores PE `p` computes in its meeting with PE `q`: `cnt[p][q]`.
@@ -122,7 +128,7 @@ impl Deal {
         }
     }
 
-    fn new(n: u32, d: u32, m: u32, heads: u32, per_weight: bool) -> Option<Deal> {
+    fn new(n: u32, d: u32, m: u32, heads: u32, per_weight: bool, full: bool) -> Option<Deal> {
         let x: Vec<u32> = (0..=m).map(|p| first(n, m, p)).collect();
         let r = |p: u32| i64::from(x[p as usize + 1] - x[p as usize]);
         let (n64, d64) = (i64::from(n), i64::from(d));
@@ -187,6 +193,7 @@ impl Deal {
             m,
             heads,
             per_weight,
+            full,
             x,
             cnt,
             split: BTreeMap::new(),
@@ -222,7 +229,12 @@ impl Deal {
             let mut e = 0u64;
             for s in 1..m {
                 offs[s as usize] = w(e)?;
-                e += u64::from(deal.cnt[((q + s) % m) as usize][q as usize]);
+                let o = (q + s) % m;
+                e += if full {
+                    u64::from(deal.r(q)) * u64::from(deal.r(o))
+                } else {
+                    u64::from(deal.cnt[o as usize][q as usize])
+                };
             }
             deal.pay.push(offs);
             at += u64::from(deal.r(q)) * d64 as u64 + e;
@@ -246,6 +258,21 @@ impl Deal {
     /// Block `q`'s payload in this head's area.
     fn payload(&self, q: u32) -> Ad {
         self.xrows(q).plus(i64::from(self.r(q) * self.d))
+    }
+
+    /// The mirrors in block `q`'s payload from its meeting in step `s`: their first word's
+    /// offset in the payload and their count.
+    fn mirrors(&self, q: u32, s: u32) -> (u32, u32) {
+        let o = (q + s) % self.m;
+        let at = self.pay[q as usize][s as usize];
+        let words = self.cnt[o as usize][q as usize];
+        if self.full && self.orient(q, o).0 == q {
+            // The home computes the pair's first scores in row order, the rows before the
+            // mirrors.
+            (at + self.cnt[q as usize][o as usize], words)
+        } else {
+            (at, words)
+        }
     }
 }
 
@@ -283,8 +310,10 @@ struct Gen<'a> {
     own: Ad,
     /// The visiting block's x rows.
     vis: Ad,
-    /// Score row base of the visiting block's first key.
+    /// Where the score of the own first row and the visiting block's first key is kept.
     sc: Ad,
+    /// How that address moves per own row and per key.
+    sc_step: (i64, i64),
 }
 
 impl Gen<'_> {
@@ -300,12 +329,13 @@ impl Gen<'_> {
             return Vec::new();
         }
         let g = self.g;
-        let (d, n) = (i64::from(g.d), i64::from(g.n));
+        let d = i64::from(g.d);
+        let (rs, ks) = self.sc_step;
         let (ra_, ka_) = (i64::from(ra), i64::from(ka));
         // Levels: 1 row, 2 key, 3 middle column.
         let own = self.own.clone().plus(ra_ * d).t(1, d);
         let vis = self.vis.clone().plus(ka_ * d).t(2, d);
-        let sc = self.sc.clone().plus(ra_ * n + ka_).t(1, n).t(2, 1);
+        let sc = self.sc.clone().plus(ra_ * rs + ka_ * ks).t(1, rs).t(2, ks);
         let chain_w = |at: &Ad| at.clone().t(1, i64::from(keys) * (d - 1)).t(2, d - 1);
         let send = |mut b: B, src: Ad, pred: Option<u32>| {
             b.xfer = Xfer::Send {
@@ -605,7 +635,12 @@ impl Deal {
         // step's chains, runs of `d − 1` words laid one a cycle onto the rows that follow from
         // `starts[p][m]` on, as many runs as every word would take.
         let spare: u64 = (0..mu)
-            .map(|b| u64::from(self.r(b as u32) * self.d + self.pay[b][mu - 1]))
+            .map(|b| {
+                u64::from(self.r(b as u32) * self.d)
+                    + (1..mu - 1)
+                        .map(|s| u64::from(self.mirrors(b as u32, s as u32).1))
+                        .sum::<u64>()
+            })
             .sum::<u64>()
             .div_ceil(per);
         let chains: Vec<Vec<(usize, u64, u64)>> = (0..mu)
@@ -658,10 +693,21 @@ impl Deal {
         for st in 1..mu {
             runs.push(
                 (0..mu)
-                    .map(|p| {
+                    .flat_map(|p| {
                         let b = (p + mu - st) % mu;
                         let at = self.blk[b] + self.r(b as u32) * self.d;
-                        (p, at, u64::from(self.pay[b][st]))
+                        if self.full {
+                            // The mirrors of each meeting so far, apart.
+                            (1..st)
+                                .map(|s| {
+                                    let (o, w) = self.mirrors(b as u32, s as u32);
+                                    (p, at + o, u64::from(w))
+                                })
+                                .filter(|r| r.2 > 0)
+                                .collect::<Vec<_>>()
+                        } else {
+                            vec![(p, at, u64::from(self.pay[b][st]))]
+                        }
                     })
                     .collect(),
             );
@@ -803,6 +849,7 @@ impl Deal {
                 own: own.clone(),
                 vis: own,
                 sc: sc_row,
+                sc_step: (i64::from(self.n), 1),
             };
             return gen.step(&rects, &segs);
         }
@@ -821,7 +868,13 @@ impl Deal {
                     rows: sp.k,
                     k0: 0,
                     keys: rb,
-                    mirror: Some((fresh.clone(), 1, k)),
+                    // Kept whole, block `b`'s scores against this PE's rows are column-major
+                    // at its home, the mirrors their first columns.
+                    mirror: Some(if self.full {
+                        (fresh.clone(), i64::from(rb), 1)
+                    } else {
+                        (fresh.clone(), 1, k)
+                    }),
                 },
                 Rect {
                     r0: sp.k,
@@ -844,14 +897,23 @@ impl Deal {
                     rows: rp,
                     k0: k + 1,
                     keys: after,
-                    mirror: Some((fresh.clone().plus(-(ki + 1) * rpi), 1, rpi)),
+                    // Kept whole, row-major at block `b`'s home, the mirrors its last rows.
+                    mirror: Some(if self.full {
+                        (fresh.clone(), 1, rpi)
+                    } else {
+                        (fresh.clone().plus(-(ki + 1) * rpi), 1, rpi)
+                    }),
                 },
                 Rect {
                     r0: c,
                     rows: if k < rb { rp - c } else { 0 },
                     k0: k,
                     keys: 1,
-                    mirror: Some((fresh.plus(i64::from(after) * rpi - i64::from(c)), 1, 0)),
+                    mirror: Some(if self.full {
+                        (fresh, 1, rpi)
+                    } else {
+                        (fresh.plus(i64::from(after) * rpi - i64::from(c)), 1, 0)
+                    }),
                 },
             ]
         };
@@ -875,11 +937,27 @@ impl Deal {
                 last_at,
             )
         };
+        // The scores kept here: in the score rows, or kept whole, in this PE's own payload
+        // segment for its meeting with block `b` (row-major where this PE meets `b` in the
+        // earlier step, as the mirrors `b` computes fill its last rows; column-major otherwise).
+        let (sc, sc_step) = if self.full {
+            let seg = self
+                .payload(p)
+                .plus(i64::from(self.pay[p as usize][((b + m - p) % m) as usize]));
+            if u == p {
+                (seg, (i64::from(rb), 1))
+            } else {
+                (seg, (1, i64::from(rp)))
+            }
+        } else {
+            (sc_row, (i64::from(self.n), 1))
+        };
         let gen = Gen {
             g: self,
             own,
             vis: self.xrows(b),
-            sc: sc_row,
+            sc,
+            sc_step,
         };
         gen.step(&rects, &segs)
     }
@@ -898,6 +976,19 @@ impl Deal {
                 // Keys below the row from their own rows' triangle, the others from this row.
                 out.push((ad(self.sc).plus(i64::from(xq + j)), n, xq, j));
                 out.push((row(q).plus(i64::from(j)), 1, xq + j, rq - j));
+                continue;
+            }
+            if self.full {
+                // The pair's scores kept whole in block `p`'s payload segment for its meeting
+                // with `q`: row-major where `p` meets `q` in the earlier step.
+                let seg = self
+                    .payload(p)
+                    .plus(i64::from(self.pay[p as usize][((q + m - p) % m) as usize]));
+                if self.orient(p, q).0 == p {
+                    out.push((seg.plus(i64::from(j * rq)), 1, xq, rq));
+                } else {
+                    out.push((seg.plus(i64::from(j)), i64::from(self.r(p)), xq, rq));
+                }
                 continue;
             }
             // The other meeting of this pair: block `p` at PE `q` in step `(q − p) mod m`.
@@ -1300,7 +1391,7 @@ pub fn run_timed(
     }
     let scale = p.scale as f32;
     let per_weight = super::per_weight_pays(p);
-    let deal = Deal::new(n, d, m, heads, per_weight)
+    let deal = Deal::new(n, d, m, heads, per_weight, false)
         .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
     if budget.is_some_and(|b| u64::from(deal.words) > b) {
         return Err(format!(
@@ -1312,16 +1403,21 @@ pub fn run_timed(
     // Relayed x rows leave the steps only the payloads to forward, which spares the steps of
     // the PEs with few cross scores from waiting on forwarded words; on the step stays where
     // relaying does not fit before the ring's last step or takes longer.
+    let too_big = std::cell::Cell::new(false);
     let fits = |programs: Vec<LoopProgram>| -> Result<Vec<LoopProgram>, String> {
         // Each row's softmax is a body of its own, so the programs grow with the rows per PE.
+        eprintln!("DBG sizes cycles {} {:?}", cycles_of(&programs), programs.iter().map(isa::looped_binary::encoded_len).collect::<Vec<_>>());
         match programs
             .iter()
             .map(isa::looped_binary::encoded_len)
             .find(|&b| b > MAX_PROGRAM_BYTES)
         {
-            Some(big) => Err(format!(
+            Some(big) => Err({
+                too_big.set(true);
+                format!(
                 "{NAME}: mirrored scores would take {big} bytes of program on a PE, more than {MAX_PROGRAM_BYTES}"
-            )),
+            )
+            }),
             None => Ok(programs),
         }
     };
@@ -1345,23 +1441,44 @@ pub fn run_timed(
             "{NAME}: forwarding on the step takes only its busiest PE's operations"
         ))
     } else {
+        too_big.set(false);
         relay(&deal, scale, fits)?
     };
-    let programs = match (on_step, relayed) {
-        (Ok(o), Ok(r)) => {
-            if cycles_of(&r) < cycles_of(&o) {
-                r
-            } else {
-                o
+    // Where the relayed programs were built but are too large, the same relay with each
+    // pair's scores kept whole at the homes, whose rows then fold into loops.
+    let mut kept_whole = None;
+    let relayed = match relayed {
+        Err(e) if too_big.get() => {
+            match Deal::new(n, d, m, heads, per_weight, true)
+                .filter(|w| budget.map_or(true, |b| u64::from(w.words) <= b))
+            {
+                Some(whole) => {
+                    let r = relay(&whole, scale, fits)?;
+                    if r.is_ok() {
+                        kept_whole = Some(whole);
+                    }
+                    r.map_err(|e2| format!("{e}; kept whole: {e2}"))
+                }
+                None => Err(e),
             }
         }
-        (Err(_), Ok(r)) => r,
+        r => r,
+    };
+    let (programs, deal) = match (on_step, relayed) {
+        (Ok(o), Ok(r)) => {
+            if cycles_of(&r) < cycles_of(&o) {
+                (r, kept_whole.unwrap_or(deal))
+            } else {
+                (o, deal)
+            }
+        }
+        (Err(_), Ok(r)) => (r, kept_whole.unwrap_or(deal)),
         (Err(_), Err(e)) if timing == Timing::Relayed => {
             return Err(format!(
                 "{NAME}: the relayed timing does not apply or fit ({e})"
             ))
         }
-        (o, Err(_)) => o?,
+        (o, Err(_)) => (o?, deal),
     };
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     let bundles = cycles.saturating_mul(u64::from(m));
