@@ -1453,7 +1453,12 @@ pub fn run_timed(
                 .filter(|w| budget.map_or(true, |b| u64::from(w.words) <= b))
             {
                 Some(whole) => {
-                    let r = relay(&whole, scale, fits)?;
+                    let lim: u64 = std::env::var("MIR_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(MAX_PROGRAM_BYTES);
+                    let fits2 = |programs: Vec<LoopProgram>| -> Result<Vec<LoopProgram>, String> {
+                        eprintln!("DBG2 sizes cycles {} {:?}", cycles_of(&programs), programs.iter().map(isa::looped_binary::encoded_len).collect::<Vec<_>>());
+                        if programs.iter().map(isa::looped_binary::encoded_len).any(|b| b > lim) { Err("big".into()) } else { Ok(programs) }
+                    };
+                    let r = relay(&whole, scale, fits2)?;
                     if r.is_ok() {
                         kept_whole = Some(whole);
                     }
@@ -1776,6 +1781,31 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             })
             .collect::<Result<Vec<_>, String>>()?;
         rows.sort_by_key(|r| (r.0, r.1));
+        let from = if laid { start[pe][mu] } else { end[pe] };
+        if deal.full {
+            // Kept whole, rows in token order fold into loops: they go in that order where
+            // the stretch then starts no later.
+            let start_of = |rows: &mut dyn Iterator<Item = &(u64, u32, Vec<Node>, Vec<isa::Bundle>, Line)>| {
+                let mut fl = Line {
+                    read: HashMap::default(),
+                    sent: HashMap::default(),
+                    len: 0,
+                };
+                for (_, _, _, _, l) in rows {
+                    for (&a, &t) in &l.read {
+                        fl.read.entry(a).or_insert(fl.len + t);
+                    }
+                    fl.len += l.len;
+                }
+                from.max(ready(&lines, &fl, pe, &start))
+            };
+            let by_need = start_of(&mut rows.iter());
+            let mut by_token: Vec<usize> = (0..rows.len()).collect();
+            by_token.sort_by_key(|&i| rows[i].1);
+            if start_of(&mut by_token.iter().map(|&i| &rows[i])) <= by_need {
+                rows.sort_by_key(|r| r.1);
+            }
+        }
         let order: Vec<(u32, u64)> = rows
             .iter()
             .map(|r| (r.1, super::head_cycles(&r.2)))
@@ -1809,7 +1839,6 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             each_flat = flat(&each, deal.words)?;
             fl = line_of(&each_flat);
         }
-        let from = if laid { start[pe][mu] } else { end[pe] };
         let at = from.max(ready(&lines, &fl, pe, &start));
         waits[pe][mu] = from - end[pe];
         // Rows that follow one another in token order and whose code moves on alike share one
