@@ -1406,7 +1406,6 @@ pub fn run_timed(
     let too_big = std::cell::Cell::new(false);
     let fits = |programs: Vec<LoopProgram>| -> Result<Vec<LoopProgram>, String> {
         // Each row's softmax is a body of its own, so the programs grow with the rows per PE.
-        eprintln!("DBG sizes cycles {} {:?}", cycles_of(&programs), programs.iter().map(isa::looped_binary::encoded_len).collect::<Vec<_>>());
         match programs
             .iter()
             .map(isa::looped_binary::encoded_len)
@@ -1450,15 +1449,10 @@ pub fn run_timed(
     let relayed = match relayed {
         Err(e) if too_big.get() => {
             match Deal::new(n, d, m, heads, per_weight, true)
-                .filter(|w| budget.map_or(true, |b| u64::from(w.words) <= b))
+                .filter(|w| budget.is_none_or(|b| u64::from(w.words) <= b))
             {
                 Some(whole) => {
-                    let lim: u64 = std::env::var("MIR_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(MAX_PROGRAM_BYTES);
-                    let fits2 = |programs: Vec<LoopProgram>| -> Result<Vec<LoopProgram>, String> {
-                        eprintln!("DBG2 sizes cycles {} {:?}", cycles_of(&programs), programs.iter().map(isa::looped_binary::encoded_len).collect::<Vec<_>>());
-                        if programs.iter().map(isa::looped_binary::encoded_len).any(|b| b > lim) { Err("big".into()) } else { Ok(programs) }
-                    };
-                    let r = relay(&whole, scale, fits2)?;
+                    let r = relay(&whole, scale, fits)?;
                     if r.is_ok() {
                         kept_whole = Some(whole);
                     }
@@ -1785,20 +1779,21 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         if deal.full {
             // Kept whole, rows in token order fold into loops: they go in that order where
             // the stretch then starts no later.
-            let start_of = |rows: &mut dyn Iterator<Item = &(u64, u32, Vec<Node>, Vec<isa::Bundle>, Line)>| {
-                let mut fl = Line {
-                    read: HashMap::default(),
-                    sent: HashMap::default(),
-                    len: 0,
-                };
-                for (_, _, _, _, l) in rows {
-                    for (&a, &t) in &l.read {
-                        fl.read.entry(a).or_insert(fl.len + t);
+            let start_of =
+                |rows: &mut dyn Iterator<Item = &(u64, u32, Vec<Node>, Vec<isa::Bundle>, Line)>| {
+                    let mut fl = Line {
+                        read: HashMap::default(),
+                        sent: HashMap::default(),
+                        len: 0,
+                    };
+                    for (_, _, _, _, l) in rows {
+                        for (&a, &t) in &l.read {
+                            fl.read.entry(a).or_insert(fl.len + t);
+                        }
+                        fl.len += l.len;
                     }
-                    fl.len += l.len;
-                }
-                from.max(ready(&lines, &fl, pe, &start))
-            };
+                    from.max(ready(&lines, &fl, pe, &start))
+                };
             let by_need = start_of(&mut rows.iter());
             let mut by_token: Vec<usize> = (0..rows.len()).collect();
             by_token.sort_by_key(|&i| rows[i].1);
