@@ -1362,6 +1362,9 @@ pub enum Timing {
     OnStep,
     /// Every word relayed as soon as it arrives, on whatever chains are free then.
     Relayed,
+    /// Relayed, with each pair's scores kept whole at the homes (which `Fastest` and `Relayed`
+    /// take where the relayed programs are too large otherwise).
+    Whole,
 }
 
 /// The mirrored programs for `p` on `m` PEs, if every PE's memory is within `budget` words.
@@ -1420,7 +1423,7 @@ pub fn run_timed(
             None => Ok(programs),
         }
     };
-    let on_step = if timing == Timing::Relayed {
+    let on_step = if matches!(timing, Timing::Relayed | Timing::Whole) {
         Err(format!("{NAME}: relayed timing asked for"))
     } else {
         build(&deal, None, scale)?
@@ -1435,6 +1438,9 @@ pub fn run_timed(
     let at_floor = on_step.as_ref().is_ok_and(|o| cycles_of(o) <= ops_floor(o));
     let relayed = if timing == Timing::OnStep {
         Err(format!("{NAME}: forwarding on the step asked for"))
+    } else if timing == Timing::Whole {
+        too_big.set(true);
+        Err(format!("{NAME}: scores kept whole asked for"))
     } else if timing == Timing::Fastest && at_floor {
         Err(format!(
             "{NAME}: forwarding on the step takes only its busiest PE's operations"
@@ -1472,7 +1478,7 @@ pub fn run_timed(
             }
         }
         (Err(_), Ok(r)) => (r, kept_whole.unwrap_or(deal)),
-        (Err(_), Err(e)) if timing == Timing::Relayed => {
+        (Err(_), Err(e)) if matches!(timing, Timing::Relayed | Timing::Whole) => {
             return Err(format!(
                 "{NAME}: the relayed timing does not apply or fit ({e})"
             ))
