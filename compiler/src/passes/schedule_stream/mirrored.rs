@@ -97,10 +97,14 @@ struct Deal {
     cnt: Vec<Vec<u32>>,
     /// Split of each pair, by `(u, v)` with `u` the earlier meeting.
     split: BTreeMap<(u32, u32), Split>,
-    /// Start of block `q` (x rows, then its payload) in a head's area.
+    /// Start of block `q`'s x rows in a head's area.
     blk: Vec<u32>,
     /// Words of one head's area.
     area: u32,
+    /// Start of block `q`'s payload (in head 0), and how far it moves from head to head: right
+    /// after the x rows in each head's area, or kept whole, one payload for every head.
+    pblk: Vec<u32>,
+    parea: u32,
     /// Offset in block `q`'s payload of the mirrors of its meeting in step `s`.
     pay: Vec<Vec<u32>>,
     y: u32,
@@ -199,6 +203,8 @@ impl Deal {
             split: BTreeMap::new(),
             blk: Vec::new(),
             area: 0,
+            pblk: Vec::new(),
+            parea: 0,
             pay: Vec::new(),
             y: 0,
             sc: 0,
@@ -222,9 +228,19 @@ impl Deal {
             }
         }
         let w = |x: u64| u32::try_from(x).ok();
-        let mut at = 0u64;
+        // Kept whole, the payloads follow every head's x rows and serve every head: the heads
+        // start together on every PE, so a head's words all arrive and are read within it, and
+        // the next head's overwrite them only after every PE has left it.
+        let xwords = u64::from(n) * d64 as u64;
+        let mut at = if full { u64::from(heads) * xwords } else { 0 };
         for q in 0..m {
-            deal.blk.push(w(at)?);
+            if full {
+                deal.blk.push(w(u64::from(deal.x[q as usize]) * d64 as u64)?);
+                deal.pblk.push(w(at)?);
+            } else {
+                deal.blk.push(w(at)?);
+                deal.pblk.push(w(at + u64::from(deal.r(q)) * d64 as u64)?);
+            }
             let mut offs = vec![0u32; mu];
             let mut e = 0u64;
             for s in 1..m {
@@ -237,11 +253,18 @@ impl Deal {
                 };
             }
             deal.pay.push(offs);
-            at += u64::from(deal.r(q)) * d64 as u64 + e;
+            at += if full { 0 } else { u64::from(deal.r(q)) * d64 as u64 } + e;
         }
-        deal.area = w(at)?;
         let rmax = u64::from((0..m).map(|p| deal.r(p)).max()?);
-        deal.y = w(u64::from(heads) * at)?;
+        if full {
+            deal.area = w(xwords)?;
+            deal.parea = 0;
+            deal.y = w(at)?;
+        } else {
+            deal.area = w(at)?;
+            deal.parea = deal.area;
+            deal.y = w(u64::from(heads) * at)?;
+        }
         deal.sc = w(u64::from(deal.y) + u64::from(heads) * rmax * u64::from(d))?;
         deal.e = w(u64::from(deal.sc) + rmax * u64::from(n))?;
         deal.mx = w(u64::from(deal.e) + rmax * u64::from(n))?;
@@ -257,7 +280,16 @@ impl Deal {
 
     /// Block `q`'s payload in this head's area.
     fn payload(&self, q: u32) -> Ad {
-        self.xrows(q).plus(i64::from(self.r(q) * self.d))
+        ad(self.pblk[q as usize]).t(0, i64::from(self.parea))
+    }
+
+    /// How far word `a` of head 0's areas moves from head to head.
+    fn head_stride(&self, a: u32) -> i64 {
+        if self.full && a >= self.pblk[0] {
+            i64::from(self.parea)
+        } else {
+            i64::from(self.area)
+        }
     }
 
     /// The mirrors in block `q`'s payload from its meeting in step `s`: their first word's
@@ -695,7 +727,7 @@ impl Deal {
                 (0..mu)
                     .flat_map(|p| {
                         let b = (p + mu - st) % mu;
-                        let at = self.blk[b] + self.r(b as u32) * self.d;
+                        let at = self.pblk[b];
                         if self.full {
                             // The mirrors of each meeting so far, apart.
                             (1..st)
@@ -771,7 +803,7 @@ impl Deal {
                     e += 1;
                 }
                 let (s, c, _) = chains[p][k];
-                out[p][s].push((c, w, ad(a).t(0, i64::from(self.area))));
+                out[p][s].push((c, w, ad(a).t(0, self.head_stride(a))));
                 i = e;
             }
         }
@@ -1725,7 +1757,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         for pe in 0..mu {
             let q = prev(pe);
             let b = (pe as u32 + 1) % m;
-            let pat = deal.blk[b as usize] + deal.r(b) * d;
+            let pat = deal.pblk[b as usize];
             let words = u64::from(deal.pay[b as usize][mu - 1]);
             let dd = u64::from(d);
             let mut at = 0u64;
