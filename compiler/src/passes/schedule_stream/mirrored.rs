@@ -235,7 +235,8 @@ impl Deal {
         let mut at = if full { u64::from(heads) * xwords } else { 0 };
         for q in 0..m {
             if full {
-                deal.blk.push(w(u64::from(deal.x[q as usize]) * d64 as u64)?);
+                deal.blk
+                    .push(w(u64::from(deal.x[q as usize]) * d64 as u64)?);
                 deal.pblk.push(w(at)?);
             } else {
                 deal.blk.push(w(at)?);
@@ -253,7 +254,11 @@ impl Deal {
                 };
             }
             deal.pay.push(offs);
-            at += if full { 0 } else { u64::from(deal.r(q)) * d64 as u64 } + e;
+            at += if full {
+                0
+            } else {
+                u64::from(deal.r(q)) * d64 as u64
+            } + e;
         }
         let rmax = u64::from((0..m).map(|p| deal.r(p)).max()?);
         if full {
