@@ -1473,6 +1473,12 @@ pub fn run_timed(
     // takes no more cycles than its busiest PE's operations the relay cannot take fewer, and
     // a tie keeps the step: it is not built.
     let at_floor = on_step.as_ref().is_ok_and(|o| cycles_of(o) <= ops_floor(o));
+    let whole_deal = || {
+        Deal::new(n, d, m, heads, per_weight, true)
+            .filter(|w| budget.is_none_or(|b| u64::from(w.words) <= b))
+    };
+    let mut kept_whole = None;
+    let mut tried_whole = false;
     let relayed = if timing == Timing::OnStep {
         Err(format!("{NAME}: forwarding on the step asked for"))
     } else if timing == Timing::Whole {
@@ -1482,28 +1488,42 @@ pub fn run_timed(
         Err(format!(
             "{NAME}: forwarding on the step takes only its busiest PE's operations"
         ))
+    } else if timing == Timing::Fastest && m >= 12 && n / m >= 10 {
+        // Blocks of ten rows or more on twelve PEs: relayed, the programs take more than
+        // 16 KiB unless the scores are kept whole (17-19 KiB with 128 tokens, 38 KiB with 256),
+        // so that is built first, and the relay without it only where it does not fit.
+        tried_whole = true;
+        let first = match whole_deal() {
+            Some(whole) => match relay(&whole, scale, fits)? {
+                Ok(p) => {
+                    kept_whole = Some(whole);
+                    Some(p)
+                }
+                Err(_) => None,
+            },
+            None => None,
+        };
+        match first {
+            Some(p) => Ok(p),
+            None => relay(&deal, scale, fits)?,
+        }
     } else {
         too_big.set(false);
         relay(&deal, scale, fits)?
     };
     // Where the relayed programs were built but are too large, the same relay with each
     // pair's scores kept whole at the homes, whose rows then fold into loops.
-    let mut kept_whole = None;
     let relayed = match relayed {
-        Err(e) if too_big.get() => {
-            match Deal::new(n, d, m, heads, per_weight, true)
-                .filter(|w| budget.is_none_or(|b| u64::from(w.words) <= b))
-            {
-                Some(whole) => {
-                    let r = relay(&whole, scale, fits)?;
-                    if r.is_ok() {
-                        kept_whole = Some(whole);
-                    }
-                    r.map_err(|e2| format!("{e}; kept whole: {e2}"))
+        Err(e) if too_big.get() && !tried_whole => match whole_deal() {
+            Some(whole) => {
+                let r = relay(&whole, scale, fits)?;
+                if r.is_ok() {
+                    kept_whole = Some(whole);
                 }
-                None => Err(e),
+                r.map_err(|e2| format!("{e}; kept whole: {e2}"))
             }
-        }
+            None => Err(e),
+        },
         r => r,
     };
     let (programs, deal) = match (on_step, relayed) {
