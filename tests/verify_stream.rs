@@ -1839,6 +1839,75 @@ fn mirrored_rows_in_loops_are_proved() {
     }
 }
 
+/// Relayed mirrored scores with each pair's scores kept whole at the homes of the blocks
+/// (row- or column-major segments of the payload, the home's own scores beside the mirrors):
+/// proved flattened on 3, 6 and 12 PEs with one to four heads, deferred and per weight, every
+/// PE's rows but the first few in one loop, and a kept score's product or a mirror's send taken
+/// out rejected.
+#[test]
+fn mirrored_scores_kept_whole_are_proved() {
+    for (n, d, h, m) in [
+        (13u32, 8u32, 1u32, 3u32),
+        (26, 3, 2, 6),
+        (29, 8, 1, 6),
+        (50, 8, 1, 12),
+        (61, 8, 2, 12),
+        (64, 16, 4, 12),
+        (50, 64, 1, 12),
+    ] {
+        let what = format!("n={n} d={d} h={h} m={m}");
+        let p = problem(n, d, h, true, false, true);
+        let st = schedule_stream::run_mirrored_timed(&p, m, MirroredTiming::Whole)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            st.programs.iter().all(|lp| has_stepped(&lp.body)),
+            "{what}: a PE without its rows in a loop"
+        );
+        for lp in &st.programs {
+            assert_eq!(lp.cycles(), st.cycles, "{what}: PE {}", lp.pe);
+        }
+        let man = stream_manifest(&p, m, &st);
+        let flat: Vec<Program> = flattened(&st.programs);
+        assert_proved(&flat, &man, &what);
+        // The last product of a chain whose score the PE keeps (no send), and a mirror's send.
+        let pe = 1usize;
+        let kept = flat[pe]
+            .bundles
+            .iter()
+            .rposition(|b| {
+                b.op.kind() == Some(OpKind::Mul)
+                    && matches!(b.acc, isa::Acc::Add { dst: Some(_), .. })
+                    && b.xfer == isa::Xfer::Nop
+            })
+            .unwrap();
+        let mut cut = flat.clone();
+        cut[pe].bundles[kept].op = Op::Nop;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "{what}: a kept score's product left out was proved"
+        );
+        let mirror = flat[pe]
+            .bundles
+            .iter()
+            .position(|b| {
+                matches!(
+                    b.xfer,
+                    isa::Xfer::Send {
+                        src: isa::XferSrc::Acc,
+                        ..
+                    }
+                )
+            })
+            .unwrap();
+        let mut cut = flat.clone();
+        cut[pe].bundles[mirror].xfer = isa::Xfer::Nop;
+        assert!(
+            !verify(&cut, &man).is_ok(),
+            "{what}: a mirror's send left out was proved"
+        );
+    }
+}
+
 /// Mirrored scores with fewer keys than columns divide each weight by its row's sum (`n`
 /// divisions a row instead of `d`): proved under that formulation, both timings, on 3, 6 and
 /// 12 PEs with one and four heads.

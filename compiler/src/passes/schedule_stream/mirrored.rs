@@ -85,16 +85,26 @@ struct Deal {
     /// Each weight divided by its row's sum (`n` divisions a row) rather than each output
     /// element (`d`): with fewer keys than columns.
     per_weight: bool,
+    /// Each pair's scores kept whole at the home of each block: the segment of block `q`'s
+    /// payload for its meeting with PE `o` holds all `r_q × r_o` scores of the pair (row-major
+    /// where `q` meets `o` in the earlier step, column-major where it is the later one), the
+    /// mirrors one contiguous run of it and the scores the home computes itself the rest, so
+    /// that each of a row's keys of a block lies at an address affine in the row.
+    full: bool,
     /// First token of each PE, and `n` at the end.
     x: Vec<u32>,
     /// Scores PE `p` computes in its meeting with PE `q`: `cnt[p][q]`.
     cnt: Vec<Vec<u32>>,
     /// Split of each pair, by `(u, v)` with `u` the earlier meeting.
     split: BTreeMap<(u32, u32), Split>,
-    /// Start of block `q` (x rows, then its payload) in a head's area.
+    /// Start of block `q`'s x rows in a head's area.
     blk: Vec<u32>,
     /// Words of one head's area.
     area: u32,
+    /// Start of block `q`'s payload (in head 0), and how far it moves from head to head: right
+    /// after the x rows in each head's area, or kept whole, one payload for every head.
+    pblk: Vec<u32>,
+    parea: u32,
     /// Offset in block `q`'s payload of the mirrors of its meeting in step `s`.
     pay: Vec<Vec<u32>>,
     y: u32,
@@ -122,7 +132,7 @@ impl Deal {
         }
     }
 
-    fn new(n: u32, d: u32, m: u32, heads: u32, per_weight: bool) -> Option<Deal> {
+    fn new(n: u32, d: u32, m: u32, heads: u32, per_weight: bool, full: bool) -> Option<Deal> {
         let x: Vec<u32> = (0..=m).map(|p| first(n, m, p)).collect();
         let r = |p: u32| i64::from(x[p as usize + 1] - x[p as usize]);
         let (n64, d64) = (i64::from(n), i64::from(d));
@@ -187,11 +197,14 @@ impl Deal {
             m,
             heads,
             per_weight,
+            full,
             x,
             cnt,
             split: BTreeMap::new(),
             blk: Vec::new(),
             area: 0,
+            pblk: Vec::new(),
+            parea: 0,
             pay: Vec::new(),
             y: 0,
             sc: 0,
@@ -215,21 +228,48 @@ impl Deal {
             }
         }
         let w = |x: u64| u32::try_from(x).ok();
-        let mut at = 0u64;
+        // Kept whole, the payloads follow every head's x rows and serve every head: the heads
+        // start together on every PE, so a head's words all arrive and are read within it, and
+        // the next head's overwrite them only after every PE has left it.
+        let xwords = u64::from(n) * d64 as u64;
+        let mut at = if full { u64::from(heads) * xwords } else { 0 };
         for q in 0..m {
-            deal.blk.push(w(at)?);
+            if full {
+                deal.blk
+                    .push(w(u64::from(deal.x[q as usize]) * d64 as u64)?);
+                deal.pblk.push(w(at)?);
+            } else {
+                deal.blk.push(w(at)?);
+                deal.pblk.push(w(at + u64::from(deal.r(q)) * d64 as u64)?);
+            }
             let mut offs = vec![0u32; mu];
             let mut e = 0u64;
             for s in 1..m {
                 offs[s as usize] = w(e)?;
-                e += u64::from(deal.cnt[((q + s) % m) as usize][q as usize]);
+                let o = (q + s) % m;
+                e += if full {
+                    u64::from(deal.r(q)) * u64::from(deal.r(o))
+                } else {
+                    u64::from(deal.cnt[o as usize][q as usize])
+                };
             }
             deal.pay.push(offs);
-            at += u64::from(deal.r(q)) * d64 as u64 + e;
+            at += if full {
+                0
+            } else {
+                u64::from(deal.r(q)) * d64 as u64
+            } + e;
         }
-        deal.area = w(at)?;
         let rmax = u64::from((0..m).map(|p| deal.r(p)).max()?);
-        deal.y = w(u64::from(heads) * at)?;
+        if full {
+            deal.area = w(xwords)?;
+            deal.parea = 0;
+            deal.y = w(at)?;
+        } else {
+            deal.area = w(at)?;
+            deal.parea = deal.area;
+            deal.y = w(u64::from(heads) * at)?;
+        }
         deal.sc = w(u64::from(deal.y) + u64::from(heads) * rmax * u64::from(d))?;
         deal.e = w(u64::from(deal.sc) + rmax * u64::from(n))?;
         deal.mx = w(u64::from(deal.e) + rmax * u64::from(n))?;
@@ -245,7 +285,31 @@ impl Deal {
 
     /// Block `q`'s payload in this head's area.
     fn payload(&self, q: u32) -> Ad {
-        self.xrows(q).plus(i64::from(self.r(q) * self.d))
+        ad(self.pblk[q as usize]).t(0, i64::from(self.parea))
+    }
+
+    /// How far word `a` of head 0's areas moves from head to head.
+    fn head_stride(&self, a: u32) -> i64 {
+        if self.full && a >= self.pblk[0] {
+            i64::from(self.parea)
+        } else {
+            i64::from(self.area)
+        }
+    }
+
+    /// The mirrors in block `q`'s payload from its meeting in step `s`: their first word's
+    /// offset in the payload and their count.
+    fn mirrors(&self, q: u32, s: u32) -> (u32, u32) {
+        let o = (q + s) % self.m;
+        let at = self.pay[q as usize][s as usize];
+        let words = self.cnt[o as usize][q as usize];
+        if self.full && self.orient(q, o).0 == q {
+            // The home computes the pair's first scores in row order, the rows before the
+            // mirrors.
+            (at + self.cnt[q as usize][o as usize], words)
+        } else {
+            (at, words)
+        }
     }
 }
 
@@ -283,8 +347,10 @@ struct Gen<'a> {
     own: Ad,
     /// The visiting block's x rows.
     vis: Ad,
-    /// Score row base of the visiting block's first key.
+    /// Where the score of the own first row and the visiting block's first key is kept.
     sc: Ad,
+    /// How that address moves per own row and per key.
+    sc_step: (i64, i64),
 }
 
 impl Gen<'_> {
@@ -300,12 +366,13 @@ impl Gen<'_> {
             return Vec::new();
         }
         let g = self.g;
-        let (d, n) = (i64::from(g.d), i64::from(g.n));
+        let d = i64::from(g.d);
+        let (rs, ks) = self.sc_step;
         let (ra_, ka_) = (i64::from(ra), i64::from(ka));
         // Levels: 1 row, 2 key, 3 middle column.
         let own = self.own.clone().plus(ra_ * d).t(1, d);
         let vis = self.vis.clone().plus(ka_ * d).t(2, d);
-        let sc = self.sc.clone().plus(ra_ * n + ka_).t(1, n).t(2, 1);
+        let sc = self.sc.clone().plus(ra_ * rs + ka_ * ks).t(1, rs).t(2, ks);
         let chain_w = |at: &Ad| at.clone().t(1, i64::from(keys) * (d - 1)).t(2, d - 1);
         let send = |mut b: B, src: Ad, pred: Option<u32>| {
             b.xfer = Xfer::Send {
@@ -605,7 +672,12 @@ impl Deal {
         // step's chains, runs of `d − 1` words laid one a cycle onto the rows that follow from
         // `starts[p][m]` on, as many runs as every word would take.
         let spare: u64 = (0..mu)
-            .map(|b| u64::from(self.r(b as u32) * self.d + self.pay[b][mu - 1]))
+            .map(|b| {
+                u64::from(self.r(b as u32) * self.d)
+                    + (1..mu - 1)
+                        .map(|s| u64::from(self.mirrors(b as u32, s as u32).1))
+                        .sum::<u64>()
+            })
             .sum::<u64>()
             .div_ceil(per);
         let chains: Vec<Vec<(usize, u64, u64)>> = (0..mu)
@@ -658,10 +730,21 @@ impl Deal {
         for st in 1..mu {
             runs.push(
                 (0..mu)
-                    .map(|p| {
+                    .flat_map(|p| {
                         let b = (p + mu - st) % mu;
-                        let at = self.blk[b] + self.r(b as u32) * self.d;
-                        (p, at, u64::from(self.pay[b][st]))
+                        let at = self.pblk[b];
+                        if self.full {
+                            // The mirrors of each meeting so far, apart.
+                            (1..st)
+                                .map(|s| {
+                                    let (o, w) = self.mirrors(b as u32, s as u32);
+                                    (p, at + o, u64::from(w))
+                                })
+                                .filter(|r| r.2 > 0)
+                                .collect::<Vec<_>>()
+                        } else {
+                            vec![(p, at, u64::from(self.pay[b][st]))]
+                        }
                     })
                     .collect(),
             );
@@ -725,7 +808,7 @@ impl Deal {
                     e += 1;
                 }
                 let (s, c, _) = chains[p][k];
-                out[p][s].push((c, w, ad(a).t(0, i64::from(self.area))));
+                out[p][s].push((c, w, ad(a).t(0, self.head_stride(a))));
                 i = e;
             }
         }
@@ -803,6 +886,7 @@ impl Deal {
                 own: own.clone(),
                 vis: own,
                 sc: sc_row,
+                sc_step: (i64::from(self.n), 1),
             };
             return gen.step(&rects, &segs);
         }
@@ -821,7 +905,13 @@ impl Deal {
                     rows: sp.k,
                     k0: 0,
                     keys: rb,
-                    mirror: Some((fresh.clone(), 1, k)),
+                    // Kept whole, block `b`'s scores against this PE's rows are column-major
+                    // at its home, the mirrors their first columns.
+                    mirror: Some(if self.full {
+                        (fresh.clone(), i64::from(rb), 1)
+                    } else {
+                        (fresh.clone(), 1, k)
+                    }),
                 },
                 Rect {
                     r0: sp.k,
@@ -844,14 +934,23 @@ impl Deal {
                     rows: rp,
                     k0: k + 1,
                     keys: after,
-                    mirror: Some((fresh.clone().plus(-(ki + 1) * rpi), 1, rpi)),
+                    // Kept whole, row-major at block `b`'s home, the mirrors its last rows.
+                    mirror: Some(if self.full {
+                        (fresh.clone(), 1, rpi)
+                    } else {
+                        (fresh.clone().plus(-(ki + 1) * rpi), 1, rpi)
+                    }),
                 },
                 Rect {
                     r0: c,
                     rows: if k < rb { rp - c } else { 0 },
                     k0: k,
                     keys: 1,
-                    mirror: Some((fresh.plus(i64::from(after) * rpi - i64::from(c)), 1, 0)),
+                    mirror: Some(if self.full {
+                        (fresh, 1, rpi)
+                    } else {
+                        (fresh.plus(i64::from(after) * rpi - i64::from(c)), 1, 0)
+                    }),
                 },
             ]
         };
@@ -875,11 +974,27 @@ impl Deal {
                 last_at,
             )
         };
+        // The scores kept here: in the score rows, or kept whole, in this PE's own payload
+        // segment for its meeting with block `b` (row-major where this PE meets `b` in the
+        // earlier step, as the mirrors `b` computes fill its last rows; column-major otherwise).
+        let (sc, sc_step) = if self.full {
+            let seg = self
+                .payload(p)
+                .plus(i64::from(self.pay[p as usize][((b + m - p) % m) as usize]));
+            if u == p {
+                (seg, (i64::from(rb), 1))
+            } else {
+                (seg, (1, i64::from(rp)))
+            }
+        } else {
+            (sc_row, (i64::from(self.n), 1))
+        };
         let gen = Gen {
             g: self,
             own,
             vis: self.xrows(b),
-            sc: sc_row,
+            sc,
+            sc_step,
         };
         gen.step(&rects, &segs)
     }
@@ -898,6 +1013,19 @@ impl Deal {
                 // Keys below the row from their own rows' triangle, the others from this row.
                 out.push((ad(self.sc).plus(i64::from(xq + j)), n, xq, j));
                 out.push((row(q).plus(i64::from(j)), 1, xq + j, rq - j));
+                continue;
+            }
+            if self.full {
+                // The pair's scores kept whole in block `p`'s payload segment for its meeting
+                // with `q`: row-major where `p` meets `q` in the earlier step.
+                let seg = self
+                    .payload(p)
+                    .plus(i64::from(self.pay[p as usize][((q + m - p) % m) as usize]));
+                if self.orient(p, q).0 == p {
+                    out.push((seg.plus(i64::from(j * rq)), 1, xq, rq));
+                } else {
+                    out.push((seg.plus(i64::from(j)), i64::from(self.r(p)), xq, rq));
+                }
                 continue;
             }
             // The other meeting of this pair: block `p` at PE `q` in step `(q − p) mod m`.
@@ -1271,6 +1399,9 @@ pub enum Timing {
     OnStep,
     /// Every word relayed as soon as it arrives, on whatever chains are free then.
     Relayed,
+    /// Relayed, with each pair's scores kept whole at the homes (which `Fastest` and `Relayed`
+    /// take where the relayed programs are too large otherwise).
+    Whole,
 }
 
 /// The mirrored programs for `p` on `m` PEs, if every PE's memory is within `budget` words.
@@ -1300,7 +1431,7 @@ pub fn run_timed(
     }
     let scale = p.scale as f32;
     let per_weight = super::per_weight_pays(p);
-    let deal = Deal::new(n, d, m, heads, per_weight)
+    let deal = Deal::new(n, d, m, heads, per_weight, false)
         .ok_or_else(|| format!("{NAME}: the layer does not fit in 32-bit addresses"))?;
     if budget.is_some_and(|b| u64::from(deal.words) > b) {
         return Err(format!(
@@ -1312,6 +1443,7 @@ pub fn run_timed(
     // Relayed x rows leave the steps only the payloads to forward, which spares the steps of
     // the PEs with few cross scores from waiting on forwarded words; on the step stays where
     // relaying does not fit before the ring's last step or takes longer.
+    let too_big = std::cell::Cell::new(false);
     let fits = |programs: Vec<LoopProgram>| -> Result<Vec<LoopProgram>, String> {
         // Each row's softmax is a body of its own, so the programs grow with the rows per PE.
         match programs
@@ -1319,13 +1451,16 @@ pub fn run_timed(
             .map(isa::looped_binary::encoded_len)
             .find(|&b| b > MAX_PROGRAM_BYTES)
         {
-            Some(big) => Err(format!(
+            Some(big) => Err({
+                too_big.set(true);
+                format!(
                 "{NAME}: mirrored scores would take {big} bytes of program on a PE, more than {MAX_PROGRAM_BYTES}"
-            )),
+            )
+            }),
             None => Ok(programs),
         }
     };
-    let on_step = if timing == Timing::Relayed {
+    let on_step = if matches!(timing, Timing::Relayed | Timing::Whole) {
         Err(format!("{NAME}: relayed timing asked for"))
     } else {
         build(&deal, None, scale)?
@@ -1338,30 +1473,74 @@ pub fn run_timed(
     // takes no more cycles than its busiest PE's operations the relay cannot take fewer, and
     // a tie keeps the step: it is not built.
     let at_floor = on_step.as_ref().is_ok_and(|o| cycles_of(o) <= ops_floor(o));
+    let whole_deal = || {
+        Deal::new(n, d, m, heads, per_weight, true)
+            .filter(|w| budget.is_none_or(|b| u64::from(w.words) <= b))
+    };
+    let mut kept_whole = None;
+    let mut tried_whole = false;
     let relayed = if timing == Timing::OnStep {
         Err(format!("{NAME}: forwarding on the step asked for"))
+    } else if timing == Timing::Whole {
+        too_big.set(true);
+        Err(format!("{NAME}: scores kept whole asked for"))
     } else if timing == Timing::Fastest && at_floor {
         Err(format!(
             "{NAME}: forwarding on the step takes only its busiest PE's operations"
         ))
+    } else if timing == Timing::Fastest && m >= 12 && n / m >= 10 {
+        // Blocks of ten rows or more on twelve PEs: relayed, the programs take more than
+        // 16 KiB unless the scores are kept whole (17-19 KiB with 128 tokens, 38 KiB with 256),
+        // so that is built first, and the relay without it only where it does not fit.
+        tried_whole = true;
+        let first = match whole_deal() {
+            Some(whole) => match relay(&whole, scale, fits)? {
+                Ok(p) => {
+                    kept_whole = Some(whole);
+                    Some(p)
+                }
+                Err(_) => None,
+            },
+            None => None,
+        };
+        match first {
+            Some(p) => Ok(p),
+            None => relay(&deal, scale, fits)?,
+        }
     } else {
+        too_big.set(false);
         relay(&deal, scale, fits)?
     };
-    let programs = match (on_step, relayed) {
+    // Where the relayed programs were built but are too large, the same relay with each
+    // pair's scores kept whole at the homes, whose rows then fold into loops.
+    let relayed = match relayed {
+        Err(e) if too_big.get() && !tried_whole => match whole_deal() {
+            Some(whole) => {
+                let r = relay(&whole, scale, fits)?;
+                if r.is_ok() {
+                    kept_whole = Some(whole);
+                }
+                r.map_err(|e2| format!("{e}; kept whole: {e2}"))
+            }
+            None => Err(e),
+        },
+        r => r,
+    };
+    let (programs, deal) = match (on_step, relayed) {
         (Ok(o), Ok(r)) => {
             if cycles_of(&r) < cycles_of(&o) {
-                r
+                (r, kept_whole.unwrap_or(deal))
             } else {
-                o
+                (o, deal)
             }
         }
-        (Err(_), Ok(r)) => r,
-        (Err(_), Err(e)) if timing == Timing::Relayed => {
+        (Err(_), Ok(r)) => (r, kept_whole.unwrap_or(deal)),
+        (Err(_), Err(e)) if matches!(timing, Timing::Relayed | Timing::Whole) => {
             return Err(format!(
                 "{NAME}: the relayed timing does not apply or fit ({e})"
             ))
         }
-        (o, Err(_)) => o?,
+        (o, Err(_)) => (o?, deal),
     };
     let cycles = programs.iter().map(LoopProgram::cycles).max().unwrap_or(0);
     let bundles = cycles.saturating_mul(u64::from(m));
@@ -1603,7 +1782,7 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         for pe in 0..mu {
             let q = prev(pe);
             let b = (pe as u32 + 1) % m;
-            let pat = deal.blk[b as usize] + deal.r(b) * d;
+            let pat = deal.pblk[b as usize];
             let words = u64::from(deal.pay[b as usize][mu - 1]);
             let dd = u64::from(d);
             let mut at = 0u64;
@@ -1659,6 +1838,32 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             })
             .collect::<Result<Vec<_>, String>>()?;
         rows.sort_by_key(|r| (r.0, r.1));
+        let from = if laid { start[pe][mu] } else { end[pe] };
+        if deal.full {
+            // Kept whole, rows in token order fold into loops: they go in that order where
+            // the stretch then starts no later.
+            let start_of =
+                |rows: &mut dyn Iterator<Item = &(u64, u32, Vec<Node>, Vec<isa::Bundle>, Line)>| {
+                    let mut fl = Line {
+                        read: HashMap::default(),
+                        sent: HashMap::default(),
+                        len: 0,
+                    };
+                    for (_, _, _, _, l) in rows {
+                        for (&a, &t) in &l.read {
+                            fl.read.entry(a).or_insert(fl.len + t);
+                        }
+                        fl.len += l.len;
+                    }
+                    from.max(ready(&lines, &fl, pe, &start))
+                };
+            let by_need = start_of(&mut rows.iter());
+            let mut by_token: Vec<usize> = (0..rows.len()).collect();
+            by_token.sort_by_key(|&i| rows[i].1);
+            if start_of(&mut by_token.iter().map(|&i| &rows[i])) <= by_need {
+                rows.sort_by_key(|r| r.1);
+            }
+        }
         let order: Vec<(u32, u64)> = rows
             .iter()
             .map(|r| (r.1, super::head_cycles(&r.2)))
@@ -1692,7 +1897,6 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             each_flat = flat(&each, deal.words)?;
             fl = line_of(&each_flat);
         }
-        let from = if laid { start[pe][mu] } else { end[pe] };
         let at = from.max(ready(&lines, &fl, pe, &start));
         waits[pe][mu] = from - end[pe];
         // Rows that follow one another in token order and whose code moves on alike share one
