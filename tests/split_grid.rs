@@ -153,7 +153,7 @@ fn more_pes_than_weights() {
 
 /// One head of 12 tokens whose 64 columns span 64 PEs, safe softmax: with each row's maximum,
 /// exponentials and divisions laid forward in ring order (no trip round the ring for the
-/// maximum), 445 cycles (1.51 × LB, all rows' softmax waiting on that trip) became 401; with a
+/// maximum), 445 cycles (1.51 × LB, all rows' softmax waiting on that trip) became 394; with a
 /// mask, 289 (1.81 × LB) became 229. Proved and run like the rest.
 #[test]
 fn ring_spanning_softmax_laid_forward() {

@@ -15,6 +15,9 @@
 //!   so weights only travel forward through one lane.
 //! * **Row sums** are chains over the PEs where the row's scores landed; the finished sum (and,
 //!   for a safe softmax, the row maximum before it) travels to the others for the divisions.
+//!   On the ring-spanning lane that is nearly a whole trip round the ring per row, so it is also
+//!   tried with each row's landings, exponentials and divisions on runs of PEs one after another
+//!   (`Layout::forward`), in a search of its own; the shorter schedule is kept.
 //! * **No phase barriers.** Every accumulation is a chain whose terms a PE takes in any order
 //!   (the verifier proves sums as multisets of terms). A cycle-by-cycle list scheduler runs every
 //!   PE's ready operation of highest static priority (longest remaining path, ring hops
@@ -280,7 +283,30 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
             forward: 0,
         })
         .collect();
-    explore(p, m, &bases, variants)
+    let usual = explore(p, m, &bases, variants);
+    // The ring-spanning lane with a safe softmax is also tried with its rows' softmax laid
+    // forward (see `Layout::forward`), in a search of its own with its own budget: the usual
+    // one above runs exactly as it would alone, and the shorter of the two is kept, so no layer
+    // gets slower.
+    let forward: Vec<Layout> = bases
+        .iter()
+        .filter(|b| {
+            p.safe()
+                && b.apart.is_none()
+                && p.dim >= m
+                && (p.heads == 1 || b.all_heads_on_ring)
+                && (b.groups == 1 || b.all_heads_on_ring)
+        })
+        .flat_map(|b| [1, 2].map(|forward| Layout { forward, ..*b }))
+        .collect();
+    if forward.is_empty() {
+        return usual;
+    }
+    match (usual, explore(p, m, &forward, variants)) {
+        (Ok(u), Ok(f)) if f.cycles() < u.cycles() => Ok(f),
+        (Err(_), Ok(f)) => Ok(f),
+        (usual, _) => usual,
+    }
 }
 
 /// Lays the layer out on the ring in the cols dataflow's ways (`schedule-cols`): every base
@@ -358,20 +384,7 @@ fn explore(
     } else {
         0
     };
-    // The ring-spanning lane with a safe softmax is also tried with its rows' softmax laid
-    // forward (see `Layout::forward`).
-    let spans = |base: &Layout| {
-        base.apart.is_none()
-            && p.dim >= m
-            && (p.heads == 1 || base.all_heads_on_ring)
-            && (base.groups == 1 || base.all_heads_on_ring)
-    };
-    let forward: Vec<Layout> = bases
-        .iter()
-        .filter(|b| p.safe() && spans(b))
-        .flat_map(|b| [1, 2].map(|forward| Layout { forward, ..*b }))
-        .collect();
-    for &base in bases.iter().chain(&forward) {
+    for &base in bases {
         // Fewer priority variants for the extra softmax PEs: they multiply the runs.
         let variants = if base.soft > 1 {
             &variants[..variants.len().min(2)]
