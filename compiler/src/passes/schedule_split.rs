@@ -15,6 +15,9 @@
 //!   so weights only travel forward through one lane.
 //! * **Row sums** are chains over the PEs where the row's scores landed; the finished sum (and,
 //!   for a safe softmax, the row maximum before it) travels to the others for the divisions.
+//!   On the ring-spanning lane that is nearly a whole trip round the ring per row, so it is also
+//!   tried with each row's landings, exponentials and divisions on runs of PEs one after another
+//!   (`Layout::forward`), in a search of its own; the shorter schedule is kept.
 //! * **No phase barriers.** Every accumulation is a chain whose terms a PE takes in any order
 //!   (the verifier proves sums as multisets of terms). A cycle-by-cycle list scheduler runs every
 //!   PE's ready operation of highest static priority (longest remaining path, ring hops
@@ -164,6 +167,12 @@ struct Layout {
     /// The cols dataflow's lanes (`schedule-cols`): phase 1, the softmax and phase 3 each on
     /// PEs of their own.
     apart: Option<Apart>,
+    /// On the ring-spanning lane with a safe softmax: a row's scores land, its exponentials run
+    /// and its divisions run on three runs of PEs one after another in ring order, so its
+    /// maximum and its sum only ever travel forward (see `plan`). 0: not; 1: the three runs
+    /// cut from one row-major sequence; 2: each run as wide as the row's share of the ring, so
+    /// that scores land on every PE.
+    forward: u8,
 }
 
 /// One lane of the cols dataflow: `r1` PEs holding the q and k columns (the scores' partial
@@ -271,9 +280,33 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
             soft,
             mirror,
             apart: None,
+            forward: 0,
         })
         .collect();
-    explore(p, m, &bases, variants)
+    let usual = explore(p, m, &bases, variants);
+    // The ring-spanning lane with a safe softmax is also tried with its rows' softmax laid
+    // forward (see `Layout::forward`), in a search of its own with its own budget: the usual
+    // one above runs exactly as it would alone, and the shorter of the two is kept, so no layer
+    // gets slower.
+    let forward: Vec<Layout> = bases
+        .iter()
+        .filter(|b| {
+            p.safe()
+                && b.apart.is_none()
+                && p.dim >= m
+                && (p.heads == 1 || b.all_heads_on_ring)
+                && (b.groups == 1 || b.all_heads_on_ring)
+        })
+        .flat_map(|b| [1, 2].map(|forward| Layout { forward, ..*b }))
+        .collect();
+    if forward.is_empty() {
+        return usual;
+    }
+    match (usual, explore(p, m, &forward, variants)) {
+        (Ok(u), Ok(f)) if f.cycles() < u.cycles() => Ok(f),
+        (Err(_), Ok(f)) => Ok(f),
+        (usual, _) => usual,
+    }
 }
 
 /// Lays the layer out on the ring in the cols dataflow's ways (`schedule-cols`): every base
@@ -304,6 +337,7 @@ pub(crate) fn run_apart(
             soft: apart.soft,
             mirror: false,
             apart: Some(apart),
+            forward: 0,
         })
         .collect();
     explore(p, m, &bases, variants)
@@ -999,7 +1033,8 @@ fn simulate<B: Book>(
         let per_row: usize = (0..p.tokens)
             .map(|a| (0..p.tokens).filter(|&c| p.unmasked(a, c)).count())
             .sum();
-        (0..2 * per_row * p.heads as usize)
+        let per_weight = if layout.forward > 0 { 3 } else { 2 };
+        (0..per_weight * per_row * p.heads as usize)
             .map(|_| tweaks.bump())
             .collect()
     } else {
@@ -1292,6 +1327,9 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     // divisions sit on or just after its exponentials. A score lands where its exponential is;
     // retries move some of them one PE on.
     let mut phase2: HashMap<(u32, u32, u32), (u32, u32)> = HashMap::default();
+    // With `forward`, where each score lands (its maximum's term), when not on its exponential.
+    let mut lands: HashMap<(u32, u32, u32), u32> = HashMap::default();
+    let forward = g.ring && layout.forward > 0 && p.safe();
     if g.ring {
         let ring_pes: Vec<u32> = g.blocks(0).iter().map(|b| b.0).collect();
         let nb = ring_pes.len().max(1) as u64;
@@ -1301,21 +1339,56 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             u64::from(p.heads) * (0..n).map(|a| len(a) * (unit + 1)).sum::<u64>().max(1);
         let mut acc = 0u64;
         let mut next_bump = 0usize;
-        let mut at = |mid: u64| -> u32 {
-            let i = ((mid * nb) / total).min(nb - 1) as usize;
+        let weights = u64::from(p.heads) * (0..n).map(len).sum::<u64>().max(1);
+        let mut k = 0u64;
+        let mut at_index = |i: u64| -> u32 {
             let bump = bumps.get(next_bump).copied().unwrap_or(0);
             next_bump += 1;
-            ring_pes[(i + bump as usize) % ring_pes.len()]
+            ring_pes[((i + u64::from(bump)) % nb) as usize]
         };
+        let cut = |mid: u64| ((mid * nb) / total).min(nb - 1);
         for (h, a) in (0..p.heads).flat_map(|h| (0..n).map(move |a| (h, a))) {
             let cols: Vec<u32> = (0..n).filter(|&c| p.unmasked(a, c)).collect();
             let mut exp_at = Vec::with_capacity(cols.len());
-            for _ in &cols {
-                exp_at.push(at(acc + unit / 2));
-                acc += unit;
+            if forward && layout.forward == 2 {
+                // Landings cut evenly from the sequence of all weights; the row's exponentials
+                // as wide again from its last landing PE, its divisions from its last
+                // exponential's.
+                let k0 = k;
+                let last = cols.len().saturating_sub(1) as u64;
+                let rel = |j: u64| (j * nb) / weights;
+                let land_end = ((k0 + last) * nb) / weights;
+                let exp_end = land_end + rel(last);
+                for (j, &c) in cols.iter().enumerate() {
+                    let j = j as u64;
+                    lands.insert((h, a, c), at_index((k0 + j) * nb / weights));
+                    exp_at.push(at_index(land_end + rel(j)));
+                }
+                for (j, &c) in cols.iter().enumerate() {
+                    let div_at = at_index(exp_end + rel(j as u64));
+                    phase2.insert((h, a, c), (exp_at[j], div_at));
+                }
+                k += cols.len() as u64;
+                continue;
+            }
+            if forward {
+                // The row's maximum terms, then its exponentials, each one unit of the cut.
+                for &c in &cols {
+                    lands.insert((h, a, c), at_index(cut(acc)));
+                    acc += 1;
+                }
+                for _ in &cols {
+                    exp_at.push(at_index(cut(acc)));
+                    acc += 1;
+                }
+            } else {
+                for _ in &cols {
+                    exp_at.push(at_index(cut(acc + unit / 2)));
+                    acc += unit;
+                }
             }
             for (j, &c) in cols.iter().enumerate() {
-                let div_at = at(acc);
+                let div_at = at_index(cut(acc));
                 acc += 1;
                 phase2.insert((h, a, c), (exp_at[j], div_at));
             }
@@ -1339,8 +1412,12 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
                 // With q = k (no mask) the pair {bcol, a} is computed once, as (a, bcol), bcol ≤ a.
                 let (qa, kb) = (a, bcol);
                 let order: Vec<(u32, Vec<u32>)> = if g.ring {
-                    // Land where the exponential is: start on the block after it.
-                    let exp_pe = phase2.get(&(h, a, bcol)).map_or(0, |x| x.0);
+                    // Land where the exponential is (or the maximum's term, laid forward):
+                    // start on the block after it.
+                    let exp_pe = lands
+                        .get(&(h, a, bcol))
+                        .copied()
+                        .unwrap_or_else(|| phase2.get(&(h, a, bcol)).map_or(0, |x| x.0));
                     let land = blocks.iter().position(|b| b.0 == exp_pe).unwrap_or(0);
                     let first = (land + 1) % blocks.len();
                     blocks[first..]
@@ -1401,8 +1478,10 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     for h in 0..p.heads {
         for a in 0..n {
             let cols: Vec<u32> = (0..n).filter(|&c| p.unmasked(a, c)).collect();
-            // Landing PEs of the row, visited in ring order after the largest gap.
+            // Exponential PEs of the row (and, laid forward, landing PEs apart), visited in ring
+            // order after the largest gap.
             let mut by_pe: Vec<(u32, Vec<u32>)> = Vec::new();
+            let mut by_land: Vec<(u32, Vec<u32>)> = Vec::new();
             for &c in &cols {
                 let Some(&(_, land)) = score.get(&(h, a, c)) else {
                     b.bug(NAME, "a score with no chain");
@@ -1415,18 +1494,25 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
                 } else {
                     phase2.get(&(h, a, c)).map_or(land, |x| x.0)
                 };
-                match by_pe.iter_mut().find(|(q, _)| *q == pe) {
-                    Some((_, cs)) => cs.push(c),
-                    None => by_pe.push((pe, vec![c])),
+                for (list, pe) in [(&mut by_pe, pe), (&mut by_land, land)] {
+                    match list.iter_mut().find(|(q, _)| *q == pe) {
+                        Some((_, cs)) => cs.push(c),
+                        None => list.push((pe, vec![c])),
+                    }
                 }
             }
-            by_pe.sort_by_key(|&(pe, _)| pe);
-            if by_pe.len() > 1 {
-                let k = by_pe.len();
-                let gap = |i: usize| dist(by_pe[i].0, by_pe[(i + 1) % k].0, m);
-                let widest = (0..k).max_by_key(|&i| gap(i)).unwrap_or(0);
-                by_pe.rotate_left((widest + 1) % k);
+            for list in [&mut by_pe, &mut by_land] {
+                list.sort_by_key(|&(pe, _)| pe);
+                if list.len() > 1 {
+                    let k = list.len();
+                    let gap = |i: usize| dist(list[i].0, list[(i + 1) % k].0, m);
+                    let widest = (0..k).max_by_key(|&i| gap(i)).unwrap_or(0);
+                    list.rotate_left((widest + 1) % k);
+                }
             }
+            // Laid forward, the maximum runs over the landing PEs and reaches the exponentials
+            // ahead of it; otherwise both run over the same PEs.
+            let max_parts = if forward { &by_land } else { &by_pe };
             let term = |tasks: &mut Vec<Task>,
                         chain: usize,
                         seg: usize,
@@ -1450,7 +1536,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             let sc = |c: u32| score.get(&(h, a, c)).map_or(0, |s| s.0);
             let bias = if p.safe() {
                 let id = chains.len();
-                let segs = by_pe
+                let segs = max_parts
                     .iter()
                     .enumerate()
                     .map(|(si, (pe, cs))| {
@@ -1467,13 +1553,20 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
                     readers: by_pe.iter().map(|s| s.0).collect(),
                     output: None,
                 });
+                if forward {
+                    for (pe, cs) in max_parts {
+                        for &c in cs {
+                            chains[sc(c)].readers.push(*pe);
+                        }
+                    }
+                }
                 Some(id)
             } else {
                 None
             };
             // The safe sum starts on the last part, which has the maximum first.
             let mut order = by_pe.clone();
-            if p.safe() && order.len() > 1 {
+            if p.safe() && !forward && order.len() > 1 {
                 order.rotate_right(1);
             }
             let id = chains.len();
