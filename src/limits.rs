@@ -85,26 +85,29 @@ pub fn max_pes(layer: &lang::Layer) -> u64 {
 /// Refuses a ring larger than `compile` takes for the layer ([`max_pes`]), before any
 /// scheduling starts.
 pub fn check_ring(layer: &lang::Layer, pes: u32) -> Result<(), String> {
-    let most = max_pes(layer);
-    if u64::from(pes) <= most {
-        return Ok(());
-    }
-    Err(format!(
-        "--pes {pes} is more than this layer can use: layer `{}` has {} necessary operations, and a ring of more than {ANY_LAYER_PES} PEs may have at most one PE per necessary operation (use --pes {most} or fewer, or a larger layer)",
-        layer.name,
-        usable_pes(layer)
-    ))
+    let rule = format!(
+        "and a ring of more than {ANY_LAYER_PES} PEs may have at most one PE per necessary operation"
+    );
+    refuse_above(layer, pes, max_pes(layer), &rule)
 }
 
 /// Refuses a ring with more PEs than the layer has necessary operations, for the exact search:
 /// its model grows with the ring, and a PE that can hold no operation only lengthens paths.
 pub fn check_exact_ring(layer: &lang::Layer, pes: u32) -> Result<(), String> {
     let most = usable_pes(layer);
+    let rule = format!(
+        "so at most {most} PEs can hold any of its work; the others would only pass values on"
+    );
+    refuse_above(layer, pes, most, &rule)
+}
+
+fn refuse_above(layer: &lang::Layer, pes: u32, most: u64, rule: &str) -> Result<(), String> {
     if u64::from(pes) <= most {
         return Ok(());
     }
     Err(format!(
-        "--pes {pes} is more than this layer can use: layer `{}` has {most} necessary operations, so at most {most} PEs can hold any of its work; the others would only pass values on (use --pes {most} or fewer, or a larger layer)",
-        layer.name
+        "--pes {pes} is more than this layer can use: layer `{}` has {} necessary operations, {rule} (use --pes {most} or fewer, or a larger layer)",
+        layer.name,
+        usable_pes(layer)
     ))
 }

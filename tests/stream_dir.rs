@@ -763,6 +763,32 @@ fn whole_rows_dividing_weights_run_from_their_files() {
     assert_eq!(ran, 16);
 }
 
+/// Writes a forced stream's programs (binary, and text too where `text`) and its manifest, runs
+/// them from those files against the reference, and checks they take the cycles the schedule
+/// and the manifest state.
+fn run_forced_stream(
+    p: &compiler::problem::Problem,
+    m: u32,
+    st: &compiler::passes::schedule_stream::Stream,
+    text: bool,
+    seed: u64,
+    what: &str,
+) {
+    let man = compiler::stream::manifest("stream", p, m, st, "forced".into())
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut f = BTreeMap::new();
+    for lp in &st.programs {
+        if text {
+            f.insert(format!("pe{}.s", lp.pe), lp.to_text().into_bytes());
+        }
+        f.insert(format!("pe{}.bin", lp.pe), isa::encode_looped(lp).unwrap());
+    }
+    f.insert("manifest.json".into(), man.to_json().unwrap().into_bytes());
+    let (_, cycles, _) = run_dir(&f, seed);
+    assert_eq!(cycles, st.cycles, "{what}");
+    assert_eq!(cycles, man.cycles, "{what}");
+}
+
 /// Shared layers without a mask on rings that do not divide the tokens, rows dealt whole and
 /// each score computed once with its mirror carried home: run from their files against the
 /// reference, in exactly the cycles the manifest states, on 6 and 12 PEs and other rings.
@@ -803,18 +829,8 @@ fn mirrored_scores_run_from_their_files() {
                     }
                     Err(e) => panic!("{what}: {e}"),
                 };
-                let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into())
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-                let mut f = BTreeMap::new();
-                for lp in &st.programs {
-                    f.insert(format!("pe{}.s", lp.pe), lp.to_text().into_bytes());
-                    f.insert(format!("pe{}.bin", lp.pe), isa::encode_looped(lp).unwrap());
-                }
-                f.insert("manifest.json".into(), man.to_json().unwrap().into_bytes());
                 let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
-                let (_, cycles, _) = run_dir(&f, seed);
-                assert_eq!(cycles, st.cycles, "{what}");
-                assert_eq!(cycles, man.cycles, "{what}");
+                run_forced_stream(&p, m, &st, true, seed, &what);
                 ran += 1;
             }
         }
@@ -845,16 +861,8 @@ fn mirrored_scores_run_from_their_files() {
         );
         let st = compiler::passes::schedule_stream::run_mirrored_timed(&p, m, timing)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
-        let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into())
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        let mut f = BTreeMap::new();
-        for lp in &st.programs {
-            f.insert(format!("pe{}.bin", lp.pe), isa::encode_looped(lp).unwrap());
-        }
-        f.insert("manifest.json".into(), man.to_json().unwrap().into_bytes());
-        let (_, cycles, _) = run_dir(&f, u64::from(n * 1000 + d * 100 + m * 10 + heads));
-        assert_eq!(cycles, st.cycles, "{what}");
-        assert_eq!(cycles, man.cycles, "{what}");
+        let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+        run_forced_stream(&p, m, &st, false, seed, &what);
     }
 }
 
@@ -883,16 +891,8 @@ fn mirrored_scores_kept_whole_run_from_their_files() {
         let st =
             compiler::passes::schedule_stream::run_mirrored_timed(&p, m, MirroredTiming::Whole)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
-        let man = compiler::stream::manifest("stream", &p, m, &st, "forced".into())
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        let mut f = BTreeMap::new();
-        for lp in &st.programs {
-            f.insert(format!("pe{}.bin", lp.pe), isa::encode_looped(lp).unwrap());
-        }
-        f.insert("manifest.json".into(), man.to_json().unwrap().into_bytes());
-        let (_, cycles, _) = run_dir(&f, u64::from(n * 1000 + d * 100 + m * 10 + heads));
-        assert_eq!(cycles, st.cycles, "{what}");
-        assert_eq!(cycles, man.cycles, "{what}");
+        let seed = u64::from(n * 1000 + d * 100 + m * 10 + heads);
+        run_forced_stream(&p, m, &st, false, seed, &what);
     }
 }
 

@@ -472,6 +472,10 @@ impl Plan {
     }
 }
 
+/// The running sum before a stretch's first product where the plan's `fresh_sum` holds:
+/// `add 0` takes the product itself, and −0 + x is x for every x, signed zeros and NaN too.
+const FRESH_SUM: f32 = -0.0;
+
 /// Cycles stepped one by one after a window over any structure failed its checks.
 const GENERAL_BACKOFF: u64 = 32;
 
@@ -811,9 +815,8 @@ fn run_plan(
         dot::run_chain(mems, sink, (p, next, d, w as u32));
         return;
     }
-    // `add 0` takes the product itself; −0 + x is x for every x, signed zeros and NaN too.
     let mut reg = if plan.register && plan.fresh_sum {
-        Some(-0.0)
+        Some(FRESH_SUM)
     } else if plan.register {
         pr[fx::ACC_SRC].map(|s| get(&mems[p], s.at(0)))
     } else {

@@ -7,7 +7,7 @@
 //! bit-identical to cycle-by-cycle execution.
 
 use super::defer::Sink;
-use super::{fx, get, Plan, Prog};
+use super::{fx, get, Plan, Prog, FRESH_SUM};
 use crate::inst::{Arith, Op, OpKind, Xfer, XferSrc};
 
 /// Chains run interleaved at most: enough independent additions in flight to cover an f32
@@ -27,11 +27,10 @@ pub(super) struct Dot {
 }
 
 impl Dot {
-    /// The running sum before the first product: with `zero`, −0, since −0 + x is x for
-    /// every x (signed zeros and NaN too), as `add 0` takes the product itself.
+    /// The running sum before the first product.
     fn start(&self, mem: &[Option<f32>]) -> f32 {
         if self.zero {
-            -0.0
+            FRESH_SUM
         } else {
             get(mem, self.s)
         }

@@ -608,12 +608,9 @@ fn join_chains(mut segs: Vec<(Segment, [i64; 7])>) -> Vec<(Segment, [i64; 7])> {
     for r in 0..segs.len() {
         if kept > 0 {
             let ((last, last_shift), (seg, shift)) = (&segs[kept - 1], &segs[r]);
-            let alike = fx::READS
-                .iter()
-                .chain(&fx::WRITES)
-                .chain(&[fx::XFER_DST])
-                .all(|&k| k == fx::ACC_SRC || last_shift[k] == shift[k]);
-            if last.len == 1 && alike {
+            // Every field but the first bundle's absent acc source moves alike.
+            let alike = || (0..shift.len()).all(|k| k == fx::ACC_SRC || last_shift[k] == shift[k]);
+            if last.len == 1 && alike() {
                 if let Some(plan) = joined(&last.plan, &seg.plan) {
                     let joint = (
                         Segment {
