@@ -660,6 +660,12 @@ fn segments(
 /// runs of `d − 1` cycles of the rows after it, whose transfer slots carry them.
 type Relay = Vec<Vec<Vec<(u64, u64, Ad, i64)>>>;
 
+/// The last chain a run of `chunks` consecutive chains may start on among `len`, plus one.
+fn chains_len(len: usize, chunks: u64) -> Option<usize> {
+    len.checked_sub(usize::try_from(chunks).ok()?)
+        .map(|l| l + 1)
+}
+
 impl Deal {
     /// Chains of PE `p`'s step `s`, and the payload so far it forwards.
     fn step_size(&self, p: u32, s: u32) -> (u64, u64) {
@@ -803,6 +809,7 @@ impl Deal {
                 );
             }
         }
+        let x_rounds = runs.len();
         for st in 1..mu {
             runs.push(
                 (0..mu)
@@ -828,11 +835,13 @@ impl Deal {
                     .collect(),
             );
         }
-        for round in runs {
+        for (ri, round) in runs.into_iter().enumerate() {
             let mut now: Vec<(usize, i64, u64)> = Vec::new();
             for (p, at, words, shift) in round {
                 let q = (p + mu - 1) % mu;
-                for j in 0..words.div_ceil(per) {
+                let chunks = words.div_ceil(per);
+                let mut needs = Vec::with_capacity(chunks as usize);
+                for j in 0..chunks {
                     let (i0, i1) = (j * per, ((j + 1) * per).min(words));
                     let mut need = 0u64;
                     for i in i0..i1 {
@@ -849,9 +858,39 @@ impl Deal {
                         };
                         need = need.max(arrive.saturating_sub(i - i0));
                     }
-                    let list = &chains[p];
-                    let from = list.partition_point(|c| c.2 < need);
-                    let k = find(&mut next[p], from);
+                    needs.push(need);
+                }
+                let list = &chains[p];
+                // Kept whole, a payload goes on consecutive chains where any are free from
+                // when its words are there, so that it is one run of sends; otherwise (and
+                // for the x rows, which the steps wait for) each chunk on the first free
+                // chain after its words arrive.
+                let batch = (self.full && ri >= x_rounds)
+                    .then(|| {
+                        let len = chains_len(list.len(), chunks)?;
+                        let mut c = (0..chunks as usize)
+                            .map(|j| list.partition_point(|x| x.2 < needs[j]).saturating_sub(j))
+                            .max()
+                            .unwrap_or(0);
+                        while c < len {
+                            match (0..chunks as usize).find(|&j| find(&mut next[p], c + j) != c + j)
+                            {
+                                None => return Some(c),
+                                Some(j) => c += j + 1,
+                            }
+                        }
+                        None
+                    })
+                    .flatten();
+                for j in 0..chunks {
+                    let (i0, i1) = (j * per, ((j + 1) * per).min(words));
+                    let k = match batch {
+                        Some(c) => c + j as usize,
+                        None => {
+                            let from = list.partition_point(|c| c.2 < needs[j as usize]);
+                            find(&mut next[p], from)
+                        }
+                    };
                     if k >= list.len() {
                         return None;
                     }
