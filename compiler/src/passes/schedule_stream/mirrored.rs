@@ -107,8 +107,12 @@ struct Deal {
     /// Words of one head's area.
     area: u32,
     /// Start of block `q`'s payload (in head 0), and how far it moves from head to head: right
-    /// after the x rows in each head's area, or kept whole, one payload for every head.
+    /// after the x rows in each head's area, or kept whole, one payload for every head (in its
+    /// transit layout, on the PEs it passes).
     pblk: Vec<u32>,
+    /// Kept whole, where each PE keeps its own block's segments (`pay`), one area for every head
+    /// and every PE's block alike; not kept whole, unused.
+    home: u32,
     parea: u32,
     /// Offset in block `q`'s payload of the mirrors of its meeting in step `s`.
     pay: Vec<Vec<u32>>,
@@ -215,6 +219,7 @@ impl Deal {
             xat: Vec::new(),
             area: 0,
             pblk: Vec::new(),
+            home: 0,
             parea: 0,
             pay: Vec::new(),
             tpay: Vec::new(),
@@ -245,6 +250,15 @@ impl Deal {
         // the next head's overwrite them only after every PE has left it.
         let xwords = u64::from(n) * d64 as u64;
         let mut at = if full { u64::from(heads) * xwords } else { 0 };
+        if full {
+            // The home's segments hold `r_q·(n − r_q)` words; every other block's payload is
+            // only passed on, its mirrors alone.
+            deal.home = w(at)?;
+            at += (0..m)
+                .map(|q| u64::from(deal.r(q)) * u64::from(n - deal.r(q)))
+                .max()
+                .unwrap_or(0);
+        }
         for q in 0..m {
             if full {
                 deal.blk
@@ -278,10 +292,10 @@ impl Deal {
                 deal.pay[q as usize].clone()
             });
             at += if full {
-                0
+                t
             } else {
-                u64::from(deal.r(q)) * d64 as u64
-            } + e;
+                u64::from(deal.r(q)) * d64 as u64 + e
+            };
         }
         deal.xat = (0..m)
             .map(|p| {
@@ -323,9 +337,18 @@ impl Deal {
         ad(self.pblk[q as usize]).t(0, i64::from(self.parea))
     }
 
+    /// Where PE `q` keeps the segments of its own block's payload.
+    fn kept(&self, q: u32) -> Ad {
+        if self.full {
+            ad(self.home).t(0, i64::from(self.parea))
+        } else {
+            self.payload(q)
+        }
+    }
+
     /// How far word `a` of head 0's areas moves from head to head.
     fn head_stride(&self, a: u32) -> i64 {
-        if self.full && a >= self.pblk[0] {
+        if self.full && a >= self.home {
             i64::from(self.parea)
         } else {
             i64::from(self.area)
@@ -821,9 +844,10 @@ impl Deal {
                             // layout to where the home keeps them.
                             (1..st)
                                 .map(|s| {
-                                    let w = self.mirrors(b as u32, s as u32).1;
-                                    let shift = -self.transit_shift(b as u32, s as u32);
-                                    (p, at + self.tpay[b][s], u64::from(w), shift)
+                                    let (o, w) = self.mirrors(b as u32, s as u32);
+                                    let src = at + self.tpay[b][s];
+                                    let shift = i64::from(self.home + o) - i64::from(src);
+                                    (p, src, u64::from(w), shift)
                                 })
                                 .filter(|r| r.2 > 0)
                                 .collect::<Vec<_>>()
@@ -1021,7 +1045,7 @@ impl Deal {
         let fresh = if s + 1 < m {
             pay.clone().plus(e_s + self.transit_shift(b, s))
         } else {
-            pay.clone().plus(e_s)
+            self.kept(b).plus(e_s)
         };
         let (u, v) = self.orient(p, b);
         let sp = self.split[&(u, v)];
@@ -1109,7 +1133,7 @@ impl Deal {
         // earlier step, as the mirrors `b` computes fill its last rows; column-major otherwise).
         let (sc, sc_step) = if self.full {
             let seg = self
-                .payload(p)
+                .kept(p)
                 .plus(i64::from(self.pay[p as usize][((b + m - p) % m) as usize]));
             if u == p {
                 (seg, (i64::from(rb), 1))
@@ -1153,7 +1177,7 @@ impl Deal {
                 // The pair's scores kept whole in block `p`'s payload segment for its meeting
                 // with `q`: row-major where `p` meets `q` in the earlier step.
                 let seg = self
-                    .payload(p)
+                    .kept(p)
                     .plus(i64::from(self.pay[p as usize][((q + m - p) % m) as usize]));
                 if self.orient(p, q).0 == p {
                     out.push((seg.plus(i64::from(j * rq)), 1, xq, rq));
