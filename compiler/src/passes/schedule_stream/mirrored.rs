@@ -99,14 +99,28 @@ struct Deal {
     split: BTreeMap<(u32, u32), Split>,
     /// Start of block `q`'s x rows in a head's area.
     blk: Vec<u32>,
+    /// Kept whole, where PE `p` keeps block `q`'s x rows in a head's area: `xat[p][q]`, the
+    /// blocks in the order they come (its own first, then the previous PE's and so on), so
+    /// that every block a PE passes on is one run of words, kept on the next PE as far on as
+    /// that PE's own block is long. Not kept whole, `blk[q]` on every PE.
+    xat: Vec<Vec<u32>>,
     /// Words of one head's area.
     area: u32,
     /// Start of block `q`'s payload (in head 0), and how far it moves from head to head: right
-    /// after the x rows in each head's area, or kept whole, one payload for every head.
+    /// after the x rows in each head's area, or kept whole, one payload for every head (in its
+    /// transit layout, on the PEs it passes).
     pblk: Vec<u32>,
+    /// Kept whole, where each PE keeps its own block's segments (`pay`), one area for every head
+    /// and every PE's block alike; not kept whole, unused.
+    home: u32,
     parea: u32,
     /// Offset in block `q`'s payload of the mirrors of its meeting in step `s`.
     pay: Vec<Vec<u32>>,
+    /// Kept whole, offset in block `q`'s payload on the PEs it passes (the transit layout) of
+    /// the mirrors of its meeting in step `s`: the mirrors meeting after meeting with nothing
+    /// between, so that the payload so far is one run of words at every hop; the last hop
+    /// moves each meeting's mirrors to where the home keeps them. Not kept whole, `pay`.
+    tpay: Vec<Vec<u32>>,
     y: u32,
     sc: u32,
     e: u32,
@@ -202,10 +216,13 @@ impl Deal {
             cnt,
             split: BTreeMap::new(),
             blk: Vec::new(),
+            xat: Vec::new(),
             area: 0,
             pblk: Vec::new(),
+            home: 0,
             parea: 0,
             pay: Vec::new(),
+            tpay: Vec::new(),
             y: 0,
             sc: 0,
             e: 0,
@@ -233,6 +250,15 @@ impl Deal {
         // the next head's overwrite them only after every PE has left it.
         let xwords = u64::from(n) * d64 as u64;
         let mut at = if full { u64::from(heads) * xwords } else { 0 };
+        if full {
+            // The home's segments hold `r_q·(n − r_q)` words; every other block's payload is
+            // only passed on, its mirrors alone.
+            deal.home = w(at)?;
+            at += (0..m)
+                .map(|q| u64::from(deal.r(q)) * u64::from(n - deal.r(q)))
+                .max()
+                .unwrap_or(0);
+        }
         for q in 0..m {
             if full {
                 deal.blk
@@ -254,12 +280,35 @@ impl Deal {
                 };
             }
             deal.pay.push(offs);
-            at += if full {
-                0
+            let mut transit = vec![0u32; mu];
+            let mut t = 0u64;
+            for s in 1..m {
+                transit[s as usize] = w(t)?;
+                t += u64::from(deal.cnt[((q + s) % m) as usize][q as usize]);
+            }
+            deal.tpay.push(if full {
+                transit
             } else {
-                u64::from(deal.r(q)) * d64 as u64
-            } + e;
+                deal.pay[q as usize].clone()
+            });
+            at += if full {
+                t
+            } else {
+                u64::from(deal.r(q)) * d64 as u64 + e
+            };
         }
+        deal.xat = (0..m)
+            .map(|p| {
+                let mut at = vec![0u32; mu];
+                let mut o = 0u32;
+                for i in 0..m {
+                    let q = (p + m - i) % m;
+                    at[q as usize] = if full { o } else { deal.blk[q as usize] };
+                    o += deal.r(q) * d;
+                }
+                at
+            })
+            .collect();
         let rmax = u64::from((0..m).map(|p| deal.r(p)).max()?);
         if full {
             deal.area = w(xwords)?;
@@ -278,9 +327,9 @@ impl Deal {
         Some(deal)
     }
 
-    /// Block `q`'s x rows in this head's area.
-    fn xrows(&self, q: u32) -> Ad {
-        ad(self.blk[q as usize]).t(0, i64::from(self.area))
+    /// Block `q`'s x rows in this head's area on PE `p`.
+    fn xrows(&self, p: u32, q: u32) -> Ad {
+        ad(self.xat[p as usize][q as usize]).t(0, i64::from(self.area))
     }
 
     /// Block `q`'s payload in this head's area.
@@ -288,9 +337,18 @@ impl Deal {
         ad(self.pblk[q as usize]).t(0, i64::from(self.parea))
     }
 
+    /// Where PE `q` keeps the segments of its own block's payload.
+    fn kept(&self, q: u32) -> Ad {
+        if self.full {
+            ad(self.home).t(0, i64::from(self.parea))
+        } else {
+            self.payload(q)
+        }
+    }
+
     /// How far word `a` of head 0's areas moves from head to head.
     fn head_stride(&self, a: u32) -> i64 {
-        if self.full && a >= self.pblk[0] {
+        if self.full && a >= self.home {
             i64::from(self.parea)
         } else {
             i64::from(self.area)
@@ -311,6 +369,12 @@ impl Deal {
             (at, words)
         }
     }
+
+    /// How far the mirrors of block `q`'s meeting in step `s` lie from where the home keeps
+    /// them while they travel (the transit layout less the home's).
+    fn transit_shift(&self, q: u32, s: u32) -> i64 {
+        i64::from(self.tpay[q as usize][s as usize]) - i64::from(self.mirrors(q, s).0)
+    }
 }
 
 /// A rectangle of scores: own rows `r0 … r0 + rows − 1` against visiting keys `k0 … k0 + keys −
@@ -326,19 +390,21 @@ struct Rect {
 
 /// What the products of a piece of a rectangle forward: nothing, every product but the last
 /// of each chain (the word at `at + chain·(d − 1) + column`), or, in a single chain, its first
-/// `rem`.
+/// `rem`; each word to where the next PE keeps it, the last field further on.
 #[derive(Clone)]
 enum Fwd {
     No,
-    All(Ad),
-    Part(Ad, u32),
+    All(Ad, i64),
+    Part(Ad, u32, i64),
 }
 
-/// Words forwarded from `at` on, from the products of chain `chain` of the step on.
+/// Words forwarded from `at` on, from the products of chain `chain` of the step on, each to
+/// `shift` words further on on the next PE.
 struct Seg {
     chain: u64,
     words: u64,
     at: Ad,
+    shift: i64,
 }
 
 struct Gen<'a> {
@@ -374,13 +440,13 @@ impl Gen<'_> {
         let vis = self.vis.clone().plus(ka_ * d).t(2, d);
         let sc = self.sc.clone().plus(ra_ * rs + ka_ * ks).t(1, rs).t(2, ks);
         let chain_w = |at: &Ad| at.clone().t(1, i64::from(keys) * (d - 1)).t(2, d - 1);
-        let send = |mut b: B, src: Ad, pred: Option<u32>| {
+        let send = |mut b: B, src: Ad, shift: i64, pred: Option<u32>| {
             b.xfer = Xfer::Send {
                 src: XferSrc::Mem(0),
                 dst: 0,
             };
             b.fields.push((Field::XferSrc, src.clone()));
-            b.fields.push((Field::XferDst, src));
+            b.fields.push((Field::XferDst, src.plus(shift)));
             if let Some(v) = pred {
                 b.preds.push(Pred {
                     slot: Slot::Xfer,
@@ -403,17 +469,17 @@ impl Gen<'_> {
             .add(Some(sc.clone()), sc.clone());
         match &f {
             Fwd::No => {}
-            Fwd::All(at) => {
-                first = send(first, chain_w(at), None);
-                mid = send(mid, chain_w(at).plus(1).t(3, 1), None);
+            Fwd::All(at, shift) => {
+                first = send(first, chain_w(at), *shift, None);
+                mid = send(mid, chain_w(at).plus(1).t(3, 1), *shift, None);
             }
-            Fwd::Part(at, rem) => {
+            Fwd::Part(at, rem, shift) => {
                 if *rem >= 1 {
-                    first = send(first, chain_w(at), None);
+                    first = send(first, chain_w(at), *shift, None);
                 }
                 if *rem >= 2 {
                     let p = (rem - 1 < g.d - 2).then_some(rem - 1);
-                    mid = send(mid, chain_w(at).plus(1).t(3, 1), p);
+                    mid = send(mid, chain_w(at).plus(1).t(3, 1), *shift, p);
                 }
             }
         }
@@ -442,7 +508,7 @@ impl Gen<'_> {
         let mut out = Vec::new();
         let mut c = c0;
         let adv = |f: &Fwd, by: u64| match f {
-            Fwd::All(at) => Fwd::All(at.clone().plus(by as i64 * per)),
+            Fwd::All(at, shift) => Fwd::All(at.clone().plus(by as i64 * per), *shift),
             other => other.clone(),
         };
         while c < c1 {
@@ -469,20 +535,20 @@ impl Gen<'_> {
         let per = u64::from(self.g.d - 1);
         // Chain intervals of the step and how each forwards.
         let mut plan: Vec<(u64, u64, Fwd)> = Vec::new();
-        let mut extra: Vec<(Ad, u64)> = Vec::new();
+        let mut extra: Vec<(Ad, u64, i64)> = Vec::new();
         // Runs placed after the chains, at `(position − chains)·(d − 1)` sends after them.
-        let mut tail: Vec<(u64, Ad, u64)> = Vec::new();
+        let mut tail: Vec<(u64, Ad, u64, i64)> = Vec::new();
         let total: u64 = rects
             .iter()
             .map(|r| u64::from(r.rows) * u64::from(r.keys))
             .sum();
         for sg in segs {
             if sg.chain >= total && sg.words > 0 {
-                tail.push((sg.chain - total, sg.at.clone(), sg.words));
+                tail.push((sg.chain - total, sg.at.clone(), sg.words, sg.shift));
                 continue;
             }
             let full = (sg.words / per).min(total.saturating_sub(sg.chain));
-            plan.push((sg.chain, sg.chain + full, Fwd::All(sg.at.clone())));
+            plan.push((sg.chain, sg.chain + full, Fwd::All(sg.at.clone(), sg.shift)));
             let mut done = full * per;
             let rem = sg.words - done;
             if rem > 0 && rem < per && sg.chain + full < total {
@@ -490,12 +556,12 @@ impl Gen<'_> {
                 plan.push((
                     c,
                     c + 1,
-                    Fwd::Part(sg.at.clone().plus(done as i64), rem as u32),
+                    Fwd::Part(sg.at.clone().plus(done as i64), rem as u32, sg.shift),
                 ));
                 done += rem;
             }
             if done < sg.words {
-                extra.push((sg.at.clone().plus(done as i64), sg.words - done));
+                extra.push((sg.at.clone().plus(done as i64), sg.words - done, sg.shift));
             }
         }
         plan.retain(|p| p.0 < p.1);
@@ -516,7 +582,9 @@ impl Gen<'_> {
                 }
                 out.extend(self.span(rect, (c - lo, a2 - lo), Fwd::No));
                 let f = match f {
-                    Fwd::All(at) => Fwd::All(at.clone().plus(((a2 - a) * per) as i64)),
+                    Fwd::All(at, shift) => {
+                        Fwd::All(at.clone().plus(((a2 - a) * per) as i64), *shift)
+                    }
                     other => other.clone(),
                 };
                 out.extend(self.span(rect, (a2 - lo, b2 - lo), f));
@@ -527,23 +595,24 @@ impl Gen<'_> {
         }
         tail.sort_by_key(|t| t.0);
         let mut sent = 0u64;
-        for (pos, at, words) in tail {
+        for (pos, at, words, shift) in tail {
             out.extend(lp(
                 (pos * per).saturating_sub(sent) as u32,
                 vec![super::nop()],
             ));
             sent = sent.max(pos * per);
-            out.extend(Self::sends(at, words));
+            out.extend(Self::sends(at, words, shift));
             sent += words;
         }
-        for (at, words) in extra {
-            out.extend(Self::sends(at, words));
+        for (at, words, shift) in extra {
+            out.extend(Self::sends(at, words, shift));
         }
         out
     }
 
-    /// `words` sends of their own, each word to its own address on the next PE.
-    fn sends(at: Ad, words: u64) -> Vec<Node> {
+    /// `words` sends of their own, each word to its own address on the next PE, `shift` words
+    /// further on.
+    fn sends(at: Ad, words: u64, shift: i64) -> Vec<Node> {
         let src = at.t(1, 1);
         let mut b = B::new();
         b.xfer = Xfer::Send {
@@ -551,7 +620,7 @@ impl Gen<'_> {
             dst: 0,
         };
         b.fields.push((Field::XferSrc, src.clone()));
-        b.fields.push((Field::XferDst, src));
+        b.fields.push((Field::XferDst, src.plus(shift)));
         lp(words as u32, vec![b.build()])
     }
 }
@@ -574,6 +643,7 @@ fn segments(
             chain: 0,
             words: x,
             at: xat.clone(),
+            shift: 0,
         });
     }
     if pay > 0 {
@@ -584,12 +654,14 @@ fn segments(
                 chain: last_at.min(chains.saturating_sub(pc)),
                 words: pay,
                 at: pat,
+                shift: 0,
             });
         } else if xc + pc <= chains {
             out.push(Seg {
                 chain: chains - pc,
                 words: pay,
                 at: pat,
+                shift: 0,
             });
         } else if x > 0 && xat.clone().plus(x as i64).base == pat.base {
             // Not room for both apart: one run of words from the x rows on.
@@ -599,16 +671,23 @@ fn segments(
                 chain: xc,
                 words: pay,
                 at: pat,
+                shift: 0,
             });
         }
     }
     out
 }
 
-/// Per PE and ring step, the words it relays: `(chain, words, first word)`; chains past the
-/// last step's own stand for runs of `d − 1` cycles of the rows after it, whose transfer slots
-/// carry them.
-type Relay = Vec<Vec<Vec<(u64, u64, Ad)>>>;
+/// Per PE and ring step, the words it relays: `(chain, words, first word, shift)`, each word
+/// kept `shift` words further on on the next PE; chains past the last step's own stand for
+/// runs of `d − 1` cycles of the rows after it, whose transfer slots carry them.
+type Relay = Vec<Vec<Vec<(u64, u64, Ad, i64)>>>;
+
+/// The last chain a run of `chunks` consecutive chains may start on among `len`, plus one.
+fn chains_len(len: usize, chunks: u64) -> Option<usize> {
+    len.checked_sub(usize::try_from(chunks).ok()?)
+        .map(|l| l + 1)
+}
 
 impl Deal {
     /// Chains of PE `p`'s step `s`, and the payload so far it forwards.
@@ -714,46 +793,79 @@ impl Deal {
                     .collect()
             })
             .collect();
-        // Chunks placed: per PE, (chain index, first address, words).
-        let mut placed: Vec<Vec<(usize, u32, u64)>> = vec![Vec::new(); mu];
-        let mut runs: Vec<Vec<(usize, u32, u64)>> = Vec::new();
-        for h in 0..mu - 1 {
-            runs.push(
-                (0..mu)
-                    .map(|p| {
-                        let b = (p + mu - h) % mu;
-                        (p, self.blk[b], u64::from(self.r(b as u32)) * dd)
-                    })
-                    .collect(),
-            );
+        // Chunks placed: per PE, (chain index, first address, words, shift).
+        let mut placed: Vec<Vec<(usize, u32, u64, i64)>> = vec![Vec::new(); mu];
+        let mut runs: Vec<Vec<(usize, u32, u64, i64)>> = Vec::new();
+        if self.full {
+            // Every block a PE passes on is one run from its own block's first word: placed
+            // run by run of `d − 1` words on every PE in turn, as the words each needs are
+            // placed on the previous PE a round before (its own block is as long as a run).
+            let forward = |p: usize| {
+                let next = (p + 1) % mu;
+                (
+                    (self.n - self.r(next as u32)) * self.d,
+                    i64::from(self.r(next as u32) * self.d),
+                )
+            };
+            let most = (0..mu).map(|p| forward(p).0).max().unwrap_or(0);
+            for j in 0..u64::from(most).div_ceil(per) {
+                runs.push(
+                    (0..mu)
+                        .filter_map(|p| {
+                            let (words, shift) = forward(p);
+                            let a = j * per;
+                            (a < u64::from(words))
+                                .then(|| (p, a as u32, per.min(u64::from(words) - a), shift))
+                        })
+                        .collect(),
+                );
+            }
+        } else {
+            for h in 0..mu - 1 {
+                runs.push(
+                    (0..mu)
+                        .map(|p| {
+                            let b = (p + mu - h) % mu;
+                            (p, self.blk[b], u64::from(self.r(b as u32)) * dd, 0)
+                        })
+                        .collect(),
+                );
+            }
         }
+        let x_rounds = runs.len();
         for st in 1..mu {
             runs.push(
                 (0..mu)
                     .flat_map(|p| {
                         let b = (p + mu - st) % mu;
                         let at = self.pblk[b];
-                        if self.full {
-                            // The mirrors of each meeting so far, apart.
+                        if self.full && st + 1 == mu {
+                            // The ring's last hop: each meeting's mirrors from the transit
+                            // layout to where the home keeps them.
                             (1..st)
                                 .map(|s| {
                                     let (o, w) = self.mirrors(b as u32, s as u32);
-                                    (p, at + o, u64::from(w))
+                                    let src = at + self.tpay[b][s];
+                                    let shift = i64::from(self.home + o) - i64::from(src);
+                                    (p, src, u64::from(w), shift)
                                 })
                                 .filter(|r| r.2 > 0)
                                 .collect::<Vec<_>>()
                         } else {
-                            vec![(p, at, u64::from(self.pay[b][st]))]
+                            // The payload so far, one run in the transit layout.
+                            vec![(p, at, u64::from(self.tpay[b][st]), 0)]
                         }
                     })
                     .collect(),
             );
         }
-        for round in runs {
-            let mut now: Vec<(usize, u32, u64)> = Vec::new();
-            for (p, at, words) in round {
+        for (ri, round) in runs.into_iter().enumerate() {
+            let mut now: Vec<(usize, i64, u64)> = Vec::new();
+            for (p, at, words, shift) in round {
                 let q = (p + mu - 1) % mu;
-                for j in 0..words.div_ceil(per) {
+                let chunks = words.div_ceil(per);
+                let mut needs = Vec::with_capacity(chunks as usize);
+                for j in 0..chunks {
                     let (i0, i1) = (j * per, ((j + 1) * per).min(words));
                     let mut need = 0u64;
                     for i in i0..i1 {
@@ -761,27 +873,60 @@ impl Deal {
                         // The own block's x rows are there from the start.
                         let arrive = if sent[q].contains_key(&a) {
                             sent[q][&a] + 1
-                        } else if a >= self.blk[p] && a < self.blk[p] + self.r(p as u32) * self.d {
+                        } else if a >= self.xat[p][p]
+                            && a < self.xat[p][p] + self.r(p as u32) * self.d
+                        {
                             0
                         } else {
                             return None;
                         };
                         need = need.max(arrive.saturating_sub(i - i0));
                     }
-                    let list = &chains[p];
-                    let from = list.partition_point(|c| c.2 < need);
-                    let k = find(&mut next[p], from);
+                    needs.push(need);
+                }
+                let list = &chains[p];
+                // Kept whole, a payload goes on consecutive chains where any are free from
+                // when its words are there, so that it is one run of sends; otherwise (and
+                // for the x rows, which the steps wait for) each chunk on the first free
+                // chain after its words arrive.
+                let batch = (self.full && ri >= x_rounds)
+                    .then(|| {
+                        let len = chains_len(list.len(), chunks)?;
+                        let mut c = (0..chunks as usize)
+                            .map(|j| list.partition_point(|x| x.2 < needs[j]).saturating_sub(j))
+                            .max()
+                            .unwrap_or(0);
+                        while c < len {
+                            match (0..chunks as usize).find(|&j| find(&mut next[p], c + j) != c + j)
+                            {
+                                None => return Some(c),
+                                Some(j) => c += j + 1,
+                            }
+                        }
+                        None
+                    })
+                    .flatten();
+                for j in 0..chunks {
+                    let (i0, i1) = (j * per, ((j + 1) * per).min(words));
+                    let k = match batch {
+                        Some(c) => c + j as usize,
+                        None => {
+                            let from = list.partition_point(|c| c.2 < needs[j as usize]);
+                            find(&mut next[p], from)
+                        }
+                    };
                     if k >= list.len() {
                         return None;
                     }
                     next[p][k] = k + 1;
-                    placed[p].push((k, at + i0 as u32, i1 - i0));
+                    placed[p].push((k, at + i0 as u32, i1 - i0, shift));
                     for i in i0..i1 {
-                        now.push((p, at + i as u32, list[k].2 + (i - i0)));
+                        now.push((p, i64::from(at) + i as i64 + shift, list[k].2 + (i - i0)));
                     }
                 }
             }
             for (p, a, t) in now {
+                let a = u32::try_from(a).ok()?;
                 sent[p].insert(a, t);
             }
         }
@@ -794,7 +939,7 @@ impl Deal {
             let apart = |k: usize| chains[p][k].0 == mu - 1 && chains[p][k].1 >= last;
             let mut i = 0;
             while i < list.len() {
-                let (k, a, mut w) = list[i];
+                let (k, a, mut w, shift) = list[i];
                 let mut e = i + 1;
                 // Whole runs on consecutive chains of one step go as one.
                 while e < list.len()
@@ -803,12 +948,13 @@ impl Deal {
                     && chains[p][list[e].0].0 == chains[p][k].0
                     && apart(list[e].0) == apart(k)
                     && list[e].1 == a + w as u32
+                    && list[e].3 == shift
                 {
                     w += list[e].2;
                     e += 1;
                 }
                 let (s, c, _) = chains[p][k];
-                out[p][s].push((c, w, ad(a).t(0, self.head_stride(a))));
+                out[p][s].push((c, w, ad(a).t(0, self.head_stride(a)), shift));
                 i = e;
             }
         }
@@ -821,7 +967,8 @@ impl Deal {
                         if s == 0 {
                             return 0;
                         }
-                        (self.blk[b]..self.blk[b] + self.r(b as u32) * self.d)
+                        let x0 = self.xat[p][b];
+                        (x0..x0 + self.r(b as u32) * self.d)
                             .map(|a| sent[q].get(&a).map_or(0, |t| t + 1))
                             .max()
                             .unwrap_or(0)
@@ -839,22 +986,23 @@ impl Deal {
         p: u32,
         s: u32,
         last_at: u64,
-        relay: Option<&[(u64, u64, Ad)]>,
+        relay: Option<&[(u64, u64, Ad, i64)]>,
     ) -> Vec<Node> {
         let relayed = || -> Vec<Seg> {
             relay
                 .unwrap_or(&[])
                 .iter()
-                .map(|(chain, words, at)| Seg {
+                .map(|(chain, words, at, shift)| Seg {
                     chain: *chain,
                     words: *words,
                     at: at.clone(),
+                    shift: *shift,
                 })
                 .collect()
         };
         let m = self.m;
         let b = (p + m - s) % m;
-        let own = self.xrows(p);
+        let own = self.xrows(p, p);
         let rp = self.r(p);
         let rb = self.r(b);
         let sc_row = ad(self.sc).plus(i64::from(self.x[b as usize]));
@@ -892,7 +1040,13 @@ impl Deal {
         }
         let pay = self.payload(b);
         let e_s = i64::from(self.pay[b as usize][s as usize]);
-        let fresh = pay.clone().plus(e_s);
+        // The mirrors go where the next PE keeps them: at the home on the ring's last hop,
+        // in the transit layout before it.
+        let fresh = if s + 1 < m {
+            pay.clone().plus(e_s + self.transit_shift(b, s))
+        } else {
+            self.kept(b).plus(e_s)
+        };
         let (u, v) = self.orient(p, b);
         let sp = self.split[&(u, v)];
         let rects = if u == p {
@@ -969,7 +1123,7 @@ impl Deal {
             segments(
                 chains,
                 u64::from(self.d - 1),
-                (self.xrows(b), x),
+                (self.xrows(p, b), x),
                 (pay, e_s as u64),
                 last_at,
             )
@@ -979,7 +1133,7 @@ impl Deal {
         // earlier step, as the mirrors `b` computes fill its last rows; column-major otherwise).
         let (sc, sc_step) = if self.full {
             let seg = self
-                .payload(p)
+                .kept(p)
                 .plus(i64::from(self.pay[p as usize][((b + m - p) % m) as usize]));
             if u == p {
                 (seg, (i64::from(rb), 1))
@@ -992,7 +1146,7 @@ impl Deal {
         let gen = Gen {
             g: self,
             own,
-            vis: self.xrows(b),
+            vis: self.xrows(p, b),
             sc,
             sc_step,
         };
@@ -1000,13 +1154,17 @@ impl Deal {
     }
 
     /// Where row `j` of PE `p` finds its scores: runs of `(source, key stride, token, keys)` in
-    /// token order.
+    /// token order (kept whole, from the next PE's block on, round the ring).
     fn runs(&self, p: u32, j: u32) -> Vec<(Ad, i64, u32, u32)> {
         let m = self.m;
         let n = i64::from(self.n);
         let mut out = Vec::new();
         let row = |q: u32| ad(self.sc).plus(i64::from(j) * n + i64::from(self.x[q as usize]));
-        for q in 0..m {
+        // Kept whole, the blocks from the next PE's on, so that the first run (which starts the
+        // maximum) has the same keys in every row and the own block's runs, whose counts move
+        // with the row, come last: the first rows then run alike with the rest.
+        let from = if self.full { (p + 1) % m } else { 0 };
+        for q in (0..m).map(|i| (from + i) % m) {
             let xq = self.x[q as usize];
             let rq = self.r(q);
             if q == p {
@@ -1019,7 +1177,7 @@ impl Deal {
                 // The pair's scores kept whole in block `p`'s payload segment for its meeting
                 // with `q`: row-major where `p` meets `q` in the earlier step.
                 let seg = self
-                    .payload(p)
+                    .kept(p)
                     .plus(i64::from(self.pay[p as usize][((q + m - p) % m) as usize]));
                 if self.orient(p, q).0 == p {
                     out.push((seg.plus(i64::from(j * rq)), 1, xq, rq));
@@ -1122,7 +1280,7 @@ impl Deal {
             .plus(i64::from(j) * d)
             .t(0, i64::from(self.r(p)) * d)
             .t(lv, 1);
-        self.weights_and_values(&mut body, &e, l, y, lv);
+        self.weights_and_values(p, &mut body, &e, l, y, lv);
         body
     }
 
@@ -1130,7 +1288,7 @@ impl Deal {
     /// divided by the row sum `l` (per weight), the values `y[c] += Σ_b e[b]·x[b][c]` (columns
     /// at `lv`, keys one deeper, the visiting blocks in ring order), and each output element
     /// divided (deferred). `e` and `y` carry the caller's row terms.
-    fn weights_and_values(&self, body: &mut Vec<Node>, e: &Ad, l: Ad, y: Ad, lv: u8) {
+    fn weights_and_values(&self, p: u32, body: &mut Vec<Node>, e: &Ad, l: Ad, y: Ad, lv: u8) {
         let d = i64::from(self.d);
         if self.per_weight {
             let w = e.clone().t(lv, 1);
@@ -1144,7 +1302,7 @@ impl Deal {
         for q in 0..self.m {
             let xq = i64::from(self.x[q as usize]);
             let rq = self.r(q);
-            let xr = self.xrows(q).t(col, 1);
+            let xr = self.xrows(p, q).t(col, 1);
             if q == 0 {
                 inner.push(
                     B::new()
@@ -1320,7 +1478,7 @@ impl Deal {
             .t(0, i64::from(self.r(p)) * d)
             .t(rl, d)
             .t(lv, 1);
-        self.weights_and_values(&mut body, &e, l, y, lv);
+        self.weights_and_values(p, &mut body, &e, l, y, lv);
         lp(count, body)
     }
 }
@@ -1666,11 +1824,16 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
                 .iter()
                 .cloned()
                 .partition(|e| s + 1 < mu || e.0 < chains);
-            tail.extend(after.into_iter().map(|(c, words, src)| overlay::Run {
-                at: (c - chains) * per,
-                words,
-                src,
-            }));
+            tail.extend(
+                after
+                    .into_iter()
+                    .map(|(c, words, src, shift)| overlay::Run {
+                        at: (c - chains) * per,
+                        words,
+                        src,
+                        shift,
+                    }),
+            );
             row.push(deal.ring_step(pe as u32, s as u32, 0, Some(&on)));
         }
         tail.sort_by_key(|r| r.at);
@@ -1694,8 +1857,10 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
                 for i in 0..r.words {
                     let a = u32::try_from(r.src.base + i as i64)
                         .map_err(|_| format!("{NAME}: a relayed word out of range"))?;
+                    let to = u32::try_from(i64::from(a) + r.shift)
+                        .map_err(|_| format!("{NAME}: a relayed word out of range"))?;
                     l.read.insert(a, r.at + i);
-                    l.sent.insert(a, r.at + i);
+                    l.sent.insert(to, r.at + i);
                 }
                 l.len = l.len.max(r.at + r.words);
             }
@@ -1959,9 +2124,11 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
                 for i in 0..r.words {
                     let a = u32::try_from(r.src.base + i as i64)
                         .map_err(|_| format!("{NAME}: a relayed word out of range"))?;
+                    let to = u32::try_from(i64::from(a) + r.shift)
+                        .map_err(|_| format!("{NAME}: a relayed word out of range"))?;
                     want[(r.at + i) as usize] = Xfer::Send {
                         src: XferSrc::Mem(a),
-                        dst: a,
+                        dst: to,
                     };
                 }
             }
@@ -2031,7 +2198,7 @@ fn places(deal: &Deal) -> (BTreeMap<String, Place>, Place) {
             for i in 0..rp {
                 for c in 0..d {
                     x.0.push(p);
-                    x.1.push(h * deal.area + deal.blk[p as usize] + i * d + c);
+                    x.1.push(h * deal.area + deal.xat[p as usize][p as usize] + i * d + c);
                     y.0.push(p);
                     y.1.push(deal.y + (h * rp + i) * d + c);
                 }

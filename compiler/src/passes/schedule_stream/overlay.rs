@@ -14,12 +14,13 @@ use isa::{Xfer, XferSrc};
 use super::{Ad, NAME};
 
 /// Word `i` of a run is sent in cycle `at + i` of the stretch from its own address `src + i`
-/// (the next PE's same address).
+/// to the next PE's address `src + i + shift`.
 #[derive(Clone, Debug)]
 pub(super) struct Run {
     pub at: u64,
     pub words: u64,
     pub src: Ad,
+    pub shift: i64,
 }
 
 /// Flattened length of `nodes`, whose loops the runs touch have fixed counts.
@@ -74,7 +75,7 @@ fn lay(
                 let i = first_after(runs, t);
                 let mut b = b.clone();
                 if let Some(r) = runs.get(i).filter(|r| r.at <= t) {
-                    send(&mut b, &r.src.clone().plus((t - r.at) as i64))?;
+                    send(&mut b, &r.src.clone().plus((t - r.at) as i64), r.shift)?;
                 }
                 out.push(Node::Bundle(b));
                 t += 1;
@@ -127,7 +128,7 @@ fn lay(
                             level,
                             it,
                             e - it,
-                            Some(base.t(level, body_len as i64)),
+                            Some((base.t(level, body_len as i64), r.shift)),
                         )?);
                         it = e;
                         continue;
@@ -147,23 +148,30 @@ fn lay(
 }
 
 /// Iterations `from … from + count − 1` of `l` as a loop of their own, every bundle sending
-/// from `at` plus its offset in the iteration where `at` is given.
-fn piece(l: &Loop, level: u8, from: u32, count: u32, at: Option<Ad>) -> Result<Node, String> {
+/// from `at` plus its offset in the iteration where `at` is given (to `shift` words further on
+/// on the next PE).
+fn piece(
+    l: &Loop,
+    level: u8,
+    from: u32,
+    count: u32,
+    at: Option<(Ad, i64)>,
+) -> Result<Node, String> {
     let mut body = rebase(&l.body, level, from)?;
-    if let Some(at) = at {
-        attach(&mut body, level + 1, at)?;
+    if let Some((at, shift)) = at {
+        attach(&mut body, level + 1, at, shift)?;
     }
     Ok(Node::Loop(Loop::new(count, body)))
 }
 
 /// Every bundle of `nodes` (their loops at `level`) sending from `at` plus its offset in
-/// `nodes`' flattening.
-fn attach(nodes: &mut [Node], level: u8, at: Ad) -> Result<(), String> {
+/// `nodes`' flattening, to `shift` words further on on the next PE.
+fn attach(nodes: &mut [Node], level: u8, at: Ad, shift: i64) -> Result<(), String> {
     let mut o = 0u64;
     for node in nodes {
         match node {
             Node::Bundle(b) => {
-                send(b, &at.clone().plus(o as i64))?;
+                send(b, &at.clone().plus(o as i64), shift)?;
                 o += 1;
             }
             Node::Loop(l) => {
@@ -172,6 +180,7 @@ fn attach(nodes: &mut [Node], level: u8, at: Ad) -> Result<(), String> {
                     &mut l.body,
                     level + 1,
                     at.clone().plus(o as i64).t(level, body_len as i64),
+                    shift,
                 )?;
                 o += u64::from(l.count) * body_len;
             }
@@ -223,16 +232,17 @@ fn rebase(nodes: &[Node], level: u8, by: u32) -> Result<Vec<Node>, String> {
         .collect()
 }
 
-/// `b` sending the word at `at` to the same address on the next PE.
-fn send(b: &mut isa::looped::LBundle, at: &Ad) -> Result<(), String> {
+/// `b` sending the word at `at` to the address `shift` words further on on the next PE.
+fn send(b: &mut isa::looped::LBundle, at: &Ad, shift: i64) -> Result<(), String> {
     if b.bundle.xfer != Xfer::Nop || b.preds.iter().any(|p| p.slot == isa::looped::Slot::Xfer) {
         return Err(format!("{NAME}: a laid send on a busy transfer slot"));
     }
-    let base = u32::try_from(at.base)
-        .map_err(|_| format!("{NAME}: a laid send's address out of range"))?;
+    let out = || format!("{NAME}: a laid send's address out of range");
+    let base = u32::try_from(at.base).map_err(|_| out())?;
+    let dst = u32::try_from(at.base + shift).map_err(|_| out())?;
     b.bundle.xfer = Xfer::Send {
         src: XferSrc::Mem(base),
-        dst: base,
+        dst,
     };
     for f in [isa::looped::Field::XferSrc, isa::looped::Field::XferDst] {
         for &(level, stride, wrap) in &at.terms {
@@ -300,7 +310,8 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
         .first()
         .map(|r| r.src.terms.clone())
         .unwrap_or_default();
-    if runs.iter().any(|r| r.src.terms != outer) {
+    // Words kept elsewhere on the next PE are laid by splitting the loops instead.
+    if runs.iter().any(|r| r.src.terms != outer || r.shift != 0) {
         return Ok(None);
     }
     let ad_at = |a: i64| Ad {
@@ -424,7 +435,7 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
                 };
                 if let Some(h) = hit {
                     let Some(at) = from(&h) else { return Ok(None) };
-                    send(&mut b, &at)?;
+                    send(&mut b, &at, 0)?;
                     b.preds.extend(keep(&h));
                     b.preds.sort();
                 }
@@ -464,7 +475,7 @@ fn guarded(l: &Loop, level: u8, t: u64, runs: &[Run]) -> Result<Option<Loop>, St
                         None => None,
                         Some(h) => {
                             let Some(at) = from(h) else { return Ok(None) };
-                            Some(at.t(level + 1, cb as i64))
+                            Some((at.t(level + 1, cb as i64), 0))
                         }
                     };
                     let mut p = piece(c, level + 1, j0, j1 - j0, at)?;
@@ -568,11 +579,13 @@ loop 8 {
                 at: 6 * 2 + 3,
                 words: 6,
                 src: ad(1000),
+                shift: 0,
             },
             Run {
                 at: 6 * 5 + 3,
                 words: 3,
                 src: ad(second),
+                shift: 0,
             },
         ];
         let laid = overlay(&nodes, 0, &runs)?;
