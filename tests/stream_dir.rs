@@ -922,6 +922,38 @@ fn mirrored_scores_kept_whole_are_kept_by_auto_on_twelve_pes() {
     }
 }
 
+/// 64 tokens, `d = 64`, four heads on 12 PEs: the row dataflow's busiest PE does as many
+/// operations in every head, so no unrolled schedule can take fewer cycles than the stream of
+/// mirrored scores takes; `auto` keeps the stream without building them (one candidate
+/// tried), in loop programs within 16 KiB per PE, run from their files in the cycles stated.
+/// The row dataflow, forced, takes exactly as many cycles.
+#[test]
+fn a_stream_at_the_rows_floor_is_kept_without_building_them() {
+    let src = layer_src(64, 64, 4, true, false).replace("plain", "safe");
+    let opts = |schedule| compiler::Options {
+        pes: 12,
+        schedule,
+        dump_after: None,
+        mem_limit: None,
+        reroll: true,
+    };
+    let c = compiler::compile(&parse_one(&src), &opts(Choice::Auto)).expect("auto");
+    assert_eq!(c.manifest.schedule, "schedule-stream");
+    let tried = &c.manifest.selection.candidates;
+    assert_eq!(tried.len(), 1, "{tried:?}");
+    let rows = compiler::compile(&parse_one(&src), &opts(Choice::Named("rows"))).expect("rows");
+    assert_eq!(c.manifest.cycles, rows.manifest.cycles);
+    for p in &c.loops {
+        assert!(
+            isa::encode_looped(p).unwrap().len() <= 16 << 10,
+            "PE {}",
+            p.pe
+        );
+    }
+    let (_, cycles, _) = run_dir(&files(&c, true), 64);
+    assert_eq!(cycles, c.manifest.cycles);
+}
+
 /// Where mirrored scores take fewer cycles than every other stream, `--schedule stream` with
 /// room for them takes them: 64 tokens, `d = 32` on 6 PEs.
 #[test]

@@ -244,14 +244,14 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         .chain(&ample)
         .min_by_key(|s| (s.cycles, stream::max_words(s)));
     if let Some(s) = fastest {
-        // No unrolled schedule takes fewer cycles than its formulation's lower bound. At the
-        // bound one could only tie, and a tie goes to fewer words, which only building it
-        // tells; on a layer of more than `TIE_UNBUILT_OPS` operations that takes a second or
-        // more, so there the stream is kept unbuilt-against (`--mem` is how to ask for fewer
-        // words).
-        // A candidate may know a floor above the bound from its work per PE alone (the row
-        // dataflow: its busiest PE's operations); a stream below every candidate's floor wins
-        // whatever building them would give, so they are not built.
+        // No unrolled schedule takes fewer cycles than its formulation's lower bound, and a
+        // candidate may know a floor above the bound from its work per PE alone (the row
+        // dataflow: its busiest PE's operations). A stream below every candidate's floor wins
+        // whatever building them would give, so they are not built. At the floor one could
+        // only tie, and a tie goes to fewer words, which only building it tells; on a layer of
+        // more than `TIE_UNBUILT_OPS` operations that takes a second or more and emits flat
+        // programs far beyond a program memory, so there the stream's loop programs are kept
+        // unbuilt-against (`--mem` is how to ask for fewer words).
         let lb = problem.lower_bound(opts.pes);
         let floor = candidates
             .iter()
@@ -259,7 +259,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
             .min()
             .unwrap_or(lb)
             .max(lb);
-        if s.cycles < floor || (s.cycles == lb && problem.necessary_ops() > TIE_UNBUILT_OPS) {
+        if s.cycles < floor || (s.cycles == floor && problem.necessary_ops() > TIE_UNBUILT_OPS) {
             let reason = if s.cycles < lb {
                 format!(
                     "fewest cycles: the stream's {} is below the {lb} every unrolled schedule needs (one division per weight); loop programs",
@@ -270,9 +270,13 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
                     "fewest cycles: the stream's {} is below the {floor} that the unrolled candidates' work per PE needs; loop programs",
                     s.cycles
                 )
-            } else {
+            } else if floor == lb {
                 format!(
                     "fewest cycles: the stream reaches the lower bound {lb}, which no unrolled schedule can beat; loop programs"
+                )
+            } else {
+                format!(
+                    "fewest cycles: the stream reaches the {floor} that the unrolled candidates' work per PE needs, which none of them can beat; loop programs"
                 )
             };
             let tried = vec![stream::candidate(s)];
