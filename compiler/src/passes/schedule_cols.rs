@@ -151,6 +151,15 @@ impl Scheduler for Cols {
                 }
             }
         }
+        // Likewise for the lanes with fractional columns.
+        let frac = frac_lanes(p, pes);
+        if !frac.is_empty() {
+            if let Ok(o) = schedule_split::run_apart(p, pes, &frac) {
+                if o.cycles() < s.cycles() {
+                    s = o;
+                }
+            }
+        }
         s.algorithm = NAME;
         Ok(s)
     }
@@ -304,6 +313,7 @@ fn local_v_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 spread: false,
                 local_v: true,
                 near: 0,
+                frac: false,
             },
         );
         if !out.contains(&c) {
@@ -343,6 +353,7 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 spread: true,
                 local_v: false,
                 near: 0,
+                frac: false,
             },
         );
         if !out.contains(&c) {
@@ -409,6 +420,7 @@ fn near_lanes(p: &Problem, pes: u32, count: usize) -> Vec<(u64, u32, Apart)> {
                         spread: false,
                         local_v: false,
                         near: near as u32,
+                        frac: false,
                     };
                     if best.is_none_or(|(e, _)| est < e) {
                         best = Some((est, lane));
@@ -428,6 +440,86 @@ fn near_lanes(p: &Problem, pes: u32, count: usize) -> Vec<(u64, u32, Apart)> {
     found.sort_by_key(|f| f.0);
     found.truncate(count);
     found
+}
+
+/// Lanes with fractional columns (`Apart::frac`): each column part's products cut evenly over
+/// its PEs, a column's rows split between neighbouring PEs where the cut falls inside it.
+/// Whole columns tie each part to a count of PEs that suits `d`: 1 head, 32 tokens, `d = 128`
+/// on 256 PEs cannot give both parts a PE per column, and its best whole-column lane (the v
+/// columns on the q/k PEs, each PE doing both phases of a column) takes 2240 cycles, where
+/// 127 q/k PEs, 3 softmax PEs and 126 v PEs take about 1040 products each (1500 cycles).
+///
+/// The q/k part gets the products' share of the PEs and one more (a score's partial sum
+/// visits its PEs one after another, so it needs the slack more than the v part, whose
+/// weights each PE forwards before it uses them), and the softmax PEs are as few as keep pace
+/// with the rows leaving it (each takes three operations per weight of the rows dealt to it);
+/// also tried, on layers up to [`LARGE_OPS`] operations, the even share and one more softmax
+/// PE (32 tokens, `d = 128`, causal on 256 PEs: 968 cycles with 127, 3, 126 PEs; 997 with
+/// 126, 3, 127; 992 with 127, 4, 125). Each link of a part forwards about a word per product
+/// of its PEs (a partial sum, a weight), so only lanes whose estimate, those words counted,
+/// beats whole columns' (which does not count them) are returned. Not with q = k = v: the x
+/// words bound for the v part would cross the softmax PEs, `n·d` of them (32 tokens, `d =
+/// 128`: 5838 cycles against 1966).
+fn frac_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
+    let per = u64::from(pes) / u64::from(p.heads.max(1));
+    if p.shared_values || per < 3 {
+        return Vec::new();
+    }
+    let weights = if p.causal { n * (n + 1) / 2 } else { n * n };
+    let scores = if p.symmetric && !p.causal {
+        n * (n + 1) / 2
+    } else {
+        weights
+    };
+    let est = |r1: u64, soft: u64, r3: u64| -> u64 {
+        // A row's products of a column are the cut's grain.
+        let work1 = (scores * d).div_ceil(r1) + n;
+        let work3 = (weights * d).div_ceil(r3) + n;
+        let work2 = (3 * weights).div_ceil(soft) + 3 * n;
+        let link = if r1 > 1 { scores } else { 0 }.max(weights);
+        work1.max(work3).max(work2).max(link) + d.min(r1) + 2 * soft + r3 + 4 * n
+    };
+    let share = |soft: u64| ((per - soft) * scores) / (scores + weights).max(1);
+    // Rows leave the q/k part about every `scores·d / (n·r1)` cycles, and take `3·weights / n`
+    // operations each on their softmax PE.
+    let r1 = share(1).max(1);
+    let soft = (3 * weights * r1).div_ceil(scores * d).clamp(1, n);
+    let mut tries = vec![(share(soft) + 1, soft), (share(soft), soft)];
+    if soft < n {
+        tries.push((share(soft + 1) + 1, soft + 1));
+    }
+    if p.necessary_ops() > LARGE_OPS {
+        tries.truncate(1);
+    }
+    let whole = [true, false]
+        .into_iter()
+        .filter_map(|wrap| best_lane(p, pes, 1, wrap, false).map(|b| b.0))
+        .min()
+        .unwrap_or(u64::MAX);
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    for (r1, soft) in tries {
+        let Some(r3) = per.checked_sub(r1 + soft).filter(|&r3| r3 >= 1 && r1 >= 1) else {
+            continue;
+        };
+        let lane = (1, frac_lane(r1, soft, r3));
+        if est(r1, soft, r3) < whole && !out.contains(&lane) {
+            out.push(lane);
+        }
+    }
+    out
+}
+
+fn frac_lane(r1: u64, soft: u64, r3: u64) -> Apart {
+    Apart {
+        r1: r1 as u32,
+        soft: soft as u32,
+        r3: r3 as u32,
+        spread: false,
+        local_v: false,
+        near: 0,
+        frac: true,
+    }
 }
 
 /// The lane of `groups` row groups per head (v columns on the q/k PEs when `wrap`) with the
@@ -498,6 +590,7 @@ fn best_lane(
                     spread: false,
                     local_v: false,
                     near: 0,
+                    frac: false,
                 };
                 if best.is_none_or(|(e, _)| est < e) {
                     best = Some((est, lane));
