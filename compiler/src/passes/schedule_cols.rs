@@ -13,6 +13,9 @@
 //! * `r3` PEs after those holding the v columns: each weight travels forward through them and
 //!   `y[a][c]` accumulates on the PE of column `c`.
 //!
+//! With fractional columns (see [`frac_lanes`]) each column part's products are cut evenly over
+//! its PEs instead, a column's rows splitting between neighbours.
+//!
 //! No input word is read by two parts, so nothing but partial sums, scores and weights cross
 //! the links (with q = k = v the x rows are read in both column parts and do travel). Each part
 //! is as long as balances its work against its hops (see [`candidates`]); the list scheduler
