@@ -450,19 +450,21 @@ fn near_lanes(p: &Problem, pes: u32, count: usize) -> Vec<(u64, u32, Apart)> {
 /// Whole columns tie each part to a count of PEs that suits `d`: 1 head, 32 tokens, `d = 128`
 /// on 256 PEs cannot give both parts a PE per column, and its best whole-column lane (the v
 /// columns on the q/k PEs, each PE doing both phases of a column) takes 2240 cycles, where
-/// 127 q/k PEs, 3 softmax PEs and 126 v PEs take about 1040 products each (1500 cycles).
+/// 128 q/k PEs, 3 softmax PEs and 125 v PEs take about 1040 products each (1407 cycles).
 ///
-/// The q/k part gets the products' share of the PEs and one more (a score's partial sum
-/// visits its PEs one after another, so it needs the slack more than the v part, whose
-/// weights each PE forwards before it uses them), and the softmax PEs are as few as keep pace
-/// with the rows leaving it (each takes three operations per weight of the rows dealt to it);
-/// also tried, on layers up to [`LARGE_OPS`] operations, the even share and one more softmax
-/// PE (32 tokens, `d = 128`, causal on 256 PEs: 968 cycles with 127, 3, 126 PEs; 997 with
-/// 126, 3, 127; 992 with 127, 4, 125). Each link of a part forwards about a word per product
-/// of its PEs (a partial sum, a weight), so only lanes whose estimate, those words counted,
-/// beats whole columns' (which does not count them) are returned. Not with q = k = v: the x
-/// words bound for the v part would cross the softmax PEs, `n·d` of them (32 tokens, `d =
-/// 128`: 5838 cycles against 1966).
+/// The softmax PEs are as few as keep pace with the rows leaving the q/k part (each takes
+/// three operations per weight of the rows dealt to it). The q/k part gets a count near the
+/// products' share of the PEs that divides `d` where there is one (every row then takes the
+/// same pace through every q/k PE), else the share and one more (a score's partial sum visits
+/// the q/k PEs one after another, so that part needs the slack more than the v part, whose PEs
+/// forward each weight before they use it). On layers up to [`LARGE_OPS`] operations the
+/// share and one more, the share, and one more softmax PE are tried too. Forced, 32 tokens,
+/// `d = 128`, causal on 256 PEs: 907 cycles with 128, 3, 125 PEs; 968 with 127, 3, 126; 997
+/// with 126, 3, 127; 992 with 127, 4, 125; 938 with 129, 3, 124. Each link of a part forwards
+/// about a word per product of its PEs (a partial sum, a weight), so only lanes whose
+/// estimate, those words counted, beats whole columns' (which does not count them) are
+/// returned. Not with q = k = v: the x words bound for the v part would cross the softmax PEs,
+/// `n·d` of them (32 tokens, `d = 128`: 5838 cycles against 1966).
 fn frac_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
     let per = u64::from(pes) / u64::from(p.heads.max(1));
@@ -491,6 +493,15 @@ fn frac_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     let mut tries = vec![(share(soft) + 1, soft), (share(soft), soft)];
     if soft < n {
         tries.push((share(soft + 1) + 1, soft + 1));
+    }
+    // A q/k part of whole columns, where one near the share divides `d`, goes first: every
+    // row then takes the same pace through every q/k PE, and only the v part is cut.
+    let near = share(soft);
+    if let Some(whole) = (near.saturating_sub(near / 16).max(1)..=near + 2)
+        .rev()
+        .find(|&r1| r1 <= d && d % r1 == 0)
+    {
+        tries.insert(0, (whole, soft));
     }
     if p.necessary_ops() > LARGE_OPS {
         tries.truncate(1);
