@@ -278,6 +278,26 @@ fn split_columns_grid() {
     assert_eq!(combos, 10);
 }
 
+/// Fractional columns: where neither column part can have a PE count that suits `d` (here
+/// 64 PEs per head for two parts of 32 columns and a softmax), each part's products are cut
+/// evenly over its PEs, a column's rows split between neighbours. With whole columns the best
+/// cols lanes took 543 cycles (16 tokens, d = 32, 1 head on 64 PEs), 858 (2 heads) and 303
+/// (causal).
+#[test]
+fn fractional_columns_where_no_part_length_suits_d() {
+    for (heads, scheme, before) in [
+        (1, Scheme::Separate, 543),
+        (2, Scheme::Separate, 858),
+        (1, Scheme::Causal, 303),
+    ] {
+        let cols = check(16, 32, 64, heads, scheme, true);
+        assert!(
+            cols < before,
+            "16 tokens, d = 32, {heads} heads, {scheme:?} on 64 PEs: cols {cols}"
+        );
+    }
+}
+
 #[test]
 fn refuses_rings_without_three_pes_per_head() {
     let layer = common::parse_one(&src(4, 4, 2, Scheme::Separate, true));

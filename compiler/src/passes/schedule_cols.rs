@@ -13,6 +13,9 @@
 //! * `r3` PEs after those holding the v columns: each weight travels forward through them and
 //!   `y[a][c]` accumulates on the PE of column `c`.
 //!
+//! With fractional columns (see [`frac_lanes`]) each column part's products are cut evenly over
+//! its PEs instead, a column's rows splitting between neighbours.
+//!
 //! No input word is read by two parts, so nothing but partial sums, scores and weights cross
 //! the links (with q = k = v the x rows are read in both column parts and do travel). Each part
 //! is as long as balances its work against its hops (see [`candidates`]); the list scheduler
@@ -146,6 +149,15 @@ impl Scheduler for Cols {
             .collect();
         if !near.is_empty() {
             if let Ok(o) = schedule_split::run_apart(p, pes, &near) {
+                if o.cycles() < s.cycles() {
+                    s = o;
+                }
+            }
+        }
+        // Likewise for the lanes with fractional columns.
+        let frac = frac_lanes(p, pes);
+        if !frac.is_empty() {
+            if let Ok(o) = schedule_split::run_apart(p, pes, &frac) {
                 if o.cycles() < s.cycles() {
                     s = o;
                 }
@@ -304,6 +316,7 @@ fn local_v_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 spread: false,
                 local_v: true,
                 near: 0,
+                frac: false,
             },
         );
         if !out.contains(&c) {
@@ -343,6 +356,7 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 spread: true,
                 local_v: false,
                 near: 0,
+                frac: false,
             },
         );
         if !out.contains(&c) {
@@ -409,6 +423,7 @@ fn near_lanes(p: &Problem, pes: u32, count: usize) -> Vec<(u64, u32, Apart)> {
                         spread: false,
                         local_v: false,
                         near: near as u32,
+                        frac: false,
                     };
                     if best.is_none_or(|(e, _)| est < e) {
                         best = Some((est, lane));
@@ -428,6 +443,97 @@ fn near_lanes(p: &Problem, pes: u32, count: usize) -> Vec<(u64, u32, Apart)> {
     found.sort_by_key(|f| f.0);
     found.truncate(count);
     found
+}
+
+/// Lanes with fractional columns (`Apart::frac`): each column part's products cut evenly over
+/// its PEs, a column's rows split between neighbouring PEs where the cut falls inside it.
+/// Whole columns tie each part to a count of PEs that suits `d`: 1 head, 32 tokens, `d = 128`
+/// on 256 PEs cannot give both parts a PE per column, and its best whole-column lane (the v
+/// columns on the q/k PEs, each PE doing both phases of a column) takes 2240 cycles, where
+/// 128 q/k PEs, 3 softmax PEs and 125 v PEs take about 1040 products each (1407 cycles).
+///
+/// The softmax PEs are as few as keep pace with the rows leaving the q/k part (each takes
+/// three operations per weight of the rows dealt to it). The q/k part gets a count near the
+/// products' share of the PEs that divides `d` where there is one (every row then takes the
+/// same pace through every q/k PE), else the share and one more (a score's partial sum visits
+/// the q/k PEs one after another, so that part needs the slack more than the v part, whose PEs
+/// forward each weight before they use it). On layers up to [`LARGE_OPS`] operations the
+/// share and one more, the share, and one more softmax PE are tried too. Forced, 32 tokens,
+/// `d = 128`, causal on 256 PEs: 907 cycles with 128, 3, 125 PEs; 968 with 127, 3, 126; 997
+/// with 126, 3, 127; 992 with 127, 4, 125; 938 with 129, 3, 124. Each link of a part forwards
+/// about a word per product of its PEs (a partial sum, a weight), so only lanes whose
+/// estimate, those words counted, beats whole columns' (which does not count them) are
+/// returned. Not with q = k = v: the x words bound for the v part would cross the softmax PEs,
+/// `n·d` of them (32 tokens, `d = 128`: 5838 cycles against 1966).
+fn frac_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
+    let per = u64::from(pes) / u64::from(p.heads.max(1));
+    if p.shared_values || per < 3 {
+        return Vec::new();
+    }
+    let weights = if p.causal { n * (n + 1) / 2 } else { n * n };
+    let scores = if p.symmetric && !p.causal {
+        n * (n + 1) / 2
+    } else {
+        weights
+    };
+    let est = |r1: u64, soft: u64, r3: u64| -> u64 {
+        // A row's products of a column are the cut's grain.
+        let work1 = (scores * d).div_ceil(r1) + n;
+        let work3 = (weights * d).div_ceil(r3) + n;
+        let work2 = (3 * weights).div_ceil(soft) + 3 * n;
+        let link = if r1 > 1 { scores } else { 0 }.max(weights);
+        work1.max(work3).max(work2).max(link) + d.min(r1) + 2 * soft + r3 + 4 * n
+    };
+    let share = |soft: u64| ((per - soft) * scores) / (scores + weights).max(1);
+    // Rows leave the q/k part about every `scores·d / (n·r1)` cycles, and take `3·weights / n`
+    // operations each on their softmax PE.
+    let r1 = share(1).max(1);
+    let soft = (3 * weights * r1).div_ceil(scores * d).clamp(1, n);
+    let mut tries = vec![(share(soft) + 1, soft), (share(soft), soft)];
+    if soft < n {
+        tries.push((share(soft + 1) + 1, soft + 1));
+    }
+    // A q/k part of whole columns, where one near the share divides `d`, goes first: every
+    // row then takes the same pace through every q/k PE, and only the v part is cut.
+    let near = share(soft);
+    if let Some(whole) = (near.saturating_sub(near / 16).max(1)..=near + 2)
+        .rev()
+        .find(|&r1| r1 <= d && d % r1 == 0)
+    {
+        tries.insert(0, (whole, soft));
+    }
+    if p.necessary_ops() > LARGE_OPS {
+        tries.truncate(1);
+    }
+    let whole = [true, false]
+        .into_iter()
+        .filter_map(|wrap| best_lane(p, pes, 1, wrap, false).map(|b| b.0))
+        .min()
+        .unwrap_or(u64::MAX);
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    for (r1, soft) in tries {
+        let Some(r3) = per.checked_sub(r1 + soft).filter(|&r3| r3 >= 1 && r1 >= 1) else {
+            continue;
+        };
+        let lane = (1, frac_lane(r1, soft, r3));
+        if est(r1, soft, r3) < whole && !out.contains(&lane) {
+            out.push(lane);
+        }
+    }
+    out
+}
+
+fn frac_lane(r1: u64, soft: u64, r3: u64) -> Apart {
+    Apart {
+        r1: r1 as u32,
+        soft: soft as u32,
+        r3: r3 as u32,
+        spread: false,
+        local_v: false,
+        near: 0,
+        frac: true,
+    }
 }
 
 /// The lane of `groups` row groups per head (v columns on the q/k PEs when `wrap`) with the
@@ -498,6 +604,7 @@ fn best_lane(
                     spread: false,
                     local_v: false,
                     near: 0,
+                    frac: false,
                 };
                 if best.is_none_or(|(e, _)| est < e) {
                     best = Some((est, lane));

@@ -200,6 +200,15 @@ pub(crate) struct Apart {
     /// weights going on round the ring to them) and only the others' are on the `r3` PEs: with
     /// q = k = v only those columns' x words then cross the softmax PEs.
     pub(crate) near: u32,
+    /// Fractional columns: each part's products are cut evenly over its PEs by column, then
+    /// row, so a column's rows may split between neighbouring PEs (rows before the cut on one,
+    /// the rest on the next) rather than the column going whole to one PE. `r1` and `r3` then
+    /// need not suit `d`: with fewer PEs per part than columns whole columns leave some PEs a
+    /// column more than others, and with more PEs than columns whole columns leave the extra
+    /// PEs idle. A `k` or `v` word read on both sides of a cut is preloaded on the first and
+    /// forwarded to the next, like any input read by several PEs; `q` words and outputs go
+    /// with their row. One row group, no `near`, `spread` or `local_v`.
+    pub(crate) frac: bool,
 }
 
 impl Apart {
@@ -730,6 +739,9 @@ struct Geometry {
     soft: u32,
     /// Phase 1, softmax and phase 3 on separate PEs of each lane (see [`Apart`]).
     apart: Option<Apart>,
+    /// With fractional columns (`Apart::frac`), the lane offset of phase-1 and phase-3 column
+    /// `c` of row `a`, at `c·n + a`.
+    frac: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 impl Geometry {
@@ -782,6 +794,7 @@ impl Geometry {
                 });
             }
         }
+        let frac = layout.apart.filter(|a| a.frac).map(|a| frac_offsets(p, a));
         Geometry {
             m,
             d: p.dim,
@@ -793,6 +806,7 @@ impl Geometry {
             ring,
             soft,
             apart: layout.apart,
+            frac,
         }
     }
 
@@ -866,11 +880,44 @@ impl Geometry {
         (self.start(l) + self.offset(c)) % self.m
     }
 
+    /// PE of phase-1 column `c` of row `a` (of `lane`): [`Geometry::p1`] but with fractional
+    /// columns.
+    fn p1_row(&self, lane: u32, c: u32, a: u32) -> u32 {
+        match &self.frac {
+            Some((one, _)) => {
+                let off = one.get((c * self.n + a) as usize).copied().unwrap_or(0);
+                (self.start(lane) + off) % self.m
+            }
+            None => self.p1(lane, c),
+        }
+    }
+
+    /// PE of phase-3 column `c` of row `a` (of `lane`): [`Geometry::p3`] but with fractional
+    /// columns.
+    fn p3_row(&self, lane: u32, c: u32, a: u32) -> u32 {
+        match &self.frac {
+            Some((_, three)) => {
+                let off = three.get((c * self.n + a) as usize).copied().unwrap_or(0);
+                (self.start(lane) + off) % self.m
+            }
+            None => self.p3(lane, c),
+        }
+    }
+
     /// PEs holding phase-1 columns of `lane`, in ring order, with their columns.
     fn blocks(&self, lane: u32) -> Vec<(u32, Vec<u32>)> {
+        self.blocks_row(lane, None)
+    }
+
+    /// The same for row `a` with fractional columns, where a PE may hold a column for some
+    /// rows only.
+    fn blocks_row(&self, lane: u32, a: Option<u32>) -> Vec<(u32, Vec<u32>)> {
         let mut out: Vec<(u32, Vec<u32>)> = Vec::new();
         for c in 0..self.d {
-            let pe = self.p1(lane, c);
+            let pe = match a {
+                Some(a) => self.p1_row(lane, c, a),
+                None => self.p1(lane, c),
+            };
             match out.last_mut() {
                 Some((q, cs)) if *q == pe => cs.push(c),
                 _ => out.push((pe, vec![c])),
@@ -878,6 +925,52 @@ impl Geometry {
         }
         out
     }
+}
+
+/// Lane offsets of every phase-1 and phase-3 `(column, row)` with fractional columns (see
+/// [`Apart::frac`]), at `c·n + a`: each part's products in column-major order cut into equal
+/// runs, one per PE, a row's products going to the PE its middle falls on. With `r3 = 0` the
+/// q/k PEs take both phases, cut together.
+fn frac_offsets(p: &Problem, a: Apart) -> (Vec<u32>, Vec<u32>) {
+    let (n, d) = (p.tokens, p.dim);
+    // Products per column of each row: its scores (q = k without a mask computes each pair
+    // once, on the larger row) and its weights.
+    let scores = |r: u32| -> u64 {
+        if p.causal || p.symmetric {
+            u64::from(r) + 1
+        } else {
+            u64::from(n)
+        }
+    };
+    let weights = |r: u32| (0..n).filter(|&b| p.unmasked(r, b)).count() as u64;
+    // Rows run in the order of `plan`'s rank (longest first, then by index), and a score's
+    // partial sum visits the PEs in ring order, so the q/k PEs are a flow shop: a PE holding
+    // two columns of a row passes that row's sums on at half pace. Cut in the rank order, the
+    // rows a PE holds twice would move on with the PEs, and the rows' order would meet every
+    // one of them in turn (32 tokens, d = 128 on 120 q/k PEs: 2400 cycles); cut against it,
+    // a row meets about one such PE.
+    let mut rows: Vec<u32> = (0..n).collect();
+    rows.sort_by_key(|&r| std::cmp::Reverse((n as usize - weights(r) as usize, r)));
+    let cut = |w: &dyn Fn(u32) -> u64, pes: u32, base: u32| -> Vec<u32> {
+        let per_col: u64 = (0..n).map(w).sum();
+        let total = (per_col * u64::from(d)).max(1);
+        let mut out = vec![0u32; (n * d) as usize];
+        let mut acc = 0u64;
+        for c in 0..d {
+            for &r in &rows {
+                let mid = acc + w(r) / 2;
+                acc += w(r);
+                let pe = ((mid * u64::from(pes)) / total).min(u64::from(pes.max(1) - 1));
+                out[(c * n + r) as usize] = base + pe as u32;
+            }
+        }
+        out
+    };
+    if a.r3 == 0 {
+        let both = cut(&|r| scores(r) + weights(r), a.r1, 0);
+        return (both.clone(), both);
+    }
+    (cut(&scores, a.r1, 0), cut(&weights, a.r3, a.r1 + a.soft))
 }
 
 /// Tiny deterministic generator for the perturbed retries (no dependence on the clock).
@@ -1058,7 +1151,16 @@ fn simulate<B: Book>(
     // division reads only words made by exponentials).
     let mut preloaded = std::mem::take(&mut scratch.preloaded);
     preloaded.clear();
+    // With fractional columns a `k` or `v` word read on both sides of a cut waits on its
+    // first PE's link, which that PE's partial sums, sent every cycle, would hold until its
+    // work ends, its neighbour idle the while (see `frac_offsets`): such a word (one hop) goes
+    // first, before partial sums in flight. They are few, a column's rows per cut.
+    let neighbours_first = layout.apart.is_some_and(|a| a.frac);
+    let first = (plan.tasks.len() as i64 + 1) * 8;
     preloaded.extend(plan.preloaded.iter().map(|&(pe, v)| {
+        if neighbours_first && plan.reach.get(v.index()) == Some(&1) {
+            return (pe, v, first);
+        }
         let u = plan
             .readers
             .of_word(v)
@@ -1407,7 +1509,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     for h in 0..p.heads {
         for a in 0..n {
             let lane = g.lane(h, a);
-            let blocks = g.blocks(lane);
+            let blocks = g.blocks_row(lane, Some(a));
             for bcol in pairs_of(a) {
                 // With q = k (no mask) the pair {bcol, a} is computed once, as (a, bcol), bcol ≤ a.
                 let (qa, kb) = (a, bcol);
@@ -1619,7 +1721,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             for c in 0..d {
                 let pe = match g.apart {
                     Some(ap) if ap.local_v => g.land(lane, lane_row[(h * n + a) as usize]),
-                    _ => g.p3(lane, c),
+                    _ => g.p3_row(lane, c, a),
                 };
                 let id = chains.len();
                 let mut ts = Vec::new();
