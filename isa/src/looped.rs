@@ -531,6 +531,76 @@ impl LoopProgram {
             bundles,
         })
     }
+
+    /// The bundles [`LoopProgram::flatten`] would give, one at a time, without holding them
+    /// all: comparing or scanning a long program this way needs no memory for its expansion.
+    /// Unchecked: call [`LoopProgram::validate`] first (an invalid program's instances are
+    /// whatever its templates evaluate to).
+    pub fn instances(&self) -> Instances<'_> {
+        Instances {
+            frames: vec![Frame {
+                nodes: &self.body,
+                pos: 0,
+                trips: 1,
+            }],
+            idx: Vec::new(),
+        }
+    }
+}
+
+/// The iterator of [`LoopProgram::instances`].
+pub struct Instances<'a> {
+    /// The node lists being run, outermost first: the program's body, then one per loop
+    /// entered, whose index is the same level of `idx`.
+    frames: Vec<Frame<'a>>,
+    idx: Vec<u32>,
+}
+
+struct Frame<'a> {
+    nodes: &'a [Node],
+    pos: usize,
+    trips: u32,
+}
+
+impl Iterator for Instances<'_> {
+    type Item = Bundle;
+
+    fn next(&mut self) -> Option<Bundle> {
+        loop {
+            let depth = self.frames.len();
+            let f = self.frames.last_mut()?;
+            if let Some(n) = f.nodes.get(f.pos) {
+                f.pos += 1;
+                match n {
+                    Node::Bundle(b) => return Some(b.instance(&self.idx)),
+                    Node::Loop(l) => {
+                        // As `expand`: the trip count is taken at the indices it is entered at.
+                        let trips = l.trips(&self.idx);
+                        if trips > 0 {
+                            self.idx.push(0);
+                            self.frames.push(Frame {
+                                nodes: &l.body,
+                                pos: 0,
+                                trips,
+                            });
+                        }
+                    }
+                }
+            } else if depth == 1 {
+                self.frames.clear();
+                return None;
+            } else {
+                let i = self.idx.last_mut()?;
+                *i += 1;
+                if *i < f.trips {
+                    f.pos = 0;
+                } else {
+                    self.idx.pop();
+                    self.frames.pop();
+                }
+            }
+        }
+    }
 }
 
 /// Cycles of a node list as `c + Σ_k a[k] · i_k` over the indices of the enclosing loops

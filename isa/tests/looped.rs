@@ -349,6 +349,8 @@ fn check(c: &Case) -> (u64, u64, u64, u64) {
         let cycles = p.validate().expect("generated programs are valid");
         let flat = p.flatten(1 << 20).unwrap();
         assert_eq!(cycles, flat.bundles.len() as u64);
+        // One bundle at a time, the same bundles in the same order.
+        assert!(p.instances().eq(flat.bundles.iter().copied()));
         assert_eq!(p.cycles(), cycles);
         // The static op count is what the flattening holds.
         let mut ops = [0u64; isa::OPS.len()];
