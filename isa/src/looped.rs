@@ -651,6 +651,93 @@ fn body_cycles(nodes: &[Node]) -> u64 {
     body_lin(nodes, 0).map_or(u64::MAX, |l| u64::try_from(l.c.max(0)).unwrap_or(u64::MAX))
 }
 
+/// A loop body with its loop's index fixed: `nodes` is the body of a loop whose index is
+/// level `level`, and the result is what the body runs in iteration `i`, with every deeper
+/// level moved up one. For any indices `idx` of the enclosing loops (`level` of them),
+/// flattening the result at `idx` gives the bundles the body gives at `idx` then `i`: terms
+/// of the level are added into their base addresses (wrapped to an address as an instance
+/// is), predicates on it decided (a slot they turn off is `nop`, its terms dropped), counts
+/// stepped by it fixed. Lets a caller see that a loop runs exactly some given code in each
+/// iteration by comparing node lists instead of their flattenings.
+pub fn fix_level(nodes: &[Node], level: u8, i: u32) -> Vec<Node> {
+    nodes
+        .iter()
+        .map(|n| match n {
+            Node::Bundle(b) => Node::Bundle(fix_bundle(b, level, i)),
+            Node::Loop(l) => {
+                let (count, step) = match l.step {
+                    Some(s) if s.level == level => {
+                        let mut idx = vec![0; usize::from(level) + 1];
+                        idx[usize::from(level)] = i;
+                        (l.trips(&idx), None)
+                    }
+                    Some(s) if s.level > level => (
+                        l.count,
+                        Some(CountStep {
+                            level: s.level - 1,
+                            ..s
+                        }),
+                    ),
+                    s => (l.count, s),
+                };
+                Node::Loop(Loop {
+                    count,
+                    step,
+                    body: fix_level(&l.body, level, i),
+                })
+            }
+        })
+        .collect()
+}
+
+/// [`fix_level`] of one bundle.
+fn fix_bundle(b: &LBundle, level: u8, i: u32) -> LBundle {
+    let mut bundle = b.bundle;
+    for t in b.terms.iter().filter(|t| t.level == level) {
+        if let Some(base) = field(&bundle, t.field) {
+            set_field(&mut bundle, t.field, (i64::from(base) + t.value(i)) as Addr);
+        }
+    }
+    let mut off = Vec::new();
+    for p in b.preds.iter().filter(|p| p.level == level) {
+        if !p.cmp.holds(i, p.value) && !off.contains(&p.slot) {
+            off.push(p.slot);
+            match p.slot {
+                Slot::Op => bundle.op = Op::Nop,
+                Slot::Acc => bundle.acc = Acc::Nop,
+                Slot::Xfer => bundle.xfer = Xfer::Nop,
+            }
+        }
+    }
+    let slot = |f: Field| match f {
+        Field::OpA | Field::OpB | Field::OpDst => Slot::Op,
+        Field::AccSrc | Field::AccDst => Slot::Acc,
+        Field::XferSrc | Field::XferDst => Slot::Xfer,
+    };
+    let up = |l: u8| if l > level { l - 1 } else { l };
+    LBundle {
+        bundle,
+        terms: b
+            .terms
+            .iter()
+            .filter(|t| t.level != level && !off.contains(&slot(t.field)))
+            .map(|t| Term {
+                level: up(t.level),
+                ..*t
+            })
+            .collect(),
+        preds: b
+            .preds
+            .iter()
+            .filter(|p| p.level != level && !off.contains(&p.slot))
+            .map(|p| Pred {
+                level: up(p.level),
+                ..*p
+            })
+            .collect(),
+    }
+}
+
 fn expand(nodes: &[Node], idx: &mut Vec<u32>, out: &mut Vec<Bundle>) {
     for n in nodes {
         match n {

@@ -1515,6 +1515,30 @@ fn reads_of(bundles: impl Iterator<Item = isa::Bundle>, seen: &mut Vec<bool>) ->
     out
 }
 
+/// Whether the stretch `g` of a loop over rows runs, iteration by iteration, exactly the
+/// stretches of `rows`: then it flattens to their bundles one after another, which is seen on
+/// the loops' code alone ([`isa::looped::fix_level`]). `false` says nothing.
+fn runs_rows(g: &LoopProgram, rows: &[Option<LoopProgram>]) -> bool {
+    // A stretch is one loop of one iteration at level 0 ([`stretch`]); the rows' loop is the
+    // only node in it, at level 1.
+    fn once(nodes: &[Node]) -> Option<&[Node]> {
+        match nodes {
+            [Node::Loop(l)] if l.count == 1 && l.step.is_none() => Some(&l.body),
+            _ => None,
+        }
+    }
+    let Some([Node::Loop(l)]) = once(&g.body) else {
+        return false;
+    };
+    l.step.is_none()
+        && l.count as usize == rows.len()
+        && rows.iter().enumerate().all(|(k, r)| {
+            r.as_ref()
+                .and_then(|r| once(&r.body))
+                .is_some_and(|body| isa::looped::fix_level(&l.body, 1, k as u32) == body)
+        })
+}
+
 /// The bundles of `progs` one after another.
 fn instances<'a>(
     progs: impl Iterator<Item = &'a LoopProgram> + 'a,
@@ -2047,20 +2071,21 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         // rows keep bodies of their own. Each loop over rows flattening to its rows' bundles,
         // the whole stretch does; where one does not, the whole stretches are compared all the
         // same.
-        let same = group_progs
-            .iter()
-            .all(|(a, b, g)| instances(g.iter()).eq(instances(progs[*a..*b].iter().flatten())))
-            || {
-                let mut parts: Vec<&LoopProgram> = Vec::with_capacity(progs.len());
-                let mut k = 0;
-                for (a, b, g) in &group_progs {
-                    parts.extend(progs[k..*a].iter().flatten());
-                    parts.extend(g);
-                    k = *b;
-                }
-                parts.extend(progs[k..].iter().flatten());
-                instances(parts.into_iter()).eq(instances(progs.iter().flatten()))
-            };
+        let same = group_progs.iter().all(|(a, b, g)| {
+            let rows = &progs[*a..*b];
+            g.as_ref().is_some_and(|g| runs_rows(g, rows))
+                || instances(g.iter()).eq(instances(rows.iter().flatten()))
+        }) || {
+            let mut parts: Vec<&LoopProgram> = Vec::with_capacity(progs.len());
+            let mut k = 0;
+            for (a, b, g) in &group_progs {
+                parts.extend(progs[k..*a].iter().flatten());
+                parts.extend(g);
+                k = *b;
+            }
+            parts.extend(progs[k..].iter().flatten());
+            instances(parts.into_iter()).eq(instances(progs.iter().flatten()))
+        };
         let fin = if same { grouped } else { each };
         if laid {
             // The rows wait inside their stretch, whose first cycle the laid sends count from.
@@ -2172,4 +2197,42 @@ fn places(deal: &Deal) -> (BTreeMap<String, Place>, Place) {
         addr,
     };
     (BTreeMap::from([("x".to_string(), list(x))]), list(y))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loops over rows alike are seen to run their rows from their code alone (so the
+    /// build flattens none of them), and that agrees with flattening them.
+    #[test]
+    fn row_loops_run_their_rows_by_their_code() -> Result<(), String> {
+        let mut seen = 0;
+        for (n, d, m, heads) in [(128, 32, 12, 1), (64, 16, 6, 2), (40, 8, 6, 1)] {
+            for full in [false, true] {
+                let deal = Deal::new(n, d, m, heads, false, full).ok_or("no deal")?;
+                for pe in 0..m {
+                    let rows = (0..deal.r(pe))
+                        .map(|j| stretch(&deal.row(pe, j, 0.5), deal.words).map(Some))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    for j in 0..deal.r(pe) {
+                        for c in 2..=deal.r(pe) - j {
+                            if !deal.rows_alike(pe, j, c) {
+                                break;
+                            }
+                            let g = stretch(&deal.row_loop(pe, j, c, 0.5), deal.words)?;
+                            let part = &rows[j as usize..(j + c) as usize];
+                            assert!(runs_rows(&g, part), "{n} {d} {m} {heads} {pe} {j} {c}");
+                            assert!(
+                                instances(std::iter::once(&g)).eq(instances(part.iter().flatten()))
+                            );
+                            seen += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(seen > 100, "{seen} loops over rows");
+        Ok(())
+    }
 }
