@@ -160,6 +160,60 @@ pub fn set_field(b: &mut Bundle, f: Field, v: Addr) {
     }
 }
 
+/// Adds `v` to the address in `field` of `b`, wrapped to an address: [`set_field`] of
+/// [`field`] plus `v`, with one match. Does nothing if the field is unused.
+#[inline]
+fn add_to_field(b: &mut Bundle, f: Field, v: i64) {
+    let add = |a: &mut Addr| *a = (i64::from(*a) + v) as Addr;
+    match f {
+        Field::OpA => {
+            if let Op::Arith(x) = &mut b.op {
+                add(&mut x.a);
+            }
+        }
+        Field::OpB => {
+            if let Op::Arith(x) = &mut b.op {
+                if x.kind.info().reads == 2 {
+                    add(&mut x.b);
+                }
+            }
+        }
+        Field::OpDst => {
+            if let Op::Arith(Arith { dst: Some(d), .. }) = &mut b.op {
+                add(d);
+            }
+        }
+        Field::AccSrc => {
+            if let Acc::Add {
+                src: AccSrc::Mem(s),
+                ..
+            } = &mut b.acc
+            {
+                add(s);
+            }
+        }
+        Field::AccDst => {
+            if let Acc::Add { dst: Some(d), .. } = &mut b.acc {
+                add(d);
+            }
+        }
+        Field::XferSrc => {
+            if let Xfer::Send {
+                src: XferSrc::Mem(s),
+                ..
+            } = &mut b.xfer
+            {
+                add(s);
+            }
+        }
+        Field::XferDst => {
+            if let Xfer::Send { dst, .. } = &mut b.xfer {
+                add(dst);
+            }
+        }
+    }
+}
+
 /// One affine term of an address: `stride · (i_level mod wrap)`, or
 /// `stride · i_level` when `wrap` is 0. `level` 0 is the outermost loop.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -340,13 +394,13 @@ impl LBundle {
         let mut i = 0;
         while i < self.terms.len() {
             let f = self.terms[i].field;
-            let mut a = field(&self.bundle, f).map_or(0, i64::from);
+            let mut a = 0i64;
             while i < self.terms.len() && self.terms[i].field == f {
                 let t = &self.terms[i];
                 a += t.value(idx.get(usize::from(t.level)).copied().unwrap_or(0));
                 i += 1;
             }
-            set_field(&mut b, f, a as Addr);
+            add_to_field(&mut b, f, a);
         }
         for p in &self.preds {
             if !p.cmp.holds(idx[usize::from(p.level)], p.value) {

@@ -1539,6 +1539,15 @@ fn runs_rows(g: &LoopProgram, rows: &[Option<LoopProgram>]) -> bool {
         })
 }
 
+/// Whether no bundle of `nodes` sends: none of their templates has a send, which no index
+/// can add.
+fn sends_nothing(nodes: &[Node]) -> bool {
+    nodes.iter().all(|n| match n {
+        Node::Bundle(b) => b.bundle.xfer == Xfer::Nop,
+        Node::Loop(l) => sends_nothing(&l.body),
+    })
+}
+
 /// The bundles of `progs` one after another.
 fn instances<'a>(
     progs: impl Iterator<Item = &'a LoopProgram> + 'a,
@@ -2115,12 +2124,30 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
                     };
                 }
             }
+            // Past the top-level nodes the runs touch, the overlay keeps the stretch's own
+            // nodes, which flatten to the plain stretch there (its waits, and the rows' bundles
+            // as checked above): there it suffices that they send nothing and that no send
+            // was placed, and only the cycles before are flattened and compared.
+            let keep = laid
+                .iter()
+                .rev()
+                .zip(nodes.iter().rev())
+                .take_while(|(a, b)| a == b)
+                .count();
+            let cut = super::head_cycles(&nodes[..nodes.len() - keep]);
+            let total = with.cycles();
             let mut with = with.instances();
-            let same = plain.zip(&want).all(|(a, x)| {
-                with.next().is_some_and(|b| {
-                    a.op == b.op && a.acc == b.acc && a.xfer == Xfer::Nop && b.xfer == *x
-                })
-            }) && with.next().is_none();
+            let same = total == len as u64
+                && super::head_cycles(&laid[..laid.len() - keep]) == cut
+                && want
+                    .get(cut as usize..)
+                    .is_some_and(|w| w.iter().all(|x| *x == Xfer::Nop))
+                && sends_nothing(&nodes[nodes.len() - keep..])
+                && plain.zip(&want).take(cut as usize).all(|(a, x)| {
+                    with.next().is_some_and(|b| {
+                        a.op == b.op && a.acc == b.acc && a.xfer == Xfer::Nop && b.xfer == *x
+                    })
+                });
             if !same {
                 return Err(format!(
                     "{NAME}: sends laid on the rows do not flatten as placed"
