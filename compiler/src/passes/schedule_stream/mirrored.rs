@@ -1344,6 +1344,20 @@ pub(super) fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
     Ok(line_of(stretch(nodes, words)?.instances()))
 }
 
+/// The sends of [`line`] alone.
+fn sends(nodes: &[Node], words: u32) -> Result<HashMap<u32, u64>, String> {
+    let mut sent = HashMap::default();
+    if nodes.is_empty() {
+        return Ok(sent);
+    }
+    for (t, b) in stretch(nodes, words)?.instances().enumerate() {
+        if let Xfer::Send { dst, .. } = b.xfer {
+            sent.insert(dst, t as u64);
+        }
+    }
+    Ok(sent)
+}
+
 /// [`line`] of a stretch's bundles.
 fn line_of(bundles: impl Iterator<Item = isa::Bundle>) -> Line {
     let mut read = HashMap::default();
@@ -1759,7 +1773,7 @@ fn relay(
     let fresh: Vec<Vec<HashMap<u32, u64>>> = (0..m)
         .map(|pe| {
             (0..m)
-                .map(|s| line(&deal.ring_step(pe, s, 0, Some(&[])), deal.words).map(|l| l.sent))
+                .map(|s| sends(&deal.ring_step(pe, s, 0, Some(&[])), deal.words))
                 .collect()
         })
         .collect::<Result<_, _>>()?;
