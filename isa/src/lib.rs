@@ -26,8 +26,8 @@ pub use inst::{
     OPS,
 };
 pub use looped::{
-    Cmp, CountStep, Field, FlattenError, LBundle, Loop, LoopError, LoopProgram, Node, Pred, Slot,
-    Term, LOOP_FORMAT_VERSION, MAX_LOOP_DEPTH,
+    Cmp, CountStep, Field, FlattenError, Instances, LBundle, Loop, LoopError, LoopProgram, Node,
+    Pred, Slot, Term, LOOP_FORMAT_VERSION, MAX_LOOP_DEPTH,
 };
 pub use looped_binary::{decode_any, decode_looped, encode_looped, LOOP_BINARY_VERSION};
 pub use looped_exec::{LoopLoadError, LoopMachine};

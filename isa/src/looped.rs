@@ -160,6 +160,60 @@ pub fn set_field(b: &mut Bundle, f: Field, v: Addr) {
     }
 }
 
+/// Adds `v` to the address in `field` of `b`, wrapped to an address: [`set_field`] of
+/// [`field`] plus `v`, with one match. Does nothing if the field is unused.
+#[inline]
+fn add_to_field(b: &mut Bundle, f: Field, v: i64) {
+    let add = |a: &mut Addr| *a = (i64::from(*a) + v) as Addr;
+    match f {
+        Field::OpA => {
+            if let Op::Arith(x) = &mut b.op {
+                add(&mut x.a);
+            }
+        }
+        Field::OpB => {
+            if let Op::Arith(x) = &mut b.op {
+                if x.kind.info().reads == 2 {
+                    add(&mut x.b);
+                }
+            }
+        }
+        Field::OpDst => {
+            if let Op::Arith(Arith { dst: Some(d), .. }) = &mut b.op {
+                add(d);
+            }
+        }
+        Field::AccSrc => {
+            if let Acc::Add {
+                src: AccSrc::Mem(s),
+                ..
+            } = &mut b.acc
+            {
+                add(s);
+            }
+        }
+        Field::AccDst => {
+            if let Acc::Add { dst: Some(d), .. } = &mut b.acc {
+                add(d);
+            }
+        }
+        Field::XferSrc => {
+            if let Xfer::Send {
+                src: XferSrc::Mem(s),
+                ..
+            } = &mut b.xfer
+            {
+                add(s);
+            }
+        }
+        Field::XferDst => {
+            if let Xfer::Send { dst, .. } = &mut b.xfer {
+                add(dst);
+            }
+        }
+    }
+}
+
 /// One affine term of an address: `stride · (i_level mod wrap)`, or
 /// `stride · i_level` when `wrap` is 0. `level` 0 is the outermost loop.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -340,13 +394,13 @@ impl LBundle {
         let mut i = 0;
         while i < self.terms.len() {
             let f = self.terms[i].field;
-            let mut a = field(&self.bundle, f).map_or(0, i64::from);
+            let mut a = 0i64;
             while i < self.terms.len() && self.terms[i].field == f {
                 let t = &self.terms[i];
                 a += t.value(idx.get(usize::from(t.level)).copied().unwrap_or(0));
                 i += 1;
             }
-            set_field(&mut b, f, a as Addr);
+            add_to_field(&mut b, f, a);
         }
         for p in &self.preds {
             if !p.cmp.holds(idx[usize::from(p.level)], p.value) {
@@ -531,6 +585,76 @@ impl LoopProgram {
             bundles,
         })
     }
+
+    /// The bundles [`LoopProgram::flatten`] would give, one at a time, without holding them
+    /// all: comparing or scanning a long program this way needs no memory for its expansion.
+    /// Unchecked: call [`LoopProgram::validate`] first (an invalid program's instances are
+    /// whatever its templates evaluate to).
+    pub fn instances(&self) -> Instances<'_> {
+        Instances {
+            frames: vec![Frame {
+                nodes: &self.body,
+                pos: 0,
+                trips: 1,
+            }],
+            idx: Vec::new(),
+        }
+    }
+}
+
+/// The iterator of [`LoopProgram::instances`].
+pub struct Instances<'a> {
+    /// The node lists being run, outermost first: the program's body, then one per loop
+    /// entered, whose index is the same level of `idx`.
+    frames: Vec<Frame<'a>>,
+    idx: Vec<u32>,
+}
+
+struct Frame<'a> {
+    nodes: &'a [Node],
+    pos: usize,
+    trips: u32,
+}
+
+impl Iterator for Instances<'_> {
+    type Item = Bundle;
+
+    fn next(&mut self) -> Option<Bundle> {
+        loop {
+            let depth = self.frames.len();
+            let f = self.frames.last_mut()?;
+            if let Some(n) = f.nodes.get(f.pos) {
+                f.pos += 1;
+                match n {
+                    Node::Bundle(b) => return Some(b.instance(&self.idx)),
+                    Node::Loop(l) => {
+                        // As `expand`: the trip count is taken at the indices it is entered at.
+                        let trips = l.trips(&self.idx);
+                        if trips > 0 {
+                            self.idx.push(0);
+                            self.frames.push(Frame {
+                                nodes: &l.body,
+                                pos: 0,
+                                trips,
+                            });
+                        }
+                    }
+                }
+            } else if depth == 1 {
+                self.frames.clear();
+                return None;
+            } else {
+                let i = self.idx.last_mut()?;
+                *i += 1;
+                if *i < f.trips {
+                    f.pos = 0;
+                } else {
+                    self.idx.pop();
+                    self.frames.pop();
+                }
+            }
+        }
+    }
 }
 
 /// Cycles of a node list as `c + Σ_k a[k] · i_k` over the indices of the enclosing loops
@@ -579,6 +703,93 @@ fn body_lin(nodes: &[Node], depth: usize) -> Option<Lin> {
 
 fn body_cycles(nodes: &[Node]) -> u64 {
     body_lin(nodes, 0).map_or(u64::MAX, |l| u64::try_from(l.c.max(0)).unwrap_or(u64::MAX))
+}
+
+/// A loop body with its loop's index fixed: `nodes` is the body of a loop whose index is
+/// level `level`, and the result is what the body runs in iteration `i`, with every deeper
+/// level moved up one. For any indices `idx` of the enclosing loops (`level` of them),
+/// flattening the result at `idx` gives the bundles the body gives at `idx` then `i`: terms
+/// of the level are added into their base addresses (wrapped to an address as an instance
+/// is), predicates on it decided (a slot they turn off is `nop`, its terms dropped), counts
+/// stepped by it fixed. Lets a caller see that a loop runs exactly some given code in each
+/// iteration by comparing node lists instead of their flattenings.
+pub fn fix_level(nodes: &[Node], level: u8, i: u32) -> Vec<Node> {
+    nodes
+        .iter()
+        .map(|n| match n {
+            Node::Bundle(b) => Node::Bundle(fix_bundle(b, level, i)),
+            Node::Loop(l) => {
+                let (count, step) = match l.step {
+                    Some(s) if s.level == level => {
+                        let mut idx = vec![0; usize::from(level) + 1];
+                        idx[usize::from(level)] = i;
+                        (l.trips(&idx), None)
+                    }
+                    Some(s) if s.level > level => (
+                        l.count,
+                        Some(CountStep {
+                            level: s.level - 1,
+                            ..s
+                        }),
+                    ),
+                    s => (l.count, s),
+                };
+                Node::Loop(Loop {
+                    count,
+                    step,
+                    body: fix_level(&l.body, level, i),
+                })
+            }
+        })
+        .collect()
+}
+
+/// [`fix_level`] of one bundle.
+fn fix_bundle(b: &LBundle, level: u8, i: u32) -> LBundle {
+    let mut bundle = b.bundle;
+    for t in b.terms.iter().filter(|t| t.level == level) {
+        if let Some(base) = field(&bundle, t.field) {
+            set_field(&mut bundle, t.field, (i64::from(base) + t.value(i)) as Addr);
+        }
+    }
+    let mut off = Vec::new();
+    for p in b.preds.iter().filter(|p| p.level == level) {
+        if !p.cmp.holds(i, p.value) && !off.contains(&p.slot) {
+            off.push(p.slot);
+            match p.slot {
+                Slot::Op => bundle.op = Op::Nop,
+                Slot::Acc => bundle.acc = Acc::Nop,
+                Slot::Xfer => bundle.xfer = Xfer::Nop,
+            }
+        }
+    }
+    let slot = |f: Field| match f {
+        Field::OpA | Field::OpB | Field::OpDst => Slot::Op,
+        Field::AccSrc | Field::AccDst => Slot::Acc,
+        Field::XferSrc | Field::XferDst => Slot::Xfer,
+    };
+    let up = |l: u8| if l > level { l - 1 } else { l };
+    LBundle {
+        bundle,
+        terms: b
+            .terms
+            .iter()
+            .filter(|t| t.level != level && !off.contains(&slot(t.field)))
+            .map(|t| Term {
+                level: up(t.level),
+                ..*t
+            })
+            .collect(),
+        preds: b
+            .preds
+            .iter()
+            .filter(|p| p.level != level && !off.contains(&p.slot))
+            .map(|p| Pred {
+                level: up(p.level),
+                ..*p
+            })
+            .collect(),
+    }
 }
 
 fn expand(nodes: &[Node], idx: &mut Vec<u32>, out: &mut Vec<Bundle>) {

@@ -349,6 +349,8 @@ fn check(c: &Case) -> (u64, u64, u64, u64) {
         let cycles = p.validate().expect("generated programs are valid");
         let flat = p.flatten(1 << 20).unwrap();
         assert_eq!(cycles, flat.bundles.len() as u64);
+        // One bundle at a time, the same bundles in the same order.
+        assert!(p.instances().eq(flat.bundles.iter().copied()));
         assert_eq!(p.cycles(), cycles);
         // The static op count is what the flattening holds.
         let mut ops = [0u64; isa::OPS.len()];
@@ -404,6 +406,57 @@ fn check(c: &Case) -> (u64, u64, u64, u64) {
     );
     assert_eq!(fast, flat, "bulk loop run differs from the flat run");
     bulk
+}
+
+/// The bundles of `nodes` outside any loop, every loop unrolled by fixing its index
+/// ([`isa::looped::fix_level`]) rather than by evaluating its bundles at the indices.
+fn unrolled(nodes: &[Node], out: &mut Vec<Bundle>) {
+    for n in nodes {
+        match n {
+            Node::Bundle(b) => out.push(b.instance(&[])),
+            Node::Loop(l) => {
+                for i in 0..l.trips(&[]) {
+                    unrolled(&isa::looped::fix_level(&l.body, 0, i), out);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fixing_loop_indices_level_by_level_gives_the_flattening() {
+    let (mut loops, mut stepped, mut preds) = (0, 0, 0);
+    for seed in 0..400u64 {
+        let c = case(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), 4);
+        for p in &c.progs {
+            let flat = p.flatten(1 << 20).expect("generated programs are valid");
+            let mut out = Vec::new();
+            unrolled(&p.body, &mut out);
+            assert_eq!(out, flat.bundles, "seed {seed}");
+            fn count(nodes: &[Node], n: &mut (u32, u32, u32)) {
+                for x in nodes {
+                    match x {
+                        Node::Loop(l) => {
+                            n.0 += 1;
+                            n.1 += u32::from(l.step.is_some());
+                            count(&l.body, n);
+                        }
+                        Node::Bundle(b) => n.2 += u32::from(!b.preds.is_empty()),
+                    }
+                }
+            }
+            let mut n = (0, 0, 0);
+            count(&p.body, &mut n);
+            loops += n.0;
+            stepped += n.1;
+            preds += n.2;
+        }
+    }
+    // The generator's programs have loops, stepped ones and predicated bundles.
+    assert!(
+        loops > 1000 && stepped > 100 && preds > 100,
+        "{loops} {stepped} {preds}"
+    );
 }
 
 proptest! {

@@ -1499,15 +1499,31 @@ pub(super) fn line(nodes: &[Node], words: u32) -> Result<Line, String> {
             len: 0,
         });
     }
-    Ok(line_of(&flat(nodes, words)?))
+    Ok(line_of(stretch(nodes, words)?.instances()))
+}
+
+/// The sends of [`line`] alone.
+fn sends(nodes: &[Node], words: u32) -> Result<HashMap<u32, u64>, String> {
+    let mut sent = HashMap::default();
+    if nodes.is_empty() {
+        return Ok(sent);
+    }
+    for (t, b) in stretch(nodes, words)?.instances().enumerate() {
+        if let Xfer::Send { dst, .. } = b.xfer {
+            sent.insert(dst, t as u64);
+        }
+    }
+    Ok(sent)
 }
 
 /// [`line`] of a stretch's bundles.
-fn line_of(bundles: &[isa::Bundle]) -> Line {
+fn line_of(bundles: impl Iterator<Item = isa::Bundle>) -> Line {
     let mut read = HashMap::default();
     let mut sent = HashMap::default();
-    for (t, b) in bundles.iter().enumerate() {
-        let t = t as u64;
+    let mut len = 0u64;
+    for b in bundles {
+        let t = len;
+        len += 1;
         let mut at = |a: u32| {
             read.entry(a).or_insert(t);
         };
@@ -1528,11 +1544,22 @@ fn line_of(bundles: &[isa::Bundle]) -> Line {
             sent.insert(dst, t);
         }
     }
-    Line {
-        read,
-        sent,
-        len: bundles.len() as u64,
-    }
+    Line { read, sent, len }
+}
+
+/// A stretch as the program [`flat`] flattens, checked as it checks it: its
+/// [`LoopProgram::instances`] are the stretch's bundles, one at a time, so that scanning or
+/// comparing a stretch never holds its expansion.
+fn stretch(nodes: &[Node], words: u32) -> Result<LoopProgram, String> {
+    let p = LoopProgram {
+        pe: 0,
+        pes: 1,
+        mem_words: words,
+        body: lp(1, nodes.to_vec()),
+    };
+    p.validate()
+        .map_err(|e| format!("{NAME}: {:?}", isa::FlattenError::Invalid(e)))?;
+    Ok(p)
 }
 
 /// The bundles `nodes` (a stretch of a head's body, head 0) execute, one a cycle.
@@ -1546,6 +1573,158 @@ fn flat(nodes: &[Node], words: u32) -> Result<Vec<isa::Bundle>, String> {
     .flatten(u64::MAX)
     .map_err(|e| format!("{NAME}: {e:?}"))?
     .bundles)
+}
+
+/// Per word, the last cycle any of `lines` (a PE's stretches, starting in cycles `starts`)
+/// sends it to the next PE in: no stretch there reading it can run its read before that cycle
+/// is over. Indexed by address.
+fn last_sent(lines: &[Line], starts: &[u64]) -> Vec<Option<u64>> {
+    let top = lines
+        .iter()
+        .flat_map(|l| l.sent.keys())
+        .map(|&a| a as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut last = vec![None; top];
+    for (l, &st) in lines.iter().zip(starts) {
+        for (&a, &t) in &l.sent {
+            let w = &mut last[a as usize];
+            *w = (*w).max(Some(st + t));
+        }
+    }
+    last
+}
+
+/// The reads of a [`Line`], all that the rows' stretches are asked for: each word a stretch
+/// reads with the cycle it first reads it in, in the order of those cycles. A list rather than
+/// a map: a row reads every x word, and the rows' lines are merged and scanned, never looked up.
+struct Reads {
+    first: Vec<(u32, u64)>,
+    len: u64,
+}
+
+impl Reads {
+    /// The reads of stretches run one after another: each word's first read is in the first
+    /// stretch reading it. `seen` is scratch, all `false`, and left so.
+    fn then<'a>(parts: impl Iterator<Item = &'a Reads>, seen: &mut Vec<bool>) -> Reads {
+        let mut out = Reads {
+            first: Vec::new(),
+            len: 0,
+        };
+        for r in parts {
+            for &(a, t) in &r.first {
+                if !std::mem::replace(at_word(seen, a), true) {
+                    out.first.push((a, out.len + t));
+                }
+            }
+            out.len += r.len;
+        }
+        for &(a, _) in &out.first {
+            seen[a as usize] = false;
+        }
+        out
+    }
+
+    /// The least cycle this stretch may start in on the PE after the one whose last sends
+    /// are `last` ([`last_sent`]), as `ready` gives it for a [`Line`]: each word it reads is
+    /// there by the cycle it reads it in.
+    fn ready(&self, last: &[Option<u64>]) -> u64 {
+        self.first
+            .iter()
+            .filter_map(|&(a, r)| {
+                let t = last.get(a as usize).copied().flatten()?;
+                Some((t as i64 + 1 - r as i64).max(0))
+            })
+            .max()
+            .unwrap_or(0) as u64
+    }
+}
+
+/// `seen[a]`, the vector grown to hold it.
+fn at_word(seen: &mut Vec<bool>, a: u32) -> &mut bool {
+    let a = a as usize;
+    if a >= seen.len() {
+        seen.resize(a + 1, false);
+    }
+    &mut seen[a]
+}
+
+/// [`Reads`] of a stretch's bundles (as [`line_of`] takes them). `seen` as in [`Reads::then`].
+fn reads_of(bundles: impl Iterator<Item = isa::Bundle>, seen: &mut Vec<bool>) -> Reads {
+    let mut out = Reads {
+        first: Vec::new(),
+        len: 0,
+    };
+    for b in bundles {
+        let t = out.len;
+        out.len += 1;
+        let mut at = |a: u32| {
+            if !std::mem::replace(at_word(seen, a), true) {
+                out.first.push((a, t));
+            }
+        };
+        if let isa::Op::Arith(x) = &b.op {
+            x.reads().for_each(&mut at);
+        }
+        if let isa::Acc::Add {
+            src: isa::AccSrc::Mem(a),
+            ..
+        } = b.acc
+        {
+            at(a);
+        }
+        if let Xfer::Send {
+            src: XferSrc::Mem(a),
+            ..
+        } = b.xfer
+        {
+            at(a);
+        }
+    }
+    for &(a, _) in &out.first {
+        seen[a as usize] = false;
+    }
+    out
+}
+
+/// Whether the stretch `g` of a loop over rows runs, iteration by iteration, exactly the
+/// stretches of `rows`: then it flattens to their bundles one after another, which is seen on
+/// the loops' code alone ([`isa::looped::fix_level`]). `false` says nothing.
+fn runs_rows(g: &LoopProgram, rows: &[Option<LoopProgram>]) -> bool {
+    // A stretch is one loop of one iteration at level 0 ([`stretch`]); the rows' loop is the
+    // only node in it, at level 1.
+    fn once(nodes: &[Node]) -> Option<&[Node]> {
+        match nodes {
+            [Node::Loop(l)] if l.count == 1 && l.step.is_none() => Some(&l.body),
+            _ => None,
+        }
+    }
+    let Some([Node::Loop(l)]) = once(&g.body) else {
+        return false;
+    };
+    l.step.is_none()
+        && l.count as usize == rows.len()
+        && rows.iter().enumerate().all(|(k, r)| {
+            r.as_ref()
+                .and_then(|r| once(&r.body))
+                .is_some_and(|body| isa::looped::fix_level(&l.body, 1, k as u32) == body)
+        })
+}
+
+/// Whether no bundle of `nodes` sends: none of their templates has a send, which no index
+/// can add.
+fn sends_nothing(nodes: &[Node]) -> bool {
+    nodes.iter().all(|n| match n {
+        Node::Bundle(b) => b.bundle.xfer == Xfer::Nop,
+        Node::Loop(l) => sends_nothing(&l.body),
+    })
+}
+
+/// The bundles of `progs` one after another.
+fn instances<'a>(
+    progs: impl Iterator<Item = &'a LoopProgram> + 'a,
+) -> impl Iterator<Item = isa::Bundle> + 'a {
+    progs.flat_map(LoopProgram::instances)
 }
 
 /// How the mirrored programs forward the words of the ring pass.
@@ -1752,7 +1931,7 @@ fn relay(
     let fresh: Vec<Vec<HashMap<u32, u64>>> = (0..m)
         .map(|pe| {
             (0..m)
-                .map(|s| line(&deal.ring_step(pe, s, 0, Some(&[])), deal.words).map(|l| l.sent))
+                .map(|s| sends(&deal.ring_step(pe, s, 0, Some(&[])), deal.words))
                 .collect()
         })
         .collect::<Result<_, _>>()?;
@@ -1975,31 +2154,28 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
     // Each row's softmax and values once its scores are home: the rows whose mirrors arrive
     // first go first.
     let mut finals = Vec::with_capacity(mu);
+    let mut seen = Vec::new();
     for pe in 0..mu {
+        let q = prev(pe);
+        let last = last_sent(&lines[q], &start[q]);
         let mut rows = (0..deal.r(pe as u32))
             .map(|j| {
                 let nodes = deal.row(pe as u32, j, scale);
-                // A row's bundles are kept: the rows' stretch flattens to them one after
-                // another, and is checked against them below.
-                let bundles = if nodes.is_empty() {
-                    Vec::new()
+                // A row's program is kept: the rows' stretch flattens to its bundles and the
+                // other rows' one after another, and is checked against them below.
+                let prog = if nodes.is_empty() {
+                    None
                 } else {
-                    flat(&nodes, deal.words)?
+                    Some(stretch(&nodes, deal.words)?)
                 };
-                let l = line_of(&bundles);
-                let q = prev(pe);
-                let need = (0..lines[q].len())
-                    .flat_map(|s| {
-                        let st = start[q][s];
-                        lines[q][s]
-                            .sent
-                            .iter()
-                            .filter(|(a, _)| l.read.contains_key(a))
-                            .map(move |(_, &t)| st + t)
-                    })
+                let l = reads_of(prog.iter().flat_map(LoopProgram::instances), &mut seen);
+                let need = l
+                    .first
+                    .iter()
+                    .filter_map(|&(a, _)| last.get(a as usize).copied().flatten())
                     .max()
                     .unwrap_or(0);
-                Ok((need, j, nodes, bundles, l))
+                Ok((need, j, nodes, prog, l))
             })
             .collect::<Result<Vec<_>, String>>()?;
         rows.sort_by_key(|r| (r.0, r.1));
@@ -2007,21 +2183,12 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         if deal.full {
             // Kept whole, rows in token order fold into loops: they go in that order where
             // the stretch then starts no later.
-            let start_of =
-                |rows: &mut dyn Iterator<Item = &(u64, u32, Vec<Node>, Vec<isa::Bundle>, Line)>| {
-                    let mut fl = Line {
-                        read: HashMap::default(),
-                        sent: HashMap::default(),
-                        len: 0,
-                    };
-                    for (_, _, _, _, l) in rows {
-                        for (&a, &t) in &l.read {
-                            fl.read.entry(a).or_insert(fl.len + t);
-                        }
-                        fl.len += l.len;
-                    }
-                    from.max(ready(&lines, &fl, pe, &start))
-                };
+            let mut start_of = |rows: &mut dyn Iterator<
+                Item = &(u64, u32, Vec<Node>, Option<LoopProgram>, Reads),
+            >| {
+                let fl = Reads::then(rows.map(|r| &r.4), &mut seen);
+                from.max(fl.ready(&last))
+            };
             let by_need = start_of(&mut rows.iter());
             let mut by_token: Vec<usize> = (0..rows.len()).collect();
             by_token.sort_by_key(|&i| rows[i].1);
@@ -2036,33 +2203,19 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
         // A node list runs its nodes one after another, so the rows' stretch flattens to the
         // rows' bundles in order, and its first read and last send of each word are those of
         // the first row reading it and the last row sending it.
+        let fl = Reads::then(rows.iter().map(|r| &r.4), &mut seen);
         let mut each = Vec::new();
-        let mut each_flat = Vec::new();
-        let mut fl = Line {
-            read: HashMap::default(),
-            sent: HashMap::default(),
-            len: 0,
-        };
-        // Where each row's bundles start in the stretch, in the order of `order`.
-        let mut offs = Vec::with_capacity(rows.len() + 1);
-        for (_, _, nodes, bundles, l) in rows {
-            offs.push(each_flat.len());
-            for (&a, &t) in &l.read {
-                fl.read.entry(a).or_insert(fl.len + t);
-            }
-            fl.sent
-                .extend(l.sent.iter().map(|(&a, &t)| (a, fl.len + t)));
-            fl.len += l.len;
+        // Each row's program, in the order of `order`.
+        let mut progs = Vec::with_capacity(rows.len());
+        for (_, _, nodes, prog, _) in rows {
             each.extend(nodes);
-            each_flat.extend(bundles);
+            progs.push(prog);
         }
-        offs.push(each_flat.len());
         if each.is_empty() {
-            // No rows: what flattening them says.
-            each_flat = flat(&each, deal.words)?;
-            fl = line_of(&each_flat);
+            // No rows: what flattening them says (it reads nothing).
+            flat(&each, deal.words)?;
         }
-        let at = from.max(ready(&lines, &fl, pe, &start));
+        let at = from.max(fl.ready(&last));
         waits[pe][mu] = from - end[pe];
         // Rows that follow one another in token order and whose code moves on alike share one
         // loop (the same flattening, so the timing above holds); those the laid sends reach
@@ -2073,8 +2226,9 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             0
         };
         let mut grouped = Vec::new();
-        // What `grouped` flattens to, group by group: a row alone is its own row's code.
-        let mut grouped_flat = Vec::with_capacity(each_flat.len());
+        // What `grouped` flattens to, group by group: a row alone is its own row's code, a
+        // loop over rows its program (none where it is empty).
+        let mut group_progs: Vec<(usize, usize, Option<LoopProgram>)> = Vec::new();
         let mut t = at - from;
         let mut i = 0;
         while i < order.len() {
@@ -2089,22 +2243,38 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
                 }
             }
             let nodes = deal.row_loop(pe as u32, j, c, scale);
-            if c == 1 {
-                grouped_flat.extend_from_slice(&each_flat[offs[i]..offs[i + 1]]);
-            } else if !nodes.is_empty() {
-                grouped_flat.extend(flat(&nodes, deal.words)?);
+            if c > 1 {
+                let prog = if nodes.is_empty() {
+                    None
+                } else {
+                    Some(stretch(&nodes, deal.words)?)
+                };
+                group_progs.push((i, i + c as usize, prog));
             }
             grouped.extend(nodes);
             t += order[i..i + c as usize].iter().map(|o| o.1).sum::<u64>();
             i += c as usize;
         }
         // The loops stand for the rows one by one only if they flatten to them: otherwise the
-        // rows keep bodies of their own.
-        let fin = if grouped_flat == each_flat {
-            grouped
-        } else {
-            each
+        // rows keep bodies of their own. Each loop over rows flattening to its rows' bundles,
+        // the whole stretch does; where one does not, the whole stretches are compared all the
+        // same.
+        let same = group_progs.iter().all(|(a, b, g)| {
+            let rows = &progs[*a..*b];
+            g.as_ref().is_some_and(|g| runs_rows(g, rows))
+                || instances(g.iter()).eq(instances(rows.iter().flatten()))
+        }) || {
+            let mut parts: Vec<&LoopProgram> = Vec::with_capacity(progs.len());
+            let mut k = 0;
+            for (a, b, g) in &group_progs {
+                parts.extend(progs[k..*a].iter().flatten());
+                parts.extend(g);
+                k = *b;
+            }
+            parts.extend(progs[k..].iter().flatten());
+            instances(parts.into_iter()).eq(instances(progs.iter().flatten()))
         };
+        let fin = if same { grouped } else { each };
         if laid {
             // The rows wait inside their stretch, whose first cycle the laid sends count from.
             let mut nodes = wait(at - from)?;
@@ -2115,11 +2285,14 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
             let laid = overlay::overlay(&nodes, 1, &tails[pe])?;
             // The stretch with the sends laid must be the stretch, its transfer slots aside,
             // sending each word of each run in its cycle.
-            let with = flat(&laid, deal.words)?;
-            let mut plain = vec![isa::Bundle::NOP; (at - from) as usize];
-            plain.extend_from_slice(&each_flat);
-            plain.resize(plain.len().max(need as usize), isa::Bundle::NOP);
-            let mut want = vec![Xfer::Nop; plain.len()];
+            let with = stretch(&laid, deal.words)?;
+            let lead = (at - from) as usize;
+            let len = (lead + fl.len as usize).max(need as usize);
+            let plain = std::iter::repeat_n(isa::Bundle::NOP, lead)
+                .chain(instances(progs.iter().flatten()))
+                .chain(std::iter::repeat(isa::Bundle::NOP))
+                .take(len);
+            let mut want = vec![Xfer::Nop; len];
             for r in &tails[pe] {
                 for i in 0..r.words {
                     let a = u32::try_from(r.src.base + i as i64)
@@ -2132,9 +2305,29 @@ fn build(deal: &Deal, relay: Option<&Relay>, scale: f32) -> Result<Built, String
                     };
                 }
             }
-            let same = plain.len() == with.len()
-                && plain.iter().zip(&with).zip(&want).all(|((a, b), x)| {
-                    a.op == b.op && a.acc == b.acc && a.xfer == Xfer::Nop && b.xfer == *x
+            // Past the top-level nodes the runs touch, the overlay keeps the stretch's own
+            // nodes, which flatten to the plain stretch there (its waits, and the rows' bundles
+            // as checked above): there it suffices that they send nothing and that no send
+            // was placed, and only the cycles before are flattened and compared.
+            let keep = laid
+                .iter()
+                .rev()
+                .zip(nodes.iter().rev())
+                .take_while(|(a, b)| a == b)
+                .count();
+            let cut = super::head_cycles(&nodes[..nodes.len() - keep]);
+            let total = with.cycles();
+            let mut with = with.instances();
+            let same = total == len as u64
+                && super::head_cycles(&laid[..laid.len() - keep]) == cut
+                && want
+                    .get(cut as usize..)
+                    .is_some_and(|w| w.iter().all(|x| *x == Xfer::Nop))
+                && sends_nothing(&nodes[nodes.len() - keep..])
+                && plain.zip(&want).take(cut as usize).all(|(a, x)| {
+                    with.next().is_some_and(|b| {
+                        a.op == b.op && a.acc == b.acc && a.xfer == Xfer::Nop && b.xfer == *x
+                    })
                 });
             if !same {
                 return Err(format!(
@@ -2212,4 +2405,42 @@ fn places(deal: &Deal) -> (BTreeMap<String, Place>, Place) {
         addr,
     };
     (BTreeMap::from([("x".to_string(), list(x))]), list(y))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loops over rows alike are seen to run their rows from their code alone (so the
+    /// build flattens none of them), and that agrees with flattening them.
+    #[test]
+    fn row_loops_run_their_rows_by_their_code() -> Result<(), String> {
+        let mut seen = 0;
+        for (n, d, m, heads) in [(128, 32, 12, 1), (64, 16, 6, 2), (40, 8, 6, 1)] {
+            for full in [false, true] {
+                let deal = Deal::new(n, d, m, heads, false, full).ok_or("no deal")?;
+                for pe in 0..m {
+                    let rows = (0..deal.r(pe))
+                        .map(|j| stretch(&deal.row(pe, j, 0.5), deal.words).map(Some))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    for j in 0..deal.r(pe) {
+                        for c in 2..=deal.r(pe) - j {
+                            if !deal.rows_alike(pe, j, c) {
+                                break;
+                            }
+                            let g = stretch(&deal.row_loop(pe, j, c, 0.5), deal.words)?;
+                            let part = &rows[j as usize..(j + c) as usize];
+                            assert!(runs_rows(&g, part), "{n} {d} {m} {heads} {pe} {j} {c}");
+                            assert!(
+                                instances(std::iter::once(&g)).eq(instances(part.iter().flatten()))
+                            );
+                            seen += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(seen > 100, "{seen} loops over rows");
+        Ok(())
+    }
 }
