@@ -11,7 +11,8 @@
 //! * `soft` PEs after them, where the scores land, the rows dealt to them in turn: the row
 //!   maximum, the exponentials with their sum, the divisions;
 //! * `r3` PEs after those holding the v columns: each weight travels forward through them and
-//!   `y[a][c]` accumulates on the PE of column `c`.
+//!   `y[a][c]` accumulates on the PE of column `c` (or, in the lanes of [`cut_lanes`], on the
+//!   v PE its run of outputs was cut to, so that `r3` need not divide `d`).
 //!
 //! No input word is read by two parts, so nothing but partial sums, scores and weights cross
 //! the links (with q = k = v the x rows are read in both column parts and do travel). Each part
