@@ -143,6 +143,28 @@ fn more_softmax_pes_on_large_rings() {
     );
 }
 
+/// Phase 3 cut by outputs over any number of v PEs: with `d = 8` on 16 PEs, 8 q/k PEs leave
+/// 8 PEs, which whole v columns can only share out as 8 v PEs (no softmax PE) or fewer v PEs
+/// holding two columns each. Cut by outputs, 2 softmax PEs (rows dealt by weight) and 6 v PEs
+/// doing a sixth of phase 3 each: 16 tokens causal took 278 cycles before (cols, outputs on
+/// the softmax PEs; split 279), 257 with the cut; 12 tokens causal 163 (split) before; 4
+/// tokens separate 51 (split) before. Each layer checked with `auto` too, which must keep no
+/// more than the cols dataflow.
+#[test]
+fn phase_3_cut_by_outputs_on_mid_rings() {
+    for (n, scheme, before) in [
+        (16, Scheme::Causal, 278),
+        (12, Scheme::Causal, 163),
+        (4, Scheme::Separate, 51),
+    ] {
+        let cols = check(n, 8, 16, 1, scheme, true);
+        assert!(
+            cols < before,
+            "{n} tokens, d = 8, {scheme:?} on 16 PEs: cols {cols} against {before}"
+        );
+    }
+}
+
 /// Every softmax count up to 8 is tried, not only the estimate's ladder of halves and doubles:
 /// 8 tokens, d = 8 on 64 PEs took 115 cycles with the ladder's counts and 106 with three
 /// softmax PEs.

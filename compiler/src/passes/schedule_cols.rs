@@ -11,7 +11,8 @@
 //! * `soft` PEs after them, where the scores land, the rows dealt to them in turn: the row
 //!   maximum, the exponentials with their sum, the divisions;
 //! * `r3` PEs after those holding the v columns: each weight travels forward through them and
-//!   `y[a][c]` accumulates on the PE of column `c`.
+//!   `y[a][c]` accumulates on the PE of column `c` (or, in the lanes of [`cut_lanes`], on the
+//!   v PE its run of outputs was cut to, so that `r3` need not divide `d`).
 //!
 //! With fractional columns (see [`frac_lanes`]) each column part's products are cut evenly over
 //! its PEs instead, a column's rows splitting between neighbours.
@@ -52,6 +53,11 @@ const LOCAL_V_PES: u32 = 16;
 const MAX_SOFT_STEP: u32 = 8;
 const SOFT_STEP_PES: u32 = 16;
 const SOFT_STEP_DIM: u32 = 16;
+
+/// [`cut_lanes`] tried in one run, on heads of at most `CUT_MAX_PES` PEs (where the ring has
+/// many more PEs than columns the other lanes leave it idle anyway).
+const CUT_LANES: usize = 3;
+const CUT_MAX_PES: u64 = 32;
 
 /// [`near_lanes`] tried in one run (one above [`LARGE_OPS`]): the estimate ranks them only
 /// roughly, and a run's cost is mostly its search, which only its best layout gets.
@@ -132,6 +138,15 @@ impl Scheduler for Cols {
         let local = local_v_lanes(p, pes);
         if !local.is_empty() {
             if let Ok(o) = schedule_split::run_apart(p, pes, &local) {
+                if o.cycles() < s.cycles() {
+                    s = o;
+                }
+            }
+        }
+        // Likewise for the lanes with phase 3 cut by outputs over the v PEs.
+        let cut = cut_lanes(p, pes);
+        if !cut.is_empty() {
+            if let Ok(o) = schedule_split::run_apart(p, pes, &cut) {
                 if o.cycles() < s.cycles() {
                     s = o;
                 }
@@ -253,6 +268,65 @@ fn other_softmax_counts(p: &Problem, pes: u32, parts: &[(u32, Apart)]) -> Vec<(u
     out
 }
 
+/// Lanes whose phase 3 is cut by outputs over the v PEs (`Apart::cut3`), so that the v part
+/// may have any length: one row group, all three parts, each part's busiest PE estimated
+/// (phase 1 by its whole columns, the softmax by the rows dealt to it by weight, phase 3 evenly
+/// cut) together with the words on the links into the softmax and v parts; the
+/// [`CUT_LANES`] best. Tried on layers up to [`LARGE_OPS`] operations whose head has at
+/// least as many PEs as columns and no more than [`CUT_MAX_PES`]: with whole columns the
+/// PEs beyond the columns can only take the softmax, which leaves every v PE a column's
+/// products (or two) while the softmax PEs idle.
+fn cut_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
+    let per = u64::from(pes / p.heads.max(1));
+    if p.necessary_ops() > LARGE_OPS || per < d + 2 || per > CUT_MAX_PES {
+        return Vec::new();
+    }
+    let len: Vec<u64> = (0..p.tokens)
+        .map(|a| (0..p.tokens).filter(|&c| p.unmasked(a, c)).count() as u64)
+        .collect();
+    let weights: u64 = len.iter().sum();
+    let scores = if p.symmetric && !p.causal {
+        n * (n + 1) / 2
+    } else {
+        weights
+    };
+    let safe = u64::from(p.safe());
+    let mut found: Vec<(u64, Apart)> = Vec::new();
+    for r1 in 1..=d.min(per - 2) {
+        let work1 = d.div_ceil(r1) * scores;
+        for soft in 1..=(per - r1 - 1).min(n) {
+            let mut dealt = vec![0u64; soft as usize];
+            let deal = schedule_split::deal_by_weight(p, soft as u32);
+            for (&l, &pe) in len.iter().zip(&deal) {
+                if let Some(x) = dealt.get_mut(pe as usize) {
+                    *x += 2 * l + safe * l.saturating_sub(1);
+                }
+            }
+            let work2 = dealt.iter().copied().max().unwrap_or(0);
+            let r3 = per - r1 - soft;
+            let work3 = (d * weights).div_ceil(r3);
+            let est = work1.max(work2).max(work3).max(scores).max(weights) + r1 + soft + r3;
+            found.push((
+                est,
+                Apart {
+                    r1: r1 as u32,
+                    soft: soft as u32,
+                    r3: r3 as u32,
+                    spread: false,
+                    local_v: false,
+                    near: 0,
+                    frac: false,
+                    cut3: true,
+                },
+            ));
+        }
+    }
+    found.sort_by_key(|f| f.0);
+    found.truncate(CUT_LANES);
+    found.into_iter().map(|(_, lane)| (1, lane)).collect()
+}
+
 /// With q = k = v the x words bound for the v columns are inputs, ready in cycle 0: they can
 /// cross the softmax PEs while the scores are still being summed, which [`candidates`]'
 /// estimate charges as if they came after. The lane estimated with them overlapping, at its
@@ -317,6 +391,7 @@ fn local_v_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 local_v: true,
                 near: 0,
                 frac: false,
+                cut3: false,
             },
         );
         if !out.contains(&c) {
@@ -357,6 +432,7 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 local_v: false,
                 near: 0,
                 frac: false,
+                cut3: false,
             },
         );
         if !out.contains(&c) {
@@ -424,6 +500,7 @@ fn near_lanes(p: &Problem, pes: u32, count: usize) -> Vec<(u64, u32, Apart)> {
                         local_v: false,
                         near: near as u32,
                         frac: false,
+                        cut3: false,
                     };
                     if best.is_none_or(|(e, _)| est < e) {
                         best = Some((est, lane));
@@ -533,6 +610,7 @@ fn frac_lane(r1: u64, soft: u64, r3: u64) -> Apart {
         local_v: false,
         near: 0,
         frac: true,
+        cut3: false,
     }
 }
 
@@ -605,6 +683,7 @@ fn best_lane(
                     local_v: false,
                     near: 0,
                     frac: false,
+                    cut3: false,
                 };
                 if best.is_none_or(|(e, _)| est < e) {
                     best = Some((est, lane));

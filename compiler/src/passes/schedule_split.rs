@@ -209,6 +209,14 @@ pub(crate) struct Apart {
     /// forwarded to the next, like any input read by several PEs; `q` words and outputs go
     /// with their row. One row group, no `near`, `spread` or `local_v`.
     pub(crate) frac: bool,
+    /// With `r3 > 0` (one row group, `near = 0`), phase 3 cut by outputs rather than by
+    /// columns: the outputs `y[a][c]`, column by column and row by row within a column, are
+    /// cut into `r3` runs of about equal products, one per v PE. A v PE so holds parts of
+    /// one or two columns (its v words forwarded one or two hops to the next) instead of a
+    /// whole number of them, so `r3` need not divide `d`: on 16 PEs with `d = 8`, 8 q/k PEs,
+    /// 2 softmax PEs and 6 v PEs each doing a sixth of phase 3, where whole columns leave one
+    /// PE two of them.
+    pub(crate) cut3: bool,
 }
 
 impl Apart {
@@ -742,6 +750,9 @@ struct Geometry {
     /// With fractional columns (`Apart::frac`), the lane offset of phase-1 and phase-3 column
     /// `c` of row `a`, at `c·n + a`.
     frac: Option<(Vec<u32>, Vec<u32>)>,
+    /// With `Apart::cut3`, the v PE (offset within the v part) of output `(head, row, col)`,
+    /// at `(head·n + row)·d + col`.
+    cut3: Vec<u32>,
 }
 
 impl Geometry {
@@ -795,6 +806,10 @@ impl Geometry {
             }
         }
         let frac = layout.apart.filter(|a| a.frac).map(|a| frac_offsets(p, a));
+        let cut3 = match layout.apart {
+            Some(a) if a.cut3 && a.r3 > 0 && groups == 1 => cut_outputs(p, a.r3),
+            _ => Vec::new(),
+        };
         Geometry {
             m,
             d: p.dim,
@@ -807,6 +822,7 @@ impl Geometry {
             soft,
             apart: layout.apart,
             frac,
+            cut3,
         }
     }
 
@@ -864,6 +880,18 @@ impl Geometry {
     /// PE of phase-1 column `c` of `lane`.
     fn p1(&self, lane: u32, c: u32) -> u32 {
         (self.start(lane) + self.offset(c)) % self.m
+    }
+
+    /// PE of output `y[a][c]` of head `h` on `lane`: its column's phase-3 PE, or with
+    /// `Apart::cut3` the v PE its run of outputs was cut to.
+    fn p3_out(&self, lane: u32, h: u32, a: u32, c: u32) -> u32 {
+        if let Some(ap) = self.apart {
+            let i = (u64::from(h * self.n + a) * u64::from(self.d) + u64::from(c)) as usize;
+            if let Some(&off) = self.cut3.get(i) {
+                return (self.start(lane) + ap.r1 + ap.soft + off) % self.m;
+            }
+        }
+        self.p3_row(lane, c, a)
     }
 
     /// PE of phase-3 column `c` for rows of `lane` (the next lane when there are several).
@@ -971,6 +999,60 @@ fn frac_offsets(p: &Problem, a: Apart) -> (Vec<u32>, Vec<u32>) {
         return (both.clone(), both);
     }
     (cut(&scores, a.r1, 0), cut(&weights, a.r3, a.r1 + a.soft))
+}
+
+/// Softmax PE (of `soft`) of each row `(head·n + row)` of a lane per head: rows from the
+/// heaviest (most unmasked scores, its softmax operations; ties to the earlier row) each to
+/// the PE with the fewest weights so far (ties to the lower one). Rows of equal weight are
+/// dealt in turn.
+pub(crate) fn deal_by_weight(p: &Problem, soft: u32) -> Vec<u32> {
+    let n = p.tokens;
+    let mut out = vec![0u32; (p.heads * n) as usize];
+    let mut rows: Vec<(u64, u32)> = (0..n)
+        .map(|a| ((0..n).filter(|&c| p.unmasked(a, c)).count() as u64, a))
+        .collect();
+    rows.sort_by_key(|&(len, a)| (std::cmp::Reverse(len), a));
+    let mut load = vec![0u64; soft.max(1) as usize];
+    for &(len, a) in &rows {
+        let Some((pe, _)) = load.iter().enumerate().min_by_key(|&(pe, l)| (*l, pe)) else {
+            break;
+        };
+        load[pe] += len;
+        for h in 0..p.heads {
+            if let Some(slot) = out.get_mut((h * n + a) as usize) {
+                *slot = pe as u32;
+            }
+        }
+    }
+    out
+}
+
+/// [`Geometry::cut3`]: per head, the outputs column by column (rows in order within a column),
+/// each weighing its row's unmasked scores (its products), cut into `r3` runs of about equal
+/// weight; an output goes to the run holding the middle of its weight.
+fn cut_outputs(p: &Problem, r3: u32) -> Vec<u32> {
+    let (n, d) = (p.tokens, p.dim);
+    let len: Vec<u64> = (0..n)
+        .map(|a| (0..n).filter(|&c| p.unmasked(a, c)).count() as u64)
+        .collect();
+    let total: u64 = len.iter().sum::<u64>() * u64::from(d);
+    let mut out = vec![0u32; (u64::from(p.heads) * u64::from(n) * u64::from(d)) as usize];
+    for h in 0..p.heads {
+        let mut acc = 0u64;
+        for c in 0..d {
+            for a in 0..n {
+                let w = len.get(a as usize).copied().unwrap_or(0);
+                let mid = acc + w / 2;
+                acc += w;
+                let run = ((mid * u64::from(r3)) / total.max(1)).min(u64::from(r3) - 1);
+                let i = (u64::from(h * n + a) * u64::from(d) + u64::from(c)) as usize;
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = run as u32;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Tiny deterministic generator for the perturbed retries (no dependence on the clock).
@@ -1506,6 +1588,15 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             *k += 1;
         }
     }
+    // The lanes cut by outputs deal rows by weight: their softmax PEs are then as busy as the
+    // v PEs, and in turn the odd rows of a causal head would load the second of two more.
+    if let Some(ap) = g.apart.filter(|ap| !g.cut3.is_empty() && ap.soft > 1) {
+        for (i, pe) in deal_by_weight(p, ap.soft).into_iter().enumerate() {
+            if let Some(slot) = lane_row.get_mut(i) {
+                *slot = pe;
+            }
+        }
+    }
     for h in 0..p.heads {
         for a in 0..n {
             let lane = g.lane(h, a);
@@ -1721,7 +1812,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             for c in 0..d {
                 let pe = match g.apart {
                     Some(ap) if ap.local_v => g.land(lane, lane_row[(h * n + a) as usize]),
-                    _ => g.p3_row(lane, c, a),
+                    _ => g.p3_out(lane, h, a, c),
                 };
                 let id = chains.len();
                 let mut ts = Vec::new();
