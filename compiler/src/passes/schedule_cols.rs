@@ -310,14 +310,8 @@ fn cut_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
             found.push((
                 est,
                 Apart {
-                    r1: r1 as u32,
-                    soft: soft as u32,
-                    r3: r3 as u32,
-                    spread: false,
-                    local_v: false,
-                    near: 0,
-                    frac: false,
                     cut3: true,
+                    ..Apart::columns(r1 as u32, soft as u32, r3 as u32)
                 },
             ));
         }
@@ -384,14 +378,8 @@ fn local_v_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         let c = (
             1,
             Apart {
-                r1,
-                soft,
-                r3: 0,
-                spread: false,
                 local_v: true,
-                near: 0,
-                frac: false,
-                cut3: false,
+                ..Apart::columns(r1, soft, 0)
             },
         );
         if !out.contains(&c) {
@@ -425,14 +413,8 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         let c = (
             n,
             Apart {
-                r1,
-                soft: 1,
-                r3,
                 spread: true,
-                local_v: false,
-                near: 0,
-                frac: false,
-                cut3: false,
+                ..Apart::columns(r1, 1, r3)
             },
         );
         if !out.contains(&c) {
@@ -493,14 +475,8 @@ fn near_lanes(p: &Problem, pes: u32, count: usize) -> Vec<(u64, u32, Apart)> {
                         .max(link + 2 * soft + r3);
                     let est = wrap.max(apart);
                     let lane = Apart {
-                        r1: r1 as u32,
-                        soft: soft as u32,
-                        r3: r3 as u32,
-                        spread: false,
-                        local_v: false,
                         near: near as u32,
-                        frac: false,
-                        cut3: false,
+                        ..Apart::columns(r1 as u32, soft as u32, r3 as u32)
                     };
                     if best.is_none_or(|(e, _)| est < e) {
                         best = Some((est, lane));
@@ -603,14 +579,8 @@ fn frac_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
 
 fn frac_lane(r1: u64, soft: u64, r3: u64) -> Apart {
     Apart {
-        r1: r1 as u32,
-        soft: soft as u32,
-        r3: r3 as u32,
-        spread: false,
-        local_v: false,
-        near: 0,
         frac: true,
-        cut3: false,
+        ..Apart::columns(r1 as u32, soft as u32, r3 as u32)
     }
 }
 
@@ -675,16 +645,7 @@ fn best_lane(
                 } else {
                     work.max(link).max(work2) + tail
                 };
-                let lane = Apart {
-                    r1: r1 as u32,
-                    soft: soft as u32,
-                    r3: r3 as u32,
-                    spread: false,
-                    local_v: false,
-                    near: 0,
-                    frac: false,
-                    cut3: false,
-                };
+                let lane = Apart::columns(r1 as u32, soft as u32, r3 as u32);
                 if best.is_none_or(|(e, _)| est < e) {
                     best = Some((est, lane));
                 }

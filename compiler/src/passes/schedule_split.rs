@@ -220,6 +220,21 @@ pub(crate) struct Apart {
 }
 
 impl Apart {
+    /// A lane of `r1` q/k PEs, `soft` softmax PEs and `r3` v PEs holding whole columns, one
+    /// row group, nothing else set: the other kinds of lane change a field or two of it.
+    pub(crate) fn columns(r1: u32, soft: u32, r3: u32) -> Apart {
+        Apart {
+            r1,
+            soft,
+            r3,
+            spread: false,
+            local_v: false,
+            near: 0,
+            frac: false,
+            cut3: false,
+        }
+    }
+
     /// PEs of one lane.
     pub(crate) fn len(&self) -> u32 {
         self.r1 + self.soft + self.r3
