@@ -1524,27 +1524,36 @@ fn line_of(bundles: impl Iterator<Item = isa::Bundle>) -> Line {
     for b in bundles {
         let t = len;
         len += 1;
-        let mut at = |a: u32| {
+        each_read(&b, |a| {
             read.entry(a).or_insert(t);
-        };
-        if let isa::Op::Arith(x) = &b.op {
-            x.reads().for_each(&mut at);
-        }
-        if let isa::Acc::Add {
-            src: isa::AccSrc::Mem(a),
-            ..
-        } = b.acc
-        {
-            at(a);
-        }
-        if let Xfer::Send { src, dst } = b.xfer {
-            if let XferSrc::Mem(a) = src {
-                at(a);
-            }
+        });
+        if let Xfer::Send { dst, .. } = b.xfer {
             sent.insert(dst, t);
         }
     }
     Line { read, sent, len }
+}
+
+/// Every word `b` reads from its PE's memory, in slot order (operands, the sum's source, the
+/// send's source), each as often as a slot reads it.
+fn each_read(b: &isa::Bundle, mut at: impl FnMut(u32)) {
+    if let isa::Op::Arith(x) = &b.op {
+        x.reads().for_each(&mut at);
+    }
+    if let isa::Acc::Add {
+        src: isa::AccSrc::Mem(a),
+        ..
+    } = b.acc
+    {
+        at(a);
+    }
+    if let Xfer::Send {
+        src: XferSrc::Mem(a),
+        ..
+    } = b.xfer
+    {
+        at(a);
+    }
 }
 
 /// A stretch as the program [`flat`] flattens, checked as it checks it: its
@@ -1658,28 +1667,11 @@ fn reads_of(bundles: impl Iterator<Item = isa::Bundle>, seen: &mut Vec<bool>) ->
     for b in bundles {
         let t = out.len;
         out.len += 1;
-        let mut at = |a: u32| {
+        each_read(&b, |a| {
             if !std::mem::replace(at_word(seen, a), true) {
                 out.first.push((a, t));
             }
-        };
-        if let isa::Op::Arith(x) = &b.op {
-            x.reads().for_each(&mut at);
-        }
-        if let isa::Acc::Add {
-            src: isa::AccSrc::Mem(a),
-            ..
-        } = b.acc
-        {
-            at(a);
-        }
-        if let Xfer::Send {
-            src: XferSrc::Mem(a),
-            ..
-        } = b.xfer
-        {
-            at(a);
-        }
+        });
     }
     for &(a, _) in &out.first {
         seen[a as usize] = false;
