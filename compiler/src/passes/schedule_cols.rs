@@ -538,7 +538,7 @@ fn frac_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         let link = if r1 > 1 { scores } else { 0 }.max(weights);
         work1.max(work3).max(work2).max(link) + d.min(r1) + 2 * soft + r3 + 4 * n
     };
-    let share = |soft: u64| ((per - soft) * scores) / (scores + weights).max(1);
+    let share = |soft: u64| (per.saturating_sub(soft) * scores) / (scores + weights).max(1);
     // Rows leave the q/k part about every `scores·d / (n·r1)` cycles, and take `3·weights / n`
     // operations each on their softmax PE.
     let r1 = share(1).max(1);
