@@ -89,6 +89,11 @@ impl Problem {
         !self.causal || j <= i
     }
 
+    /// Keys row `a` attends to: its unmasked scores, weights and products per output column.
+    pub fn keys_in_row(&self, a: u32) -> u32 {
+        (0..self.tokens).filter(|&b| self.unmasked(a, b)).count() as u32
+    }
+
     /// The layer as the runtime's counting sees it.
     pub fn shape(&self) -> runtime::layer::Shape {
         runtime::layer::Shape {

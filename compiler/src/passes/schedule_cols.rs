@@ -282,9 +282,7 @@ fn cut_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     if p.necessary_ops() > LARGE_OPS || per < d + 2 || per > CUT_MAX_PES {
         return Vec::new();
     }
-    let len: Vec<u64> = (0..p.tokens)
-        .map(|a| (0..p.tokens).filter(|&c| p.unmasked(a, c)).count() as u64)
-        .collect();
+    let len: Vec<u64> = (0..p.tokens).map(|a| u64::from(p.keys_in_row(a))).collect();
     let weights: u64 = len.iter().sum();
     let scores = if p.symmetric && !p.causal {
         n * (n + 1) / 2

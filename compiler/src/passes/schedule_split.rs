@@ -927,10 +927,7 @@ impl Geometry {
     /// columns.
     fn p1_row(&self, lane: u32, c: u32, a: u32) -> u32 {
         match &self.frac {
-            Some((one, _)) => {
-                let off = one.get((c * self.n + a) as usize).copied().unwrap_or(0);
-                (self.start(lane) + off) % self.m
-            }
+            Some((one, _)) => self.frac_pe(one, lane, c, a),
             None => self.p1(lane, c),
         }
     }
@@ -939,12 +936,15 @@ impl Geometry {
     /// columns.
     fn p3_row(&self, lane: u32, c: u32, a: u32) -> u32 {
         match &self.frac {
-            Some((_, three)) => {
-                let off = three.get((c * self.n + a) as usize).copied().unwrap_or(0);
-                (self.start(lane) + off) % self.m
-            }
+            Some((_, three)) => self.frac_pe(three, lane, c, a),
             None => self.p3(lane, c),
         }
+    }
+
+    /// The PE a fractional table (of [`frac_offsets`]) gives `(c, a)` in `lane`.
+    fn frac_pe(&self, table: &[u32], lane: u32, c: u32, a: u32) -> u32 {
+        let off = table.get((c * self.n + a) as usize).copied().unwrap_or(0);
+        (self.start(lane) + off) % self.m
     }
 
     /// PEs holding phase-1 columns of `lane`, in ring order, with their columns.
@@ -985,7 +985,7 @@ fn frac_offsets(p: &Problem, a: Apart) -> (Vec<u32>, Vec<u32>) {
             u64::from(n)
         }
     };
-    let weights = |r: u32| (0..n).filter(|&b| p.unmasked(r, b)).count() as u64;
+    let weights = |r: u32| u64::from(p.keys_in_row(r));
     // Rows run in the order of `plan`'s rank (longest first, then by index), and a score's
     // partial sum visits the PEs in ring order, so the q/k PEs are a flow shop: a PE holding
     // two columns of a row passes that row's sums on at half pace. Cut in the rank order, the
@@ -1023,9 +1023,7 @@ fn frac_offsets(p: &Problem, a: Apart) -> (Vec<u32>, Vec<u32>) {
 pub(crate) fn deal_by_weight(p: &Problem, soft: u32) -> Vec<u32> {
     let n = p.tokens;
     let mut out = vec![0u32; (p.heads * n) as usize];
-    let mut rows: Vec<(u64, u32)> = (0..n)
-        .map(|a| ((0..n).filter(|&c| p.unmasked(a, c)).count() as u64, a))
-        .collect();
+    let mut rows: Vec<(u64, u32)> = (0..n).map(|a| (u64::from(p.keys_in_row(a)), a)).collect();
     rows.sort_by_key(|&(len, a)| (std::cmp::Reverse(len), a));
     let mut load = vec![0u64; soft.max(1) as usize];
     for &(len, a) in &rows {
@@ -1047,9 +1045,7 @@ pub(crate) fn deal_by_weight(p: &Problem, soft: u32) -> Vec<u32> {
 /// weight; an output goes to the run holding the middle of its weight.
 fn cut_outputs(p: &Problem, r3: u32) -> Vec<u32> {
     let (n, d) = (p.tokens, p.dim);
-    let len: Vec<u64> = (0..n)
-        .map(|a| (0..n).filter(|&c| p.unmasked(a, c)).count() as u64)
-        .collect();
+    let len: Vec<u64> = (0..n).map(|a| u64::from(p.keys_in_row(a))).collect();
     let total: u64 = len.iter().sum::<u64>() * u64::from(d);
     let mut out = vec![0u32; (u64::from(p.heads) * u64::from(n) * u64::from(d)) as usize];
     for h in 0..p.heads {
@@ -1533,7 +1529,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         let ring_pes: Vec<u32> = g.blocks(0).iter().map(|b| b.0).collect();
         let nb = ring_pes.len().max(1) as u64;
         let unit = if p.safe() { 2 } else { 1 };
-        let len = |a: u32| u64::from((0..n).filter(|&c| p.unmasked(a, c)).count() as u32);
+        let len = |a: u32| u64::from(p.keys_in_row(a));
         let total: u64 =
             u64::from(p.heads) * (0..n).map(|a| len(a) * (unit + 1)).sum::<u64>().max(1);
         let mut acc = 0u64;
