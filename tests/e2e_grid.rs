@@ -814,3 +814,51 @@ fn auto_keeps_the_stream_where_it_is_fastest() {
         }
     }
 }
+
+/// The row and wide dataflows are built after the other candidates, limited to the fewest
+/// cycles found so far, and stop once they are sure to take more. The manifest names what
+/// stopped and at which count; forcing a stopped pass confirms it takes more cycles than that
+/// (so it could not have been kept), and the kept programs prove and run as usual.
+#[test]
+fn passes_sure_to_lose_stop_early_and_change_nothing() {
+    let layers = [
+        (16, 64, 8, 1, ""),
+        (4, 256, 64, 1, "qkv = shared;"),
+        (8, 8, 8, 1, "qkv = shared;"),
+        (3, 8, 8, 4, ""),
+        (12, 16, 8, 1, "mask = causal;"),
+    ];
+    let mut stopped = 0;
+    for (n, m, d, heads, extra) in layers {
+        let src = format!("layer l {{ tokens = {n}; dim = {d}; heads = {heads}; {extra} }}");
+        let what = format!("n={n} m={m} d={d} heads={heads} {extra}");
+        let auto = compile_src(&src, m, Choice::Auto);
+        let sel = &auto.manifest.selection;
+        for s in &sel.stopped {
+            stopped += 1;
+            assert!(s.above >= auto.manifest.cycles, "{what}: {s:?}");
+            assert!(
+                sel.candidates.iter().all(|c| c.schedule != s.schedule),
+                "{what}: {} both built and stopped",
+                s.schedule
+            );
+            let name = match s.schedule.as_str() {
+                "schedule-rows" => "rows",
+                "schedule-wide" => "wide",
+                other => panic!("{what}: {other} cannot stop early"),
+            };
+            let forced = compile_src(&src, m, Choice::Named(name));
+            assert!(
+                forced.manifest.cycles > s.above,
+                "{what}: {name} forced takes {}, stopped above {}",
+                forced.manifest.cycles,
+                s.above
+            );
+        }
+        let r = run_emitted(&auto, u64::from(n * m + d));
+        assert!(r.max_abs_err <= TOL, "{what}: {}", r.max_abs_err);
+        assert_eq!(r.cycles, auto.manifest.cycles, "{what}");
+        assert!(r.proved.is_some(), "{what}: not proved");
+    }
+    assert!(stopped >= 5, "only {stopped} passes stopped early");
+}

@@ -53,7 +53,7 @@ fn assert_valid(v: &jsonschema::Validator, manifest: &Value, what: &str) {
 }
 
 /// The layers of the grid: (tokens, dim, heads, shared, causal, pes).
-const GRID: [(u32, u32, u32, bool, bool, u32); 8] = [
+const GRID: [(u32, u32, u32, bool, bool, u32); 9] = [
     (4, 4, 1, false, false, 1),
     (4, 4, 2, true, true, 4),
     (5, 3, 1, true, false, 5),
@@ -62,6 +62,8 @@ const GRID: [(u32, u32, u32, bool, bool, u32); 8] = [
     (3, 2, 2, true, true, 7),
     (16, 16, 2, true, true, 4),
     (12, 8, 3, false, true, 6),
+    // A ring where the row dataflow stops once sure to lose (`selection.stopped`).
+    (16, 8, 1, false, false, 64),
 ];
 
 fn compile_dir(root: &Path, i: usize, src: &str, pes: u32) -> PathBuf {
@@ -106,6 +108,7 @@ fn every_manifest_validates_against_the_published_schema() {
         compiler::passes::select::Choice::Named("rows"),
     ];
     let mut checked = 0;
+    let mut with_stopped = 0;
     for (n, d, h, shared, causal, pes) in GRID {
         for choice in choices {
             let src = common::layer_src(n, d, h, shared, causal);
@@ -121,6 +124,7 @@ fn every_manifest_validates_against_the_published_schema() {
             let json: Value = serde_json::from_str(&c.manifest.to_json().unwrap()).unwrap();
             assert_valid(&v, &json, &src);
             checked += 1;
+            with_stopped += usize::from(!c.manifest.selection.stopped.is_empty());
             // docs/manifest.md: no two placed elements (of any input or output) share a word.
             let mut seen = std::collections::HashSet::new();
             for p in c
@@ -150,6 +154,7 @@ fn every_manifest_validates_against_the_published_schema() {
         checked >= GRID.len() * 2,
         "only {checked} manifests checked"
     );
+    assert!(with_stopped > 0, "no manifest names a pass stopped early");
 
     // The schema is closed and typed: what it accepts is what attnc writes, nothing looser.
     let c = common::compile_src(

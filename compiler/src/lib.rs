@@ -286,7 +286,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
                 opts,
                 s.clone(),
                 reason,
-                tried,
+                (tried, Vec::new()),
                 dump,
                 timings,
             );
@@ -307,14 +307,35 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         codegen::Packed,
     );
     let mut best: Option<Best> = None;
-    for alg in candidates {
+    // Passes that can stop once they are sure to lose are built after the others, with the
+    // fewest cycles so far as their limit (a tie could still win on memory, so it is allowed).
+    // The winner is the same as building them in preference order: the key orders equal cycles
+    // and memory by that order, and a stopped pass would have taken more cycles than the best.
+    let mut order: Vec<(usize, &'static dyn Scheduler)> =
+        candidates.into_iter().enumerate().collect();
+    order.sort_by_key(|(i, alg)| (alg.stops_early(), *i));
+    let mut stopped: Vec<manifest::StoppedInfo> = Vec::new();
+    let mut built: Vec<(usize, manifest::CandidateInfo)> = Vec::new();
+    let mut best_at = usize::MAX;
+    for (at, alg) in order {
         let internal = |errors: Vec<schedule::ScheduleError>| {
             CompileError::Internal(Internal::Schedule {
                 pass: alg.pass().to_string(),
                 errors,
             })
         };
-        let s = alg.schedule(&problem, opts.pes).map_err(internal)?;
+        let limit = best.as_ref().map_or(usize::MAX, |(_, b, _)| b.cycles());
+        let Some(s) = alg
+            .schedule_within(&problem, opts.pes, limit)
+            .map_err(internal)?
+        else {
+            lap(alg.pass(), &mut timings);
+            stopped.push(manifest::StoppedInfo {
+                schedule: alg.pass().to_string(),
+                above: limit as u64,
+            });
+            continue;
+        };
         // The contract with codegen: a schedule that validates can always be emitted.
         validate::validate(&s).map_err(internal)?;
         lap(alg.pass(), &mut timings);
@@ -326,21 +347,27 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         lap(&format!("{} ({})", codegen::NAME, alg.pass()), &mut timings);
         let max_mem = packed_words(&e);
         let fits = opts.mem_limit.is_none_or(|limit| max_mem <= limit);
-        tried.push(manifest::CandidateInfo {
-            schedule: s.algorithm.to_string(),
-            cycles: s.cycles() as u64,
-            max_mem_words: max_mem,
-            fits,
-        });
-        let key = (s.cycles(), max_mem);
+        built.push((
+            at,
+            manifest::CandidateInfo {
+                schedule: s.algorithm.to_string(),
+                cycles: s.cycles() as u64,
+                max_mem_words: max_mem,
+                fits,
+            },
+        ));
+        let key = (s.cycles(), max_mem, at);
         if fits
             && best
                 .as_ref()
-                .is_none_or(|(_, b, be)| key < (b.cycles(), packed_words(be)))
+                .is_none_or(|(_, b, be)| key < (b.cycles(), packed_words(be), best_at))
         {
             best = Some((alg, s, e));
+            best_at = at;
         }
     }
+    built.sort_by_key(|(at, _)| *at);
+    tried.extend(built.into_iter().map(|(_, c)| c));
     let unrolled = best
         .as_ref()
         .map(|(_, b, e)| (b.cycles() as u64, packed_words(e)));
@@ -359,10 +386,15 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     let loop_bytes = |s: &passes::schedule_stream::Stream| -> u64 {
         s.programs.iter().map(isa::looped_binary::encoded_len).sum()
     };
-    let stream_reason = |tried: &[manifest::CandidateInfo]| {
+    let among = |tried: &[manifest::CandidateInfo]| {
         format!(
-            "fewest cycles among {} candidates{}; loop programs",
-            tried.len(),
+            "fewest cycles among {} candidates{}{}",
+            tried.len() + stopped.len(),
+            if stopped.is_empty() {
+                String::new()
+            } else {
+                format!(" ({} stopped once sure to lose)", stopped.len())
+            },
             if opts.mem_limit.is_some() {
                 " within the memory limit"
             } else {
@@ -370,13 +402,24 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
             }
         )
     };
+    let stream_reason =
+        |tried: &[manifest::CandidateInfo]| format!("{}; loop programs", among(tried));
     let fastest = streams
         .into_iter()
         .min_by_key(|s| (s.cycles, stream::max_words(s)));
     let Some((chosen, schedule, packed)) = best else {
         if let Some(s) = fastest {
             let reason = stream_reason(&tried);
-            return finish_stream(layer, &problem, opts, s, reason, tried, dump, timings);
+            return finish_stream(
+                layer,
+                &problem,
+                opts,
+                s,
+                reason,
+                (tried, stopped),
+                dump,
+                timings,
+            );
         }
         let smallest = tried.iter().min_by_key(|c| c.max_mem_words).map_or_else(
             || "no schedule was built".to_string(),
@@ -395,7 +438,16 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     let fastest = match fastest {
         Some(s) if s.cycles < cycles => {
             let reason = stream_reason(&tried);
-            return finish_stream(layer, &problem, opts, s, reason, tried, dump, timings);
+            return finish_stream(
+                layer,
+                &problem,
+                opts,
+                s,
+                reason,
+                (tried, stopped),
+                dump,
+                timings,
+            );
         }
         other => other,
     };
@@ -410,7 +462,16 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     };
     if let Some(s) = fastest.filter(ties) {
         let reason = stream_reason(&tried);
-        return finish_stream(layer, &problem, opts, s, reason, tried, dump, timings);
+        return finish_stream(
+            layer,
+            &problem,
+            opts,
+            s,
+            reason,
+            (tried, stopped),
+            dump,
+            timings,
+        );
     }
     if wants(CHOSEN_SCHEDULE) {
         dump = Some(schedule.to_string());
@@ -479,23 +540,16 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
                 .join("\n"),
         );
     }
-    let reason = if tried.len() == 1 {
+    let reason = if tried.len() + stopped.len() == 1 {
         "the only schedule that applies (or the one forced with --schedule)".to_string()
     } else {
-        format!(
-            "fewest cycles among {} candidates{}",
-            tried.len(),
-            if opts.mem_limit.is_some() {
-                " within the memory limit"
-            } else {
-                ""
-            }
-        )
+        among(&tried)
     };
     let selection = manifest::Selection {
         chosen: schedule.algorithm.to_string(),
         reason,
         candidates: tried,
+        stopped,
     };
     let mut manifest = build_manifest(layer, &problem, opts.pes, &schedule, &emitted, selection);
     if !loops.is_empty() {
@@ -574,8 +628,21 @@ fn compile_stream(
         "forced with --schedule stream".to_string()
     };
     let tried = vec![stream::candidate(&built)];
-    finish_stream(layer, problem, opts, built, reason, tried, dump, timings)
+    finish_stream(
+        layer,
+        problem,
+        opts,
+        built,
+        reason,
+        (tried, Vec::new()),
+        dump,
+        timings,
+    )
 }
+
+/// The candidates built, and those stopped once they were sure to lose (the manifest's
+/// `selection`).
+type Weighed = (Vec<manifest::CandidateInfo>, Vec<manifest::StoppedInfo>);
 
 /// The compile's result when the stream schedule was kept, with the candidates weighed.
 #[allow(clippy::too_many_arguments)]
@@ -585,7 +652,7 @@ fn finish_stream(
     opts: &Options,
     built: passes::schedule_stream::Stream,
     mut reason: String,
-    candidates: Vec<manifest::CandidateInfo>,
+    (candidates, stopped): Weighed,
     dump: Option<String>,
     timings: Vec<(String, f64)>,
 ) -> Result<Compiled, CompileError> {
@@ -594,6 +661,7 @@ fn finish_stream(
     }
     let mut manifest = stream::manifest(&layer.name, problem, opts.pes, &built, reason)?;
     manifest.selection.candidates = candidates;
+    manifest.selection.stopped = stopped;
     Ok(Compiled {
         programs: Vec::new(),
         loops: built.programs,

@@ -43,6 +43,22 @@ pub trait Scheduler: Sync {
     /// Builds the schedule. An error is a bug in the pass, located; the result still goes
     /// through [`crate::validate`] before codegen.
     fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>>;
+    /// As [`Scheduler::schedule`], but a pass may stop, and return `None`, as soon as it is sure
+    /// its schedule would take more than `limit` cycles (another candidate already has
+    /// `limit`). Whatever it returns within the limit is exactly what `schedule` returns.
+    fn schedule_within(
+        &self,
+        p: &Problem,
+        pes: u32,
+        _limit: usize,
+    ) -> Result<Option<RingSchedule>, Vec<ScheduleError>> {
+        self.schedule(p, pes).map(Some)
+    }
+    /// Whether [`Scheduler::schedule_within`] can stop early, so that `compile` gains by
+    /// building this pass after the others.
+    fn stops_early(&self) -> bool {
+        false
+    }
 }
 
 /// Every scheduler, in preference order: on equal cycles and memory the earlier one is kept.

@@ -138,6 +138,7 @@ pub fn manifest(
             chosen: schedule_stream::NAME.into(),
             reason,
             candidates: vec![candidate(stream)],
+            stopped: Vec::new(),
         },
         necessary_ops: necessary.total(),
         normalisation: norm,

@@ -59,6 +59,18 @@ pub struct Selection {
     pub chosen: String,
     pub reason: String,
     pub candidates: Vec<CandidateInfo>,
+    /// Schedules whose build stopped once they were sure to take more cycles than a candidate
+    /// built before them: never chosen, so never finished.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stopped: Vec<StoppedInfo>,
+}
+
+/// A schedule abandoned while it was built: it would take more than `above` cycles.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoppedInfo {
+    pub schedule: String,
+    pub above: u64,
 }
 
 /// One schedule the compiler built for this layer, with its exact cycle count.
@@ -681,6 +693,7 @@ mod tests {
                 chosen: "s".into(),
                 reason: "r".into(),
                 candidates: Vec::new(),
+                stopped: Vec::new(),
             },
             necessary_ops: 4,
             normalisation: Normalisation::PerWeight,

@@ -609,6 +609,7 @@ pub fn optimal_with_progress(
                 chosen: decode::NAME.into(),
                 reason,
                 candidates,
+                stopped: Vec::new(),
             };
             let (programs, manifest) = crate::finish(layer, &problem, pes, &schedule, selection)
                 .map_err(|e| ExactError::Internal(e.to_string()))?;

@@ -56,6 +56,17 @@ impl Scheduler for Rows {
     fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         run(p, pes)
     }
+    fn schedule_within(
+        &self,
+        p: &Problem,
+        pes: u32,
+        limit: usize,
+    ) -> Result<Option<RingSchedule>, Vec<ScheduleError>> {
+        run_with(p, pes, false, limit)
+    }
+    fn stops_early(&self) -> bool {
+        true
+    }
 }
 
 /// Per PE, per priority class: `(hops from origin, sequence, value)` to send on.
@@ -94,16 +105,40 @@ fn path(from: u32, to: u32, m: u32) -> impl Iterator<Item = u32> {
 /// that moved any, on their own rows' first PEs: one source feeding a whole head can make its link
 /// the bottleneck.
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
-    run_with(p, pes, false)
+    found(run_with(p, pes, false, usize::MAX))
 }
 
 /// The same search with every score of a q = k layer computed by its own row (`schedule-wide`):
-/// twice the phase-1 products, but no mirrored score travels between row holders.
-pub(crate) fn run_mirrored(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
-    run_with(p, pes, true)
+/// twice the phase-1 products, but no mirrored score travels between row holders; nothing as
+/// soon as every run is sure to take more than `limit` cycles.
+pub(crate) fn run_mirrored_within(
+    p: &Problem,
+    pes: u32,
+    limit: usize,
+) -> Result<Option<RingSchedule>, Vec<ScheduleError>> {
+    run_with(p, pes, true, limit)
 }
 
-fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<ScheduleError>> {
+/// Without a limit a run always finishes, so there is a schedule unless there is no PE.
+fn found(
+    s: Result<Option<RingSchedule>, Vec<ScheduleError>>,
+) -> Result<RingSchedule, Vec<ScheduleError>> {
+    s?.ok_or_else(|| {
+        vec![ScheduleError::Internal {
+            pass: NAME,
+            what: "no PE to schedule on".into(),
+        }]
+    })
+}
+
+/// The search; runs that would take more than `limit` cycles (or than the best so far) are
+/// abandoned as soon as that is sure, so within the limit the result is the unlimited one.
+fn run_with(
+    p: &Problem,
+    pes: u32,
+    mirror: bool,
+    limit: usize,
+) -> Result<Option<RingSchedule>, Vec<ScheduleError>> {
     let scores = u64::from(p.heads) * (0..p.tokens).map(|a| u64::from(columns(p, a))).sum::<u64>();
     let few = scores < SUBSET_SCORES * u64::from(pes);
     let counts = if !few {
@@ -152,7 +187,7 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
                 // A run that cannot beat the best so far is abandoned as soon as that is sure.
                 let limit = best
                     .as_ref()
-                    .map_or(usize::MAX, |b| b.cycles().saturating_sub(1));
+                    .map_or(limit, |b| b.cycles().saturating_sub(1).min(limit));
                 let (s, moved, busiest) =
                     run_on(p, pes, active, spread_homes, pairing, mirror, limit)?;
                 if let Some(s) = s {
@@ -171,12 +206,7 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
             }
         }
     }
-    best.ok_or_else(|| {
-        vec![ScheduleError::Internal {
-            pass: NAME,
-            what: "no PE to schedule on".into(),
-        }]
-    })
+    Ok(best)
 }
 
 /// Layers with fewer scores than this per PE also try fewer working PEs. With more, every PE has

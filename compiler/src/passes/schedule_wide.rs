@@ -78,26 +78,53 @@ impl Scheduler for Wide {
     fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         run(p, pes)
     }
+    fn schedule_within(
+        &self,
+        p: &Problem,
+        pes: u32,
+        limit: usize,
+    ) -> Result<Option<RingSchedule>, Vec<ScheduleError>> {
+        Ok(run_within(p, pes, limit)?.filter(|s| s.cycles() <= limit))
+    }
+    fn stops_early(&self) -> bool {
+        true
+    }
 }
 
 /// Both dataflows with rows decoupled; the shorter schedule, named after this pass.
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
-    let rows = schedule_rows::run_mirrored(p, pes);
+    run_within(p, pes, usize::MAX)?.ok_or_else(|| {
+        vec![ScheduleError::Internal {
+            pass: NAME,
+            what: "no PE to schedule on".into(),
+        }]
+    })
+}
+
+/// [`run`] with the row dataflow's runs abandoned once they are sure to take more than `limit`
+/// cycles: within the limit the same schedule. Nothing when neither dataflow is within it.
+fn run_within(
+    p: &Problem,
+    pes: u32,
+    limit: usize,
+) -> Result<Option<RingSchedule>, Vec<ScheduleError>> {
+    let rows = schedule_rows::run_mirrored_within(p, pes, limit);
     let split = schedule_split::run_mirrored(p, pes);
     let mut best = match (rows, split) {
-        (Ok(r), Ok(s)) => {
+        (Ok(Some(r)), Ok(s)) => {
             if s.cycles() < r.cycles() {
                 s
             } else {
                 r
             }
         }
-        (Ok(s), Err(_)) | (Err(_), Ok(s)) => s,
+        (Ok(Some(s)), Err(_)) | (Ok(None), Ok(s)) | (Err(_), Ok(s)) => s,
+        (Ok(None), Err(_)) => return Ok(None),
         (Err(mut a), Err(b)) => {
             a.extend(b);
             return Err(a);
         }
     };
     best.algorithm = NAME;
-    Ok(best)
+    Ok(Some(best))
 }
