@@ -173,6 +173,9 @@ struct Layout {
     /// cut from one row-major sequence; 2: each run as wide as the row's share of the ring, so
     /// that scores land on every PE.
     forward: u8,
+    /// The inputs go over the links in row-major order below every computed word, the v words
+    /// last (see [`run_apart_keys_first`]).
+    keys_first: bool,
 }
 
 /// One lane of the cols dataflow: `r1` PEs holding the q and k columns (the scores' partial
@@ -217,6 +220,12 @@ pub(crate) struct Apart {
     /// 2 softmax PEs and 6 v PEs each doing a sixth of phase 3, where whole columns leave one
     /// PE two of them.
     pub(crate) cut3: bool,
+    /// With `local_v` and `keep_v > 0`, only columns `c < keep_v` of a row's outputs
+    /// accumulate on its softmax PE; the others on the PE after the lane (the next lane's
+    /// first), which the v rows pass anyway, the weights going one hop on. With a lane per row
+    /// of a q/k PE and a softmax PE, the softmax PE would otherwise do all `n·d` products of
+    /// its row after its softmax, while the next row's q/k PE, done with its scores, idles.
+    pub(crate) keep_v: u32,
 }
 
 impl Apart {
@@ -232,6 +241,7 @@ impl Apart {
             near: 0,
             frac: false,
             cut3: false,
+            keep_v: 0,
         }
     }
 
@@ -313,6 +323,7 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
             mirror,
             apart: None,
             forward: 0,
+            keys_first: false,
         })
         .collect();
     let usual = explore(p, m, &bases, variants);
@@ -370,6 +381,46 @@ pub(crate) fn run_apart(
             mirror: false,
             apart: Some(apart),
             forward: 0,
+            keys_first: false,
+        })
+        .collect();
+    explore(p, m, &bases, variants)
+}
+
+/// [`run_apart`] with the inputs streamed in order (`Layout::keys_first`): every link sends
+/// the preloaded words other than v in row-major order, below every computed word, and the v
+/// words, likewise ordered, only once it has sent all of those. For lanes whose k and v rows
+/// flow one way through a head's lanes (`schedule_cols::pair_lanes`): by urgency alone a link
+/// sent the words in a shuffled order and filled every gap with v words, so a lane's scores,
+/// sent on the same links, pushed the k rows behind them back lane after lane (32 tokens,
+/// `d = 8`, 4 heads on 256 PEs: 762 cycles, the last lanes' scores done near cycle 465). In
+/// order, a lane's score leaves the stream at its softmax PE and the next lane's takes its slot,
+/// so the k rows pass at 8 words in 9 and the v rows follow at full rate (676 cycles).
+pub(crate) fn run_apart_keys_first(
+    p: &Problem,
+    pes: u32,
+    parts: &[(u32, Apart)],
+) -> Result<RingSchedule, Vec<ScheduleError>> {
+    let m = pes.max(1);
+    let few_tokens = p.tokens < 2 * m;
+    let large = p.necessary_ops() > LARGE_OPS;
+    let variants: &[(i64, bool)] = if few_tokens && !large {
+        &[(64, false), (4, false), (0, false)]
+    } else {
+        &[(64, false)]
+    };
+    let bases: Vec<Layout> = parts
+        .iter()
+        .map(|&(groups, apart)| Layout {
+            groups,
+            all_heads_on_ring: false,
+            row_weight: 0,
+            softmax_first: false,
+            soft: apart.soft,
+            mirror: false,
+            apart: Some(apart),
+            forward: 0,
+            keys_first: true,
         })
         .collect();
     explore(p, m, &bases, variants)
@@ -1250,10 +1301,21 @@ fn simulate<B: Book>(
     // first, before partial sums in flight. They are few, a column's rows per cut.
     let neighbours_first = layout.apart.is_some_and(|a| a.frac);
     let first = (plan.tasks.len() as i64 + 1) * 8;
-    preloaded.extend(plan.preloaded.iter().map(|&(pe, v)| {
+    preloaded.extend(plan.preloaded.iter().enumerate().map(|(i, &(pe, v))| {
         if neighbours_first && plan.reach.get(v.index()) == Some(&1) {
             return (pe, v, first);
         }
+        // Below every other word (priorities stay within `±first`), most urgent first among
+        // themselves.
+        // With `keys_first` the inputs go in a fixed order, row by row (a key's words
+        // together), below every computed word, so that a lane's scores fill the gaps the
+        // previous lane's left in the stream; the v words below all of them.
+        if layout.keys_first {
+            let seq = i64::from(plan.seq.get(i).copied().unwrap_or(0));
+            let late = plan.late.get(i) == Some(&true);
+            return (pe, v, if late { -4 * first } else { -2 * first } - seq);
+        }
+
         let u = plan
             .readers
             .of_word(v)
@@ -1276,7 +1338,19 @@ fn simulate<B: Book>(
     let mut absorbs = std::mem::take(&mut scratch.absorbs);
     absorbs.clear();
     absorbs.extend(plan.order.iter().map(|&i| plan.absorbs[i as usize]));
+    let held: Vec<bool> = if layout.keys_first {
+        let mut h = vec![false; plan.reach.len()];
+        for (&(_, v), &late) in plan.preloaded.iter().zip(&plan.late) {
+            if let Some(x) = h.get_mut(v.index()) {
+                *x = late;
+            }
+        }
+        h
+    } else {
+        Vec::new()
+    };
     let sim = Sim {
+        hold: layout.keys_first.then_some(held.as_slice()),
         m,
         scale: p.scale as f32,
         tasks: &tasks,
@@ -1315,6 +1389,10 @@ struct Plan {
     /// Hops each value travels from where it appears, by value index.
     reach: Vec<u32>,
     preloaded: Vec<(u32, Val)>,
+    /// Which of `preloaded` are v words (`Layout::keys_first` holds them back).
+    late: Vec<bool>,
+    /// Each of `preloaded`'s place in a row-major order of its tensor (`Layout::keys_first`).
+    seq: Vec<u32>,
     /// Longest path from each task to the end.
     tail: Vec<i64>,
     /// Softmax work, which a `softmax_first` variant runs before any product.
@@ -1822,6 +1900,9 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             let lane = g.lane(h, a);
             for c in 0..d {
                 let pe = match g.apart {
+                    Some(ap) if ap.local_v && ap.keep_v > 0 && c >= ap.keep_v => {
+                        (g.start(lane) + ap.len()) % m
+                    }
                     Some(ap) if ap.local_v => g.land(lane, lane_row[(h * n + a) as usize]),
                     _ => g.p3_out(lane, h, a, c),
                 };
@@ -1869,6 +1950,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     let mut inputs = Inputs::new(*p);
     let mut reach: HashMap<Val, u32> = HashMap::default();
     let mut preloaded: Vec<(u32, Val)> = Vec::new();
+    let mut late: Vec<bool> = Vec::new();
+    let mut seq: Vec<u32> = Vec::new();
     let mut elems: Vec<(&Element, &Vec<u32>)> = uses.iter().collect();
     elems.sort_by_key(|(e, _)| (e.tensor as u8, e.head, e.row, e.col));
     let mut val_of: HashMap<Element, Val> = HashMap::default();
@@ -1907,6 +1990,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         val_of.insert(*e, v);
         reach.insert(v, far);
         preloaded.push((home, v));
+        late.push(e.tensor == Tensor::V);
+        seq.push((e.head * n + e.row) * d + e.col);
     }
     for (t, second, e) in input_of {
         let Some(&v) = val_of.get(&e) else {
@@ -1967,6 +2052,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         tasks,
         reach: dense_reach,
         preloaded,
+        late,
+        seq,
         tail,
         eager,
         gates,
@@ -2274,6 +2361,9 @@ struct Sim<'a> {
     /// By position.
     absorbs: &'a [bool],
     readers: &'a ready::Readers,
+    /// `Layout::keys_first`: the v words (by value index) wait on every link until the other
+    /// preloaded words that cross it have.
+    hold: Option<&'a [bool]>,
 }
 
 /// Words waiting to go over one PE's link. A word can be queued twice (a score that is also a
@@ -2450,6 +2540,24 @@ impl Sim<'_> {
             ready.write(&mut avail[pe as usize], pe, v, 0);
             self.forward(v, prio, &mut links[pe as usize]);
         }
+        // With `hold`, the preloaded words other than the held ones each link has still to
+        // send: a held word goes only once they have.
+        let mut early_left: Vec<u32> = Vec::new();
+        if let Some(hold) = self.hold {
+            early_left.resize(m, 0);
+            for &(pe, v, _) in preloaded {
+                if hold.get(v.index()) == Some(&false) {
+                    let hops = self.reach.get(v.index()).copied().unwrap_or(0) as usize;
+                    for i in 0..hops {
+                        early_left[(pe as usize + i) % m] += 1;
+                    }
+                }
+            }
+        }
+        let is_early =
+            |v: Val| -> bool { self.hold.is_some_and(|h| h.get(v.index()) == Some(&false)) };
+        let is_held =
+            |v: Val| -> bool { self.hold.is_some_and(|h| h.get(v.index()) == Some(&true)) };
         state.clear();
         state.extend(self.chains.iter().map(|c| ChainState {
             left: c.segs.first().map_or(0, |s| s.1.len()),
@@ -2548,13 +2656,22 @@ impl Sim<'_> {
                     p.acc_at == Some(t) || avail[pe].get(&p.val).is_some_and(|at| at <= t)
                 };
                 let mut pick: Option<(i64, usize)> = None;
+                let holding = early_left.get(pe).is_some_and(|&k| k > 0);
                 for (k, w) in links[pe].words.iter().enumerate() {
-                    if pick.is_none_or(|(prio, _)| w.prio > prio) && here(w) {
+                    if pick.is_none_or(|(prio, _)| w.prio > prio)
+                        && here(w)
+                        && !(holding && is_held(w.val))
+                    {
                         pick = Some((w.prio, k));
                     }
                 }
                 if let Some((_, k)) = pick {
                     let w = links[pe].take(k);
+                    if is_early(w.val) {
+                        if let Some(k) = early_left.get_mut(pe) {
+                            *k = k.saturating_sub(1);
+                        }
+                    }
                     let to = if pe + 1 == m { 0 } else { pe + 1 };
                     // A word can reach a PE by two routes (a score that is also a row's first
                     // partial maximum): the second is not sent again, only its onward hops kept.
