@@ -389,13 +389,14 @@ pub(crate) fn run_apart(
 
 /// [`run_apart`] with the inputs streamed in order (`Layout::keys_first`): every link sends
 /// the preloaded words other than v in row-major order, below every computed word, and the v
-/// words, likewise ordered, only once it has sent all of those. For lanes whose k and v rows
+/// words, likewise ordered, below those. For lanes whose k and v rows
 /// flow one way through a head's lanes (`schedule_cols::pair_lanes`): by urgency alone a link
 /// sent the words in a shuffled order and filled every gap with v words, so a lane's scores,
 /// sent on the same links, pushed the k rows behind them back lane after lane (32 tokens,
 /// `d = 8`, 4 heads on 256 PEs: 762 cycles, the last lanes' scores done near cycle 465). In
 /// order, a lane's score leaves the stream at its softmax PE and the next lane's takes its slot,
-/// so the k rows pass at 8 words in 9 and the v rows follow at full rate (676 cycles).
+/// so the k rows pass at 8 words in 9 and the v rows follow (670 cycles; 676 when a link also
+/// held its v words back until it had sent every other input).
 pub(crate) fn run_apart_keys_first(
     p: &Problem,
     pes: u32,
@@ -1338,19 +1339,7 @@ fn simulate<B: Book>(
     let mut absorbs = std::mem::take(&mut scratch.absorbs);
     absorbs.clear();
     absorbs.extend(plan.order.iter().map(|&i| plan.absorbs[i as usize]));
-    let held: Vec<bool> = if layout.keys_first {
-        let mut h = vec![false; plan.reach.len()];
-        for (&(_, v), &late) in plan.preloaded.iter().zip(&plan.late) {
-            if let Some(x) = h.get_mut(v.index()) {
-                *x = late;
-            }
-        }
-        h
-    } else {
-        Vec::new()
-    };
     let sim = Sim {
-        hold: layout.keys_first.then_some(held.as_slice()),
         m,
         scale: p.scale as f32,
         tasks: &tasks,
@@ -1389,7 +1378,7 @@ struct Plan {
     /// Hops each value travels from where it appears, by value index.
     reach: Vec<u32>,
     preloaded: Vec<(u32, Val)>,
-    /// Which of `preloaded` are v words (`Layout::keys_first` holds them back).
+    /// Which of `preloaded` are v words (`Layout::keys_first` sends them last).
     late: Vec<bool>,
     /// Each of `preloaded`'s place in a row-major order of its tensor (`Layout::keys_first`).
     seq: Vec<u32>,
@@ -2361,9 +2350,6 @@ struct Sim<'a> {
     /// By position.
     absorbs: &'a [bool],
     readers: &'a ready::Readers,
-    /// `Layout::keys_first`: the v words (by value index) wait on every link until the other
-    /// preloaded words that cross it have.
-    hold: Option<&'a [bool]>,
 }
 
 /// Words waiting to go over one PE's link. A word can be queued twice (a score that is also a
@@ -2540,24 +2526,6 @@ impl Sim<'_> {
             ready.write(&mut avail[pe as usize], pe, v, 0);
             self.forward(v, prio, &mut links[pe as usize]);
         }
-        // With `hold`, the preloaded words other than the held ones each link has still to
-        // send: a held word goes only once they have.
-        let mut early_left: Vec<u32> = Vec::new();
-        if let Some(hold) = self.hold {
-            early_left.resize(m, 0);
-            for &(pe, v, _) in preloaded {
-                if hold.get(v.index()) == Some(&false) {
-                    let hops = self.reach.get(v.index()).copied().unwrap_or(0) as usize;
-                    for i in 0..hops {
-                        early_left[(pe as usize + i) % m] += 1;
-                    }
-                }
-            }
-        }
-        let is_early =
-            |v: Val| -> bool { self.hold.is_some_and(|h| h.get(v.index()) == Some(&false)) };
-        let is_held =
-            |v: Val| -> bool { self.hold.is_some_and(|h| h.get(v.index()) == Some(&true)) };
         state.clear();
         state.extend(self.chains.iter().map(|c| ChainState {
             left: c.segs.first().map_or(0, |s| s.1.len()),
@@ -2656,22 +2624,13 @@ impl Sim<'_> {
                     p.acc_at == Some(t) || avail[pe].get(&p.val).is_some_and(|at| at <= t)
                 };
                 let mut pick: Option<(i64, usize)> = None;
-                let holding = early_left.get(pe).is_some_and(|&k| k > 0);
                 for (k, w) in links[pe].words.iter().enumerate() {
-                    if pick.is_none_or(|(prio, _)| w.prio > prio)
-                        && here(w)
-                        && !(holding && is_held(w.val))
-                    {
+                    if pick.is_none_or(|(prio, _)| w.prio > prio) && here(w) {
                         pick = Some((w.prio, k));
                     }
                 }
                 if let Some((_, k)) = pick {
                     let w = links[pe].take(k);
-                    if is_early(w.val) {
-                        if let Some(k) = early_left.get_mut(pe) {
-                            *k = k.saturating_sub(1);
-                        }
-                    }
                     let to = if pe + 1 == m { 0 } else { pe + 1 };
                     // A word can reach a PE by two routes (a score that is also a row's first
                     // partial maximum): the second is not sent again, only its onward hops kept.
