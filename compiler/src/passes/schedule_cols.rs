@@ -442,15 +442,18 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
 /// PEs per row, the lanes above either gather all `n²` scores into few softmax PEs or (the row
 /// dataflow) send each cut row's maximum and sum round the whole ring: 32 tokens, `d = 8`, 4
 /// heads on 256 PEs take 966 cycles with the row dataflow (every link carrying 784 words) and
-/// 676 with these lanes. Tried with separate q, k and v, no mask (causal rows tie: 559 against
-/// the split dataflow's 559), `2d ≤ n` (fewer rows gather fewer scores: 16 tokens, 4 heads on
-/// 256 PEs 336 against 318) and at least 2 PEs per row and head.
+/// 670 with these lanes. Tried with separate q, k and v, where the `2·n·d` words are no more
+/// than the unmasked scores (`2d ≤ n`, causal `4d ≤ n + 1`: fewer rows gather fewer scores,
+/// 16 tokens, 4 heads on 256 PEs took 332 against 318, causal 268 against 199) and at least 2
+/// PEs per row and head.
 fn pair_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     let (n, d) = (p.tokens, p.dim.max(1));
+    // Each link carries the head's `2·n·d` k and v words, where lanes gathering a head's
+    // scores into few softmax PEs put its unmasked scores on one link.
+    let weights: u64 = (0..n).map(|a| u64::from(p.keys_in_row(a))).sum();
     if p.symmetric
         || p.shared_values
-        || p.causal
-        || 2 * u64::from(d) > u64::from(n)
+        || 2 * u64::from(n) * u64::from(d) > weights
         || p.necessary_ops() > AUTO_OPS
         || pes / (p.heads * n).max(1) < 2
     {
