@@ -1312,7 +1312,7 @@ fn simulate<B: Book>(
         // together), below every computed word, so that a lane's scores fill the gaps the
         // previous lane's left in the stream; the v words below all of them.
         if layout.keys_first {
-            let seq = i64::from(plan.seq.get(i).copied().unwrap_or(0));
+            let seq = i64::try_from(plan.seq.get(i).copied().unwrap_or(0)).unwrap_or(first);
             let late = plan.late.get(i) == Some(&true);
             return (pe, v, if late { -4 * first } else { -2 * first } - seq);
         }
@@ -1381,7 +1381,7 @@ struct Plan {
     /// Which of `preloaded` are v words (`Layout::keys_first` sends them last).
     late: Vec<bool>,
     /// Each of `preloaded`'s place in a row-major order of its tensor (`Layout::keys_first`).
-    seq: Vec<u32>,
+    seq: Vec<u64>,
     /// Longest path from each task to the end.
     tail: Vec<i64>,
     /// Softmax work, which a `softmax_first` variant runs before any product.
@@ -1940,7 +1940,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     let mut reach: HashMap<Val, u32> = HashMap::default();
     let mut preloaded: Vec<(u32, Val)> = Vec::new();
     let mut late: Vec<bool> = Vec::new();
-    let mut seq: Vec<u32> = Vec::new();
+    let mut seq: Vec<u64> = Vec::new();
     let mut elems: Vec<(&Element, &Vec<u32>)> = uses.iter().collect();
     elems.sort_by_key(|(e, _)| (e.tensor as u8, e.head, e.row, e.col));
     let mut val_of: HashMap<Element, Val> = HashMap::default();
@@ -1980,7 +1980,9 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         reach.insert(v, far);
         preloaded.push((home, v));
         late.push(e.tensor == Tensor::V);
-        seq.push((e.head * n + e.row) * d + e.col);
+        seq.push(
+            (u64::from(e.head) * u64::from(n) + u64::from(e.row)) * u64::from(d) + u64::from(e.col),
+        );
     }
     for (t, second, e) in input_of {
         let Some(&v) = val_of.get(&e) else {
