@@ -131,6 +131,27 @@ fn row_lanes_beat_the_row_dataflow_where_keys_stream_cheaper_than_scores_gather(
     );
 }
 
+/// A lane per row of two PEs (scores on one, softmax and half the outputs on the other), the
+/// k and v rows streamed one way through a head's lanes, k rows first: with 32 tokens, d = 8
+/// (two PEs per row and head) `auto` kept the row dataflow before it, 966 cycles with 4 heads
+/// on 256 PEs (cols 1171) and 713 with one head on 64 PEs, and causal with one head on 256
+/// PEs the split dataflow's 581; the lanes took 670, 669 and 556 when they were added. Proved
+/// and run by `check`, which also holds `auto` to no more than the cols dataflow.
+#[test]
+fn pair_lanes_stream_keys_first_where_heads_have_two_pes_per_row() {
+    for (m, heads, scheme, before) in [
+        (256, 4, Scheme::Separate, 966),
+        (64, 1, Scheme::Separate, 713),
+        (256, 1, Scheme::Causal, 581),
+    ] {
+        let cols = check(32, 8, m, heads, scheme, true);
+        assert!(
+            cols < before,
+            "32 tokens, d = 8, {heads} heads, {scheme:?} on {m} PEs: cols {cols} against {before}"
+        );
+    }
+}
+
 /// On large rings the softmax PEs are also tried at more than the estimate's count: with
 /// q = k = v, 8 tokens, d = 64 on 256 PEs the lane whose weights go round the ring to the q/k
 /// PEs took 426 cycles with the estimate's counts (two softmax PEs and fewer), 419 with eight.

@@ -173,6 +173,9 @@ struct Layout {
     /// cut from one row-major sequence; 2: each run as wide as the row's share of the ring, so
     /// that scores land on every PE.
     forward: u8,
+    /// The inputs go over the links in row-major order below every computed word, the v words
+    /// last (see [`run_apart_keys_first`]).
+    keys_first: bool,
 }
 
 /// One lane of the cols dataflow: `r1` PEs holding the q and k columns (the scores' partial
@@ -217,6 +220,12 @@ pub(crate) struct Apart {
     /// 2 softmax PEs and 6 v PEs each doing a sixth of phase 3, where whole columns leave one
     /// PE two of them.
     pub(crate) cut3: bool,
+    /// With `local_v` and `keep_v > 0`, only columns `c < keep_v` of a row's outputs
+    /// accumulate on its softmax PE; the others on the PE after the lane (the next lane's
+    /// first), which the v rows pass anyway, the weights going one hop on. With a lane per row
+    /// of a q/k PE and a softmax PE, the softmax PE would otherwise do all `n·d` products of
+    /// its row after its softmax, while the next row's q/k PE, done with its scores, idles.
+    pub(crate) keep_v: u32,
 }
 
 impl Apart {
@@ -232,6 +241,7 @@ impl Apart {
             near: 0,
             frac: false,
             cut3: false,
+            keep_v: 0,
         }
     }
 
@@ -313,6 +323,7 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
             mirror,
             apart: None,
             forward: 0,
+            keys_first: false,
         })
         .collect();
     let usual = explore(p, m, &bases, variants);
@@ -370,6 +381,47 @@ pub(crate) fn run_apart(
             mirror: false,
             apart: Some(apart),
             forward: 0,
+            keys_first: false,
+        })
+        .collect();
+    explore(p, m, &bases, variants)
+}
+
+/// [`run_apart`] with the inputs streamed in order (`Layout::keys_first`): every link sends
+/// the preloaded words other than v in row-major order, below every computed word, and the v
+/// words, likewise ordered, below those. For lanes whose k and v rows
+/// flow one way through a head's lanes (`schedule_cols::pair_lanes`): by urgency alone a link
+/// sent the words in a shuffled order and filled every gap with v words, so a lane's scores,
+/// sent on the same links, pushed the k rows behind them back lane after lane (32 tokens,
+/// `d = 8`, 4 heads on 256 PEs: 762 cycles, the last lanes' scores done near cycle 465). In
+/// order, a lane's score leaves the stream at its softmax PE and the next lane's takes its slot,
+/// so the k rows pass at 8 words in 9 and the v rows follow (670 cycles; 676 when a link also
+/// held its v words back until it had sent every other input).
+pub(crate) fn run_apart_keys_first(
+    p: &Problem,
+    pes: u32,
+    parts: &[(u32, Apart)],
+) -> Result<RingSchedule, Vec<ScheduleError>> {
+    let m = pes.max(1);
+    let few_tokens = p.tokens < 2 * m;
+    let large = p.necessary_ops() > LARGE_OPS;
+    let variants: &[(i64, bool)] = if few_tokens && !large {
+        &[(64, false), (4, false), (0, false)]
+    } else {
+        &[(64, false)]
+    };
+    let bases: Vec<Layout> = parts
+        .iter()
+        .map(|&(groups, apart)| Layout {
+            groups,
+            all_heads_on_ring: false,
+            row_weight: 0,
+            softmax_first: false,
+            soft: apart.soft,
+            mirror: false,
+            apart: Some(apart),
+            forward: 0,
+            keys_first: true,
         })
         .collect();
     explore(p, m, &bases, variants)
@@ -1250,10 +1302,21 @@ fn simulate<B: Book>(
     // first, before partial sums in flight. They are few, a column's rows per cut.
     let neighbours_first = layout.apart.is_some_and(|a| a.frac);
     let first = (plan.tasks.len() as i64 + 1) * 8;
-    preloaded.extend(plan.preloaded.iter().map(|&(pe, v)| {
+    preloaded.extend(plan.preloaded.iter().enumerate().map(|(i, &(pe, v))| {
         if neighbours_first && plan.reach.get(v.index()) == Some(&1) {
             return (pe, v, first);
         }
+        // Below every other word (priorities stay within `±first`), most urgent first among
+        // themselves.
+        // With `keys_first` the inputs go in a fixed order, row by row (a key's words
+        // together), below every computed word, so that a lane's scores fill the gaps the
+        // previous lane's left in the stream; the v words below all of them.
+        if layout.keys_first {
+            let seq = i64::try_from(plan.seq.get(i).copied().unwrap_or(0)).unwrap_or(first);
+            let late = plan.late.get(i) == Some(&true);
+            return (pe, v, if late { -4 * first } else { -2 * first } - seq);
+        }
+
         let u = plan
             .readers
             .of_word(v)
@@ -1315,6 +1378,10 @@ struct Plan {
     /// Hops each value travels from where it appears, by value index.
     reach: Vec<u32>,
     preloaded: Vec<(u32, Val)>,
+    /// Which of `preloaded` are v words (`Layout::keys_first` sends them last).
+    late: Vec<bool>,
+    /// Each of `preloaded`'s place in a row-major order of its tensor (`Layout::keys_first`).
+    seq: Vec<u64>,
     /// Longest path from each task to the end.
     tail: Vec<i64>,
     /// Softmax work, which a `softmax_first` variant runs before any product.
@@ -1822,6 +1889,9 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             let lane = g.lane(h, a);
             for c in 0..d {
                 let pe = match g.apart {
+                    Some(ap) if ap.local_v && ap.keep_v > 0 && c >= ap.keep_v => {
+                        (g.start(lane) + ap.len()) % m
+                    }
                     Some(ap) if ap.local_v => g.land(lane, lane_row[(h * n + a) as usize]),
                     _ => g.p3_out(lane, h, a, c),
                 };
@@ -1869,6 +1939,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     let mut inputs = Inputs::new(*p);
     let mut reach: HashMap<Val, u32> = HashMap::default();
     let mut preloaded: Vec<(u32, Val)> = Vec::new();
+    let mut late: Vec<bool> = Vec::new();
+    let mut seq: Vec<u64> = Vec::new();
     let mut elems: Vec<(&Element, &Vec<u32>)> = uses.iter().collect();
     elems.sort_by_key(|(e, _)| (e.tensor as u8, e.head, e.row, e.col));
     let mut val_of: HashMap<Element, Val> = HashMap::default();
@@ -1907,6 +1979,10 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         val_of.insert(*e, v);
         reach.insert(v, far);
         preloaded.push((home, v));
+        late.push(e.tensor == Tensor::V);
+        seq.push(
+            (u64::from(e.head) * u64::from(n) + u64::from(e.row)) * u64::from(d) + u64::from(e.col),
+        );
     }
     for (t, second, e) in input_of {
         let Some(&v) = val_of.get(&e) else {
@@ -1967,6 +2043,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         tasks,
         reach: dense_reach,
         preloaded,
+        late,
+        seq,
         tail,
         eager,
         gates,
