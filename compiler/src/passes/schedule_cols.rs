@@ -114,6 +114,8 @@ impl Scheduler for Cols {
             }]);
         }
         let mut s = schedule_split::run_apart(p, pes, &parts)?;
+        // The lanes of the run that gave `s` (for [`pairs_by_smaller_row`]).
+        let mut won = parts.clone();
         // A run of its own, so the lanes above keep their retries and search budget and no
         // layer can lose the schedule it had; the shorter one is kept.
         let overlapped = overlapped(p, pes);
@@ -121,6 +123,7 @@ impl Scheduler for Cols {
             if let Ok(o) = schedule_split::run_apart(p, pes, &overlapped) {
                 if o.cycles() < s.cycles() {
                     s = o;
+                    won = overlapped.clone();
                 }
             }
         }
@@ -131,6 +134,7 @@ impl Scheduler for Cols {
             if let Ok(o) = schedule_split::run_apart(p, pes, &softs) {
                 if o.cycles() < s.cycles() {
                     s = o;
+                    won = softs.clone();
                 }
             }
         }
@@ -140,6 +144,7 @@ impl Scheduler for Cols {
             if let Ok(o) = schedule_split::run_apart(p, pes, &local) {
                 if o.cycles() < s.cycles() {
                     s = o;
+                    won = local.clone();
                 }
             }
         }
@@ -149,6 +154,7 @@ impl Scheduler for Cols {
             if let Ok(o) = schedule_split::run_apart(p, pes, &cut) {
                 if o.cycles() < s.cycles() {
                     s = o;
+                    won = cut.clone();
                 }
             }
         }
@@ -166,6 +172,7 @@ impl Scheduler for Cols {
             if let Ok(o) = schedule_split::run_apart(p, pes, &near) {
                 if o.cycles() < s.cycles() {
                     s = o;
+                    won = near.clone();
                 }
             }
         }
@@ -173,6 +180,16 @@ impl Scheduler for Cols {
         let frac = frac_lanes(p, pes);
         if !frac.is_empty() {
             if let Ok(o) = schedule_split::run_apart(p, pes, &frac) {
+                if o.cycles() < s.cycles() {
+                    s = o;
+                    won = frac.clone();
+                }
+            }
+        }
+        // Likewise for the winning lanes with each q = k pair computed with its smaller row.
+        let smaller = pairs_by_smaller_row(p, &won);
+        if !smaller.is_empty() {
+            if let Ok(o) = schedule_split::run_apart(p, pes, &smaller) {
                 if o.cycles() < s.cycles() {
                     s = o;
                 }
@@ -573,6 +590,36 @@ fn frac_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         }
     }
     out
+}
+
+/// With q = k and no mask, `lanes` with each pair's score computed with its smaller row
+/// (`Apart::smaller_row`); empty for other layers and for fractional lanes. Computed with its
+/// larger row, as the other lanes do, a pair waits for the later of its two rows, so row 0's
+/// last score is row `n − 1`'s turn and no row's softmax starts before phase 1 ends: on the
+/// lanes whose weights go on round the ring to the q/k PEs the whole trip round the ring then
+/// follows phase 1 (16 tokens, `d = 64` on 256 PEs: first weight at cycle 204, 713 cycles).
+/// With its smaller row, row `a` computes the `n − a` pairs from `a` on, so row 0's scores
+/// are done after `n` of them and the rows complete one after another (641 cycles there). It
+/// is a run of its own over the lanes that gave the schedule, kept only when shorter: the
+/// rows' work is front-loaded (row 0 has `n` scores, the last row one), and on some lanes
+/// that costs more than it gains (2 tokens, `d = 128`, 4 heads on 256 PEs: 297 → 310).
+fn pairs_by_smaller_row(p: &Problem, lanes: &[(u32, Apart)]) -> Vec<(u32, Apart)> {
+    if !p.symmetric || p.causal {
+        return Vec::new();
+    }
+    lanes
+        .iter()
+        .filter(|(_, lane)| !lane.frac)
+        .map(|&(groups, lane)| {
+            (
+                groups,
+                Apart {
+                    smaller_row: true,
+                    ..lane
+                },
+            )
+        })
+        .collect()
 }
 
 fn frac_lane(r1: u64, soft: u64, r3: u64) -> Apart {

@@ -217,6 +217,11 @@ pub(crate) struct Apart {
     /// 2 softmax PEs and 6 v PEs each doing a sixth of phase 3, where whole columns leave one
     /// PE two of them.
     pub(crate) cut3: bool,
+    /// With q = k and no mask, each pair's score is computed with its smaller row rather than
+    /// its larger one (see [`pairs_by_smaller`]): row `a` then computes `n − a` scores, all its
+    /// own but the first `a`, so rows complete one after another from the first instead of all
+    /// at the end of phase 1.
+    pub(crate) smaller_row: bool,
 }
 
 impl Apart {
@@ -232,6 +237,7 @@ impl Apart {
             near: 0,
             frac: false,
             cut3: false,
+            smaller_row: false,
         }
     }
 
@@ -799,7 +805,9 @@ impl Geometry {
         // Rows cut into groups of about equal weight count (row a has a + 1 under a mask, or
         // when q = k pairs are counted once, by their larger row).
         let per_row = |a: u32| -> u64 {
-            if p.causal || (p.symmetric && !layout.mirror) {
+            if p.symmetric && !p.causal && !layout.mirror && pairs_by_smaller(layout) {
+                u64::from(n - a)
+            } else if p.causal || (p.symmetric && !layout.mirror) {
                 u64::from(a) + 1
             } else {
                 u64::from(n)
@@ -968,6 +976,12 @@ impl Geometry {
         }
         out
     }
+}
+
+/// Whether a q = k layer's pairs go with their smaller row ([`Apart::smaller_row`]); never on
+/// fractional lanes, whose cut counts a row's scores by its larger row.
+fn pairs_by_smaller(layout: Layout) -> bool {
+    layout.apart.is_some_and(|a| a.smaller_row && !a.frac)
 }
 
 /// Lane offsets of every phase-1 and phase-3 `(column, row)` with fractional columns (see
@@ -1503,8 +1517,11 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     // Scores: one chain per distinct score, landing balanced over the ring (one lane) or on the
     // lane's softmax PE.
     let pairs = p.symmetric && !p.causal && !layout.mirror;
+    let by_smaller = pairs && pairs_by_smaller(layout);
     let pairs_of = |a: u32| -> Vec<u32> {
-        if p.causal || pairs {
+        if by_smaller {
+            (a..n).collect()
+        } else if p.causal || pairs {
             (0..=a).collect()
         } else {
             (0..n).collect()
@@ -1613,7 +1630,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             let lane = g.lane(h, a);
             let blocks = g.blocks_row(lane, Some(a));
             for bcol in pairs_of(a) {
-                // With q = k (no mask) the pair {bcol, a} is computed once, as (a, bcol), bcol ≤ a.
+                // With q = k (no mask) the pair {bcol, a} is computed once, as (a, bcol), with
+                // bcol ≤ a (bcol ≥ a by the smaller row).
                 let (qa, kb) = (a, bcol);
                 let order: Vec<(u32, Vec<u32>)> = if g.ring {
                     // Land where the exponential is (or the maximum's term, laid forward):
