@@ -358,8 +358,8 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
 /// smaller row, in a run of its own (so that the runs above keep their budgets and no layer
 /// gets slower). With its larger row, as above, row 0's last score is computed in row
 /// `n − 1`'s turn, so no row's softmax starts before phase 1 ends; with its smaller row, row
-/// `a` computes the `n − a` pairs from `a` on and rows complete one after another (2 tokens
-/// short of that, 8 tokens, `d = 64`, 4 heads on 64 PEs: 596 → 485 cycles).
+/// `a` computes the `n − a` pairs from `a` on and rows complete one after another (8 tokens,
+/// `d = 64`, 4 heads on 64 PEs: 596 → 485 cycles).
 fn by_smaller_row(
     p: &Problem,
     m: u32,
