@@ -63,6 +63,9 @@ const CUT_MAX_PES: u64 = 32;
 /// roughly, and a run's cost is mostly its search, which only its best layout gets.
 const NEAR_LANES: usize = 3;
 
+/// Multiples of a winning lane's softmax count that [`pairs_by_smaller_row`] tries.
+const SMALLER_ROW_SOFT: [u32; 4] = [1, 2, 4, 8];
+
 /// The registry's handle on this pass.
 pub struct Cols;
 
@@ -114,6 +117,8 @@ impl Scheduler for Cols {
             }]);
         }
         let mut s = schedule_split::run_apart(p, pes, &parts)?;
+        // The lanes of the run that gave `s` (for [`pairs_by_smaller_row`]).
+        let mut won = parts.clone();
         // A run of its own, so the lanes above keep their retries and search budget and no
         // layer can lose the schedule it had; the shorter one is kept.
         let overlapped = overlapped(p, pes);
@@ -121,6 +126,7 @@ impl Scheduler for Cols {
             if let Ok(o) = schedule_split::run_apart(p, pes, &overlapped) {
                 if o.cycles() < s.cycles() {
                     s = o;
+                    won = overlapped.clone();
                 }
             }
         }
@@ -131,6 +137,7 @@ impl Scheduler for Cols {
             if let Ok(o) = schedule_split::run_apart(p, pes, &softs) {
                 if o.cycles() < s.cycles() {
                     s = o;
+                    won = softs.clone();
                 }
             }
         }
@@ -140,6 +147,7 @@ impl Scheduler for Cols {
             if let Ok(o) = schedule_split::run_apart(p, pes, &local) {
                 if o.cycles() < s.cycles() {
                     s = o;
+                    won = local.clone();
                 }
             }
         }
@@ -149,6 +157,7 @@ impl Scheduler for Cols {
             if let Ok(o) = schedule_split::run_apart(p, pes, &cut) {
                 if o.cycles() < s.cycles() {
                     s = o;
+                    won = cut.clone();
                 }
             }
         }
@@ -166,6 +175,7 @@ impl Scheduler for Cols {
             if let Ok(o) = schedule_split::run_apart(p, pes, &near) {
                 if o.cycles() < s.cycles() {
                     s = o;
+                    won = near.clone();
                 }
             }
         }
@@ -183,6 +193,16 @@ impl Scheduler for Cols {
         let frac = frac_lanes(p, pes);
         if !frac.is_empty() {
             if let Ok(o) = schedule_split::run_apart(p, pes, &frac) {
+                if o.cycles() < s.cycles() {
+                    s = o;
+                    won = frac.clone();
+                }
+            }
+        }
+        // Likewise for the winning lanes with each q = k pair computed with its smaller row.
+        let smaller = pairs_by_smaller_row(p, pes, &won);
+        if !smaller.is_empty() {
+            if let Ok(o) = schedule_split::run_apart(p, pes, &smaller) {
                 if o.cycles() < s.cycles() {
                     s = o;
                 }
@@ -617,6 +637,49 @@ fn frac_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         let lane = (1, frac_lane(r1, soft, r3));
         if est(r1, soft, r3) < whole && !out.contains(&lane) {
             out.push(lane);
+        }
+    }
+    out
+}
+
+/// With q = k and no mask, `lanes` with each pair's score computed with its smaller row
+/// (`Apart::smaller_row`); empty for other layers and for fractional lanes. Computed with its
+/// larger row, as the other lanes do, a pair waits for the later of its two rows, so row 0's
+/// last score is row `n − 1`'s turn and no row's softmax starts before phase 1 ends: on the
+/// lanes whose weights go on round the ring to the q/k PEs the whole trip round the ring then
+/// follows phase 1 (16 tokens, `d = 64` on 256 PEs: first weight at cycle 204, 713 cycles).
+/// With its smaller row, row `a` computes the `n − a` pairs from `a` on, so row 0's scores
+/// are done after `n` of them and the rows complete one after another (641 cycles there). It
+/// is a run of its own over the lanes that gave the schedule, kept only when shorter: the
+/// rows' work is front-loaded (row 0 has `n` scores, the last row one), and on some lanes
+/// that costs more than it gains (2 tokens, `d = 128`, 4 heads on 256 PEs: 297 → 310).
+///
+/// Each lane also comes with [`SMALLER_ROW_SOFT`] times its softmax PEs, as far as its rows
+/// and its head's share of the ring allow: with rows completing early their softmax work
+/// overlaps phase 1, and more softmax PEs let several rows' weights leave at once (8 tokens,
+/// `d = 64` on 256 PEs: 415 cycles at 2 softmax PEs, 387 at 4; 12 tokens, 4 heads: 997 at 1 a
+/// head, 962 at 4).
+fn pairs_by_smaller_row(p: &Problem, pes: u32, lanes: &[(u32, Apart)]) -> Vec<(u32, Apart)> {
+    if !p.symmetric || p.causal {
+        return Vec::new();
+    }
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    for &(groups, lane) in lanes.iter().filter(|(_, lane)| !lane.frac) {
+        let rows = p.tokens.div_ceil(groups.max(1));
+        let room = (pes / (p.heads * groups).max(1)).saturating_sub(lane.r1 + lane.r3);
+        for k in SMALLER_ROW_SOFT {
+            let soft = (lane.soft * k).min(rows).min(room).max(lane.soft);
+            let c = (
+                groups,
+                Apart {
+                    smaller_row: true,
+                    soft,
+                    ..lane
+                },
+            );
+            if !out.contains(&c) {
+                out.push(c);
+            }
         }
     }
     out
