@@ -401,6 +401,16 @@ pub(crate) fn run_apart(
     pes: u32,
     parts: &[(u32, Apart)],
 ) -> Result<RingSchedule, Vec<ScheduleError>> {
+    apart_explored(p, pes, parts, false)
+}
+
+/// The cols dataflow's bases explored, the inputs in a fixed order or not (`Layout::keys_first`).
+fn apart_explored(
+    p: &Problem,
+    pes: u32,
+    parts: &[(u32, Apart)],
+    keys_first: bool,
+) -> Result<RingSchedule, Vec<ScheduleError>> {
     let m = pes.max(1);
     let few_tokens = p.tokens < 2 * m;
     let large = p.necessary_ops() > LARGE_OPS;
@@ -422,7 +432,7 @@ pub(crate) fn run_apart(
             mirror: false,
             apart: Some(apart),
             forward: 0,
-            keys_first: false,
+            keys_first,
             smaller_row: false,
         })
         .collect();
@@ -444,30 +454,7 @@ pub(crate) fn run_apart_keys_first(
     pes: u32,
     parts: &[(u32, Apart)],
 ) -> Result<RingSchedule, Vec<ScheduleError>> {
-    let m = pes.max(1);
-    let few_tokens = p.tokens < 2 * m;
-    let large = p.necessary_ops() > LARGE_OPS;
-    let variants: &[(i64, bool)] = if few_tokens && !large {
-        &[(64, false), (4, false), (0, false)]
-    } else {
-        &[(64, false)]
-    };
-    let bases: Vec<Layout> = parts
-        .iter()
-        .map(|&(groups, apart)| Layout {
-            groups,
-            all_heads_on_ring: false,
-            row_weight: 0,
-            softmax_first: false,
-            soft: apart.soft,
-            mirror: false,
-            apart: Some(apart),
-            forward: 0,
-            keys_first: true,
-            smaller_row: false,
-        })
-        .collect();
-    explore(p, m, &bases, variants)
+    apart_explored(p, pes, parts, true)
 }
 
 /// Runs every base layout with each priority variant, then perturbed retries and the local
