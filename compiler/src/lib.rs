@@ -298,10 +298,11 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     }
     // Every candidate is scheduled and emitted, and the one with the fewest cycles among those
     // within the memory limit kept; ties go to less memory, then to the more specialised one.
-    let mut tried: Vec<manifest::CandidateInfo> = Vec::new();
     // Only the words a candidate's packing takes are weighed; its microcode is written only if
-    // it is kept, or ties a stream in cycles (then the sizes of the two decide).
+    // it is kept, or ties a stream in cycles (then the sizes of the two decide). The first field
+    // is the candidate's place in preference order.
     type Best = (
+        usize,
         &'static dyn Scheduler,
         schedule::RingSchedule,
         codegen::Packed,
@@ -316,7 +317,6 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     order.sort_by_key(|(i, alg)| (alg.stops_early(), *i));
     let mut stopped: Vec<manifest::StoppedInfo> = Vec::new();
     let mut built: Vec<(usize, manifest::CandidateInfo)> = Vec::new();
-    let mut best_at = usize::MAX;
     for (at, alg) in order {
         let internal = |errors: Vec<schedule::ScheduleError>| {
             CompileError::Internal(Internal::Schedule {
@@ -324,7 +324,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
                 errors,
             })
         };
-        let limit = best.as_ref().map_or(usize::MAX, |(_, b, _)| b.cycles());
+        let limit = best.as_ref().map_or(usize::MAX, |(_, _, b, _)| b.cycles());
         let Some(s) = alg
             .schedule_within(&problem, opts.pes, limit)
             .map_err(internal)?
@@ -360,17 +360,16 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
         if fits
             && best
                 .as_ref()
-                .is_none_or(|(_, b, be)| key < (b.cycles(), packed_words(be), best_at))
+                .is_none_or(|(b_at, _, b, be)| key < (b.cycles(), packed_words(be), *b_at))
         {
-            best = Some((alg, s, e));
-            best_at = at;
+            best = Some((at, alg, s, e));
         }
     }
     built.sort_by_key(|(at, _)| *at);
-    tried.extend(built.into_iter().map(|(_, c)| c));
+    let mut tried: Vec<manifest::CandidateInfo> = built.into_iter().map(|(_, c)| c).collect();
     let unrolled = best
         .as_ref()
-        .map(|(_, b, e)| (b.cycles() as u64, packed_words(e)));
+        .map(|(_, _, b, e)| (b.cycles() as u64, packed_words(e)));
     let roomy = unrolled
         .filter(|_| competes && opts.mem_limit.is_none())
         .and_then(|(_, words)| build_stream(Some(words)))
@@ -407,7 +406,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     let fastest = streams
         .into_iter()
         .min_by_key(|s| (s.cycles, stream::max_words(s)));
-    let Some((chosen, schedule, packed)) = best else {
+    let Some((_, chosen, schedule, packed)) = best else {
         if let Some(s) = fastest {
             let reason = stream_reason(&tried);
             return finish_stream(

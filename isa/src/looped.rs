@@ -111,106 +111,58 @@ pub fn field(b: &Bundle, f: Field) -> Option<Addr> {
 /// Replaces the address in `field` of `b`; does nothing if the field is
 /// unused.
 pub fn set_field(b: &mut Bundle, f: Field, v: Addr) {
-    match f {
-        Field::OpA => {
-            if let Op::Arith(x) = &mut b.op {
-                x.a = v;
-            }
-        }
-        Field::OpB => {
-            if let Op::Arith(x) = &mut b.op {
-                if x.kind.info().reads == 2 {
-                    x.b = v;
-                }
-            }
-        }
-        Field::OpDst => {
-            if let Op::Arith(Arith { dst: Some(d), .. }) = &mut b.op {
-                *d = v;
-            }
-        }
-        Field::AccSrc => {
-            if let Acc::Add {
-                src: AccSrc::Mem(s),
-                ..
-            } = &mut b.acc
-            {
-                *s = v;
-            }
-        }
-        Field::AccDst => {
-            if let Acc::Add { dst: Some(d), .. } = &mut b.acc {
-                *d = v;
-            }
-        }
-        Field::XferSrc => {
-            if let Xfer::Send {
-                src: XferSrc::Mem(s),
-                ..
-            } = &mut b.xfer
-            {
-                *s = v;
-            }
-        }
-        Field::XferDst => {
-            if let Xfer::Send { dst, .. } = &mut b.xfer {
-                *dst = v;
-            }
-        }
+    if let Some(a) = field_mut(b, f) {
+        *a = v;
     }
 }
 
 /// Adds `v` to the address in `field` of `b`, wrapped to an address: [`set_field`] of
-/// [`field`] plus `v`, with one match. Does nothing if the field is unused.
+/// [`field`] plus `v`. Does nothing if the field is unused.
 #[inline]
 fn add_to_field(b: &mut Bundle, f: Field, v: i64) {
-    let add = |a: &mut Addr| *a = (i64::from(*a) + v) as Addr;
+    if let Some(a) = field_mut(b, f) {
+        *a = (i64::from(*a) + v) as Addr;
+    }
+}
+
+/// The address in `field` of `b`, to change in place; `None` where [`field`] is `None`.
+#[inline]
+fn field_mut(b: &mut Bundle, f: Field) -> Option<&mut Addr> {
     match f {
-        Field::OpA => {
-            if let Op::Arith(x) = &mut b.op {
-                add(&mut x.a);
-            }
-        }
-        Field::OpB => {
-            if let Op::Arith(x) = &mut b.op {
-                if x.kind.info().reads == 2 {
-                    add(&mut x.b);
-                }
-            }
-        }
-        Field::OpDst => {
-            if let Op::Arith(Arith { dst: Some(d), .. }) = &mut b.op {
-                add(d);
-            }
-        }
-        Field::AccSrc => {
-            if let Acc::Add {
+        Field::OpA => match &mut b.op {
+            Op::Arith(x) => Some(&mut x.a),
+            Op::Nop => None,
+        },
+        Field::OpB => match &mut b.op {
+            Op::Arith(x) if x.kind.info().reads == 2 => Some(&mut x.b),
+            _ => None,
+        },
+        Field::OpDst => match &mut b.op {
+            Op::Arith(Arith { dst: Some(d), .. }) => Some(d),
+            _ => None,
+        },
+        Field::AccSrc => match &mut b.acc {
+            Acc::Add {
                 src: AccSrc::Mem(s),
                 ..
-            } = &mut b.acc
-            {
-                add(s);
-            }
-        }
-        Field::AccDst => {
-            if let Acc::Add { dst: Some(d), .. } = &mut b.acc {
-                add(d);
-            }
-        }
-        Field::XferSrc => {
-            if let Xfer::Send {
+            } => Some(s),
+            _ => None,
+        },
+        Field::AccDst => match &mut b.acc {
+            Acc::Add { dst: Some(d), .. } => Some(d),
+            _ => None,
+        },
+        Field::XferSrc => match &mut b.xfer {
+            Xfer::Send {
                 src: XferSrc::Mem(s),
                 ..
-            } = &mut b.xfer
-            {
-                add(s);
-            }
-        }
-        Field::XferDst => {
-            if let Xfer::Send { dst, .. } = &mut b.xfer {
-                add(dst);
-            }
-        }
+            } => Some(s),
+            _ => None,
+        },
+        Field::XferDst => match &mut b.xfer {
+            Xfer::Send { dst, .. } => Some(dst),
+            Xfer::Nop => None,
+        },
     }
 }
 

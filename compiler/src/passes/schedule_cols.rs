@@ -116,52 +116,25 @@ impl Scheduler for Cols {
                 what: format!("no lane of 3 PEs per head fits {pes} PEs"),
             }]);
         }
-        let mut s = schedule_split::run_apart(p, pes, &parts)?;
-        // The lanes of the run that gave `s` (for [`pairs_by_smaller_row`]).
-        let mut won = parts.clone();
-        // A run of its own, so the lanes above keep their retries and search budget and no
-        // layer can lose the schedule it had; the shorter one is kept.
-        let overlapped = overlapped(p, pes);
-        if !overlapped.is_empty() {
-            if let Ok(o) = schedule_split::run_apart(p, pes, &overlapped) {
-                if o.cycles() < s.cycles() {
-                    s = o;
-                    won = overlapped.clone();
-                }
-            }
-        }
-        // Likewise for every other softmax count of the lanes above (a run of its own for the
-        // same reason).
-        let softs = other_softmax_counts(p, pes, &parts);
-        if !softs.is_empty() {
-            if let Ok(o) = schedule_split::run_apart(p, pes, &softs) {
-                if o.cycles() < s.cycles() {
-                    s = o;
-                    won = softs.clone();
-                }
-            }
-        }
-        // Likewise for the lanes with each row's outputs on its own softmax PE.
-        let local = local_v_lanes(p, pes);
-        if !local.is_empty() {
-            if let Ok(o) = schedule_split::run_apart(p, pes, &local) {
-                if o.cycles() < s.cycles() {
-                    s = o;
-                    won = local.clone();
-                }
-            }
-        }
-        // Likewise for the lanes with phase 3 cut by outputs over the v PEs.
-        let cut = cut_lanes(p, pes);
-        if !cut.is_empty() {
-            if let Ok(o) = schedule_split::run_apart(p, pes, &cut) {
-                if o.cycles() < s.cycles() {
-                    s = o;
-                    won = cut.clone();
-                }
-            }
-        }
-        // Likewise for the lanes whose columns split between the two ways of reaching phase 3.
+        // The shortest schedule so far and the lanes of the run that gave it (for
+        // [`pairs_by_smaller_row`]).
+        let mut best = (schedule_split::run_apart(p, pes, &parts)?, parts.clone());
+        // Each other kind of lane in a run of its own, so the lanes above keep their retries
+        // and search budget and no layer can lose the schedule it had; the shorter one is kept.
+        keep_shorter(p, pes, &mut best, overlapped(p, pes), false);
+        // Every other softmax count of the lanes above.
+        keep_shorter(
+            p,
+            pes,
+            &mut best,
+            other_softmax_counts(p, pes, &parts),
+            false,
+        );
+        // The lanes with each row's outputs on its own softmax PE.
+        keep_shorter(p, pes, &mut best, local_v_lanes(p, pes), false);
+        // The lanes with phase 3 cut by outputs over the v PEs.
+        keep_shorter(p, pes, &mut best, cut_lanes(p, pes), false);
+        // The lanes whose columns split between the two ways of reaching phase 3.
         let count = if p.necessary_ops() > LARGE_OPS {
             1
         } else {
@@ -171,45 +144,41 @@ impl Scheduler for Cols {
             .into_iter()
             .map(|(_, groups, lane)| (groups, lane))
             .collect();
-        if !near.is_empty() {
-            if let Ok(o) = schedule_split::run_apart(p, pes, &near) {
-                if o.cycles() < s.cycles() {
-                    s = o;
-                    won = near.clone();
-                }
-            }
-        }
-        // Likewise for the lanes of a q/k PE and a softmax PE per row, the inputs streamed in
-        // order.
-        let pairs = pair_lanes(p, pes);
-        if !pairs.is_empty() {
-            if let Ok(o) = schedule_split::run_apart_keys_first(p, pes, &pairs) {
-                if o.cycles() < s.cycles() {
-                    s = o;
-                }
-            }
-        }
-        // Likewise for the lanes with fractional columns.
-        let frac = frac_lanes(p, pes);
-        if !frac.is_empty() {
-            if let Ok(o) = schedule_split::run_apart(p, pes, &frac) {
-                if o.cycles() < s.cycles() {
-                    s = o;
-                    won = frac.clone();
-                }
-            }
-        }
-        // Likewise for the winning lanes with each q = k pair computed with its smaller row.
-        let smaller = pairs_by_smaller_row(p, pes, &won);
-        if !smaller.is_empty() {
-            if let Ok(o) = schedule_split::run_apart(p, pes, &smaller) {
-                if o.cycles() < s.cycles() {
-                    s = o;
-                }
-            }
-        }
+        keep_shorter(p, pes, &mut best, near, false);
+        // The lanes of a q/k PE and a softmax PE per row, the inputs streamed in order.
+        keep_shorter(p, pes, &mut best, pair_lanes(p, pes), true);
+        // The lanes with fractional columns.
+        keep_shorter(p, pes, &mut best, frac_lanes(p, pes), false);
+        // The winning lanes with each q = k pair computed with its smaller row.
+        let smaller = pairs_by_smaller_row(p, pes, &best.1);
+        keep_shorter(p, pes, &mut best, smaller, false);
+        let mut s = best.0;
         s.algorithm = NAME;
         Ok(s)
+    }
+}
+
+/// `lanes` run (their inputs streamed in a fixed order with `keys_first`), kept in `best` with
+/// them if shorter; nothing to do for no lanes.
+fn keep_shorter(
+    p: &Problem,
+    pes: u32,
+    best: &mut (RingSchedule, Vec<(u32, Apart)>),
+    lanes: Vec<(u32, Apart)>,
+    keys_first: bool,
+) {
+    if lanes.is_empty() {
+        return;
+    }
+    let run = if keys_first {
+        schedule_split::run_apart_keys_first
+    } else {
+        schedule_split::run_apart
+    };
+    if let Ok(o) = run(p, pes, &lanes) {
+        if o.cycles() < best.0.cycles() {
+            *best = (o, lanes);
+        }
     }
 }
 
