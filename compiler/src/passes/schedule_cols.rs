@@ -66,10 +66,6 @@ const NEAR_LANES: usize = 3;
 /// Multiples of a winning lane's softmax count that [`pairs_by_smaller_row`] tries.
 const SMALLER_ROW_SOFT: [u32; 4] = [1, 2, 4, 8];
 
-/// [`soft_columns`] tries `far / k` columns on the softmax PE for each `k` here (`far` the
-/// columns whose phase 3 is apart).
-const SOFT_COLUMNS: [u64; 3] = [32, 16, 8];
-
 /// The registry's handle on this pass.
 pub struct Cols;
 
@@ -673,8 +669,12 @@ fn pairs_by_smaller_row(p: &Problem, pes: u32, lanes: &[(u32, Apart)]) -> Vec<(u
 /// still fits in the time the remaining words take to cross.
 fn soft_columns(p: &Problem, won: (u32, Apart)) -> Vec<(u32, Apart)> {
     let (groups, lane) = won;
+    // Not with `near` columns: their weights' trip round the ring sets the pace there, and
+    // the softmax PE's products only delay the weights (4 tokens, `d = 128` on 256 PEs: 347
+    // cycles, 397 with 4 columns on the softmax PE).
     if !p.shared_values
         || groups != 1
+        || lane.near > 0
         || lane.r3 == 0
         || lane.frac
         || lane.cut3
@@ -693,12 +693,15 @@ fn soft_columns(p: &Problem, won: (u32, Apart)) -> Vec<(u32, Apart)> {
     };
     // Maximum (safe), exponential and division per weight.
     let softmax = (2 + u64::from(p.safe())) * weights;
-    let far = d.saturating_sub(u64::from(lane.near));
+    // The most columns for which `r1 + softmax + k·(scores + weights)`, the softmax PE's
+    // work from the first score's arrival, stays within `n·(d − k) + weights`, the words
+    // still crossing; then two thirds and a third of that (measured on 2 to 4 tokens, `d = 64`
+    // and 128, on 256 PEs, the best count was at or below the estimate's).
+    let room = (n * d + weights).saturating_sub(u64::from(lane.r1) + softmax);
+    let most = room / (scores + weights + n).max(1);
     let mut out: Vec<(u32, Apart)> = Vec::new();
-    for k in SOFT_COLUMNS.map(|div| (far / div).max(1)) {
-        let work = u64::from(lane.r1) + softmax + k * (scores + weights);
-        let link = n * far.saturating_sub(k) + scores.max(weights);
-        if k >= far || work > link {
+    for k in [most, (2 * most).div_ceil(3), most.div_ceil(3)] {
+        if k == 0 || k >= d {
             continue;
         }
         let c = (
