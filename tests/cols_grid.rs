@@ -332,6 +332,21 @@ fn shared_pairs_computed_with_their_smaller_row() {
     );
 }
 
+/// With q = k = v and the v columns apart, every x word crosses the links into and out of the
+/// softmax PE; a few columns held whole by that PE, both phases, cross nothing. Cycles with the
+/// cols dataflow (which `auto` kept) before those columns were tried: 289 for 4 tokens,
+/// `d = 64` on 256 PEs, 138 for 2 tokens, 213 for 3 tokens with 4 heads.
+#[test]
+fn shared_columns_held_by_the_softmax_pe() {
+    for (n, heads, before) in [(4u32, 1u32, 289u64), (2, 1, 138), (3, 4, 213)] {
+        let cols = check(n, 64, 256, heads, Scheme::Shared, true);
+        assert!(
+            cols < before,
+            "{n} tokens, d = 64, {heads} heads, shared on 256 PEs: cols {cols}, before {before}"
+        );
+    }
+}
+
 /// Layers where those lanes are tried (their estimate beats all x words crossing), one and
 /// two heads, rings of 16 to 64 PEs, both formulations: on most of them a split lane was the
 /// fastest cols lane when this was written.

@@ -116,9 +116,10 @@ impl Scheduler for Cols {
                 what: format!("no lane of 3 PEs per head fits {pes} PEs"),
             }]);
         }
-        // The shortest schedule so far and the lanes of the run that gave it (for
-        // [`pairs_by_smaller_row`]).
-        let mut best = (schedule_split::run_apart(p, pes, &parts)?, parts.clone());
+        // The shortest schedule so far, the lanes of the run that gave it (for
+        // [`pairs_by_smaller_row`]) and the one of them it came from (for [`soft_columns`]).
+        let (first, won) = schedule_split::run_apart(p, pes, &parts)?;
+        let mut best = (first, parts.clone(), won);
         // Each other kind of lane in a run of its own, so the lanes above keep their retries
         // and search budget and no layer can lose the schedule it had; the shorter one is kept.
         keep_shorter(p, pes, &mut best, overlapped(p, pes), false);
@@ -152,6 +153,9 @@ impl Scheduler for Cols {
         // The winning lanes with each q = k pair computed with its smaller row.
         let smaller = pairs_by_smaller_row(p, pes, &best.1);
         keep_shorter(p, pes, &mut best, smaller, false);
+        // The winning lane with some columns held whole, both phases, by its softmax PE.
+        let on_soft = soft_columns(p, best.2);
+        keep_shorter(p, pes, &mut best, on_soft, false);
         let mut s = best.0;
         s.algorithm = NAME;
         Ok(s)
@@ -163,7 +167,7 @@ impl Scheduler for Cols {
 fn keep_shorter(
     p: &Problem,
     pes: u32,
-    best: &mut (RingSchedule, Vec<(u32, Apart)>),
+    best: &mut (RingSchedule, Vec<(u32, Apart)>, (u32, Apart)),
     lanes: Vec<(u32, Apart)>,
     keys_first: bool,
 ) {
@@ -175,9 +179,9 @@ fn keep_shorter(
     } else {
         schedule_split::run_apart
     };
-    if let Ok(o) = run(p, pes, &lanes) {
+    if let Ok((o, won)) = run(p, pes, &lanes) {
         if o.cycles() < best.0.cycles() {
-            *best = (o, lanes);
+            *best = (o, lanes, won);
         }
     }
 }
@@ -649,6 +653,67 @@ fn pairs_by_smaller_row(p: &Problem, pes: u32, lanes: &[(u32, Apart)]) -> Vec<(u
             if !out.contains(&c) {
                 out.push(c);
             }
+        }
+    }
+    out
+}
+
+/// With q = k = v, the lane `won` (one row group, v columns apart, whole columns) with its
+/// last `k` columns held whole by one softmax PE for both phases (`Apart::on_soft`), for a
+/// few `k`. Every other column's x words go from its q/k PE over the links into and out of the
+/// softmax PEs to its v PE: `n·d` words on those two links, and on large rings they set the
+/// pace (4 tokens, `d = 64` on 256 PEs: 272 words on the link out of the softmax PE, 289
+/// cycles). A column held by the softmax PE moves none of its `n` words; the price is its
+/// products (`scores + weights` of them) on that PE, beside every row's softmax. So `k` is
+/// kept where the softmax PE's work, from the first score's arrival (about `r1` cycles in),
+/// still fits in the time the remaining words take to cross.
+fn soft_columns(p: &Problem, won: (u32, Apart)) -> Vec<(u32, Apart)> {
+    let (groups, lane) = won;
+    // Not with `near` columns: their weights' trip round the ring sets the pace there, and
+    // the softmax PE's products only delay the weights (4 tokens, `d = 128` on 256 PEs: 347
+    // cycles, 397 with 4 columns on the softmax PE).
+    if !p.shared_values
+        || groups != 1
+        || lane.near > 0
+        || lane.r3 == 0
+        || lane.frac
+        || lane.cut3
+        || lane.local_v
+        || lane.spread
+        || lane.on_soft > 0
+    {
+        return Vec::new();
+    }
+    let (n, d) = (u64::from(p.tokens), u64::from(p.dim));
+    let weights: u64 = (0..p.tokens).map(|a| u64::from(p.keys_in_row(a))).sum();
+    let scores = if p.symmetric && !p.causal {
+        n * (n + 1) / 2
+    } else {
+        weights
+    };
+    // Maximum (safe), exponential and division per weight.
+    let softmax = (2 + u64::from(p.safe())) * weights;
+    // The most columns for which `r1 + softmax + k·(scores + weights)`, the softmax PE's
+    // work from the first score's arrival, stays within `n·(d − k) + weights`, the words
+    // still crossing; then two thirds and a third of that (measured on 2 to 4 tokens, `d = 64`
+    // and 128, on 256 PEs, the best count was at or below the estimate's).
+    let room = (n * d + weights).saturating_sub(u64::from(lane.r1) + softmax);
+    let most = room / (scores + weights + n).max(1);
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    for k in [most, (2 * most).div_ceil(3), most.div_ceil(3)] {
+        if k == 0 || k >= d {
+            continue;
+        }
+        let c = (
+            1,
+            Apart {
+                soft: 1,
+                on_soft: k as u32,
+                ..lane
+            },
+        );
+        if !out.contains(&c) {
+            out.push(c);
         }
     }
     out

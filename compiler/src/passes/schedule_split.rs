@@ -234,6 +234,13 @@ pub(crate) struct Apart {
     /// own but the first `a`, so rows complete one after another from the first instead of all
     /// at the end of phase 1.
     pub(crate) smaller_row: bool,
+    /// With one softmax PE and `r3 > 0` (one row group, not `frac`, `cut3`, `local_v` or
+    /// `spread`), the last `on_soft` columns are held whole by the softmax PE for both phases:
+    /// their x words are preloaded there, each score's chain ends with their products on it,
+    /// and their outputs accumulate there from the weights it divides. With q = k = v every
+    /// other column's x words cross the links into and out of the softmax PE (`n·d` words in
+    /// all, which set the pace on large rings); these cross neither.
+    pub(crate) on_soft: u32,
 }
 
 impl Apart {
@@ -251,6 +258,7 @@ impl Apart {
             cut3: false,
             keep_v: 0,
             smaller_row: false,
+            on_soft: 0,
         }
     }
 
@@ -395,12 +403,13 @@ fn by_smaller_row(
 
 /// Lays the layer out on the ring in the cols dataflow's ways (`schedule-cols`): every base
 /// given is one lane per head and row group of phase-1 PEs, softmax PEs and phase-3 PEs apart.
-/// Plain runs, retries and the local search are those of the split dataflow.
+/// Plain runs, retries and the local search are those of the split dataflow. Returns the
+/// schedule with the lane (and its row groups) it came from.
 pub(crate) fn run_apart(
     p: &Problem,
     pes: u32,
     parts: &[(u32, Apart)],
-) -> Result<RingSchedule, Vec<ScheduleError>> {
+) -> Result<(RingSchedule, (u32, Apart)), Vec<ScheduleError>> {
     apart_explored(p, pes, parts, false)
 }
 
@@ -410,7 +419,7 @@ fn apart_explored(
     pes: u32,
     parts: &[(u32, Apart)],
     keys_first: bool,
-) -> Result<RingSchedule, Vec<ScheduleError>> {
+) -> Result<(RingSchedule, (u32, Apart)), Vec<ScheduleError>> {
     let m = pes.max(1);
     let few_tokens = p.tokens < 2 * m;
     let large = p.necessary_ops() > LARGE_OPS;
@@ -436,7 +445,14 @@ fn apart_explored(
             smaller_row: false,
         })
         .collect();
-    explore(p, m, &bases, variants)
+    let (s, layout) = explore_kept(p, m, &bases, variants)?;
+    match layout.apart {
+        Some(a) => Ok((s, (layout.groups, a))),
+        None => Err(vec![ScheduleError::Internal {
+            pass: NAME,
+            what: "a cols layout without its lane".into(),
+        }]),
+    }
 }
 
 /// [`run_apart`] with the inputs streamed in order (`Layout::keys_first`): every link sends
@@ -453,7 +469,7 @@ pub(crate) fn run_apart_keys_first(
     p: &Problem,
     pes: u32,
     parts: &[(u32, Apart)],
-) -> Result<RingSchedule, Vec<ScheduleError>> {
+) -> Result<(RingSchedule, (u32, Apart)), Vec<ScheduleError>> {
     apart_explored(p, pes, parts, true)
 }
 
@@ -966,7 +982,11 @@ impl Geometry {
     /// PE offset within a lane of column `c` (`c = d` is the softmax with several lanes).
     fn offset(&self, c: u32) -> u32 {
         if let Some(a) = self.apart {
-            return ((u64::from(c) * u64::from(a.r1)) / u64::from(self.d.max(1))) as u32;
+            let held = self.d.saturating_sub(a.on_soft);
+            if c >= held {
+                return a.r1;
+            }
+            return ((u64::from(c) * u64::from(a.r1)) / u64::from(held.max(1))) as u32;
         }
         if self.soft > 1 {
             let held = self.r - self.soft;
@@ -1006,10 +1026,10 @@ impl Geometry {
     /// PE of phase-3 column `c` for rows of `lane` (the next lane when there are several).
     fn p3(&self, lane: u32, c: u32) -> u32 {
         if let Some(a) = self.apart {
-            if a.r3 == 0 || c < a.near {
+            if a.r3 == 0 || c < a.near || c >= self.d.saturating_sub(a.on_soft) {
                 return self.p1(lane, c);
             }
-            let far = u64::from(self.d.saturating_sub(a.near).max(1));
+            let far = u64::from(self.d.saturating_sub(a.near + a.on_soft).max(1));
             let off = (u64::from(c - a.near) * u64::from(a.r3)) / far;
             return (self.start(lane) + a.r1 + a.soft + off as u32) % self.m;
         }
