@@ -373,6 +373,25 @@ fn fractional_columns_where_no_part_length_suits_d() {
     }
 }
 
+/// Arcs: with four heads on 256 PEs each head's q and k columns hold an arc of 64 PEs, one
+/// column a PE, and its softmax and outputs go on the next head's arc, so every PE does phase 1
+/// of its head and phase 3 of the one before. The cols lanes with parts apart took 257 cycles
+/// (8 tokens, d = 64), 349 (8 tokens, d = 128, causal) and 299 (12 tokens, d = 64, causal).
+#[test]
+fn heads_on_arcs_with_phase_3_on_the_next_arc() {
+    for (n, d, scheme, before) in [
+        (8, 64, Scheme::Separate, 257),
+        (8, 128, Scheme::Causal, 349),
+        (12, 64, Scheme::Causal, 299),
+    ] {
+        let cols = check(n, d, 256, 4, scheme, true);
+        assert!(
+            cols < before,
+            "{n} tokens, d = {d}, 4 heads, {scheme:?} on 256 PEs: cols {cols}"
+        );
+    }
+}
+
 #[test]
 fn refuses_rings_without_three_pes_per_head() {
     let layer = common::parse_one(&src(4, 4, 2, Scheme::Separate, true));
