@@ -573,8 +573,9 @@ fn explore_below(
                 softmax_first,
                 ..base
             };
-            // With retries to come, every plain run finishes: the best few seed them.
-            let cap = if retries > 0 {
+            // With retries to come, every plain run finishes: the best few seed them (those
+            // that come below `beat`, when given: the others cannot seed a schedule wanted).
+            let cap = if retries > 0 && beat == usize::MAX {
                 usize::MAX
             } else {
                 limit(&best)
@@ -594,6 +595,8 @@ fn explore_below(
     layouts.sort_by_key(|&(_, c)| c);
     // Retries keep the lane count of one of the three best layouts and draw the priority variant.
     let mut draw = Noise(0x2545_F491_4F6C_DD1D);
+    // No layout to seed them when every plain run was abandoned (see `beat`).
+    let retries = if layouts.is_empty() { 0 } else { retries };
     for seed in 1..=retries {
         let Some(&(base, _)) = layouts.get((seed as usize - 1) % layouts.len().min(3)) else {
             break;
