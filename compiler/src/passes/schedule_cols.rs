@@ -15,7 +15,9 @@
 //!   v PE its run of outputs was cut to, so that `r3` need not divide `d`).
 //!
 //! With fractional columns (see [`frac_lanes`]) each column part's products are cut evenly over
-//! its PEs instead, a column's rows splitting between neighbours.
+//! its PEs instead, a column's rows splitting between neighbours. With several heads the lanes
+//! of [`next_lanes`] are arcs of q/k PEs alone, each head's softmax and outputs on the next
+//! head's arc.
 //!
 //! No input word is read by two parts, so nothing but partial sums, scores and weights cross
 //! the links (with q = k = v the x rows are read in both column parts and do travel). Each part

@@ -266,7 +266,8 @@ impl Apart {
         }
     }
 
-    /// PEs of one lane.
+    /// PEs of one lane (with `next` its q/k PEs alone: its softmax and outputs are the next
+    /// lane's PEs).
     pub(crate) fn len(&self) -> u32 {
         if self.next {
             return self.r1;
