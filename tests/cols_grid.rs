@@ -388,6 +388,29 @@ fn fractional_columns_where_no_part_length_suits_d() {
     }
 }
 
+/// Arcs: with four heads on 256 PEs each head's q and k columns hold an arc of 64 PEs, one
+/// column a PE, and its softmax and outputs go on the next head's arc, so every PE does phase 1
+/// of its head and phase 3 of the one before. The cols lanes with parts apart took 257 cycles
+/// (8 tokens, d = 64), 349 (8 tokens, d = 128, causal) and 299 (12 tokens, d = 64, causal).
+/// Smaller rings too, arcs of several columns a PE: 2 heads, 4 tokens, d = 8 on 16 PEs took 64
+/// (the split dataflow; the cols lanes 70), 4 heads, 8 tokens, d = 16, causal on 64 PEs 145.
+#[test]
+fn heads_on_arcs_with_phase_3_on_the_next_arc() {
+    for (n, d, m, heads, scheme, before) in [
+        (8, 64, 256, 4, Scheme::Separate, 257),
+        (8, 128, 256, 4, Scheme::Causal, 349),
+        (12, 64, 256, 4, Scheme::Causal, 299),
+        (4, 8, 16, 2, Scheme::Separate, 64),
+        (8, 16, 64, 4, Scheme::Causal, 145),
+    ] {
+        let cols = check(n, d, m, heads, scheme, true);
+        assert!(
+            cols < before,
+            "{n} tokens, d = {d}, {heads} heads, {scheme:?} on {m} PEs: cols {cols}"
+        );
+    }
+}
+
 #[test]
 fn refuses_rings_without_three_pes_per_head() {
     let layer = common::parse_one(&src(4, 4, 2, Scheme::Separate, true));

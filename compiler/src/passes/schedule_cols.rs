@@ -15,7 +15,9 @@
 //!   v PE its run of outputs was cut to, so that `r3` need not divide `d`).
 //!
 //! With fractional columns (see [`frac_lanes`]) each column part's products are cut evenly over
-//! its PEs instead, a column's rows splitting between neighbours.
+//! its PEs instead, a column's rows splitting between neighbours. With several heads the lanes
+//! of [`next_lanes`] are arcs of q/k PEs alone, each head's softmax and outputs on the next
+//! head's arc.
 //!
 //! No input word is read by two parts, so nothing but partial sums, scores and weights cross
 //! the links (with q = k = v the x rows are read in both column parts and do travel). Each part
@@ -150,6 +152,16 @@ impl Scheduler for Cols {
         keep_shorter(p, pes, &mut best, pair_lanes(p, pes), true);
         // The lanes with fractional columns.
         keep_shorter(p, pes, &mut best, frac_lanes(p, pes), false);
+        // The arcs whose softmax and phase 3 run on the next head's arc, abandoned as soon as
+        // they cannot beat the schedule so far (they mostly do not on longer sequences).
+        let arcs = next_lanes(p, pes);
+        if !arcs.is_empty() {
+            if let Ok((o, won)) = schedule_split::run_apart_below(p, pes, &arcs, best.0.cycles()) {
+                if o.cycles() < best.0.cycles() {
+                    best = (o, arcs, won);
+                }
+            }
+        }
         // The winning lanes with each q = k pair computed with its smaller row.
         let smaller = pairs_by_smaller_row(p, pes, &best.1);
         keep_shorter(p, pes, &mut best, smaller, false);
@@ -710,6 +722,50 @@ fn soft_columns(p: &Problem, won: (u32, Apart)) -> Vec<(u32, Apart)> {
                 soft: 1,
                 on_soft: k as u32,
                 ..lane
+            },
+        );
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Softmax PEs and tapers ([`Apart::taper`]) of the arcs [`next_lanes`] tries: over 4 heads
+/// on 256 PEs (8 to 16 tokens, `d = 64` and 128, causal or not) each of these was the best of
+/// the softmax counts 2, 3, 4, 6, 8 and tapers 0, 16, 32 on some layer, and which wins follows
+/// no rule the layers show.
+const NEXT_ARCS: [(u32, u32); 4] = [(2, 0), (4, 0), (3, 32), (6, 32)];
+
+/// Arcs of `m / heads` PEs, one per head, each holding its head's q and k columns
+/// (`Apart::next`): a head's softmax runs on the first PEs of the next arc and its outputs on
+/// the others, so every PE does phase 1 of its own head and the softmax or phase 3 of the head
+/// before. A run of PEs that is not the whole ring is not a ring: a score's chain must enter
+/// the arc at its first PE (a q or k word is preloaded on one PE, so all chains of a head visit
+/// a column on the same PE, in ring order), so the arc's phase 1 is a flow shop, PE `j` busy
+/// from cycle `j` on. With parts apart (the lanes of [`candidates`]) a head's q/k PEs then idle
+/// once its scores are done and its v PEs until its first weights come (4 heads, 8 tokens,
+/// `d = 64` on 256 PEs: 32 q/k PEs, 2 softmax PEs and 30 v PEs, each busy about half of 257
+/// cycles); on arcs the phase-1 PEs take the previous head's weights as they come, and
+/// nothing but the last head's softmax and weights crosses the wrap (215 cycles there). Tried
+/// with separate q, k and v (with q = k = v the x rows would be read on two arcs, every one
+/// of them crossing a whole arc) on rings of at least 2 heads whose arcs hold a whole number
+/// of columns each.
+fn next_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let (n, d) = (p.tokens, p.dim.max(1));
+    let per = pes / p.heads.max(1);
+    if p.heads < 2 || p.shared_values || per < 2 || per > d || d % per != 0 {
+        return Vec::new();
+    }
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    for (soft, taper) in NEXT_ARCS {
+        let soft = soft.min(n).min(per - 1).max(1);
+        let c = (
+            1,
+            Apart {
+                next: true,
+                taper,
+                ..Apart::columns(per, soft, 0)
             },
         );
         if !out.contains(&c) {

@@ -241,6 +241,16 @@ pub(crate) struct Apart {
     /// other column's x words cross the links into and out of the softmax PE (`n·d` words in
     /// all, which set the pace on large rings); these cross neither.
     pub(crate) on_soft: u32,
+    /// Arcs (one head each, one row group, `r3 = 0`): the lane is its `r1` q/k PEs alone, and
+    /// its softmax and phase 3 run on the first PEs of the next lane (the last lane's on the
+    /// PEs after it, or the first lane's where the lanes fill the ring): its `soft` first PEs
+    /// take the rows' softmax, the others its outputs, cut by outputs (see [`next_outputs`]).
+    /// Every word then flows forward from one arc into the next, and every PE does phase 1 of
+    /// its own head besides the softmax or phase 3 of the head before it, where the lanes with
+    /// parts apart leave each PE one phase. `taper` makes the output PEs' shares fall along the
+    /// arc (0: even).
+    pub(crate) next: bool,
+    pub(crate) taper: u32,
 }
 
 impl Apart {
@@ -259,11 +269,17 @@ impl Apart {
             keep_v: 0,
             smaller_row: false,
             on_soft: 0,
+            next: false,
+            taper: 0,
         }
     }
 
-    /// PEs of one lane.
+    /// PEs of one lane (with `next` its q/k PEs alone: its softmax and outputs are the next
+    /// lane's PEs).
     pub(crate) fn len(&self) -> u32 {
+        if self.next {
+            return self.r1;
+        }
         self.r1 + self.soft + self.r3
     }
 }
@@ -420,6 +436,17 @@ fn apart_explored(
     parts: &[(u32, Apart)],
     keys_first: bool,
 ) -> Result<(RingSchedule, (u32, Apart)), Vec<ScheduleError>> {
+    apart_below(p, pes, parts, keys_first, usize::MAX)
+}
+
+/// [`apart_explored`] wanting a schedule shorter than `beat` cycles (see [`explore_below`]).
+fn apart_below(
+    p: &Problem,
+    pes: u32,
+    parts: &[(u32, Apart)],
+    keys_first: bool,
+    beat: usize,
+) -> Result<(RingSchedule, (u32, Apart)), Vec<ScheduleError>> {
     let m = pes.max(1);
     let few_tokens = p.tokens < 2 * m;
     let large = p.necessary_ops() > LARGE_OPS;
@@ -445,7 +472,7 @@ fn apart_explored(
             smaller_row: false,
         })
         .collect();
-    let (s, layout) = explore_kept(p, m, &bases, variants)?;
+    let (s, layout) = explore_below(p, m, &bases, variants, beat)?;
     match layout.apart {
         Some(a) => Ok((s, (layout.groups, a))),
         None => Err(vec![ScheduleError::Internal {
@@ -453,6 +480,18 @@ fn apart_explored(
             what: "a cols layout without its lane".into(),
         }]),
     }
+}
+
+/// [`run_apart`] for a schedule shorter than `beat` cycles (see [`explore_below`]): layouts
+/// that cannot beat the schedule a layer already has cost only the cycles they run before
+/// that is sure.
+pub(crate) fn run_apart_below(
+    p: &Problem,
+    pes: u32,
+    parts: &[(u32, Apart)],
+    beat: usize,
+) -> Result<(RingSchedule, (u32, Apart)), Vec<ScheduleError>> {
+    apart_below(p, pes, parts, false, beat)
 }
 
 /// [`run_apart`] with the inputs streamed in order (`Layout::keys_first`): every link sends
@@ -491,6 +530,19 @@ fn explore_kept(
     bases: &[Layout],
     variants: &[(i64, bool)],
 ) -> Result<(RingSchedule, Layout), Vec<ScheduleError>> {
+    explore_below(p, m, bases, variants, usize::MAX)
+}
+
+/// [`explore_kept`] wanting a schedule shorter than `beat` cycles: a run that cannot come below
+/// it is abandoned as soon as that is sure, as runs that cannot beat the best so far are (the
+/// plain runs of a layer that gets retries still finish, so what comes back may be longer).
+fn explore_below(
+    p: &Problem,
+    m: u32,
+    bases: &[Layout],
+    variants: &[(i64, bool)],
+    beat: usize,
+) -> Result<(RingSchedule, Layout), Vec<ScheduleError>> {
     let few_tokens = p.tokens < 2 * m;
     let mut best: Option<Best> = None;
     // Only a schedule that can be emitted is kept (see `emittable`).
@@ -508,9 +560,10 @@ fn explore_kept(
         }
     };
     // A run that cannot beat the best so far is abandoned as soon as that is sure.
-    let limit = |best: &Option<Best>| {
-        best.as_ref()
-            .map_or(usize::MAX, |b| b.run.schedule.cycles().saturating_sub(1))
+    let limit = |best: &Option<Best>| match best {
+        Some(b) => b.run.schedule.cycles().min(beat).saturating_sub(1),
+        None if beat == usize::MAX => usize::MAX,
+        None => beat.saturating_sub(1),
     };
     let mut layouts: Vec<(Layout, usize)> = Vec::new();
     let mut plans = Plans::default();
@@ -537,8 +590,9 @@ fn explore_kept(
                 softmax_first,
                 ..base
             };
-            // With retries to come, every plain run finishes: the best few seed them.
-            let cap = if retries > 0 {
+            // With retries to come, every plain run finishes: the best few seed them (those
+            // that come below `beat`, when given: the others cannot seed a schedule wanted).
+            let cap = if retries > 0 && beat == usize::MAX {
                 usize::MAX
             } else {
                 limit(&best)
@@ -558,6 +612,8 @@ fn explore_kept(
     layouts.sort_by_key(|&(_, c)| c);
     // Retries keep the lane count of one of the three best layouts and draw the priority variant.
     let mut draw = Noise(0x2545_F491_4F6C_DD1D);
+    // No layout to seed them when every plain run was abandoned (see `beat`).
+    let retries = if layouts.is_empty() { 0 } else { retries };
     for seed in 1..=retries {
         let Some(&(base, _)) = layouts.get((seed as usize - 1) % layouts.len().min(3)) else {
             break;
@@ -932,6 +988,7 @@ impl Geometry {
         }
         let frac = layout.apart.filter(|a| a.frac).map(|a| frac_offsets(p, a));
         let cut3 = match layout.apart {
+            Some(a) if a.next && groups == 1 => next_outputs(p, a),
             Some(a) if a.cut3 && a.r3 > 0 && groups == 1 => cut_outputs(p, a.r3),
             _ => Vec::new(),
         };
@@ -1017,6 +1074,9 @@ impl Geometry {
         if let Some(ap) = self.apart {
             let i = (u64::from(h * self.n + a) * u64::from(self.d) + u64::from(c)) as usize;
             if let Some(&off) = self.cut3.get(i) {
+                if ap.next {
+                    return (self.start(lane) + ap.r1 + off) % self.m;
+                }
                 return (self.start(lane) + ap.r1 + ap.soft + off) % self.m;
             }
         }
@@ -1180,6 +1240,55 @@ fn cut_outputs(p: &Problem, r3: u32) -> Vec<u32> {
                 let i = (u64::from(h * n + a) * u64::from(d) + u64::from(c)) as usize;
                 if let Some(slot) = out.get_mut(i) {
                     *slot = run as u32;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// [`Apart::next`]'s outputs: per head, the PE (offset from the next lane's first) of output
+/// `(head, row, col)`, at `(head·n + row)·d + col`. The outputs, column by column and row by
+/// row within a column, each weighing its row's products, are cut over the next lane's PEs
+/// after its `soft` softmax PEs, PE `j` taking a share that falls with `j` when `taper > 0`
+/// (as `r1 + taper − j`): the weights reach the PEs one after another, and the later ones also
+/// begin their own phase 1 later, so equal shares leave the arc's last PEs working after its
+/// first are done.
+fn next_outputs(p: &Problem, a: Apart) -> Vec<u32> {
+    let (n, d) = (p.tokens, p.dim);
+    let first = a.soft.min(a.r1.saturating_sub(1));
+    let pes: Vec<u32> = (first..a.r1.max(1)).collect();
+    let share = |j: u32| -> u64 {
+        if a.taper == 0 {
+            1
+        } else {
+            u64::from(a.r1 + a.taper - j)
+        }
+    };
+    let len: Vec<u64> = (0..n).map(|r| u64::from(p.keys_in_row(r))).collect();
+    let total: u64 = len.iter().sum::<u64>() * u64::from(d);
+    let cap: u64 = pes.iter().map(|&j| share(j)).sum::<u64>().max(1);
+    // Cumulative capacity at the end of each PE, in units of output weight.
+    let mut ends: Vec<u64> = Vec::with_capacity(pes.len());
+    let mut acc = 0u64;
+    for &j in &pes {
+        acc += share(j);
+        ends.push(acc);
+    }
+    let mut out = vec![0u32; (u64::from(p.heads) * u64::from(n) * u64::from(d)) as usize];
+    for h in 0..p.heads {
+        let mut acc = 0u64;
+        for c in 0..d {
+            for r in 0..n {
+                let w = len.get(r as usize).copied().unwrap_or(0);
+                let mid = (acc + w / 2) as u128 * u128::from(cap) / u128::from(total.max(1));
+                acc += w;
+                let k = ends
+                    .partition_point(|&e| u128::from(e) <= mid)
+                    .min(pes.len().saturating_sub(1));
+                let i = (u64::from(h * n + r) * u64::from(d) + u64::from(c)) as usize;
+                if let (Some(slot), Some(&pe)) = (out.get_mut(i), pes.get(k)) {
+                    *slot = pe;
                 }
             }
         }
