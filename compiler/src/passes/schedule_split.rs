@@ -1507,38 +1507,26 @@ fn simulate<B: Book>(
     plan.sort(&prio);
     // The simulation takes each PE's tasks about in this order: laid out in it, they are read
     // from nearby memory.
-    let mut tasks = std::mem::take(&mut scratch.tasks);
-    tasks.clear();
-    tasks.extend(
-        plan.order
-            .iter()
-            .map(|&i| Step::new(&plan.tasks[i as usize], prio[i as usize])),
-    );
-    let mut absorbs = std::mem::take(&mut scratch.absorbs);
-    absorbs.clear();
-    absorbs.extend(plan.order.iter().map(|&i| plan.absorbs[i as usize]));
     let sim = Sim {
         m,
         scale: p.scale as f32,
-        tasks: &tasks,
+        tasks: &plan.steps,
         order: &plan.order,
         chains: &plan.chains,
         reach: &plan.reach,
         gates: &plan.gates,
-        absorbs: &absorbs,
+        absorbs: &plan.absorbs_at,
         readers: &plan.readers,
     };
     // Charged per run even where the plan is reused: the search's length is counted in these
     // units, and the same units end it at the same step.
-    *work += PLAN_WORK * tasks.len() as u64 + PLAN_FIXED;
+    *work += PLAN_WORK * plan.steps.len() as u64 + PLAN_FIXED;
     let out = sim.run(&mut b, &preloaded, limit, work, scratch);
     if let Ok(Some((cycles, _))) = out {
         plan.cycles = cycles;
     }
     scratch.prio = prio;
     scratch.preloaded = preloaded;
-    scratch.tasks = tasks;
-    scratch.absorbs = absorbs;
     (out, b)
 }
 
@@ -1573,6 +1561,11 @@ struct Plan {
     /// they were sorted by: a search step changes only a few of them.
     order: Vec<u32>,
     order_prio: Vec<i64>,
+    /// By position in `order`: the task as the simulation reads it, with its priority in
+    /// `order_prio`, and its `absorbs`. Patched with `order`: gathering them from `tasks` for
+    /// every run took about 5 % of the local search.
+    steps: Vec<Step>,
+    absorbs_at: Vec<bool>,
     /// Each task's priority before its run's offset, for the variant `base_key` (row weight,
     /// softmax first): the same for every run of the variant, which the search keeps.
     base: Vec<i64>,
@@ -1622,10 +1615,15 @@ impl Plan {
             let key = |i: u32| (tasks[i as usize].pe, std::cmp::Reverse(old[i as usize]), i);
             for &i in &changed {
                 let at = self.order.partition_point(|&j| key(j) < key(i));
-                if self.order.get(at) == Some(&i) {
-                    self.order.remove(at);
+                let at = if self.order.get(at) == Some(&i) {
+                    Some(at)
                 } else {
-                    self.order.retain(|&j| j != i);
+                    self.order.iter().position(|&j| j == i)
+                };
+                if let Some(at) = at {
+                    self.order.remove(at);
+                    self.steps.remove(at);
+                    self.absorbs_at.remove(at);
                 }
             }
         }
@@ -1644,11 +1642,24 @@ impl Plan {
             packed.sort_unstable();
             self.order.clear();
             self.order.extend(packed.iter().map(|&k| k as u32));
+            self.steps.clear();
+            self.steps.extend(
+                self.order
+                    .iter()
+                    .map(|&i| Step::new(&tasks[i as usize], prio[i as usize])),
+            );
+            self.absorbs_at.clear();
+            let absorbs = &self.absorbs;
+            self.absorbs_at
+                .extend(self.order.iter().map(|&i| absorbs[i as usize]));
             return;
         }
         for &i in &changed {
             let at = self.order.partition_point(|&j| key(j) < key(i));
             self.order.insert(at, i);
+            self.steps
+                .insert(at, Step::new(&tasks[i as usize], prio[i as usize]));
+            self.absorbs_at.insert(at, self.absorbs[i as usize]);
         }
     }
 }
@@ -1664,13 +1675,11 @@ struct Plans {
 /// the same memory again.
 #[derive(Default)]
 struct Scratch {
-    avail: Vec<Avail>,
+    avail: Avail,
     links: Vec<Link>,
     ready: ready::Ready,
     prio: Vec<i64>,
     preloaded: Vec<(u32, Val, i64)>,
-    tasks: Vec<Step>,
-    absorbs: Vec<bool>,
     run: RunBuffers,
 }
 
@@ -2234,6 +2243,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         readers,
         order: Vec::new(),
         order_prio: Vec::new(),
+        steps: Vec::new(),
+        absorbs_at: Vec::new(),
         base: Vec::new(),
         base_key: None,
         cycles: 0,
@@ -2333,67 +2344,144 @@ fn tails(
         .collect()
 }
 
-/// Words on a PE and the cycle from which each can be read. The simulation asks this for every
-/// operand of every task it looks at, so small layers index a vector by value (the local search
-/// runs thousands of simulations) and large ones, where that would take too much memory, hash.
-enum Avail {
-    /// The cycle by value index (`u32::MAX`: not here), and the indices written: clearing only
-    /// those keeps a run from filling the whole vector again on every PE.
-    Dense(Vec<u32>, Vec<u32>),
-    Sparse(HashMap<Val, usize>),
+/// Words on the PEs and the cycle from which each can be read on each. The simulation asks this
+/// for every operand of every task it looks at, and for every word waiting on a link.
+///
+/// A word appears on one PE (made there, or preloaded) and spreads only over links, one PE
+/// onward at a time, so the PEs holding it are a run from where it appeared. Each word keeps its
+/// first PE and the cycles along its run, so a run of the local search touches a few words of
+/// memory per value rather than a vector per PE indexed by value (which on 64 PEs or more missed
+/// the cache on most writes, and had to be cleared again after every run). A write that does not
+/// extend its word's run (none is known) is kept aside, so every write is kept whatever its PE.
+#[derive(Default)]
+struct Avail {
+    m: u32,
+    /// By value index.
+    held: Vec<Held>,
+    /// The cycles on the PEs after the first of each run longer than one PE, each run's in one
+    /// block of `hops` (moved to the end, twice the size, when it outgrows it).
+    hops: Vec<usize>,
+    /// Value indices with a run: clearing only those keeps a run from filling `held` again.
+    written: Vec<u32>,
+    /// Writes off their word's run, by value and PE.
+    stray: HashMap<(Val, u32), usize>,
 }
 
-/// Most words (PEs × values) given a dense [`Avail`].
-const DENSE_AVAIL: u64 = 1 << 24;
+/// Where a word appeared (`NONE`: nowhere yet) and when, and its run's other PEs.
+#[derive(Clone, Copy)]
+struct Held {
+    first: u32,
+    len: u32,
+    at: usize,
+    block: u32,
+    cap: u32,
+}
+
+const NOT_HELD: Held = Held {
+    first: NONE,
+    len: 0,
+    at: 0,
+    block: 0,
+    cap: 0,
+};
 
 impl Avail {
-    #[inline]
-    fn get(&self, v: &Val) -> Option<usize> {
-        match self {
-            Avail::Dense(at, _) => at
-                .get(v.index())
-                .copied()
-                .filter(|&c| c != u32::MAX)
-                .map(|c| c as usize),
-            Avail::Sparse(at) => at.get(v).copied(),
+    /// Empty, for a ring of `m` PEs.
+    fn reset(&mut self, m: u32) {
+        self.m = m;
+        for &i in &self.written {
+            self.held[i as usize] = NOT_HELD;
         }
+        self.written.clear();
+        self.hops.clear();
+        self.stray.clear();
     }
 
-    fn clear(&mut self) {
-        match self {
-            Avail::Dense(at, written) => {
-                for &i in written.iter() {
-                    at[i as usize] = u32::MAX;
-                }
-                written.clear();
+    /// The cycle from which `v` can be read on `pe`, if it is there.
+    #[inline]
+    fn get(&self, v: &Val, pe: u32) -> Option<usize> {
+        if pe >= self.m {
+            return None;
+        }
+        if let Some(h) = self.held.get(v.index()).filter(|h| h.first != NONE) {
+            let j = self.hop(h, pe);
+            if j == 0 {
+                return Some(h.at);
             }
-            Avail::Sparse(at) => at.clear(),
-        }
-    }
-
-    #[inline]
-    fn contains_key(&self, v: &Val) -> bool {
-        self.get(v).is_some()
-    }
-
-    /// Writes `v` readable from `cycle`; whether it was not here before.
-    #[inline]
-    fn insert(&mut self, v: Val, cycle: usize) -> bool {
-        match self {
-            Avail::Dense(at, written) => {
-                let i = v.index();
-                if at.len() <= i {
-                    at.resize(i + 1, u32::MAX);
-                }
-                let fresh = at[i] == u32::MAX;
-                if fresh {
-                    written.push(v.as_u32());
-                }
-                at[i] = u32::try_from(cycle).unwrap_or(u32::MAX - 1);
-                fresh
+            if j < h.len {
+                return self.hops.get((h.block + j - 1) as usize).copied();
             }
-            Avail::Sparse(at) => at.insert(v, cycle).is_none(),
         }
+        if self.stray.is_empty() {
+            return None;
+        }
+        self.stray.get(&(*v, pe)).copied()
+    }
+
+    /// PEs from `h`'s first to `pe`, going round the ring.
+    #[inline]
+    fn hop(&self, h: &Held, pe: u32) -> u32 {
+        if pe >= h.first {
+            pe - h.first
+        } else {
+            pe + self.m - h.first
+        }
+    }
+
+    #[inline]
+    fn contains_key(&self, v: &Val, pe: u32) -> bool {
+        self.get(v, pe).is_some()
+    }
+
+    /// Writes `v` readable on `pe` from `cycle`; whether it was not there before.
+    #[inline]
+    fn insert(&mut self, v: Val, pe: u32, cycle: usize) -> bool {
+        let i = v.index();
+        if self.held.len() <= i {
+            self.held.resize(i + 1, NOT_HELD);
+        }
+        let m = self.m;
+        let h = self.held[i];
+        if h.first == NONE {
+            if !self.stray.is_empty() && self.stray.contains_key(&(v, pe)) {
+                return self.stray.insert((v, pe), cycle).is_none();
+            }
+            self.held[i] = Held {
+                first: pe,
+                len: 1,
+                at: cycle,
+                block: 0,
+                cap: 0,
+            };
+            self.written.push(i as u32);
+            return true;
+        }
+        let j = self.hop(&h, pe);
+        if j == 0 {
+            self.held[i].at = cycle;
+            return false;
+        }
+        if j < h.len {
+            self.hops[(h.block + j - 1) as usize] = cycle;
+            return false;
+        }
+        if j > h.len || pe >= m || (!self.stray.is_empty() && self.stray.contains_key(&(v, pe))) {
+            return self.stray.insert((v, pe), cycle).is_none();
+        }
+        let mut h = h;
+        if h.len - 1 == h.cap {
+            let start = self.hops.len();
+            let (from, cap) = (h.block as usize, h.cap as usize);
+            self.hops.extend_from_within(from..from + cap);
+            let cap = (2 * cap).max(2).min(m as usize);
+            self.hops.resize(start + cap, 0);
+            h.block = start as u32;
+            h.cap = cap as u32;
+        }
+        self.hops[(h.block + h.len - 1) as usize] = cycle;
+        h.len += 1;
+        self.held[i] = h;
+        true
     }
 }
 
@@ -2413,8 +2501,8 @@ const NONE: u32 = u32::MAX;
 const CHAIN: u32 = 1 << 31;
 
 /// Whether a task can run on its PE in cycle `t`.
-fn open(g: &Gate, t: usize, avail: &Avail, state: &[ChainState]) -> bool {
-    let here = |v: Val| avail.get(&v).is_some_and(|at| at <= t);
+fn open(g: &Gate, t: usize, pe: u32, avail: &Avail, state: &[ChainState]) -> bool {
+    let here = |v: Val| avail.get(&v, pe).is_some_and(|at| at <= t);
     let opnd = |o: u32| {
         if o == NONE {
             true
@@ -2545,7 +2633,10 @@ struct Link {
     queued: Queued,
 }
 
-/// Which values a link has waiting: a bit per value where [`Avail`] is dense (it is asked on every
+/// Most words (PEs × values) for which every link keeps a bit per value ([`Queued::Dense`]).
+const DENSE_LINKS: u64 = 1 << 24;
+
+/// Which values a link has waiting: a bit per value on small layers (it is asked on every
 /// push), hashed otherwise.
 #[derive(Clone)]
 enum Queued {
@@ -2596,6 +2687,10 @@ impl Link {
                 Queued::Sparse(Default::default())
             },
         }
+    }
+
+    fn dense(&self) -> bool {
+        matches!(self.queued, Queued::Dense(_))
     }
 
     fn clear(&mut self) {
@@ -2671,7 +2766,7 @@ impl Sim<'_> {
         scratch: &mut Scratch,
     ) -> Result<Option<(usize, u64)>, String> {
         let m = self.m as usize;
-        let dense = (m as u64) * 3 * (self.tasks.len() as u64) <= DENSE_AVAIL;
+        let dense = (m as u64) * 3 * (self.tasks.len() as u64) <= DENSE_LINKS;
         let Scratch {
             avail,
             links,
@@ -2688,26 +2783,17 @@ impl Sim<'_> {
         } = bufs;
         last_op.clear();
         last_op.resize(m, 0);
-        if avail.len() != m || links.len() != m || matches!(avail[0], Avail::Dense(..)) != dense {
-            *avail = (0..m)
-                .map(|_| {
-                    if dense {
-                        Avail::Dense(Vec::new(), Vec::new())
-                    } else {
-                        Avail::Sparse(HashMap::default())
-                    }
-                })
-                .collect();
+        if links.len() != m || links.first().is_some_and(|l| l.dense() != dense) {
             *links = vec![Link::new(dense); m];
         }
-        avail.iter_mut().for_each(Avail::clear);
+        avail.reset(self.m);
         links.iter_mut().for_each(Link::clear);
         // Per PE, pending tasks by priority (highest first): positions in `order`, which holds
         // them by PE.
         let order = self.order;
         ready.reset(order, m, self.readers);
         for &(pe, v, prio) in preloaded {
-            ready.write(&mut avail[pe as usize], pe, v, 0);
+            ready.write(avail, pe, v, 0);
             self.forward(v, prio, &mut links[pe as usize]);
         }
         state.clear();
@@ -2716,15 +2802,8 @@ impl Sim<'_> {
             ..Default::default()
         }));
         for (chain, c) in self.chains.iter().enumerate() {
-            if let Some((pe, _)) = c.segs.first() {
-                ready.enter(
-                    self.readers,
-                    self.chains,
-                    state,
-                    chain,
-                    &avail[*pe as usize],
-                    0,
-                );
+            if !c.segs.is_empty() {
+                ready.enter(self.readers, self.chains, state, chain, avail, 0);
             }
         }
         ops_left.clear();
@@ -2772,7 +2851,8 @@ impl Sim<'_> {
                         debug_assert!(found.is_none_or(|k| open(
                             &self.gates[order[k] as usize],
                             t,
-                            &avail[pe],
+                            pe as u32,
+                            avail,
                             state
                         )));
                         let Some(k) = found else {
@@ -2792,8 +2872,7 @@ impl Sim<'_> {
                             self.moved(moved, state, avail, ready, t);
                             continue;
                         }
-                        let moved =
-                            self.execute(b, k, t, pe, state, &mut avail[pe], &mut links[pe], ready);
+                        let moved = self.execute(b, k, t, pe, state, avail, &mut links[pe], ready);
                         self.moved(moved, state, avail, ready, t);
                         ops_left[pe] = ops_left[pe].saturating_sub(1);
                         last_op[pe] = t;
@@ -2805,7 +2884,7 @@ impl Sim<'_> {
                 // the first in the queue among equally urgent ones.
                 *work += links[pe].words.len() as u64;
                 let here = |p: &Pending| {
-                    p.acc_at == Some(t) || avail[pe].get(&p.val).is_some_and(|at| at <= t)
+                    p.acc_at == Some(t) || avail.get(&p.val, pe as u32).is_some_and(|at| at <= t)
                 };
                 let mut pick: Option<(i64, usize)> = None;
                 for (k, w) in links[pe].words.iter().enumerate() {
@@ -2818,7 +2897,7 @@ impl Sim<'_> {
                     let to = if pe + 1 == m { 0 } else { pe + 1 };
                     // A word can reach a PE by two routes (a score that is also a row's first
                     // partial maximum): the second is not sent again, only its onward hops kept.
-                    if !avail[to].contains_key(&w.val) && !arrivals.contains(&(to, w.val)) {
+                    if !avail.contains_key(&w.val, to as u32) && !arrivals.contains(&(to, w.val)) {
                         b.send(pe as u32, t, w.val);
                         arrivals.push((to, w.val));
                     }
@@ -2833,7 +2912,7 @@ impl Sim<'_> {
                 }
             }
             for &(to, v) in arrivals.iter() {
-                ready.write(&mut avail[to], to as u32, v, t + 1);
+                ready.write(avail, to as u32, v, t + 1);
                 wake[to] = wake[to].min(t + 1);
             }
             t += 1;
@@ -2857,7 +2936,7 @@ impl Sim<'_> {
         &self,
         moved: Moved,
         state: &[ChainState],
-        avail: &[Avail],
+        avail: &Avail,
         ready: &mut ready::Ready,
         t: usize,
     ) {
@@ -2868,8 +2947,8 @@ impl Sim<'_> {
                     .segs
                     .get(state[chain].seg)
                     .map_or(0, |s| s.0 as usize);
-                if let Some(a) = avail.get(pe) {
-                    ready.enter(self.readers, self.chains, state, chain, a, t);
+                if pe < self.m as usize {
+                    ready.enter(self.readers, self.chains, state, chain, avail, t);
                 }
             }
             Moved::Result(chain, v) => {

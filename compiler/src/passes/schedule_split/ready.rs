@@ -260,7 +260,7 @@ impl Ready {
         self.wait_head[i] = self.waits.len() as u32 - 1;
     }
 
-    /// `chain` has entered its current segment (on the PE whose words `avail` holds) in cycle `t`.
+    /// `chain` has entered its current segment in cycle `t`.
     pub(super) fn enter(
         &mut self,
         readers: &Readers,
@@ -275,7 +275,7 @@ impl Ready {
             return;
         };
         match s.partial {
-            Some(v) if !here(avail, v, t) => {
+            Some(v) if !here(avail, v, *pe, t) => {
                 self.wait(v, *pe, Waiter::Seg(chain as u32, s.seg as u32))
             }
             _ => readers
@@ -285,17 +285,17 @@ impl Ready {
         }
     }
 
-    /// `chain`'s result `v` is known in cycle `t`; `avail` holds every PE's words.
+    /// `chain`'s result `v` is known in cycle `t`.
     pub(super) fn result(
         &mut self,
         readers: &Readers,
         chain: usize,
         v: Val,
-        avail: &[Avail],
+        avail: &Avail,
         t: usize,
     ) {
         for &(pe, i) in readers.by_chain.get(chain) {
-            if avail.get(pe as usize).is_some_and(|a| here(a, v, t)) {
+            if here(avail, v, pe, t) {
                 self.lower(i);
             } else {
                 self.wait(v, pe, Waiter::Task(i));
@@ -303,11 +303,11 @@ impl Ready {
         }
     }
 
-    /// Word `v` is written to `avail` of `pe`, readable from cycle `at`; the simulation hears of
+    /// Word `v` is written to `avail` on `pe`, readable from cycle `at`; the simulation hears of
     /// it in that cycle (`at` is always the next cycle, or 0 for a preloaded word).
     #[inline]
     pub(super) fn write(&mut self, avail: &mut Avail, pe: u32, v: Val, at: usize) {
-        if avail.insert(v, at) {
+        if avail.insert(v, pe, at) {
             self.due.push((pe, v));
         }
     }
@@ -410,8 +410,8 @@ impl Ready {
 }
 
 /// Whether `v` is readable in cycle `t`.
-fn here(avail: &Avail, v: Val, t: usize) -> bool {
-    avail.get(&v).is_some_and(|at| at <= t)
+fn here(avail: &Avail, v: Val, pe: u32, t: usize) -> bool {
+    avail.get(&v, pe).is_some_and(|at| at <= t)
 }
 
 fn get(bits: &[u64], k: usize) -> bool {
