@@ -1225,21 +1225,40 @@ pub(crate) fn deal_by_weight(p: &Problem, soft: u32) -> Vec<u32> {
 /// each weighing its row's unmasked scores (its products), cut into `r3` runs of about equal
 /// weight; an output goes to the run holding the middle of its weight.
 fn cut_outputs(p: &Problem, r3: u32) -> Vec<u32> {
+    outputs_by_weight(p, &vec![1; r3 as usize])
+}
+
+/// Per output `(head, row, col)`, at `(head·n + row)·d + col`, the index of the share it falls
+/// in: the outputs of a head, column by column and row by row within a column, each weighing
+/// its row's unmasked scores, laid along shares of the given sizes; an output goes to the share
+/// holding the middle of its weight.
+fn outputs_by_weight(p: &Problem, shares: &[u64]) -> Vec<u32> {
     let (n, d) = (p.tokens, p.dim);
-    let len: Vec<u64> = (0..n).map(|a| u64::from(p.keys_in_row(a))).collect();
+    let len: Vec<u64> = (0..n).map(|r| u64::from(p.keys_in_row(r))).collect();
     let total: u64 = len.iter().sum::<u64>() * u64::from(d);
+    let cap: u64 = shares.iter().sum::<u64>().max(1);
+    // Cumulative capacity at the end of each share, in units of output weight.
+    let ends: Vec<u64> = shares
+        .iter()
+        .scan(0u64, |acc, &s| {
+            *acc += s;
+            Some(*acc)
+        })
+        .collect();
     let mut out = vec![0u32; (u64::from(p.heads) * u64::from(n) * u64::from(d)) as usize];
     for h in 0..p.heads {
         let mut acc = 0u64;
         for c in 0..d {
-            for a in 0..n {
-                let w = len.get(a as usize).copied().unwrap_or(0);
-                let mid = acc + w / 2;
+            for r in 0..n {
+                let w = len.get(r as usize).copied().unwrap_or(0);
+                let mid = (acc + w / 2) as u128 * u128::from(cap) / u128::from(total.max(1));
                 acc += w;
-                let run = ((mid * u64::from(r3)) / total.max(1)).min(u64::from(r3) - 1);
-                let i = (u64::from(h * n + a) * u64::from(d) + u64::from(c)) as usize;
+                let k = ends
+                    .partition_point(|&e| u128::from(e) <= mid)
+                    .min(ends.len().saturating_sub(1));
+                let i = (u64::from(h * n + r) * u64::from(d) + u64::from(c)) as usize;
                 if let Some(slot) = out.get_mut(i) {
-                    *slot = run as u32;
+                    *slot = k as u32;
                 }
             }
         }
@@ -1255,45 +1274,22 @@ fn cut_outputs(p: &Problem, r3: u32) -> Vec<u32> {
 /// begin their own phase 1 later, so equal shares leave the arc's last PEs working after its
 /// first are done.
 fn next_outputs(p: &Problem, a: Apart) -> Vec<u32> {
-    let (n, d) = (p.tokens, p.dim);
     let first = a.soft.min(a.r1.saturating_sub(1));
     let pes: Vec<u32> = (first..a.r1.max(1)).collect();
-    let share = |j: u32| -> u64 {
-        if a.taper == 0 {
-            1
-        } else {
-            u64::from(a.r1 + a.taper - j)
-        }
-    };
-    let len: Vec<u64> = (0..n).map(|r| u64::from(p.keys_in_row(r))).collect();
-    let total: u64 = len.iter().sum::<u64>() * u64::from(d);
-    let cap: u64 = pes.iter().map(|&j| share(j)).sum::<u64>().max(1);
-    // Cumulative capacity at the end of each PE, in units of output weight.
-    let mut ends: Vec<u64> = Vec::with_capacity(pes.len());
-    let mut acc = 0u64;
-    for &j in &pes {
-        acc += share(j);
-        ends.push(acc);
-    }
-    let mut out = vec![0u32; (u64::from(p.heads) * u64::from(n) * u64::from(d)) as usize];
-    for h in 0..p.heads {
-        let mut acc = 0u64;
-        for c in 0..d {
-            for r in 0..n {
-                let w = len.get(r as usize).copied().unwrap_or(0);
-                let mid = (acc + w / 2) as u128 * u128::from(cap) / u128::from(total.max(1));
-                acc += w;
-                let k = ends
-                    .partition_point(|&e| u128::from(e) <= mid)
-                    .min(pes.len().saturating_sub(1));
-                let i = (u64::from(h * n + r) * u64::from(d) + u64::from(c)) as usize;
-                if let (Some(slot), Some(&pe)) = (out.get_mut(i), pes.get(k)) {
-                    *slot = pe;
-                }
+    let shares: Vec<u64> = pes
+        .iter()
+        .map(|&j| {
+            if a.taper == 0 {
+                1
+            } else {
+                u64::from(a.r1 + a.taper - j)
             }
-        }
-    }
-    out
+        })
+        .collect();
+    outputs_by_weight(p, &shares)
+        .into_iter()
+        .map(|k| pes.get(k as usize).copied().unwrap_or(0))
+        .collect()
 }
 
 /// Tiny deterministic generator for the perturbed retries (no dependence on the clock).
