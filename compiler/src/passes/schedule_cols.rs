@@ -124,19 +124,19 @@ impl Scheduler for Cols {
         let mut best = (first, parts.clone(), won);
         // Each other kind of lane in a run of its own, so the lanes above keep their retries
         // and search budget and no layer can lose the schedule it had; the shorter one is kept.
-        keep_shorter(p, pes, &mut best, overlapped(p, pes), false);
+        keep_shorter(p, pes, &mut best, overlapped(p, pes), Run::Plain);
         // Every other softmax count of the lanes above.
         keep_shorter(
             p,
             pes,
             &mut best,
             other_softmax_counts(p, pes, &parts),
-            false,
+            Run::Plain,
         );
         // The lanes with each row's outputs on its own softmax PE.
-        keep_shorter(p, pes, &mut best, local_v_lanes(p, pes), false);
+        keep_shorter(p, pes, &mut best, local_v_lanes(p, pes), Run::Plain);
         // The lanes with phase 3 cut by outputs over the v PEs.
-        keep_shorter(p, pes, &mut best, cut_lanes(p, pes), false);
+        keep_shorter(p, pes, &mut best, cut_lanes(p, pes), Run::Plain);
         // The lanes whose columns split between the two ways of reaching phase 3.
         let count = if p.necessary_ops() > LARGE_OPS {
             1
@@ -147,51 +147,55 @@ impl Scheduler for Cols {
             .into_iter()
             .map(|(_, groups, lane)| (groups, lane))
             .collect();
-        keep_shorter(p, pes, &mut best, near, false);
+        keep_shorter(p, pes, &mut best, near, Run::Plain);
         // The lanes of a q/k PE and a softmax PE per row, the inputs streamed in order.
-        keep_shorter(p, pes, &mut best, pair_lanes(p, pes), true);
+        keep_shorter(p, pes, &mut best, pair_lanes(p, pes), Run::KeysFirst);
         // The lanes with fractional columns.
-        keep_shorter(p, pes, &mut best, frac_lanes(p, pes), false);
+        keep_shorter(p, pes, &mut best, frac_lanes(p, pes), Run::Plain);
         // The arcs whose softmax and phase 3 run on the next head's arc, abandoned as soon as
         // they cannot beat the schedule so far (they mostly do not on longer sequences).
-        let arcs = next_lanes(p, pes);
-        if !arcs.is_empty() {
-            if let Ok((o, won)) = schedule_split::run_apart_below(p, pes, &arcs, best.0.cycles()) {
-                if o.cycles() < best.0.cycles() {
-                    best = (o, arcs, won);
-                }
-            }
-        }
+        keep_shorter(p, pes, &mut best, next_lanes(p, pes), Run::Below);
         // The winning lanes with each q = k pair computed with its smaller row.
         let smaller = pairs_by_smaller_row(p, pes, &best.1);
-        keep_shorter(p, pes, &mut best, smaller, false);
+        keep_shorter(p, pes, &mut best, smaller, Run::Plain);
         // The winning lane with some columns held whole, both phases, by its softmax PE.
         let on_soft = soft_columns(p, best.2);
-        keep_shorter(p, pes, &mut best, on_soft, false);
+        keep_shorter(p, pes, &mut best, on_soft, Run::Plain);
         let mut s = best.0;
         s.algorithm = NAME;
         Ok(s)
     }
 }
 
-/// `lanes` run (their inputs streamed in a fixed order with `keys_first`), kept in `best` with
-/// them if shorter; nothing to do for no lanes.
+/// How [`keep_shorter`] runs its lanes.
+#[derive(Clone, Copy)]
+enum Run {
+    /// [`schedule_split::run_apart`].
+    Plain,
+    /// The inputs streamed in a fixed order ([`schedule_split::run_apart_keys_first`]).
+    KeysFirst,
+    /// Wanting a schedule below the best so far ([`schedule_split::run_apart_below`]): runs
+    /// that cannot beat it stop once that is sure, and retries are seeded only by runs below it.
+    Below,
+}
+
+/// `lanes` run as `how` says, kept in `best` with them if shorter; nothing to do for no lanes.
 fn keep_shorter(
     p: &Problem,
     pes: u32,
     best: &mut (RingSchedule, Vec<(u32, Apart)>, (u32, Apart)),
     lanes: Vec<(u32, Apart)>,
-    keys_first: bool,
+    how: Run,
 ) {
     if lanes.is_empty() {
         return;
     }
-    let run = if keys_first {
-        schedule_split::run_apart_keys_first
-    } else {
-        schedule_split::run_apart
+    let run = match how {
+        Run::Plain => schedule_split::run_apart(p, pes, &lanes),
+        Run::KeysFirst => schedule_split::run_apart_keys_first(p, pes, &lanes),
+        Run::Below => schedule_split::run_apart_below(p, pes, &lanes, best.0.cycles()),
     };
-    if let Ok((o, won)) = run(p, pes, &lanes) {
+    if let Ok((o, won)) = run {
         if o.cycles() < best.0.cycles() {
             *best = (o, lanes, won);
         }
@@ -455,7 +459,7 @@ fn pair_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     let (n, d) = (p.tokens, p.dim.max(1));
     // Each link carries the head's `2·n·d` k and v words, where lanes gathering a head's
     // scores into few softmax PEs put its unmasked scores on one link.
-    let weights: u64 = (0..n).map(|a| u64::from(p.keys_in_row(a))).sum();
+    let weights = p.shape().weights_per_head().unwrap_or(u64::MAX);
     if p.symmetric
         || p.shared_values
         || 2 * u64::from(n) * u64::from(d) > weights
@@ -697,7 +701,7 @@ fn soft_columns(p: &Problem, won: (u32, Apart)) -> Vec<(u32, Apart)> {
         return Vec::new();
     }
     let (n, d) = (u64::from(p.tokens), u64::from(p.dim));
-    let weights: u64 = (0..p.tokens).map(|a| u64::from(p.keys_in_row(a))).sum();
+    let weights = p.shape().weights_per_head().unwrap_or(u64::MAX);
     let scores = if p.symmetric && !p.causal {
         n * (n + 1) / 2
     } else {
