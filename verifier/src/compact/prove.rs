@@ -737,13 +737,15 @@ impl Eval {
                 rest.t.iter().map(|&(_, k)| k.abs()).collect();
             moduli.sort_unstable_by(|x, y| y.cmp(x));
             moduli.dedup();
-            let fits = |o: &[(Var, i64)], r: i64, a: i64| {
-                matches!(Aff::bounds_from(r, o, &count), Some((lo, hi)) if lo > -a && hi < a)
-            };
+            let fits = |o: &[(Var, i64)], r: i64, a: i64| matches!(Aff::bounds_from(r, o, &count), Some((lo, hi)) if lo > -a && hi < a);
             let mut found = None;
             for &a in &moduli {
-                let others: smallvec::SmallVec<[(Var, i64); 8]> =
-                    rest.t.iter().copied().filter(|&(_, k)| k % a != 0).collect();
+                let others: smallvec::SmallVec<[(Var, i64); 8]> = rest
+                    .t
+                    .iter()
+                    .copied()
+                    .filter(|&(_, k)| k % a != 0)
+                    .collect();
                 let r0 = rest.c.rem_euclid(a);
                 // The constant's multiple of `a` joins the group (which then sums to a
                 // multiple of `a` still); what remains must stay strictly inside (−a, a).
