@@ -76,11 +76,13 @@ fn shift_first_send(nodes: &mut [isa::Node], done: &mut bool) {
 }
 
 /// Small blocks on a ring whose zigzag chunks give the lagged value sends 4 keys on one step
-/// and 8 on others: a block forwarded word `c·keys + b` (column `c`, key `b`) is read against
-/// the contract's rows of `d = 128` words, too far apart to regroup (`128 / 4`), so the column
-/// loop is cut at each row's edge. Before those cuts PE 1 declined on that read.
+/// and 8 on others (two runs of 4 key rows, stacked 512 words apart in the facts the sends
+/// leave). A block once forwarded word `c·keys + b` (column `c`, key `b`) made PE 1 decline on
+/// that read; it is now forwarded in the order its products read it (`b·d + c`), and the
+/// column loop's writes are shown apart from the other columns' through the rows' common
+/// modulus.
 #[test]
-fn values_forwarded_four_keys_a_column_are_read_row_by_row() {
+fn values_forwarded_four_keys_on_some_steps_are_proved() {
     let src = source(256, 128, 2);
     let (loops, man) = compile(&src, 32);
     let proof =

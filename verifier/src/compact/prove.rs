@@ -696,9 +696,11 @@ impl Eval {
     }
 
     /// Whether `d` is never 0 over the variables' ranges (with `pair = (x, x')` also assuming
-    /// `x ≠ x'`), by elimination from the largest coefficient down: the terms of one magnitude
-    /// `a` sum to a multiple of `a`, so if everything else stays strictly inside `(−a, a)` they
-    /// must sum to 0 — a contradiction when they are `a·(x − x')`.
+    /// `x ≠ x'`), by elimination: the terms whose coefficients are multiples of a modulus `a`
+    /// sum to a multiple of `a`, so if everything else (with the constant's remainder) stays
+    /// strictly inside `(−a, a)`, that remainder must be 0 for `d` to be — and the test goes
+    /// on with it; when the multiples are exactly `a·(x − x')`, that is a contradiction. The
+    /// moduli are the coefficients' magnitudes, largest first.
     fn never_zero(&self, d: &Aff, pair: Option<(Var, Var)>) -> bool {
         fn gcd(a: i64, b: i64) -> i64 {
             if b == 0 {
@@ -728,12 +730,42 @@ impl Eval {
             if rest.c % g != 0 {
                 return true;
             }
-            let a = rest.t.iter().map(|&(_, k)| k.abs()).max().unwrap_or(1);
-            // The group of magnitude `a`, tested in place: two terms `x − x'` when `pair` asks.
+            // A modulus `a` whose multiples (the group) leave the other terms strictly inside
+            // `(−a, a)`: the largest coefficient first, then each smaller one (a block's rows
+            // stacked as `128·b + 512·w` against `128·b'` leave only the columns).
+            let mut moduli: smallvec::SmallVec<[i64; 8]> =
+                rest.t.iter().map(|&(_, k)| k.abs()).collect();
+            moduli.sort_unstable_by(|x, y| y.cmp(x));
+            moduli.dedup();
+            let fits = |o: &[(Var, i64)], r: i64, a: i64| matches!(Aff::bounds_from(r, o, &count), Some((lo, hi)) if lo > -a && hi < a);
+            let mut found = None;
+            for &a in &moduli {
+                let others: smallvec::SmallVec<[(Var, i64); 8]> = rest
+                    .t
+                    .iter()
+                    .copied()
+                    .filter(|&(_, k)| k % a != 0)
+                    .collect();
+                let r0 = rest.c.rem_euclid(a);
+                // The constant's multiple of `a` joins the group (which then sums to a
+                // multiple of `a` still); what remains must stay strictly inside (−a, a).
+                if fits(&others, r0, a) {
+                    found = Some((a, r0));
+                } else if fits(&others, r0 - a, a) {
+                    found = Some((a, r0 - a));
+                }
+                if found.is_some() {
+                    break;
+                }
+            }
+            let Some((a, r)) = found else {
+                return false;
+            };
+            // The group, tested in place: two terms `x − x'` when `pair` asks.
             let mut group = 0;
             let (mut has_x, mut has_xp, mut ks) = (false, false, [0i64; 2]);
             for &(v, k) in &rest.t {
-                if k.abs() == a {
+                if k % a == 0 {
                     if group < 2 {
                         ks[group] = k;
                     }
@@ -744,18 +776,7 @@ impl Eval {
                     }
                 }
             }
-            let r0 = rest.c.rem_euclid(a);
-            rest.t.retain(|&mut (_, k)| k.abs() != a);
-            // The constant's multiple of `a` joins the group (which then sums to a multiple of
-            // `a` still); what remains must stay strictly inside (−a, a).
-            let fits = |o: &Aff, r: i64| matches!(Aff::bounds_from(r, &o.t, &count), Some((lo, hi)) if lo > -a && hi < a);
-            let r = if fits(&rest, r0) {
-                r0
-            } else if fits(&rest, r0 - a) {
-                r0 - a
-            } else {
-                return false;
-            };
+            rest.t.retain(|&mut (_, k)| k % a != 0);
             if pair.is_some() && rest.c == r && group == 2 && has_x && has_xp && ks[0] == -ks[1] {
                 return true;
             }
@@ -2222,6 +2243,28 @@ mod tests {
         assert_eq!(holds_over(Cmp::Ne, 3, 4, 9), Some(true));
         assert_eq!(holds_over(Cmp::Ne, 3, 3, 3), Some(false));
         assert_eq!(holds_over(Cmp::Ne, 3, 2, 4), None);
+    }
+
+    /// A column `c` of a block whose key rows were written as two stacked runs of four
+    /// (`128·b' + 512·w`), against another column `c'` of the same block read as eight rows
+    /// (`128·b`): the rows' terms are all multiples of 128, the columns differ by less, so the
+    /// words differ whenever the columns do. With 129 columns they may meet.
+    #[test]
+    fn words_of_other_columns_never_meet_whatever_rows_they_are_in() {
+        for (columns, apart) in [(128, true), (129, false)] {
+            let mut e = Eval::new(0, 8, true);
+            let (c, c2) = (e.fresh(columns), e.fresh(columns));
+            let (b2, w, b) = (e.fresh(4), e.fresh(2), e.fresh(8));
+            let written = Aff::cst(66560)
+                .add_term(c, 1)
+                .add_term(b2, 128)
+                .add_term(w, 512);
+            let read = Aff::cst(66560).add_term(c2, 1).add_term(b, 128);
+            let d = written.minus(&read);
+            assert_eq!(e.never_zero(&d, Some((c, c2))), apart, "{columns} columns");
+            // Without knowing the columns differ, the same word is reachable.
+            assert!(!e.never_zero(&d, None), "{columns} columns, no pair");
+        }
     }
 
     #[test]

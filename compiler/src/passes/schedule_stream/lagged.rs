@@ -517,17 +517,19 @@ impl LCtx<'_> {
             ));
         }
         // Columns outside, keys inside, so each y word is one running sum. Iteration (row a,
-        // column c, key b) forwards word `(a − r0)·keys·d + c·keys + b` of the v rows: any
-        // bijection will do, source and destination offsets being the same. Less than a row's
-        // worth (`wk < keys` keys' words, a trimmed hop of a step whose rows see two chunks)
-        // rides on the first row's first `wk` keys instead: word `c·wk + b`.
+        // column c, key b) forwards word `(a − r0)·keys·d + b·d + c` of the v rows, the word
+        // its product reads (any bijection would do, source and destination offsets being the
+        // same; this one keeps each send within the key row it reads, so the proof without
+        // unrolling reads every forwarded run from one row of the block instead of regrouping
+        // the column loop). Less than a row's worth (`wk < keys` keys' words, a trimmed hop
+        // of a step whose rows see two chunks) rides on the first row's first `wk` keys.
         let kd = i64::from(w.keys) * d;
         let send = w.send.as_ref().map(|(src, dst, words)| {
             let words = i64::from(*words);
             if words < kd {
                 debug_assert_eq!(words % d, 0, "whole keys only");
                 let wk = words / d;
-                let at = |a: &Ad| a.clone().t(lb, wk).t(lk, 1);
+                let at = |a: &Ad| a.clone().t(lb, 1).t(lk, d);
                 let mut preds = vec![Pred {
                     slot: Slot::Xfer,
                     level: lk,
@@ -550,7 +552,7 @@ impl LCtx<'_> {
             }
             let full = u32::try_from(words / kd).unwrap_or(u32::MAX);
             let at = |a: &Ad| {
-                let x = a.clone().t(lb, i64::from(w.keys)).t(lk, 1);
+                let x = a.clone().t(lb, 1).t(lk, d);
                 if full > 1 {
                     x.t(lr, kd)
                 } else {
