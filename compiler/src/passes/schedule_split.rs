@@ -3134,3 +3134,44 @@ enum Moved {
     /// To its end, with this result.
     Result(usize, Val),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A write: value, PE, cycle; `travel` writes it on the PE after the value's last one
+    /// instead (how words spread over links), so runs grow, wrap and outgrow their blocks.
+    fn writes() -> impl Strategy<Value = Vec<(u32, u32, usize, bool)>> {
+        prop::collection::vec((0u32..24, 0u32..64, 0usize..1000, any::<bool>()), 0..400)
+    }
+
+    proptest! {
+        /// `Avail` answers every read as one map per PE and value would, after each write and
+        /// across resets to rings of other sizes.
+        #[test]
+        fn avail_behaves_as_one_map_per_pe_and_value(
+            rings in prop::collection::vec((1u32..40, writes()), 1..4),
+        ) {
+            let mut avail = Avail::default();
+            for (m, ws) in rings {
+                avail.reset(m);
+                let mut plain: HashMap<(Val, u32), usize> = HashMap::default();
+                let mut last: HashMap<u32, u32> = HashMap::default();
+                for (x, pe, cycle, travel) in ws {
+                    let v = Val::from_u32(x);
+                    let pe = match (travel, last.get(&x)) {
+                        (true, Some(&p)) => (p + 1) % m,
+                        _ => pe % m,
+                    };
+                    last.insert(x, pe);
+                    prop_assert_eq!(avail.insert(v, pe, cycle), plain.insert((v, pe), cycle).is_none());
+                    for q in 0..m + 1 {
+                        prop_assert_eq!(avail.get(&v, q), plain.get(&(v, q)).copied());
+                        prop_assert_eq!(avail.contains_key(&v, q), plain.contains_key(&(v, q)));
+                    }
+                }
+            }
+        }
+    }
+}
