@@ -243,7 +243,7 @@ fn triangular_step_zero_is_proved() {
 /// PE the program is as long.
 #[test]
 fn lagged_values_are_proved() {
-    let (mut proved, mut silent_tails) = (0, 0);
+    let mut proved = 0;
     for (n, m) in [
         (8, 2),
         (16, 2),
@@ -266,21 +266,12 @@ fn lagged_values_are_proved() {
                     let lens: Vec<usize> = programs.iter().map(|p| p.bundles.len()).collect();
                     assert!(lens.iter().all(|&l| l == lens[0]), "{lens:?}");
                     proved += 1;
-                    // A run of groups whose last one ends with the ring's silent step.
-                    let p = problem(n, d, h, false, true, true);
-                    let st = schedule_stream::run_with(&p, m, true, lag).unwrap();
-                    silent_tails += usize::from(st.programs.iter().any(|q| {
-                        q.to_text()
-                            .lines()
-                            .any(|l| l.contains("send") && l.contains("i1 <"))
-                    }));
                 }
             }
         }
     }
-    eprintln!("{proved} lagged layers proved, {silent_tails} with a silent tail");
+    eprintln!("{proved} lagged layers proved");
     assert!(proved >= 250, "only {proved}");
-    assert!(silent_tails >= 10, "only {silent_tails}");
 }
 
 /// Layers without a mask whose values trail their keys: every row against every key in every

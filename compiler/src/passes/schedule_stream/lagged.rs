@@ -200,26 +200,6 @@ struct Group {
     v: Vec<Seg>,
 }
 
-impl Group {
-    /// Whether `other` is this group with its last k run ending in the ring's silent last step
-    /// (and that run longer than the step).
-    fn silenced_is(&self, other: &Group) -> bool {
-        let (Some(last), Some(theirs)) = (self.k.last(), other.k.last()) else {
-            return false;
-        };
-        let mut same = last.clone();
-        same.silent_last = true;
-        self.rescale == other.rescale
-            && self.copy == other.copy
-            && self.v == other.v
-            && self.k.len() == other.k.len()
-            && self.k[..self.k.len() - 1] == other.k[..other.k.len() - 1]
-            && !last.silent_last
-            && last.count > 1
-            && *theirs == same
-    }
-}
-
 /// Appends step offset `i` of pattern `pat` to `segs`, merging it into the last run where the
 /// same loop body serves.
 fn push_step(segs: &mut Vec<Seg>, i: u32, pat: Pat) {
@@ -849,8 +829,7 @@ impl LCtx<'_> {
 
     /// A run of `run` identical groups starting at group `j0`, as one loop at level 1.
     ///
-    /// `silent_tail`: the run's last group forwards nothing in its last k step.
-    fn groups(&self, j0: u32, run: u32, grp: &Group, silent_tail: bool) -> Vec<Node> {
+    fn groups(&self, j0: u32, run: u32, grp: &Group) -> Vec<Node> {
         let m = self.map;
         let (d, rows) = (m.d, m.rows);
         // Max slot of group j − back.
@@ -929,34 +908,23 @@ impl LCtx<'_> {
             }
             lp(seg.count, nodes)
         };
-        let mut k_segs: Vec<(Seg, bool)> = grp.k.iter().map(|x| (x.clone(), false)).collect();
-        if silent_tail {
-            if let Some((last, _)) = k_segs.pop() {
-                let mut tail = last.clone();
-                tail.i0 += last.count - 1;
-                tail.count = 1;
-                let mut head = last;
-                head.count -= 1;
-                k_segs.push((head, false));
-                k_segs.push((tail, true));
-            }
-        }
+        let mut k_segs: Vec<Seg> = grp.k.clone();
         // Step 1 starts local row 0's maximum where step 0 left it unwritten
         // ([`LCtx::single_unmaxed`]): that step runs alone, its row 0 apart.
         let peel = self.single_unmaxed() && j0 == 0 && self.pe >= 1;
         if peel {
-            if let Some((first, _)) = k_segs.first_mut() {
+            if let Some(first) = k_segs.first_mut() {
                 if first.count > 1 {
                     let mut rest = first.clone();
                     rest.i0 += 1;
                     rest.count -= 1;
                     first.count = 1;
                     first.silent_last = false;
-                    k_segs.insert(1, (rest, false));
+                    k_segs.insert(1, rest);
                 }
             }
         }
-        for (i, (seg, tail)) in k_segs.iter().enumerate() {
+        for (i, seg) in k_segs.iter().enumerate() {
             let kb = Self::by_parity(m, 0, seg.i0, seg.count, false);
             let dst = Self::by_parity(m, 0, seg.i0, seg.count, true);
             let (r0, n_rows, keys) = shape(seg.pat.kind);
@@ -978,18 +946,7 @@ impl LCtx<'_> {
             } else {
                 self.kwork(&kw, 3)
             };
-            let mut nodes = silence(seg, nodes);
-            if *tail {
-                add_xfer_preds(
-                    &mut nodes,
-                    &[Pred {
-                        slot: Slot::Xfer,
-                        level: 1,
-                        cmp: Cmp::Lt,
-                        value: run - 1,
-                    }],
-                );
-            }
+            let nodes = silence(seg, nodes);
             body.extend(nodes);
         }
         // Per weight, the whole ring's exponentials and sums first, then every weight
@@ -1097,12 +1054,11 @@ pub(super) fn program(
             run += 1;
         }
         // The last group with k work often differs from the groups before it only by its
-        // silent last step: it joins their run, that step's sends predicated by the group.
-        let silent_tail = j + run <= groups && grp.silenced_is(&ctx.group(j + run));
-        if silent_tail {
-            run += 1;
-        }
-        head.extend(ctx.groups(j, run, &grp, silent_tail));
+        // silent last step. It stays a run of its own: joined to theirs, with that step's
+        // sends predicated on the group, the run's key steps became a loop of `g − 1` and a
+        // step apart, which the proof without unrolling evaluates as three pieces (and the
+        // value steps reading their scores cut at the same place) in every group of the run.
+        head.extend(ctx.groups(j, run, &grp));
         j += run;
     }
     if !map.per_weight {
