@@ -135,6 +135,8 @@ impl Scheduler for Cols {
         );
         // The lanes with each row's outputs on its own softmax PE.
         keep_shorter(p, pes, &mut best, local_v_lanes(p, pes), Run::Plain);
+        // The lanes with outputs on the softmax PEs, each with a helper PE taking some.
+        keep_shorter(p, pes, &mut best, helper_lanes(p, pes), Run::Plain);
         // The lanes with phase 3 cut by outputs over the v PEs.
         keep_shorter(p, pes, &mut best, cut_lanes(p, pes), Run::Plain);
         // The lanes whose columns split between the two ways of reaching phase 3.
@@ -404,6 +406,38 @@ fn local_v_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         }
     }
     out
+}
+
+/// The lanes of [`local_v_lanes`] with a helper PE after each softmax PE (`Apart::helper`)
+/// taking the last half of each of its rows' output columns. On those lanes a row's softmax
+/// PE does all `n·d` products of its row after its softmax, so the last rows finish well after
+/// the link into the softmax PEs has drained (16 tokens, `d = 8` on 256 PEs: the link carries
+/// its 264 words by cycle 263, the softmax PEs end at 274 to 304). A helper halves that tail
+/// for one more hop per softmax PE on the words that stream past them and one link for the
+/// row's weights. One run, kept only when shorter.
+fn helper_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let d = p.dim;
+    let per = pes / p.heads.max(1);
+    let keep = (d / 2).max(1);
+    // Separate q, k, v without a mask gained nowhere measured (4 to 16 tokens, `d = 8`, on 16
+    // to 256 PEs): their lanes with a v part are shorter there.
+    if d < 2 || (!p.shared_values && !p.causal) {
+        return Vec::new();
+    }
+    local_v_lanes(p, pes)
+        .into_iter()
+        .filter(|&(_, lane)| lane.r1 + 2 * lane.soft <= per)
+        .map(|(groups, lane)| {
+            (
+                groups,
+                Apart {
+                    helper: 1,
+                    keep_v: keep,
+                    ..lane
+                },
+            )
+        })
+        .collect()
 }
 
 /// One lane per row, each k and v row homed in its own row's lane (`Apart::spread`): every

@@ -251,6 +251,12 @@ pub(crate) struct Apart {
     /// arc (0: even).
     pub(crate) next: bool,
     pub(crate) taper: u32,
+    /// With `local_v` and `keep_v > 0`: every softmax PE is followed by `helper` PEs of its
+    /// own (the softmax PEs are every `helper + 1`-th PE after the q/k PEs) that accumulate
+    /// columns `c ≥ keep_v` of its rows' outputs, cut evenly between them, so that a row's
+    /// `n·d` products after its softmax are split and its weights cross only the links to its
+    /// helpers (see `schedule_cols::helper_lanes`). 0: none.
+    pub(crate) helper: u32,
 }
 
 impl Apart {
@@ -271,6 +277,7 @@ impl Apart {
             on_soft: 0,
             next: false,
             taper: 0,
+            helper: 0,
         }
     }
 
@@ -279,6 +286,9 @@ impl Apart {
     pub(crate) fn len(&self) -> u32 {
         if self.next {
             return self.r1;
+        }
+        if self.helper > 0 {
+            return self.r1 + (1 + self.helper) * self.soft + self.r3;
         }
         self.r1 + self.soft + self.r3
     }
@@ -1055,6 +1065,10 @@ impl Geometry {
     /// Where the scores of the lane's `i`-th row land for the softmax, on a lane of its own.
     fn land(&self, lane: u32, i: u32) -> u32 {
         if let Some(a) = self.apart {
+            if a.helper > 0 {
+                let step = 1 + a.helper;
+                return (self.start(lane) + a.r1 + step * (i % a.soft.max(1))) % self.m;
+            }
             return (self.start(lane) + a.r1 + i % a.soft.max(1)) % self.m;
         }
         if self.soft > 1 {
@@ -2076,6 +2090,11 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             let lane = g.lane(h, a);
             for c in 0..d {
                 let pe = match g.apart {
+                    Some(ap) if ap.local_v && ap.helper > 0 && ap.keep_v > 0 && c >= ap.keep_v => {
+                        let rest = u64::from(d.saturating_sub(ap.keep_v).max(1));
+                        let k = (u64::from(c - ap.keep_v) * u64::from(ap.helper)) / rest;
+                        (g.land(lane, lane_row[(h * n + a) as usize]) + 1 + k as u32) % m
+                    }
                     Some(ap) if ap.local_v && ap.keep_v > 0 && c >= ap.keep_v => {
                         (g.start(lane) + ap.len()) % m
                     }
