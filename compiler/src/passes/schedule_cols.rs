@@ -528,7 +528,10 @@ fn reversed_pair_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
 /// exponentials), so about `d + W + 2n` cycles in all (docs/scheduling.md).
 fn soft_from_last(p: &Problem, pes: u32, won: (u32, Apart)) -> Vec<(u32, Apart)> {
     let (groups, lane) = won;
+    // Not on wider heads: none of the causal `d = 64` layers tried (8 to 16 tokens on 16, 64
+    // and 256 PEs) moved, and the run costs a fifth more compile time there.
     if !p.causal
+        || p.dim > SOFT_STEP_DIM
         || groups != 1
         || lane.soft < 2
         || lane.local_v
