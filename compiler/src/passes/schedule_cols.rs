@@ -171,7 +171,7 @@ impl Scheduler for Cols {
         keep_shorter(p, pes, &mut best, on_soft, Run::Plain);
         // Under a causal mask, the winning lane with its rows dealt from the last softmax PE.
         let from_last = soft_from_last(p, pes, best.2);
-        keep_shorter(p, pes, &mut best, from_last, Run::Plain);
+        keep_shorter(p, pes, &mut best, from_last, Run::Below);
         let mut s = best.0;
         s.algorithm = NAME;
         Ok(s)
