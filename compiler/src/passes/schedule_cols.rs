@@ -521,8 +521,8 @@ fn reversed_pair_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
 /// (`Apart::soft_from_last`), at its softmax count and one more. Rows finish longest first, and
 /// dealt from the first softmax PE the first row's weights leave by the links that carry every
 /// later row's scores to the other softmax PEs, behind them: 16 tokens, `d = 8` on 64 PEs, the
-/// first weight reached the v PEs at cycle 56, 13 cycles after its division (199 cycles);
-/// dealt from the last, at 44 (196 cycles). The lane is then bound by its links: all `W`
+/// first row's divisions ran at cycles 40–55 and its first weight reached the v PEs at cycle 56
+/// (199 cycles); dealt from the last, at 44 (196 cycles). The lane is then bound by its links: all `W`
 /// scores leave the last q/k PE one a cycle and all `W` weights enter the v part one a cycle,
 /// the first of them about `2n` cycles after the first score (the longest row's scores and its
 /// exponentials), so about `d + W + 2n` cycles in all (docs/scheduling.md).
