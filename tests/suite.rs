@@ -7,6 +7,7 @@ mod common;
 mod verifier_common;
 
 mod cli;
+mod cols_causal;
 mod cols_grid;
 mod e2e_grid;
 mod e2e_shapes;

@@ -152,6 +152,14 @@ impl Scheduler for Cols {
         keep_shorter(p, pes, &mut best, near, Run::Plain);
         // The lanes of a q/k PE and a softmax PE per row, the inputs streamed in order.
         keep_shorter(p, pes, &mut best, pair_lanes(p, pes), Run::KeysFirst);
+        // Under a causal mask, the same lanes laid from the last row.
+        keep_shorter(
+            p,
+            pes,
+            &mut best,
+            reversed_pair_lanes(p, pes),
+            Run::KeysFirst,
+        );
         // The lanes with fractional columns.
         keep_shorter(p, pes, &mut best, frac_lanes(p, pes), Run::Plain);
         // The arcs whose softmax and phase 3 run on the next head's arc, abandoned as soon as
@@ -163,6 +171,9 @@ impl Scheduler for Cols {
         // The winning lane with some columns held whole, both phases, by its softmax PE.
         let on_soft = soft_columns(p, best.2);
         keep_shorter(p, pes, &mut best, on_soft, Run::Plain);
+        // Under a causal mask, the winning lane with its rows dealt from the last softmax PE.
+        let from_last = soft_from_last(p, pes, best.2);
+        keep_shorter(p, pes, &mut best, from_last, Run::Below);
         let mut s = best.0;
         s.algorithm = NAME;
         Ok(s)
@@ -510,6 +521,77 @@ fn pair_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
             ..Apart::columns(1, 1, 0)
         },
     )]
+}
+
+/// Under a causal mask, [`pair_lanes`] with the rows laid along the ring from the last
+/// (`Apart::rows_from_last`): the last row's lane first, the k and v rows preloaded there and
+/// streaming on through the lanes of shorter rows. Laid from the first row, every k and v row
+/// crosses every lane on its way to the last one, which reads them all (32 tokens, `d = 8` on
+/// 64 PEs: 512 words on every link, 556 cycles); from the last, the link into a row's lane
+/// carries only the rows it and the lanes after it read, fewer lane by lane, and the first
+/// lane, holding them all, starts at once (550 cycles). What is left is the link into the
+/// second lane, which still carries nearly all `2·n·d` words: every layout of one row per lane
+/// has such a link (docs/scheduling.md).
+fn reversed_pair_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    if !p.causal {
+        return Vec::new();
+    }
+    pair_lanes(p, pes)
+        .into_iter()
+        .map(|(groups, lane)| {
+            (
+                groups,
+                Apart {
+                    rows_from_last: true,
+                    ..lane
+                },
+            )
+        })
+        .collect()
+}
+
+/// Under a causal mask, the lane `won` (one row group, two or more softmax PEs, rows dealt in
+/// turn) with its rows dealt from the last softmax PE back in the order they finish
+/// (`Apart::soft_from_last`), at its softmax count and one more. Rows finish longest first, and
+/// dealt from the first softmax PE the first row's weights leave by the links that carry every
+/// later row's scores to the other softmax PEs, behind them: 16 tokens, `d = 8` on 64 PEs, the
+/// first row's divisions ran at cycles 40–55 and its first weight reached the v PEs at cycle 56
+/// (199 cycles); dealt from the last, at 44 (196 cycles). The lane is then bound by its links: all `W`
+/// scores leave the last q/k PE one a cycle and all `W` weights enter the v part one a cycle,
+/// the first of them about `2n` cycles after the first score (the longest row's scores and its
+/// exponentials), so about `d + W + 2n` cycles in all (docs/scheduling.md).
+fn soft_from_last(p: &Problem, pes: u32, won: (u32, Apart)) -> Vec<(u32, Apart)> {
+    let (groups, lane) = won;
+    // Not on wider heads: none of the causal `d = 64` layers tried (8 to 16 tokens on 16, 64
+    // and 256 PEs) moved, and the run costs a fifth more compile time there.
+    if !p.causal
+        || p.dim > SOFT_STEP_DIM
+        || groups != 1
+        || lane.soft < 2
+        || lane.local_v
+        || lane.spread
+        || lane.cut3
+        || lane.next
+        || lane.soft_from_last
+    {
+        return Vec::new();
+    }
+    let room = (pes / p.heads.max(1)).saturating_sub(lane.r1 + lane.r3);
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    for soft in [lane.soft, lane.soft + 1] {
+        if soft > p.tokens || soft > room {
+            continue;
+        }
+        out.push((
+            1,
+            Apart {
+                soft,
+                soft_from_last: true,
+                ..lane
+            },
+        ));
+    }
+    out
 }
 
 /// With q = k = v, lanes whose first `near` columns keep their phase 3 on their q/k PEs

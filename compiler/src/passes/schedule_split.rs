@@ -257,6 +257,15 @@ pub(crate) struct Apart {
     /// `n·d` products after its softmax are split and its weights cross only the links to its
     /// helpers (see `schedule_cols::helper_lanes`). 0: none.
     pub(crate) helper: u32,
+    /// Row groups laid along the ring from the last: the lane of the last rows first, where
+    /// the k and v rows are then preloaded (their first reader), so that under a causal mask
+    /// each link carries only the rows of the lanes after it (see `schedule_cols`'s
+    /// `reversed_pair_lanes`).
+    pub(crate) rows_from_last: bool,
+    /// Rows dealt to the softmax PEs in the order they finish, the first to the last softmax
+    /// PE and on backwards, so that the first weights leave by a link no score crosses (see
+    /// `schedule_cols`'s `soft_from_last`).
+    pub(crate) soft_from_last: bool,
 }
 
 impl Apart {
@@ -278,6 +287,8 @@ impl Apart {
             next: false,
             taper: 0,
             helper: 0,
+            rows_from_last: false,
+            soft_from_last: false,
         }
     }
 
@@ -988,7 +999,10 @@ impl Geometry {
             for a in 0..n {
                 let mid = acc + per_row(a) / 2;
                 acc += per_row(a);
-                let g = ((mid * u64::from(groups)) / total.max(1)).min(u64::from(groups) - 1);
+                let mut g = ((mid * u64::from(groups)) / total.max(1)).min(u64::from(groups) - 1);
+                if layout.apart.is_some_and(|ap| ap.rows_from_last) {
+                    g = u64::from(groups) - 1 - g;
+                }
                 lane_of.push(if all_heads_on_ring {
                     0
                 } else {
@@ -1864,6 +1878,28 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             let k = lane_rows.entry(g.lane(h, a)).or_insert(0);
             lane_row.push(*k);
             *k += 1;
+        }
+    }
+    // Dealt from the last softmax PE back in the order the rows finish (`rank`), the first
+    // rows' weights leave the softmax PEs by a link that no later row's score crosses.
+    if let Some(ap) = g.apart.filter(|ap| ap.soft_from_last && ap.soft > 1) {
+        let mut by_lane: HashMap<u32, Vec<(i64, usize)>> = HashMap::default();
+        for h in 0..p.heads {
+            for a in 0..n {
+                let i = (h * n + a) as usize;
+                by_lane
+                    .entry(g.lane(h, a))
+                    .or_default()
+                    .push((rank(h, a), i));
+            }
+        }
+        for rows in by_lane.values_mut() {
+            rows.sort_unstable();
+            for (pos, &(_, i)) in rows.iter().enumerate() {
+                if let Some(slot) = lane_row.get_mut(i) {
+                    *slot = ap.soft - 1 - (pos as u32 % ap.soft);
+                }
+            }
         }
     }
     // The lanes cut by outputs deal rows by weight: their softmax PEs are then as busy as the
