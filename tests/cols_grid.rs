@@ -7,7 +7,7 @@
 
 use crate::common;
 
-use common::{compile_src, run_emitted};
+use common::{compile_src, run_emitted, run_within};
 use compiler::passes::select::Choice;
 
 /// The end-to-end tolerance every grid uses (inputs in [-1, 1], f32 arithmetic).
@@ -45,15 +45,7 @@ fn check(n: u32, d: u32, m: u32, heads: u32, scheme: Scheme, safe: bool) -> u64 
         "{what}: the cols dataflow must be proved with the necessary operations alone"
     );
     // `run_emitted` proves the programs with `exact_ops` (no operation beyond the necessary).
-    let r = run_emitted(&cols, u64::from(n * 1000 + d * 10 + m));
-    assert!(
-        r.max_abs_err <= TOL,
-        "{what}: max_abs_err {}",
-        r.max_abs_err
-    );
-    assert_eq!(r.cycles, cols.manifest.cycles, "{what}");
-    let bound = cols.manifest.bound.expect("every compile states its bound");
-    assert!(r.cycles >= bound.value, "{what}: below {bound:?}");
+    let r = run_within(&cols, u64::from(n * 1000 + d * 10 + m), TOL, &what);
     assert!(r.cycles >= cols.manifest.lower_bound, "{what}");
     let auto = compile_src(&text, m, Choice::Auto);
     assert!(

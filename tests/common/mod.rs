@@ -101,6 +101,21 @@ pub fn run_emitted(c: &Compiled, seed: u64) -> RunResult {
     }
 }
 
+/// [`run_emitted`], then what every schedule must show: outputs within `tol` of the f64
+/// reference, the manifest's cycle count exactly, and no fewer cycles than the bound it states.
+pub fn run_within(c: &Compiled, seed: u64, tol: f64, what: &str) -> RunResult {
+    let r = run_emitted(c, seed);
+    assert!(
+        r.max_abs_err <= tol,
+        "{what}: max_abs_err {}",
+        r.max_abs_err
+    );
+    assert_eq!(r.cycles, c.manifest.cycles, "{what}");
+    let bound = c.manifest.bound.expect("every compile states its bound");
+    assert!(r.cycles >= bound.value, "{what}: below {bound:?}");
+    r
+}
+
 /// The rerolled form of the programs (what `attnc compile` writes when it is smaller), however
 /// the compile was asked: its binary and text forms round-trip, it flattens to the flat programs
 /// bundle for bundle (so the proof above covers it), and the loop machine runs it natively to
