@@ -298,10 +298,8 @@ impl Apart {
         if self.next {
             return self.r1;
         }
-        if self.helper > 0 {
-            return self.r1 + (1 + self.helper) * self.soft + self.r3;
-        }
-        self.r1 + self.soft + self.r3
+        // Each softmax PE with its helpers (none: one PE a softmax PE).
+        self.r1 + (1 + self.helper) * self.soft + self.r3
     }
 }
 
@@ -1079,11 +1077,9 @@ impl Geometry {
     /// Where the scores of the lane's `i`-th row land for the softmax, on a lane of its own.
     fn land(&self, lane: u32, i: u32) -> u32 {
         if let Some(a) = self.apart {
-            if a.helper > 0 {
-                let step = 1 + a.helper;
-                return (self.start(lane) + a.r1 + step * (i % a.soft.max(1))) % self.m;
-            }
-            return (self.start(lane) + a.r1 + i % a.soft.max(1)) % self.m;
+            // Softmax PEs are every `helper + 1`-th PE after the q/k PEs.
+            let step = 1 + a.helper;
+            return (self.start(lane) + a.r1 + step * (i % a.soft.max(1))) % self.m;
         }
         if self.soft > 1 {
             return (self.start(lane) + self.r - self.soft + i % self.soft) % self.m;
