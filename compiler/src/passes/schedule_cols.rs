@@ -165,6 +165,9 @@ impl Scheduler for Cols {
         // The arcs whose softmax and phase 3 run on the next head's arc, abandoned as soon as
         // they cannot beat the schedule so far (they mostly do not on longer sequences).
         keep_shorter(p, pes, &mut best, next_lanes(p, pes), Run::Below);
+        // With q = k = v, lanes whose scores go round the ring to softmax PEs before the
+        // q/k PEs, wanting a schedule below the best so far.
+        keep_shorter(p, pes, &mut best, scores_round_lanes(p, pes), Run::Below);
         // The winning lanes with each q = k pair computed with its smaller row.
         let smaller = pairs_by_smaller_row(p, pes, &best.1);
         keep_shorter(p, pes, &mut best, smaller, Run::Plain);
@@ -890,6 +893,57 @@ fn next_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         );
         if !out.contains(&c) {
             out.push(c);
+        }
+    }
+    out
+}
+
+/// Softmax PE counts of the lanes [`scores_round_lanes`] tries.
+const SCORES_ROUND_SOFT: [u32; 3] = [1, 2, 3];
+
+/// With q = k = v and several heads, arcs of `m / heads` PEs, one per head, that take phase 1
+/// and phase 3 of their own head on the PEs holding its x columns, with the head's softmax PEs
+/// first on the arc and its q/k PEs after them (`Apart::soft_before`): the scores go on round
+/// the ring to the softmax PEs and the weights cross one link into the q/k PEs. An x word is
+/// read before and after its row's softmax, so with no word crossing the softmax PEs' links
+/// every head's words go once round the ring either way; the lanes of [`candidates`] whose v
+/// columns are on the q/k PEs send the weights round, `n²` words a head, on every link for
+/// every head (8 tokens, `d = 64`, 4 heads on 256 PEs: 292 words
+/// on every link, the first weights back at the q/k PEs near cycle 330 and the last at the
+/// 600th: 622 cycles). Sending the scores round instead puts `n(n+1)/2` words a head (q = k
+/// without a mask computes each pair once; under a causal mask as many as the weights) on
+/// the links of the other heads' arcs, and the weights only on the head's own (208 words a
+/// link there: 442 cycles). Each softmax count of [`SCORES_ROUND_SOFT`], with whole columns
+/// (at most one a PE) and with fractional ones over all of the arc's other PEs. One head gains
+/// nothing (its weights are the only words round the ring: 8 tokens, `d = 64` on 256 PEs,
+/// 421 cycles at best against 387), nor do separate q, k and v (whose v part needs no loop:
+/// the arcs of [`next_lanes`]); tried with q = k = v and at least 2 heads on rings of
+/// 16 PEs or more.
+fn scores_round_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let d = p.dim.max(1);
+    let per = pes / p.heads.max(1);
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    if !p.shared_values || p.heads < 2 || pes < SOFT_STEP_PES {
+        return out;
+    }
+    for soft in SCORES_ROUND_SOFT {
+        for frac in [false, true] {
+            let room = per.saturating_sub(soft);
+            let r1 = if frac { room } else { room.min(d) };
+            if r1 == 0 || soft > p.tokens {
+                continue;
+            }
+            let c = (
+                1,
+                Apart {
+                    soft_before: true,
+                    frac,
+                    ..Apart::columns(r1, soft, 0)
+                },
+            );
+            if !out.contains(&c) {
+                out.push(c);
+            }
         }
     }
     out
