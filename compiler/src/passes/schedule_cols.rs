@@ -17,7 +17,8 @@
 //! With fractional columns (see [`frac_lanes`]) each column part's products are cut evenly over
 //! its PEs instead, a column's rows splitting between neighbours. With several heads the lanes
 //! of [`next_lanes`] are arcs of q/k PEs alone, each head's softmax and outputs on the next
-//! head's arc.
+//! head's arc; with q = k = v those of [`scores_round_lanes`] are arcs whose softmax PEs come
+//! first, the scores going round the ring to them.
 //!
 //! No input word is read by two parts, so nothing but partial sums, scores and weights cross
 //! the links (with q = k = v the x rows are read in both column parts and do travel). Each part
@@ -165,9 +166,6 @@ impl Scheduler for Cols {
         // The arcs whose softmax and phase 3 run on the next head's arc, abandoned as soon as
         // they cannot beat the schedule so far (they mostly do not on longer sequences).
         keep_shorter(p, pes, &mut best, next_lanes(p, pes), Run::Below);
-        // With q = k = v, lanes whose scores go round the ring to softmax PEs before the
-        // q/k PEs, wanting a schedule below the best so far.
-        keep_shorter(p, pes, &mut best, scores_round_lanes(p, pes), Run::Below);
         // The winning lanes with each q = k pair computed with its smaller row.
         let smaller = pairs_by_smaller_row(p, pes, &best.1);
         keep_shorter(p, pes, &mut best, smaller, Run::Plain);
@@ -177,6 +175,18 @@ impl Scheduler for Cols {
         // Under a causal mask, the winning lane with its rows dealt from the last softmax PE.
         let from_last = soft_from_last(p, pes, best.2);
         keep_shorter(p, pes, &mut best, from_last, Run::Below);
+        // With q = k = v, arcs whose scores go round the ring to softmax PEs before the q/k
+        // PEs, wanting a schedule below the best so far, and where they win, with each pair
+        // computed with its smaller row. Last, so that the runs above still start from the
+        // lanes they had (run before them, the arcs' win of 4 tokens, `d = 64`, 2 heads on
+        // 128 PEs left the smaller-row run on the arcs and the layer a cycle slower, 222
+        // against 221).
+        let before = best.0.cycles();
+        keep_shorter(p, pes, &mut best, scores_round_lanes(p, pes), Run::Below);
+        if best.0.cycles() < before {
+            let smaller = pairs_by_smaller_row(p, pes, &best.1);
+            keep_shorter(p, pes, &mut best, smaller, Run::Below);
+        }
         let mut s = best.0;
         s.algorithm = NAME;
         Ok(s)
@@ -900,6 +910,9 @@ fn next_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
 
 /// Softmax PE counts of the lanes [`scores_round_lanes`] tries.
 const SCORES_ROUND_SOFT: [u32; 3] = [1, 2, 3];
+/// The shortest arc [`scores_round_lanes`] tries: of every q = k = v layer of the small-shapes
+/// table with 4 heads on 16 and 64 PEs (arcs of 4 and 16 PEs) none gained.
+const SCORES_ROUND_MIN_ARC: u32 = 32;
 
 /// With q = k = v and several heads, arcs of `m / heads` PEs, one per head, that take phase 1
 /// and phase 3 of their own head on the PEs holding its x columns, with the head's softmax PEs
@@ -917,13 +930,14 @@ const SCORES_ROUND_SOFT: [u32; 3] = [1, 2, 3];
 /// (at most one a PE) and with fractional ones over all of the arc's other PEs. One head gains
 /// nothing (its weights are the only words round the ring: 8 tokens, `d = 64` on 256 PEs,
 /// 421 cycles at best against 387), nor do separate q, k and v (whose v part needs no loop:
-/// the arcs of [`next_lanes`]); tried with q = k = v and at least 2 heads on rings of
-/// 16 PEs or more.
+/// the arcs of [`next_lanes`]); tried with q = k = v and at least 2 heads on arcs of
+/// [`SCORES_ROUND_MIN_ARC`] PEs or more, with at least half as many columns as PEs (with
+/// `d = 8` and 16, 4 heads on 256 PEs, none gained).
 fn scores_round_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     let d = p.dim.max(1);
     let per = pes / p.heads.max(1);
     let mut out: Vec<(u32, Apart)> = Vec::new();
-    if !p.shared_values || p.heads < 2 || pes < SOFT_STEP_PES {
+    if !p.shared_values || p.heads < 2 || per < SCORES_ROUND_MIN_ARC || 2 * d < per {
         return out;
     }
     for soft in SCORES_ROUND_SOFT {
