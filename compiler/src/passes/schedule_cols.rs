@@ -921,9 +921,8 @@ const SCORES_ROUND_MIN_ARC: u32 = 32;
 /// read before and after its row's softmax, so with no word crossing the softmax PEs' links
 /// every head's words go once round the ring either way; the lanes of [`candidates`] whose v
 /// columns are on the q/k PEs send the weights round, `n²` words a head, on every link for
-/// every head (8 tokens, `d = 64`, 4 heads on 256 PEs: 292 words
-/// on every link, the first weights back at the q/k PEs near cycle 330 and the last at the
-/// 600th: 622 cycles). Sending the scores round instead puts `n(n+1)/2` words a head (q = k
+/// every head (8 tokens, `d = 64`, 4 heads on 256 PEs: 292 words on every link, after a trip
+/// of about 222 hops: 622 cycles). Sending the scores round instead puts `n(n+1)/2` words a head (q = k
 /// without a mask computes each pair once; under a causal mask as many as the weights) on
 /// the links of the other heads' arcs, and the weights only on the head's own (208 words a
 /// link there: 442 cycles). Each softmax count of [`SCORES_ROUND_SOFT`], with whole columns
