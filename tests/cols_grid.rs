@@ -419,6 +419,25 @@ fn heads_on_arcs_with_phase_3_on_the_next_arc() {
     }
 }
 
+/// With q = k = v and several heads on a large ring, arcs whose softmax PEs come first and
+/// whose q/k PEs take both phases of their head: the scores go round the ring to the softmax
+/// PEs, where the lanes before sent every head's weights round it. `before` is the cycle count
+/// `auto` had without these arcs (the cols lanes with the weights round the ring).
+#[test]
+fn shared_heads_send_their_scores_round_the_ring() {
+    for (n, d, m, heads, before) in [
+        (8, 64, 256, 4, 622),
+        (4, 128, 256, 4, 445),
+        (3, 128, 256, 4, 420),
+    ] {
+        let cols = check(n, d, m, heads, Scheme::Shared, true);
+        assert!(
+            cols < before,
+            "{n} tokens, d = {d}, {heads} heads, q = k = v on {m} PEs: cols {cols}"
+        );
+    }
+}
+
 #[test]
 fn refuses_rings_without_three_pes_per_head() {
     let layer = common::parse_one(&src(4, 4, 2, Scheme::Separate, true));

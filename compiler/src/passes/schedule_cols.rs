@@ -17,7 +17,8 @@
 //! With fractional columns (see [`frac_lanes`]) each column part's products are cut evenly over
 //! its PEs instead, a column's rows splitting between neighbours. With several heads the lanes
 //! of [`next_lanes`] are arcs of q/k PEs alone, each head's softmax and outputs on the next
-//! head's arc.
+//! head's arc; with q = k = v those of [`scores_round_lanes`] are arcs whose softmax PEs come
+//! first, the scores going round the ring to them.
 //!
 //! No input word is read by two parts, so nothing but partial sums, scores and weights cross
 //! the links (with q = k = v the x rows are read in both column parts and do travel). Each part
@@ -174,6 +175,18 @@ impl Scheduler for Cols {
         // Under a causal mask, the winning lane with its rows dealt from the last softmax PE.
         let from_last = soft_from_last(p, pes, best.2);
         keep_shorter(p, pes, &mut best, from_last, Run::Below);
+        // With q = k = v, arcs whose scores go round the ring to softmax PEs before the q/k
+        // PEs, wanting a schedule below the best so far, and where they win, with each pair
+        // computed with its smaller row. Last, so that the runs above still start from the
+        // lanes they had (run before them, the arcs' win of 4 tokens, `d = 64`, 2 heads on
+        // 128 PEs left the smaller-row run on the arcs and the layer a cycle slower, 222
+        // against 221).
+        let before = best.0.cycles();
+        keep_shorter(p, pes, &mut best, scores_round_lanes(p, pes), Run::Below);
+        if best.0.cycles() < before {
+            let smaller = pairs_by_smaller_row(p, pes, &best.1);
+            keep_shorter(p, pes, &mut best, smaller, Run::Below);
+        }
         let mut s = best.0;
         s.algorithm = NAME;
         Ok(s)
@@ -890,6 +903,60 @@ fn next_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         );
         if !out.contains(&c) {
             out.push(c);
+        }
+    }
+    out
+}
+
+/// Softmax PE counts of the lanes [`scores_round_lanes`] tries.
+const SCORES_ROUND_SOFT: [u32; 3] = [1, 2, 3];
+/// The shortest arc [`scores_round_lanes`] tries: of every q = k = v layer of the small-shapes
+/// table with 4 heads on 16 and 64 PEs (arcs of 4 and 16 PEs) none gained.
+const SCORES_ROUND_MIN_ARC: u32 = 32;
+
+/// With q = k = v and several heads, arcs of `m / heads` PEs, one per head, that take phase 1
+/// and phase 3 of their own head on the PEs holding its x columns, with the head's softmax PEs
+/// first on the arc and its q/k PEs after them (`Apart::soft_before`): the scores go on round
+/// the ring to the softmax PEs and the weights cross one link into the q/k PEs. An x word is
+/// read before and after its row's softmax, so with no word crossing the softmax PEs' links
+/// every head's words go once round the ring either way; the lanes of [`candidates`] whose v
+/// columns are on the q/k PEs send the weights round, `n²` words a head, on every link for
+/// every head (8 tokens, `d = 64`, 4 heads on 256 PEs: 292 words on every link, after a trip
+/// of about 222 hops: 622 cycles). Sending the scores round instead puts `n(n+1)/2` words a head (q = k
+/// without a mask computes each pair once; under a causal mask as many as the weights) on
+/// the links of the other heads' arcs, and the weights only on the head's own (208 words a
+/// link there: 442 cycles). Each softmax count of [`SCORES_ROUND_SOFT`], with whole columns
+/// (at most one a PE) and with fractional ones over all of the arc's other PEs. One head gains
+/// nothing (its weights are the only words round the ring: 8 tokens, `d = 64` on 256 PEs,
+/// 421 cycles at best against 387), nor do separate q, k and v (whose v part needs no loop:
+/// the arcs of [`next_lanes`]); tried with q = k = v and at least 2 heads on arcs of
+/// [`SCORES_ROUND_MIN_ARC`] PEs or more, with at least half as many columns as PEs (with
+/// `d = 8` and 16, 4 heads on 256 PEs, none gained).
+fn scores_round_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let d = p.dim.max(1);
+    let per = pes / p.heads.max(1);
+    let mut out: Vec<(u32, Apart)> = Vec::new();
+    if !p.shared_values || p.heads < 2 || per < SCORES_ROUND_MIN_ARC || 2 * d < per {
+        return out;
+    }
+    for soft in SCORES_ROUND_SOFT {
+        for frac in [false, true] {
+            let room = per.saturating_sub(soft);
+            let r1 = if frac { room } else { room.min(d) };
+            if r1 == 0 || soft > p.tokens {
+                continue;
+            }
+            let c = (
+                1,
+                Apart {
+                    soft_before: true,
+                    frac,
+                    ..Apart::columns(r1, soft, 0)
+                },
+            );
+            if !out.contains(&c) {
+                out.push(c);
+            }
         }
     }
     out

@@ -266,6 +266,13 @@ pub(crate) struct Apart {
     /// PE and on backwards, so that the first weights leave by a link no score crosses (see
     /// `schedule_cols`'s `soft_from_last`).
     pub(crate) soft_from_last: bool,
+    /// With `r3 = 0` (one row group, not `local_v`, `next`, `near` or `on_soft`): the
+    /// lane's softmax PEs come before its q/k PEs, so the scores go on round the ring to them
+    /// and the weights cross one link into the q/k PEs, where the lanes above send the weights
+    /// round the ring. With q = k and no mask a head sends `n(n+1)/2` scores round instead of
+    /// `n²` weights, so every link carries about half the words of the other heads (see
+    /// `schedule_cols`'s `scores_round_lanes`).
+    pub(crate) soft_before: bool,
 }
 
 impl Apart {
@@ -289,6 +296,7 @@ impl Apart {
             helper: 0,
             rows_from_last: false,
             soft_from_last: false,
+            soft_before: false,
         }
     }
 
@@ -1040,8 +1048,10 @@ impl Geometry {
     /// First PE of `lane`; `lane = lanes` is where the last lane's phase 3 goes: the PEs after
     /// the last lane if the ring has room, else lane 0.
     fn start(&self, lane: u32) -> u32 {
-        if self.apart.is_some() {
-            return ((lane % self.lanes) * self.r) % self.m;
+        if let Some(a) = self.apart {
+            // The softmax PEs before the q/k PEs: the lane's start is its first q/k PE.
+            let before = if a.soft_before { a.soft } else { 0 };
+            return ((lane % self.lanes) * self.r + before) % self.m;
         }
         if lane == self.lanes && (lane + 1) * self.r <= self.m {
             return lane * self.r;
@@ -1079,6 +1089,10 @@ impl Geometry {
         if let Some(a) = self.apart {
             // Softmax PEs are every `helper + 1`-th PE after the q/k PEs.
             let step = 1 + a.helper;
+            if a.soft_before {
+                let first = self.start(lane) + self.m - a.soft;
+                return (first + i % a.soft.max(1)) % self.m;
+            }
             return (self.start(lane) + a.r1 + step * (i % a.soft.max(1))) % self.m;
         }
         if self.soft > 1 {
