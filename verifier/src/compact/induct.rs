@@ -27,7 +27,8 @@ use super::aff::{Aff, Var};
 use super::contract::{discharge, owed, pieces, Block, Need, Piece};
 use super::prove::{tensor_layout, Eval, Evaluated, Fact, Fail, Ix, Tally, R};
 use super::ring::{
-    compare, eval_item, extents, head_loops, meet, runs, split, strided_extents, Ext, Item, Lengths,
+    compare, eval_item, extents, head_loops, meet, runs, split, strided_extents, union, Ext, Item,
+    Lengths,
 };
 use super::term::Terms;
 use super::workers::{count, in_order, Shared};
@@ -347,6 +348,9 @@ struct Ring<'a> {
     rows: u32,
     y: runtime::manifest::Layout,
     outputs: Vec<Vec<(i64, i64, u64)>>,
+    /// Per input tensor (q, k, v): its layout and the runs of rows each PE is dealt (found
+    /// once for the ring: each is a pass over every token).
+    inputs: Vec<(runtime::manifest::Layout, Vec<Vec<(i64, i64, u64)>>)>,
     deadline: Option<std::time::Instant>,
 }
 
@@ -383,7 +387,16 @@ pub(super) fn evaluate_until(
         return Err("keys and values dealt differently".into());
     }
     let y = tensor_layout(m, "y")?;
+    let inputs = ["q", "k", "v"]
+        .iter()
+        .map(|name| {
+            let lay = tensor_layout(m, name)?;
+            let rs = runs(&lay, m.pes, m.layer.tokens);
+            Ok((lay, rs))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     let ring = Ring {
+        inputs,
         programs,
         m,
         outputs: runs(&y, m.pes, m.layer.tokens),
@@ -512,7 +525,8 @@ fn one_pe_in(
         discharged: vec![BTreeSet::new(); 2],
     };
     e.induct = Some(Box::new(st));
-    let starts = one_pe(e, m, p, ring.heads[p], head_var, lengths).map_err(why)?;
+    preload(e, m, &ring.inputs, p).map_err(why)?;
+    let starts = one_pe(e, ring.heads[p], head_var, lengths).map_err(why)?;
     let st = e.induct.take().ok_or("the induction's state")?;
     e.hooks.clear();
     let (wrong, wrong_count) = compare(
@@ -539,12 +553,15 @@ fn one_pe_in(
 }
 
 /// The input rows PE `p` is dealt, as facts of input atoms over the head, row and column.
-fn preload(e: &mut Eval, m: &Manifest, p: usize) -> Result<(), String> {
+fn preload(
+    e: &mut Eval,
+    m: &Manifest,
+    inputs: &[(runtime::manifest::Layout, Vec<Vec<(i64, i64, u64)>>)],
+    p: usize,
+) -> R<()> {
     let l = &m.layer;
     let (heads, dim) = (u64::from(l.heads), u64::from(l.dim));
-    for (t, name) in ["q", "k", "v"].iter().enumerate() {
-        let lay = tensor_layout(m, name)?;
-        let rs = runs(&lay, m.pes, l.tokens);
+    for (t, (lay, rs)) in inputs.iter().enumerate() {
         for &(r0, t0, n) in &rs[p] {
             let (h, r, c) = (e.fresh(heads), e.fresh(n), e.fresh(dim));
             let value =
@@ -557,7 +574,7 @@ fn preload(e: &mut Eval, m: &Manifest, p: usize) -> Result<(), String> {
             ];
             let f = e
                 .fact(Aff::cst(base), dims, value, false)
-                .map_err(|_| "input layout".to_string())?;
+                .map_err(|_| Fail::Decline("input layout".into()))?;
             e.facts.push(Some(f));
         }
     }
@@ -591,18 +608,31 @@ fn touches(st: &State, ext: &Ext, h: u32, avoid: [usize; 2]) -> ([u8; 2], bool) 
 
 /// Over every head: the parities each tensor's buffers are read in, and whether a buffer
 /// named by `avoid` is written.
-fn classify(st: &State, it: &Item, avoid: [usize; 2]) -> ([u8; 2], bool) {
+fn classify(st: &State, exts: &[Ext], avoid: [usize; 2]) -> ([u8; 2], bool) {
     let mut reads = [0u8; 2];
     let mut writes = false;
-    for h in 0..st.heads {
-        let mut x = Ext::default();
-        extents(it, Some(u64::from(h)), &mut x);
-        let (r, w) = touches(st, &x, h, avoid);
+    for (h, x) in (0..st.heads).zip(exts) {
+        let (r, w) = touches(st, x, h, avoid);
         reads[0] |= r[0];
         reads[1] |= r[1];
         writes |= w;
     }
     (reads, writes)
+}
+
+/// The word intervals `it` touches in each head, for [`classify`] (an item is classified
+/// twice, against the buffers before and after its hop; its extents are the same).
+fn head_extents(st: &State, it: &Item) -> Vec<Ext> {
+    (0..st.heads)
+        .map(|h| {
+            let mut x = Ext::default();
+            extents(it, Some(u64::from(h)), &mut x);
+            // Merged once here, not at each of the tests against the buffers.
+            x.reads = union(&x.reads);
+            x.writes = union(&x.writes);
+            x
+        })
+        .collect()
 }
 
 /// As [`classify`], over the iterations `lo, lo + 2, …, hi` of a run.
@@ -639,15 +669,7 @@ fn with<T>(e: &mut Eval, f: impl FnOnce(&mut State, &mut Eval) -> R<T>) -> R<T> 
 
 /// One PE's head body, item by item in time, its steps found and marked (the module
 /// documentation). Returns the cycle each hop's step starts at, per tensor.
-fn one_pe(
-    e: &mut Eval,
-    m: &Manifest,
-    p: usize,
-    heads: &Loop,
-    head_var: Var,
-    lengths: &mut Lengths,
-) -> R<Starts> {
-    preload(e, m, p).map_err(Fail::Decline)?;
+fn one_pe(e: &mut Eval, heads: &Loop, head_var: Var, lengths: &mut Lengths) -> R<Starts> {
     // The ordered head frame: every word the body may write here, its pushes included.
     let n = u64::from(heads.count);
     let mut own = Vec::new();
@@ -710,7 +732,8 @@ fn step<'a>(
     lengths: &mut Lengths,
 ) -> R<()> {
     let cur = [(w.hop[0] % 2) as usize, (w.hop[1] % 2) as usize];
-    let (reads, _) = with(e, |st, _| Ok(classify(st, &it, [1 - cur[0], 1 - cur[1]])))?;
+    let exts = with(e, |st, _| Ok(head_extents(st, &it)))?;
+    let (reads, _) = with(e, |st, _| Ok(classify(st, &exts, [1 - cur[0], 1 - cur[1]])))?;
     if let Some(t) = (0..2).find(|&t| reads[t] == 3) {
         if alternating(e, w, &it, t, head_var, lengths)? {
             return Ok(());
@@ -730,7 +753,7 @@ fn step<'a>(
         }
     }
     let avoid = [(1 - next[0] % 2) as usize, (1 - next[1] % 2) as usize];
-    let (_, writes) = with(e, |st, _| Ok(classify(st, &it, avoid)))?;
+    let (_, writes) = with(e, |st, _| Ok(classify(st, &exts, avoid)))?;
     if writes {
         let parts = split(&it).ok_or_else(|| {
             Fail::Decline("a receive buffer written locally while words arrive in it".into())
