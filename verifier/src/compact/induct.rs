@@ -338,6 +338,9 @@ pub fn evaluate_on(
     evaluate_until(programs, m, None, workers)
 }
 
+/// A tensor's layout and, per PE, the runs of rows it is dealt (local row, token, count).
+type Dealt = (runtime::manifest::Layout, Vec<Vec<(i64, i64, u64)>>);
+
 /// What the evaluation of every PE needs, the same for all.
 struct Ring<'a> {
     programs: &'a [LoopProgram],
@@ -350,7 +353,7 @@ struct Ring<'a> {
     outputs: Vec<Vec<(i64, i64, u64)>>,
     /// Per input tensor (q, k, v): its layout and the runs of rows each PE is dealt (found
     /// once for the ring: each is a pass over every token).
-    inputs: Vec<(runtime::manifest::Layout, Vec<Vec<(i64, i64, u64)>>)>,
+    inputs: Vec<Dealt>,
     deadline: Option<std::time::Instant>,
 }
 
@@ -526,7 +529,18 @@ fn one_pe_in(
     };
     e.induct = Some(Box::new(st));
     preload(e, m, &ring.inputs, p).map_err(why)?;
-    let starts = one_pe(e, ring.heads[p], head_var, lengths).map_err(why)?;
+    // The words the comparison below reads: this PE's output rows in every head.
+    let (y, last_head) = (&ring.y, heads - 1);
+    let keep: Vec<(i64, i64)> = ring.outputs[p]
+        .iter()
+        .map(|&(r0, _, n)| {
+            let row = |r: i64, h: i64| {
+                i64::from(y.base) + h * i64::from(y.head_stride) + r * i64::from(y.row_stride)
+            };
+            (row(r0, 0), row(r0 + n as i64 - 1, last_head) + dim - 1)
+        })
+        .collect();
+    let starts = one_pe(e, ring.heads[p], head_var, lengths, &keep).map_err(why)?;
     let st = e.induct.take().ok_or("the induction's state")?;
     e.hooks.clear();
     let (wrong, wrong_count) = compare(
@@ -553,12 +567,7 @@ fn one_pe_in(
 }
 
 /// The input rows PE `p` is dealt, as facts of input atoms over the head, row and column.
-fn preload(
-    e: &mut Eval,
-    m: &Manifest,
-    inputs: &[(runtime::manifest::Layout, Vec<Vec<(i64, i64, u64)>>)],
-    p: usize,
-) -> R<()> {
+fn preload(e: &mut Eval, m: &Manifest, inputs: &[Dealt], p: usize) -> R<()> {
     let l = &m.layer;
     let (heads, dim) = (u64::from(l.heads), u64::from(l.dim));
     for (t, (lay, rs)) in inputs.iter().enumerate() {
@@ -669,7 +678,13 @@ fn with<T>(e: &mut Eval, f: impl FnOnce(&mut State, &mut Eval) -> R<T>) -> R<T> 
 
 /// One PE's head body, item by item in time, its steps found and marked (the module
 /// documentation). Returns the cycle each hop's step starts at, per tensor.
-fn one_pe(e: &mut Eval, heads: &Loop, head_var: Var, lengths: &mut Lengths) -> R<Starts> {
+fn one_pe(
+    e: &mut Eval,
+    heads: &Loop,
+    head_var: Var,
+    lengths: &mut Lengths,
+    keep: &[(i64, i64)],
+) -> R<Starts> {
     // The ordered head frame: every word the body may write here, its pushes included.
     let n = u64::from(heads.count);
     let mut own = Vec::new();
@@ -709,7 +724,7 @@ fn one_pe(e: &mut Eval, heads: &Loop, head_var: Var, lengths: &mut Lengths) -> R
         with(e, |st, e| st.collect(e, t, &hop))?;
     }
     e.mult = 1;
-    e.leave_ordered(n)?;
+    e.leave_ordered_keeping(n, Some(keep))?;
     Ok(w.starts)
 }
 

@@ -669,6 +669,10 @@ impl Eval {
             }
             covered.insert(lo, hi);
         }
+        // Nothing to compact: the log and its keys stay as they are.
+        if self.facts[floor..].iter().all(Option::is_some) {
+            return;
+        }
         let tail = self.facts.split_off(floor);
         self.facts.extend(tail.into_iter().filter(Option::is_some));
         self.keys.clear();
@@ -1760,6 +1764,14 @@ impl Eval {
     /// regions over the index where no later iteration may overwrite them, and words whose
     /// final value that does not settle are marked untracked.
     pub(super) fn leave_ordered(&mut self, n: u64) -> R<()> {
+        self.leave_ordered_keeping(n, None)
+    }
+
+    /// [`Eval::leave_ordered`] when only the words of `keep` (inclusive intervals) are read
+    /// after the loop: a fact that misses them all is left untracked (every value it may
+    /// hold), not summarised — the same for what follows, and the summaries of a loop's
+    /// scratch buffers are most of the work of leaving it.
+    pub(super) fn leave_ordered_keeping(&mut self, n: u64, keep: Option<&[(i64, i64)]>) -> R<()> {
         let Some(active) = self.loops.pop() else {
             return Err(Fail::Decline("loop stack".into()));
         };
@@ -1770,6 +1782,12 @@ impl Eval {
         for f in written {
             if f.remote {
                 return Err(Fail::Decline("a send not delivered".into()));
+            }
+            let read_after =
+                keep.is_none_or(|k| k.iter().any(|&(lo, hi)| f.lo <= hi && lo <= f.hi));
+            if !read_after {
+                summaries.push(self.havoc(&f)?);
+                continue;
             }
             let g = match self.summary(f.clone(), &active, n) {
                 Ok(g) => g,
