@@ -27,8 +27,7 @@ use super::aff::{Aff, Var};
 use super::contract::{discharge, owed, pieces, Block, Need, Piece};
 use super::prove::{tensor_layout, Eval, Evaluated, Fact, Fail, Ix, Tally, R};
 use super::ring::{
-    compare, eval_item, extents, head_loops, meet, runs, split, strided_extents, union, Ext, Item,
-    Lengths,
+    compare, eval_item, extents, head_loops, runs, split, strided_extents, Ext, Item, Lengths,
 };
 use super::term::Terms;
 use super::workers::{count, in_order, Shared};
@@ -600,15 +599,18 @@ fn buffer(st: &State, t: usize, b: usize, h: u32) -> (i64, i64) {
 /// Which parities of each tensor's buffers `ext` reads (bit 0 even, bit 1 odd), and whether
 /// it writes the buffer of parity `avoid[t]` of tensor `t`, in head `h`.
 fn touches(st: &State, ext: &Ext, h: u32, avoid: [usize; 2]) -> ([u8; 2], bool) {
+    // One interval against a list: a word of the list's union is a word of one of its
+    // intervals, so no union is needed.
+    let meets = |v: &[(i64, i64)], (lo, hi): (i64, i64)| v.iter().any(|&(a, b)| a <= hi && lo <= b);
     let mut reads = [0u8; 2];
     let mut writes = false;
     for t in 0..2 {
         for b in 0..2 {
-            if meet(&ext.reads, &[buffer(st, t, b, h)]) {
+            if meets(&ext.reads, buffer(st, t, b, h)) {
                 reads[t] |= 1 << b;
             }
         }
-        if meet(&ext.writes, &[buffer(st, t, avoid[t], h)]) {
+        if meets(&ext.writes, buffer(st, t, avoid[t], h)) {
             writes = true;
         }
     }
@@ -636,9 +638,6 @@ fn head_extents(st: &State, it: &Item) -> Vec<Ext> {
         .map(|h| {
             let mut x = Ext::default();
             extents(it, Some(u64::from(h)), &mut x);
-            // Merged once here, not at each of the tests against the buffers.
-            x.reads = union(&x.reads);
-            x.writes = union(&x.writes);
             x
         })
         .collect()
