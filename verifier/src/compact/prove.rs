@@ -125,6 +125,10 @@ pub(super) struct Active {
     other: Var,
     marker: usize,
     families: Vec<Aff>,
+    /// Per family, the words it may reach over every value of its indices (`None`: an index
+    /// without a range): a read outside misses the family without the alias test, whose
+    /// first test (the bounds of the difference) is at least as tight.
+    reach: Vec<Option<(i64, i64)>>,
     /// Where the body's sends may land on the next PE (per-PE evaluation only).
     remote_families: Vec<Aff>,
     /// For a loop whose iterations the caller evaluates in order (the head loop of a ring):
@@ -1017,7 +1021,10 @@ impl Eval {
                 } else {
                     Others::Any
                 };
-                for fam in &l.families {
+                for (fam, reach) in l.families.iter().zip(&l.reach) {
+                    if reach.is_some_and(|(lo, hi)| hi < ab.0 || lo > ab.1) {
+                        continue;
+                    }
                     match self.alias(addr, fam, l, others) {
                         Ok(false) => {}
                         Ok(true) => same = true,
@@ -1679,12 +1686,14 @@ impl Eval {
         let id = self.next_loop;
         self.next_loop += 1;
         let marker = self.facts.len();
+        let reach = families.iter().map(|f| self.bounds(f)).collect();
         self.loops.push(Active {
             id,
             var,
             other,
             marker,
             families,
+            reach,
             remote_families,
             order: None,
         });
@@ -1749,12 +1758,14 @@ impl Eval {
         let spans = (0..n).map(|c| self.fresh(c.max(1))).collect();
         let id = self.next_loop;
         self.next_loop += 1;
+        let reach = families.iter().map(|f| self.bounds(f)).collect();
         self.loops.push(Active {
             id,
             var,
             other,
             marker: self.facts.len(),
             families,
+            reach,
             remote_families,
             order: Some(spans),
         });
