@@ -245,7 +245,9 @@ fn ext_nodes(nodes: &[Node], rng: &mut Vec<Range>, out: &mut Ext) {
 
 fn ext_bundle(b: &LBundle, rng: &[Range], out: &mut Ext) {
     for slot in [Slot::Op, Slot::Acc, Slot::Xfer] {
-        let mut r = rng.to_vec();
+        // On the stack: a copy per slot of every bundle of every head.
+        let mut r: smallvec::SmallVec<[Range; isa::looped::MAX_LOOP_DEPTH + 1]> =
+            smallvec::SmallVec::from_slice(rng);
         let mut runs = true;
         for p in b.preds.iter().filter(|p| p.slot == slot) {
             let Range { lo, hi, step } = &mut r[usize::from(p.level)];
