@@ -61,11 +61,19 @@ impl Aff {
         if k == 0 {
             return self.clone();
         }
+        self.merged(None, o, k)
+    }
+
+    /// `self + k·o` with `self`'s term in `skip` (if any) left out, by one merge of the
+    /// sorted terms (`k ≠ 0`).
+    fn merged(&self, skip: Option<Var>, o: &Aff, k: i64) -> Aff {
         let (a, b) = (&self.t, &o.t);
         let mut t = Terms::with_capacity(a.len() + b.len());
         let (mut i, mut j) = (0, 0);
         while i < a.len() || j < b.len() {
-            if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {
+            if i < a.len() && Some(a[i].0) == skip {
+                i += 1;
+            } else if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {
                 t.push(a[i]);
                 i += 1;
             } else if i == a.len() || b[j].0 < a[i].0 {
@@ -105,7 +113,7 @@ impl Aff {
         if k == 0 {
             return self.clone();
         }
-        self.clone().add_term(v, -k).combined(by, k)
+        self.merged(Some(v), by, k)
     }
 
     pub fn as_const(&self) -> Option<i64> {
@@ -205,5 +213,27 @@ mod tests {
         let partial = |v: Var| (v != 3).then_some(8);
         assert_eq!(c.bounds_of_difference(&a, &partial), None);
         assert_eq!(c.bounds_of_difference(&c, &partial), Some((0, 0)));
+    }
+
+    /// Substitution by one merge against its definition: remove `v`'s term, then add `k·by`
+    /// (forms over a few variables, `by` with and without `v` itself, cancelling terms).
+    #[test]
+    fn substitution_is_removal_then_scaled_addition() {
+        let forms = [
+            Aff::cst(5),
+            Aff::var(1),
+            Aff::var(2).scaled(-3).add_term(1, 4).add_const(7),
+            Aff::var(1).add_term(2, 2).add_term(3, -1).add_term(4, 9),
+            Aff::var(3).scaled(2).add_term(1, -1),
+        ];
+        for x in &forms {
+            for by in &forms {
+                for v in 1..=4 {
+                    let k = x.coef(v);
+                    let want = x.clone().add_term(v, -k).combined(by, k);
+                    assert_eq!(x.subst(v, by), want, "{x:?}[v{v} := {by:?}]");
+                }
+            }
+        }
     }
 }

@@ -27,7 +27,7 @@ use super::aff::{Aff, Var};
 use super::contract::{discharge, owed, pieces, Block, Need, Piece};
 use super::prove::{tensor_layout, Eval, Evaluated, Fact, Fail, Ix, Tally, R};
 use super::ring::{
-    compare, eval_item, extents, head_loops, meet, runs, split, strided_extents, Ext, Item, Lengths,
+    compare, eval_item, extents, head_loops, runs, split, strided_extents, Ext, Item, Lengths,
 };
 use super::term::Terms;
 use super::workers::{count, in_order, Shared};
@@ -337,6 +337,9 @@ pub fn evaluate_on(
     evaluate_until(programs, m, None, workers)
 }
 
+/// A tensor's layout and, per PE, the runs of rows it is dealt (local row, token, count).
+type Dealt = (runtime::manifest::Layout, Vec<Vec<(i64, i64, u64)>>);
+
 /// What the evaluation of every PE needs, the same for all.
 struct Ring<'a> {
     programs: &'a [LoopProgram],
@@ -347,6 +350,9 @@ struct Ring<'a> {
     rows: u32,
     y: runtime::manifest::Layout,
     outputs: Vec<Vec<(i64, i64, u64)>>,
+    /// Per input tensor (q, k, v): its layout and the runs of rows each PE is dealt (found
+    /// once for the ring: each is a pass over every token).
+    inputs: Vec<Dealt>,
     deadline: Option<std::time::Instant>,
 }
 
@@ -383,7 +389,16 @@ pub(super) fn evaluate_until(
         return Err("keys and values dealt differently".into());
     }
     let y = tensor_layout(m, "y")?;
+    let inputs = ["q", "k", "v"]
+        .iter()
+        .map(|name| {
+            let lay = tensor_layout(m, name)?;
+            let rs = runs(&lay, m.pes, m.layer.tokens);
+            Ok((lay, rs))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     let ring = Ring {
+        inputs,
         programs,
         m,
         outputs: runs(&y, m.pes, m.layer.tokens),
@@ -512,7 +527,19 @@ fn one_pe_in(
         discharged: vec![BTreeSet::new(); 2],
     };
     e.induct = Some(Box::new(st));
-    let starts = one_pe(e, m, p, ring.heads[p], head_var, lengths).map_err(why)?;
+    preload(e, m, &ring.inputs, p).map_err(why)?;
+    // The words the comparison below reads: this PE's output rows in every head.
+    let (y, last_head) = (&ring.y, heads - 1);
+    let keep: Vec<(i64, i64)> = ring.outputs[p]
+        .iter()
+        .map(|&(r0, _, n)| {
+            let row = |r: i64, h: i64| {
+                i64::from(y.base) + h * i64::from(y.head_stride) + r * i64::from(y.row_stride)
+            };
+            (row(r0, 0), row(r0 + n as i64 - 1, last_head) + dim - 1)
+        })
+        .collect();
+    let starts = one_pe(e, ring.heads[p], head_var, lengths, &keep).map_err(why)?;
     let st = e.induct.take().ok_or("the induction's state")?;
     e.hooks.clear();
     let (wrong, wrong_count) = compare(
@@ -539,12 +566,10 @@ fn one_pe_in(
 }
 
 /// The input rows PE `p` is dealt, as facts of input atoms over the head, row and column.
-fn preload(e: &mut Eval, m: &Manifest, p: usize) -> Result<(), String> {
+fn preload(e: &mut Eval, m: &Manifest, inputs: &[Dealt], p: usize) -> R<()> {
     let l = &m.layer;
     let (heads, dim) = (u64::from(l.heads), u64::from(l.dim));
-    for (t, name) in ["q", "k", "v"].iter().enumerate() {
-        let lay = tensor_layout(m, name)?;
-        let rs = runs(&lay, m.pes, l.tokens);
+    for (t, (lay, rs)) in inputs.iter().enumerate() {
         for &(r0, t0, n) in &rs[p] {
             let (h, r, c) = (e.fresh(heads), e.fresh(n), e.fresh(dim));
             let value =
@@ -557,7 +582,7 @@ fn preload(e: &mut Eval, m: &Manifest, p: usize) -> Result<(), String> {
             ];
             let f = e
                 .fact(Aff::cst(base), dims, value, false)
-                .map_err(|_| "input layout".to_string())?;
+                .map_err(|_| Fail::Decline("input layout".into()))?;
             e.facts.push(Some(f));
         }
     }
@@ -574,15 +599,18 @@ fn buffer(st: &State, t: usize, b: usize, h: u32) -> (i64, i64) {
 /// Which parities of each tensor's buffers `ext` reads (bit 0 even, bit 1 odd), and whether
 /// it writes the buffer of parity `avoid[t]` of tensor `t`, in head `h`.
 fn touches(st: &State, ext: &Ext, h: u32, avoid: [usize; 2]) -> ([u8; 2], bool) {
+    // One interval against a list: a word of the list's union is a word of one of its
+    // intervals, so no union is needed.
+    let meets = |v: &[(i64, i64)], (lo, hi): (i64, i64)| v.iter().any(|&(a, b)| a <= hi && lo <= b);
     let mut reads = [0u8; 2];
     let mut writes = false;
     for t in 0..2 {
         for b in 0..2 {
-            if meet(&ext.reads, &[buffer(st, t, b, h)]) {
+            if meets(&ext.reads, buffer(st, t, b, h)) {
                 reads[t] |= 1 << b;
             }
         }
-        if meet(&ext.writes, &[buffer(st, t, avoid[t], h)]) {
+        if meets(&ext.writes, buffer(st, t, avoid[t], h)) {
             writes = true;
         }
     }
@@ -591,18 +619,28 @@ fn touches(st: &State, ext: &Ext, h: u32, avoid: [usize; 2]) -> ([u8; 2], bool) 
 
 /// Over every head: the parities each tensor's buffers are read in, and whether a buffer
 /// named by `avoid` is written.
-fn classify(st: &State, it: &Item, avoid: [usize; 2]) -> ([u8; 2], bool) {
+fn classify(st: &State, exts: &[Ext], avoid: [usize; 2]) -> ([u8; 2], bool) {
     let mut reads = [0u8; 2];
     let mut writes = false;
-    for h in 0..st.heads {
-        let mut x = Ext::default();
-        extents(it, Some(u64::from(h)), &mut x);
-        let (r, w) = touches(st, &x, h, avoid);
+    for (h, x) in (0..st.heads).zip(exts) {
+        let (r, w) = touches(st, x, h, avoid);
         reads[0] |= r[0];
         reads[1] |= r[1];
         writes |= w;
     }
     (reads, writes)
+}
+
+/// The word intervals `it` touches in each head, for [`classify`] (an item is classified
+/// twice, against the buffers before and after its hop; its extents are the same).
+fn head_extents(st: &State, it: &Item) -> Vec<Ext> {
+    (0..st.heads)
+        .map(|h| {
+            let mut x = Ext::default();
+            extents(it, Some(u64::from(h)), &mut x);
+            x
+        })
+        .collect()
 }
 
 /// As [`classify`], over the iterations `lo, lo + 2, …, hi` of a run.
@@ -641,13 +679,11 @@ fn with<T>(e: &mut Eval, f: impl FnOnce(&mut State, &mut Eval) -> R<T>) -> R<T> 
 /// documentation). Returns the cycle each hop's step starts at, per tensor.
 fn one_pe(
     e: &mut Eval,
-    m: &Manifest,
-    p: usize,
     heads: &Loop,
     head_var: Var,
     lengths: &mut Lengths,
+    keep: &[(i64, i64)],
 ) -> R<Starts> {
-    preload(e, m, p).map_err(Fail::Decline)?;
     // The ordered head frame: every word the body may write here, its pushes included.
     let n = u64::from(heads.count);
     let mut own = Vec::new();
@@ -687,7 +723,7 @@ fn one_pe(
         with(e, |st, e| st.collect(e, t, &hop))?;
     }
     e.mult = 1;
-    e.leave_ordered(n)?;
+    e.leave_ordered_keeping(n, Some(keep))?;
     Ok(w.starts)
 }
 
@@ -710,7 +746,8 @@ fn step<'a>(
     lengths: &mut Lengths,
 ) -> R<()> {
     let cur = [(w.hop[0] % 2) as usize, (w.hop[1] % 2) as usize];
-    let (reads, _) = with(e, |st, _| Ok(classify(st, &it, [1 - cur[0], 1 - cur[1]])))?;
+    let exts = with(e, |st, _| Ok(head_extents(st, &it)))?;
+    let (reads, _) = with(e, |st, _| Ok(classify(st, &exts, [1 - cur[0], 1 - cur[1]])))?;
     if let Some(t) = (0..2).find(|&t| reads[t] == 3) {
         if alternating(e, w, &it, t, head_var, lengths)? {
             return Ok(());
@@ -730,7 +767,7 @@ fn step<'a>(
         }
     }
     let avoid = [(1 - next[0] % 2) as usize, (1 - next[1] % 2) as usize];
-    let (_, writes) = with(e, |st, _| Ok(classify(st, &it, avoid)))?;
+    let (_, writes) = with(e, |st, _| Ok(classify(st, &exts, avoid)))?;
     if writes {
         let parts = split(&it).ok_or_else(|| {
             Fail::Decline("a receive buffer written locally while words arrive in it".into())

@@ -245,7 +245,9 @@ fn ext_nodes(nodes: &[Node], rng: &mut Vec<Range>, out: &mut Ext) {
 
 fn ext_bundle(b: &LBundle, rng: &[Range], out: &mut Ext) {
     for slot in [Slot::Op, Slot::Acc, Slot::Xfer] {
-        let mut r = rng.to_vec();
+        // On the stack: a copy per slot of every bundle of every head.
+        let mut r: smallvec::SmallVec<[Range; isa::looped::MAX_LOOP_DEPTH + 1]> =
+            smallvec::SmallVec::from_slice(rng);
         let mut runs = true;
         for p in b.preds.iter().filter(|p| p.slot == slot) {
             let Range { lo, hi, step } = &mut r[usize::from(p.level)];
@@ -335,20 +337,22 @@ fn span(b: &LBundle, f: Field, rng: &[Range]) -> (i64, i64) {
     (lo, hi)
 }
 
+/// `v` as disjoint sorted intervals, touching ones merged.
+pub(super) fn union(v: &[(i64, i64)]) -> Vec<(i64, i64)> {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    let mut out: Vec<(i64, i64)> = Vec::with_capacity(v.len());
+    for (lo, hi) in v {
+        match out.last_mut() {
+            Some(l) if lo <= l.1 + 1 => l.1 = l.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}
+
 /// Whether some interval of `a` meets some interval of `b`.
 pub(super) fn meet(a: &[(i64, i64)], b: &[(i64, i64)]) -> bool {
-    let union = |v: &[(i64, i64)]| {
-        let mut v = v.to_vec();
-        v.sort_unstable();
-        let mut out: Vec<(i64, i64)> = Vec::new();
-        for (lo, hi) in v {
-            match out.last_mut() {
-                Some(l) if lo <= l.1 + 1 => l.1 = l.1.max(hi),
-                _ => out.push((lo, hi)),
-            }
-        }
-        out
-    };
     let (a, b) = (union(a), union(b));
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
