@@ -7,6 +7,9 @@
 //! column compares with the lower bound of the unrolled schedules' formulation. Layers marked
 //! to run are loaded back from their files and run natively against the f64 reference.
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::Command;
 use std::time::Instant;
 
@@ -251,6 +254,7 @@ fn plain_lb(md: &Model) -> u64 {
 }
 
 fn main() {
+    attnc::alloc::keep_freed_pages();
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--one") {
         one(args[i + 1].parse().expect("index"));

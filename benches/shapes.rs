@@ -14,6 +14,9 @@
 //! shape, the first) and lists every shape that got slower. Shapes are spread over every core;
 //! compile seconds are per shape.
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod common;
 
 use compiler::passes::select::Choice;
@@ -214,6 +217,7 @@ fn previous(path: &str) -> Result<BTreeMap<String, u64>, String> {
 }
 
 fn main() {
+    attnc::alloc::keep_freed_pages();
     let start = Instant::now();
     let args: Vec<String> = std::env::args().collect();
     let flag = |f: &str| args.iter().any(|a| a == f);

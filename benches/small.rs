@@ -13,6 +13,9 @@
 //! `-- --no-paper` leaves out the paper's instances). A filtered run prints its summary over the
 //! shapes it ran, so only a full run describes the table.
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod common;
 
 use compiler::passes::select::Choice;
@@ -163,6 +166,7 @@ fn measure(sh: Shape) -> Outcome {
 }
 
 fn main() {
+    attnc::alloc::keep_freed_pages();
     let start = Instant::now();
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");

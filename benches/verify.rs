@@ -3,6 +3,9 @@
 //! `cargo bench -p verifier` (release). Each case is compiled once and verified a few times; the
 //! best and median wall-clock times are printed.
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use compiler::passes::select::Choice;
 use std::time::{Duration, Instant};
 
@@ -18,6 +21,7 @@ struct Case {
 }
 
 fn main() {
+    attnc::alloc::keep_freed_pages();
     let cases = [
         Case {
             what: "causal (Algo 3)",

@@ -3,6 +3,7 @@
 //! limits every size read from a file is held to. The binary (`src/main.rs`, `src/cli/`) does
 //! the IO around them; keeping them here lets the fuzz targets drive the same code.
 
+pub mod alloc;
 pub mod limits;
 pub mod npy;
 pub mod rundir;

@@ -2,6 +2,7 @@
 
 mod cli;
 
+// The allocator the proofs want (src/alloc.rs).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -50,14 +51,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    // The allocator keeps the pages it frees instead of returning them to the system after
-    // 10 ms: a proof evaluates PE after PE, each building and dropping about the same
-    // structures, and faulting the returned pages in again cost about a tenth of a large
-    // proof's time. (Option 15 is `mi_option_purge_delay` of the bundled mimalloc, v3.)
-    // SAFETY: setting an allocator option; no other thread exists yet.
-    unsafe {
-        libmimalloc_sys::mi_option_set(15, -1);
-    }
+    attnc::alloc::keep_freed_pages();
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // `attnc FILE ...` means `attnc compile FILE ...`.
     if let Some(first) = args.get(1).and_then(|a| a.to_str()) {

@@ -3,6 +3,10 @@
 //! busy across the files (separate binaries run one after the other, each ending on its slowest
 //! test). Run one file's tests with `cargo test --test suite FILE::`, e.g. `e2e_shapes::`.
 
+// The binary's allocator: the suite's proofs are most of its time (src/alloc.rs).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod common;
 mod verifier_common;
 
