@@ -34,6 +34,18 @@ fn src(n: u32, d: u32, heads: u32, scheme: Scheme, safe: bool) -> String {
     }
 }
 
+/// Each `(n, d, m, heads, before)`: the q = k = v layer (safe softmax) through [`check`], in
+/// fewer cycles than `before`.
+fn shared_cols_below(cases: &[(u32, u32, u32, u32, u64)]) {
+    for &(n, d, m, heads, before) in cases {
+        let cols = check(n, d, m, heads, Scheme::Shared, true);
+        assert!(
+            cols < before,
+            "{n} tokens, d = {d}, {heads} heads, q = k = v on {m} PEs: cols {cols}, before {before}"
+        );
+    }
+}
+
 /// Compiles the layer with `cols` forced and checks it; returns its cycles.
 fn check(n: u32, d: u32, m: u32, heads: u32, scheme: Scheme, safe: bool) -> u64 {
     let text = src(n, d, heads, scheme, safe);
@@ -213,13 +225,11 @@ fn outputs_on_the_softmax_pes_beat_the_row_dataflow_with_shared_rows() {
 /// 124 with one.
 #[test]
 fn helper_pes_split_the_outputs_kept_on_the_softmax_pes() {
-    for (n, heads, before) in [(16u32, 4u32, 319u64), (8, 4, 125), (8, 1, 124)] {
-        let cols = check(n, 8, 256, heads, Scheme::Shared, true);
-        assert!(
-            cols < before,
-            "{n} tokens, d = 8, {heads} heads, shared on 256 PEs: cols {cols}, before {before}"
-        );
-    }
+    shared_cols_below(&[
+        (16, 8, 256, 4, 319),
+        (8, 8, 256, 4, 125),
+        (8, 8, 256, 1, 124),
+    ]);
 }
 
 /// Where one lane per row is tried (separate q, k, v, no mask, `2d ≤ n`, 3 PEs per row and
@@ -346,13 +356,11 @@ fn shared_pairs_computed_with_their_smaller_row() {
 /// `d = 64` on 256 PEs, 138 for 2 tokens, 213 for 3 tokens with 4 heads.
 #[test]
 fn shared_columns_held_by_the_softmax_pe() {
-    for (n, heads, before) in [(4u32, 1u32, 289u64), (2, 1, 138), (3, 4, 213)] {
-        let cols = check(n, 64, 256, heads, Scheme::Shared, true);
-        assert!(
-            cols < before,
-            "{n} tokens, d = 64, {heads} heads, shared on 256 PEs: cols {cols}, before {before}"
-        );
-    }
+    shared_cols_below(&[
+        (4, 64, 256, 1, 289),
+        (2, 64, 256, 1, 138),
+        (3, 64, 256, 4, 213),
+    ]);
 }
 
 /// Layers where those lanes are tried (their estimate beats all x words crossing), one and
@@ -425,17 +433,11 @@ fn heads_on_arcs_with_phase_3_on_the_next_arc() {
 /// `auto` had without these arcs (the cols lanes with the weights round the ring).
 #[test]
 fn shared_heads_send_their_scores_round_the_ring() {
-    for (n, d, m, heads, before) in [
+    shared_cols_below(&[
         (8, 64, 256, 4, 622),
         (4, 128, 256, 4, 445),
         (3, 128, 256, 4, 420),
-    ] {
-        let cols = check(n, d, m, heads, Scheme::Shared, true);
-        assert!(
-            cols < before,
-            "{n} tokens, d = {d}, {heads} heads, q = k = v on {m} PEs: cols {cols}"
-        );
-    }
+    ]);
 }
 
 #[test]

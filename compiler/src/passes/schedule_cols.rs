@@ -277,9 +277,7 @@ pub(crate) fn candidates(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         }
         for soft in softs {
             let c = (groups, Apart { soft, ..lane });
-            if !out.contains(&c) {
-                out.push(c);
-            }
+            push_new(&mut out, c);
         }
     }
     out.extend(row_lanes(p, pes));
@@ -389,9 +387,7 @@ fn overlapped(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 ..lane
             },
         );
-        if !out.contains(&c) {
-            out.push(c);
-        }
+        push_new(&mut out, c);
     }
     out
 }
@@ -425,9 +421,7 @@ fn local_v_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 ..Apart::columns(r1, soft, 0)
             },
         );
-        if !out.contains(&c) {
-            out.push(c);
-        }
+        push_new(&mut out, c);
     }
     out
 }
@@ -492,9 +486,7 @@ fn row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 ..Apart::columns(r1, 1, r3)
             },
         );
-        if !out.contains(&c) {
-            out.push(c);
-        }
+        push_new(&mut out, c);
     }
     out
 }
@@ -795,9 +787,7 @@ fn pairs_by_smaller_row(p: &Problem, pes: u32, lanes: &[(u32, Apart)]) -> Vec<(u
                     ..lane
                 },
             );
-            if !out.contains(&c) {
-                out.push(c);
-            }
+            push_new(&mut out, c);
         }
     }
     out
@@ -857,9 +847,7 @@ fn soft_columns(p: &Problem, won: (u32, Apart)) -> Vec<(u32, Apart)> {
                 ..lane
             },
         );
-        if !out.contains(&c) {
-            out.push(c);
-        }
+        push_new(&mut out, c);
     }
     out
 }
@@ -901,9 +889,7 @@ fn next_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                 ..Apart::columns(per, soft, 0)
             },
         );
-        if !out.contains(&c) {
-            out.push(c);
-        }
+        push_new(&mut out, c);
     }
     out
 }
@@ -954,12 +940,17 @@ fn scores_round_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                     ..Apart::columns(r1, soft, 0)
                 },
             );
-            if !out.contains(&c) {
-                out.push(c);
-            }
+            push_new(&mut out, c);
         }
     }
     out
+}
+
+/// Adds lane `c` to `out` unless it is there (lanes built by several formulas coincide).
+fn push_new(out: &mut Vec<(u32, Apart)>, c: (u32, Apart)) {
+    if !out.contains(&c) {
+        out.push(c);
+    }
 }
 
 fn frac_lane(r1: u64, soft: u64, r3: u64) -> Apart {

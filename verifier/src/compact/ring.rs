@@ -337,22 +337,20 @@ fn span(b: &LBundle, f: Field, rng: &[Range]) -> (i64, i64) {
     (lo, hi)
 }
 
-/// `v` as disjoint sorted intervals, touching ones merged.
-pub(super) fn union(v: &[(i64, i64)]) -> Vec<(i64, i64)> {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    let mut out: Vec<(i64, i64)> = Vec::with_capacity(v.len());
-    for (lo, hi) in v {
-        match out.last_mut() {
-            Some(l) if lo <= l.1 + 1 => l.1 = l.1.max(hi),
-            _ => out.push((lo, hi)),
-        }
-    }
-    out
-}
-
 /// Whether some interval of `a` meets some interval of `b`.
 pub(super) fn meet(a: &[(i64, i64)], b: &[(i64, i64)]) -> bool {
+    let union = |v: &[(i64, i64)]| {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        let mut out: Vec<(i64, i64)> = Vec::new();
+        for (lo, hi) in v {
+            match out.last_mut() {
+                Some(l) if lo <= l.1 + 1 => l.1 = l.1.max(hi),
+                _ => out.push((lo, hi)),
+            }
+        }
+        out
+    };
     let (a, b) = (union(a), union(b));
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
