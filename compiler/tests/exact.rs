@@ -324,13 +324,19 @@ fn cut_bound_never_exceeds_a_proven_optimum_on_large_rings() {
         let cut = shape
             .cut_bound(pes, runtime::layer::Normalisation::PerWeight)
             .expect("a cut part");
+        let one_way = shape
+            .one_way_bound(pes, runtime::layer::Normalisation::PerWeight)
+            .expect("a one-way part");
         assert!(
-            cut <= out.cycles && b.link <= out.cycles && b.value <= out.cycles,
-            "{text} on {pes} PEs: cut {cut}, bound {b:?} above the optimum {}",
+            cut <= out.cycles
+                && one_way <= out.cycles
+                && b.link <= out.cycles
+                && b.value <= out.cycles,
+            "{text} on {pes} PEs: cut {cut}, one-way {one_way}, bound {b:?} above the optimum {}",
             out.cycles
         );
         eprintln!(
-            "{text} on {pes} PEs: optimum {} cycles, cut {cut}, {b:?}",
+            "{text} on {pes} PEs: optimum {} cycles, cut {cut}, one-way {one_way}, {b:?}",
             out.cycles
         );
     }

@@ -115,7 +115,11 @@ impl Shape {
     /// program can still read), and on the links into arcs that each do an equal share of the
     /// products ([`Shape::cut_bound`]).
     pub fn link_bound(&self, pes: u32, norm: Normalisation) -> Option<u64> {
-        Some(self.reuse_bound(pes, norm)?.max(self.cut_bound(pes, norm)?))
+        Some(
+            self.reuse_bound(pes, norm)?
+                .max(self.cut_bound(pes, norm)?)
+                .max(self.one_way_bound(pes, norm)?),
+        )
     }
 
     /// The fewest cycles `T` for which the operands the products of each group need beyond
@@ -239,6 +243,127 @@ impl Shape {
             n,
         );
         Some(both.max(phase3))
+    }
+}
+
+impl Shape {
+    /// The one-way part: the fewest cycles `T` below `pes` for which one head's phase 3 can be
+    /// fed in a `T`-cycle program, `pes` if there is none. In fewer than `pes` cycles no word
+    /// goes round the ring, so every PE that computes a weight lies within `T − 1` hops after the
+    /// home of every input the weight depends on; the homes fall into a few clusters, and the
+    /// inputs phase 3 reads must leave them through the links out of the clusters' last PEs.
+    /// docs/scheduling.md ("One-way rings") derives it. Per-weight normalisation only (the
+    /// weights read by every phase-3 product depend on the whole row); otherwise 1. Also 1 when
+    /// the operations alone take `pes` cycles or more, since this part never exceeds `pes`.
+    pub fn one_way_bound(&self, pes: u32, norm: Normalisation) -> Option<u64> {
+        if pes == 0 {
+            return None;
+        }
+        let (n, m) = (u64::from(self.tokens), u64::from(pes));
+        if !norm.is_per_weight() || n == 0 || self.dim == 0 || self.lower_bound_as(pes, norm)? >= m
+        {
+            return Some(1);
+        }
+        // Rows from `first` on all depend on keys `0..=first`; without a mask every row
+        // depends on every key, so all rows together give the most.
+        let firsts = if self.causal { 0..n } else { n - 1..n };
+        let mut best = 1;
+        for first in firsts {
+            let feed = Feed::new(self, first);
+            if feed.fits(best, m) {
+                continue;
+            }
+            // `fits` only gets easier as `T` grows, and holds from `m` on.
+            let (mut lo, mut hi) = (best + 1, m);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if feed.fits(mid, m) {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            best = lo;
+        }
+        Some(best)
+    }
+}
+
+/// One head's keys `0..=first` (the k rows, or the x rows with q = k = v), on which every
+/// weight of the rows `first..n` depends, and the phase-3 work of those rows.
+struct Feed {
+    /// Keys `0..=first`.
+    keys: u128,
+    /// Rows from `first` on that see each of those keys.
+    rows: u128,
+    dim: u128,
+    shared: bool,
+    /// The operations of those rows that read a value computed from their denominators or
+    /// maxima: divisions and phase-3 products, and with a safe softmax the exponentials.
+    dependent: u128,
+}
+
+impl Feed {
+    fn new(shape: &Shape, first: u64) -> Feed {
+        let (n, first) = (u128::from(shape.tokens), u128::from(first));
+        let dim = u128::from(shape.dim);
+        // Row i sees i + 1 keys under the mask, n without.
+        let (rows, weights) = if shape.causal {
+            (n - first, (n * (n + 1) - first * (first + 1)) / 2)
+        } else {
+            (n, n * n)
+        };
+        let per_weight = dim + 1 + u128::from(shape.softmax == Softmax::Safe);
+        Feed {
+            keys: first + 1,
+            rows,
+            dim,
+            shared: shape.shared,
+            dependent: weights * per_weight,
+        }
+    }
+
+    /// Whether a `t`-cycle program on `m` PEs can meet the necessary conditions: for some
+    /// number `k` of clusters of homes (each followed by at least `m − t` PEs without one), the
+    /// dependent operations fit on the PEs that can run them in time, and the words that must
+    /// leave the clusters fit on their `k` outgoing links (`t − 1` readable words each).
+    fn fits(&self, t: u64, m: u64) -> bool {
+        if t >= m {
+            return true;
+        }
+        let (t, m) = (u128::from(t), u128::from(m));
+        (1..=m / (m - t + 1)).any(|k| {
+            // Σ over clusters of the PEs after its last home that every home reaches in time,
+            // each running dependent operations only from the cycle the farthest home's words
+            // can have arrived: the `u` PEs after one cluster give `u(u + 1)/2` slots at most.
+            let room = m - k * (m - t);
+            2 * self.dependent <= room * (room + 1) && self.crossing(room) <= k * (t - 1)
+        })
+    }
+
+    /// Words that must cross the links out of the clusters when the clusters' last PEs run at
+    /// most `absorbed` phase-3 products between them (the only products that need no word
+    /// from across such a link).
+    fn crossing(&self, absorbed: u128) -> u128 {
+        if self.shared {
+            // Every word x[j][c] phase 3 reads off those PEs crosses; one kept on them whole
+            // takes its `rows` products there.
+            let words = self.keys * self.dim;
+            return words - (absorbed / self.rows).min(words);
+        }
+        // A weight's products off those PEs need either a value of its pair from across the
+        // link, or the pair's whole score chain after it and so all `d` words of k[j]: per key
+        // min(d, pairs not kept on the last PEs). Keeping a pair there takes its d products;
+        // the first `rows − d` pairs of a key save nothing, each further one saves a word.
+        let per_key = self.dim.min(self.rows);
+        let pairs = absorbed / self.dim;
+        let whole = (pairs / self.rows).min(self.keys);
+        let mut saved = whole * per_key;
+        if whole < self.keys {
+            let rest = pairs - whole * self.rows;
+            saved += rest.saturating_sub(self.rows - per_key).min(per_key);
+        }
+        self.keys * per_key - saved
     }
 }
 
@@ -612,7 +737,13 @@ mod tests {
         assert_eq!(lines_meeting(461, 8, 16), 180.0);
         let s = shape(16, 8, true, false, Softmax::Safe);
         assert_eq!(s.cut_bound(256, Normalisation::PerWeight), Some(53));
-        assert_eq!(s.bound(256, Normalisation::PerWeight).unwrap().value, 53);
+        // On 256 PEs the one-way part says more (122); on 64 it finds no program shorter than
+        // the ring, and neither does the critical path.
+        assert_eq!(s.one_way_bound(64, Normalisation::PerWeight), Some(64));
+        assert_eq!(
+            s.bound(64, Normalisation::PerWeight).unwrap().critical_path,
+            64
+        );
         // With separate q, k, v both phases together say more than phase 3 alone.
         let separate = shape(16, 8, false, false, Softmax::Safe);
         assert_eq!(separate.cut_bound(256, Normalisation::PerWeight), Some(97));
@@ -629,6 +760,72 @@ mod tests {
         // Causal rows have fewer pairs and lines: 8448 products on 528 + 1024 lines.
         let c = shape(32, 8, false, true, Softmax::Safe);
         assert_eq!(c.cut_bound(256, Normalisation::PerWeight), Some(102));
+    }
+
+    #[test]
+    fn one_way_rings_pass_every_word_of_x_over_one_link() {
+        // 16 tokens, d = 8, q = k = v, 256 PEs. Below 129 cycles a second cluster of homes would
+        // need a gap of 256 − T ≥ 128 PEs after each, so there is one: all 128 words of x
+        // phase 3 reads off its last PE cross the link out of it, and that PE runs at most T
+        // of the products, 16 per word. T = 121 leaves 120 slots for 128 − 7 words; T = 122
+        // carries 128 − 7 = 121 on its 121 slots.
+        let s = shape(16, 8, true, false, Softmax::Safe);
+        assert_eq!(s.one_way_bound(256, Normalisation::PerWeight), Some(122));
+        let b = s.bound(256, Normalisation::PerWeight).unwrap();
+        assert_eq!((b.link, b.value), (122, 122));
+        // Separate q, k, v: per key, its 8 words of k or a value of each of its 16 pairs; the
+        // last PE keeps 121/8 = 15 pairs whole, fewer than the 9 + 8 a key needs to save all
+        // its 8 words, so it saves 15 − 8 = 7: 128 − 7 words again.
+        let separate = shape(16, 8, false, false, Softmax::Safe);
+        assert_eq!(
+            separate.one_way_bound(256, Normalisation::PerWeight),
+            Some(122)
+        );
+    }
+
+    #[test]
+    fn one_way_rings_fit_the_dependent_work_after_the_clusters() {
+        // 8 tokens, d = 64, q = k = v, 256 PEs: 512 words of x. One cluster would need
+        // T − 1 + T/8 ≥ 512; two, 2(T − 1) + (2T − 256)/8 ≥ 512 (T ≥ 229). With three the
+        // words fit from T = 172, but the 64 · 66 dependent operations (divisions, products,
+        // exponentials) need u(u + 1)/2 ≥ 4224 slots on u = 3T − 512 PEs: T ≥ 202.
+        let s = shape(8, 64, true, false, Softmax::Safe);
+        assert_eq!(s.one_way_bound(256, Normalisation::PerWeight), Some(202));
+        // Plain softmax: the exponentials do not wait for a maximum, 64 · 65 operations.
+        let plain = shape(8, 64, true, false, Softmax::Plain);
+        assert_eq!(
+            plain.one_way_bound(256, Normalisation::PerWeight),
+            Some(201)
+        );
+    }
+
+    #[test]
+    fn one_way_rings_take_the_causal_rows_that_see_the_most_keys() {
+        // 16 tokens, d = 8, causal, 256 PEs: the rows from 13 on see keys 0..=13; each of
+        // their 14 keys needs min(8, 3) = 3 crossings: 42, well below the 112 words of k.
+        let c = shape(16, 8, false, true, Softmax::Safe);
+        let b = c.one_way_bound(256, Normalisation::PerWeight).unwrap();
+        assert!(
+            b > c.cut_bound(256, Normalisation::PerWeight).unwrap(),
+            "{b}"
+        );
+        assert_eq!(b, 65);
+    }
+
+    #[test]
+    fn one_way_part_claims_nothing_from_the_ring_length_on() {
+        for (n, d, m) in [(2, 2, 4), (3, 1, 6), (32, 64, 64), (4, 8, 16)] {
+            for (shared, causal) in [(false, false), (true, false), (false, true)] {
+                let s = shape(n, d, shared, causal, Softmax::Safe);
+                let t = s.one_way_bound(m, Normalisation::PerWeight).unwrap();
+                assert!(t <= u64::from(m), "{n} {d} {m}: {t}");
+                assert_eq!(s.one_way_bound(m, Normalisation::Deferred), Some(1));
+            }
+        }
+        // The work alone needs more than the ring's length: nothing to add.
+        let big = shape(64, 64, false, false, Softmax::Safe);
+        assert_eq!(big.one_way_bound(16, Normalisation::PerWeight), Some(1));
+        assert_eq!(big.one_way_bound(0, Normalisation::PerWeight), None);
     }
 
     #[test]
