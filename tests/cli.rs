@@ -611,6 +611,43 @@ fn optimal_proves_small_layers_and_writes_runnable_verified_programs() {
     }
 }
 
+/// Where the search finds nothing shorter, `optimal` keeps the heuristic schedule; on a shared
+/// layer on a large ring that is the wide dataflow, which recomputes phase-1 products its
+/// manifest declares. It is proved as `compile` proves it, not as an exact-model schedule.
+#[test]
+fn optimal_keeps_a_heuristic_schedule_that_recomputes_products() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("layer.attn");
+    std::fs::write(
+        &file,
+        "layer t { tokens = 4; dim = 4; scale = 0.5; softmax = plain; qkv = shared; }",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = attnc(&[
+        "optimal",
+        s(&file),
+        "--pes",
+        "16",
+        "-o",
+        s(&out),
+        "--no-improve",
+        // One conflict per budget: the solver gives up at once and the heuristic stays.
+        "--conflict-limit",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["source"], "heuristic", "{v}");
+    let o = attnc(&["verify", s(&out)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = attnc(&["run", s(&out), "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["max_abs_err"].as_f64().unwrap() <= 1e-4);
+}
+
 #[test]
 fn optimal_bad_input() {
     let dir = tempfile::tempdir().unwrap();

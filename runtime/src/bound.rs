@@ -774,8 +774,8 @@ mod tests {
         let b = s.bound(256, Normalisation::PerWeight).unwrap();
         assert_eq!((b.link, b.value), (122, 122));
         // Separate q, k, v: per key, its 8 words of k or a value of each of its 16 pairs; the
-        // last PE keeps 121/8 = 15 pairs whole, fewer than the 9 + 8 a key needs to save all
-        // its 8 words, so it saves 15 − 8 = 7: 128 − 7 words again.
+        // last PE keeps at most 122/8 = 15 pairs whole, and a key saves nothing for its first
+        // 16 − 8 pairs kept and a word for each further one: 7 saved, 128 − 7 words again.
         let separate = shape(16, 8, false, false, Softmax::Safe);
         assert_eq!(
             separate.one_way_bound(256, Normalisation::PerWeight),
@@ -800,9 +800,12 @@ mod tests {
     }
 
     #[test]
-    fn one_way_rings_take_the_causal_rows_that_see_the_most_keys() {
-        // 16 tokens, d = 8, causal, 256 PEs: the rows from 13 on see keys 0..=13; each of
-        // their 14 keys needs min(8, 3) = 3 crossings: 42, well below the 112 words of k.
+    fn one_way_rings_take_the_causal_rows_that_decide() {
+        // 16 tokens, d = 8, causal, 256 PEs. The rows from 8 on (8 rows) see keys 0..=8: each
+        // of the 9 keys costs min(8, 8) words, 72. Below 129 cycles there is one cluster, whose
+        // last PE keeps at most T/8 pairs whole; at T = 64 that is 8, one whole key, so 64
+        // words cross on 63 slots; at 65 they fit. The rows from 13 on need only 3 words per
+        // key (39), the last row alone 16: the rows in the middle decide.
         let c = shape(16, 8, false, true, Softmax::Safe);
         let b = c.one_way_bound(256, Normalisation::PerWeight).unwrap();
         assert!(

@@ -146,8 +146,10 @@ pub fn run(args: &OptimalArgs) -> Result<(), String> {
     };
 
     // The solver is not trusted: what it found is proved like every compiled program.
-    // The exact model places exactly the necessary operations.
-    source::verify(&outcome.programs, &outcome.manifest, &layer.name, true)?;
+    // The exact model places exactly the necessary operations; a heuristic schedule kept
+    // instead may recompute the phase-1 products its manifest declares (the wide dataflow).
+    let exact_ops = outcome.source == exact::search::Source::Sat;
+    source::verify(&outcome.programs, &outcome.manifest, &layer.name, exact_ops)?;
     let mut files: Files = Vec::new();
     source::push_program_files(
         &mut files,
