@@ -140,6 +140,8 @@ impl Scheduler for Cols {
         keep_shorter(p, pes, &mut best, helper_lanes(p, pes), Run::Plain);
         // The lanes with phase 3 cut by outputs over the v PEs.
         keep_shorter(p, pes, &mut best, cut_lanes(p, pes), Run::Plain);
+        // Under a causal mask, the same with the shortest rows' outputs on the q/k PEs.
+        keep_shorter(p, pes, &mut best, qk_row_lanes(p, pes), Run::Plain);
         // The lanes whose columns split between the two ways of reaching phase 3.
         let count = if p.necessary_ops() > LARGE_OPS {
             1
@@ -355,6 +357,70 @@ fn cut_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                     ..Apart::columns(r1 as u32, soft as u32, r3 as u32)
                 },
             ));
+        }
+    }
+    found.sort_by_key(|f| f.0);
+    found.truncate(CUT_LANES);
+    found.into_iter().map(|(_, lane)| (1, lane)).collect()
+}
+
+/// The lanes of [`cut_lanes`] with the outputs of their shortest rows on the q/k PEs
+/// (`Apart::qk_rows`): whole-column q/k PEs do only phase 1 and idle once it is done, while
+/// the v PEs, starting only when the first weights arrive, end the schedule. Each lane is
+/// estimated as [`cut_lanes`] estimates it, a q/k PE also doing its columns' products of the
+/// rows it takes, for every count of them, and the [`CUT_LANES`] best with at least one such
+/// row are returned. Same range as [`cut_lanes`], causal layers of one head only: the shortest
+/// rows are the ones that finish last (`plan` takes the longest first), and with several heads
+/// each head's weights and v words bound for its q/k PEs would cross every other head's lane
+/// (16 tokens, `d = 8`, 4 heads on 64 PEs: 252 cycles without, 512 to 650 with the three best).
+fn qk_row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
+    let per = u64::from(pes);
+    if !p.causal
+        || p.heads != 1
+        || p.necessary_ops() > LARGE_OPS
+        || per < d + 2
+        || per > CUT_MAX_PES
+    {
+        return Vec::new();
+    }
+    let len: Vec<u64> = (0..p.tokens).map(|a| u64::from(p.keys_in_row(a))).collect();
+    let weights: u64 = len.iter().sum();
+    let mut shortest = len.clone();
+    shortest.sort_unstable();
+    let safe = u64::from(p.safe());
+    let mut found: Vec<(u64, Apart)> = Vec::new();
+    for r1 in 1..=d.min(per - 2) {
+        let work1 = d.div_ceil(r1) * weights;
+        for soft in 1..=(per - r1 - 1).min(n) {
+            let mut dealt = vec![0u64; soft as usize];
+            let deal = schedule_split::deal_by_weight(p, soft as u32);
+            for (&l, &pe) in len.iter().zip(&deal) {
+                if let Some(x) = dealt.get_mut(pe as usize) {
+                    *x += 2 * l + safe * l.saturating_sub(1);
+                }
+            }
+            let work2 = dealt.iter().copied().max().unwrap_or(0);
+            let r3 = per - r1 - soft;
+            let mut taken = 0u64;
+            for (k, &l) in shortest.iter().enumerate() {
+                taken += l;
+                // Not every row: the v PEs would have nothing to do.
+                if taken >= weights {
+                    break;
+                }
+                let on_qk = work1 + d.div_ceil(r1) * taken;
+                let work3 = (d * (weights - taken)).div_ceil(r3);
+                let est = on_qk.max(work2).max(work3).max(weights) + r1 + soft + r3;
+                found.push((
+                    est,
+                    Apart {
+                        cut3: true,
+                        qk_rows: k as u32 + 1,
+                        ..Apart::columns(r1 as u32, soft as u32, r3 as u32)
+                    },
+                ));
+            }
         }
     }
     found.sort_by_key(|f| f.0);

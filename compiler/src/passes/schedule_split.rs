@@ -273,6 +273,13 @@ pub(crate) struct Apart {
     /// `n²` weights, so every link carries about half the words of the other heads (see
     /// `schedule_cols`'s `scores_round_lanes`).
     pub(crate) soft_before: bool,
+    /// With `cut3`, the outputs of the `qk_rows` rows with the fewest keys (ties to the lower
+    /// row) accumulate on their column's q/k PE instead of a v PE, the weights going on round
+    /// the ring to it, and every v word is preloaded on its first reader from the v part on
+    /// (so the v words those outputs read go round the ring too, rather than all of a column's
+    /// crossing the softmax PEs). The q/k PEs otherwise idle once phase 1 is done; these
+    /// outputs give them part of phase 3. 0: none.
+    pub(crate) qk_rows: u32,
 }
 
 impl Apart {
@@ -297,6 +304,7 @@ impl Apart {
             rows_from_last: false,
             soft_from_last: false,
             soft_before: false,
+            qk_rows: 0,
         }
     }
 
@@ -1019,7 +1027,7 @@ impl Geometry {
         let frac = layout.apart.filter(|a| a.frac).map(|a| frac_offsets(p, a));
         let cut3 = match layout.apart {
             Some(a) if a.next && groups == 1 => next_outputs(p, a),
-            Some(a) if a.cut3 && a.r3 > 0 && groups == 1 => cut_outputs(p, a.r3),
+            Some(a) if a.cut3 && a.r3 > 0 && groups == 1 => cut_outputs(p, a.r3, a.qk_rows),
             _ => Vec::new(),
         };
         Geometry {
@@ -1112,6 +1120,9 @@ impl Geometry {
         if let Some(ap) = self.apart {
             let i = (u64::from(h * self.n + a) * u64::from(self.d) + u64::from(c)) as usize;
             if let Some(&off) = self.cut3.get(i) {
+                if off == ON_QK {
+                    return self.p1_row(lane, c, a);
+                }
                 if ap.next {
                     return (self.start(lane) + ap.r1 + off) % self.m;
                 }
@@ -1262,17 +1273,60 @@ pub(crate) fn deal_by_weight(p: &Problem, soft: u32) -> Vec<u32> {
 /// [`Geometry::cut3`]: per head, the outputs column by column (rows in order within a column),
 /// each weighing its row's unmasked scores (its products), cut into `r3` runs of about equal
 /// weight; an output goes to the run holding the middle of its weight.
-fn cut_outputs(p: &Problem, r3: u32) -> Vec<u32> {
-    outputs_by_weight(p, &vec![1; r3 as usize])
+fn cut_outputs(p: &Problem, r3: u32, qk_rows: u32) -> Vec<u32> {
+    if qk_rows == 0 {
+        return outputs_by_weight(p, &vec![1; r3 as usize]);
+    }
+    // The rows left to the v PEs are cut as a layer of their own rows would be: the shares
+    // are laid over their outputs alone.
+    let mut rows: Vec<u32> = (0..p.tokens).collect();
+    rows.sort_by_key(|&a| (p.keys_in_row(a), a));
+    let mut on_qk = vec![false; p.tokens as usize];
+    for &a in rows.iter().take(qk_rows as usize) {
+        if let Some(x) = on_qk.get_mut(a as usize) {
+            *x = true;
+        }
+    }
+    let (n, d) = (p.tokens, p.dim);
+    let len: Vec<u64> = (0..n)
+        .map(|a| {
+            if on_qk.get(a as usize).copied().unwrap_or(false) {
+                0
+            } else {
+                u64::from(p.keys_in_row(a))
+            }
+        })
+        .collect();
+    let mut out = outputs_by_weight_of(p, &len, &vec![1; r3 as usize]);
+    for h in 0..p.heads {
+        for a in (0..n).filter(|&a| on_qk.get(a as usize).copied().unwrap_or(false)) {
+            for c in 0..d {
+                let i = (u64::from(h * n + a) * u64::from(d) + u64::from(c)) as usize;
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = ON_QK;
+                }
+            }
+        }
+    }
+    out
 }
+
+/// [`Geometry::cut3`]'s mark of an output kept on its column's q/k PE (`Apart::qk_rows`).
+const ON_QK: u32 = u32::MAX;
 
 /// Per output `(head, row, col)`, at `(head·n + row)·d + col`, the index of the share it falls
 /// in: the outputs of a head, column by column and row by row within a column, each weighing
 /// its row's unmasked scores, laid along shares of the given sizes; an output goes to the share
 /// holding the middle of its weight.
 fn outputs_by_weight(p: &Problem, shares: &[u64]) -> Vec<u32> {
+    let len: Vec<u64> = (0..p.tokens).map(|r| u64::from(p.keys_in_row(r))).collect();
+    outputs_by_weight_of(p, &len, shares)
+}
+
+/// [`outputs_by_weight`] with each row weighing `len[row]` (0: a row whose outputs go
+/// elsewhere, which then takes no share).
+fn outputs_by_weight_of(p: &Problem, len: &[u64], shares: &[u64]) -> Vec<u32> {
     let (n, d) = (p.tokens, p.dim);
-    let len: Vec<u64> = (0..n).map(|r| u64::from(p.keys_in_row(r))).collect();
     let total: u64 = len.iter().sum::<u64>() * u64::from(d);
     let cap: u64 = shares.iter().sum::<u64>().max(1);
     // Cumulative capacity at the end of each share, in units of output weight.
@@ -2204,7 +2258,12 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         } else {
             0
         };
-        let from = g.start(e.head * g.groups + group);
+        let lane_start = g.start(e.head * g.groups + group);
+        // Outputs on the q/k PEs (`Apart::qk_rows`): the v words start in the v part.
+        let from = match layout.apart {
+            Some(a) if a.qk_rows > 0 && e.tensor == Tensor::V => (lane_start + a.r1 + a.soft) % m,
+            _ => lane_start,
+        };
         // Mirrored rows: an x row starts where its own row's scores read it as the query, so
         // every lane starts on its own row and the others reach it as keys.
         let own = (layout.mirror && e.tensor == Tensor::X)
