@@ -339,14 +339,7 @@ fn cut_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     for r1 in 1..=d.min(per - 2) {
         let work1 = d.div_ceil(r1) * scores;
         for soft in 1..=(per - r1 - 1).min(n) {
-            let mut dealt = vec![0u64; soft as usize];
-            let deal = schedule_split::deal_by_weight(p, soft as u32);
-            for (&l, &pe) in len.iter().zip(&deal) {
-                if let Some(x) = dealt.get_mut(pe as usize) {
-                    *x += 2 * l + safe * l.saturating_sub(1);
-                }
-            }
-            let work2 = dealt.iter().copied().max().unwrap_or(0);
+            let work2 = busiest_softmax_pe(p, soft, &len, safe);
             let r3 = per - r1 - soft;
             let work3 = (d * weights).div_ceil(r3);
             let est = work1.max(work2).max(work3).max(scores).max(weights) + r1 + soft + r3;
@@ -362,6 +355,20 @@ fn cut_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     found.sort_by_key(|f| f.0);
     found.truncate(CUT_LANES);
     found.into_iter().map(|(_, lane)| (1, lane)).collect()
+}
+
+/// The softmax operations of the busiest of `soft` softmax PEs, the rows (of `len[row]`
+/// unmasked scores) dealt to them by weight: per weight an exponential and a division, and with
+/// a safe softmax a maximum for all but a row's first.
+fn busiest_softmax_pe(p: &Problem, soft: u64, len: &[u64], safe: u64) -> u64 {
+    let mut dealt = vec![0u64; soft as usize];
+    let deal = schedule_split::deal_by_weight(p, soft as u32);
+    for (&l, &pe) in len.iter().zip(&deal) {
+        if let Some(x) = dealt.get_mut(pe as usize) {
+            *x += 2 * l + safe * l.saturating_sub(1);
+        }
+    }
+    dealt.iter().copied().max().unwrap_or(0)
 }
 
 /// The lanes of [`cut_lanes`] with the outputs of their shortest rows on the q/k PEs
@@ -393,14 +400,7 @@ fn qk_row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     for r1 in 1..=d.min(per - 2) {
         let work1 = d.div_ceil(r1) * weights;
         for soft in 1..=(per - r1 - 1).min(n) {
-            let mut dealt = vec![0u64; soft as usize];
-            let deal = schedule_split::deal_by_weight(p, soft as u32);
-            for (&l, &pe) in len.iter().zip(&deal) {
-                if let Some(x) = dealt.get_mut(pe as usize) {
-                    *x += 2 * l + safe * l.saturating_sub(1);
-                }
-            }
-            let work2 = dealt.iter().copied().max().unwrap_or(0);
+            let work2 = busiest_softmax_pe(p, soft, &len, safe);
             let r3 = per - r1 - soft;
             let mut taken = 0u64;
             for (k, &l) in shortest.iter().enumerate() {
