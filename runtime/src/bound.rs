@@ -81,6 +81,20 @@ impl Shape {
                 .max(r.tail.checked_add(per_pe(before)?)?)
                 .max(product_tail.checked_add(per_pe(products)?)?);
         }
+        // One head's work after its rows' maxima or denominators (exponentials of a safe
+        // softmax, divisions, phase-3 products) all reads a value computed from k[0][0] (every
+        // row sees key 0), preloaded on one PE: in cycle r at most r + 1 PEs can run it, and
+        // none of it runs before the first such value exists (a score, cycle d; with a safe
+        // softmax and no mask, the maximum of n scores, d + its depth).
+        let dependants = self
+            .weights_per_head()?
+            .checked_mul(d.checked_add(1 + u64::from(safe))?)?;
+        let first = if safe && !self.causal {
+            longest.z - n
+        } else {
+            d
+        };
+        best = best.max(reach(m, first, dependants)?);
         Some(best)
     }
 
@@ -469,6 +483,32 @@ impl Row {
     }
 }
 
+/// The fewest cycles `T` for which `ops` operations that all read a value computed from one
+/// preloaded word, none before cycle `first`, fit on the PEs that can hold such a value: in
+/// cycle `r` at most `min(r + 1, m)` of them (a word moves one hop per cycle).
+fn reach(m: u64, first: u64, ops: u64) -> Option<u64> {
+    // Operation slots in cycles 0..t.
+    let slots = |t: u64| -> Option<u128> {
+        let (t, m) = (u128::from(t), u128::from(m));
+        Some(if t <= m {
+            t * (t + 1) / 2
+        } else {
+            m * (m + 1) / 2 + (t - m) * m
+        })
+    };
+    let before = slots(first)?;
+    let (mut lo, mut hi) = (first, first.checked_add(ops)?);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if slots(mid)? - before >= u128::from(ops) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Some(lo)
+}
+
 /// Fewest distinct operands among `products` products of a group done by PEs that do at most
 /// `t` each: `operands(p)` is the least a PE needs for `p` of them, concave with
 /// `operands(0) = 0`, so the sum over PEs is least when all but one do exactly `t`.
@@ -673,9 +713,11 @@ mod tests {
         let s = shape(32, 8, false, false, Softmax::Safe);
         assert_eq!(s.cut_bound(256, Normalisation::PerWeight), Some(229));
         let b = s.bound(256, Normalisation::PerWeight).unwrap();
+        // The critical path counts the 1024·10 operations after the rows' maxima spreading
+        // from k[0][0]'s PE from cycle 8 + 5 on: T(T + 1)/2 − 91 ≥ 10240 from T = 144.
         assert_eq!(
             (b.lower_bound, b.critical_path, b.link, b.value),
-            (76, 81, 229, 229)
+            (76, 144, 229, 229)
         );
         // The arcs need not be short: the cut does not depend on the ring once it has 4 PEs.
         assert_eq!(s.cut_bound(4, Normalisation::PerWeight), Some(229));
@@ -738,11 +780,13 @@ mod tests {
         let s = shape(16, 8, true, false, Softmax::Safe);
         assert_eq!(s.cut_bound(256, Normalisation::PerWeight), Some(53));
         // On 256 PEs the one-way part says more (122); on 64 it finds no program shorter than
-        // the ring, and neither does the critical path.
+        // the ring, and the critical path says 73: the 256·10 operations after the maxima
+        // spread from k[0][0]'s PE from cycle 8 + 4 on, one more PE per cycle up to 64:
+        // 2080 + 64(T − 64) − 78 ≥ 2560 from T = 73.
         assert_eq!(s.one_way_bound(64, Normalisation::PerWeight), Some(64));
         assert_eq!(
             s.bound(64, Normalisation::PerWeight).unwrap().critical_path,
-            64
+            73
         );
         // With separate q, k, v both phases together say more than phase 3 alone.
         let separate = shape(16, 8, false, false, Softmax::Safe);
@@ -760,6 +804,20 @@ mod tests {
         // Causal rows have fewer pairs and lines: 8448 products on 528 + 1024 lines.
         let c = shape(32, 8, false, true, Softmax::Safe);
         assert_eq!(c.cut_bound(256, Normalisation::PerWeight), Some(102));
+    }
+
+    #[test]
+    fn work_spreading_from_one_word_fills_one_more_pe_per_cycle() {
+        // Cycles 0..t hold t(t + 1)/2 slots below the ring's length, then m per cycle.
+        assert_eq!(reach(64, 0, 1), Some(1));
+        assert_eq!(reach(64, 0, 3), Some(2));
+        assert_eq!(reach(64, 0, 4), Some(3));
+        assert_eq!(reach(4, 0, 10), Some(4));
+        assert_eq!(reach(4, 0, 11), Some(5));
+        // From cycle 2 on: 3 + 4 + 4 slots by the end of cycle 4.
+        assert_eq!(reach(4, 2, 11), Some(5));
+        assert_eq!(reach(4, 2, 12), Some(6));
+        assert_eq!(reach(4, 2, 0), Some(2));
     }
 
     #[test]
