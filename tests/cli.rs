@@ -615,14 +615,14 @@ fn optimal_proves_small_layers_and_writes_runnable_verified_programs() {
 /// layer on a large ring that is the wide dataflow, which recomputes phase-1 products its
 /// manifest declares. It is proved as `compile` proves it, not as an exact-model schedule.
 #[test]
-fn optimal_keeps_a_heuristic_schedule_that_recomputes_products() {
-    let dir = tempfile::tempdir().unwrap();
+fn optimal_keeps_a_heuristic_schedule_that_recomputes_products(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
     let file = dir.path().join("layer.attn");
     std::fs::write(
         &file,
         "layer t { tokens = 4; dim = 4; scale = 0.5; softmax = plain; qkv = shared; }",
-    )
-    .unwrap();
+    )?;
     let out = dir.path().join("out");
     let o = attnc(&[
         "optimal",
@@ -638,14 +638,15 @@ fn optimal_keeps_a_heuristic_schedule_that_recomputes_products() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
     assert_eq!(v["source"], "heuristic", "{v}");
     let o = attnc(&["verify", s(&out)]);
     assert!(o.status.success(), "{}", text(&o));
     let o = attnc(&["run", s(&out), "--json"]);
     assert!(o.status.success(), "{}", text(&o));
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert!(r["max_abs_err"].as_f64().unwrap() <= 1e-4);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    assert!(r["max_abs_err"].as_f64().is_some_and(|e| e <= 1e-4), "{r}");
+    Ok(())
 }
 
 #[test]

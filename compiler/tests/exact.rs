@@ -324,19 +324,17 @@ fn cut_bound_never_exceeds_a_proven_optimum_on_large_rings() {
         let cut = shape
             .cut_bound(pes, runtime::layer::Normalisation::PerWeight)
             .expect("a cut part");
-        let one_way = shape
-            .one_way_bound(pes, runtime::layer::Normalisation::PerWeight)
-            .expect("a one-way part");
+        let one_way = shape.one_way_bound(pes, runtime::layer::Normalisation::PerWeight);
         assert!(
             cut <= out.cycles
-                && one_way <= out.cycles
+                && one_way.is_some_and(|t| t <= out.cycles)
                 && b.link <= out.cycles
                 && b.value <= out.cycles,
-            "{text} on {pes} PEs: cut {cut}, one-way {one_way}, bound {b:?} above the optimum {}",
+            "{text} on {pes} PEs: cut {cut}, one-way {one_way:?}, bound {b:?} above the optimum {}",
             out.cycles
         );
         eprintln!(
-            "{text} on {pes} PEs: optimum {} cycles, cut {cut}, one-way {one_way}, {b:?}",
+            "{text} on {pes} PEs: optimum {} cycles, cut {cut}, one-way {one_way:?}, {b:?}",
             out.cycles
         );
     }

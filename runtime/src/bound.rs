@@ -88,7 +88,7 @@ impl Shape {
         // softmax and no mask, the maximum of n scores, d + its depth).
         let dependants = self
             .weights_per_head()?
-            .checked_mul(d.checked_add(1 + u64::from(safe))?)?;
+            .checked_mul(self.dependants_per_weight())?;
         let first = if safe && !self.causal {
             longest.z - n
         } else {
@@ -151,16 +151,7 @@ impl Shape {
         while !fits(hi)? {
             hi = hi.checked_mul(2)?;
         }
-        let mut lo = 1u64;
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if fits(mid)? {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        Some(lo)
+        least(1, hi, fits)
     }
 
     /// Words any `t`-cycle program must receive over links, summed over groups of products that
@@ -288,18 +279,18 @@ impl Shape {
                 continue;
             }
             // `fits` only gets easier as `T` grows, and holds from `m` on.
-            let (mut lo, mut hi) = (best + 1, m);
-            while lo < hi {
-                let mid = lo + (hi - lo) / 2;
-                if feed.fits(mid, m) {
-                    hi = mid;
-                } else {
-                    lo = mid + 1;
-                }
-            }
-            best = lo;
+            best = least(best + 1, m, |t| Some(feed.fits(t, m)))?;
         }
         Some(best)
+    }
+}
+
+impl Shape {
+    /// The operations per weight that read a value computed from its row's denominator or
+    /// maximum: the division and the `d` phase-3 products, and with a safe softmax the
+    /// exponential.
+    fn dependants_per_weight(&self) -> u64 {
+        u64::from(self.dim) + 1 + u64::from(self.softmax == Softmax::Safe)
     }
 }
 
@@ -327,7 +318,7 @@ impl Feed {
         } else {
             (n, n * n)
         };
-        let per_weight = dim + 1 + u128::from(shape.softmax == Softmax::Safe);
+        let per_weight = u128::from(shape.dependants_per_weight());
         Feed {
             keys: first + 1,
             rows,
@@ -405,16 +396,7 @@ fn cut(m: u64, products: u64, lines: u64, pair_len: u64, row_len: u64) -> u64 {
         true
     };
     // `T = products` always fits (no two arcs can each do more than half of them).
-    let (mut lo, mut hi) = (1u64, products.max(1));
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if fits(mid) {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-    }
-    lo
+    least(1, products.max(1), |t| Some(fits(t))).unwrap_or(1)
 }
 
 /// Most arcs a cut is tried with: more only add conditions, so fewer keep the bound sound.
@@ -497,16 +479,9 @@ fn reach(m: u64, first: u64, ops: u64) -> Option<u64> {
         })
     };
     let before = slots(first)?;
-    let (mut lo, mut hi) = (first, first.checked_add(ops)?);
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if slots(mid)? - before >= u128::from(ops) {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-    }
-    Some(lo)
+    least(first, first.checked_add(ops)?, |t| {
+        Some(slots(t)? - before >= u128::from(ops))
+    })
 }
 
 /// Fewest distinct operands among `products` products of a group done by PEs that do at most
@@ -554,10 +529,15 @@ fn spread(m: u64, ops: u64) -> Option<u64> {
             below.checked_add((s - cap + 1).checked_mul(m)?)
         }
     };
-    let (mut lo, mut hi) = (0u64, ops);
+    least(0, ops, |s| Some(room(s)? >= ops))
+}
+
+/// The least `t` in `lo..=hi` for which `fits(t)` holds, by bisection: `fits` must hold at
+/// `hi` and only get easier as `t` grows. `None` when `fits` does (an overflow).
+fn least(mut lo: u64, mut hi: u64, mut fits: impl FnMut(u64) -> Option<bool>) -> Option<u64> {
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        if room(mid)? >= ops {
+        if fits(mid)? {
             hi = mid;
         } else {
             lo = mid + 1;
@@ -785,8 +765,9 @@ mod tests {
         // 2080 + 64(T − 64) − 78 ≥ 2560 from T = 73.
         assert_eq!(s.one_way_bound(64, Normalisation::PerWeight), Some(64));
         assert_eq!(
-            s.bound(64, Normalisation::PerWeight).unwrap().critical_path,
-            73
+            s.bound(64, Normalisation::PerWeight)
+                .map(|b| b.critical_path),
+            Some(73)
         );
         // With separate q, k, v both phases together say more than phase 3 alone.
         let separate = shape(16, 8, false, false, Softmax::Safe);
@@ -829,8 +810,11 @@ mod tests {
         // carries 128 − 7 = 121 on its 121 slots.
         let s = shape(16, 8, true, false, Softmax::Safe);
         assert_eq!(s.one_way_bound(256, Normalisation::PerWeight), Some(122));
-        let b = s.bound(256, Normalisation::PerWeight).unwrap();
-        assert_eq!((b.link, b.value), (122, 122));
+        assert_eq!(
+            s.bound(256, Normalisation::PerWeight)
+                .map(|b| (b.link, b.value)),
+            Some((122, 122))
+        );
         // Separate q, k, v: per key, its 8 words of k or a value of each of its 16 pairs; the
         // last PE keeps at most 122/8 = 15 pairs whole, and a key saves nothing for its first
         // 16 − 8 pairs kept and a word for each further one: 7 saved, 128 − 7 words again.
@@ -865,12 +849,10 @@ mod tests {
         // words cross on 63 slots; at 65 they fit. The rows from 13 on need only 3 words per
         // key (39), the last row alone 16: the rows in the middle decide.
         let c = shape(16, 8, false, true, Softmax::Safe);
-        let b = c.one_way_bound(256, Normalisation::PerWeight).unwrap();
-        assert!(
-            b > c.cut_bound(256, Normalisation::PerWeight).unwrap(),
-            "{b}"
-        );
-        assert_eq!(b, 65);
+        assert_eq!(c.one_way_bound(256, Normalisation::PerWeight), Some(65));
+        assert!(c
+            .cut_bound(256, Normalisation::PerWeight)
+            .is_some_and(|cut| cut < 65));
     }
 
     #[test]
@@ -878,8 +860,8 @@ mod tests {
         for (n, d, m) in [(2, 2, 4), (3, 1, 6), (32, 64, 64), (4, 8, 16)] {
             for (shared, causal) in [(false, false), (true, false), (false, true)] {
                 let s = shape(n, d, shared, causal, Softmax::Safe);
-                let t = s.one_way_bound(m, Normalisation::PerWeight).unwrap();
-                assert!(t <= u64::from(m), "{n} {d} {m}: {t}");
+                let t = s.one_way_bound(m, Normalisation::PerWeight);
+                assert!(t.is_some_and(|t| t <= u64::from(m)), "{n} {d} {m}: {t:?}");
                 assert_eq!(s.one_way_bound(m, Normalisation::Deferred), Some(1));
             }
         }

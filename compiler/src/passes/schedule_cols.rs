@@ -322,39 +322,7 @@ fn other_softmax_counts(p: &Problem, pes: u32, parts: &[(u32, Apart)]) -> Vec<(u
 /// PEs beyond the columns can only take the softmax, which leaves every v PE a column's
 /// products (or two) while the softmax PEs idle.
 fn cut_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
-    let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
-    let per = u64::from(pes / p.heads.max(1));
-    if p.necessary_ops() > LARGE_OPS || per < d + 2 || per > CUT_MAX_PES {
-        return Vec::new();
-    }
-    let len: Vec<u64> = (0..p.tokens).map(|a| u64::from(p.keys_in_row(a))).collect();
-    let weights: u64 = len.iter().sum();
-    let scores = if p.symmetric && !p.causal {
-        n * (n + 1) / 2
-    } else {
-        weights
-    };
-    let safe = u64::from(p.safe());
-    let mut found: Vec<(u64, Apart)> = Vec::new();
-    for r1 in 1..=d.min(per - 2) {
-        let work1 = d.div_ceil(r1) * scores;
-        for soft in 1..=(per - r1 - 1).min(n) {
-            let work2 = busiest_softmax_pe(p, soft, &len, safe);
-            let r3 = per - r1 - soft;
-            let work3 = (d * weights).div_ceil(r3);
-            let est = work1.max(work2).max(work3).max(scores).max(weights) + r1 + soft + r3;
-            found.push((
-                est,
-                Apart {
-                    cut3: true,
-                    ..Apart::columns(r1 as u32, soft as u32, r3 as u32)
-                },
-            ));
-        }
-    }
-    found.sort_by_key(|f| f.0);
-    found.truncate(CUT_LANES);
-    found.into_iter().map(|(_, lane)| (1, lane)).collect()
+    best_cut_lanes(p, pes, false)
 }
 
 /// The softmax operations of the busiest of `soft` softmax PEs, the rows (of `len[row]`
@@ -381,42 +349,60 @@ fn busiest_softmax_pe(p: &Problem, soft: u64, len: &[u64], safe: u64) -> u64 {
 /// each head's weights and v words bound for its q/k PEs would cross every other head's lane
 /// (16 tokens, `d = 8`, 4 heads on 64 PEs: 252 cycles without, 512 to 650 with the three best).
 fn qk_row_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
+    if !p.causal || p.heads != 1 {
+        return Vec::new();
+    }
+    best_cut_lanes(p, pes, true)
+}
+
+/// The [`CUT_LANES`] best-estimated `cut3` lanes: without `qk_rows` the lanes of
+/// [`cut_lanes`]; with it, for every count `k ≥ 1` of the shortest rows short of all of them,
+/// those lanes with the `k` rows' outputs on the q/k PEs (each q/k PE also doing its columns'
+/// products of them), as [`qk_row_lanes`] takes them.
+fn best_cut_lanes(p: &Problem, pes: u32, qk_rows: bool) -> Vec<(u32, Apart)> {
     let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
-    let per = u64::from(pes);
-    if !p.causal
-        || p.heads != 1
-        || p.necessary_ops() > LARGE_OPS
-        || per < d + 2
-        || per > CUT_MAX_PES
-    {
+    let per = u64::from(pes / p.heads.max(1));
+    if p.necessary_ops() > LARGE_OPS || per < d + 2 || per > CUT_MAX_PES {
         return Vec::new();
     }
     let len: Vec<u64> = (0..p.tokens).map(|a| u64::from(p.keys_in_row(a))).collect();
     let weights: u64 = len.iter().sum();
-    let mut shortest = len.clone();
-    shortest.sort_unstable();
+    let scores = if p.symmetric && !p.causal {
+        n * (n + 1) / 2
+    } else {
+        weights
+    };
+    // The weights of the shortest rows kept on the q/k PEs, 0 (none) for plain cut lanes.
+    let mut taken: Vec<u64> = vec![0];
+    if qk_rows {
+        let mut shortest = len.clone();
+        shortest.sort_unstable();
+        taken = shortest
+            .iter()
+            .scan(0, |sum, &l| {
+                *sum += l;
+                Some(*sum)
+            })
+            // Not every row: the v PEs would have nothing to do.
+            .take_while(|&t| t < weights)
+            .collect();
+    }
     let safe = u64::from(p.safe());
     let mut found: Vec<(u64, Apart)> = Vec::new();
     for r1 in 1..=d.min(per - 2) {
-        let work1 = d.div_ceil(r1) * weights;
+        let work1 = d.div_ceil(r1) * scores;
         for soft in 1..=(per - r1 - 1).min(n) {
             let work2 = busiest_softmax_pe(p, soft, &len, safe);
             let r3 = per - r1 - soft;
-            let mut taken = 0u64;
-            for (k, &l) in shortest.iter().enumerate() {
-                taken += l;
-                // Not every row: the v PEs would have nothing to do.
-                if taken >= weights {
-                    break;
-                }
-                let on_qk = work1 + d.div_ceil(r1) * taken;
-                let work3 = (d * (weights - taken)).div_ceil(r3);
-                let est = on_qk.max(work2).max(work3).max(weights) + r1 + soft + r3;
+            for (k, &t) in taken.iter().enumerate() {
+                let on_qk = work1 + d.div_ceil(r1) * t;
+                let work3 = (d * (weights - t)).div_ceil(r3);
+                let est = on_qk.max(work2).max(work3).max(scores).max(weights) + r1 + soft + r3;
                 found.push((
                     est,
                     Apart {
                         cut3: true,
-                        qk_rows: k as u32 + 1,
+                        qk_rows: if qk_rows { k as u32 + 1 } else { 0 },
                         ..Apart::columns(r1 as u32, soft as u32, r3 as u32)
                     },
                 ));
