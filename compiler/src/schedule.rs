@@ -117,6 +117,16 @@ impl Work {
         outs.into_iter().flatten()
     }
 
+    /// The value a send in the same bundle may carry: the accumulate result. A division or a
+    /// maximum leaves the acc slot free, so its result can take it with `add 0` and leave in
+    /// the cycle it is made, like a partial sum.
+    pub fn acc_result(&self) -> Option<Val> {
+        match *self {
+            Work::Mac { out, .. } | Work::Div { out, .. } | Work::Max { out, .. } => Some(out),
+            Work::Exp { sum, .. } => Some(sum),
+        }
+    }
+
     pub fn phase_kind(&self) -> OpKind {
         match self {
             Work::Mac { .. } => OpKind::Mac,

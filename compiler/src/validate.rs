@@ -26,15 +26,6 @@ pub struct Info {
     pub ops: OpCounts,
 }
 
-/// The accumulate result of a work item, which a send in the same bundle may carry.
-fn acc_result(work: &Work) -> Option<Val> {
-    match *work {
-        Work::Mac { out, .. } => Some(out),
-        Work::Exp { sum, .. } => Some(sum),
-        Work::Div { .. } | Work::Max { .. } => None,
-    }
-}
-
 pub fn validate(s: &RingSchedule) -> Result<Info, Vec<ScheduleError>> {
     let mut errors = Vec::new();
     let m = s.pes as usize;
@@ -93,7 +84,7 @@ pub fn validate(s: &RingSchedule) -> Result<Info, Vec<ScheduleError>> {
                 }
             }
             if let Some(v) = slot.send {
-                let from_acc = slot.work.as_ref().and_then(acc_result) == Some(v);
+                let from_acc = slot.work.as_ref().and_then(Work::acc_result) == Some(v);
                 if !from_acc && !on(&here, pe, v) {
                     errors.push(missing(v));
                 }

@@ -146,7 +146,7 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
     let made_at = |v: usize| -> Option<(u32, i64)> {
         match model.values[v].producer {
             Producer::Input => None,
-            Producer::Op(o) => Some(place[o]),
+            Producer::Op(o) | Producer::Quotient(o) => Some(place[o]),
             Producer::Chain(x) => chain_order[x].last().map(|&o| place[o]),
         }
     };
@@ -158,9 +158,10 @@ pub fn decode(enc: &Encoding, value: impl Fn(i32) -> bool) -> Result<RingSchedul
     }
     for (v, value_info) in model.values.iter().enumerate() {
         let mut avail = vec![i64::MAX; m as usize];
-        let acc_made = match value_info.producer {
-            Producer::Chain(_) => made_at(v),
-            _ => None,
+        let acc_made = if value_info.producer.leaves_when_made() {
+            made_at(v)
+        } else {
+            None
         };
         match made_at(v) {
             Some((p, t)) => avail[p as usize] = t + 1,

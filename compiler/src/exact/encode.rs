@@ -385,7 +385,7 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
     let producers = |v: ValueId, p: u32, t: i64| -> i32 {
         match model.values[v].producer {
             Producer::Input => FALSE,
-            Producer::Op(o) => run[o].at(p, t),
+            Producer::Op(o) | Producer::Quotient(o) => run[o].at(p, t),
             Producer::Chain(x) => last[x].at(p, t),
         }
     };
@@ -426,13 +426,14 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
         let home = |p: u32| -> i32 {
             match val.producer {
                 Producer::Input => pre[v][p as usize],
-                Producer::Op(o) => on[o][p as usize],
+                Producer::Op(o) | Producer::Quotient(o) => on[o][p as usize],
                 Producer::Chain(x) => ends[x][p as usize],
             }
         };
-        // An accumulate result can leave in the cycle it is made, before it is in memory, so
-        // its upstream copy is only known to be there a cycle later.
-        let acc_sent = i64::from(matches!(val.producer, Producer::Chain(_)));
+        // An accumulate result (or a quotient riding the acc slot) can leave in the cycle it
+        // is made, before it is in memory, so its upstream copy is only known to be there a
+        // cycle later.
+        let acc_sent = i64::from(val.producer.leaves_when_made());
         if links {
             for p in 0..m {
                 for t in val.lo..=val.hi {
@@ -475,6 +476,7 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
                 for t in val.send_lo()..val.hi {
                     let acc_made = match val.producer {
                         Producer::Chain(x) => last[x].at(p, t),
+                        Producer::Quotient(o) => run[o].at(p, t),
                         _ => FALSE,
                     };
                     let x = send[v].at(p, t);
@@ -688,8 +690,10 @@ fn dominance(enc: &mut Encoding, idle: Grid, quiet: Grid) {
                 let s = enc.send[v].at(p, t);
                 let q = quiet.at(p, t - 1);
                 enc.cnf.clause(&[-s, -q, -enc.have[v].at(p, t - 1)]);
-                if let Producer::Chain(x) = val.producer {
-                    enc.cnf.clause(&[-s, -q, -enc.last[x].at(p, t - 1)]);
+                match val.producer {
+                    Producer::Chain(x) => enc.cnf.clause(&[-s, -q, -enc.last[x].at(p, t - 1)]),
+                    Producer::Quotient(o) => enc.cnf.clause(&[-s, -q, -enc.run[o].at(p, t - 1)]),
+                    _ => {}
                 }
             }
         }

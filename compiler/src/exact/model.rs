@@ -35,11 +35,22 @@ pub enum ValueKind {
 pub enum Producer {
     /// Preloaded on one PE before cycle 0.
     Input,
-    /// The op result of an op (EXP's exponent, DIV's quotient): stored, never sent in the same
-    /// cycle (the link can carry only a memory word or the accumulate result).
+    /// The op result of an EXP, its exponent: stored, never sent in the same cycle (the link
+    /// carries a memory word or the accumulate result, and the EXP's acc slot makes the sum).
     Op(OpId),
+    /// A DIV's quotient: stored, and also sent in the cycle it is made if need be, through the
+    /// DIV's otherwise idle acc slot (`add 0 | send acc`).
+    Quotient(OpId),
     /// The last accumulate of a chain: may be stored and also sent in the cycle it is made.
     Chain(ChainId),
+}
+
+impl Producer {
+    /// Whether the value can be sent in the cycle it is made: an accumulate result, or a
+    /// quotient riding the DIV's acc slot.
+    pub fn leaves_when_made(self) -> bool {
+        matches!(self, Producer::Chain(_) | Producer::Quotient(_))
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -53,11 +64,13 @@ pub struct Value {
 }
 
 impl Value {
-    /// First cycle the value can be sent: the cycle it is made, if made by an accumulate.
+    /// First cycle the value can be sent: the cycle it is made, if it can leave through an acc
+    /// slot.
     pub fn send_lo(&self) -> i64 {
-        match self.producer {
-            Producer::Chain(_) => self.lo - 1,
-            _ => self.lo,
+        if self.producer.leaves_when_made() {
+            self.lo - 1
+        } else {
+            self.lo
         }
     }
 }
@@ -322,7 +335,7 @@ impl Model {
                     let w = new_value(
                         &mut m,
                         ValueKind::Weight { head, a, b },
-                        Producer::Op(div),
+                        Producer::Quotient(div),
                         di + na + 1,
                     );
                     m.ops[div].produces = Some(w);

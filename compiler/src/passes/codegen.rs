@@ -157,14 +157,6 @@ impl std::fmt::Display for CodegenError {
     }
 }
 
-fn acc_result(work: &Work) -> Option<Val> {
-    match *work {
-        Work::Mac { out, .. } => Some(out),
-        Work::Exp { sum, .. } => Some(sum),
-        Work::Div { .. } | Work::Max { .. } => None,
-    }
-}
-
 pub fn run(s: &RingSchedule, packing: Packing) -> Result<Emitted, CodegenError> {
     pack(s, packing)?.emit(s)
 }
@@ -292,7 +284,7 @@ pub fn pack(s: &RingSchedule, packing: Packing) -> Result<Packed, CodegenError> 
                 }
             }
             if let Some(v) = slot.send {
-                let from_acc = slot.work.as_ref().and_then(acc_result) == Some(v);
+                let from_acc = slot.work.as_ref().and_then(Work::acc_result) == Some(v);
                 if !from_acc {
                     read(&mut pes, pe, v, t)?;
                 }
@@ -469,6 +461,19 @@ impl Busy {
     }
 }
 
+/// The acc slot of an op that does not accumulate: idle, unless the bundle sends the op's result,
+/// which then goes through the acc slot (`add 0`, the result itself) to leave in its own cycle.
+fn rides_acc(send: Option<Val>, out: Val) -> Acc {
+    if send == Some(out) {
+        Acc::Add {
+            src: AccSrc::Zero,
+            dst: None,
+        }
+    } else {
+        Acc::Nop
+    }
+}
+
 fn bundle(
     lives: &Lives,
     slot: Slot,
@@ -516,13 +521,19 @@ fn bundle(
                 dst: dst(sum),
             },
         ),
-        Some(Work::Div { num, den, out }) => (Op::div(addr(num)?, addr(den)?, dst(out)), Acc::Nop),
-        Some(Work::Max { a, b, out }) => (Op::max(addr(a)?, addr(b)?, dst(out)), Acc::Nop),
+        Some(Work::Div { num, den, out }) => (
+            Op::div(addr(num)?, addr(den)?, dst(out)),
+            rides_acc(slot.send, out),
+        ),
+        Some(Work::Max { a, b, out }) => (
+            Op::max(addr(a)?, addr(b)?, dst(out)),
+            rides_acc(slot.send, out),
+        ),
     };
     let xfer = match slot.send {
         None => Xfer::Nop,
         Some(v) => {
-            let src = if slot.work.as_ref().and_then(acc_result) == Some(v) {
+            let src = if slot.work.as_ref().and_then(Work::acc_result) == Some(v) {
                 XferSrc::Acc
             } else {
                 XferSrc::Mem(addr(v)?)

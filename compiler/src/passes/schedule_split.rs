@@ -2864,15 +2864,16 @@ struct ChainState {
 }
 
 impl Sim<'_> {
-    /// Queues `v` on `link` when a later PE reads it (`reach` says how many hops away).
-    fn forward(&self, v: Val, prio: i64, link: &mut Link) {
+    /// Queues `v` on `link` when a later PE reads it (`reach` says how many hops away);
+    /// `acc_at` is the cycle it is made in when it may leave through the acc slot then.
+    fn forward(&self, v: Val, prio: i64, link: &mut Link, acc_at: Option<usize>) {
         let hops = self.reach.get(v.index()).copied().unwrap_or(0);
         if hops > 0 {
             link.push(Pending {
                 val: v,
                 hops,
                 prio,
-                acc_at: None,
+                acc_at,
             });
         }
     }
@@ -2914,7 +2915,7 @@ impl Sim<'_> {
         ready.reset(order, m, self.readers);
         for &(pe, v, prio) in preloaded {
             ready.write(avail, pe, v, 0);
-            self.forward(v, prio, &mut links[pe as usize]);
+            self.forward(v, prio, &mut links[pe as usize], None);
         }
         state.clear();
         state.extend(self.chains.iter().map(|c| ChainState {
@@ -3126,7 +3127,7 @@ impl Sim<'_> {
                 };
                 b.work(pe as u32, t, 2, Work::Div { num, den, out });
                 ready.write(avail, pe as u32, out, t + 1);
-                self.forward(out, task.prio, link);
+                self.forward(out, task.prio, link, Some(t));
                 Moved::Not
             }
             TaskKind::Term { chain, x, y, e, .. } => {
@@ -3159,7 +3160,7 @@ impl Sim<'_> {
                         };
                         ready.write(avail, pe as u32, e, t + 1);
                         // An exponential divided on a later PE goes there.
-                        self.forward(e, task.prio, link);
+                        self.forward(e, task.prio, link, None);
                         let bias = bias.and_then(|mx| state[mx].result);
                         let w = Work::Exp {
                             x: xv,
@@ -3176,7 +3177,7 @@ impl Sim<'_> {
                             b.bug(NAME, "a maximum with nothing to compare".into());
                             return Moved::Not;
                         };
-                        (2, Work::Max { a, b: xv, out }, false)
+                        (2, Work::Max { a, b: xv, out }, true)
                     }
                 };
                 b.work(pe as u32, t, phase, work);
