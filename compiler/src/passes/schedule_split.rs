@@ -2403,10 +2403,7 @@ fn tails(
     for t in tasks.iter() {
         if let TaskKind::Div { out, .. } = t.kind {
             let far = weight_readers.get(&out).map_or(0, |rs| {
-                rs.iter()
-                    .map(|&q| lat(t.pe, q, m, false))
-                    .max()
-                    .unwrap_or(0)
+                rs.iter().map(|&q| lat(t.pe, q, m, true)).max().unwrap_or(0)
             });
             div_tail.insert(out, far + y_tail);
         }
@@ -2432,7 +2429,7 @@ fn tails(
             tail[i] = len(c) + farthest(c, true) + sum_after[i];
             if let Some(mx) = bias {
                 let mc = &chains[mx];
-                tail[mx] = tail[mx].max(len(mc) + farthest(mc, false) + tail[i]);
+                tail[mx] = tail[mx].max(len(mc) + farthest(mc, true) + tail[i]);
             }
         }
     }
