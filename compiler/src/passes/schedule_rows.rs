@@ -231,14 +231,14 @@ fn run_with(
     // its links and tasks ordered by urgency.
     if p.symmetric && p.shared_values && !p.causal && !mirror {
         if let Some(base) = chosen {
-            if p.heads == 1 {
+            if p.heads == 1 && ranked_fits(p, pes, base.active) {
                 let cfg = Config {
                     pairing: Pairing::Ranked,
                     urgent: true,
                     ..base
                 };
                 attempt(&mut best, &mut chosen, cfg)?;
-            } else if !timed_tried(p, pes) && pes >= URGENT_TIMED_PES {
+            } else if timed_after(p, pes) {
                 let cfg = Config {
                     spread_homes: true,
                     pairing: Pairing::Timed,
@@ -355,7 +355,8 @@ fn cut(p: &Problem, active: u32) -> Vec<RowPlan> {
 /// maxima) and all but the first take in the previous part's maximum. Its `d` products are
 /// computed there too, except with q = k without a mask, where the pair `{a, b}` is computed by
 /// one of its two holders only ([`pair_computed_by`]; where the whole ring also pairs by start
-/// times, [`timed_pairs`], the smaller of the two busiest counts, since the faster run is kept).
+/// times, [`assign_pairs`], the smallest of the busiest counts, since the fastest run is kept;
+/// the pairing by rows' places, [`ranked_pairs`], is only run where it counts the same).
 /// Only where that cut and those pairings are the ones run: on the whole ring (at least
 /// [`SUBSET_SCORES`] scores per PE, where the nearer holder is never tried instead); elsewhere
 /// the lower bound.
@@ -369,9 +370,9 @@ pub fn floor(p: &Problem, pes: u32) -> u64 {
     let parity = busiest(p, pes, &plans, None);
     // The whole ring may also pair by start times, and the faster run is kept: its busiest PE
     // may have fewer operations.
-    let most = if timed_tried(p, pes) {
+    let most = if timed_tried(p, pes) || timed_after(p, pes) {
         let timed = busiest(p, pes, &plans, Some(&assign_pairs(p, &plans, pes, false)));
-        let relayed = if p.shared_values {
+        let relayed = if p.shared_values && timed_tried(p, pes) {
             busiest(p, pes, &plans, Some(&assign_pairs(p, &plans, pes, true)))
         } else {
             timed
@@ -380,12 +381,8 @@ pub fn floor(p: &Problem, pes: u32) -> u64 {
     } else {
         parity
     };
-    // With q = k = v the whole ring also pairs by rows' places.
-    let most = if p.symmetric && p.shared_values && !p.causal {
-        most.min(busiest(p, pes, &plans, Some(&ranked_pairs(p, &plans, pes))))
-    } else {
-        most
-    };
+    // The pairing by rows' places is only run where its busiest PE has the parity rule's
+    // operations (`ranked_fits`), so it leaves this count as it is.
     most.max(lb)
 }
 
@@ -471,6 +468,17 @@ enum Pairing {
 /// earlier PE of the head goes round the ring.
 fn timed_tried(p: &Problem, pes: u32) -> bool {
     p.symmetric && !p.causal && pes >= TIMED_PES && p.heads >= 2
+}
+
+/// Whether a q = k = v layer without a mask tries [`Pairing::Timed`] after the search, where the
+/// search itself does not: several heads on rings of [`URGENT_TIMED_PES`] to [`TIMED_PES`] PEs.
+fn timed_after(p: &Problem, pes: u32) -> bool {
+    p.symmetric
+        && p.shared_values
+        && !p.causal
+        && p.heads >= 2
+        && pes >= URGENT_TIMED_PES
+        && !timed_tried(p, pes)
 }
 
 /// Rings from this many PEs try [`Pairing::Timed`].
@@ -598,13 +606,22 @@ fn places(plans: &[RowPlan], m: u32) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Whether [`Pairing::Ranked`] on `active` PEs gives the busiest PE as many operations as the
+/// parity rule: it is there to reorder the work in time, not to move it, and so the floor
+/// ([`floor`]) stays the count of the busiest PE of whichever of the two is kept. Where every PE
+/// holds the same rows (`m` divides `n`, one head) both are balanced.
+fn ranked_fits(p: &Problem, pes: u32, active: u32) -> bool {
+    let plans = cut(p, active);
+    busiest(p, pes, &plans, None) == busiest(p, pes, &plans, Some(&ranked_pairs(p, &plans, pes)))
+}
+
 /// [`Pairing::Ranked`]: which PE computes each pair `{a, b}` (`a ≤ b`) of a q = k layer, keyed
 /// `(head, a, b)`. The holder for which the pair serves the earlier of its rows (in the order a
 /// PE takes its rows, [`places`]) computes it, so the holder taking its softmax sooner does not
 /// wait for the score to come round the ring; the other gets it while it works on earlier rows.
 /// Between rows of the same place, the holder that the other's row reaches in fewer hops
-/// computes (the row is there early, the score goes the long way), and at equal distance the
-/// parity rule ([`pair_computed_by`]). On a ring where every PE holds the same number of rows
+/// computes (the row is there early, the score goes the long way); at equal distance the one
+/// with the smaller index for even places, the other for odd ones. On a ring where every PE holds the same number of rows
 /// this is as balanced as the parity rule: each PE computes its earlier rows' pairs with the
 /// later rows of every other PE, which compute the reverse.
 fn ranked_pairs(p: &Problem, plans: &[RowPlan], m: u32) -> HashMap<(u32, u32, u32), u32> {
@@ -628,8 +645,12 @@ fn ranked_pairs(p: &Problem, plans: &[RowPlan], m: u32) -> HashMap<(u32, u32, u3
                     continue;
                 };
                 let (ahead, back) = ((j + m - i) % m, (i + m - j) % m);
-                let pe = if i == j || pi == pj && ahead == back {
-                    if pair_computed_by(a, b) {
+                let pe = if i == j {
+                    i
+                } else if pi == pj && ahead == back {
+                    // Opposite PEs of an even ring: the one with the smaller index takes the
+                    // even places, the other the odd ones.
+                    if (pi % 2 == 0) == (i < j) {
                         i
                     } else {
                         j
