@@ -737,7 +737,7 @@ fn run_on(
     // behind a whole head.
     const BUCKETS: usize = 10;
     let mut tasks: Vec<[Vec<Task>; BUCKETS]> = vec![Default::default(); m as usize];
-    // With `urgent` (safe softmax), whole rows' phase 2 and 3, keyed by row, per PE.
+    // With `urgent`, whole rows' phase 2 and 3, keyed by row, per PE.
     let mut by_row: ByRow = vec![Vec::new(); m as usize];
     let mut preloaded: Vec<Vec<Val>> = vec![Vec::new(); m as usize];
     // Forwarding lists in priority classes, concatenated at the end.
@@ -1059,7 +1059,12 @@ fn run_on(
                         e,
                         sum,
                     };
-                    tasks[part.pe as usize][1 + k].push(Task { work, phase: 2 });
+                    let task = Task { work, phase: 2 };
+                    if urgent && !split {
+                        by_row[part.pe as usize].push((h * n + a, 2, task));
+                    } else {
+                        tasks[part.pe as usize][1 + k].push(task);
+                    }
                     running = Some(sum);
                     exps.push((part.pe, col, e));
                 }
@@ -1097,7 +1102,12 @@ fn run_on(
                 } else {
                     3
                 };
-                tasks[pe as usize][1 + k].push(Task { work, phase: 2 });
+                let task = Task { work, phase: 2 };
+                if urgent && !split {
+                    by_row[pe as usize].push((h * n + a, 2, task));
+                } else {
+                    tasks[pe as usize][1 + k].push(task);
+                }
                 weight.insert((a, col), w);
             }
         }
@@ -1142,7 +1152,7 @@ fn run_on(
                         out,
                     };
                     let task = Task { work, phase: 3 };
-                    if urgent && p.safe() && r == 1 {
+                    if urgent && r == 1 {
                         by_row[pe as usize].push((h * n + a, 3, task));
                     } else {
                         tasks[pe as usize][6 + r as usize].push(task);
