@@ -17,7 +17,9 @@
 //! distinct score once (the pair `{a, b}` by one of its two holders, alternating by the parity
 //! of `a + b`, and sent on to the other; with several heads on a large ring also by the holder,
 //! or with q = k = v any PE before both, that would otherwise finish first, see
-//! [`assign_pairs`]), so it never does unnecessary work.
+//! [`assign_pairs`]; with q = k = v and one head also by the holder that takes its row's softmax
+//! sooner, with links and tasks in that order, see [`ranked_pairs`] and [`run_on`]), so it never
+//! does unnecessary work.
 
 use crate::flow::{self, Flow, Task};
 use crate::ir::Tensor;
@@ -157,22 +159,31 @@ fn run_with(
     // With q = k and no mask, and idle PEs, a mirrored score may have to go round through all of
     // them; computing each pair on the holder behind the other avoids that at the cost of
     // balance, so small layers try both.
-    let mirrors: &[Pairing] = if !p.symmetric || p.causal || mirror {
-        &[Pairing::Parity]
+    let mut mirrors: Vec<Pairing> = if !p.symmetric || p.causal || mirror {
+        vec![Pairing::Parity]
     } else if few {
-        &[Pairing::Parity, Pairing::Near]
+        vec![Pairing::Parity, Pairing::Near]
     } else if timed_tried(p, pes) && p.shared_values {
         // The relayed pairing first: where it is the fastest, the others stop early.
-        &[Pairing::Relayed, Pairing::Timed, Pairing::Parity]
+        vec![Pairing::Relayed, Pairing::Timed, Pairing::Parity]
     } else if timed_tried(p, pes) {
-        &[Pairing::Parity, Pairing::Timed]
+        vec![Pairing::Parity, Pairing::Timed]
     } else {
-        &[Pairing::Parity]
+        vec![Pairing::Parity]
     };
-    // The configuration of the best run so far: working PEs, homes spread, pairing, urgency.
-    let mut chosen: Option<Config> = None;
+    // q = k = v without a mask: a PE's first rows wait for mirrored scores queued behind input
+    // rows on the links, and the PE idles. Runs that serve first rows first come after the
+    // others (kept only where strictly shorter): with several heads on 16 to 31 PEs the pairing
+    // by start times, with one head the pairing by rows' places, and every run again with links
+    // and tasks ordered by urgency.
+    let first_rows = p.symmetric && p.shared_values && !p.causal && !mirror;
+    if first_rows && !few && timed_after(p, pes) {
+        mirrors.push(Pairing::Timed);
+    }
+    if first_rows && p.heads == 1 {
+        mirrors.push(Pairing::Ranked);
+    }
     let attempt = |best: &mut Option<RingSchedule>,
-                   chosen: &mut Option<Config>,
                    cfg: Config|
      -> Result<(bool, usize), Vec<ScheduleError>> {
         // A run that cannot beat the best so far is abandoned as soon as that is sure.
@@ -183,22 +194,26 @@ fn run_with(
         if let Some(s) = s {
             if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
                 *best = Some(s);
-                *chosen = Some(cfg);
             }
         }
         Ok((moved, busiest))
     };
     for active in counts {
-        for &pairing in mirrors
-            .iter()
-            .filter(|&&pr| pr != Pairing::Near || active < pes)
-        {
+        for &pairing in &mirrors {
+            if (pairing == Pairing::Near && active == pes)
+                || (pairing == Pairing::Ranked && !ranked_fits(p, pes, active))
+            {
+                continue;
+            }
+            // Where only q = k = v tries it (after the others), the pairing by start times.
+            let after = pairing == Pairing::Timed && timed_after(p, pes);
             // Small layers start with the shortest trips and try rows' own first PEs only if
             // that moved any k/v row. Large layers start with rows' own first PEs, and try the
             // shortest trips only where the busiest link forwards more than half as many words
             // as a PE has operations (then the links, not the PEs, set the pace).
-            // The relayed pairing needs each head's rows streamed from one PE.
-            let order: &[bool] = if pairing == Pairing::Relayed {
+            // The relayed pairing needs each head's rows streamed from one PE, and the pairing by
+            // start times takes them so.
+            let order: &[bool] = if pairing == Pairing::Relayed || after {
                 &[true]
             } else if few {
                 &[true, false]
@@ -210,9 +225,18 @@ fn run_with(
                     active,
                     spread_homes,
                     pairing,
-                    urgent: false,
+                    urgent: pairing == Pairing::Ranked,
                 };
-                let (moved, busiest) = attempt(&mut best, &mut chosen, cfg)?;
+                let (moved, busiest) = attempt(&mut best, cfg)?;
+                if first_rows && !cfg.urgent {
+                    attempt(
+                        &mut best,
+                        Config {
+                            urgent: true,
+                            ..cfg
+                        },
+                    )?;
+                }
                 let again = if few {
                     moved
                 } else {
@@ -222,37 +246,6 @@ fn run_with(
                     break;
                 }
             }
-        }
-    }
-    // q = k = v without a mask: a PE's first rows wait for mirrored scores queued behind input
-    // rows on the links, and the PE idles. A few more runs on the best run's working PEs, each
-    // kept only where strictly shorter: by rows' places (one head), by start times from the
-    // head's first PE where only larger rings try it (several heads), then the best so far with
-    // its links and tasks ordered by urgency.
-    if p.symmetric && p.shared_values && !p.causal && !mirror {
-        if let Some(base) = chosen {
-            if p.heads == 1 && ranked_fits(p, pes, base.active) {
-                let cfg = Config {
-                    pairing: Pairing::Ranked,
-                    urgent: true,
-                    ..base
-                };
-                attempt(&mut best, &mut chosen, cfg)?;
-            } else if timed_after(p, pes) {
-                let cfg = Config {
-                    spread_homes: true,
-                    pairing: Pairing::Timed,
-                    ..base
-                };
-                attempt(&mut best, &mut chosen, cfg)?;
-            }
-        }
-        if let Some(base) = chosen.filter(|c| !c.urgent) {
-            let cfg = Config {
-                urgent: true,
-                ..base
-            };
-            attempt(&mut best, &mut chosen, cfg)?;
         }
     }
     Ok(best)
