@@ -355,6 +355,36 @@ fn rows_pairing_by_start_times_beats_parity_on_large_rings() {
     }
 }
 
+/// q = k = v without a mask where every PE holds whole rows: each PE's first row used to wait
+/// for mirrored scores queued behind input rows on saturated links, and the PEs idled between
+/// phase 1 and phase 3. The row dataflow now also tries computing each pair on the holder that
+/// takes its row's softmax sooner, with links and tasks ordered by how soon each row is taken
+/// (and, with several heads on 16 PEs, pairing by start times). The cycles before are measured
+/// constants (`attnc compile FILE --pes M --schedule rows` at the commit before this change,
+/// safe softmax), not derived from the code under test; the programs must still be proved and
+/// match the reference.
+#[test]
+fn rows_first_rows_first_beats_the_old_stalls() {
+    // (tokens, dim, heads, PEs, cycles before)
+    for (n, d, heads, m, before) in [
+        (32u32, 8u32, 1u32, 16u32, 1181u64),
+        (16, 8, 1, 16, 353),
+        (32, 8, 4, 16, 4307),
+    ] {
+        let what = format!("n={n} d={d} heads={heads} m={m} shared, safe");
+        let src = format!("layer t {{ tokens = {n}; dim = {d}; heads = {heads}; qkv = shared; }}");
+        let c = compile_src(&src, m, Choice::Named("rows"));
+        assert_eq!(c.manifest.schedule, "schedule-rows", "{what}");
+        let r = run_within(&c, u64::from(n * 100 + d * 10 + m), TOL, &what);
+        assert_proved_work(&c, &r, &what);
+        assert!(
+            r.cycles < before,
+            "{what}: {} cycles, not below the {before} measured before",
+            r.cycles
+        );
+    }
+}
+
 /// Whether `--schedule` may force `choice` on this layer and ring, restated from the schedulers'
 /// documented requirements rather than asked of the compiler: the pair schedules and the
 /// baseline need the ring to divide tokens and dim, the symmetric one `qkv = shared` without a

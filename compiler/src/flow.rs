@@ -107,6 +107,8 @@ pub fn simulate_within(
         }
         let mut progressed = false;
         let now = t as u32;
+        // The most tasks left on one PE after this cycle: each takes a cycle of its own.
+        let mut most = 0usize;
         for p in 0..m {
             let here = |v: Val| avail.get(p, v).is_some_and(|at| at <= now);
             let found = if look[p] {
@@ -128,6 +130,7 @@ pub fn simulate_within(
                 events.extend(task.work.writes().map(|v| (p, v)));
                 progressed = true;
             }
+            most = most.max(pending[p].len());
             if let Some(Reverse(i)) = ready[p].pop() {
                 let v = flow.forward[p][i];
                 b.send(p as u32, t, v);
@@ -141,6 +144,10 @@ pub fn simulate_within(
             look[p] = true;
         }
         t += 1;
+        // The tasks left take at least `most` more cycles.
+        if t.saturating_add(most) > limit {
+            return Ok(None);
+        }
         idle = if progressed { 0 } else { idle + 1 };
         if idle > 2 {
             let stuck: Vec<String> = (0..m)

@@ -17,7 +17,9 @@
 //! distinct score once (the pair `{a, b}` by one of its two holders, alternating by the parity
 //! of `a + b`, and sent on to the other; with several heads on a large ring also by the holder,
 //! or with q = k = v any PE before both, that would otherwise finish first, see
-//! [`assign_pairs`]), so it never does unnecessary work.
+//! [`assign_pairs`]; with q = k = v and one head also by the holder that takes its row's softmax
+//! sooner, with links and tasks in that order, see [`ranked_pairs`] and [`run_on`]), so it never
+//! does unnecessary work.
 
 use crate::flow::{self, Flow, Task};
 use crate::ir::Tensor;
@@ -68,6 +70,9 @@ impl Scheduler for Rows {
         true
     }
 }
+
+/// Per PE: whole rows' phase-2 and phase-3 tasks as `(row h·n + a, phase, task)`.
+type ByRow = Vec<Vec<(u32, u8, Task)>>;
 
 /// Per PE, per priority class: `(hops from origin, sequence, value)` to send on.
 type Forwarding = Vec<Vec<Vec<(u32, usize, Val)>>>;
@@ -154,29 +159,61 @@ fn run_with(
     // With q = k and no mask, and idle PEs, a mirrored score may have to go round through all of
     // them; computing each pair on the holder behind the other avoids that at the cost of
     // balance, so small layers try both.
-    let mirrors: &[Pairing] = if !p.symmetric || p.causal || mirror {
-        &[Pairing::Parity]
+    let mut mirrors: Vec<Pairing> = if !p.symmetric || p.causal || mirror {
+        vec![Pairing::Parity]
     } else if few {
-        &[Pairing::Parity, Pairing::Near]
+        vec![Pairing::Parity, Pairing::Near]
     } else if timed_tried(p, pes) && p.shared_values {
         // The relayed pairing first: where it is the fastest, the others stop early.
-        &[Pairing::Relayed, Pairing::Timed, Pairing::Parity]
+        vec![Pairing::Relayed, Pairing::Timed, Pairing::Parity]
     } else if timed_tried(p, pes) {
-        &[Pairing::Parity, Pairing::Timed]
+        vec![Pairing::Parity, Pairing::Timed]
     } else {
-        &[Pairing::Parity]
+        vec![Pairing::Parity]
+    };
+    // q = k = v without a mask: a PE's first rows wait for mirrored scores queued behind input
+    // rows on the links, and the PE idles. Runs that serve first rows first come after the
+    // others (kept only where strictly shorter): with several heads on 16 to 31 PEs the pairing
+    // by start times, with one head the pairing by rows' places, and every run again with links
+    // and tasks ordered by urgency.
+    let first_rows = p.symmetric && p.shared_values && !p.causal && !mirror;
+    if first_rows && !few && timed_after(p, pes) {
+        mirrors.push(Pairing::Timed);
+    }
+    if first_rows && p.heads == 1 {
+        mirrors.push(Pairing::Ranked);
+    }
+    let attempt = |best: &mut Option<RingSchedule>,
+                   cfg: Config|
+     -> Result<(bool, usize), Vec<ScheduleError>> {
+        // A run that cannot beat the best so far is abandoned as soon as that is sure.
+        let limit = best
+            .as_ref()
+            .map_or(limit, |b| b.cycles().saturating_sub(1).min(limit));
+        let (s, moved, busiest) = run_on(p, pes, cfg, mirror, limit)?;
+        if let Some(s) = s {
+            if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
+                *best = Some(s);
+            }
+        }
+        Ok((moved, busiest))
     };
     for active in counts {
-        for &pairing in mirrors
-            .iter()
-            .filter(|&&pr| pr != Pairing::Near || active < pes)
-        {
+        for &pairing in &mirrors {
+            if (pairing == Pairing::Near && active == pes)
+                || (pairing == Pairing::Ranked && !ranked_fits(p, pes, active))
+            {
+                continue;
+            }
+            // Where only q = k = v tries it (after the others), the pairing by start times.
+            let after = pairing == Pairing::Timed && timed_after(p, pes);
             // Small layers start with the shortest trips and try rows' own first PEs only if
             // that moved any k/v row. Large layers start with rows' own first PEs, and try the
             // shortest trips only where the busiest link forwards more than half as many words
             // as a PE has operations (then the links, not the PEs, set the pace).
-            // The relayed pairing needs each head's rows streamed from one PE.
-            let order: &[bool] = if pairing == Pairing::Relayed {
+            // The relayed pairing needs each head's rows streamed from one PE, and the pairing by
+            // start times takes them so.
+            let order: &[bool] = if pairing == Pairing::Relayed || after {
                 &[true]
             } else if few {
                 &[true, false]
@@ -184,16 +221,21 @@ fn run_with(
                 &[false, true]
             };
             for (i, &spread_homes) in order.iter().enumerate() {
-                // A run that cannot beat the best so far is abandoned as soon as that is sure.
-                let limit = best
-                    .as_ref()
-                    .map_or(limit, |b| b.cycles().saturating_sub(1).min(limit));
-                let (s, moved, busiest) =
-                    run_on(p, pes, active, spread_homes, pairing, mirror, limit)?;
-                if let Some(s) = s {
-                    if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
-                        best = Some(s);
-                    }
+                let cfg = Config {
+                    active,
+                    spread_homes,
+                    pairing,
+                    urgent: pairing == Pairing::Ranked,
+                };
+                let (moved, busiest) = attempt(&mut best, cfg)?;
+                if first_rows && !cfg.urgent {
+                    attempt(
+                        &mut best,
+                        Config {
+                            urgent: true,
+                            ..cfg
+                        },
+                    )?;
                 }
                 let again = if few {
                     moved
@@ -208,6 +250,23 @@ fn run_with(
     }
     Ok(best)
 }
+
+/// One run of the row dataflow: the scores shared among PEs `0..active`; k/v rows preloaded
+/// where their trip is shortest (`spread_homes`) or on their own rows' first PEs; with q = k,
+/// each pair computed where `pairing` says; with `urgent`, links and tasks ordered by how soon
+/// each row is taken (see [`run_on`]).
+#[derive(Clone, Copy, Debug)]
+struct Config {
+    active: u32,
+    spread_homes: bool,
+    pairing: Pairing,
+    urgent: bool,
+}
+
+/// Several heads on rings from this many PEs (and fewer than [`TIMED_PES`]) also try
+/// [`Pairing::Timed`] after the search with q = k = v (32 tokens, d = 8, 4 heads on 16 PEs:
+/// 4307 cycles by parity, 4011 by start times; on 8 PEs it was slower on the layers tried).
+const URGENT_TIMED_PES: u32 = 16;
 
 /// Layers with fewer scores than this per PE also try fewer working PEs. With more, every PE has
 /// a few rows, the row dataflow is near the lower bound on the whole ring, and the extra runs
@@ -289,7 +348,8 @@ fn cut(p: &Problem, active: u32) -> Vec<RowPlan> {
 /// maxima) and all but the first take in the previous part's maximum. Its `d` products are
 /// computed there too, except with q = k without a mask, where the pair `{a, b}` is computed by
 /// one of its two holders only ([`pair_computed_by`]; where the whole ring also pairs by start
-/// times, [`timed_pairs`], the smaller of the two busiest counts, since the faster run is kept).
+/// times, [`assign_pairs`], the smallest of the busiest counts, since the fastest run is kept;
+/// the pairing by rows' places, [`ranked_pairs`], is only run where it counts the same).
 /// Only where that cut and those pairings are the ones run: on the whole ring (at least
 /// [`SUBSET_SCORES`] scores per PE, where the nearer holder is never tried instead); elsewhere
 /// the lower bound.
@@ -303,9 +363,9 @@ pub fn floor(p: &Problem, pes: u32) -> u64 {
     let parity = busiest(p, pes, &plans, None);
     // The whole ring may also pair by start times, and the faster run is kept: its busiest PE
     // may have fewer operations.
-    let busiest = if timed_tried(p, pes) {
+    let most = if timed_tried(p, pes) || timed_after(p, pes) {
         let timed = busiest(p, pes, &plans, Some(&assign_pairs(p, &plans, pes, false)));
-        let relayed = if p.shared_values {
+        let relayed = if p.shared_values && timed_tried(p, pes) {
             busiest(p, pes, &plans, Some(&assign_pairs(p, &plans, pes, true)))
         } else {
             timed
@@ -314,7 +374,9 @@ pub fn floor(p: &Problem, pes: u32) -> u64 {
     } else {
         parity
     };
-    busiest.max(lb)
+    // The pairing by rows' places is only run where its busiest PE has the parity rule's
+    // operations (`ranked_fits`), so it leaves this count as it is.
+    most.max(lb)
 }
 
 /// The operations of the busiest PE under the cut `plans`; with q = k without a mask, each pair
@@ -383,6 +445,9 @@ enum Pairing {
     /// The holder that would otherwise finish first, counting when its own rows reach it
     /// ([`assign_pairs`]).
     Timed,
+    /// The holder for which the pair serves the later of its rows (see `run_on`'s `rank`): the
+    /// other, which takes its softmax sooner, does not wait for the score to come round.
+    Ranked,
     /// With q = k = v, any PE of the head at or before both holders (every row of the head
     /// passes it): the one that would otherwise finish first ([`assign_pairs`]).
     Relayed,
@@ -396,6 +461,17 @@ enum Pairing {
 /// earlier PE of the head goes round the ring.
 fn timed_tried(p: &Problem, pes: u32) -> bool {
     p.symmetric && !p.causal && pes >= TIMED_PES && p.heads >= 2
+}
+
+/// Whether a q = k = v layer without a mask tries [`Pairing::Timed`] after the search, where the
+/// search itself does not: several heads on rings of [`URGENT_TIMED_PES`] to [`TIMED_PES`] PEs.
+fn timed_after(p: &Problem, pes: u32) -> bool {
+    p.symmetric
+        && p.shared_values
+        && !p.causal
+        && p.heads >= 2
+        && pes >= URGENT_TIMED_PES
+        && !timed_tried(p, pes)
 }
 
 /// Rings from this many PEs try [`Pairing::Timed`].
@@ -504,28 +580,144 @@ fn assign_pairs(
     by
 }
 
-/// The dataflow with the scores shared among PEs `0..active`; k/v rows preloaded where their trip
-/// is shortest (`spread_homes`) or on their own rows' first PEs; with q = k, each pair computed
-/// where `pairing` says. Also says whether
-/// `spread_homes` moved any row, and how many words the busiest link forwards. No schedule if it
-/// would take more than `limit` cycles.
+/// Each part's place among its PE's parts, `[row][part]` (rows of all heads in order): the
+/// order in which the PE takes its rows' softmax.
+fn places(plans: &[RowPlan], m: u32) -> Vec<Vec<u32>> {
+    let mut count = vec![0u32; m as usize];
+    plans
+        .iter()
+        .map(|rp| {
+            rp.parts
+                .iter()
+                .map(|pt| {
+                    let c = &mut count[pt.pe as usize];
+                    *c += 1;
+                    *c - 1
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Whether [`Pairing::Ranked`] on `active` PEs gives the busiest PE as many operations as the
+/// parity rule: it is there to reorder the work in time, not to move it, and so the floor
+/// ([`floor`]) stays the count of the busiest PE of whichever of the two is kept. Where every PE
+/// holds the same rows (`m` divides `n`, one head) both are balanced.
+fn ranked_fits(p: &Problem, pes: u32, active: u32) -> bool {
+    let plans = cut(p, active);
+    busiest(p, pes, &plans, None) == busiest(p, pes, &plans, Some(&ranked_pairs(p, &plans, pes)))
+}
+
+/// [`Pairing::Ranked`]: which PE computes each pair `{a, b}` (`a ≤ b`) of a q = k layer, keyed
+/// `(head, a, b)`. The holder for which the pair serves the earlier of its rows (in the order a
+/// PE takes its rows, [`places`]) computes it, so the holder taking its softmax sooner does not
+/// wait for the score to come round the ring; the other gets it while it works on earlier rows.
+/// Between rows of the same place, the holder that the other's row reaches in fewer hops
+/// computes (the row is there early, the score goes the long way); at equal distance the one
+/// with the smaller index for even places, the other for odd ones. On a ring where every PE holds the same number of rows
+/// this is as balanced as the parity rule: each PE computes its earlier rows' pairs with the
+/// later rows of every other PE, which compute the reverse.
+fn ranked_pairs(p: &Problem, plans: &[RowPlan], m: u32) -> HashMap<(u32, u32, u32), u32> {
+    let n = p.tokens;
+    let place = places(plans, m);
+    // Holder and place of each score (h, a, col).
+    let mut at: HashMap<(u32, u32, u32), (u32, u32)> = HashMap::default();
+    for (row, rp) in plans.iter().enumerate() {
+        let (h, a) = (row as u32 / n.max(1), row as u32 % n.max(1));
+        for (i, part) in rp.parts.iter().enumerate() {
+            let pl = place[row][i];
+            at.extend(part.cols.iter().map(|&c| ((h, a, c), (part.pe, pl))));
+        }
+    }
+    let mut by: HashMap<(u32, u32, u32), u32> = HashMap::default();
+    for h in 0..p.heads {
+        for a in 0..n {
+            for b in a..n {
+                let (Some(&(i, pi)), Some(&(j, pj))) = (at.get(&(h, a, b)), at.get(&(h, b, a)))
+                else {
+                    continue;
+                };
+                let (ahead, back) = ((j + m - i) % m, (i + m - j) % m);
+                let pe = if i == j {
+                    i
+                } else if pi == pj && ahead == back {
+                    // Opposite PEs of an even ring: the one with the smaller index takes the
+                    // even places, the other the odd ones.
+                    if (pi % 2 == 0) == (i < j) {
+                        i
+                    } else {
+                        j
+                    }
+                } else if pi != pj {
+                    if pi < pj {
+                        i
+                    } else {
+                        j
+                    }
+                } else if back < ahead {
+                    i
+                } else {
+                    j
+                };
+                by.insert((h, a, b), pe);
+            }
+        }
+    }
+    by
+}
+
+/// The dataflow run as `cfg` says ([`Config`]). With `urgent` (always with the ranked pairing)
+/// each PE's first rows are served first: a word goes on a link in the order of the soonest
+/// need of it on the PEs ahead (the place, among that PE's rows, of the row it serves; phase 3's
+/// needs after every phase-1 one), a PE computes its pairs in that order too, and each whole
+/// row's phase 3 follows its softmax, so a PE whose next row still waits for a score works on
+/// the rows it has. Also says whether `spread_homes` moved any row, and how many words the
+/// busiest link forwards. No schedule if it would take more than `limit` cycles.
 fn run_on(
     p: &Problem,
     pes: u32,
-    active: u32,
-    spread_homes: bool,
-    pairing: Pairing,
+    cfg: Config,
     mirror: bool,
     limit: usize,
 ) -> Result<(Option<RingSchedule>, bool, usize), Vec<ScheduleError>> {
+    let Config {
+        active,
+        spread_homes,
+        pairing,
+        urgent,
+    } = cfg;
     let m = pes;
     let (n, d, heads) = (p.tokens, p.dim, p.heads);
 
     let plans = cut(p, active);
     let plan = |h: u32, a: u32| &plans[(h * n + a) as usize];
+    // The ranked pairing also orders links and tasks by how soon each row is taken.
+    let urgent = urgent || pairing == Pairing::Ranked;
+    let place = places(&plans, m);
+    let rank = |h: u32, a: u32, pe: u32| -> u32 {
+        let row = (h * n + a) as usize;
+        plans[row]
+            .parts
+            .iter()
+            .position(|pt| pt.pe == pe)
+            .map_or(u32::MAX, |i| place[row][i])
+    };
+    // With `urgent`, when each value is first needed on each PE (the place of the row it serves
+    // there; phase 3's needs after every phase-1 one), and every route taken.
+    let mut need: HashMap<(u32, Val), u32> = HashMap::default();
+    let needs_at = |need: &mut HashMap<(u32, Val), u32>, pe: u32, v: Val, u: u32| {
+        if urgent {
+            let e = need.entry((pe, v)).or_insert(u);
+            *e = (*e).min(u);
+        }
+    };
+    let routes: std::cell::RefCell<Vec<(Val, u32, u32)>> = Default::default();
     let relay = pairing == Pairing::Relayed;
-    let assigned = matches!(pairing, Pairing::Timed | Pairing::Relayed)
-        .then(|| assign_pairs(p, &plans, m, relay));
+    let assigned = match pairing {
+        Pairing::Timed | Pairing::Relayed => Some(assign_pairs(p, &plans, m, relay)),
+        Pairing::Ranked => Some(ranked_pairs(p, &plans, m)),
+        Pairing::Parity | Pairing::Near => None,
+    };
 
     let mut b = Builder::new(NAME, pes);
     let mut moved = false;
@@ -538,6 +730,8 @@ fn run_on(
     // behind a whole head.
     const BUCKETS: usize = 10;
     let mut tasks: Vec<[Vec<Task>; BUCKETS]> = vec![Default::default(); m as usize];
+    // With `urgent`, whole rows' phase 2 and 3, keyed by row, per PE.
+    let mut by_row: ByRow = vec![Vec::new(); m as usize];
     let mut preloaded: Vec<Vec<Val>> = vec![Vec::new(); m as usize];
     // Forwarding lists in priority classes, concatenated at the end.
     const CLASSES: usize = 6;
@@ -547,6 +741,9 @@ fn run_on(
     let mut forward: Forwarding = vec![vec![Vec::new(); CLASSES]; m as usize];
     let mut seq = 0usize;
     let mut route = |forward: &mut Forwarding, class: usize, v: Val, from: u32, to: u32| {
+        if urgent {
+            routes.borrow_mut().push((v, from, to));
+        }
         for (hops, pe) in path(from, to, m).filter(|&pe| pe != to).enumerate() {
             forward[pe as usize][class].push((hops as u32, seq, v));
             seq += 1;
@@ -720,6 +917,11 @@ fn run_on(
                 jobs[pe as usize].push(unit);
             }
         }
+        // How soon a pair is needed: the earlier of its two holders' places for its rows.
+        let urgency = |a: u32, c: u32| -> u32 {
+            let at = |x: u32, y: u32| unit_pe.get(&(x, y)).map_or(u32::MAX, |&q| rank(h, x, q));
+            at(a, c).min(at(c, a))
+        };
         let mut score: HashMap<(u32, u32), Val> = HashMap::default();
         // Mirrored scores and their route (computing PE, holder), for the safe form's routing.
         let mut mirrored: HashMap<Val, (u32, u32)> = HashMap::default();
@@ -735,12 +937,17 @@ fn run_on(
                 // A relaying PE computes pairs of rows that are not its own: both must arrive.
                 let both = |a: u32, c: u32| arrival(pe, a).max(arrival(pe, c));
                 mine.sort_by_key(|&(a, c)| (both(a, c), kept_here(a, c), a.max(c), a.min(c)));
+            } else if urgent {
+                mine.sort_by_key(|&(a, c)| (urgency(a, c), arrival(pe, c), kept_here(a, c), c, a));
             } else {
                 mine.sort_by_key(|&(a, c)| (arrival(pe, c), kept_here(a, c), c, a));
             }
             for (a, col) in mine {
                 let mut acc = None;
+                let u = urgency(a, col);
                 for c in 0..d {
+                    needs_at(&mut need, pe, qv[&(a, c)], u);
+                    needs_at(&mut need, pe, kv[&(col, c)], u);
                     let out = b.computed();
                     let work = Work::Mac {
                         a: qv[&(a, c)],
@@ -781,6 +988,9 @@ fn run_on(
                 } else {
                     to
                 };
+                if from != to {
+                    needs_at(&mut need, to, v, rank(h, a, to));
+                }
                 if from != to && to == far && sent.insert(key) {
                     route(&mut forward, fw_mirror, v, from, to);
                     mirrored.insert(v, (from, to));
@@ -810,6 +1020,8 @@ fn run_on(
                     weight: &mut weight,
                     scale,
                     pes: m,
+                    key: h * n + a,
+                    by_row: urgent.then_some(&mut by_row),
                 };
                 ctx.row(a, rp);
             }
@@ -840,7 +1052,12 @@ fn run_on(
                         e,
                         sum,
                     };
-                    tasks[part.pe as usize][1 + k].push(Task { work, phase: 2 });
+                    let task = Task { work, phase: 2 };
+                    if urgent && !split {
+                        by_row[part.pe as usize].push((h * n + a, 2, task));
+                    } else {
+                        tasks[part.pe as usize][1 + k].push(task);
+                    }
                     running = Some(sum);
                     exps.push((part.pe, col, e));
                 }
@@ -878,7 +1095,12 @@ fn run_on(
                 } else {
                     3
                 };
-                tasks[pe as usize][1 + k].push(Task { work, phase: 2 });
+                let task = Task { work, phase: 2 };
+                if urgent && !split {
+                    by_row[pe as usize].push((h * n + a, 2, task));
+                } else {
+                    tasks[pe as usize][1 + k].push(task);
+                }
                 weight.insert((a, col), w);
             }
         }
@@ -901,23 +1123,33 @@ fn run_on(
                     mine.extend(part.cols.iter().map(|&col| (rank, a, col)));
                 }
             }
-            mine.sort_by_key(|&(rank, a, col)| (rank, arrival(pe, col), col, a));
+            if urgent {
+                mine.sort_by_key(|&(r, a, col)| (r, rank(h, a, pe), arrival(pe, col), col, a));
+            } else {
+                mine.sort_by_key(|&(r, a, col)| (r, arrival(pe, col), col, a));
+            }
             // The partial y of (a, c) at `a·d + c`: a dense table, since every MAC reads and
             // writes one, and walking it in index order visits rows, then columns, in order.
             let mut y: Vec<Option<Val>> = vec![None; (n * d) as usize];
-            for &(rank, a, col) in &mine {
+            for &(r, a, col) in &mine {
                 let w = weight[&(a, col)];
                 for c in 0..d {
                     let out = b.computed();
                     let at = (a * d + c) as usize;
                     let acc = y[at].or_else(|| y_in.get(&(a, c)).copied());
+                    needs_at(&mut need, pe, vv[&(col, c)], PHASE3 + rank(h, a, pe));
                     let work = Work::Mac {
                         a: w,
                         b: vv[&(col, c)],
                         acc,
                         out,
                     };
-                    tasks[pe as usize][6 + rank as usize].push(Task { work, phase: 3 });
+                    let task = Task { work, phase: 3 };
+                    if urgent && r == 1 {
+                        by_row[pe as usize].push((h * n + a, 3, task));
+                    } else {
+                        tasks[pe as usize][6 + r as usize].push(task);
+                    }
                     y[at] = Some(out);
                 }
             }
@@ -950,20 +1182,73 @@ fn run_on(
         list.sort();
         list.dedup();
     }
+    // With `urgent`, a word on a link is as urgent as the soonest need of it on the PEs its
+    // route still reaches; words no PE reads (partial sums and rows) count as most urgent.
+    let mut soonest: HashMap<(u32, Val), u32> = HashMap::default();
+    for &(v, from, to) in routes.borrow().iter() {
+        let mut u = u32::MAX;
+        let on: Vec<u32> = path(from, to, m).collect();
+        for w in on.windows(2).rev() {
+            u = u.min(need.get(&(w[1], v)).copied().unwrap_or(u32::MAX));
+            let e = soonest.entry((w[0], v)).or_insert(u);
+            *e = (*e).min(u);
+        }
+    }
     let forward: Vec<Vec<Val>> = forward
         .into_iter()
-        .map(|classes| {
-            classes
-                .into_iter()
-                .flat_map(|mut list| {
-                    list.sort_by_key(|&(hops, seq, _)| (hops, seq));
-                    list.into_iter().map(|(_, _, v)| v)
-                })
-                .collect()
+        .enumerate()
+        .map(|(pe, classes)| {
+            let mut all: Vec<(u32, usize, u32, usize, Val)> = Vec::new();
+            for (class, list) in classes.into_iter().enumerate() {
+                all.extend(list.into_iter().map(|(hops, seq, v)| {
+                    let u = if urgent {
+                        soonest
+                            .get(&(pe as u32, v))
+                            .copied()
+                            .filter(|&u| u != u32::MAX)
+                            .unwrap_or(0)
+                    } else {
+                        0
+                    };
+                    (u, class, hops, seq, v)
+                }));
+            }
+            all.sort_by_key(|&(u, class, hops, seq, _)| (u, class, hops, seq));
+            all.into_iter().map(|(_, _, _, _, v)| v).collect()
         })
         .collect();
     let busiest = forward.iter().map(Vec::len).max().unwrap_or(0);
-    let tasks = tasks.into_iter().map(|buckets| buckets.concat()).collect();
+    let tasks = tasks
+        .into_iter()
+        .zip(by_row)
+        .map(|(buckets, mut rows)| {
+            if rows.is_empty() {
+                return buckets.concat();
+            }
+            // Each whole row's phase 3 right after its softmax, the rows in their order: a PE
+            // whose next row still waits for a score works on the rows it has.
+            rows.sort_by_key(|&(key, phase, _)| (key, phase));
+            let first = rows
+                .iter()
+                .take_while(|&&(key, phase, _)| key == rows[0].0 && phase == 2)
+                .count();
+            let [b0, b1, b2, b3, b4, b5, b6, b7, b8, b9] = buckets;
+            let (head, rest) = rows.split_at(first);
+            let mut out = Vec::new();
+            for list in [b0, b1, b2] {
+                out.extend(list);
+            }
+            out.extend(head.iter().map(|&(_, _, t)| t));
+            for list in [b3, b4, b5, b6] {
+                out.extend(list);
+            }
+            out.extend(rest.iter().map(|&(_, _, t)| t));
+            for list in [b7, b8, b9] {
+                out.extend(list);
+            }
+            out
+        })
+        .collect();
     let flow = Flow {
         tasks,
         forward,
@@ -999,14 +1284,25 @@ struct SafeRow<'a, R: FnMut(&mut Forwarding, usize, Val, u32, u32)> {
     weight: &'a mut HashMap<(u32, u32), Val>,
     scale: f32,
     pes: u32,
+    /// The row (`h·n + a`) and, where whole rows keep their tasks by row, where they go.
+    key: u32,
+    by_row: Option<&'a mut ByRow>,
 }
+
+/// Phase-3 needs of a value come after every phase-1 need (places of rows are far fewer).
+const PHASE3: u32 = 1 << 20;
 
 /// Forwarding class of partial maxima and sums (the same as the plain form's sums).
 const FW_SUM: usize = 3;
 
 impl<R: FnMut(&mut Forwarding, usize, Val, u32, u32)> SafeRow<'_, R> {
     fn push(&mut self, pe: u32, bucket: usize, work: Work) {
-        self.tasks[pe as usize][bucket].push(Task { work, phase: 2 });
+        let task = Task { work, phase: 2 };
+        if let Some(rows) = self.by_row.as_mut().filter(|_| bucket == SAFE_WHOLE) {
+            rows[pe as usize].push((self.key, 2, task));
+            return;
+        }
+        self.tasks[pe as usize][bucket].push(task);
     }
 
     /// The running maximum of `vals`, one `max` per value after the first.
