@@ -666,21 +666,25 @@ fn soft_from_last(p: &Problem, pes: u32, won: (u32, Apart)) -> Vec<(u32, Apart)>
 /// before the first v PE, and each v PE does `n` products of every output it holds. Here
 /// (`Apart::tuck`) the softmax part starts on the last q/k PE, one softmax PE per row, the
 /// rows dealt from the last softmax PE back in the order they finish (`soft_from_last`), so the
-/// last row takes its softmax where its scores end. The v part starts `v_back` PEs before the
-/// softmax part's end (the softmax PEs idle once their rows are divided) and is cut by
-/// outputs row by row with the last row's first (`Apart::late_near`), or fractionally
-/// (`Apart::frac`), over about `r1/2 + n` PEs: more than the lanes above give phase 3 at
-/// `d = 8`, the weights of a row of 2 to 4 keys being few. Measured (2 tokens, `d = 8`, 16 PEs,
-/// one lane forced: 26 cycles with the lanes above, 22 tucked; docs/scheduling.md). Tried on
-/// one row group of up to [`TUCK_MAX_TOKENS`] tokens and [`LARGE_OPS`] operations, with the
-/// winning lane's q/k PEs; empty where the winning lane has none of its own (`next`, or the
-/// softmax PEs before the q/k PEs).
+/// last row takes its softmax where its scores end. The v part starts `v_back` PEs (1, `n − 1`
+/// or `n`) before the softmax part's end, the softmax PEs taking phase-3 products once their
+/// rows are divided, and spans `r1/2 + n − 1` to `r1/2 + n + 1` PEs, its outputs cut row by
+/// row with the last row's first (`Apart::late_near`), by column (`cut3`), fractionally
+/// (`frac`) or by whole columns. Returned as one run per `(r3, v_back)` of those four cuts:
+/// all in one run, the retries went to the three best plain runs and missed the lane a run of
+/// its own finds (4 tokens, `d = 8` on 16 PEs: 48 cycles in one run, 44 in runs of four).
+/// Tried on one row group of 2 to [`TUCK_MAX_TOKENS`] tokens, heads of at most
+/// [`SOFT_STEP_DIM`] columns (at `d = 64` and 128 the small-shapes table gained a cycle on 5
+/// layers for up to 3 × the compile time) and layers up to [`LARGE_OPS`] operations, with the
+/// winning lane's q/k PEs; none where that lane has none of its own (`next`, or softmax PEs
+/// before the q/k PEs).
 fn tucked_lanes(p: &Problem, pes: u32, won: (u32, Apart)) -> Vec<Vec<(u32, Apart)>> {
     let (groups, lane) = won;
     let n = p.tokens;
     if n < 2
         || n > TUCK_MAX_TOKENS
         || p.necessary_ops() > LARGE_OPS
+        || p.dim > SOFT_STEP_DIM
         || groups != 1
         || lane.next
         || lane.soft_before
