@@ -681,8 +681,7 @@ fn soft_from_last(p: &Problem, pes: u32, won: (u32, Apart)) -> Vec<(u32, Apart)>
 fn tucked_lanes(p: &Problem, pes: u32, won: (u32, Apart)) -> Vec<Vec<(u32, Apart)>> {
     let (groups, lane) = won;
     let n = p.tokens;
-    if n < 2
-        || n > TUCK_MAX_TOKENS
+    if !(2..=TUCK_MAX_TOKENS).contains(&n)
         || p.necessary_ops() > LARGE_OPS
         || p.dim > SOFT_STEP_DIM
         || groups != 1
