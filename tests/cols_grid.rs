@@ -253,6 +253,29 @@ fn helper_pes_split_the_outputs_kept_on_the_softmax_pes() {
     ]);
 }
 
+/// On layers of 2 to 4 tokens the last row's softmax and outputs are the critical path; the
+/// tucked lanes (`Apart::tuck`: the softmax part starting on the last q/k PE, a softmax PE per
+/// row, the v part overlapping the softmax PEs) shorten it. Each `(n, d, m, heads, scheme,
+/// before)` is proved, run and checked through [`check`], and must take fewer cycles than
+/// `before`: `auto`'s cycles before these lanes (the cols dataflow's, the split one's for 3 tokens
+/// on 64 PEs), measured with
+/// `cargo bench --bench small -- --only n=2/3/4,m=16/64 --no-paper` (safe softmax).
+#[test]
+fn tucked_lanes_shorten_layers_of_few_tokens() {
+    for (n, d, m, heads, scheme, before) in [
+        (2u32, 8u32, 16u32, 1u32, Scheme::Separate, 26u64),
+        (3, 8, 16, 1, Scheme::Shared, 39),
+        (4, 8, 16, 1, Scheme::Causal, 37),
+        (3, 8, 64, 1, Scheme::Shared, 44),
+    ] {
+        let cols = check(n, d, m, heads, scheme, true);
+        assert!(
+            cols < before,
+            "{n} tokens, d = {d}, {heads} heads, {scheme:?} on {m} PEs: cols {cols}, before {before}"
+        );
+    }
+}
+
 /// Where one lane per row is tried (separate q, k, v, no mask, `2d ≤ n`, 3 PEs per row and
 /// head or more): rings of 3 to 5 PEs per row, one or two heads, both formulations.
 #[test]

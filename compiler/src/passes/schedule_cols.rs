@@ -66,6 +66,10 @@ const CUT_MAX_PES: u64 = 32;
 /// roughly, and a run's cost is mostly its search, which only its best layout gets.
 const NEAR_LANES: usize = 3;
 
+/// Most tokens for which [`tucked_lanes`] are tried: its lanes have a softmax PE per row and
+/// cut phase 3 for the last row's latency, not for throughput.
+const TUCK_MAX_TOKENS: u32 = 4;
+
 /// Multiples of a winning lane's softmax count that [`pairs_by_smaller_row`] tries.
 const SMALLER_ROW_SOFT: [u32; 4] = [1, 2, 4, 8];
 
@@ -177,6 +181,11 @@ impl Scheduler for Cols {
         // Under a causal mask, the winning lane with its rows dealt from the last softmax PE.
         let from_last = soft_from_last(p, pes, best.2);
         keep_shorter(p, pes, &mut best, from_last, Run::Below);
+        // On few tokens, the winning lane's q/k PEs with a softmax PE per row starting on the
+        // last of them and the v part overlapping the softmax PEs.
+        for tucked in tucked_lanes(p, pes, best.2) {
+            keep_shorter(p, pes, &mut best, tucked, Run::Plain);
+        }
         // With q = k = v, arcs whose scores go round the ring to softmax PEs before the q/k
         // PEs, wanting a schedule below the best so far, and where they win, with each pair
         // computed with its smaller row. Last, so that the runs above still start from the
@@ -649,6 +658,71 @@ fn soft_from_last(p: &Problem, pes: u32, won: (u32, Apart)) -> Vec<(u32, Apart)>
         ));
     }
     out
+}
+
+/// Lanes for layers of a few tokens, where the last row's softmax and phase 3 are the
+/// critical path: its scores finish on the last q/k PE one chain after another, and in the
+/// lanes above its softmax waits a hop for them, its weights cross the other rows' softmax PEs
+/// before the first v PE, and each v PE does `n` products of every output it holds. Here
+/// (`Apart::tuck`) the softmax part starts on the last q/k PE, one softmax PE per row, the
+/// rows dealt from the last softmax PE back in the order they finish (`soft_from_last`), so the
+/// last row takes its softmax where its scores end. The v part starts `v_back` PEs (1, `n − 1`
+/// or `n`) before the softmax part's end, the softmax PEs taking phase-3 products once their
+/// rows are divided, and spans `r1/2 + n − 1` to `r1/2 + n + 1` PEs, its outputs cut row by
+/// row with the last row's first (`Apart::late_near`), by column (`cut3`), fractionally
+/// (`frac`) or by whole columns. Returned as one run per `(r3, v_back)` of those four cuts:
+/// all in one run, the retries went to the three best plain runs and missed the lane a run of
+/// its own finds (4 tokens, `d = 8` on 16 PEs: 48 cycles in one run, 44 in runs of four).
+/// Tried on one row group of 2 to [`TUCK_MAX_TOKENS`] tokens, heads of at most
+/// [`SOFT_STEP_DIM`] columns (at `d = 64` and 128 the small-shapes table gained a cycle on 5
+/// layers for up to 3 × the compile time) and layers up to [`LARGE_OPS`] operations, with the
+/// winning lane's q/k PEs; none where that lane has none of its own (`next`, or softmax PEs
+/// before the q/k PEs).
+fn tucked_lanes(p: &Problem, pes: u32, won: (u32, Apart)) -> Vec<Vec<(u32, Apart)>> {
+    let (groups, lane) = won;
+    let n = p.tokens;
+    if !(2..=TUCK_MAX_TOKENS).contains(&n)
+        || p.necessary_ops() > LARGE_OPS
+        || p.dim > SOFT_STEP_DIM
+        || groups != 1
+        || lane.next
+        || lane.soft_before
+        || lane.r1 < 2
+    {
+        return Vec::new();
+    }
+    let per = pes / p.heads.max(1);
+    let r1 = lane.r1;
+    let mut runs: Vec<Vec<(u32, Apart)>> = Vec::new();
+    for r3 in [r1 / 2 + n - 1, r1 / 2 + n, r1 / 2 + n + 1] {
+        for v_back in [1, n - 1, n] {
+            let mut out: Vec<(u32, Apart)> = Vec::new();
+            let base = Apart {
+                tuck: true,
+                soft_from_last: true,
+                v_back,
+                ..Apart::columns(r1, n, r3)
+            };
+            for c in [
+                Apart {
+                    cut3: true,
+                    late_near: true,
+                    ..base
+                },
+                Apart { frac: true, ..base },
+                Apart { cut3: true, ..base },
+                base,
+            ] {
+                if c.len() <= per {
+                    push_new(&mut out, (1, c));
+                }
+            }
+            if !out.is_empty() && !runs.contains(&out) {
+                runs.push(out);
+            }
+        }
+    }
+    runs
 }
 
 /// With q = k = v, lanes whose first `near` columns keep their phase 3 on their q/k PEs

@@ -280,6 +280,21 @@ pub(crate) struct Apart {
     /// crossing the softmax PEs). The q/k PEs otherwise idle once phase 1 is done; these
     /// outputs give them part of phase 3. 0: none.
     pub(crate) qk_rows: u32,
+    /// The softmax part starts on the last q/k PE rather than after it (and the v part one PE
+    /// earlier with it): the row dealt to the first softmax PE takes its softmax where its
+    /// scores' chains end, no hop, and the ring's PEs after the lane stay free. With
+    /// `soft_from_last` that row is the last to finish, whose softmax is the layer's critical
+    /// path on few tokens (see `schedule_cols`'s `tucked_lanes`).
+    pub(crate) tuck: bool,
+    /// The v part starts this many PEs before the softmax part's end, so that the softmax PEs
+    /// (idle once their rows are divided) take a share of phase 3 and the weights reach the
+    /// v PEs in fewer hops (`r3` counts those PEs too). 0: the parts apart.
+    pub(crate) v_back: u32,
+    /// With `cut3` (no `qk_rows`), the outputs cut row by row rather than column by column,
+    /// the rows in the reverse of the order they finish: the last row's outputs on the first
+    /// v PEs, which its weights reach first, the earlier rows' (whose weights have slack) on
+    /// the PEs further on (see [`late_rows_near`]).
+    pub(crate) late_near: bool,
 }
 
 impl Apart {
@@ -305,6 +320,9 @@ impl Apart {
             soft_from_last: false,
             soft_before: false,
             qk_rows: 0,
+            tuck: false,
+            v_back: 0,
+            late_near: false,
         }
     }
 
@@ -315,7 +333,23 @@ impl Apart {
             return self.r1;
         }
         // Each softmax PE with its helpers (none: one PE a softmax PE).
-        self.r1 + (1 + self.helper) * self.soft + self.r3
+        let soft_end = self.soft_at() + (1 + self.helper) * self.soft;
+        soft_end.max(self.v_at() + self.r3)
+    }
+
+    /// The first v PE's offset from the first q/k PE.
+    pub(crate) fn v_at(&self) -> u32 {
+        (self.soft_at() + (1 + self.helper) * self.soft).saturating_sub(self.v_back)
+    }
+
+    /// The first softmax PE's offset from the first q/k PE.
+    pub(crate) fn soft_at(&self) -> u32 {
+        self.r1.saturating_sub(self.tucked())
+    }
+
+    /// PEs the softmax part is moved back by ([`Apart::tuck`]).
+    fn tucked(&self) -> u32 {
+        u32::from(self.tuck && self.r1 > 0)
     }
 }
 
@@ -1027,6 +1061,7 @@ impl Geometry {
         let frac = layout.apart.filter(|a| a.frac).map(|a| frac_offsets(p, a));
         let cut3 = match layout.apart {
             Some(a) if a.next && groups == 1 => next_outputs(p, a),
+            Some(a) if a.cut3 && a.late_near && a.r3 > 0 && groups == 1 => late_rows_near(p, a.r3),
             Some(a) if a.cut3 && a.r3 > 0 && groups == 1 => cut_outputs(p, a.r3, a.qk_rows),
             _ => Vec::new(),
         };
@@ -1081,7 +1116,7 @@ impl Geometry {
         if let Some(a) = self.apart {
             let held = self.d.saturating_sub(a.on_soft);
             if c >= held {
-                return a.r1;
+                return a.soft_at();
             }
             return ((u64::from(c) * u64::from(a.r1)) / u64::from(held.max(1))) as u32;
         }
@@ -1101,7 +1136,7 @@ impl Geometry {
                 let first = self.start(lane) + self.m - a.soft;
                 return (first + i % a.soft.max(1)) % self.m;
             }
-            return (self.start(lane) + a.r1 + step * (i % a.soft.max(1))) % self.m;
+            return (self.start(lane) + a.soft_at() + step * (i % a.soft.max(1))) % self.m;
         }
         if self.soft > 1 {
             return (self.start(lane) + self.r - self.soft + i % self.soft) % self.m;
@@ -1126,7 +1161,7 @@ impl Geometry {
                 if ap.next {
                     return (self.start(lane) + ap.r1 + off) % self.m;
                 }
-                return (self.start(lane) + ap.r1 + ap.soft + off) % self.m;
+                return (self.start(lane) + ap.v_at() + off) % self.m;
             }
         }
         self.p3_row(lane, c, a)
@@ -1140,7 +1175,7 @@ impl Geometry {
             }
             let far = u64::from(self.d.saturating_sub(a.near + a.on_soft).max(1));
             let off = (u64::from(c - a.near) * u64::from(a.r3)) / far;
-            return (self.start(lane) + a.r1 + a.soft + off as u32) % self.m;
+            return (self.start(lane) + a.v_at() + off as u32) % self.m;
         }
         let l = if self.ring { lane } else { lane + 1 };
         (self.start(l) + self.offset(c)) % self.m
@@ -1243,7 +1278,7 @@ fn frac_offsets(p: &Problem, a: Apart) -> (Vec<u32>, Vec<u32>) {
         let both = cut(&|r| scores(r) + weights(r), a.r1, 0);
         return (both.clone(), both);
     }
-    (cut(&scores, a.r1, 0), cut(&weights, a.r3, a.r1 + a.soft))
+    (cut(&scores, a.r1, 0), cut(&weights, a.r3, a.v_at()))
 }
 
 /// Softmax PE (of `soft`) of each row `(head·n + row)` of a lane per head: rows from the
@@ -1304,6 +1339,37 @@ fn cut_outputs(p: &Problem, r3: u32, qk_rows: u32) -> Vec<u32> {
                 let i = (u64::from(h * n + a) * u64::from(d) + u64::from(c)) as usize;
                 if let Some(slot) = out.get_mut(i) {
                     *slot = ON_QK;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// [`Apart::late_near`]'s cut: per head, the outputs row by row, the rows from the last to
+/// finish (`plan`'s rank: the longest rows first, then by index) to the first, each output
+/// weighing its row's products, cut into `r3` runs of about equal weight. A row's outputs then
+/// sit on one or two neighbouring v PEs, the last row's nearest the softmax PEs.
+fn late_rows_near(p: &Problem, r3: u32) -> Vec<u32> {
+    let (n, d) = (p.tokens, p.dim);
+    let len = |a: u32| u64::from(p.keys_in_row(a));
+    let mut rows: Vec<u32> = (0..n).collect();
+    // The reverse of `plan`'s rank within a head.
+    rows.sort_by_key(|&a| std::cmp::Reverse((u64::from(n) - len(a), a)));
+    let total: u64 = ((0..n).map(len).sum::<u64>() * u64::from(d)).max(1);
+    let mut out = vec![0u32; (u64::from(p.heads) * u64::from(n) * u64::from(d)) as usize];
+    for h in 0..p.heads {
+        let mut acc = 0u64;
+        for &r in &rows {
+            for c in 0..d {
+                let w = len(r);
+                let mid = acc + w / 2;
+                acc += w;
+                let k = ((u128::from(mid) * u128::from(r3)) / u128::from(total))
+                    .min(u128::from(r3.max(1) - 1)) as u32;
+                let i = (u64::from(h * n + r) * u64::from(d) + u64::from(c)) as usize;
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = k;
                 }
             }
         }
@@ -1968,7 +2034,10 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     }
     // The lanes cut by outputs deal rows by weight: their softmax PEs are then as busy as the
     // v PEs, and in turn the odd rows of a causal head would load the second of two more.
-    if let Some(ap) = g.apart.filter(|ap| !g.cut3.is_empty() && ap.soft > 1) {
+    if let Some(ap) = g
+        .apart
+        .filter(|ap| !g.cut3.is_empty() && ap.soft > 1 && !(ap.tuck && ap.soft_from_last))
+    {
         for (i, pe) in deal_by_weight(p, ap.soft).into_iter().enumerate() {
             if let Some(slot) = lane_row.get_mut(i) {
                 *slot = pe;
@@ -2261,7 +2330,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         let lane_start = g.start(e.head * g.groups + group);
         // Outputs on the q/k PEs (`Apart::qk_rows`): the v words start in the v part.
         let from = match layout.apart {
-            Some(a) if a.qk_rows > 0 && e.tensor == Tensor::V => (lane_start + a.r1 + a.soft) % m,
+            Some(a) if a.qk_rows > 0 && e.tensor == Tensor::V => (lane_start + a.v_at()) % m,
             _ => lane_start,
         };
         // Mirrored rows: an x row starts where its own row's scores read it as the query, so
