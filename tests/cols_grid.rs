@@ -37,11 +37,21 @@ fn src(n: u32, d: u32, heads: u32, scheme: Scheme, safe: bool) -> String {
 /// Each `(n, d, m, heads, before)`: the q = k = v layer (safe softmax) through [`check`], in
 /// fewer cycles than `before`.
 fn shared_cols_below(cases: &[(u32, u32, u32, u32, u64)]) {
-    for &(n, d, m, heads, before) in cases {
-        let cols = check(n, d, m, heads, Scheme::Shared, true);
+    let cases: Vec<_> = cases
+        .iter()
+        .map(|&(n, d, m, heads, before)| (n, d, m, heads, Scheme::Shared, before))
+        .collect();
+    cols_below(&cases);
+}
+
+/// Each `(n, d, m, heads, scheme, before)`: the layer (safe softmax) through [`check`], in
+/// fewer cycles than `before`.
+fn cols_below(cases: &[(u32, u32, u32, u32, Scheme, u64)]) {
+    for &(n, d, m, heads, scheme, before) in cases {
+        let cols = check(n, d, m, heads, scheme, true);
         assert!(
             cols < before,
-            "{n} tokens, d = {d}, {heads} heads, q = k = v on {m} PEs: cols {cols}, before {before}"
+            "{n} tokens, d = {d}, {heads} heads, {scheme:?} on {m} PEs: cols {cols}, before {before}"
         );
     }
 }
@@ -262,18 +272,12 @@ fn helper_pes_split_the_outputs_kept_on_the_softmax_pes() {
 /// `cargo bench --bench small -- --only n=2/3/4,m=16/64 --no-paper` (safe softmax).
 #[test]
 fn tucked_lanes_shorten_layers_of_few_tokens() {
-    for (n, d, m, heads, scheme, before) in [
-        (2u32, 8u32, 16u32, 1u32, Scheme::Separate, 26u64),
+    cols_below(&[
+        (2, 8, 16, 1, Scheme::Separate, 26),
         (3, 8, 16, 1, Scheme::Shared, 39),
         (4, 8, 16, 1, Scheme::Causal, 37),
         (3, 8, 64, 1, Scheme::Shared, 44),
-    ] {
-        let cols = check(n, d, m, heads, scheme, true);
-        assert!(
-            cols < before,
-            "{n} tokens, d = {d}, {heads} heads, {scheme:?} on {m} PEs: cols {cols}, before {before}"
-        );
-    }
+    ]);
 }
 
 /// Where one lane per row is tried (separate q, k, v, no mask, `2d ≤ n`, 3 PEs per row and
@@ -456,19 +460,13 @@ fn fractional_columns_where_no_part_length_suits_d() {
 /// (the split dataflow; the cols lanes 70), 4 heads, 8 tokens, d = 16, causal on 64 PEs 145.
 #[test]
 fn heads_on_arcs_with_phase_3_on_the_next_arc() {
-    for (n, d, m, heads, scheme, before) in [
+    cols_below(&[
         (8, 64, 256, 4, Scheme::Separate, 257),
         (8, 128, 256, 4, Scheme::Causal, 349),
         (12, 64, 256, 4, Scheme::Causal, 299),
         (4, 8, 16, 2, Scheme::Separate, 64),
         (8, 16, 64, 4, Scheme::Causal, 145),
-    ] {
-        let cols = check(n, d, m, heads, scheme, true);
-        assert!(
-            cols < before,
-            "{n} tokens, d = {d}, {heads} heads, {scheme:?} on {m} PEs: cols {cols}"
-        );
-    }
+    ]);
 }
 
 /// With q = k = v and several heads on a large ring, arcs whose softmax PEs come first and

@@ -333,26 +333,24 @@ fn rows_pairing_by_start_times_beats_parity_on_large_rings() {
         (32, 8, 2, 32, 1451),
     ] {
         let what = format!("n={n} d={d} heads={heads} m={m} shared");
-        let c = compile_src(
-            &layer_src(n, d, heads, true, false),
-            m,
-            Choice::Named("rows"),
-        );
-        assert_eq!(c.manifest.schedule, "schedule-rows", "{what}");
-        let r = run_emitted(&c, u64::from(n * 100 + d * 10 + m));
-        assert!(
-            r.max_abs_err <= TOL,
-            "{what}: max_abs_err {}",
-            r.max_abs_err
-        );
-        assert_proved_work(&c, &r, &what);
-        assert_eq!(r.cycles, c.manifest.cycles, "{what}");
-        assert!(
-            r.cycles < before,
-            "{what}: {} cycles, not below the parity pairing's {before}",
-            r.cycles
-        );
+        let seed = u64::from(n * 100 + d * 10 + m);
+        rows_below(&layer_src(n, d, heads, true, false), m, seed, before, &what);
     }
+}
+
+/// The layer compiled with the row dataflow forced: proved with the work it declares, matching
+/// the reference, in the cycles its manifest predicts and fewer than `before`.
+fn rows_below(src: &str, m: u32, seed: u64, before: u64, what: &str) {
+    let c = compile_src(src, m, Choice::Named("rows"));
+    assert_eq!(c.manifest.schedule, "schedule-rows", "{what}");
+    let r = run_within(&c, seed, TOL, what);
+    assert_proved_work(&c, &r, what);
+    assert_eq!(r.cycles, c.manifest.cycles, "{what}");
+    assert!(
+        r.cycles < before,
+        "{what}: {} cycles, not below the {before} measured before",
+        r.cycles
+    );
 }
 
 /// q = k = v without a mask where every PE holds whole rows: each PE's first row used to wait
@@ -373,15 +371,7 @@ fn rows_first_rows_first_beats_the_old_stalls() {
     ] {
         let what = format!("n={n} d={d} heads={heads} m={m} shared, safe");
         let src = format!("layer t {{ tokens = {n}; dim = {d}; heads = {heads}; qkv = shared; }}");
-        let c = compile_src(&src, m, Choice::Named("rows"));
-        assert_eq!(c.manifest.schedule, "schedule-rows", "{what}");
-        let r = run_within(&c, u64::from(n * 100 + d * 10 + m), TOL, &what);
-        assert_proved_work(&c, &r, &what);
-        assert!(
-            r.cycles < before,
-            "{what}: {} cycles, not below the {before} measured before",
-            r.cycles
-        );
+        rows_below(&src, m, u64::from(n * 100 + d * 10 + m), before, &what);
     }
 }
 
