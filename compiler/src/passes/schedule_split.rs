@@ -966,8 +966,9 @@ fn dist(a: u32, b: u32, m: u32) -> u32 {
     }
 }
 
-/// Cycles from an op on `a` to a reader on `b`: an accumulate result rides `send acc` in its own
-/// cycle, anything else is sent the cycle after.
+/// Cycles from an op on `a` to a reader on `b`: an accumulate result (or a division's or a
+/// maximum's result, through the idle acc slot) rides `send acc` in its own cycle, anything else
+/// is sent the cycle after.
 fn lat(a: u32, b: u32, m: u32, acc: bool) -> i64 {
     let h = i64::from(dist(a, b, m));
     if h == 0 {
