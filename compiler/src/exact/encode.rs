@@ -382,13 +382,8 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
     }
 
     // Immutable values: present only where preloaded, made, or received.
-    let producers = |v: ValueId, p: u32, t: i64| -> i32 {
-        match model.values[v].producer {
-            Producer::Input => FALSE,
-            Producer::Op(o) | Producer::Quotient(o) => run[o].at(p, t),
-            Producer::Chain(x) => last[x].at(p, t),
-        }
-    };
+    let producers =
+        |v: ValueId, p: u32, t: i64| -> i32 { made(model.values[v].producer, &run, &last, p, t) };
     let mut readers: Vec<Vec<OpId>> = vec![Vec::new(); model.values.len()];
     for (o, op) in model.ops.iter().enumerate() {
         for &v in &op.reads {
@@ -474,10 +469,10 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
             }
             if links {
                 for t in val.send_lo()..val.hi {
-                    let acc_made = match val.producer {
-                        Producer::Chain(x) => last[x].at(p, t),
-                        Producer::Quotient(o) => run[o].at(p, t),
-                        _ => FALSE,
+                    let acc_made = if val.producer.leaves_when_made() {
+                        producers(v, p, t)
+                    } else {
+                        FALSE
                     };
                     let x = send[v].at(p, t);
                     cnf.clause(&[-x, have[v].at(p, t), acc_made]);
@@ -654,6 +649,16 @@ pub fn encode(model: Model, opts: EncodeOptions) -> Encoding {
     enc
 }
 
+/// The literal "`producer` makes its value on `p` in `t`": the producing op runs there then, or
+/// a chain's last op does; false for an input.
+fn made(producer: Producer, run: &[Grid], last: &[Grid], p: u32, t: i64) -> i32 {
+    match producer {
+        Producer::Input => FALSE,
+        Producer::Op(o) | Producer::Quotient(o) => run[o].at(p, t),
+        Producer::Chain(x) => last[x].at(p, t),
+    }
+}
+
 /// Rules out schedules that an obvious local change turns into one at least as good: an op
 /// that could have run a cycle earlier on the same PE (its slot was idle and everything it
 /// reads, its partial sum included, was already there), or a transfer that could have left a
@@ -690,10 +695,9 @@ fn dominance(enc: &mut Encoding, idle: Grid, quiet: Grid) {
                 let s = enc.send[v].at(p, t);
                 let q = quiet.at(p, t - 1);
                 enc.cnf.clause(&[-s, -q, -enc.have[v].at(p, t - 1)]);
-                match val.producer {
-                    Producer::Chain(x) => enc.cnf.clause(&[-s, -q, -enc.last[x].at(p, t - 1)]),
-                    Producer::Quotient(o) => enc.cnf.clause(&[-s, -q, -enc.run[o].at(p, t - 1)]),
-                    _ => {}
+                if val.producer.leaves_when_made() {
+                    let made_then = made(val.producer, &enc.run, &enc.last, p, t - 1);
+                    enc.cnf.clause(&[-s, -q, -made_then]);
                 }
             }
         }

@@ -711,7 +711,7 @@ fn run_on(
             *e = (*e).min(u);
         }
     };
-    let routes: std::cell::RefCell<Vec<(Val, u32, u32)>> = Default::default();
+    let mut routes: Vec<(Val, u32, u32)> = Vec::new();
     let relay = pairing == Pairing::Relayed;
     let assigned = match pairing {
         Pairing::Timed | Pairing::Relayed => Some(assign_pairs(p, &plans, m, relay)),
@@ -742,7 +742,7 @@ fn run_on(
     let mut seq = 0usize;
     let mut route = |forward: &mut Forwarding, class: usize, v: Val, from: u32, to: u32| {
         if urgent {
-            routes.borrow_mut().push((v, from, to));
+            routes.push((v, from, to));
         }
         for (hops, pe) in path(from, to, m).filter(|&pe| pe != to).enumerate() {
             forward[pe as usize][class].push((hops as u32, seq, v));
@@ -1185,7 +1185,7 @@ fn run_on(
     // With `urgent`, a word on a link is as urgent as the soonest need of it on the PEs its
     // route still reaches; words no PE reads (partial sums and rows) count as most urgent.
     let mut soonest: HashMap<(u32, Val), u32> = HashMap::default();
-    for &(v, from, to) in routes.borrow().iter() {
+    for &(v, from, to) in routes.iter() {
         let mut u = u32::MAX;
         let on: Vec<u32> = path(from, to, m).collect();
         for w in on.windows(2).rev() {

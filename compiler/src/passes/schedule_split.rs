@@ -1353,29 +1353,15 @@ fn cut_outputs(p: &Problem, r3: u32, qk_rows: u32) -> Vec<u32> {
 /// sit on one or two neighbouring v PEs, the last row's nearest the softmax PEs.
 fn late_rows_near(p: &Problem, r3: u32) -> Vec<u32> {
     let (n, d) = (p.tokens, p.dim);
-    let len = |a: u32| u64::from(p.keys_in_row(a));
+    let len: Vec<u64> = (0..n).map(|a| u64::from(p.keys_in_row(a))).collect();
     let mut rows: Vec<u32> = (0..n).collect();
     // The reverse of `plan`'s rank within a head.
-    rows.sort_by_key(|&a| std::cmp::Reverse((u64::from(n) - len(a), a)));
-    let total: u64 = ((0..n).map(len).sum::<u64>() * u64::from(d)).max(1);
-    let mut out = vec![0u32; (u64::from(p.heads) * u64::from(n) * u64::from(d)) as usize];
-    for h in 0..p.heads {
-        let mut acc = 0u64;
-        for &r in &rows {
-            for c in 0..d {
-                let w = len(r);
-                let mid = acc + w / 2;
-                acc += w;
-                let k = ((u128::from(mid) * u128::from(r3)) / u128::from(total))
-                    .min(u128::from(r3.max(1) - 1)) as u32;
-                let i = (u64::from(h * n + r) * u64::from(d) + u64::from(c)) as usize;
-                if let Some(slot) = out.get_mut(i) {
-                    *slot = k;
-                }
-            }
-        }
-    }
-    out
+    rows.sort_by_key(|&a| std::cmp::Reverse((u64::from(n) - len[a as usize], a)));
+    let order: Vec<(u32, u32)> = rows
+        .iter()
+        .flat_map(|&r| (0..d).map(move |c| (r, c)))
+        .collect();
+    outputs_laid(p, &len, &vec![1; r3 as usize], &order)
 }
 
 /// [`Geometry::cut3`]'s mark of an output kept on its column's q/k PE (`Apart::qk_rows`).
@@ -1394,6 +1380,15 @@ fn outputs_by_weight(p: &Problem, shares: &[u64]) -> Vec<u32> {
 /// elsewhere, which then takes no share).
 fn outputs_by_weight_of(p: &Problem, len: &[u64], shares: &[u64]) -> Vec<u32> {
     let (n, d) = (p.tokens, p.dim);
+    let order: Vec<(u32, u32)> = (0..d).flat_map(|c| (0..n).map(move |r| (r, c))).collect();
+    outputs_laid(p, len, shares, &order)
+}
+
+/// Per output `(head, row, col)`, at `(head·n + row)·d + col`, the index of the share it falls
+/// in: each head's outputs laid in `order` (`(row, col)` pairs), each weighing `len[row]`, along
+/// shares of the given sizes; an output goes to the share holding the middle of its weight.
+fn outputs_laid(p: &Problem, len: &[u64], shares: &[u64], order: &[(u32, u32)]) -> Vec<u32> {
+    let (n, d) = (p.tokens, p.dim);
     let total: u64 = len.iter().sum::<u64>() * u64::from(d);
     let cap: u64 = shares.iter().sum::<u64>().max(1);
     // Cumulative capacity at the end of each share, in units of output weight.
@@ -1407,18 +1402,16 @@ fn outputs_by_weight_of(p: &Problem, len: &[u64], shares: &[u64]) -> Vec<u32> {
     let mut out = vec![0u32; (u64::from(p.heads) * u64::from(n) * u64::from(d)) as usize];
     for h in 0..p.heads {
         let mut acc = 0u64;
-        for c in 0..d {
-            for r in 0..n {
-                let w = len.get(r as usize).copied().unwrap_or(0);
-                let mid = (acc + w / 2) as u128 * u128::from(cap) / u128::from(total.max(1));
-                acc += w;
-                let k = ends
-                    .partition_point(|&e| u128::from(e) <= mid)
-                    .min(ends.len().saturating_sub(1));
-                let i = (u64::from(h * n + r) * u64::from(d) + u64::from(c)) as usize;
-                if let Some(slot) = out.get_mut(i) {
-                    *slot = k as u32;
-                }
+        for &(r, c) in order {
+            let w = len.get(r as usize).copied().unwrap_or(0);
+            let mid = (acc + w / 2) as u128 * u128::from(cap) / u128::from(total.max(1));
+            acc += w;
+            let k = ends
+                .partition_point(|&e| u128::from(e) <= mid)
+                .min(ends.len().saturating_sub(1));
+            let i = (u64::from(h * n + r) * u64::from(d) + u64::from(c)) as usize;
+            if let Some(slot) = out.get_mut(i) {
+                *slot = k as u32;
             }
         }
     }
