@@ -727,6 +727,7 @@ fn build_manifest(
         pe: vec![0; h * n * d],
         addr: vec![0; h * n * d],
         layout: None,
+        copies: Vec::new(),
     };
     let fill = |map: &mut BTreeMap<String, Placement>, list: &[(schedule::Element, u32, u32)]| {
         for &(e, pe, addr) in list {

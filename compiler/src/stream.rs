@@ -86,12 +86,14 @@ pub fn manifest(
             pe: Vec::new(),
             addr: Vec::new(),
             layout: Some(*l),
+            copies: Vec::new(),
         },
         Place::Listed { pe, addr, .. } => Placement {
             shape: vec![h, n, d],
             pe: pe.clone(),
             addr: addr.clone(),
             layout: None,
+            copies: Vec::new(),
         },
     };
     let inputs: BTreeMap<String, Placement> = stream

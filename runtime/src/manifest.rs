@@ -15,6 +15,8 @@ pub const FORMAT: &str = "attnc-manifest";
 pub const FORMAT_VERSION: u32 = 1;
 /// The version that adds affine layouts and loop programs.
 pub const LAYOUT_FORMAT_VERSION: u32 = 2;
+/// The version that adds preload copies ([`Placement::copies`]).
+pub const COPIES_FORMAT_VERSION: u32 = 3;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -271,6 +273,21 @@ pub struct Placement {
     pub addr: Vec<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<Layout>,
+    /// Inputs only (from [`COPIES_FORMAT_VERSION`]): further places some elements are preloaded,
+    /// besides the one the arrays or the layout give. A loader writes each element there and at
+    /// every copy of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<PreloadCopy>,
+}
+
+/// One more place an input element is preloaded: the element at flat index `index` (C order
+/// over the placement's `shape`) is also written at `addr` on PE `pe`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreloadCopy {
+    pub index: u64,
+    pub pe: u32,
+    pub addr: u32,
 }
 
 /// How tokens are dealt to PEs by a [`Layout`].
@@ -465,6 +482,7 @@ impl Placement {
             pe,
             addr,
             layout: None,
+            copies: Vec::new(),
         }
     }
 }
@@ -670,6 +688,7 @@ mod tests {
             pe: vec![0],
             addr: vec![0],
             layout: None,
+            copies: Vec::new(),
         };
         Manifest {
             format: FORMAT.into(),
@@ -835,6 +854,7 @@ mod tests {
                     pe: Vec::new(),
                     addr: Vec::new(),
                     layout: Some(layout),
+                    copies: Vec::new(),
                 };
                 let flat = p.expanded(pes);
                 for pe in 0..pes {
