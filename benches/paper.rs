@@ -27,6 +27,7 @@ fn compile(src: &str, pes: u32) -> (compiler::Compiled, f64) {
         dump_after: None,
         mem_limit: None,
         reroll: false,
+        single_placement: false,
     };
     let t = Instant::now();
     let c = compiler::compile(layer, &opts).expect("compiles");

@@ -122,6 +122,7 @@ fn compile(job: &Job, softmax: lang::Softmax) -> compiler::Compiled {
         dump_after: None,
         mem_limit: None,
         reroll: true,
+        single_placement: false,
     };
     compiler::compile(&layer, &opts).expect("compiles")
 }

@@ -10,8 +10,11 @@
 //! Run: `cargo bench --bench small` (`-- --quick` for d = 8 only; `-- --only n=16,m=256` for the
 //! shapes whose fields match every `key=value` given, keys `n`, `m`, `d`, `heads`, `scheme`, a
 //! value being one of several when written `m=16/64/256`;
-//! `-- --no-paper` leaves out the paper's instances). A filtered run prints its summary over the
-//! shapes it ran, so only a full run describes the table.
+//! `-- --no-paper` leaves out the paper's instances; `-- --single-placement` compiles as
+//! `attnc compile --single-placement` does, every input element on one PE). A filtered run prints
+//! its summary over the shapes it ran, so only a full run describes the table. By default a
+//! program may preload copies of an input element on several PEs; the column `copies` gives the
+//! words it preloads beyond one per element, and `bound` is then the bound for such programs.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -51,6 +54,7 @@ fn compile(layer: &lang::Layer, pes: u32) -> Result<compiler::Compiled, String> 
         dump_after: None,
         mem_limit: None,
         reroll: false,
+        single_placement: std::env::args().any(|a| a == "--single-placement"),
     };
     compiler::compile(layer, &opts).map_err(|e| e.to_string())
 }
@@ -105,6 +109,10 @@ struct Summary {
     /// Programs shorter than `bound`, which would disprove it.
     below_bound: Vec<String>,
     unchecked: u32,
+    /// Programs that preload copies of input elements.
+    with_copies: u32,
+    /// Whether the bounds are those for programs that may preload copies.
+    copies_allowed: bool,
 }
 
 fn worse(slot: &mut (f64, String), ratio: f64, what: &str) {
@@ -134,6 +142,8 @@ enum Outcome {
         lower_bound: u64,
         bound: Bound,
         schedule: String,
+        /// Words preloaded beyond one per input element.
+        copies: usize,
         checked: Option<bool>,
         secs: f64,
     },
@@ -158,6 +168,7 @@ fn measure(sh: Shape) -> Outcome {
                 lower_bound: c.manifest.lower_bound,
                 bound: c.manifest.bound.expect("every compile states its bound"),
                 schedule: c.manifest.schedule.clone(),
+                copies: c.manifest.inputs.values().map(|p| p.copies.len()).sum(),
                 checked: check(&c),
                 secs,
             }
@@ -216,8 +227,8 @@ fn main() {
         }
     }
     let outcomes = common::par_map(&shapes, |&sh| measure(sh));
-    println!("| n | m | d | heads | scheme | cycles | LB | critical path | link | bound | cycles/LB | cycles/bound | auto chose | checked | compile s |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| n | m | d | heads | scheme | cycles | LB | critical path | link | bound | cycles/LB | cycles/bound | auto chose | copies | checked | compile s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut s = Summary::default();
     for (sh, out) in shapes.iter().zip(&outcomes) {
         let Shape { n, m, d, heads, .. } = *sh;
@@ -228,7 +239,7 @@ fn main() {
         s.plenty += u32::from(plenty);
         match out {
             Outcome::Refused { reason, kind } => {
-                println!("| {n} | {m} | {d} | {heads} | {scheme} | refused: {reason} | | | | | | | | | |");
+                println!("| {n} | {m} | {d} | {heads} | {scheme} | refused: {reason} | | | | | | | | | | |");
                 *s.refused.entry(kind.clone()).or_default() += 1;
                 s.plenty_refused += u32::from(plenty);
             }
@@ -237,14 +248,19 @@ fn main() {
                 lower_bound,
                 bound: b,
                 schedule,
+                copies,
                 checked,
                 secs,
             } => {
+                if *copies > 0 {
+                    s.with_copies += 1;
+                }
                 let (to_lb, to_bound) = (
                     *cycles as f64 / *lower_bound as f64,
                     *cycles as f64 / b.value as f64,
                 );
                 s.compiled += 1;
+                s.copies_allowed |= b.copies;
                 s.log_bound += to_bound.ln();
                 worse(&mut s.worst_bound, to_bound, &what);
                 if b.value > b.lower_bound {
@@ -278,8 +294,15 @@ fn main() {
                     }
                 };
                 println!(
-                    "| {n} | {m} | {d} | {heads} | {scheme} | {cycles} | {lower_bound} | {} | {} | {} | {to_lb:.3} | {to_bound:.3} | {schedule} | {checked} | {secs:.2} |",
-                    b.critical_path, b.link, b.value,
+                    "| {n} | {m} | {d} | {heads} | {scheme} | {cycles} | {lower_bound} | {} | {} | {} | {to_lb:.3} | {to_bound:.3} | {schedule} | {} | {checked} | {secs:.2} |",
+                    b.critical_path,
+                    b.link,
+                    b.value,
+                    if *copies > 0 {
+                        copies.to_string()
+                    } else {
+                        "-".into()
+                    },
                 );
             }
         }
@@ -335,6 +358,16 @@ fn summarise(s: &Summary) {
         } else {
             reasons.join("; ")
         }
+    );
+    println!();
+    println!(
+        "preload copies {}: {} of the compiled programs preload copies of input elements",
+        if s.copies_allowed {
+            "allowed (bound: the one for programs that may preload copies)"
+        } else {
+            "not allowed (--single-placement)"
+        },
+        s.with_copies
     );
     println!();
     println!(

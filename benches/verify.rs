@@ -106,6 +106,7 @@ fn main() {
             dump_after: None,
             mem_limit: None,
             reroll: false,
+            single_placement: false,
         };
         let compiled = match compiler::compile(layer, &opts) {
             Ok(x) => x,

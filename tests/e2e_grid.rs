@@ -466,6 +466,7 @@ fn forced_grid(n: u32, qkv_shared: bool, every_head: bool) {
                 dump_after: None,
                 mem_limit: None,
                 reroll: false,
+                single_placement: false,
             };
             let result = compiler::compile(&layer, &opts);
             if !forced_applies(choice, (n, d, m, heads), shared, causal) {

@@ -275,6 +275,7 @@ fn kept_unbuilt_against(layers: &[(u32, u32, u32)], qkv: &str, at_least: usize) 
             dump_after: None,
             mem_limit: None,
             reroll: true,
+            single_placement: false,
         };
         let auto = compiler::compile(&parse_one(&src), &opts).expect(&what);
         let rows = compile_src(&src, m, Choice::Named("rows"));

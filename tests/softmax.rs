@@ -31,6 +31,7 @@ fn build(text: &str, pes: u32, schedule: Choice) -> Result<Compiled, CompileErro
         dump_after: None,
         mem_limit: None,
         reroll: false,
+        single_placement: false,
     };
     compile(&parse_one(text), &opts)
 }

@@ -18,6 +18,7 @@ fn stream(src: &str, pes: u32) -> Result<compiler::Compiled, compiler::CompileEr
         dump_after: None,
         mem_limit: None,
         reroll: false,
+        single_placement: false,
     };
     compiler::compile(&parse_one(src), &opts)
 }
@@ -162,6 +163,7 @@ fn lagged_values_run_from_their_files() {
                     dump_after: None,
                     mem_limit: Some(two.programs[0].mem_words),
                     reroll: false,
+                    single_placement: false,
                 };
                 let grouped = compiler::compile(&parse_one(&src), &opts)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -253,6 +255,7 @@ fn a_layer_too_large_to_unroll_gets_loop_programs_under_auto() {
         dump_after: None,
         mem_limit: None,
         reroll: false,
+        single_placement: false,
     };
     let c = compiler::compile(&parse_one(src), &opts).expect("compiles");
     assert_eq!(c.manifest.schedule, "schedule-stream");
@@ -342,6 +345,7 @@ fn uneven_deals_run_from_their_files() {
                     dump_after: None,
                     mem_limit: Some(u32::MAX),
                     reroll: false,
+                    single_placement: false,
                 };
                 let c = compiler::compile(&parse_one(&src), &opts)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -414,6 +418,7 @@ fn stream_kept_below_the_rows(src: &str, pes: u32, input: &str, seed: u64, what:
         dump_after: None,
         mem_limit: None,
         reroll: true,
+        single_placement: false,
     };
     let rows = compiler::compile(&parse_one(src), &opts(Choice::Named("rows"))).expect("rows");
     let c = compiler::compile(&parse_one(src), &opts(Choice::Auto)).expect("auto");
@@ -466,6 +471,7 @@ fn paired_scores_in_idle_heads_regions_run_from_their_files() {
             shared_values: true,
             causal: false,
             softmax: runtime::layer::Softmax::Safe,
+            copies: false,
         };
         let own = schedule_stream::run_pairing(&p, m, true, Lag::Fit(None), Pairing::On)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -477,6 +483,7 @@ fn paired_scores_in_idle_heads_regions_run_from_their_files() {
             dump_after: None,
             mem_limit: Some(limit),
             reroll: false,
+            single_placement: false,
         };
         let c =
             compiler::compile(&parse_one(&src), &opts).unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -606,6 +613,7 @@ fn whole_rows_under_a_causal_mask_run_from_their_files() {
                     dump_after: None,
                     mem_limit: Some(u32::MAX),
                     reroll: false,
+                    single_placement: false,
                 };
                 let c = compiler::compile(&parse_one(&src), &opts)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -670,6 +678,7 @@ fn whole_rows_kept_below_the_rows(n: u32, d: u32, m: u32, heads: u32) {
                 dump_after: None,
                 mem_limit: None,
                 reroll: true,
+                single_placement: false,
             };
             compiler::compile(&parse_one(&src), &opts).unwrap_or_else(|e| panic!("{what}: {e}"))
         };
@@ -723,6 +732,7 @@ fn whole_rows_dividing_weights_run_from_their_files() {
                 dump_after: None,
                 mem_limit: Some(u32::MAX),
                 reroll: false,
+                single_placement: false,
             };
             let c = compiler::compile(&parse_one(&src), &opts)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -936,6 +946,7 @@ fn a_stream_at_the_rows_floor_is_kept_without_building_them() {
         dump_after: None,
         mem_limit: None,
         reroll: true,
+        single_placement: false,
     };
     let c = compiler::compile(&parse_one(&src), &opts(Choice::Auto)).expect("auto");
     assert_eq!(c.manifest.schedule, "schedule-stream");
@@ -965,6 +976,7 @@ fn mirrored_scores_are_taken_where_they_are_fastest() {
         dump_after: None,
         mem_limit: Some(u32::MAX),
         reroll: false,
+        single_placement: false,
     };
     let c = compiler::compile(&parse_one(&src), &opts).unwrap();
     assert!(

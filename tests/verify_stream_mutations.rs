@@ -23,6 +23,7 @@ fn stream(src: &str, pes: u32, mem_limit: Option<u32>) -> compiler::Compiled {
         dump_after: None,
         mem_limit,
         reroll: false,
+        single_placement: false,
     };
     compiler::compile(&parse_one(src), &opts).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -260,6 +261,7 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
             shared_values: false,
             causal: true,
             softmax: runtime::layer::Softmax::Safe,
+            copies: false,
         };
         let st = schedule_stream::run_with(&p, 8, true, Lag::Steps(2)).unwrap();
         st.programs[0].mem_words
@@ -286,6 +288,7 @@ fn stream_programs_are_proved_and_every_mutant_of_a_loop_field_is_rejected() {
             shared_values: true,
             causal: false,
             softmax: runtime::layer::Softmax::Safe,
+            copies: false,
         };
         let own =
             schedule_stream::run_pairing(&p, 4, true, Lag::Fit(None), schedule_stream::Pairing::On)

@@ -55,7 +55,7 @@ use passes::select::{Choice, Refusal};
 use scheduler::Scheduler;
 
 use passes::{analyze, codegen, lower, select};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// Largest layer, in necessary operations, that `compile` takes. Compiling holds every
 /// candidate's schedule and programs at once: about 320 bytes per operation at peak (measured:
@@ -82,6 +82,10 @@ pub struct Options {
     pub dump_after: Option<String>,
     /// Largest memory, in words per PE, a schedule may use (`--mem`).
     pub mem_limit: Option<u32>,
+    /// Preload every input element on one PE only: no schedule may use preload copies (an
+    /// element written to several PEs before cycle 0, listed in the manifest's `copies`), and
+    /// the manifest's `bound` is the one for single placements. Off by default.
+    pub single_placement: bool,
     /// Fold an unrolled schedule's programs into loop programs (the `reroll` pass) and emit
     /// those when their binaries are smaller in total than the flat ones; values are packed by
     /// kind (`codegen::Packing::ByKind`, repeating addresses) where that folds further and its
@@ -195,7 +199,10 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     if wants(analyze::NAME) {
         dump = Some(facts.to_string());
     }
-    let problem = facts.problem;
+    let problem = problem::Problem {
+        copies: !opts.single_placement,
+        ..facts.problem
+    };
     lap(analyze::NAME, &mut timings);
     let too_big = problem.necessary_ops() > MAX_OPS;
     if opts.schedule == Choice::Stream || (too_big && opts.schedule == Choice::Auto) {
@@ -552,7 +559,7 @@ pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileE
     };
     let mut manifest = build_manifest(layer, &problem, opts.pes, &schedule, &emitted, selection);
     if !loops.is_empty() {
-        manifest.format_version = manifest::LAYOUT_FORMAT_VERSION;
+        manifest.format_version = manifest.format_version.max(manifest::LAYOUT_FORMAT_VERSION);
         manifest.programs = manifest::ProgramKind::Loops;
         manifest.files =
             runtime::manifest::Files::Pattern(runtime::manifest::FilePattern::standard());
@@ -729,28 +736,45 @@ fn build_manifest(
         layout: None,
         copies: Vec::new(),
     };
+    // The first place an element is listed is its placement; any other is a preload copy.
     let fill = |map: &mut BTreeMap<String, Placement>, list: &[(schedule::Element, u32, u32)]| {
+        let mut placed: HashSet<schedule::Element> = HashSet::new();
         for &(e, pe, addr) in list {
             let p = map.entry(e.tensor.name().to_string()).or_insert_with(empty);
             let i = (e.head as usize * n + e.row as usize) * d + e.col as usize;
-            p.pe[i] = pe;
-            p.addr[i] = addr;
+            if placed.insert(e) {
+                p.pe[i] = pe;
+                p.addr[i] = addr;
+            } else {
+                p.copies.push(manifest::PreloadCopy {
+                    index: i as u64,
+                    pe,
+                    addr,
+                });
+            }
         }
     };
     let mut inputs = BTreeMap::new();
     fill(&mut inputs, &emitted.inputs);
     let mut outputs = BTreeMap::new();
     fill(&mut outputs, &emitted.outputs);
+    let copies = inputs.values().any(|p| !p.copies.is_empty());
     Manifest {
         format: manifest::FORMAT.into(),
-        format_version: manifest::FORMAT_VERSION,
+        format_version: if copies {
+            manifest::COPIES_FORMAT_VERSION
+        } else {
+            manifest::FORMAT_VERSION
+        },
         layer: layer_info(&layer.name, problem),
         pes,
         cycles: schedule.cycles() as u64,
         lower_bound: problem.lower_bound(pes),
-        bound: problem
-            .shape()
-            .bound(pes, runtime::layer::Normalisation::PerWeight),
+        bound: problem.shape().bound_for(
+            pes,
+            runtime::layer::Normalisation::PerWeight,
+            problem.copies,
+        ),
         schedule: schedule.algorithm.into(),
         selection,
         necessary_ops: problem.necessary_ops(),

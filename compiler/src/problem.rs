@@ -19,6 +19,11 @@ pub struct Problem {
     pub causal: bool,
     /// How the row softmax is formed.
     pub softmax: Softmax,
+    /// Schedules may preload an input element on several PEs (a copy per PE that reads it),
+    /// which the manifest then lists as preload copies. A compile option, not a fact of the
+    /// layer: the analysis leaves it off and [`crate::compile`] sets it from
+    /// [`crate::Options::single_placement`].
+    pub copies: bool,
 }
 
 // By hand so that `--emit facts` of a plain layer prints what it printed before the formulation
@@ -60,6 +65,7 @@ impl Problem {
             shared_values: shared,
             causal,
             softmax,
+            copies: false,
         }
     }
 

@@ -21,8 +21,14 @@ pub struct Bound {
     pub lower_bound: u64,
     /// The longest dependent chain of a row, with the time its results need to reach enough PEs.
     pub critical_path: u64,
-    /// Inputs and weights that must cross links, against what the links carry.
+    /// Inputs and weights that must cross links, against what the links carry; 0 (nothing
+    /// claimed) with `copies`.
     pub link: u64,
+    /// The bound is for programs that may preload an input element on several PEs
+    /// ([`Shape::bound_with_copies`]): no input need cross a link, so the link part and the
+    /// critical path's term for the spread from one preloaded word are not claimed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub copies: bool,
 }
 
 impl Shape {
@@ -37,13 +43,64 @@ impl Shape {
             lower_bound,
             critical_path,
             link,
+            copies: false,
         })
+    }
+
+    /// [`Shape::bound`] for programs that may preload copies of an input element on several
+    /// PEs: the lower bound and the critical path without its one-home term ([`reach`]); the
+    /// link part claims nothing, since every operand a product needs can be preloaded where
+    /// it runs.
+    pub fn bound_with_copies(&self, pes: u32, norm: Normalisation) -> Option<Bound> {
+        let lower_bound = self.lower_bound_as(pes, norm)?;
+        let critical_path = self.chains_bound(pes, norm)?;
+        Some(Bound {
+            value: lower_bound.max(critical_path),
+            lower_bound,
+            critical_path,
+            link: 0,
+            copies: true,
+        })
+    }
+
+    /// [`Shape::bound`] or, with `copies`, [`Shape::bound_with_copies`].
+    pub fn bound_for(&self, pes: u32, norm: Normalisation, copies: bool) -> Option<Bound> {
+        if copies {
+            self.bound_with_copies(pes, norm)
+        } else {
+            self.bound(pes, norm)
+        }
     }
 
     /// The critical-path part: the longest row's chain (`tokens` unmasked scores) with the
     /// cycles its results need to reach enough PEs, and the work that must wait for the rows'
     /// denominators or be done before them, spread over the ring.
     pub fn critical_path(&self, pes: u32, norm: Normalisation) -> Option<u64> {
+        let chains = self.chains_bound(pes, norm)?;
+        if !norm.is_per_weight() {
+            return Some(chains);
+        }
+        // One head's work after its rows' maxima or denominators (exponentials of a safe
+        // softmax, divisions, phase-3 products) all reads a value computed from k[0][0] (every
+        // row sees key 0), preloaded on one PE: in cycle r at most r + 1 PEs can run it, and
+        // none of it runs before the first such value exists (a score, cycle d; with a safe
+        // softmax and no mask, the maximum of n scores, d + its depth).
+        let (m, n, d) = (u64::from(pes), u64::from(self.tokens), u64::from(self.dim));
+        let safe = self.softmax == Softmax::Safe;
+        let dependants = self
+            .weights_per_head()?
+            .checked_mul(self.dependants_per_weight())?;
+        let first = if safe && !self.causal {
+            Row::new(n, d, m, safe)?.z - n
+        } else {
+            d
+        };
+        Some(chains.max(reach(m, first, dependants)?))
+    }
+
+    /// The critical path's parts that hold wherever inputs are preloaded, however many copies
+    /// of each: the rows' chains and the work spread from their denominators.
+    fn chains_bound(&self, pes: u32, norm: Normalisation) -> Option<u64> {
         if pes == 0 {
             return None;
         }
@@ -81,20 +138,6 @@ impl Shape {
                 .max(r.tail.checked_add(per_pe(before)?)?)
                 .max(product_tail.checked_add(per_pe(products)?)?);
         }
-        // One head's work after its rows' maxima or denominators (exponentials of a safe
-        // softmax, divisions, phase-3 products) all reads a value computed from k[0][0] (every
-        // row sees key 0), preloaded on one PE: in cycle r at most r + 1 PEs can run it, and
-        // none of it runs before the first such value exists (a score, cycle d; with a safe
-        // softmax and no mask, the maximum of n scores, d + its depth).
-        let dependants = self
-            .weights_per_head()?
-            .checked_mul(self.dependants_per_weight())?;
-        let first = if safe && !self.causal {
-            longest.z - n
-        } else {
-            d
-        };
-        best = best.max(reach(m, first, dependants)?);
         Some(best)
     }
 

@@ -49,6 +49,12 @@ pub struct CompileArgs {
     /// more words) would be smaller; for reading a schedule cycle by cycle
     #[arg(long)]
     pub flat: bool,
+    /// Preload every input element on exactly one PE. By default a schedule may preload copies
+    /// of an element on several PEs where that is faster (small layers on large rings); the
+    /// manifest then lists them as `copies` (format version 3), and a loader must write each
+    /// copy
+    #[arg(long)]
+    pub single_placement: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +110,7 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             dump_after: dump_after.clone(),
             mem_limit: args.mem,
             reroll: !args.flat,
+            single_placement: args.single_placement,
         };
         let compiled = {
             let _spinner =

@@ -34,6 +34,7 @@ pub fn compile_src(src: &str, pes: u32, schedule: Choice) -> Compiled {
         dump_after: None,
         mem_limit: None,
         reroll: false,
+        single_placement: false,
     };
     compile(&layer, &opts).unwrap_or_else(|e| panic!("compile failed: {e}"))
 }

@@ -42,6 +42,7 @@ pub fn try_build(src: &str, pes: u32, schedule: Choice) -> Result<Option<Compile
         dump_after: None,
         mem_limit: None,
         reroll: false,
+        single_placement: false,
     };
     match compile(layer, &opts) {
         Ok(c) => Ok(Some(c)),

@@ -84,6 +84,7 @@ pub fn run(g: &Graph) -> Result<Facts, AnalyzeError> {
         causal: per_kind(|f| f.causal, is_scores)?,
         shared_values: per_kind(|f| f.values_shared, is_wsum)?,
         softmax,
+        copies: false,
     };
     Ok(Facts { nodes, problem })
 }

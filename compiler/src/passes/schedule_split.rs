@@ -295,6 +295,9 @@ pub(crate) struct Apart {
     /// v PEs, which its weights reach first, the earlier rows' (whose weights have slack) on
     /// the PEs further on (see [`late_rows_near`]).
     pub(crate) late_near: bool,
+    /// Every lane holds its own copy of each input its PEs read (a preload copy, see
+    /// `ValInfo::Input`): no input word crosses from one lane into another.
+    pub(crate) copies: bool,
 }
 
 impl Apart {
@@ -323,6 +326,7 @@ impl Apart {
             tuck: false,
             v_back: 0,
             late_near: false,
+            copies: false,
         }
     }
 
@@ -505,7 +509,17 @@ fn apart_explored(
     parts: &[(u32, Apart)],
     keys_first: bool,
 ) -> Result<(RingSchedule, (u32, Apart)), Vec<ScheduleError>> {
-    apart_below(p, pes, parts, keys_first, usize::MAX)
+    apart_below(p, pes, parts, keys_first, usize::MAX, false)
+}
+
+/// [`run_apart`] with every score of a q = k layer computed by its own row (`mirror`): each
+/// lane then needs no other lane's scores, for the recomputed products (the wide dataflow's).
+pub(crate) fn run_apart_mirrored(
+    p: &Problem,
+    pes: u32,
+    parts: &[(u32, Apart)],
+) -> Result<(RingSchedule, (u32, Apart)), Vec<ScheduleError>> {
+    apart_below(p, pes, parts, false, usize::MAX, true)
 }
 
 /// [`apart_explored`] wanting a schedule shorter than `beat` cycles (see [`explore_below`]).
@@ -515,6 +529,7 @@ fn apart_below(
     parts: &[(u32, Apart)],
     keys_first: bool,
     beat: usize,
+    mirror: bool,
 ) -> Result<(RingSchedule, (u32, Apart)), Vec<ScheduleError>> {
     let m = pes.max(1);
     let few_tokens = p.tokens < 2 * m;
@@ -534,7 +549,7 @@ fn apart_below(
             row_weight: 0,
             softmax_first: false,
             soft: apart.soft,
-            mirror: false,
+            mirror,
             apart: Some(apart),
             forward: 0,
             keys_first,
@@ -560,7 +575,7 @@ pub(crate) fn run_apart_below(
     parts: &[(u32, Apart)],
     beat: usize,
 ) -> Result<(RingSchedule, (u32, Apart)), Vec<ScheduleError>> {
-    apart_below(p, pes, parts, false, beat)
+    apart_below(p, pes, parts, false, beat, false)
 }
 
 /// [`run_apart`] with the inputs streamed in order (`Layout::keys_first`): every link sends
@@ -2313,7 +2328,36 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     let mut elems: Vec<(&Element, &Vec<u32>)> = uses.iter().collect();
     elems.sort_by_key(|(e, _)| (e.tensor as u8, e.head, e.row, e.col));
     let mut val_of: HashMap<Element, Val> = HashMap::default();
-    for (e, readers) in elems {
+    // With preload copies, each lane's readers read the lane's own copy.
+    let copies = p.copies && layout.apart.is_some_and(|a| a.copies);
+    let lane_of_pe = |pe: u32| -> u32 { pe };
+    let mut copy_of: HashMap<(Element, u32), Val> = HashMap::default();
+    if copies {
+        for (e, readers) in &elems {
+            let mut lanes: Vec<u32> = readers.iter().map(|&pe| lane_of_pe(pe)).collect();
+            lanes.sort_unstable();
+            lanes.dedup();
+            for lane in lanes {
+                let from = g.start(lane);
+                let mine = readers.iter().copied().filter(|&pe| lane_of_pe(pe) == lane);
+                let home = mine
+                    .clone()
+                    .min_by_key(|&pe| dist(from, pe, m))
+                    .unwrap_or(from);
+                let far = mine.map(|pe| dist(home, pe, m)).max().unwrap_or(0);
+                let v = b.input(**e, home);
+                copy_of.insert((**e, lane), v);
+                reach.insert(v, far);
+                preloaded.push((home, v));
+                late.push(e.tensor == Tensor::V);
+                seq.push(
+                    (u64::from(e.head) * u64::from(n) + u64::from(e.row)) * u64::from(d)
+                        + u64::from(e.col),
+                );
+            }
+        }
+    }
+    for (e, readers) in elems.into_iter().filter(|_| !copies) {
         let spread =
             layout.apart.is_some_and(|a| a.spread) && matches!(e.tensor, Tensor::K | Tensor::V);
         let group = if spread {
@@ -2359,7 +2403,12 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         );
     }
     for (t, second, e) in input_of {
-        let Some(&v) = val_of.get(&e) else {
+        let found = if copies {
+            copy_of.get(&(e, lane_of_pe(tasks[t].pe)))
+        } else {
+            val_of.get(&e)
+        };
+        let Some(&v) = found else {
             b.bug(NAME, "an input with no value");
             continue;
         };

@@ -16,7 +16,7 @@
 //! exact cycle count is the lowest.
 
 use crate::passes::select::{Culprit, Refusal};
-use crate::passes::{schedule_rows, schedule_split};
+use crate::passes::{schedule_cols, schedule_rows, schedule_split};
 use crate::problem::Problem;
 use crate::schedule::{RingSchedule, ScheduleError};
 use crate::scheduler::Scheduler;
@@ -125,6 +125,16 @@ fn run_within(
             return Err(a);
         }
     };
+    // The cols dataflow's lanes holding their own copies of the inputs, each row computing
+    // all of its own scores so that no score crosses from one lane to another.
+    let copied = schedule_cols::copied_lanes(p, pes);
+    if !copied.is_empty() {
+        if let Ok((s, _)) = schedule_split::run_apart_mirrored(p, pes, &copied) {
+            if s.cycles() < best.cycles() {
+                best = s;
+            }
+        }
+    }
     best.algorithm = NAME;
     Ok(Some(best))
 }
