@@ -13,6 +13,7 @@ mod verifier_common;
 mod cli;
 mod cols_causal;
 mod cols_grid;
+mod copies_grid;
 mod e2e_grid;
 mod e2e_shapes;
 mod filetests;

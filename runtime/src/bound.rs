@@ -4,9 +4,10 @@
 //! docs/scheduling.md ("When the lower bound cannot be reached") derives each part.
 //!
 //! The programs bounded are the ones the verifier accepts for the manifest's formulation: they
-//! perform exactly the necessary operations (no copies, no extra additions; see docs/verifier.md),
+//! perform exactly the necessary operations (no recomputed values, no extra additions; see docs/verifier.md),
 //! so every sum is a chain of accumulations, one term per bundle. Nothing here assumes a
-//! placement or a schedule: inputs may be preloaded anywhere, one copy each.
+//! placement or a schedule: inputs may be preloaded anywhere, one copy each ([`Shape::bound`]),
+//! or several ([`Shape::bound_with_copies`], which claims only the parts that hold then).
 
 use crate::layer::{Normalisation, Shape, Softmax};
 use serde::{Deserialize, Serialize};
@@ -924,6 +925,42 @@ mod tests {
                         let b = s.bound(m, Normalisation::PerWeight).unwrap();
                         assert_eq!(b.value, b.lower_bound.max(b.critical_path).max(b.link));
                         assert_eq!(Some(b.lower_bound), s.lower_bound(m));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn with_copies_only_the_parts_that_need_no_single_home() {
+        // 16 tokens, d = 8, safe, separate, on 256 PEs. The row: scores from cycle 8, a maximum
+        // tree of depth 4, Z a chain of 16: z = 28. From Z: output chains of 17; the last
+        // division spread(16) = 4 and its weight's products spread(8) = 2, + 2: 8; the 144
+        // divisions and products spread(144) = 15, + 1: 16. So 28 + 17 = 45, above what the
+        // rows' work adds on 256 PEs. With one home per element the spread from k[0][0] and the
+        // one-way part say 73 and 122; with copies neither holds.
+        let s = shape(16, 8, false, false, Softmax::Safe);
+        let b = s.bound_with_copies(256, Normalisation::PerWeight).unwrap();
+        assert_eq!((b.value, b.critical_path, b.link), (45, 45, 0));
+        assert!(b.copies);
+        let single = s.bound(256, Normalisation::PerWeight).unwrap();
+        assert_eq!((single.critical_path, single.value), (73, 122));
+        assert!(!single.copies);
+        for n in [1, 2, 3, 4, 8, 12, 16, 32] {
+            for d in [1, 8, 64] {
+                for m in [1, 4, 16, 64, 256] {
+                    for (shared, causal) in [(false, false), (true, false), (false, true)] {
+                        let s = shape(n, d, shared, causal, Softmax::Safe);
+                        let b = s.bound_with_copies(m, Normalisation::PerWeight).unwrap();
+                        let single = s.bound(m, Normalisation::PerWeight).unwrap();
+                        assert_eq!(b.value, b.lower_bound.max(b.critical_path));
+                        assert!(b.critical_path <= single.critical_path);
+                        assert!(b.value <= single.value && b.lower_bound == single.lower_bound);
+                        assert_eq!(s.bound_for(m, Normalisation::PerWeight, true), Some(b));
+                        assert_eq!(
+                            s.bound_for(m, Normalisation::PerWeight, false),
+                            Some(single)
+                        );
                     }
                 }
             }

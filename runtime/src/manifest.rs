@@ -813,6 +813,7 @@ mod tests {
             lower_bound: 1,
             critical_path: 9,
             link: 1,
+            copies: false,
         });
         let json = m.to_json().unwrap();
         assert!(json.contains("\"critical_path\": 9"), "{json}");

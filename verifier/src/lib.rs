@@ -511,8 +511,18 @@ impl Verification {
         // The bound is informational, but a manifest that states one states the bound of its
         // layer and formulation. Checked only now: deriving it takes time in proportion to the
         // tokens, which the programs' length now bounds.
+        // A manifest with preload copies states the bound for programs with copies: the one
+        // for single placements does not hold for them.
         if let Some(b) = &m.bound {
-            let want = shape.counting().bound(m.pes, m.normalisation);
+            let copies = m.inputs.values().any(|p| !p.copies.is_empty());
+            if copies && !b.copies {
+                self.fail(
+                    Invariant::Manifest,
+                    "the inputs have preload copies but the bound is the one for single placements"
+                        .to_string(),
+                );
+            }
+            let want = shape.counting().bound_for(m.pes, m.normalisation, b.copies);
             if want.as_ref() != Some(b) {
                 self.fail(
                     Invariant::Manifest,

@@ -244,12 +244,26 @@ pub(crate) fn copied_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         let per = u64::from(pes) / (u64::from(p.heads) * groups);
         let rows = n.div_ceil(groups);
         let mut ranked: Vec<(u64, Apart)> = Vec::new();
+        // Scores whole on each q/k PE: any number of them, up to the lane's scores.
+        let lane_scores = scores.div_ceil(groups);
+        let wholes: Vec<u64> = (0..)
+            .map(|k| 1u64 << k)
+            .take_while(|&r| r <= lane_scores.min(per))
+            .collect();
         for soft in 1..=rows.min(MAX_COPIED_SOFT) {
             // Maximum, exponential and division per weight of the rows a softmax PE takes.
             let work2 = rows.div_ceil(soft) * 3 * n;
-            for &r1 in &widths {
+            let r1s = widths
+                .iter()
+                .map(|&r| (r, false))
+                .chain(wholes.iter().map(|&r| (r, true)));
+            for (r1, whole_scores) in r1s {
                 for &r3 in widths.iter().filter(|&&r3| r1 + soft + r3 <= per) {
-                    let work1 = scores.div_ceil(groups) * d.div_ceil(r1);
+                    let work1 = if whole_scores {
+                        lane_scores.div_ceil(r1) * d
+                    } else {
+                        lane_scores * d.div_ceil(r1)
+                    };
                     let work3 = weights.div_ceil(groups) * d.div_ceil(r3);
                     let est = work1.max(work2).max(work3) + d + 2 * soft + r3 + 2 * n;
                     let lane = Apart::columns(r1 as u32, soft as u32, r3 as u32);
@@ -257,6 +271,7 @@ pub(crate) fn copied_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
                         est,
                         Apart {
                             copies: true,
+                            whole_scores,
                             ..lane
                         },
                     ));

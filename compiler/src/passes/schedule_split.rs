@@ -298,6 +298,10 @@ pub(crate) struct Apart {
     /// Every lane holds its own copy of each input its PEs read (a preload copy, see
     /// `ValInfo::Input`): no input word crosses from one lane into another.
     pub(crate) copies: bool,
+    /// With `copies`, each score's `d` products all on one of the `r1` q/k PEs, the keys
+    /// dealt over them in turn, rather than its chain crossing them column by column: the q/k
+    /// part then does `r1` scores at once however small `d` is.
+    pub(crate) whole_scores: bool,
 }
 
 impl Apart {
@@ -327,6 +331,7 @@ impl Apart {
             v_back: 0,
             late_near: false,
             copies: false,
+            whole_scores: false,
         }
     }
 
@@ -2057,6 +2062,9 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         for a in 0..n {
             let lane = g.lane(h, a);
             let blocks = g.blocks_row(lane, Some(a));
+            let whole = g
+                .apart
+                .filter(|ap| ap.copies && ap.whole_scores && p.copies && ap.r1 > 0);
             for bcol in pairs_of(a) {
                 // With q = k (no mask) the pair {bcol, a} is computed once, as (a, bcol), with
                 // bcol ≤ a (bcol ≥ a by the smaller row).
@@ -2075,6 +2083,9 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
                         .chain(&blocks[..first])
                         .cloned()
                         .collect()
+                } else if let Some(ap) = whole {
+                    let pe = (g.start(lane) + (bcol + a) % ap.r1) % m;
+                    vec![(pe, (0..d).collect())]
                 } else {
                     blocks.clone()
                 };

@@ -1,0 +1,153 @@
+//! Preload copies: layers on rings larger than their work compiled with copies allowed (the
+//! default) and with `single_placement`. Every program is proved by the verifier and run against
+//! the f64 reference (reading its copies as a loader would write them), takes at least the bound
+//! its manifest states, and the manifest says what the programs need: copies listed only at
+//! format version 3, a bound for programs with copies, memory that counts every copy.
+
+use crate::common;
+
+use common::{layer_src, parse_one, run_within};
+use compiler::passes::select::Choice;
+
+/// The end-to-end tolerance every grid uses (inputs in [-1, 1], f32 arithmetic).
+const TOL: f64 = 1e-4;
+
+fn src(n: u32, d: u32, heads: u32, scheme: &str) -> String {
+    let (shared, causal) = match scheme {
+        "shared" => (true, false),
+        "causal" => (false, true),
+        _ => (false, false),
+    };
+    layer_src(n, d, heads, shared, causal).replace(" softmax = plain;", "")
+}
+
+fn compile(text: &str, pes: u32, single_placement: bool) -> compiler::Compiled {
+    let opts = compiler::Options {
+        pes,
+        schedule: Choice::Auto,
+        dump_after: None,
+        mem_limit: None,
+        reroll: false,
+        single_placement,
+    };
+    compiler::compile(&parse_one(text), &opts).unwrap_or_else(|e| panic!("{text}: {e}"))
+}
+
+/// Input words each PE holds before cycle 0: one per placement and one per copy.
+fn preloaded_words(c: &compiler::Compiled) -> Vec<u64> {
+    let m = c.manifest.pes as usize;
+    let mut words = vec![0u64; m];
+    for p in c.manifest.inputs.values() {
+        for i in 0..p.len() {
+            words[p.locate(c.manifest.pes, i).0 as usize] += 1;
+        }
+        for copy in &p.copies {
+            words[copy.pe as usize] += 1;
+        }
+    }
+    words
+}
+
+/// Compiles `(n, d, m, heads, scheme)` both ways and checks both; returns the cycles with copies
+/// allowed, with a single placement, and the copies the first preloads.
+fn both(n: u32, d: u32, m: u32, heads: u32, scheme: &str) -> (u64, u64, usize) {
+    let text = src(n, d, heads, scheme);
+    let what = format!("{text} on {m} PEs");
+    let single = compile(&text, m, true);
+    let copied = compile(&text, m, false);
+    let seed = u64::from(n * 1000 + d * 10 + m);
+    run_within(&single, seed, TOL, &format!("{what}, single placement"));
+    run_within(&copied, seed, TOL, &format!("{what}, copies allowed"));
+
+    let (sb, cb) = (
+        single.manifest.bound.expect("a bound"),
+        copied.manifest.bound.expect("a bound"),
+    );
+    assert!(!sb.copies && cb.copies, "{what}: bounds {sb:?}, {cb:?}");
+    assert!(
+        cb.value <= sb.value,
+        "{what}: the bound with copies {cb:?} above the one without {sb:?}"
+    );
+    let copies: usize = copied
+        .manifest
+        .inputs
+        .values()
+        .map(|p| p.copies.len())
+        .sum();
+    assert!(
+        single.manifest.inputs.values().all(|p| p.copies.is_empty()),
+        "{what}: copies in a single-placement manifest"
+    );
+    assert!(single.manifest.format_version < compiler::manifest::COPIES_FORMAT_VERSION);
+    assert_eq!(
+        copied.manifest.format_version >= compiler::manifest::COPIES_FORMAT_VERSION,
+        copies > 0,
+        "{what}: format version {} with {copies} copies",
+        copied.manifest.format_version
+    );
+    for (pe, (&words, &mem)) in preloaded_words(&copied)
+        .iter()
+        .zip(&copied.manifest.mem_words)
+        .enumerate()
+    {
+        assert!(
+            words <= u64::from(mem),
+            "{what}: PE {pe} preloads {words} words but its memory is {mem}"
+        );
+    }
+    // Copies are only a choice: a schedule without them is always among the candidates.
+    assert!(
+        copied.manifest.cycles <= single.manifest.cycles,
+        "{what}: {} cycles with copies allowed, {} without",
+        copied.manifest.cycles,
+        single.manifest.cycles
+    );
+    (copied.manifest.cycles, single.manifest.cycles, copies)
+}
+
+/// Layers of 8 to 32 tokens with `d = 8` on 64 PEs and more, where a single placement streams
+/// the k and v rows (or the x rows) through one link: with a copy on every PE that reads a word
+/// each row group's lane starts at once.
+#[test]
+fn copies_shorten_short_layers_on_large_rings() {
+    for (n, d, m, heads, scheme) in [
+        (16, 8, 64, 1, "separate"),
+        (16, 8, 64, 1, "shared"),
+        (12, 8, 64, 1, "causal"),
+        (8, 8, 64, 4, "separate"),
+        (16, 8, 128, 1, "causal"),
+    ] {
+        let (copied, single, copies) = both(n, d, m, heads, scheme);
+        assert!(
+            copied < single && copies > 0,
+            "{n} tokens, d = {d}, {heads} heads, {scheme} on {m} PEs: {copied} cycles with \
+             {copies} copies, {single} without"
+        );
+    }
+}
+
+/// With `d = 64` on 256 PEs: q = k = v, whose x words otherwise cross from the q/k PEs to the
+/// v PEs.
+#[test]
+fn copies_shorten_shared_layers_with_long_heads() {
+    let (copied, single, copies) = both(4, 64, 256, 1, "shared");
+    assert!(
+        copied < single && copies > 0,
+        "{copied} cycles with {copies} copies, {single} without"
+    );
+}
+
+/// Small rings and layers with enough work: copies may or may not win, and every program is
+/// checked either way.
+#[test]
+fn copies_where_the_ring_is_not_larger_than_the_work() {
+    for (n, d, m, heads, scheme) in [
+        (2, 8, 16, 1, "separate"),
+        (4, 8, 16, 1, "shared"),
+        (8, 8, 16, 2, "causal"),
+        (16, 8, 8, 1, "shared"),
+        (3, 4, 4, 1, "separate"),
+    ] {
+        both(n, d, m, heads, scheme);
+    }
+}
