@@ -439,6 +439,7 @@ impl Verification {
                 }
             }
         }
+        self.check_copies(m, &shape, len);
         match shape.counting().necessary_as(m.normalisation) {
             None => self.fail(
                 Invariant::Manifest,
@@ -478,6 +479,37 @@ impl Verification {
             }
         }
         (self.sink.total() == before).then_some(shape)
+    }
+
+    /// Preload copies belong to inputs and name an element and a word in range (the manifest
+    /// reader's checks, repeated for manifests built in memory). Words shared with other input
+    /// words are the placement check's.
+    fn check_copies(&mut self, m: &Manifest, shape: &Shape, len: Option<usize>) {
+        for (name, p) in &m.outputs {
+            if !p.copies.is_empty() {
+                self.fail(
+                    Invariant::Manifest,
+                    format!("output `{name}` has preload copies; only inputs are preloaded"),
+                );
+            }
+        }
+        for (name, p) in &m.inputs {
+            for c in &p.copies {
+                let words = m.mem_words.get(c.pe as usize).copied();
+                let element = len.filter(|&n| c.index < n as u64);
+                if element.is_none() || c.pe >= m.pes || words.is_none_or(|w| c.addr >= w) {
+                    self.fail(
+                        Invariant::Manifest,
+                        format!(
+                            "tensor `{name}` has a copy of element {} at PE {}, m{}, outside the tensor, the ring or that PE's memory",
+                            element.map_or(format!("#{}", c.index), |_| element_name(shape, c.index as usize)),
+                            c.pe,
+                            c.addr
+                        ),
+                    );
+                }
+            }
+        }
     }
 
     fn run(&mut self, programs: &[Program], m: &Manifest, opts: &Options) {
@@ -527,8 +559,17 @@ impl Verification {
         self.check(Invariant::Placement);
         let mut inputs_at: FxMap<(u32, u32), String> = FxMap::default();
         for (name, p) in &m.inputs {
-            for (i, (&pe, &addr)) in p.pe.iter().zip(&p.addr).enumerate() {
-                let here = format!("{name}{}", element_name(&shape, i));
+            // Each element, then each copy of one: a copy is one more input word.
+            let copies = p
+                .copies
+                .iter()
+                .map(|c| (c.index as usize, c.pe, c.addr, " (copy)"));
+            let elements = p.pe.iter().zip(&p.addr).enumerate();
+            for (i, pe, addr, what) in elements
+                .map(|(i, (&pe, &addr))| (i, pe, addr, ""))
+                .chain(copies)
+            {
+                let here = format!("{name}{}{what}", element_name(&shape, i));
                 if let Some(prev) = inputs_at.get(&(pe, addr)) {
                     let msg = format!("inputs {prev} and {here} are both placed at m{addr}");
                     self.sink.report(Invariant::Placement, || Violation {
@@ -566,7 +607,13 @@ impl Verification {
             return;
         };
         for p in m.inputs.values() {
-            for (&pe, &addr) in p.pe.iter().zip(&p.addr) {
+            let copies = p.copies.iter().map(|c| (c.pe, c.addr));
+            for (pe, addr) in
+                p.pe.iter()
+                    .copied()
+                    .zip(p.addr.iter().copied())
+                    .chain(copies)
+            {
                 // In range: checked with the manifest above.
                 words[pe as usize][addr as usize].origin = Origin::Input;
             }
