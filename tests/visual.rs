@@ -170,7 +170,7 @@ fn every_manifest_validates_against_the_published_schema() {
     bad["surprise"] = Value::from(1);
     assert!(!v.is_valid(&bad), "unknown key accepted");
     let mut bad = good.clone();
-    bad["format_version"] = Value::from(3);
+    bad["format_version"] = Value::from(4);
     assert!(!v.is_valid(&bad), "another version accepted");
     let mut bad = good.clone();
     bad["programs"] = Value::from("coroutines");
@@ -181,6 +181,73 @@ fn every_manifest_validates_against_the_published_schema() {
     let mut bad = good;
     bad["inputs"]["q"]["pe"][0] = Value::from(-1);
     assert!(!v.is_valid(&bad), "negative PE accepted");
+}
+
+/// Preload copies: typed, closed, on inputs only, and only in version 3 (any manifest attnc
+/// writes with copies must validate, and nothing looser).
+#[test]
+fn preload_copies_validate_against_the_published_schema() {
+    let v = schema();
+    let c = common::compile_src(
+        &common::layer_src(4, 4, 1, false, false),
+        2,
+        Default::default(),
+    );
+    let plain: Value = serde_json::from_str(&c.manifest.to_json().unwrap()).unwrap();
+    // A copy the reader accepts: q's element 0 also in a word past PE 1's memory so far.
+    let mut m = c.manifest.clone();
+    m.format_version = runtime::manifest::COPIES_FORMAT_VERSION;
+    m.mem_words[1] += 1;
+    m.inputs.get_mut("q").unwrap().copies = vec![runtime::manifest::PreloadCopy {
+        index: 0,
+        pe: 1,
+        addr: m.mem_words[1] - 1,
+    }];
+    let json = m.to_json().unwrap();
+    runtime::manifest::Manifest::from_json(&json).unwrap();
+    let good: Value = serde_json::from_str(&json).unwrap();
+    assert_valid(&v, &good, "a manifest with a copy");
+    // Version 3 without copies is valid too (the reader takes it).
+    let mut v3 = plain.clone();
+    v3["format_version"] = Value::from(3);
+    assert_valid(&v, &v3, "version 3 without copies");
+
+    let refused = |edit: &dyn Fn(&mut Value), what: &str| {
+        let mut bad = good.clone();
+        edit(&mut bad);
+        assert!(!v.is_valid(&bad), "{what} accepted");
+    };
+    for version in [1, 2] {
+        refused(
+            &|m| m["format_version"] = Value::from(version),
+            "a copy in an older version",
+        );
+    }
+    refused(
+        &|m| m["inputs"]["q"]["copies"][0]["surprise"] = Value::from(1),
+        "an unknown key in a copy",
+    );
+    refused(
+        &|m| {
+            m["inputs"]["q"]["copies"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("pe");
+        },
+        "a copy without its PE",
+    );
+    refused(
+        &|m| m["inputs"]["q"]["copies"][0]["index"] = Value::from(-1),
+        "a negative index",
+    );
+    refused(
+        &|m| m["inputs"]["q"]["copies"][0]["addr"] = Value::from("m3"),
+        "an address that is not a number",
+    );
+    refused(
+        &|m| m["outputs"]["y"]["copies"] = m["inputs"]["q"]["copies"].clone(),
+        "copies on an output",
+    );
 }
 
 /// An exp that is off by up to `ulps` units in the last place, pseudo-randomly per call, as a
