@@ -25,10 +25,12 @@
 //! * `manifest` — the layer fields are supported (`qkv` shared/separate, `mask` causal/none,
 //!   non-zero sizes), inputs are exactly `x` (shared) or `q`, `k`, `v` (separate), the only
 //!   output is `y`, every placement has `heads·tokens·dim` entries inside the ring and memories,
-//!   and `necessary_ops` and `lower_bound` equal the counts of docs/scheduling.md.
+//!   preload copies (manifest format 3) are on inputs only and name an element and a word in
+//!   range, and `necessary_ops` and `lower_bound` equal the counts of docs/scheduling.md.
 //! * `setup` — the programs are the ones the manifest describes ([`runtime::exec::check_programs`]:
 //!   PE numbering, `mem_words`, `cycles` = longest program).
-//! * `placement` — no two input elements share a word; no two output elements share a word; every
+//! * `placement` — no two input words (elements or their preload copies, which hold the same
+//!   symbolic input as their element) share a word; no two output elements share a word; every
 //!   output word was last written by the programs (not left holding a preload, not unwritten).
 //! * `fault` — the machine runs to the end: no read of a never-written word, no address outside a
 //!   PE's declared memory (memory use within the declared size), no write conflict, no slot misuse.
