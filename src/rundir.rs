@@ -266,7 +266,11 @@ pub fn check_manifest(m: &Manifest) -> Result<(), String> {
     }
     // Every memory word a program uses is preloaded or written by a bundle (at most one op
     // result, one accumulator result and one incoming transfer per cycle).
-    let preloaded: u64 = m.inputs.values().map(|p| p.len() as u64).sum();
+    let preloaded: u64 = m
+        .inputs
+        .values()
+        .map(|p| p.len() as u64 + p.copies.len() as u64)
+        .sum();
     let words: u64 = m.mem_words.iter().map(|&w| u64::from(w)).sum();
     if words > MAX_RUN_WORDS {
         return Err(format!(

@@ -295,10 +295,10 @@ fn damaged_manifest() {
         std::fs::write(&path, &good[..good.len() / 2]).unwrap();
         assert_clean_failure(&attnc(&["run", s(&out)]), "manifest.json");
         let future = good
-            .replace("\"format_version\": 1", "\"format_version\": 3")
-            .replace("\"format_version\": 2", "\"format_version\": 3");
+            .replace("\"format_version\": 1", "\"format_version\": 4")
+            .replace("\"format_version\": 2", "\"format_version\": 4");
         std::fs::write(&path, future).unwrap();
-        assert_clean_failure(&attnc(&["run", s(&out)]), "version 3 is not supported");
+        assert_clean_failure(&attnc(&["run", s(&out)]), "version 4 is not supported");
         std::fs::write(&path, good.replace("\"cycles\": ", "\"cycles\": 1")).unwrap();
         assert_clean_failure(&attnc(&["run", s(&out)]), "cycles");
         std::fs::write(&path, "\u{0}\u{1}garbage").unwrap();

@@ -187,3 +187,111 @@ fn a_stated_bound_must_be_the_layers() {
     m3.bound = None;
     assert!(verify(p, &m3).is_ok());
 }
+
+/// Programs of [`base`] moved to read one input element from a preload copy at a word of its
+/// own instead of from its placement, with the manifest that lists the copy. The element is
+/// one its PE reads more than once, so its placement is still read. Returns the copy too.
+fn reading_a_copy() -> (
+    Vec<isa::Program>,
+    compiler::manifest::Manifest,
+    compiler::manifest::PreloadCopy,
+) {
+    let c = base();
+    let (mut p, mut m) = (c.programs.clone(), c.manifest.clone());
+    let q = &m.inputs["q"];
+    let element = |pe: u32, a: u32| (0..q.len()).find(|&i| q.locate(m.pes, i) == (pe, a));
+    let reads = |pe: usize, a: u32| -> usize {
+        p[pe]
+            .bundles
+            .iter()
+            .map(|b| match b.op {
+                isa::Op::Arith(x) => x.reads().filter(|&r| r == a).count(),
+                isa::Op::Nop => 0,
+            })
+            .sum()
+    };
+    let (pe, cycle, index) = (0..p.len())
+        .flat_map(|pe| (0..p[pe].bundles.len()).map(move |t| (pe, t)))
+        .find_map(|(pe, t)| {
+            let isa::Op::Arith(x) = p[pe].bundles[t].op else {
+                return None;
+            };
+            let i = element(pe as u32, x.a)?;
+            (reads(pe, x.a) > 1).then_some((pe, t, i))
+        })
+        .expect("a q element read twice on one PE");
+    let copy = compiler::manifest::PreloadCopy {
+        index: index as u64,
+        pe: pe as u32,
+        addr: p[pe].mem_words,
+    };
+    p[pe].mem_words += 1;
+    m.mem_words[pe] += 1;
+    m.format_version = compiler::manifest::COPIES_FORMAT_VERSION;
+    m.inputs.get_mut("q").unwrap().copies.push(copy);
+    if let isa::Op::Arith(x) = &mut p[pe].bundles[cycle].op {
+        x.a = copy.addr;
+    }
+    (p, m, copy)
+}
+
+#[test]
+fn a_program_reading_a_preload_copy_verifies_like_one_reading_the_element() {
+    let (p, m, _) = reading_a_copy();
+    let r = verify(&p, &m);
+    assert!(r.is_ok() && r.proved.is_some(), "{r}");
+    // The manifest as written and read back is the same one.
+    let back = compiler::manifest::Manifest::from_json(&m.to_json().unwrap()).unwrap();
+    assert!(verify(&p, &back).is_ok());
+    // Without the copy the word is read before anything wrote it.
+    let mut bare = m.clone();
+    bare.inputs.get_mut("q").unwrap().copies.clear();
+    rejected_for(&p, &bare, Invariant::Fault);
+}
+
+#[test]
+fn a_preload_copy_on_another_input_word_or_out_of_range_is_refused() {
+    let (p, m, copy) = reading_a_copy();
+    // Onto another input's word on that PE: the programs' reads are as before, only the copy's
+    // word clashes.
+    let (kp, ka) = m.inputs["k"]
+        .pe
+        .iter()
+        .zip(&m.inputs["k"].addr)
+        .find(|(&pe, _)| pe == copy.pe)
+        .map(|(&pe, &a)| (pe, a))
+        .expect("a k element on the copy's PE");
+    let mut clash = m.clone();
+    clash.inputs.get_mut("q").unwrap().copies[0].addr = ka;
+    let r = verify(&p, &clash);
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| v.invariant == Invariant::Placement
+                && v.pe == Some(kp)
+                && v.message.contains("(copy)")),
+        "no placement violation naming the copy:\n{r}"
+    );
+    // An element past the tensor, a PE past the ring.
+    let mut far = m.clone();
+    far.inputs.get_mut("q").unwrap().copies[0].index = 1 << 40;
+    rejected_for(&p, &far, Invariant::Manifest);
+    let mut far = m.clone();
+    far.inputs.get_mut("q").unwrap().copies[0].pe = m.pes;
+    rejected_for(&p, &far, Invariant::Manifest);
+    // A copy nobody reads is a preloaded input word left unused.
+    let (mut p2, mut unread) = (p.clone(), m.clone());
+    let pe = copy.pe as usize;
+    let spare = compiler::manifest::PreloadCopy {
+        addr: p2[pe].mem_words,
+        ..copy
+    };
+    p2[pe].mem_words += 1;
+    unread.mem_words[pe] += 1;
+    unread.inputs.get_mut("q").unwrap().copies.push(spare);
+    rejected_for(&p2, &unread, Invariant::UnusedInput);
+    // Copies on the output.
+    let mut out = m.clone();
+    out.outputs.get_mut("y").unwrap().copies.push(copy);
+    rejected_for(&p, &out, Invariant::Manifest);
+}

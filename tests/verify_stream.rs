@@ -2121,3 +2121,42 @@ fn whole_rows_split_by_columns_with_a_word_taken_out_are_rejected() {
         );
     }
 }
+
+/// The proofs without unrolling know input words from the layouts' closed forms only: with a
+/// preload copy added (in a word of its own, read by nobody) they decline rather than prove,
+/// and the checks leave the placement undecided, for uniform and causal rings alike.
+#[test]
+fn preload_copies_are_left_to_the_flattened_proof() {
+    for causal in [false, true] {
+        let p = problem(8, 2, 1, false, causal, true);
+        let st = schedule_stream::run_with(&p, 2, true, Lag::Off).unwrap();
+        let man = stream_manifest(&p, 2, &st);
+        let opts = Options::default();
+        assert!(
+            verifier::compact::prove_loops(&st.programs, &man, &opts).proved(),
+            "causal={causal}: not proved without the copy"
+        );
+        // One more word on every PE, so that every PE still runs one program.
+        let (mut loops, mut with) = (st.programs.clone(), man.clone());
+        let word = loops[1].mem_words;
+        for (l, w) in loops.iter_mut().zip(&mut with.mem_words) {
+            l.mem_words += 1;
+            *w += 1;
+        }
+        with.format_version = runtime::manifest::COPIES_FORMAT_VERSION;
+        with.inputs.get_mut("k").unwrap().copies = vec![runtime::manifest::PreloadCopy {
+            index: 3,
+            pe: 1,
+            addr: word,
+        }];
+        Manifest::from_json(&with.to_json().unwrap()).unwrap();
+        let c = verifier::compact::check_loops(&loops, &with, &opts);
+        assert!(
+            c.undecided.iter().any(|u| u.contains("preload copies")),
+            "causal={causal}: {c}"
+        );
+        assert!(!verifier::compact::prove_loops(&loops, &with, &opts).proved());
+        assert!(verifier::compact::prove::applies(&loops, &with).is_err());
+        assert!(verifier::compact::ring::applies(&loops, &with).is_err());
+    }
+}

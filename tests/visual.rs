@@ -170,7 +170,7 @@ fn every_manifest_validates_against_the_published_schema() {
     bad["surprise"] = Value::from(1);
     assert!(!v.is_valid(&bad), "unknown key accepted");
     let mut bad = good.clone();
-    bad["format_version"] = Value::from(3);
+    bad["format_version"] = Value::from(4);
     assert!(!v.is_valid(&bad), "another version accepted");
     let mut bad = good.clone();
     bad["programs"] = Value::from("coroutines");
@@ -181,6 +181,125 @@ fn every_manifest_validates_against_the_published_schema() {
     let mut bad = good;
     bad["inputs"]["q"]["pe"][0] = Value::from(-1);
     assert!(!v.is_valid(&bad), "negative PE accepted");
+}
+
+/// Preload copies: typed, closed, on inputs only, and only in version 3 (any manifest attnc
+/// writes with copies must validate, and nothing looser).
+#[test]
+fn preload_copies_validate_against_the_published_schema() {
+    let v = schema();
+    let c = common::compile_src(
+        &common::layer_src(4, 4, 1, false, false),
+        2,
+        Default::default(),
+    );
+    let plain: Value = serde_json::from_str(&c.manifest.to_json().unwrap()).unwrap();
+    // A copy the reader accepts: q's element 0 also in a word past PE 1's memory so far.
+    let mut m = c.manifest.clone();
+    m.format_version = runtime::manifest::COPIES_FORMAT_VERSION;
+    m.mem_words[1] += 1;
+    m.inputs.get_mut("q").unwrap().copies = vec![runtime::manifest::PreloadCopy {
+        index: 0,
+        pe: 1,
+        addr: m.mem_words[1] - 1,
+    }];
+    let json = m.to_json().unwrap();
+    runtime::manifest::Manifest::from_json(&json).unwrap();
+    let good: Value = serde_json::from_str(&json).unwrap();
+    assert_valid(&v, &good, "a manifest with a copy");
+    // Version 3 without copies is valid too (the reader takes it).
+    let mut v3 = plain.clone();
+    v3["format_version"] = Value::from(3);
+    assert_valid(&v, &v3, "version 3 without copies");
+
+    let refused = |edit: &dyn Fn(&mut Value), what: &str| {
+        let mut bad = good.clone();
+        edit(&mut bad);
+        assert!(!v.is_valid(&bad), "{what} accepted");
+    };
+    for version in [1, 2] {
+        refused(
+            &|m| m["format_version"] = Value::from(version),
+            "a copy in an older version",
+        );
+    }
+    refused(
+        &|m| m["inputs"]["q"]["copies"][0]["surprise"] = Value::from(1),
+        "an unknown key in a copy",
+    );
+    refused(
+        &|m| {
+            m["inputs"]["q"]["copies"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("pe");
+        },
+        "a copy without its PE",
+    );
+    refused(
+        &|m| m["inputs"]["q"]["copies"][0]["index"] = Value::from(-1),
+        "a negative index",
+    );
+    refused(
+        &|m| m["inputs"]["q"]["copies"][0]["addr"] = Value::from("m3"),
+        "an address that is not a number",
+    );
+    refused(
+        &|m| m["outputs"]["y"]["copies"] = m["inputs"]["q"]["copies"].clone(),
+        "copies on an output",
+    );
+}
+
+/// `inspect` lists an input's preload copies in the memory map of the PE that holds them, under
+/// the input's name; `run` loads them; `verify` sees them as input words (this one is read by
+/// no program, so it is an unused input).
+#[test]
+fn inspect_run_and_verify_see_preload_copies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("l.attn");
+    std::fs::write(&file, common::layer_src(4, 4, 1, false, false)).unwrap();
+    let dir = tmp.path().join("out");
+    ok(&[s(&file), "--pes", "2", "--flat", "-o", s(&dir)]);
+    let q_on = |m: &Value, pe: u64| -> u64 {
+        let q = &m["inputs"]["q"]["pe"];
+        q.as_array().unwrap().iter().filter(|&p| p == pe).count() as u64
+    };
+    // q's element 5 also at one more word of PE 1, named in the manifest and the program.
+    let mut m = read_json(&dir.join("manifest.json"));
+    let word = m["mem_words"][1].as_u64().unwrap();
+    m["format_version"] = Value::from(3);
+    m["mem_words"][1] = Value::from(word + 1);
+    m["inputs"]["q"]["copies"] = serde_json::json!([{ "index": 5, "pe": 1, "addr": word }]);
+    std::fs::write(dir.join("manifest.json"), m.to_string()).unwrap();
+    for pe in 0..2 {
+        std::fs::remove_file(dir.join(format!("pe{pe}.bin"))).unwrap();
+    }
+    let text = std::fs::read_to_string(dir.join("pe1.s")).unwrap();
+    let mem = format!(".mem {word}\n");
+    assert!(text.contains(&mem), "{text}");
+    let text = text.replace(&mem, &format!(".mem {}\n", word + 1));
+    std::fs::write(dir.join("pe1.s"), text).unwrap();
+
+    let report: Value =
+        serde_json::from_slice(&ok(&["inspect", s(&dir), "--json"]).stdout).unwrap();
+    for pe in 0..2u64 {
+        let runs = report["per_pe"][pe as usize]["memory"]["q"]
+            .as_array()
+            .unwrap();
+        let words: u64 = runs
+            .iter()
+            .map(|r| r[1].as_u64().unwrap() - r[0].as_u64().unwrap() + 1)
+            .sum();
+        assert_eq!(words, q_on(&m, pe) + pe, "PE {pe}: {runs:?}");
+        let has = runs
+            .iter()
+            .any(|r| r[0].as_u64().unwrap() <= word && word <= r[1].as_u64().unwrap());
+        assert_eq!(has, pe == 1, "PE {pe}: {runs:?}");
+    }
+    ok(&["run", s(&dir)]);
+    let o = attnc(&["verify", s(&dir)]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success() && out.contains("unused-input"), "{out}");
 }
 
 /// An exp that is off by up to `ulps` units in the last place, pseudo-randomly per call, as a

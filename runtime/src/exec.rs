@@ -191,8 +191,17 @@ fn preload_all<V: Clone>(
                 placement.len()
             )));
         }
-        for (i, v) in values.iter().enumerate() {
-            let (pe, addr) = placement.locate(manifest.pes, i);
+        // Every element at its placement, then every copy of one (the same value again).
+        for (i, pe, addr) in placement.preloads(manifest.pes) {
+            let v = usize::try_from(i)
+                .ok()
+                .and_then(|i| values.get(i))
+                .ok_or_else(|| {
+                    ExecError::Input(format!(
+                        "input `{name}` has a preload copy of element {i}, past its {} elements",
+                        values.len()
+                    ))
+                })?;
             preload(pe, addr, v.clone()).map_err(|error| ExecError::Preload {
                 tensor: name.clone(),
                 error,
@@ -339,4 +348,92 @@ pub fn max_abs_err(got: &[f32], want: &[f64]) -> f64 {
             0.0,
             |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) },
         )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use isa::{Bundle, F32Domain, NoObserver, Op};
+
+    /// Two PEs, one element `x` at (PE 0, m0) and, with `copy`, also at (PE 1, m0); `y` at
+    /// (PE 1, m1). Read as a file is read, so the manifest is checked too.
+    fn manifest(copy: bool) -> Manifest {
+        let copies = if copy {
+            serde_json::json!([{ "index": 0, "pe": 1, "addr": 0 }])
+        } else {
+            serde_json::json!([])
+        };
+        let json = serde_json::json!({
+            "format": crate::manifest::FORMAT,
+            "format_version": crate::manifest::COPIES_FORMAT_VERSION,
+            "layer": { "name": "l", "tokens": 1, "dim": 1, "heads": 1, "qkv": "shared",
+                       "mask": "none", "scale": 1.0 },
+            "pes": 2, "cycles": 1, "lower_bound": 2, "schedule": "s",
+            "selection": { "chosen": "s", "reason": "r", "candidates": [] },
+            "necessary_ops": 4,
+            "ops": { "phase1_mac": 1, "phase2_exp": 1, "phase2_div": 1, "phase3_mac": 1 },
+            "mem_words": [2, 2],
+            "files": [ { "pe": 0, "text": "pe0.s", "binary": "pe0.bin" },
+                       { "pe": 1, "text": "pe1.s", "binary": "pe1.bin" } ],
+            "inputs": { "x": { "shape": [1, 1, 1], "pe": [0], "addr": [0], "copies": copies } },
+            "outputs": { "y": { "shape": [1, 1, 1], "pe": [1], "addr": [1] } },
+        });
+        Manifest::from_json(&json.to_string()).unwrap()
+    }
+
+    /// PE 1 squares its m0 into m1; PE 0 does nothing.
+    fn programs() -> Vec<Program> {
+        (0..2)
+            .map(|pe| Program {
+                pe,
+                pes: 2,
+                mem_words: 2,
+                bundles: vec![Bundle {
+                    op: if pe == 1 {
+                        Op::mul(0, 0, Some(1))
+                    } else {
+                        Op::Nop
+                    },
+                    ..Bundle::NOP
+                }],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn copies_are_preloaded_with_their_element() {
+        let inputs: BTreeMap<String, Vec<f32>> = [("x".to_string(), vec![3.0])].into();
+        let out = execute(
+            F32Domain,
+            programs(),
+            &manifest(true),
+            &inputs,
+            &mut NoObserver,
+        )
+        .unwrap();
+        assert_eq!(out.outputs["y"], vec![9.0]);
+        // Without the copy PE 1 reads a word nothing wrote.
+        let e = execute(
+            F32Domain,
+            programs(),
+            &manifest(false),
+            &inputs,
+            &mut NoObserver,
+        )
+        .err()
+        .unwrap();
+        assert!(matches!(e, ExecError::Fault(_)), "{e}");
+    }
+
+    #[test]
+    fn a_copy_of_an_element_the_input_lacks_is_an_error_not_a_panic() {
+        // Built in memory, past the reader's checks.
+        let mut m = manifest(true);
+        m.inputs.get_mut("x").unwrap().copies[0].index = 5;
+        let inputs: BTreeMap<String, Vec<f32>> = [("x".to_string(), vec![3.0])].into();
+        let e = execute(F32Domain, programs(), &m, &inputs, &mut NoObserver)
+            .err()
+            .unwrap();
+        assert!(matches!(e, ExecError::Input(_)), "{e}");
+    }
 }

@@ -1,15 +1,16 @@
 //! `manifest.json`: what a larger toolchain needs to load and run the emitted programs.
 //!
-//! Versioned: [`FORMAT_VERSION`] (one placement entry per element) or [`LAYOUT_FORMAT_VERSION`]
-//! (placements may be affine [`Layout`]s, programs may be loop programs); a manifest is written
-//! at the lowest version that expresses it and readers refuse other versions. Placement arrays
-//! are flat in C order over `shape`, so element `[h][i][c]` of a tensor is at index
-//! `(h·tokens + i)·dim + c`.
+//! Versioned: [`FORMAT_VERSION`] (one placement entry per element), [`LAYOUT_FORMAT_VERSION`]
+//! (placements may be affine [`Layout`]s, programs may be loop programs) or
+//! [`COPIES_FORMAT_VERSION`] (input elements may also be preloaded at further words, their
+//! [`PreloadCopy`]s); a manifest is written at the lowest version that expresses it and readers
+//! refuse other versions. Placement arrays are flat in C order over `shape`, so element
+//! `[h][i][c]` of a tensor is at index `(h·tokens + i)·dim + c`.
 
 use crate::bound::Bound;
 use crate::layer::Normalisation;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 pub const FORMAT: &str = "attnc-manifest";
 pub const FORMAT_VERSION: u32 = 1;
@@ -443,10 +444,35 @@ impl Placement {
         }
     }
 
-    /// The addresses PE `pe` holds elements at, as sorted inclusive runs `(first, last)`,
-    /// without listing the elements one by one where the placement is a layout.
+    /// Every word the tensor is preloaded at, as `(flat index, pe, addr)`: each element's
+    /// placement in C order, then every copy. Indices are as the manifest gives them (validation
+    /// bounds a copy's by `len()`).
+    pub fn preloads(&self, pes: u32) -> impl Iterator<Item = (u64, u32, u32)> + '_ {
+        (0..self.len())
+            .map(move |i| {
+                let (pe, addr) = self.locate(pes, i);
+                (i as u64, pe, addr)
+            })
+            .chain(self.copies.iter().map(|c| (c.index, c.pe, c.addr)))
+    }
+
+    /// The addresses PE `pe` holds elements (or copies of elements) at, as sorted inclusive runs
+    /// `(first, last)`, without listing the elements one by one where the placement is a layout.
     pub fn pe_ranges(&self, pes: u32, pe: u32) -> Vec<(u32, u32)> {
-        let runs: Vec<(u32, u32)> = match (&self.layout, self.shape.as_slice()) {
+        let mut runs = self.primary_runs(pes, pe);
+        runs.extend(
+            self.copies
+                .iter()
+                .filter(|c| c.pe == pe)
+                .map(|c| (c.addr, c.addr)),
+        );
+        merge_runs(runs)
+    }
+
+    /// The unmerged runs of addresses PE `pe` holds elements at by the arrays or the layout
+    /// (copies left out).
+    fn primary_runs(&self, pes: u32, pe: u32) -> Vec<(u32, u32)> {
+        match (&self.layout, self.shape.as_slice()) {
             (Some(l), &[heads, tokens, dim]) if dim > 0 => {
                 let owned = l.tokens_of(pes, pe, tokens as u32);
                 (0..heads as u64)
@@ -469,12 +495,11 @@ impl Placement {
                 .filter(|(&q, _)| q == pe)
                 .map(|(_, &a)| (a, a))
                 .collect(),
-        };
-        merge_runs(runs)
+        }
     }
 
-    /// The explicit form: one entry per element (for tools that need the arrays; bounded by
-    /// the caller, since a real layer's tensor has millions of elements).
+    /// The explicit form: one entry per element, copies kept (for tools that need the arrays;
+    /// bounded by the caller, since a real layer's tensor has millions of elements).
     pub fn expanded(&self, pes: u32) -> Placement {
         let (pe, addr) = (0..self.len()).map(|i| self.locate(pes, i)).unzip();
         Placement {
@@ -482,7 +507,7 @@ impl Placement {
             pe,
             addr,
             layout: None,
-            copies: Vec::new(),
+            copies: self.copies.clone(),
         }
     }
 }
@@ -532,10 +557,13 @@ impl Manifest {
             }
         }
         match raw.get("format_version").and_then(|v| v.as_u64()) {
-            Some(v) if v == u64::from(FORMAT_VERSION) || v == u64::from(LAYOUT_FORMAT_VERSION) => {}
+            Some(v)
+                if [FORMAT_VERSION, LAYOUT_FORMAT_VERSION, COPIES_FORMAT_VERSION]
+                    .iter()
+                    .any(|&k| v == u64::from(k)) => {}
             Some(v) => {
                 return Err(ManifestError(format!(
-                    "manifest format version {v} is not supported (this attnc reads versions {FORMAT_VERSION} and {LAYOUT_FORMAT_VERSION})"
+                    "manifest format version {v} is not supported (this attnc reads versions {FORMAT_VERSION}, {LAYOUT_FORMAT_VERSION} and {COPIES_FORMAT_VERSION})"
                 )))
             }
             None => return Err(ManifestError("missing \"format_version\"".into())),
@@ -657,6 +685,9 @@ impl Manifest {
                 }
             }
         }
+        if let Some(why) = self.copies_problem() {
+            return err(why);
+        }
         if !self.outputs.contains_key("y") {
             return err("no placement for output y".into());
         }
@@ -670,6 +701,100 @@ impl Manifest {
             }
         }
         Ok(())
+    }
+}
+
+/// Where a copy stands in messages: the tensor, the element and the copy's word.
+fn copy_text(name: &str, c: &PreloadCopy) -> String {
+    format!(
+        "tensor {name}: copy of element {} at (PE {}, m{})",
+        c.index, c.pe, c.addr
+    )
+}
+
+impl Manifest {
+    /// Why the preload copies cannot be loaded as they stand, if they cannot: they need
+    /// [`COPIES_FORMAT_VERSION`], belong to inputs only, name an element and a word in range,
+    /// and take words no other input word (an element or a copy, of any input) takes. Called
+    /// once every placement is known to be in range.
+    fn copies_problem(&self) -> Option<String> {
+        if let Some((name, _)) = self.outputs.iter().find(|(_, p)| !p.copies.is_empty()) {
+            return Some(format!(
+                "tensor {name}: preload copies are for inputs only, {name} is an output"
+            ));
+        }
+        let mut taken: HashMap<(u32, u32), (&str, u64)> = HashMap::new();
+        for (name, p) in &self.inputs {
+            if !p.copies.is_empty() && self.format_version < COPIES_FORMAT_VERSION {
+                return Some(format!(
+                    "tensor {name}: preload copies need format_version {COPIES_FORMAT_VERSION}"
+                ));
+            }
+            for c in &p.copies {
+                let at = copy_text(name, c);
+                let words = self.mem_words.get(c.pe as usize).copied().unwrap_or(0);
+                if c.index >= p.len() as u64 || c.pe >= self.pes || c.addr >= words {
+                    return Some(format!(
+                        "{at} out of range ({} elements, {} PEs, {words} words on that PE)",
+                        p.len(),
+                        self.pes
+                    ));
+                }
+                if p.locate(self.pes, c.index as usize) == (c.pe, c.addr) {
+                    return Some(format!("{at} is where the element itself is placed"));
+                }
+                if let Some((other, i)) = taken.insert((c.pe, c.addr), (name, c.index)) {
+                    return Some(format!(
+                        "{at} shares the word with a copy of tensor {other} element {i}"
+                    ));
+                }
+            }
+        }
+        self.copy_on_element(&taken)
+    }
+
+    /// The first copy (of `copies`, by word) that takes a word holding an element of an input.
+    /// Per-element placements are scanned once; a layout is asked only about the PEs that hold
+    /// copies, so a large layout is not listed element by element.
+    fn copy_on_element(&self, copies: &HashMap<(u32, u32), (&str, u64)>) -> Option<String> {
+        if copies.is_empty() {
+            return None;
+        }
+        let clash = |(pe, addr): (u32, u32), name: &str| {
+            copies.get(&(pe, addr)).map(|&(owner, index)| {
+                let c = PreloadCopy { index, pe, addr };
+                format!(
+                    "{} shares the word with an element of tensor {name}",
+                    copy_text(owner, &c)
+                )
+            })
+        };
+        let mut by_pe: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &(pe, addr) in copies.keys() {
+            by_pe.entry(pe).or_default().push(addr);
+        }
+        // Sorted, so that of several clashes the same one is reported every time.
+        by_pe.values_mut().for_each(|a| a.sort_unstable());
+        for (name, p) in &self.inputs {
+            if p.layout.is_none() {
+                let mut words = p.pe.iter().copied().zip(p.addr.iter().copied());
+                if let Some(why) = words.find_map(|w| clash(w, name)) {
+                    return Some(why);
+                }
+                continue;
+            }
+            for (&pe, addrs) in &by_pe {
+                let runs = merge_runs(p.primary_runs(self.pes, pe));
+                for &a in addrs {
+                    // The last run starting at or before `a` is the only one that can hold it.
+                    let k = runs.partition_point(|&(first, _)| first <= a);
+                    if k > 0 && runs[k - 1].1 >= a {
+                        return clash((pe, a), name);
+                    }
+                }
+            }
+        }
+        None
     }
 }
 
@@ -880,6 +1005,155 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Version 3, two words per PE on two PEs, `x` element 0 at (0, m0) with a copy at (1, m1).
+    fn with_copy() -> Manifest {
+        let mut m = manifest("plain", 0);
+        m.format_version = COPIES_FORMAT_VERSION;
+        m.pes = 2;
+        m.mem_words = vec![2, 2];
+        m.files = Files::List(
+            (0..2)
+                .map(|pe| PeFiles {
+                    pe,
+                    text: format!("pe{pe}.s"),
+                    binary: format!("pe{pe}.bin"),
+                })
+                .collect(),
+        );
+        m.outputs.get_mut("y").unwrap().addr = vec![1];
+        m.inputs.get_mut("x").unwrap().copies = vec![PreloadCopy {
+            index: 0,
+            pe: 1,
+            addr: 1,
+        }];
+        m
+    }
+
+    fn refused_with(m: &Manifest, why: &str) {
+        let e = Manifest::from_json(&m.to_json().unwrap()).unwrap_err();
+        assert!(e.0.contains(why), "expected {why:?}: {e}");
+    }
+
+    #[test]
+    fn copies_round_trip_at_version_3_and_are_absent_otherwise() {
+        let m = with_copy();
+        let json = m.to_json().unwrap();
+        assert!(json.contains("\"copies\""), "{json}");
+        assert!(json.contains("\"format_version\": 3"), "{json}");
+        assert_eq!(Manifest::from_json(&json).unwrap(), m);
+        // Without copies nothing new is written, so older readers see what they always saw.
+        let json = manifest("plain", 0).to_json().unwrap();
+        assert!(!json.contains("copies"), "{json}");
+        // Version 3 is read without copies too, and a later one is not read at all.
+        let mut v3 = manifest("plain", 0);
+        v3.format_version = COPIES_FORMAT_VERSION;
+        assert!(Manifest::from_json(&v3.to_json().unwrap()).is_ok());
+        v3.format_version = COPIES_FORMAT_VERSION + 1;
+        refused_with(&v3, "is not supported");
+    }
+
+    #[test]
+    fn copies_need_version_3() {
+        for v in [FORMAT_VERSION, LAYOUT_FORMAT_VERSION] {
+            let mut m = with_copy();
+            m.format_version = v;
+            refused_with(&m, "preload copies need format_version 3");
+        }
+    }
+
+    #[test]
+    fn copies_out_of_range_are_refused() {
+        let edits: [(fn(&mut PreloadCopy), &str); 3] = [
+            (|c| c.index = 1, "element 1"),
+            (|c| c.pe = 2, "(PE 2, m1)"),
+            (|c| c.addr = 2, "(PE 1, m2)"),
+        ];
+        for (edit, what) in edits {
+            let mut m = with_copy();
+            edit(&mut m.inputs.get_mut("x").unwrap().copies[0]);
+            let e = Manifest::from_json(&m.to_json().unwrap()).unwrap_err();
+            assert!(e.0.contains("out of range") && e.0.contains(what), "{e}");
+        }
+    }
+
+    #[test]
+    fn copies_on_an_output_are_refused() {
+        let mut m = with_copy();
+        m.outputs.get_mut("y").unwrap().copies = vec![PreloadCopy {
+            index: 0,
+            pe: 1,
+            addr: 0,
+        }];
+        refused_with(&m, "for inputs only");
+    }
+
+    #[test]
+    fn a_copy_may_not_share_a_word_with_another_input_word() {
+        let copy = |pe, addr| PreloadCopy { index: 0, pe, addr };
+        // On its own element's placement.
+        let mut m = with_copy();
+        m.inputs.get_mut("x").unwrap().copies = vec![copy(0, 0)];
+        refused_with(&m, "where the element itself is placed");
+        // On another copy, of the same tensor or of another one.
+        let mut m = with_copy();
+        m.inputs.get_mut("x").unwrap().copies.push(copy(1, 1));
+        refused_with(&m, "shares the word with a copy of tensor x element 0");
+        let mut m = with_copy();
+        let mut k = m.inputs["x"].clone();
+        k.addr = vec![1];
+        m.inputs.insert("k".into(), k);
+        refused_with(&m, "shares the word with a copy of tensor");
+        // On another tensor's element, placed element by element or by a layout.
+        let mut m = with_copy();
+        let mut k = m.inputs["x"].clone();
+        (k.pe, k.addr, k.copies) = (vec![1], vec![1], Vec::new());
+        m.inputs.insert("k".into(), k);
+        refused_with(
+            &m,
+            "copy of element 0 at (PE 1, m1) shares the word with an element of tensor k",
+        );
+        // A layout is asked about the copies' PEs only: its one element is on PE 0 at `base`.
+        let mut m = with_copy();
+        m.mem_words = vec![3, 3];
+        m.inputs.get_mut("x").unwrap().copies = vec![copy(0, 1)];
+        (
+            m.outputs.get_mut("y").unwrap().pe,
+            m.outputs.get_mut("y").unwrap().addr,
+        ) = (vec![1], vec![0]);
+        let layout = |base| Layout {
+            order: RowOrder::Contiguous,
+            rows_per_pe: 1,
+            base,
+            head_stride: 0,
+            row_stride: 1,
+        };
+        let k = |base| Placement {
+            shape: vec![1, 1, 1],
+            pe: Vec::new(),
+            addr: Vec::new(),
+            layout: Some(layout(base)),
+            copies: Vec::new(),
+        };
+        m.inputs.insert("k".into(), k(2));
+        assert!(Manifest::from_json(&m.to_json().unwrap()).is_ok());
+        m.inputs.insert("k".into(), k(1));
+        refused_with(
+            &m,
+            "copy of element 0 at (PE 0, m1) shares the word with an element of tensor k",
+        );
+    }
+
+    #[test]
+    fn copies_are_listed_with_their_pe_and_kept_when_expanded() {
+        let m = with_copy();
+        let x = &m.inputs["x"];
+        assert_eq!(x.pe_ranges(2, 0), vec![(0, 0)]);
+        assert_eq!(x.pe_ranges(2, 1), vec![(1, 1)]);
+        assert_eq!(x.expanded(2).copies, x.copies);
+        let words: Vec<(u64, u32, u32)> = x.preloads(2).collect();
+        assert_eq!(words, vec![(0, 0, 0), (0, 1, 1)]);
     }
 
     #[test]

@@ -70,11 +70,15 @@ fn memory_map(
     let placed = |tensors: &BTreeMap<String, compiler::manifest::Placement>,
                   map: &mut Vec<(String, Vec<(u32, u32)>)>| {
         for (name, p) in tensors {
+            // An input's preload copies are words of that input too.
+            let copies = p.copies.iter().map(|c| (c.pe, c.addr));
             let addrs =
                 p.pe.iter()
-                    .zip(&p.addr)
-                    .filter(|(&q, _)| q == pe)
-                    .map(|(_, &a)| a);
+                    .copied()
+                    .zip(p.addr.iter().copied())
+                    .chain(copies)
+                    .filter(|&(q, _)| q == pe)
+                    .map(|(_, a)| a);
             let r = ranges(addrs);
             if !r.is_empty() {
                 map.push((name.clone(), r));

@@ -25,10 +25,12 @@
 //! * `manifest` — the layer fields are supported (`qkv` shared/separate, `mask` causal/none,
 //!   non-zero sizes), inputs are exactly `x` (shared) or `q`, `k`, `v` (separate), the only
 //!   output is `y`, every placement has `heads·tokens·dim` entries inside the ring and memories,
-//!   and `necessary_ops` and `lower_bound` equal the counts of docs/scheduling.md.
+//!   preload copies (manifest format 3) are on inputs only and name an element and a word in
+//!   range, and `necessary_ops` and `lower_bound` equal the counts of docs/scheduling.md.
 //! * `setup` — the programs are the ones the manifest describes ([`runtime::exec::check_programs`]:
 //!   PE numbering, `mem_words`, `cycles` = longest program).
-//! * `placement` — no two input elements share a word; no two output elements share a word; every
+//! * `placement` — no two input words (elements or their preload copies, which hold the same
+//!   symbolic input as their element) share a word; no two output elements share a word; every
 //!   output word was last written by the programs (not left holding a preload, not unwritten).
 //! * `fault` — the machine runs to the end: no read of a never-written word, no address outside a
 //!   PE's declared memory (memory use within the declared size), no write conflict, no slot misuse.
@@ -439,6 +441,7 @@ impl Verification {
                 }
             }
         }
+        self.check_copies(m, &shape, len);
         match shape.counting().necessary_as(m.normalisation) {
             None => self.fail(
                 Invariant::Manifest,
@@ -478,6 +481,37 @@ impl Verification {
             }
         }
         (self.sink.total() == before).then_some(shape)
+    }
+
+    /// Preload copies belong to inputs and name an element and a word in range (the manifest
+    /// reader's checks, repeated for manifests built in memory). Words shared with other input
+    /// words are the placement check's.
+    fn check_copies(&mut self, m: &Manifest, shape: &Shape, len: Option<usize>) {
+        for (name, p) in &m.outputs {
+            if !p.copies.is_empty() {
+                self.fail(
+                    Invariant::Manifest,
+                    format!("output `{name}` has preload copies; only inputs are preloaded"),
+                );
+            }
+        }
+        for (name, p) in &m.inputs {
+            for c in &p.copies {
+                let words = m.mem_words.get(c.pe as usize).copied();
+                let element = len.filter(|&n| c.index < n as u64);
+                if element.is_none() || c.pe >= m.pes || words.is_none_or(|w| c.addr >= w) {
+                    self.fail(
+                        Invariant::Manifest,
+                        format!(
+                            "tensor `{name}` has a copy of element {} at PE {}, m{}, outside the tensor, the ring or that PE's memory",
+                            element.map_or(format!("#{}", c.index), |_| element_name(shape, c.index as usize)),
+                            c.pe,
+                            c.addr
+                        ),
+                    );
+                }
+            }
+        }
     }
 
     fn run(&mut self, programs: &[Program], m: &Manifest, opts: &Options) {
@@ -537,8 +571,17 @@ impl Verification {
         self.check(Invariant::Placement);
         let mut inputs_at: FxMap<(u32, u32), String> = FxMap::default();
         for (name, p) in &m.inputs {
-            for (i, (&pe, &addr)) in p.pe.iter().zip(&p.addr).enumerate() {
-                let here = format!("{name}{}", element_name(&shape, i));
+            // Each element, then each copy of one: a copy is one more input word.
+            let copies = p
+                .copies
+                .iter()
+                .map(|c| (c.index as usize, c.pe, c.addr, " (copy)"));
+            let elements = p.pe.iter().zip(&p.addr).enumerate();
+            for (i, pe, addr, what) in elements
+                .map(|(i, (&pe, &addr))| (i, pe, addr, ""))
+                .chain(copies)
+            {
+                let here = format!("{name}{}{what}", element_name(&shape, i));
                 if let Some(prev) = inputs_at.get(&(pe, addr)) {
                     let msg = format!("inputs {prev} and {here} are both placed at m{addr}");
                     self.sink.report(Invariant::Placement, || Violation {
@@ -576,7 +619,13 @@ impl Verification {
             return;
         };
         for p in m.inputs.values() {
-            for (&pe, &addr) in p.pe.iter().zip(&p.addr) {
+            let copies = p.copies.iter().map(|c| (c.pe, c.addr));
+            for (pe, addr) in
+                p.pe.iter()
+                    .copied()
+                    .zip(p.addr.iter().copied())
+                    .chain(copies)
+            {
                 // In range: checked with the manifest above.
                 words[pe as usize][addr as usize].origin = Origin::Input;
             }

@@ -2056,6 +2056,9 @@ pub fn applies(programs: &[LoopProgram], m: &Manifest) -> Result<(), String> {
         let Some(layout) = &p.layout else {
             return Err(format!("`{name}` is placed element by element"));
         };
+        if !p.copies.is_empty() {
+            return Err(format!("`{name}` has preload copies"));
+        }
         if layout.order != RowOrder::Contiguous
             || u64::from(layout.rows_per_pe) * u64::from(m.pes) != u64::from(l.tokens)
         {

@@ -384,6 +384,9 @@ pub fn applies(programs: &[LoopProgram], m: &Manifest) -> Result<(), String> {
         if p.layout.is_none() {
             return Err(format!("`{name}` is placed element by element"));
         }
+        if !p.copies.is_empty() {
+            return Err(format!("`{name}` has preload copies"));
+        }
     }
     Ok(())
 }
