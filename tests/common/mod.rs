@@ -150,7 +150,9 @@ fn check_rerolled(
             .collect()
     };
     let mut m = manifest.clone();
-    m.format_version = m.format_version.max(compiler::manifest::LAYOUT_FORMAT_VERSION);
+    m.format_version = m
+        .format_version
+        .max(compiler::manifest::LAYOUT_FORMAT_VERSION);
     m.programs = compiler::manifest::ProgramKind::Loops;
     let m = compiler::manifest::Manifest::from_json(&m.to_json().unwrap())
         .expect("a manifest of rerolled programs validates");

@@ -72,9 +72,6 @@ const TUCK_MAX_TOKENS: u32 = 4;
 
 /// Multiples of a winning lane's softmax count that [`pairs_by_smaller_row`] tries.
 const SMALLER_ROW_SOFT: [u32; 4] = [1, 2, 4, 8];
-/// Lanes with preload copies ([`copied_lanes`]) are tried on rings of this many PEs or more:
-/// on 16 PEs they shortened 4 of the 96 small-table shapes with `d ≤ 64`, by 1 to 6 cycles.
-const COPIES_MIN_PES: u32 = 16;
 /// Lane shapes run per row-group count with preload copies (the estimate's best).
 const COPIED_LANES: usize = 3;
 /// Most softmax PEs per lane with preload copies.
@@ -206,7 +203,7 @@ impl Scheduler for Cols {
             keep_shorter(p, pes, &mut best, smaller, Run::Below);
         }
         // Lanes of row groups, each holding its own copies of the inputs it reads.
-        keep_shorter(p, pes, &mut best, copied_lanes(p, pes), Run::Plain);
+        keep_shorter(p, pes, &mut best, copied_lanes(p, pes), Run::Below);
         let mut s = best.0;
         s.algorithm = NAME;
         Ok(s)
@@ -215,13 +212,13 @@ impl Scheduler for Cols {
 
 /// Lanes of 1, 2, 4, … row groups per head (as far as the tokens and three PEs per lane allow),
 /// every PE holding its own preload copy of each input word it reads (`Apart::copies`), where
-/// the layer allows copies and the ring has [`COPIES_MIN_PES`] PEs or more: no input word then
+/// the layer allows copies and the ring has [`schedule_split::COPIES_MIN_PES`] PEs or more: no input word then
 /// crosses a link, so the k and v rows need not stream from lane to lane and, with
 /// q = k = v, the x words need not cross from the q/k PEs to the v PEs. Each row group's lane
 /// shapes are ranked by the busiest part's work (no link term: only scores and weights move)
 /// plus a row's chains and hops, and the [`COPIED_LANES`] best are run ([`LARGE_OPS`]: one).
 pub(crate) fn copied_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
-    if !p.copies || pes < COPIES_MIN_PES {
+    if !p.copies || pes < schedule_split::COPIES_MIN_PES {
         return Vec::new();
     }
     let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));

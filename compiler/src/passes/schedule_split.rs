@@ -51,6 +51,10 @@ pub const DESCRIPTION: &str =
 /// Layers with more necessary operations than this are refused: the list scheduler's cost grows
 /// faster than linearly, and such layers have enough rows per PE for the row dataflow.
 pub const MAX_OPS: u64 = 2_000_000;
+
+/// Layouts with preload copies are tried on rings of this many PEs or more (where single
+/// placements stream inputs through few links; see `schedule_cols`'s `copied_lanes`).
+pub(crate) const COPIES_MIN_PES: u32 = 16;
 /// Above this many necessary operations fewer layouts and variants are tried.
 const LARGE_OPS: u64 = 30_000;
 /// `auto` tries the pass up to this many necessary operations, on rings with fewer than
@@ -179,6 +183,9 @@ struct Layout {
     /// With q = k and no mask, each pair's score is computed with its smaller row (see
     /// [`Apart::smaller_row`]); tried on the best layout in a run of its own ([`run_with`]).
     smaller_row: bool,
+    /// Every PE holds its own preload copy of each input word it reads (where the layer
+    /// allows copies): no input word crosses a link.
+    copies: bool,
 }
 
 /// One lane of the cols dataflow: `r1` PEs holding the q and k columns (the scores' partial
@@ -436,6 +443,7 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
             forward: 0,
             keys_first: false,
             smaller_row: false,
+            copies: false,
         })
         .collect();
     let usual = explore_kept(p, m, &bases, variants);
@@ -464,7 +472,21 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
         }
     };
     let (s, layout) = kept?;
-    Ok(by_smaller_row(p, m, s, layout, variants))
+    let s = by_smaller_row(p, m, s, layout, variants);
+    // The same lanes with a preload copy of every input word on each PE that reads it, in a
+    // search of their own (the runs above keep their budgets) that abandons a run once it
+    // cannot come below the schedule above, kept where shorter.
+    if !p.copies || m < COPIES_MIN_PES {
+        return Ok(s);
+    }
+    let copied: Vec<Layout> = bases
+        .iter()
+        .map(|b| Layout { copies: true, ..*b })
+        .collect();
+    match explore_below(p, m, &copied, variants, s.cycles()) {
+        Ok((c, _)) if c.cycles() < s.cycles() => Ok(c),
+        _ => Ok(s),
+    }
 }
 
 /// `s`, or where shorter the schedule of its layout with each q = k pair computed with its
@@ -559,6 +581,7 @@ fn apart_below(
             forward: 0,
             keys_first,
             smaller_row: false,
+            copies: false,
         })
         .collect();
     let (s, layout) = explore_below(p, m, &bases, variants, beat)?;
@@ -2340,7 +2363,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     elems.sort_by_key(|(e, _)| (e.tensor as u8, e.head, e.row, e.col));
     let mut val_of: HashMap<Element, Val> = HashMap::default();
     // With preload copies, each lane's readers read the lane's own copy.
-    let copies = p.copies && layout.apart.is_some_and(|a| a.copies);
+    let copies = p.copies && (layout.copies || layout.apart.is_some_and(|a| a.copies));
     let lane_of_pe = |pe: u32| -> u32 { pe };
     let mut copy_of: HashMap<(Element, u32), Val> = HashMap::default();
     if copies {
