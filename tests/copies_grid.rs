@@ -151,3 +151,31 @@ fn copies_where_the_ring_is_not_larger_than_the_work() {
         both(n, d, m, heads, scheme);
     }
 }
+
+/// Copies cost memory: under a `--mem` limit that the fastest schedule with copies exceeds but
+/// the single-placement one meets, the compile still succeeds within the limit (a schedule
+/// that fits, with copies or, when none with them does, without).
+#[test]
+fn a_memory_limit_copies_exceed_falls_back_to_single_placements() {
+    let text = src(16, 8, 1, "separate");
+    let single = compile(&text, 64, true);
+    let copied = compile(&text, 64, false);
+    let words = |c: &compiler::Compiled| c.manifest.mem_words.iter().copied().max().unwrap_or(0);
+    assert!(
+        words(&copied) > words(&single),
+        "copies {} words, single {}",
+        words(&copied),
+        words(&single)
+    );
+    let opts = compiler::Options {
+        pes: 64,
+        schedule: Choice::Auto,
+        dump_after: None,
+        mem_limit: Some(words(&single)),
+        reroll: false,
+        single_placement: false,
+    };
+    let limited = compiler::compile(&parse_one(&text), &opts).expect("fits single placements");
+    assert!(words(&limited) <= words(&single));
+    run_within(&limited, 7, TOL, "16 tokens on 64 PEs under a memory limit");
+}

@@ -169,6 +169,27 @@ impl std::fmt::Display for CompileError {
 
 /// Compiles one checked layer for a ring of `opts.pes` PEs.
 pub fn compile(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileError> {
+    let first = compile_as(layer, opts);
+    // Copies cost memory: where no schedule with them meets a memory limit, the schedules with
+    // one placement per element may.
+    match first {
+        Err(CompileError::Refused(ref r))
+            if matches!(r.culprit, select::Culprit::Memory)
+                && opts.mem_limit.is_some()
+                && !opts.single_placement =>
+        {
+            let single = Options {
+                single_placement: true,
+                ..opts.clone()
+            };
+            compile_as(layer, &single).or(first)
+        }
+        other => other,
+    }
+}
+
+/// [`compile`] as `opts` say, without the retry.
+fn compile_as(layer: &lang::Layer, opts: &Options) -> Result<Compiled, CompileError> {
     if let Some(p) = &opts.dump_after {
         if p != CHOSEN_SCHEDULE && !passes::list().iter().any(|(n, _)| n == p) {
             return Err(CompileError::UnknownPass(p.clone()));

@@ -165,8 +165,9 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
             source::push_loop_files(&mut files, &sub, &compiled.loops, m)?;
         }
         if !printing {
+            let copies: usize = m.inputs.values().map(|p| p.copies.len()).sum();
             eprintln!(
-                "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}{}), {} words/PE max ({}){}",
+                "{}: {} on {} PEs: {} cycles (lower bound {}, ratio {:.3}{}), {} words/PE max{} ({}){}",
                 layer.name,
                 compiled
                     .scheduler
@@ -182,6 +183,11 @@ pub fn run(args: &CompileArgs) -> Result<(), String> {
                     m.cycles as f64 / b.value.max(1) as f64
                 )),
                 m.mem_words.iter().max().unwrap_or(&0),
+                if copies > 0 {
+                    format!(", {copies} preload copies")
+                } else {
+                    String::new()
+                },
                 m.selection.reason,
                 if verify { "; verified" } else { "" }
             );
