@@ -302,8 +302,9 @@ pub(crate) struct Apart {
     /// v PEs, which its weights reach first, the earlier rows' (whose weights have slack) on
     /// the PEs further on (see [`late_rows_near`]).
     pub(crate) late_near: bool,
-    /// Every lane holds its own copy of each input its PEs read (a preload copy, see
-    /// `ValInfo::Input`): no input word crosses from one lane into another.
+    /// Every PE holds its own preload copy (see `ValInfo::Input`) of each input word it reads,
+    /// where the layer allows copies: no input word crosses a link, from one lane to another
+    /// or within one.
     pub(crate) copies: bool,
     /// With `copies`, each score's `d` products all on one of the `r1` q/k PEs, the keys
     /// dealt over them in turn, rather than its chain crossing them column by column: the q/k
@@ -2362,32 +2363,25 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     let mut elems: Vec<(&Element, &Vec<u32>)> = uses.iter().collect();
     elems.sort_by_key(|(e, _)| (e.tensor as u8, e.head, e.row, e.col));
     let mut val_of: HashMap<Element, Val> = HashMap::default();
-    // With preload copies, each lane's readers read the lane's own copy.
+    // Row-major position of an input word, the order links send inputs in.
+    let seq_of = |e: &Element| {
+        (u64::from(e.head) * u64::from(n) + u64::from(e.row)) * u64::from(d) + u64::from(e.col)
+    };
+    // With preload copies, every PE that reads a word holds its own copy: none is forwarded.
     let copies = p.copies && (layout.copies || layout.apart.is_some_and(|a| a.copies));
-    let lane_of_pe = |pe: u32| -> u32 { pe };
     let mut copy_of: HashMap<(Element, u32), Val> = HashMap::default();
     if copies {
         for (e, readers) in &elems {
-            let mut lanes: Vec<u32> = readers.iter().map(|&pe| lane_of_pe(pe)).collect();
-            lanes.sort_unstable();
-            lanes.dedup();
-            for lane in lanes {
-                let from = g.start(lane);
-                let mine = readers.iter().copied().filter(|&pe| lane_of_pe(pe) == lane);
-                let home = mine
-                    .clone()
-                    .min_by_key(|&pe| dist(from, pe, m))
-                    .unwrap_or(from);
-                let far = mine.map(|pe| dist(home, pe, m)).max().unwrap_or(0);
-                let v = b.input(**e, home);
-                copy_of.insert((**e, lane), v);
-                reach.insert(v, far);
-                preloaded.push((home, v));
+            let mut at: Vec<u32> = readers.to_vec();
+            at.sort_unstable();
+            at.dedup();
+            for pe in at {
+                let v = b.input(**e, pe);
+                copy_of.insert((**e, pe), v);
+                reach.insert(v, 0);
+                preloaded.push((pe, v));
                 late.push(e.tensor == Tensor::V);
-                seq.push(
-                    (u64::from(e.head) * u64::from(n) + u64::from(e.row)) * u64::from(d)
-                        + u64::from(e.col),
-                );
+                seq.push(seq_of(e));
             }
         }
     }
@@ -2432,13 +2426,11 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
         reach.insert(v, far);
         preloaded.push((home, v));
         late.push(e.tensor == Tensor::V);
-        seq.push(
-            (u64::from(e.head) * u64::from(n) + u64::from(e.row)) * u64::from(d) + u64::from(e.col),
-        );
+        seq.push(seq_of(e));
     }
     for (t, second, e) in input_of {
         let found = if copies {
-            copy_of.get(&(e, lane_of_pe(tasks[t].pe)))
+            copy_of.get(&(e, tasks[t].pe))
         } else {
             val_of.get(&e)
         };
