@@ -91,13 +91,7 @@ pub fn walk(
         Machine::new(lineage::LineageDomain, programs.to_vec()).map_err(|e| e.to_string())?;
     for (name, p) in &manifest.inputs {
         // Every element and every preload copy of one.
-        let copies = p.copies.iter().map(|c| (c.pe, c.addr));
-        for (pe, addr) in
-            p.pe.iter()
-                .copied()
-                .zip(p.addr.iter().copied())
-                .chain(copies)
-        {
+        for (_, pe, addr) in p.preloads(manifest.pes) {
             m.preload(pe, addr, Tag::Input)
                 .map_err(|e| format!("preloading `{name}`: {e}"))?;
         }

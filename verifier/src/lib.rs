@@ -619,13 +619,7 @@ impl Verification {
             return;
         };
         for p in m.inputs.values() {
-            let copies = p.copies.iter().map(|c| (c.pe, c.addr));
-            for (pe, addr) in
-                p.pe.iter()
-                    .copied()
-                    .zip(p.addr.iter().copied())
-                    .chain(copies)
-            {
+            for (_, pe, addr) in p.preloads(m.pes) {
                 // In range: checked with the manifest above.
                 words[pe as usize][addr as usize].origin = Origin::Input;
             }

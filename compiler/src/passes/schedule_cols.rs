@@ -222,12 +222,7 @@ pub(crate) fn copied_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         return Vec::new();
     }
     let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
-    let weights = if p.causal { n * (n + 1) / 2 } else { n * n };
-    let scores = if p.symmetric && !p.causal {
-        n * (n + 1) / 2
-    } else {
-        weights
-    };
+    let (weights, scores) = per_head(p);
     let mut widths: Vec<u64> = (1..=d).map(|c| d.div_ceil(c)).collect();
     widths.dedup();
     let keep = if p.necessary_ops() > LARGE_OPS {
@@ -282,6 +277,19 @@ pub(crate) fn copied_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         groups *= 2;
     }
     out
+}
+
+/// A head's unmasked weights and its distinct scores (q = k without a mask computes each pair
+/// once).
+fn per_head(p: &Problem) -> (u64, u64) {
+    let n = u64::from(p.tokens);
+    let weights = if p.causal { n * (n + 1) / 2 } else { n * n };
+    let scores = if p.symmetric && !p.causal {
+        n * (n + 1) / 2
+    } else {
+        weights
+    };
+    (weights, scores)
 }
 
 /// How [`keep_shorter`] runs its lanes.
@@ -818,12 +826,7 @@ fn near_lanes(p: &Problem, pes: u32, count: usize) -> Vec<(u64, u32, Apart)> {
         return Vec::new();
     }
     let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));
-    let weights = if p.causal { n * (n + 1) / 2 } else { n * n };
-    let scores = if p.symmetric && !p.causal {
-        n * (n + 1) / 2
-    } else {
-        weights
-    };
+    let (weights, scores) = per_head(p);
     let heads = u64::from(p.heads.max(1));
     let per = u64::from(pes) / heads;
     let mut widths: Vec<u64> = (1..=d).map(|c| d.div_ceil(c)).collect();
@@ -905,12 +908,7 @@ fn frac_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     if p.shared_values || per < 3 {
         return Vec::new();
     }
-    let weights = if p.causal { n * (n + 1) / 2 } else { n * n };
-    let scores = if p.symmetric && !p.causal {
-        n * (n + 1) / 2
-    } else {
-        weights
-    };
+    let (weights, scores) = per_head(p);
     let est = |r1: u64, soft: u64, r3: u64| -> u64 {
         // A row's products of a column are the cut's grain.
         let work1 = (scores * d).div_ceil(r1) + n;
@@ -1180,13 +1178,7 @@ fn best_lane(
     if groups > p.tokens {
         return None;
     }
-    let weights = if p.causal { n * (n + 1) / 2 } else { n * n };
-    // Distinct scores per head: q = k without a mask computes each pair once.
-    let scores = if p.symmetric && !p.causal {
-        n * (n + 1) / 2
-    } else {
-        weights
-    };
+    let (weights, scores) = per_head(p);
     let lanes = p.heads * groups;
     let per = u64::from(pes / lanes.max(1));
     let g = u64::from(groups);
