@@ -1063,9 +1063,12 @@ mod tests {
         }
     }
 
+    /// A change to a copy and what the refusal must name.
+    type CopyEdit = (fn(&mut PreloadCopy), &'static str);
+
     #[test]
     fn copies_out_of_range_are_refused() {
-        let edits: [(fn(&mut PreloadCopy), &str); 3] = [
+        let edits: [CopyEdit; 3] = [
             (|c| c.index = 1, "element 1"),
             (|c| c.pe = 2, "(PE 2, m1)"),
             (|c| c.addr = 2, "(PE 1, m2)"),
