@@ -212,13 +212,13 @@ impl Scheduler for Cols {
 
 /// Lanes of 1, 2, 4, … row groups per head (as far as the tokens and three PEs per lane allow),
 /// every PE holding its own preload copy of each input word it reads (`Apart::copies`), where
-/// the layer allows copies and the ring has [`schedule_split::COPIES_MIN_PES`] PEs or more: no input word then
-/// crosses a link, so the k and v rows need not stream from lane to lane and, with
-/// q = k = v, the x words need not cross from the q/k PEs to the v PEs. Each row group's lane
+/// copies are tried ([`schedule_split::copies_tried`]): no input word then crosses a link, so
+/// the k and v rows need not stream from lane to lane and, with q = k = v, the x words need
+/// not cross from the q/k PEs to the v PEs. Each row group's lane
 /// shapes are ranked by the busiest part's work (no link term: only scores and weights move)
 /// plus a row's chains and hops, and the [`COPIED_LANES`] best are run ([`LARGE_OPS`]: one).
 pub(crate) fn copied_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
-    if !p.copies || pes < schedule_split::COPIES_MIN_PES {
+    if !schedule_split::copies_tried(p, pes) {
         return Vec::new();
     }
     let (n, d) = (u64::from(p.tokens), u64::from(p.dim.max(1)));

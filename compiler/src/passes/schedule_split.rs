@@ -53,8 +53,17 @@ pub const DESCRIPTION: &str =
 pub const MAX_OPS: u64 = 2_000_000;
 
 /// Layouts with preload copies are tried on rings of this many PEs or more (where single
-/// placements stream inputs through few links; see `schedule_cols`'s `copied_lanes`).
+/// placements stream inputs through few links; see `schedule_cols`'s `copied_lanes`), for
+/// layers of at most two rows (of all heads) per PE: the 181 layers of the small-shapes table
+/// they shortened have at most that many, and beyond it their runs would only cost time.
 pub(crate) const COPIES_MIN_PES: u32 = 16;
+
+/// Whether layouts with preload copies are tried for `p` on `pes` PEs (see [`COPIES_MIN_PES`]).
+pub(crate) fn copies_tried(p: &Problem, pes: u32) -> bool {
+    p.copies
+        && pes >= COPIES_MIN_PES
+        && u64::from(p.tokens) * u64::from(p.heads) <= 2 * u64::from(pes)
+}
 /// Above this many necessary operations fewer layouts and variants are tried.
 const LARGE_OPS: u64 = 30_000;
 /// `auto` tries the pass up to this many necessary operations, on rings with fewer than
@@ -477,7 +486,7 @@ fn run_with(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
     // The same lanes with a preload copy of every input word on each PE that reads it, in a
     // search of their own (the runs above keep their budgets) that abandons a run once it
     // cannot come below the schedule above, kept where shorter.
-    if !p.copies || m < COPIES_MIN_PES {
+    if !copies_tried(p, m) {
         return Ok(s);
     }
     let copied: Vec<Layout> = bases
