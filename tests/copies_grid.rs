@@ -158,8 +158,8 @@ fn copies_where_the_ring_is_not_larger_than_the_work() {
 #[test]
 fn a_memory_limit_copies_exceed_falls_back_to_single_placements() {
     let text = src(16, 8, 1, "separate");
-    let single = compile(&text, 64, true);
-    let copied = compile(&text, 64, false);
+    let single = compile(&text, 256, true);
+    let copied = compile(&text, 256, false);
     let words = |c: &compiler::Compiled| c.manifest.mem_words.iter().copied().max().unwrap_or(0);
     assert!(
         words(&copied) > words(&single),
@@ -168,7 +168,7 @@ fn a_memory_limit_copies_exceed_falls_back_to_single_placements() {
         words(&single)
     );
     let opts = compiler::Options {
-        pes: 64,
+        pes: 256,
         schedule: Choice::Auto,
         dump_after: None,
         mem_limit: Some(words(&single)),
@@ -177,5 +177,10 @@ fn a_memory_limit_copies_exceed_falls_back_to_single_placements() {
     };
     let limited = compiler::compile(&parse_one(&text), &opts).expect("fits single placements");
     assert!(words(&limited) <= words(&single));
-    run_within(&limited, 7, TOL, "16 tokens on 64 PEs under a memory limit");
+    run_within(
+        &limited,
+        7,
+        TOL,
+        "16 tokens on 256 PEs under a memory limit",
+    );
 }

@@ -27,6 +27,16 @@ pub fn parse_one(src: &str) -> lang::Layer {
 }
 
 pub fn compile_src(src: &str, pes: u32, schedule: Choice) -> Compiled {
+    compile_placed(src, pes, schedule, false)
+}
+
+/// [`compile_src`] with every input element on one PE (`--single-placement`): for tests about
+/// the layouts of that model.
+pub fn compile_single(src: &str, pes: u32, schedule: Choice) -> Compiled {
+    compile_placed(src, pes, schedule, true)
+}
+
+fn compile_placed(src: &str, pes: u32, schedule: Choice, single_placement: bool) -> Compiled {
     let layer = parse_one(src);
     let opts = Options {
         pes,
@@ -34,7 +44,7 @@ pub fn compile_src(src: &str, pes: u32, schedule: Choice) -> Compiled {
         dump_after: None,
         mem_limit: None,
         reroll: false,
-        single_placement: false,
+        single_placement,
     };
     compile(&layer, &opts).unwrap_or_else(|e| panic!("compile failed: {e}"))
 }
