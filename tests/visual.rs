@@ -644,9 +644,11 @@ fn inspect_trace_and_show_work_on_every_grid_directory() {
             for name in manifest["inputs"].as_object().unwrap().keys() {
                 // Per-element arrays, or an affine layout (a stream compile): count either way.
                 let place = &typed.inputs[name];
+                // Preload copies are listed under their input too.
                 let here = (0..place.len())
                     .filter(|&e| place.locate(pes, e).0 == p as u32)
-                    .count();
+                    .count()
+                    + place.copies.iter().filter(|c| c.pe == p as u32).count();
                 let listed: u64 = r["memory"][name]
                     .as_array()
                     .map(|rs| {
