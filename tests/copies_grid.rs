@@ -22,15 +22,11 @@ fn src(n: u32, d: u32, heads: u32, scheme: &str) -> String {
 }
 
 fn compile(text: &str, pes: u32, single_placement: bool) -> compiler::Compiled {
-    let opts = compiler::Options {
-        pes,
-        schedule: Choice::Auto,
-        dump_after: None,
-        mem_limit: None,
-        reroll: false,
-        single_placement,
-    };
-    compiler::compile(&parse_one(text), &opts).unwrap_or_else(|e| panic!("{text}: {e}"))
+    if single_placement {
+        common::compile_single(text, pes, Choice::Auto)
+    } else {
+        common::compile_src(text, pes, Choice::Auto)
+    }
 }
 
 /// Input words each PE holds before cycle 0: one per placement and one per copy.
