@@ -47,6 +47,18 @@ fn preloaded_words(c: &compiler::Compiled) -> Vec<u64> {
 /// Compiles `(n, d, m, heads, scheme)` both ways and checks both; returns the cycles with copies
 /// allowed, with a single placement, and the copies the first preloads.
 fn both(n: u32, d: u32, m: u32, heads: u32, scheme: &str) -> (u64, u64, usize) {
+    let (copied, single, copies) = both_compiled(n, d, m, heads, scheme);
+    (copied.manifest.cycles, single, copies)
+}
+
+/// [`both`], returning the program compiled with copies allowed itself.
+fn both_compiled(
+    n: u32,
+    d: u32,
+    m: u32,
+    heads: u32,
+    scheme: &str,
+) -> (compiler::Compiled, u64, usize) {
     let text = src(n, d, heads, scheme);
     let what = format!("{text} on {m} PEs");
     let single = compile(&text, m, true);
@@ -98,7 +110,51 @@ fn both(n: u32, d: u32, m: u32, heads: u32, scheme: &str) -> (u64, u64, usize) {
         copied.manifest.cycles,
         single.manifest.cycles
     );
-    (copied.manifest.cycles, single.manifest.cycles, copies)
+    let single_cycles = single.manifest.cycles;
+    (copied, single_cycles, copies)
+}
+
+/// PEs that preload both a k word and a v word (a placement or a copy).
+fn pes_with_keys_and_values(c: &compiler::Compiled) -> usize {
+    let m = c.manifest.pes;
+    let holders = |name: &str| -> Vec<bool> {
+        let mut on = vec![false; m as usize];
+        if let Some(p) = c.manifest.inputs.get(name) {
+            for i in 0..p.len() {
+                on[p.locate(m, i).0 as usize] = true;
+            }
+            for copy in &p.copies {
+                on[copy.pe as usize] = true;
+            }
+        }
+        on
+    };
+    let (k, v) = (holders("k"), holders("v"));
+    k.iter().zip(&v).filter(|(a, b)| **a && **b).count()
+}
+
+/// Causal layers of 32 tokens on 256 PEs, where lanes with their parts on PEs apart left each
+/// PE one phase and took 2.28 (`d = 64`) and 2.32 (`d = 8`, four heads) times the bound: on
+/// arcs holding their own copies each PE computes scores of its own rows and outputs of the
+/// arc before it, so most PEs read both k and v words and the layer takes under twice its
+/// bound.
+#[test]
+fn arcs_with_copies_give_each_pe_both_phases() {
+    for (n, d, m, heads) in [(32, 64, 256, 1), (32, 8, 256, 4)] {
+        let what = format!("{n} tokens, d = {d}, {heads} heads, causal on {m} PEs");
+        let (copied, single, copies) = both_compiled(n, d, m, heads, "causal");
+        let bound = copied.manifest.bound.expect("a bound").value;
+        let cycles = copied.manifest.cycles;
+        assert!(
+            cycles < 2 * bound && cycles < single && copies > 0,
+            "{what}: {cycles} cycles (bound {bound}), {single} with a single placement"
+        );
+        let both_phases = pes_with_keys_and_values(&copied);
+        assert!(
+            2 * both_phases >= m as usize,
+            "{what}: {both_phases} PEs hold both k and v words"
+        );
+    }
 }
 
 /// Layers of 8 to 32 tokens with `d = 8` on 64 PEs and more, where a single placement streams

@@ -31,6 +31,7 @@ use crate::passes::select::{Culprit, Refusal};
 use crate::problem::Problem;
 use crate::schedule::{RingSchedule, ScheduleError};
 use crate::scheduler::Scheduler;
+use runtime::layer::Normalisation;
 
 pub const NAME: &str = "schedule-cols";
 pub const DESCRIPTION: &str =
@@ -204,6 +205,8 @@ impl Scheduler for Cols {
         }
         // Lanes of row groups, each holding its own copies of the inputs it reads.
         keep_shorter(p, pes, &mut best, copied_lanes(p, pes), Run::Below);
+        let arcs = copied_arcs(p, pes, best.0.cycles() as u64);
+        keep_shorter(p, pes, &mut best, arcs, Run::Below);
         let mut s = best.0;
         s.algorithm = NAME;
         Ok(s)
@@ -273,6 +276,58 @@ pub(crate) fn copied_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         ranked.sort_by_key(|r| r.0);
         for (_, lane) in ranked.into_iter().take(keep) {
             push_new(&mut out, (groups as u32, lane));
+        }
+        groups *= 2;
+    }
+    out
+}
+
+/// How far above the bound (in percent) a schedule must be for [`copied_arcs`] to run: on the
+/// grids' layers of 16 and 18 PEs within it (14 to 16 tokens) the arcs won nothing and cost
+/// up to half the compile time again.
+const ARCS_GAP_PERCENT: u64 = 10;
+/// Softmax PEs per arc [`copied_arcs`] tries.
+const COPIED_ARC_SOFT: [u32; 3] = [1, 2, 4];
+
+/// Arcs (`Apart::next`) of 1, 2, 4, … row groups per head, each arc holding its own copies of
+/// the inputs it reads, where copies are tried: an arc of `m / (heads · groups)` PEs computes
+/// its rows' scores, the softmax runs on the first PEs of the next arc and the outputs on the
+/// others, so every PE does phase 1 of its own rows and phase 3 of the arc before it. With
+/// parts apart (the lanes of [`copied_lanes`]) a lane's q/k PEs idle once its scores are done
+/// and its v PEs until its first weights come; on arcs each PE's two phases follow one
+/// another. Scores whole on one PE or crossing the arc column by column, at the softmax
+/// counts of [`COPIED_ARC_SOFT`]. Not run where the schedule found so far, `best` cycles, is
+/// within [`ARCS_GAP_PERCENT`] of the bound for programs with copies.
+pub(crate) fn copied_arcs(p: &Problem, pes: u32, best: u64) -> Vec<(u32, Apart)> {
+    if !schedule_split::copies_tried(p, pes) {
+        return Vec::new();
+    }
+    let bound = p
+        .shape()
+        .bound_with_copies(pes, Normalisation::PerWeight)
+        .map_or(0, |b| b.value);
+    if best.saturating_mul(100) <= bound.saturating_mul(100 + ARCS_GAP_PERCENT) {
+        return Vec::new();
+    }
+    let n = p.tokens;
+    let mut out = Vec::new();
+    let mut groups = 1u32;
+    while groups <= n && u64::from(p.heads) * u64::from(groups) * 2 <= u64::from(pes) {
+        let r1 = pes / (p.heads * groups);
+        let rows = n.div_ceil(groups);
+        for soft in COPIED_ARC_SOFT {
+            if soft > rows || soft + 1 > r1 {
+                continue;
+            }
+            for whole_scores in [false, true] {
+                let lane = Apart {
+                    next: true,
+                    copies: true,
+                    whole_scores,
+                    ..Apart::columns(r1, soft, 0)
+                };
+                push_new(&mut out, (groups, lane));
+            }
         }
         groups *= 2;
     }

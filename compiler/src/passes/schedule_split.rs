@@ -1114,7 +1114,10 @@ impl Geometry {
         }
         let frac = layout.apart.filter(|a| a.frac).map(|a| frac_offsets(p, a));
         let cut3 = match layout.apart {
-            Some(a) if a.next && groups == 1 => next_outputs(p, a),
+            Some(a) if a.next => {
+                let group_of: Vec<u32> = lane_of.iter().map(|&l| l % groups.max(1)).collect();
+                next_outputs(p, a, groups, &group_of)
+            }
             Some(a) if a.cut3 && a.late_near && a.r3 > 0 && groups == 1 => late_rows_near(p, a.r3),
             Some(a) if a.cut3 && a.r3 > 0 && groups == 1 => cut_outputs(p, a.r3, a.qk_rows),
             _ => Vec::new(),
@@ -1477,8 +1480,9 @@ fn outputs_laid(p: &Problem, len: &[u64], shares: &[u64], order: &[(u32, u32)]) 
 /// after its `soft` softmax PEs, PE `j` taking a share that falls with `j` when `taper > 0`
 /// (as `r1 + taper − j`): the weights reach the PEs one after another, and the later ones also
 /// begin their own phase 1 later, so equal shares leave the arc's last PEs working after its
-/// first are done.
-fn next_outputs(p: &Problem, a: Apart) -> Vec<u32> {
+/// first are done. With several row groups (`group_of[row]`, the same in every head) each
+/// group's rows are cut over the PEs after its own lane.
+fn next_outputs(p: &Problem, a: Apart, groups: u32, group_of: &[u32]) -> Vec<u32> {
     let first = a.soft.min(a.r1.saturating_sub(1));
     let pes: Vec<u32> = (first..a.r1.max(1)).collect();
     let shares: Vec<u64> = pes
@@ -1491,10 +1495,25 @@ fn next_outputs(p: &Problem, a: Apart) -> Vec<u32> {
             }
         })
         .collect();
-    outputs_by_weight(p, &shares)
-        .into_iter()
-        .map(|k| pes.get(k as usize).copied().unwrap_or(0))
-        .collect()
+    let (n, d) = (p.tokens as usize, p.dim as usize);
+    let len: Vec<u64> = (0..p.tokens).map(|r| u64::from(p.keys_in_row(r))).collect();
+    let mut out = vec![0u32; p.heads as usize * n * d];
+    for g in 0..groups.max(1) {
+        let in_group = |r: usize| group_of.get(r).is_none_or(|&x| x == g);
+        let own: Vec<u64> = len
+            .iter()
+            .enumerate()
+            .map(|(r, &l)| if in_group(r) { l } else { 0 })
+            .collect();
+        let table = outputs_by_weight_of(p, &own, &shares);
+        for (i, slot) in out.iter_mut().enumerate() {
+            if in_group((i / d) % n.max(1)) {
+                let k = table.get(i).copied().unwrap_or(0);
+                *slot = pes.get(k as usize).copied().unwrap_or(0);
+            }
+        }
+    }
+    out
 }
 
 /// Tiny deterministic generator for the perturbed retries (no dependence on the clock).
@@ -2091,6 +2110,7 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             }
         }
     }
+    let mut dealt: HashMap<u32, u32> = HashMap::default();
     for h in 0..p.heads {
         for a in 0..n {
             let lane = g.lane(h, a);
@@ -2117,7 +2137,14 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
                         .cloned()
                         .collect()
                 } else if let Some(ap) = whole {
-                    let pe = (g.start(lane) + (bcol + a) % ap.r1) % m;
+                    // On arcs, dealt in turn over the arc's q/k PEs, so that each does its
+                    // share of the arc's scores however many each row has (each PE's phase 3
+                    // follows its share); elsewhere by key and row, so that a row's last
+                    // scores end on different PEs.
+                    let turn = dealt.entry(lane).or_insert(0);
+                    let k = if ap.next { *turn } else { bcol + a };
+                    let pe = (g.start(lane) + k % ap.r1) % m;
+                    *turn += 1;
                     vec![(pe, (0..d).collect())]
                 } else {
                     blocks.clone()

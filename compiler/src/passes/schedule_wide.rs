@@ -15,6 +15,7 @@
 //! where row coupling can cost more than the products saved; `compile` keeps it only when its
 //! exact cycle count is the lowest.
 
+use crate::passes::schedule_split::Apart;
 use crate::passes::select::{Culprit, Refusal};
 use crate::passes::{schedule_cols, schedule_rows, schedule_split};
 use crate::problem::Problem;
@@ -125,16 +126,24 @@ fn run_within(
             return Err(a);
         }
     };
-    // The cols dataflow's lanes holding their own copies of the inputs, each row computing
-    // all of its own scores so that no score crosses from one lane to another.
-    let copied = schedule_cols::copied_lanes(p, pes);
-    if !copied.is_empty() {
-        if let Ok((s, _)) = schedule_split::run_apart_mirrored(p, pes, &copied) {
-            if s.cycles() < best.cycles() {
-                best = s;
-            }
-        }
-    }
+    // The cols dataflow's lanes and arcs holding their own copies of the inputs, each row
+    // computing all of its own scores so that no score crosses from one lane to another.
+    keep_mirrored(p, pes, &mut best, &schedule_cols::copied_lanes(p, pes));
+    let arcs = schedule_cols::copied_arcs(p, pes, best.cycles() as u64);
+    keep_mirrored(p, pes, &mut best, &arcs);
     best.algorithm = NAME;
     Ok(Some(best))
+}
+
+/// `best`, or the schedule of `lanes` run with every row computing its own scores where that
+/// is shorter.
+fn keep_mirrored(p: &Problem, pes: u32, best: &mut RingSchedule, lanes: &[(u32, Apart)]) {
+    if lanes.is_empty() {
+        return;
+    }
+    if let Ok((s, _)) = schedule_split::run_apart_mirrored(p, pes, lanes) {
+        if s.cycles() < best.cycles() {
+            *best = s;
+        }
+    }
 }
