@@ -282,9 +282,9 @@ pub(crate) fn copied_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
     out
 }
 
-/// How far above the bound (in percent) a schedule must be for [`copied_arcs`] to run: on the
-/// grids' layers of 16 and 18 PEs within it (14 to 16 tokens) the arcs won nothing and cost
-/// up to half the compile time again.
+/// How far above the bound (in percent) the dataflow's own schedule so far must be for
+/// [`copied_arcs`] to run: within it arcs could gain at most that much, for a run that costs
+/// up to half the layer's compile time again.
 const ARCS_GAP_PERCENT: u64 = 10;
 /// Softmax PEs per arc [`copied_arcs`] tries.
 const COPIED_ARC_SOFT: [u32; 3] = [1, 2, 4];
