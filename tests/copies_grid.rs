@@ -31,14 +31,10 @@ fn compile(text: &str, pes: u32, single_placement: bool) -> compiler::Compiled {
 
 /// Input words each PE holds before cycle 0: one per placement and one per copy.
 fn preloaded_words(c: &compiler::Compiled) -> Vec<u64> {
-    let m = c.manifest.pes as usize;
-    let mut words = vec![0u64; m];
+    let mut words = vec![0u64; c.manifest.pes as usize];
     for p in c.manifest.inputs.values() {
-        for i in 0..p.len() {
-            words[p.locate(c.manifest.pes, i).0 as usize] += 1;
-        }
-        for copy in &p.copies {
-            words[copy.pe as usize] += 1;
+        for pe in common::preload_pes(p, c.manifest.pes) {
+            words[pe as usize] += 1;
         }
     }
     words
@@ -119,13 +115,14 @@ fn pes_with_keys_and_values(c: &compiler::Compiled) -> usize {
     let m = c.manifest.pes;
     let holders = |name: &str| -> Vec<bool> {
         let mut on = vec![false; m as usize];
-        if let Some(p) = c.manifest.inputs.get(name) {
-            for i in 0..p.len() {
-                on[p.locate(m, i).0 as usize] = true;
-            }
-            for copy in &p.copies {
-                on[copy.pe as usize] = true;
-            }
+        for pe in c
+            .manifest
+            .inputs
+            .get(name)
+            .into_iter()
+            .flat_map(|p| common::preload_pes(p, m))
+        {
+            on[pe as usize] = true;
         }
         on
     };

@@ -645,10 +645,9 @@ fn inspect_trace_and_show_work_on_every_grid_directory() {
                 // Per-element arrays, or an affine layout (a stream compile): count either way.
                 let place = &typed.inputs[name];
                 // Preload copies are listed under their input too.
-                let here = (0..place.len())
-                    .filter(|&e| place.locate(pes, e).0 == p as u32)
-                    .count()
-                    + place.copies.iter().filter(|c| c.pe == p as u32).count();
+                let here = common::preload_pes(place, pes)
+                    .filter(|&at| at == p as u32)
+                    .count();
                 let listed: u64 = r["memory"][name]
                     .as_array()
                     .map(|rs| {

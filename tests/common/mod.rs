@@ -26,6 +26,16 @@ pub fn parse_one(src: &str) -> lang::Layer {
     parsed.layers.into_iter().next().unwrap()
 }
 
+/// The PE of every word an input preloads: each element's placement, then each preload copy.
+pub fn preload_pes(
+    place: &compiler::manifest::Placement,
+    pes: u32,
+) -> impl Iterator<Item = u32> + '_ {
+    (0..place.len())
+        .map(move |i| place.locate(pes, i).0)
+        .chain(place.copies.iter().map(|c| c.pe))
+}
+
 pub fn compile_src(src: &str, pes: u32, schedule: Choice) -> Compiled {
     compile_placed(src, pes, schedule, false)
 }

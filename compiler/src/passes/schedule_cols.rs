@@ -205,7 +205,7 @@ impl Scheduler for Cols {
         }
         // Lanes of row groups, each holding its own copies of the inputs it reads.
         keep_shorter(p, pes, &mut best, copied_lanes(p, pes), Run::Below);
-        let arcs = copied_arcs(p, pes, best.0.cycles() as u64);
+        let arcs = copied_arcs(p, pes, best.0.cycles());
         keep_shorter(p, pes, &mut best, arcs, Run::Below);
         let mut s = best.0;
         s.algorithm = NAME;
@@ -234,8 +234,7 @@ pub(crate) fn copied_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         COPIED_LANES
     };
     let mut out = Vec::new();
-    let mut groups = 1u64;
-    while groups <= n && 3 * u64::from(p.heads) * groups <= u64::from(pes) {
+    for groups in row_groups(p, pes, 3).map(u64::from) {
         let per = u64::from(pes) / (u64::from(p.heads) * groups);
         let rows = n.div_ceil(groups);
         let mut ranked: Vec<(u64, Apart)> = Vec::new();
@@ -277,9 +276,16 @@ pub(crate) fn copied_lanes(p: &Problem, pes: u32) -> Vec<(u32, Apart)> {
         for (_, lane) in ranked.into_iter().take(keep) {
             push_new(&mut out, (groups as u32, lane));
         }
-        groups *= 2;
     }
     out
+}
+
+/// Row-group counts 1, 2, 4, … per head, as far as the tokens go and each group's lane keeps
+/// at least `lane_pes` PEs.
+fn row_groups(p: &Problem, pes: u32, lane_pes: u64) -> impl Iterator<Item = u32> {
+    let (n, heads) = (p.tokens, u64::from(p.heads));
+    std::iter::successors(Some(1u32), |&g| g.checked_mul(2))
+        .take_while(move |&g| g <= n && lane_pes * heads * u64::from(g) <= u64::from(pes))
 }
 
 /// How far above the bound (in percent) the dataflow's own schedule so far must be for
@@ -298,7 +304,7 @@ const COPIED_ARC_SOFT: [u32; 3] = [1, 2, 4];
 /// another. Scores whole on one PE or crossing the arc column by column, at the softmax
 /// counts of [`COPIED_ARC_SOFT`]. Not run where the schedule found so far, `best` cycles, is
 /// within [`ARCS_GAP_PERCENT`] of the bound for programs with copies.
-pub(crate) fn copied_arcs(p: &Problem, pes: u32, best: u64) -> Vec<(u32, Apart)> {
+pub(crate) fn copied_arcs(p: &Problem, pes: u32, best: usize) -> Vec<(u32, Apart)> {
     if !schedule_split::copies_tried(p, pes) {
         return Vec::new();
     }
@@ -306,15 +312,14 @@ pub(crate) fn copied_arcs(p: &Problem, pes: u32, best: u64) -> Vec<(u32, Apart)>
         .shape()
         .bound_with_copies(pes, Normalisation::PerWeight)
         .map_or(0, |b| b.value);
+    let best = u64::try_from(best).unwrap_or(u64::MAX);
     if best.saturating_mul(100) <= bound.saturating_mul(100 + ARCS_GAP_PERCENT) {
         return Vec::new();
     }
-    let n = p.tokens;
     let mut out = Vec::new();
-    let mut groups = 1u32;
-    while groups <= n && u64::from(p.heads) * u64::from(groups) * 2 <= u64::from(pes) {
+    for groups in row_groups(p, pes, 2) {
         let r1 = pes / (p.heads * groups);
-        let rows = n.div_ceil(groups);
+        let rows = p.tokens.div_ceil(groups);
         for soft in COPIED_ARC_SOFT {
             if soft > rows || soft + 1 > r1 {
                 continue;
@@ -329,7 +334,6 @@ pub(crate) fn copied_arcs(p: &Problem, pes: u32, best: u64) -> Vec<(u32, Apart)>
                 push_new(&mut out, (groups, lane));
             }
         }
-        groups *= 2;
     }
     out
 }

@@ -1115,7 +1115,8 @@ impl Geometry {
         let frac = layout.apart.filter(|a| a.frac).map(|a| frac_offsets(p, a));
         let cut3 = match layout.apart {
             Some(a) if a.next => {
-                let group_of: Vec<u32> = lane_of.iter().map(|&l| l % groups.max(1)).collect();
+                // A row's group is the same in every head: head 0's lanes are the groups.
+                let group_of: Vec<u32> = lane_of.iter().take(n as usize).copied().collect();
                 next_outputs(p, a, groups, &group_of)
             }
             Some(a) if a.cut3 && a.late_near && a.r3 > 0 && groups == 1 => late_rows_near(p, a.r3),
@@ -2110,7 +2111,8 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             }
         }
     }
-    let mut dealt: HashMap<u32, u32> = HashMap::default();
+    // Whole scores dealt so far per arc.
+    let mut dealt: Vec<u32> = vec![0; g.lanes as usize];
     for h in 0..p.heads {
         for a in 0..n {
             let lane = g.lane(h, a);
@@ -2141,10 +2143,14 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
                     // share of the arc's scores however many each row has (each PE's phase 3
                     // follows its share); elsewhere by key and row, so that a row's last
                     // scores end on different PEs.
-                    let turn = dealt.entry(lane).or_insert(0);
-                    let k = if ap.next { *turn } else { bcol + a };
+                    let k = match dealt.get_mut(lane as usize) {
+                        Some(turn) if ap.next => {
+                            *turn += 1;
+                            *turn - 1
+                        }
+                        _ => bcol + a,
+                    };
                     let pe = (g.start(lane) + k % ap.r1) % m;
-                    *turn += 1;
                     vec![(pe, (0..d).collect())]
                 } else {
                     blocks.clone()

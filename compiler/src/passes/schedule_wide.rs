@@ -129,7 +129,7 @@ fn run_within(
     // The cols dataflow's lanes and arcs holding their own copies of the inputs, each row
     // computing all of its own scores so that no score crosses from one lane to another.
     keep_mirrored(p, pes, &mut best, &schedule_cols::copied_lanes(p, pes));
-    let arcs = schedule_cols::copied_arcs(p, pes, best.cycles() as u64);
+    let arcs = schedule_cols::copied_arcs(p, pes, best.cycles());
     keep_mirrored(p, pes, &mut best, &arcs);
     best.algorithm = NAME;
     Ok(Some(best))
