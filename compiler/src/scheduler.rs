@@ -6,7 +6,7 @@
 
 use crate::passes::select::Refusal;
 use crate::passes::{
-    schedule_baseline, schedule_causal, schedule_cols, schedule_rows, schedule_split,
+    schedule_baseline, schedule_causal, schedule_cols, schedule_dag, schedule_rows, schedule_split,
     schedule_symmetric, schedule_wide,
 };
 use crate::problem::Problem;
@@ -70,6 +70,7 @@ pub static SCHEDULERS: &[&dyn Scheduler] = &[
     &schedule_wide::Wide,
     &schedule_cols::Cols,
     &schedule_baseline::Baseline,
+    &schedule_dag::Dag,
 ];
 
 /// The scheduler with `--schedule` name `name`.

@@ -7,6 +7,7 @@ pub mod reroll;
 pub mod schedule_baseline;
 pub mod schedule_causal;
 pub mod schedule_cols;
+pub mod schedule_dag;
 pub mod schedule_rows;
 pub mod schedule_split;
 pub mod schedule_stream;
