@@ -111,8 +111,18 @@ struct Node {
     output: Option<Element>,
 }
 
+/// How the graph is built: which of its equivalent forms.
+#[derive(Clone, Copy, Debug)]
+struct Form {
+    /// With q = k and no mask, every row computes all of its own scores, both halves of each
+    /// pair (`schedule-wide`'s recomputed products), so no score serves two rows.
+    mirror: bool,
+    /// Column `c`'s output chain starts at key `c mod k` (else at key 0).
+    rotate: bool,
+}
+
 /// The layer's operations in an order where every operand comes first.
-fn graph(p: &Problem) -> Vec<Node> {
+fn graph(p: &Problem, form: Form) -> Vec<Node> {
     let n = p.tokens;
     let d = p.dim;
     let (tq, tk, tv) = (
@@ -131,7 +141,7 @@ fn graph(p: &Problem) -> Vec<Node> {
         g.push(node);
         (g.len() - 1) as u32
     };
-    let mirrored = p.symmetric && !p.causal;
+    let mirrored = p.symmetric && !p.causal && !form.mirror;
     for h in 0..p.heads {
         let mut score: HashMap<(u32, u32), Src> = HashMap::default();
         for i in 0..n {
@@ -212,9 +222,16 @@ fn graph(p: &Problem) -> Vec<Node> {
                 .iter()
                 .map(|&e| Src::Out(push(&mut g, node(Kind::Div, 2, e, Some(z), None))))
                 .collect();
+            // Rotated, column `c`'s chain starts at key `c mod k`: the chains then wait for
+            // different weights first, which spread from their own PEs at once; in key order
+            // every chain waits for the first weight, but the weights can come one by one.
+            let k = keys.len();
+            let turn = |c: u32| if form.rotate { c as usize } else { 0 };
             for c in 0..d {
                 let mut acc = None;
-                for (&j, &w) in keys.iter().zip(&weights) {
+                for x in 0..k {
+                    let at = (x + turn(c)) % k;
+                    let (j, w) = (keys[at], weights[at]);
                     let v = Src::In(el(tv, h, j, c));
                     acc = Some(Src::Out(push(&mut g, node(Kind::Mac, 3, w, Some(v), acc))));
                 }
@@ -568,8 +585,16 @@ fn place_all(
 
 /// Tries the tie-break rules and, on small layers, perturbed orders; keeps the shortest.
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
-    let g = graph(p);
-    let bl = bottom_levels(&g);
+    run_form(p, pes, false)
+}
+
+/// [`run`] with every row of a q = k = v layer computing all of its own scores (recomputed
+/// products, for `schedule-wide`, which declares them).
+pub(crate) fn run_mirrored(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
+    run_form(p, pes, true)
+}
+
+fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<ScheduleError>> {
     let mut tries = Vec::new();
     for anchors in [true, false] {
         for fewer_hops in [true, false] {
@@ -590,18 +615,20 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         }
     }
     let mut best: Option<RingSchedule> = None;
-    for rules in tries {
-        let s = place_all(p, pes, &g, &bl, rules)?;
-        if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
-            best = Some(s);
+    for rotate in [false, true] {
+        let g = graph(p, Form { mirror, rotate });
+        let bl = bottom_levels(&g);
+        for &rules in &tries {
+            let s = place_all(p, pes, &g, &bl, rules)?;
+            if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
+                best = Some(s);
+            }
         }
     }
     best.ok_or_else(|| {
-        let mut b = Builder::new(NAME, pes);
-        b.bug(NAME, "no schedule tried");
-        match b.finish() {
-            Err(e) => e,
-            Ok(_) => Vec::new(),
-        }
+        vec![ScheduleError::Internal {
+            pass: NAME,
+            what: "no schedule tried".into(),
+        }]
     })
 }

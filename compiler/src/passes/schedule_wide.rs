@@ -17,7 +17,7 @@
 
 use crate::passes::schedule_split::Apart;
 use crate::passes::select::{Culprit, Refusal};
-use crate::passes::{schedule_cols, schedule_rows, schedule_split};
+use crate::passes::{schedule_cols, schedule_dag, schedule_rows, schedule_split};
 use crate::problem::Problem;
 use crate::schedule::{RingSchedule, ScheduleError};
 use crate::scheduler::Scheduler;
@@ -131,6 +131,14 @@ fn run_within(
     keep_mirrored(p, pes, &mut best, &schedule_cols::copied_lanes(p, pes));
     let arcs = schedule_cols::copied_arcs(p, pes, best.cycles());
     keep_mirrored(p, pes, &mut best, &arcs);
+    // Each operation placed on its own, every row computing its own scores.
+    if schedule_dag::Dag.tried_by_auto(p, pes) {
+        if let Ok(s) = schedule_dag::run_mirrored(p, pes) {
+            if s.cycles() < best.cycles() {
+                best = s;
+            }
+        }
+    }
     best.algorithm = NAME;
     Ok(Some(best))
 }
