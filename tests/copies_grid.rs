@@ -6,20 +6,11 @@
 
 use crate::common;
 
-use common::{layer_src, parse_one, run_within};
+use common::{parse_one, run_within};
 use compiler::passes::select::Choice;
 
 /// The end-to-end tolerance every grid uses (inputs in [-1, 1], f32 arithmetic).
 const TOL: f64 = 1e-4;
-
-fn src(n: u32, d: u32, heads: u32, scheme: &str) -> String {
-    let (shared, causal) = match scheme {
-        "shared" => (true, false),
-        "causal" => (false, true),
-        _ => (false, false),
-    };
-    layer_src(n, d, heads, shared, causal).replace(" softmax = plain;", "")
-}
 
 fn compile(text: &str, pes: u32, single_placement: bool) -> compiler::Compiled {
     if single_placement {
@@ -55,7 +46,7 @@ fn both_compiled(
     heads: u32,
     scheme: &str,
 ) -> (compiler::Compiled, u64, usize) {
-    let text = src(n, d, heads, scheme);
+    let text = common::scheme_src(n, d, heads, scheme);
     let what = format!("{text} on {m} PEs");
     let single = compile(&text, m, true);
     let copied = compile(&text, m, false);
@@ -206,7 +197,7 @@ fn copies_where_the_ring_is_not_larger_than_the_work() {
 /// that fits, with copies or, when none with them does, without).
 #[test]
 fn a_memory_limit_copies_exceed_falls_back_to_single_placements() {
-    let text = src(16, 8, 1, "separate");
+    let text = common::scheme_src(16, 8, 1, "separate");
     let single = compile(&text, 256, true);
     let copied = compile(&text, 256, false);
     let words = |c: &compiler::Compiled| c.manifest.mem_words.iter().copied().max().unwrap_or(0);

@@ -14,6 +14,7 @@ mod cli;
 mod cols_causal;
 mod cols_grid;
 mod copies_grid;
+mod dag_grid;
 mod e2e_grid;
 mod e2e_shapes;
 mod filetests;

@@ -19,7 +19,7 @@ pub struct CompileArgs {
     #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Scheduling algorithm: auto (fewest cycles among those that apply), baseline, symmetric,
-    /// causal, rows, split, wide, cols, or stream (loop programs); `attnc passes` describes each
+    /// causal, rows, split, wide, cols, dag, or stream (loop programs); `attnc passes` describes each
     #[arg(long, default_value = "auto", value_parser = parse_choice)]
     pub schedule: Choice,
     /// Print an intermediate form to stdout instead of writing files: ir, facts, schedule, asm, manifest

@@ -190,3 +190,14 @@ fn check_rerolled(
 pub fn divisors(n: u32) -> Vec<u32> {
     (1..=n).filter(|m| n.is_multiple_of(*m)).collect()
 }
+
+/// The DSL text of one layer in the default (safe) formulation, `scheme` one of `separate`,
+/// `shared` (q = k = v) or `causal`.
+pub fn scheme_src(n: u32, d: u32, heads: u32, scheme: &str) -> String {
+    let (shared, causal) = match scheme {
+        "shared" => (true, false),
+        "causal" => (false, true),
+        _ => (false, false),
+    };
+    layer_src(n, d, heads, shared, causal).replace(" softmax = plain;", "")
+}

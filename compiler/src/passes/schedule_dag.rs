@@ -430,13 +430,9 @@ impl Placer<'_> {
             let pe = (anchor + off) % m;
             let mut ready = 0;
             let mut hops = 0;
-            for k in 0..computed.len() {
-                let (at, from) = &self.scratch[k];
+            for (&s, (at, from)) in computed.iter().zip(&self.scratch) {
                 ready = ready.max(at[pe]);
-                if let Some(h) = self
-                    .value(computed[k])
-                    .and_then(|v| v.1.get(from[pe] as usize))
-                {
+                if let Some(h) = self.value(s).and_then(|v| v.1.get(from[pe] as usize)) {
                     hops += (pe + m - h.pe as usize) % m;
                 }
             }
@@ -550,7 +546,7 @@ fn place_all(
         let noise = if rules.seed == 0 {
             0
         } else {
-            (mix(rules.seed ^ (i as u64).wrapping_mul(0x2545_F491)) % 1000) as u64
+            mix(rules.seed ^ (i as u64).wrapping_mul(0x2545_F491)) % 1000
         };
         (u64::from(bl[i]) * 1000 + noise, std::cmp::Reverse(i))
     };
