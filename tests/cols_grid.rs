@@ -108,7 +108,15 @@ fn large_rings_every_scheme() {
         (3, 32, 40, 2),
     ] {
         for scheme in [Scheme::Separate, Scheme::Shared, Scheme::Causal] {
-            check(n, d, m, heads, scheme, true);
+            let cols = check(n, d, m, heads, scheme, true);
+            if (n, d, m, heads) == (8, 16, 64, 4) && matches!(scheme, Scheme::Causal) {
+                // The arcs' gain on this layer ([`heads_on_arcs_with_phase_3_on_the_next_arc`]),
+                // checked here so that the layer is compiled once.
+                assert!(
+                    cols < 145,
+                    "8 tokens, d = 16, 4 heads, causal on 64 PEs: {cols}"
+                );
+            }
         }
     }
 }
@@ -186,20 +194,16 @@ fn more_softmax_pes_on_large_rings() {
 /// doing a sixth of phase 3 each: 16 tokens causal took 278 cycles before (cols, outputs on
 /// the softmax PEs; split 279), 257 with the cut; 12 tokens causal 163 (split) before; 4
 /// tokens separate 51 (split) before. Each layer checked with `auto` too, which must keep no
-/// more than the cols dataflow.
+/// more than the cols dataflow. The two causal layers (safe softmax) are checked by
+/// [`shortest_rows_outputs_on_the_qk_pes`], with the same [`check`] and below fewer cycles
+/// (257 and 159), so they are compiled there only.
 #[test]
 fn phase_3_cut_by_outputs_on_mid_rings() {
-    for (n, scheme, before) in [
-        (16, Scheme::Causal, 278),
-        (12, Scheme::Causal, 163),
-        (4, Scheme::Separate, 51),
-    ] {
-        let cols = check(n, 8, 16, 1, scheme, true);
-        assert!(
-            cols < before,
-            "{n} tokens, d = 8, {scheme:?} on 16 PEs: cols {cols} against {before}"
-        );
-    }
+    let cols = check(4, 8, 16, 1, Scheme::Separate, true);
+    assert!(
+        cols < 51,
+        "4 tokens, d = 8, separate on 16 PEs: cols {cols} against 51"
+    );
 }
 
 /// Under a causal mask the lanes cut by outputs also put the shortest rows' outputs on the q/k
@@ -249,20 +253,20 @@ fn outputs_on_the_softmax_pes_beat_the_row_dataflow_with_shared_rows() {
         "{text} on 256 PEs: cols {cols} against rows {}",
         rows.manifest.cycles
     );
+    // The helper PEs' gain on this layer ([`helper_pes_split_the_outputs_kept_on_the_softmax_pes`]),
+    // checked here so that the layer is compiled once.
+    assert!(cols < 124, "{text} on 256 PEs: cols {cols} against 124");
 }
 
 /// On those lanes a row's softmax PE does all `n·d` products of its row after its softmax;
 /// with a helper PE after each softmax PE taking half of its rows' output columns the last
 /// rows finish sooner. Cycles of the cols dataflow (which `auto` kept) before the helpers:
 /// 319 for 16 tokens, `d = 8`, 4 heads, q = k = v on 256 PEs, 125 for 8 tokens with 4 heads,
-/// 124 with one.
+/// 124 with one (that layer is checked by
+/// [`outputs_on_the_softmax_pes_beat_the_row_dataflow_with_shared_rows`], which compiles it).
 #[test]
 fn helper_pes_split_the_outputs_kept_on_the_softmax_pes() {
-    shared_cols_below(&[
-        (16, 8, 256, 4, 319),
-        (8, 8, 256, 4, 125),
-        (8, 8, 256, 1, 124),
-    ]);
+    shared_cols_below(&[(16, 8, 256, 4, 319), (8, 8, 256, 4, 125)]);
 }
 
 /// On layers of 2 to 4 tokens the last row's softmax and outputs are the critical path; the
@@ -459,7 +463,8 @@ fn fractional_columns_where_no_part_length_suits_d() {
 /// of its head and phase 3 of the one before. The cols lanes with parts apart took 257 cycles
 /// (8 tokens, d = 64), 349 (8 tokens, d = 128, causal) and 299 (12 tokens, d = 64, causal).
 /// Smaller rings too, arcs of several columns a PE: 2 heads, 4 tokens, d = 8 on 16 PEs took 64
-/// (the split dataflow; the cols lanes 70), 4 heads, 8 tokens, d = 16, causal on 64 PEs 145.
+/// (the split dataflow; the cols lanes 70), 4 heads, 8 tokens, d = 16, causal on 64 PEs 145
+/// (that layer is checked by [`large_rings_every_scheme`], which compiles it).
 #[test]
 fn heads_on_arcs_with_phase_3_on_the_next_arc() {
     cols_below(&[
@@ -467,7 +472,6 @@ fn heads_on_arcs_with_phase_3_on_the_next_arc() {
         (8, 128, 256, 4, Scheme::Causal, 349),
         (12, 64, 256, 4, Scheme::Causal, 299),
         (4, 8, 16, 2, Scheme::Separate, 64),
-        (8, 16, 64, 4, Scheme::Causal, 145),
     ]);
 }
 
