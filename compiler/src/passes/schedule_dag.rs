@@ -312,10 +312,19 @@ const FAR: usize = usize::MAX / 4;
 
 /// A computed operand's earliest arrival on every PE, and the holder each arrival starts from.
 /// A walk stops at a PE that already holds the value: that holder's own walk goes on from there.
-fn arrivals(held: &[Held], slots: &Slots, m: usize, at: &mut [usize], from: &mut [u32]) {
+fn arrivals(
+    held: &[Held],
+    slots: &Slots,
+    m: usize,
+    at: &mut [usize],
+    from: &mut [u32],
+    holds: &mut [bool],
+) {
     at.fill(FAR);
+    holds.fill(false);
     for (hi, h) in held.iter().enumerate() {
         let pe = h.pe as usize;
+        holds[pe] = true;
         if h.ready < at[pe] {
             at[pe] = h.ready;
             from[pe] = hi as u32;
@@ -327,7 +336,7 @@ fn arrivals(held: &[Held], slots: &Slots, m: usize, at: &mut [usize], from: &mut
         for _ in 1..m {
             let c = first_free(&slots.link[q], t);
             let next = (q + 1) % m;
-            if held.iter().any(|o| o.pe as usize == next) {
+            if holds[next] {
                 break;
             }
             if c + 1 < at[next] {
@@ -351,6 +360,8 @@ struct Placer<'a> {
     sum: Vec<Option<(Val, Vec<Held>)>>,
     copies: HashMap<(Element, u32), Val>,
     scratch: Vec<(Vec<usize>, Vec<u32>)>,
+    /// Per PE, whether it holds the operand whose arrivals are being found.
+    holds: Vec<bool>,
 }
 
 impl Placer<'_> {
@@ -416,14 +427,21 @@ impl Placer<'_> {
         let m = self.m;
         let nd = self.g[i];
         let computed: Vec<Src> = operands(&nd).filter(|s| !matches!(s, Src::In(_))).collect();
-        for (k, &s) in computed.iter().enumerate() {
-            let Some((_, held)) = self.value(s) else {
-                self.b.bug(NAME, "an operand placed after its reader");
-                return;
-            };
-            let held = held.clone();
-            let (at, from) = &mut self.scratch[k];
-            arrivals(&held, &self.slots, m, at, from);
+        // Taken out for the walks, which read the holders in `self`.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut holds = std::mem::take(&mut self.holds);
+        let mut missing = false;
+        for (&s, (at, from)) in computed.iter().zip(scratch.iter_mut()) {
+            match self.value(s) {
+                Some((_, held)) => arrivals(held, &self.slots, m, at, from, &mut holds),
+                None => missing = true,
+            }
+        }
+        self.scratch = scratch;
+        self.holds = holds;
+        if missing {
+            self.b.bug(NAME, "an operand placed after its reader");
+            return;
         }
         let mut best: Option<(usize, usize, usize, usize)> = None;
         for off in 0..m {
@@ -564,6 +582,7 @@ fn place_all(
         sum: vec![None; g.len()],
         copies: HashMap::default(),
         scratch: vec![(vec![FAR; m], vec![0; m]); 3],
+        holds: vec![false; m],
     };
     for i in order {
         let anchor = if rules.anchors {
