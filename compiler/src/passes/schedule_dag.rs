@@ -443,14 +443,19 @@ impl Placer<'_> {
             self.b.bug(NAME, "an operand placed after its reader");
             return;
         }
+        // Each operand's holders, looked up once rather than for every PE.
+        let held: Vec<&[Held]> = computed
+            .iter()
+            .map(|&s| self.value(s).map_or(&[][..], |v| &v.1[..]))
+            .collect();
         let mut best: Option<(usize, usize, usize, usize)> = None;
         for off in 0..m {
             let pe = (anchor + off) % m;
             let mut ready = 0;
             let mut hops = 0;
-            for (&s, (at, from)) in computed.iter().zip(&self.scratch) {
+            for (hs, (at, from)) in held.iter().zip(&self.scratch) {
                 ready = ready.max(at[pe]);
-                if let Some(h) = self.value(s).and_then(|v| v.1.get(from[pe] as usize)) {
+                if let Some(h) = hs.get(from[pe] as usize) {
                     hops += (pe + m - h.pe as usize) % m;
                 }
             }
