@@ -72,6 +72,8 @@ fn check(n: u32, d: u32, m: u32, heads: u32, shared: bool, causal: bool) {
 /// rings (1, 2–3, 4–5, …) alternately, so every dim still meets rings of both parities, with
 /// fewer and more PEs than tokens, and every head count (`every_dim`: all of them on every ring;
 /// `cargo test --release --test suite e2e_shapes::every_small_shape_every_dim -- --ignored`).
+/// Of those, each ring then takes a third (`common::pick`, at least one, rotating with the ring
+/// and the scheme); `ATTNC_FULL_GRIDS=1` takes them all.
 fn every_small_shape(shared: bool, causal: bool, every_dim: bool) {
     for n in 1..=8u32 {
         let mut dims: Vec<u32> = [1, 2, 3, 4, n.saturating_sub(1), n, n + 1, 2 * n]
@@ -80,11 +82,20 @@ fn every_small_shape(shared: bool, causal: bool, every_dim: bool) {
             .collect();
         dims.sort_unstable();
         dims.dedup();
+        let scheme = usize::from(shared) + 2 * usize::from(causal);
         for m in 1..=n + 2 {
-            for (i, &d) in dims.iter().enumerate() {
-                if n >= 7 && !every_dim && (i as u32 + m / 2) % 2 == 1 {
-                    continue;
-                }
+            let dims: Vec<u32> = dims
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| every_dim || n < 7 || (i as u32 + m / 2) % 2 == 0)
+                .map(|(_, &d)| d)
+                .collect();
+            let dims = if every_dim {
+                dims
+            } else {
+                pick(&dims, 3, m as usize + scheme)
+            };
+            for d in dims {
                 check(n, d, m, 1 + (n + m + d) % 3, shared, causal);
             }
         }
@@ -127,7 +138,8 @@ fn every_small_shape_every_dim() {
 /// counts, odd and even ones, and on the rings of one to three PEs with one head and with two
 /// (the heads alternate with the ring as before).
 /// `cargo test --release --test suite e2e_shapes::larger_shapes_every_dim -- --ignored` runs
-/// all four dims on every ring.
+/// all four dims on every ring. Of the two, each ring then takes one (`common::pick`, rotating
+/// with the ring and the token count); `ATTNC_FULL_GRIDS=1` takes both.
 fn larger_shapes_sampled(shared: bool, causal: bool, every_dim: bool) {
     for n in 9..=16u32 {
         for (i, m) in [1, 2, 3, n - 1, n, n + 1, n + 2].into_iter().enumerate() {
@@ -135,7 +147,7 @@ fn larger_shapes_sampled(shared: bool, causal: bool, every_dim: bool) {
             let picked = if every_dim {
                 dims.concat()
             } else {
-                dims[(n as usize / 2 + i) % 2].to_vec()
+                pick(&dims[(n as usize / 2 + i) % 2], 2, n as usize + i)
             };
             for d in picked {
                 check(n, d, m, 1 + (n + m) % 2, shared, causal);

@@ -36,6 +36,26 @@ pub fn preload_pes(
         .chain(place.copies.iter().map(|c| c.pe))
 }
 
+/// Whether the sampled grids run in full: `ATTNC_FULL_GRIDS=1`.
+pub fn full_grids() -> bool {
+    std::env::var_os("ATTNC_FULL_GRIDS").is_some_and(|v| v == "1")
+}
+
+/// About one in `every` of `items` (at least one): those at `start`, `start + every`, … counted
+/// round the list, so that successive calls with successive starts cover all of them; every item
+/// under `ATTNC_FULL_GRIDS=1`. The largest correctness grids pick their innermost choices (head
+/// dims, head counts) through it, so that the default run (CI's) stays short while every token
+/// count and ring of the grid is still compiled, proved and run.
+pub fn pick<T: Copy>(items: &[T], every: usize, start: usize) -> Vec<T> {
+    if full_grids() || items.is_empty() {
+        return items.to_vec();
+    }
+    let len = items.len();
+    (0..len.div_ceil(every.max(1)))
+        .map(|j| items[(start + every * j) % len])
+        .collect()
+}
+
 pub fn compile_src(src: &str, pes: u32, schedule: Choice) -> Compiled {
     compile_placed(src, pes, schedule, false)
 }
