@@ -87,7 +87,7 @@ fn every_small_shape(shared: bool, causal: bool, every_dim: bool) {
             let dims: Vec<u32> = dims
                 .iter()
                 .enumerate()
-                .filter(|&(i, _)| every_dim || n < 7 || (i as u32 + m / 2) % 2 == 0)
+                .filter(|&(i, _)| every_dim || n < 7 || (i as u32 + m / 2).is_multiple_of(2))
                 .map(|(_, &d)| d)
                 .collect();
             let dims = if every_dim {
