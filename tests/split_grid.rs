@@ -62,14 +62,17 @@ fn check_compiled(
 
 /// Rings of up to four PEs per token for one scheme (`k` its index, which alternates the
 /// formulation so that both meet every size); one test per scheme, run in parallel. Each ring
-/// takes one head count of one and four, alternating (`common::pick`); `ATTNC_FULL_GRIDS=1`
-/// takes both.
+/// takes one head count of one and four, alternating (`common::pick`), so each size meets one
+/// formulation, and each kind of `d` (`n` or 8) meets both with each head count;
+/// `ATTNC_FULL_GRIDS=1` takes both head counts.
 fn rings_up_to_four_pes_per_token(k: u32, shared: bool, causal: bool) {
     let mut combos = 0;
     for n in [1u32, 2, 3, 4, 6] {
         for d in [n, 8] {
             for m in [n + 1, 2 * n, 4 * n] {
-                for heads in pick(&[1u32, 4], 2, (n + d + m + k) as usize) {
+                // Counted by the layers before, not by the sizes: the formulation follows the
+                // heads' parity, and a start of `n + d + m` would tie it to `d`'s.
+                for heads in pick(&[1u32, 4], 2, (combos + k) as usize) {
                     let safe = (n + m + heads + k).is_multiple_of(2);
                     check(n, d, m, heads, shared, causal, safe);
                     combos += 1;
