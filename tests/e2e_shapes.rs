@@ -73,7 +73,9 @@ fn check(n: u32, d: u32, m: u32, heads: u32, shared: bool, causal: bool) {
 /// fewer and more PEs than tokens, and every head count (`every_dim`: all of them on every ring;
 /// `cargo test --release --test suite e2e_shapes::every_small_shape_every_dim -- --ignored`).
 /// Of those, each ring then takes a third (`common::pick`, at least one, rotating with the ring
-/// and the scheme); `ATTNC_FULL_GRIDS=1` takes them all.
+/// and the scheme, so that the four schemes' tests together still compile every (tokens, dim,
+/// ring) above, though each scheme alone no longer meets every pairing named above);
+/// `ATTNC_FULL_GRIDS=1` takes them all.
 fn every_small_shape(shared: bool, causal: bool, every_dim: bool) {
     for n in 1..=8u32 {
         let mut dims: Vec<u32> = [1, 2, 3, 4, n.saturating_sub(1), n, n + 1, 2 * n]
@@ -139,15 +141,17 @@ fn every_small_shape_every_dim() {
 /// (the heads alternate with the ring as before).
 /// `cargo test --release --test suite e2e_shapes::larger_shapes_every_dim -- --ignored` runs
 /// all four dims on every ring. Of the two, each ring then takes one (`common::pick`, rotating
-/// with the ring and the token count); `ATTNC_FULL_GRIDS=1` takes both.
+/// with the ring, the token count and the scheme, so that the four schemes' tests together still
+/// compile every (tokens, dim, ring) of the grid); `ATTNC_FULL_GRIDS=1` takes both.
 fn larger_shapes_sampled(shared: bool, causal: bool, every_dim: bool) {
+    let scheme = usize::from(shared) + 2 * usize::from(causal);
     for n in 9..=16u32 {
         for (i, m) in [1, 2, 3, n - 1, n, n + 1, n + 2].into_iter().enumerate() {
             let dims = [[1, n], [n - 1, 2 * n]];
             let picked = if every_dim {
                 dims.concat()
             } else {
-                pick(&dims[(n as usize / 2 + i) % 2], 2, n as usize + i)
+                pick(&dims[(n as usize / 2 + i) % 2], 2, n as usize + i + scheme)
             };
             for d in picked {
                 check(n, d, m, 1 + (n + m) % 2, shared, causal);
