@@ -1559,16 +1559,20 @@ fn balanced_shares(p: &Problem, a: Apart, rows_len: &[u64]) -> Vec<u64> {
     } else {
         0
     };
-    // Shares times 100·r1: the output PEs' share is (products + soft·extra) / r1, a softmax
-    // PE's `extra` less, `extra` being its softmax work less what its scores spared it.
-    let extra = softmax * (100 - light);
-    let full = products * 100 + soft * extra;
+    // Its softmax work less what its scores spared it, in hundredths of an operation.
+    softmax_lighter(r1, soft, products * 100, softmax * (100 - light))
+}
+
+/// Shares of `r1` PEs in `total` work, the first `soft` of them `less` lighter than the others,
+/// times `r1` (none below 0): `total + soft·less` for the others, `r1·less` lighter for those.
+fn softmax_lighter(r1: u64, soft: u64, total: u64, less: u64) -> Vec<u64> {
+    let others = total + soft * less;
     (0..r1)
         .map(|j| {
             if j < soft {
-                full.saturating_sub(r1 * extra)
+                others.saturating_sub(r1 * less)
             } else {
-                full
+                others
             }
         })
         .collect()
@@ -1604,18 +1608,8 @@ fn uneven_deal(
     let products = scores.iter().copied().max().unwrap_or(0) * u64::from(p.dim);
     let per_weight = if p.safe() { 3 } else { 2 };
     let softmax = (weights.iter().copied().max().unwrap_or(0) * per_weight).div_ceil(soft);
-    // Shares times 100·r1: the arc's products split evenly, then each softmax PE's share
-    // lighter by `lambda` percent of its softmax work and the others' heavier to match.
-    let even = products * 100 + soft * lambda * softmax;
-    (0..r1)
-        .map(|j| {
-            if j < soft {
-                even.saturating_sub(r1 * lambda * softmax)
-            } else {
-                even
-            }
-        })
-        .collect()
+    // `lambda` percent of its softmax work, in hundredths of an operation.
+    softmax_lighter(r1, soft, products * 100, lambda * softmax)
 }
 
 /// The PE whose count of dealt scores is furthest below its weight (ties to the first): the
