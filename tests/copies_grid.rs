@@ -145,6 +145,23 @@ fn arcs_with_copies_give_each_pe_both_phases() {
     }
 }
 
+/// 32 tokens, `d = 8`, q = k = v on 64 PEs: two PEs per row. On arcs whose softmax PEs did
+/// nothing but the softmax, the other PE of an arc took all of a row's outputs after its own
+/// scores (423 cycles, bound 242); with the softmax PEs taking a share of the outputs and
+/// fewer of their own arc's scores the layer takes under one and a half times its bound.
+#[test]
+fn arcs_softmax_pes_take_outputs_too() {
+    let (n, d, m) = (32, 8, 64);
+    let (copied, single, copies) = both_compiled(n, d, m, 1, "shared");
+    let bound = copied.manifest.bound.expect("a bound").value;
+    let cycles = copied.manifest.cycles;
+    assert!(
+        2 * cycles <= 3 * bound && copies > 0,
+        "{n} tokens, d = {d}, q = k = v on {m} PEs: {cycles} cycles (bound {bound}), {single} \
+         with a single placement"
+    );
+}
+
 /// Layers of 8 to 32 tokens with `d = 8` on 64 PEs and more, where a single placement streams
 /// the k and v rows (or the x rows) through one link: with a copy on every PE that reads a word
 /// each row group's lane starts at once.

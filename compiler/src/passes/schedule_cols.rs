@@ -294,6 +294,18 @@ fn row_groups(p: &Problem, pes: u32, lane_pes: u64) -> impl Iterator<Item = u32>
 const ARCS_GAP_PERCENT: u64 = 10;
 /// Softmax PEs per arc [`copied_arcs`] tries.
 const COPIED_ARC_SOFT: [u32; 3] = [1, 2, 4];
+/// The arcs [`copied_arcs`] tries at each softmax count: scores crossing the arc or whole, and
+/// with whole scores, the softmax PEs also taking outputs with their own scores lighter by 30 or
+/// 70 % of their softmax work, their outputs made up for it or not (`Apart::soft_outputs`,
+/// `Apart::soft_light`, `Apart::soft_repaid`).
+const COPIED_ARC_KINDS: [(bool, bool, u32, bool); 6] = [
+    (false, false, 0, false),
+    (true, false, 0, false),
+    (true, true, 30, false),
+    (true, true, 70, false),
+    (true, true, 30, true),
+    (true, true, 70, true),
+];
 
 /// Arcs (`Apart::next`) of 1, 2, 4, … row groups per head, each arc holding its own copies of
 /// the inputs it reads, where copies are tried: an arc of `m / (heads · groups)` PEs computes
@@ -324,11 +336,14 @@ pub(crate) fn copied_arcs(p: &Problem, pes: u32, best: usize) -> Vec<(u32, Apart
             if soft > rows || soft + 1 > r1 {
                 continue;
             }
-            for whole_scores in [false, true] {
+            for (whole_scores, soft_outputs, soft_light, soft_repaid) in COPIED_ARC_KINDS {
                 let lane = Apart {
                     next: true,
                     copies: true,
                     whole_scores,
+                    soft_outputs,
+                    soft_light,
+                    soft_repaid,
                     ..Apart::columns(r1, soft, 0)
                 };
                 push_new(&mut out, (groups, lane));

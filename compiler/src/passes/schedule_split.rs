@@ -319,6 +319,21 @@ pub(crate) struct Apart {
     /// dealt over them in turn, rather than its chain crossing them column by column: the q/k
     /// part then does `r1` scores at once however small `d` is.
     pub(crate) whole_scores: bool,
+    /// With `next`, the softmax PEs take a share of the arc's outputs too, smaller than the
+    /// other PEs' by their softmax work, so that every PE of the next arc does about as many
+    /// operations (see [`next_outputs`]). With arcs of two PEs per row the one output PE
+    /// otherwise does all `n·d` products of its row's outputs while the softmax PE does three
+    /// operations per weight.
+    pub(crate) soft_outputs: bool,
+    /// With `soft_outputs` and `whole_scores`, how much lighter (in percent of its softmax
+    /// work) a softmax PE's share of its own arc's scores is than the other PEs' (see
+    /// [`uneven_deal`]): it builds the previous arc's row maxima while their scores arrive, so
+    /// its own scores would hold those back. 0: scores dealt evenly.
+    pub(crate) soft_light: u32,
+    /// With `soft_light`, a softmax PE's share of the outputs grows by the work its lighter
+    /// share of scores spared it (see [`balanced_shares`]); otherwise the shares are those of
+    /// an even deal.
+    pub(crate) soft_repaid: bool,
 }
 
 impl Apart {
@@ -349,6 +364,9 @@ impl Apart {
             late_near: false,
             copies: false,
             whole_scores: false,
+            soft_outputs: false,
+            soft_light: 0,
+            soft_repaid: false,
         }
     }
 
@@ -1484,7 +1502,11 @@ fn outputs_laid(p: &Problem, len: &[u64], shares: &[u64], order: &[(u32, u32)]) 
 /// first are done. With several row groups (`group_of[row]`, the same in every head) each
 /// group's rows are cut over the PEs after its own lane.
 fn next_outputs(p: &Problem, a: Apart, groups: u32, group_of: &[u32]) -> Vec<u32> {
-    let first = a.soft.min(a.r1.saturating_sub(1));
+    let first = if a.soft_outputs {
+        0
+    } else {
+        a.soft.min(a.r1.saturating_sub(1))
+    };
     let pes: Vec<u32> = (first..a.r1.max(1)).collect();
     let shares: Vec<u64> = pes
         .iter()
@@ -1506,6 +1528,11 @@ fn next_outputs(p: &Problem, a: Apart, groups: u32, group_of: &[u32]) -> Vec<u32
             .enumerate()
             .map(|(r, &l)| if in_group(r) { l } else { 0 })
             .collect();
+        let shares = if a.soft_outputs {
+            balanced_shares(p, a, &own)
+        } else {
+            shares.clone()
+        };
         let table = outputs_by_weight_of(p, &own, &shares);
         for (i, slot) in out.iter_mut().enumerate() {
             if in_group((i / d) % n.max(1)) {
@@ -1515,6 +1542,93 @@ fn next_outputs(p: &Problem, a: Apart, groups: u32, group_of: &[u32]) -> Vec<u32
         }
     }
     out
+}
+
+/// [`Apart::soft_outputs`]' shares of one row group's outputs over all `r1` PEs of the next
+/// arc, so that each PE does about as many operations: a softmax PE's share is the others' less
+/// its softmax work (a maximum, an exponential and a division per weight of the rows dealt to
+/// it, two without the maximum), in products, plus what its own arc's scores spared it
+/// ([`uneven_deal`]); none when that is more than its share.
+fn balanced_shares(p: &Problem, a: Apart, rows_len: &[u64]) -> Vec<u64> {
+    let (r1, soft) = (u64::from(a.r1.max(1)), u64::from(a.soft.min(a.r1).max(1)));
+    let products: u64 = rows_len.iter().sum::<u64>() * u64::from(p.dim);
+    let per_weight = if p.safe() { 3 } else { 2 };
+    let softmax = (rows_len.iter().sum::<u64>() * per_weight).div_ceil(soft);
+    let light = if a.whole_scores && a.soft_repaid {
+        u64::from(a.soft_light.min(100))
+    } else {
+        0
+    };
+    // Its softmax work less what its scores spared it, in hundredths of an operation.
+    softmax_lighter(r1, soft, products * 100, softmax * (100 - light))
+}
+
+/// Shares of `r1` PEs in `total` work, the first `soft` of them `less` lighter than the others,
+/// times `r1` (none below 0): `total + soft·less` for the others, `r1·less` lighter for those.
+fn softmax_lighter(r1: u64, soft: u64, total: u64, less: u64) -> Vec<u64> {
+    let others = total + soft * less;
+    (0..r1)
+        .map(|j| {
+            if j < soft {
+                others.saturating_sub(r1 * less)
+            } else {
+                others
+            }
+        })
+        .collect()
+}
+
+/// Weights of an arc's q/k PEs in dealing its whole scores when its softmax PEs take outputs
+/// ([`Apart::soft_outputs`]): a softmax PE takes fewer, by a share of its softmax work, so that
+/// the maximum it builds while the previous arc's scores arrive does not wait on its own.
+fn uneven_deal(
+    p: &Problem,
+    ap: Apart,
+    g: &Geometry,
+    pairs_of: &dyn Fn(u32) -> Vec<u32>,
+) -> Vec<u64> {
+    let lambda = u64::from(ap.soft_light);
+    let (r1, soft) = (
+        u64::from(ap.r1.max(1)),
+        u64::from(ap.soft.min(ap.r1).max(1)),
+    );
+    // Per arc its whole scores and its rows' weights (whose softmax the next arc's softmax
+    // PEs take); the busiest arc of each sets the shares.
+    let mut scores = vec![0u64; g.lanes as usize];
+    let mut weights = vec![0u64; g.lanes as usize];
+    for h in 0..p.heads {
+        for a in 0..p.tokens {
+            let lane = g.lane(h, a) as usize;
+            if let (Some(s), Some(w)) = (scores.get_mut(lane), weights.get_mut(lane)) {
+                *s += pairs_of(a).len() as u64;
+                *w += u64::from(p.keys_in_row(a));
+            }
+        }
+    }
+    let products = scores.iter().copied().max().unwrap_or(0) * u64::from(p.dim);
+    let per_weight = if p.safe() { 3 } else { 2 };
+    let softmax = (weights.iter().copied().max().unwrap_or(0) * per_weight).div_ceil(soft);
+    // `lambda` percent of its softmax work, in hundredths of an operation.
+    softmax_lighter(r1, soft, products * 100, lambda * softmax)
+}
+
+/// The PE whose count of dealt scores is furthest below its weight (ties to the first): the
+/// one with the least `(count + 1/2) / weight`; a PE of weight 0 takes none while another can.
+fn least_loaded(counts: &[u64], weights: &[u64]) -> usize {
+    let key = |j: usize| {
+        let c = counts.get(j).copied().unwrap_or(u64::MAX / 4);
+        let w = weights.get(j).copied().unwrap_or(0);
+        (u128::from(2 * c + 1), u128::from(w))
+    };
+    let mut best = 0;
+    for j in 1..counts.len() {
+        let ((cj, wj), (cb, wb)) = (key(j), key(best));
+        // cj / wj < cb / wb, cross-multiplied (a weight of 0 is never less).
+        if wj > 0 && (wb == 0 || cj * wb < cb * wj) {
+            best = j;
+        }
+    }
+    best
 }
 
 /// Tiny deterministic generator for the perturbed retries (no dependence on the clock).
@@ -2113,6 +2227,21 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
     }
     // Whole scores dealt so far per arc.
     let mut dealt: Vec<u32> = vec![0; g.lanes as usize];
+    let uneven = g
+        .apart
+        .filter(|ap| {
+            ap.next
+                && ap.soft_outputs
+                && ap.soft_light > 0
+                && ap.whole_scores
+                && ap.copies
+                && p.copies
+        })
+        .map(|ap| uneven_deal(p, ap, &g, &pairs_of));
+    let mut taken: Vec<Vec<u64>> = match &uneven {
+        Some(w) => vec![vec![0; w.len()]; g.lanes as usize],
+        None => Vec::new(),
+    };
     for h in 0..p.heads {
         for a in 0..n {
             let lane = g.lane(h, a);
@@ -2143,8 +2272,18 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
                     // share of the arc's scores however many each row has (each PE's phase 3
                     // follows its share); elsewhere by key and row, so that a row's last
                     // scores end on different PEs.
-                    let k = match dealt.get_mut(lane as usize) {
-                        Some(turn) if ap.next => {
+                    let k = match (dealt.get_mut(lane as usize), &uneven) {
+                        (Some(_), Some(w)) => match taken.get_mut(lane as usize) {
+                            Some(counts) => {
+                                let j = least_loaded(counts, w);
+                                if let Some(c) = counts.get_mut(j) {
+                                    *c += 1;
+                                }
+                                j as u32
+                            }
+                            None => 0,
+                        },
+                        (Some(turn), None) if ap.next => {
                             *turn += 1;
                             *turn - 1
                         }
