@@ -147,8 +147,9 @@ fn arcs_with_copies_give_each_pe_both_phases() {
 
 /// 32 tokens, `d = 8`, q = k = v on 64 PEs: two PEs per row. On arcs whose softmax PEs did
 /// nothing but the softmax, the other PE of an arc took all of a row's outputs after its own
-/// scores (423 cycles, bound 242); with the softmax PEs taking a share of the outputs and
-/// fewer of their own arc's scores the layer takes under one and a half times its bound.
+/// scores (448 cycles; `auto` kept another dataflow at 423, bound 242); with the softmax PEs
+/// taking a share of the outputs and fewer of their own arc's scores the layer takes at most
+/// one and a half times its bound.
 #[test]
 fn arcs_softmax_pes_take_outputs_too() {
     let (n, d, m) = (32, 8, 64);
