@@ -327,7 +327,7 @@ pub(crate) struct Apart {
     pub(crate) soft_outputs: bool,
     /// With `soft_outputs` and `whole_scores`, how much lighter (in percent of its softmax
     /// work) a softmax PE's share of its own arc's scores is than the other PEs' (see
-    /// [`uneven_deal`]): it builds the previous arc's row maxima while their scores arrive, so
+    /// [`arc_deal`]): it builds the previous arc's row maxima while their scores arrive, so
     /// its own scores would hold those back. 0: scores dealt evenly.
     pub(crate) soft_light: u32,
     /// With `soft_light`, a softmax PE's share of the outputs grows by the work its lighter
@@ -367,6 +367,17 @@ impl Apart {
             soft_outputs: false,
             soft_light: 0,
             soft_repaid: false,
+        }
+    }
+
+    /// How much lighter, in percent of its softmax work, a softmax PE's share of its arc's
+    /// whole scores is ([`Apart::soft_light`] where it applies: arcs with copies and whole
+    /// scores whose softmax PEs take outputs), else 0.
+    fn light(&self, p: &Problem) -> u64 {
+        if self.next && self.soft_outputs && self.whole_scores && self.copies && p.copies {
+            u64::from(self.soft_light.min(100))
+        } else {
+            0
         }
     }
 
@@ -1528,12 +1539,11 @@ fn next_outputs(p: &Problem, a: Apart, groups: u32, group_of: &[u32]) -> Vec<u32
             .enumerate()
             .map(|(r, &l)| if in_group(r) { l } else { 0 })
             .collect();
-        let shares = if a.soft_outputs {
-            balanced_shares(p, a, &own)
+        let table = if a.soft_outputs {
+            outputs_by_weight_of(p, &own, &balanced_shares(p, a, &own))
         } else {
-            shares.clone()
+            outputs_by_weight_of(p, &own, &shares)
         };
-        let table = outputs_by_weight_of(p, &own, &shares);
         for (i, slot) in out.iter_mut().enumerate() {
             if in_group((i / d) % n.max(1)) {
                 let k = table.get(i).copied().unwrap_or(0);
@@ -1548,19 +1558,21 @@ fn next_outputs(p: &Problem, a: Apart, groups: u32, group_of: &[u32]) -> Vec<u32
 /// arc, so that each PE does about as many operations: a softmax PE's share is the others' less
 /// its softmax work (a maximum, an exponential and a division per weight of the rows dealt to
 /// it, two without the maximum), in products, plus what its own arc's scores spared it
-/// ([`uneven_deal`]); none when that is more than its share.
+/// ([`arc_deal`]); none when that is more than its share.
 fn balanced_shares(p: &Problem, a: Apart, rows_len: &[u64]) -> Vec<u64> {
     let (r1, soft) = (u64::from(a.r1.max(1)), u64::from(a.soft.min(a.r1).max(1)));
-    let products: u64 = rows_len.iter().sum::<u64>() * u64::from(p.dim);
-    let per_weight = if p.safe() { 3 } else { 2 };
-    let softmax = (rows_len.iter().sum::<u64>() * per_weight).div_ceil(soft);
-    let light = if a.whole_scores && a.soft_repaid {
-        u64::from(a.soft_light.min(100))
-    } else {
-        0
-    };
+    let weights: u64 = rows_len.iter().sum();
+    let light = if a.soft_repaid { a.light(p) } else { 0 };
     // Its softmax work less what its scores spared it, in hundredths of an operation.
-    softmax_lighter(r1, soft, products * 100, softmax * (100 - light))
+    let less = softmax_work(p, weights, soft) * (100 - light);
+    softmax_lighter(r1, soft, weights * u64::from(p.dim) * 100, less)
+}
+
+/// Softmax operations of `weights` weights on each of `soft` PEs: an exponential and a division
+/// per weight, and with a safe softmax a maximum (one per weight, counted roughly).
+fn softmax_work(p: &Problem, weights: u64, soft: u64) -> u64 {
+    let per_weight = if p.safe() { 3 } else { 2 };
+    (weights * per_weight).div_ceil(soft.max(1))
 }
 
 /// Shares of `r1` PEs in `total` work, the first `soft` of them `less` lighter than the others,
@@ -1578,20 +1590,18 @@ fn softmax_lighter(r1: u64, soft: u64, total: u64, less: u64) -> Vec<u64> {
         .collect()
 }
 
-/// Weights of an arc's q/k PEs in dealing its whole scores when its softmax PEs take outputs
-/// ([`Apart::soft_outputs`]): a softmax PE takes fewer, by a share of its softmax work, so that
-/// the maximum it builds while the previous arc's scores arrive does not wait on its own.
-fn uneven_deal(
-    p: &Problem,
-    ap: Apart,
-    g: &Geometry,
-    pairs_of: &dyn Fn(u32) -> Vec<u32>,
-) -> Vec<u64> {
-    let lambda = u64::from(ap.soft_light);
+/// Weights of an arc's q/k PEs in dealing its whole scores: equal, or with
+/// [`Apart::soft_light`] a softmax PE's lighter by that share of its softmax work, so that the
+/// maximum it builds while the previous arc's scores arrive does not wait on its own.
+fn arc_deal(p: &Problem, ap: Apart, g: &Geometry, pairs_of: &dyn Fn(u32) -> Vec<u32>) -> Vec<u64> {
     let (r1, soft) = (
         u64::from(ap.r1.max(1)),
         u64::from(ap.soft.min(ap.r1).max(1)),
     );
+    let light = ap.light(p);
+    if light == 0 {
+        return vec![1; r1 as usize];
+    }
     // Per arc its whole scores and its rows' weights (whose softmax the next arc's softmax
     // PEs take); the busiest arc of each sets the shares.
     let mut scores = vec![0u64; g.lanes as usize];
@@ -1606,10 +1616,9 @@ fn uneven_deal(
         }
     }
     let products = scores.iter().copied().max().unwrap_or(0) * u64::from(p.dim);
-    let per_weight = if p.safe() { 3 } else { 2 };
-    let softmax = (weights.iter().copied().max().unwrap_or(0) * per_weight).div_ceil(soft);
-    // `lambda` percent of its softmax work, in hundredths of an operation.
-    softmax_lighter(r1, soft, products * 100, lambda * softmax)
+    let softmax = softmax_work(p, weights.iter().copied().max().unwrap_or(0), soft);
+    // `light` percent of its softmax work, in hundredths of an operation.
+    softmax_lighter(r1, soft, products * 100, light * softmax)
 }
 
 /// The PE whose count of dealt scores is furthest below its weight (ties to the first): the
@@ -2225,23 +2234,13 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
             }
         }
     }
-    // Whole scores dealt so far per arc.
-    let mut dealt: Vec<u32> = vec![0; g.lanes as usize];
-    let uneven = g
+    // On arcs, the whole scores dealt so far to each PE of each arc, and the PEs' weights.
+    let deal = g
         .apart
-        .filter(|ap| {
-            ap.next
-                && ap.soft_outputs
-                && ap.soft_light > 0
-                && ap.whole_scores
-                && ap.copies
-                && p.copies
-        })
-        .map(|ap| uneven_deal(p, ap, &g, &pairs_of));
-    let mut taken: Vec<Vec<u64>> = match &uneven {
-        Some(w) => vec![vec![0; w.len()]; g.lanes as usize],
-        None => Vec::new(),
-    };
+        .filter(|ap| ap.next)
+        .map(|ap| arc_deal(p, ap, &g, &pairs_of));
+    let mut dealt: Vec<Vec<u64>> =
+        vec![vec![0; deal.as_ref().map_or(0, Vec::len)]; g.lanes as usize];
     for h in 0..p.heads {
         for a in 0..n {
             let lane = g.lane(h, a);
@@ -2268,24 +2267,17 @@ fn plan(p: &Problem, m: u32, layout: Layout, bumps: Vec<u32>) -> Plan {
                         .cloned()
                         .collect()
                 } else if let Some(ap) = whole {
-                    // On arcs, dealt in turn over the arc's q/k PEs, so that each does its
-                    // share of the arc's scores however many each row has (each PE's phase 3
-                    // follows its share); elsewhere by key and row, so that a row's last
-                    // scores end on different PEs.
-                    let k = match (dealt.get_mut(lane as usize), &uneven) {
-                        (Some(_), Some(w)) => match taken.get_mut(lane as usize) {
-                            Some(counts) => {
-                                let j = least_loaded(counts, w);
-                                if let Some(c) = counts.get_mut(j) {
-                                    *c += 1;
-                                }
-                                j as u32
+                    // On arcs, dealt over the arc's q/k PEs by their weights (equal ones: in
+                    // turn), so that each does its share of the arc's scores however many each
+                    // row has (each PE's phase 3 follows its share); elsewhere by key and row,
+                    // so that a row's last scores end on different PEs.
+                    let k = match (&deal, dealt.get_mut(lane as usize)) {
+                        (Some(w), Some(counts)) => {
+                            let j = least_loaded(counts, w);
+                            if let Some(c) = counts.get_mut(j) {
+                                *c += 1;
                             }
-                            None => 0,
-                        },
-                        (Some(turn), None) if ap.next => {
-                            *turn += 1;
-                            *turn - 1
+                            j as u32
                         }
                         _ => bcol + a,
                     };
