@@ -12,10 +12,14 @@
 //! first, routing each computed operand forward over the free link slots from the nearest PE
 //! that holds it (a result may leave in the cycle it is made, like `send acc`). Several
 //! tie-break rules and seeded perturbations of the order are tried; the shortest schedule is kept.
+//! With two PEs per row or more, a systolic layout ([`Systolic`]) is tried too: it names the PE
+//! of every operation (each row on an arc of its own, its outputs on the next arc), and the same
+//! booking decides only the cycles and the routes.
 //!
 //! It needs preload copies (every input is loaded where it is read), so it refuses
 //! `--single-placement`; `auto` tries it on rings of 16 PEs or more for layers up to
-//! [`AUTO_OPS`] necessary operations.
+//! [`AUTO_OPS`] necessary operations, and up to [`MAX_OPS`] where the systolic layout applies
+//! (then that layout alone).
 
 use crate::ir::Tensor;
 use crate::passes::schedule_split::COPIES_MIN_PES;
@@ -72,7 +76,10 @@ impl Scheduler for Dag {
         })
     }
     fn tried_by_auto(&self, p: &Problem, pes: u32) -> bool {
-        p.copies && pes >= COPIES_MIN_PES && p.necessary_ops() <= AUTO_OPS
+        let ops = p.necessary_ops();
+        p.copies
+            && pes >= COPIES_MIN_PES
+            && (ops <= AUTO_OPS || (systolic_applies(p, pes) && ops <= MAX_OPS))
     }
     fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         run(p, pes)
@@ -574,6 +581,12 @@ enum Sizing {
     Arc,
     /// By the work of its own row, scores and outputs.
     Row,
+    /// By the larger of the two phases an arc runs at different times, its own row's scores
+    /// and the previous row's outputs, plus its softmax.
+    Peak,
+    /// From [`Sizing::Peak`], PEs moved one at a time to the arcs that hold back the row
+    /// estimated to end last ([`refine`]).
+    Estimated,
 }
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
@@ -614,6 +627,9 @@ impl Systolic {
             match sizing {
                 Sizing::Arc => own * (d + 3) + keys[order[(s + units - 1) % units]] * d,
                 Sizing::Row => own * (2 * d + 3),
+                Sizing::Peak | Sizing::Estimated => {
+                    own.max(keys[order[(s + units - 1) % units]]) * d + own * 3
+                }
             }
         };
         let total: usize = (0..units).map(work).sum::<usize>().max(1);
@@ -624,6 +640,18 @@ impl Systolic {
             sum += work(s);
         }
         starts.push(m);
+        if let Sizing::Estimated = sizing {
+            let slot_keys: Vec<usize> = order.iter().map(|&u| keys[u]).collect();
+            let sizes: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+            let sizes = refine(&slot_keys, d, sizes);
+            starts.clear();
+            let mut at = 0;
+            for a in sizes {
+                starts.push(at);
+                at += a;
+            }
+            starts.push(m);
+        }
         Systolic { starts, slot, keys }
     }
 
@@ -639,18 +667,88 @@ impl Systolic {
             (lo, self.starts[s + 1].max(lo + 1))
         };
         let (lo, hi) = arc(s);
+        let d = p.dim as usize;
         let pe = match nd.kind {
             Kind::Mac if nd.phase == 3 => {
                 let (nlo, nhi) = arc((s + 1) % self.slot.len());
                 let lanes = nhi.saturating_sub(nlo + 1).max(1);
-                let d = p.dim as usize;
                 nlo + lane_of(nd.col as usize * keys + nth, d * keys, lanes)
             }
-            Kind::Mac | Kind::Max => lo + nth * (hi - lo) / keys,
+            // Phase 1 in contiguous runs of products, a score's chain crossing at most into
+            // the next PE; a maximum where the last of its scores ends.
+            Kind::Mac => lo + p1_offset(nth, nd.col as usize, keys, d, hi - lo),
+            Kind::Max => lo + p1_offset(nth, d - 1, keys, d, hi - lo),
             Kind::Exp | Kind::Div => hi - 1,
         };
         pe % m
     }
+}
+
+/// When the row of slot `s` ends in the systolic layout, roughly, with arcs of `sizes` PEs: its
+/// scores on its own arc, the maximum's tree, one exponential per cycle, then the later of the
+/// last weight reaching the last lane and the lanes' skewed share of the outputs.
+fn estimated_end(keys: &[usize], d: usize, sizes: &[usize], s: usize) -> usize {
+    let k = keys[s].max(1);
+    let a = sizes[s].max(1);
+    let lanes = sizes[(s + 1) % sizes.len()].saturating_sub(1).max(1);
+    let tree = k.next_power_of_two().trailing_zeros() as usize + a / 2;
+    let z = (k * d).div_ceil(a) + tree + k;
+    z + ((k * d).div_ceil(lanes) + lanes / 2).max(k + lanes) + 1
+}
+
+/// Moves one PE at a time into the arc of the row estimated to end last, or into the arc that
+/// takes its outputs, from the arc whose loss costs least, while the latest end improves.
+fn refine(keys: &[usize], d: usize, mut sizes: Vec<usize>) -> Vec<usize> {
+    let units = sizes.len();
+    if units < 2 || sizes.iter().sum::<usize>() < units {
+        return sizes;
+    }
+    // Every row an arc of its own first: rounding leaves short rows none.
+    while let Some(empty) = sizes.iter().position(|&a| a == 0) {
+        let (largest, _) = sizes
+            .iter()
+            .enumerate()
+            .max_by_key(|&(_, &a)| a)
+            .unwrap_or((0, &0));
+        sizes[largest] -= 1;
+        sizes[empty] += 1;
+    }
+    // The latest end, how many rows end then, and one of them.
+    let latest = |sizes: &[usize]| {
+        let ends: Vec<usize> = (0..units)
+            .map(|s| estimated_end(keys, d, sizes, s))
+            .collect();
+        let end = ends.iter().copied().max().unwrap_or(0);
+        let at: Vec<usize> = (0..units).filter(|&s| ends[s] == end).collect();
+        ((end, at.len()), at.first().copied().unwrap_or(0))
+    };
+    let total: usize = sizes.iter().sum();
+    for _ in 0..total {
+        let (now, worst) = latest(&sizes);
+        let mut best: Option<((usize, usize), Vec<usize>)> = None;
+        for to in [worst, (worst + 1) % units] {
+            for from in (0..units).filter(|&f| f != to && sizes[f] > 1) {
+                let mut next = sizes.clone();
+                next[to] += 1;
+                next[from] -= 1;
+                let (end, _) = latest(&next);
+                if end < now && best.as_ref().is_none_or(|b| end < b.0) {
+                    best = Some((end, next));
+                }
+            }
+        }
+        match best {
+            Some((_, next)) => sizes = next,
+            None => break,
+        }
+    }
+    sizes
+}
+
+/// The PE, counted from its arc's first, of product `c` of score `nth` in the systolic layout:
+/// the row's `keys · d` products cut evenly over `pes` PEs in key order.
+fn p1_offset(nth: usize, c: usize, keys: usize, d: usize, pes: usize) -> usize {
+    (nth * d + c) * pes / (keys * d)
 }
 
 /// The lane of output product `idx` of `total`, on `lanes` lanes. A lane starts about one cycle
@@ -743,8 +841,13 @@ pub(crate) fn run_mirrored(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<Sc
     run_form(p, pes, true)
 }
 
-fn systolic_rules() -> [Rules; 2] {
-    [Sizing::Arc, Sizing::Row].map(|sizing| Rules {
+/// Whether the systolic layout is tried: rows on arcs of their own need two PEs per row.
+fn systolic_applies(p: &Problem, pes: u32) -> bool {
+    pes as usize >= 2 * (p.heads * p.tokens) as usize
+}
+
+fn systolic_rules() -> [Rules; 4] {
+    [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated].map(|sizing| Rules {
         anchors: false,
         fewer_hops: true,
         seed: 0,
@@ -774,14 +877,18 @@ pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<
 
 fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<ScheduleError>> {
     let mut tries = Vec::new();
-    for anchors in [true, false] {
-        for fewer_hops in [true, false] {
-            tries.push(Rules {
-                anchors,
-                fewer_hops,
-                seed: 0,
-                systolic: None,
-            });
+    // Above `AUTO_OPS` the free placement takes seconds and lost to the systolic layout on
+    // every large layer measured, so where that layout applies it is tried alone.
+    if !(systolic_applies(p, pes) && p.necessary_ops() > AUTO_OPS) {
+        for anchors in [true, false] {
+            for fewer_hops in [true, false] {
+                tries.push(Rules {
+                    anchors,
+                    fewer_hops,
+                    seed: 0,
+                    systolic: None,
+                });
+            }
         }
     }
     if p.necessary_ops() <= RETRY_MAX_OPS {
@@ -794,8 +901,7 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
             });
         }
     }
-    // Rows on arcs of their own need at least two PEs per row.
-    if pes as usize >= 2 * (p.heads * p.tokens) as usize {
+    if systolic_applies(p, pes) {
         tries.extend(systolic_rules());
     }
     let mut best: Option<RingSchedule> = None;
