@@ -572,8 +572,8 @@ impl Placer<'_> {
     }
 }
 
-/// How the systolic layout sizes its arcs. Neither wins everywhere under the causal mask, where
-/// rows differ in length; with every row alike both give equal arcs.
+/// How the systolic layout sizes its arcs. None wins everywhere under the causal mask, where rows
+/// differ in length; with every row alike the first three give equal arcs.
 #[derive(Clone, Copy, Debug)]
 enum Sizing {
     /// By the work done on the arc: its row's scores and softmax, and the previous row's
@@ -590,9 +590,8 @@ enum Sizing {
 }
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
-/// of the work. Its scores are computed there in contiguous blocks of keys; its maximum's tree
-/// follows the blocks to the arc's last PE, which also computes the row's exponentials and
-/// divisions; the weights then stream into the next arc, whose PEs but its last take the row's
+/// of the work. Its score products are cut evenly over the arc in key order; its maximum's tree
+/// follows them to the arc's last PE, which also computes the row's exponentials and divisions; the weights then stream into the next arc, whose PEs but its last take the row's
 /// output products, column by column in contiguous runs, so every output chain runs forward.
 /// Rows are laid round the ring longest first, so that each row's outputs land on an arc about
 /// as long as its own.
@@ -855,7 +854,7 @@ fn systolic_rules() -> [Rules; 4] {
     })
 }
 
-/// Every schedule of the systolic layout that [`run`] tries (both sizings, output chains in key
+/// Every schedule of the systolic layout that [`run`] tries (every sizing, output chains in key
 /// order and rotated), whether or not it is the one kept: for tests that prove them all.
 pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<ScheduleError>> {
     let mut out = Vec::new();
