@@ -12,10 +12,14 @@
 //! first, routing each computed operand forward over the free link slots from the nearest PE
 //! that holds it (a result may leave in the cycle it is made, like `send acc`). Several
 //! tie-break rules and seeded perturbations of the order are tried; the shortest schedule is kept.
+//! With two PEs per row or more, a systolic layout ([`Systolic`]) is tried too: it names the PE
+//! of every operation (each row on an arc of its own, its outputs on the next arc), and the same
+//! booking decides only the cycles and the routes.
 //!
 //! It needs preload copies (every input is loaded where it is read), so it refuses
 //! `--single-placement`; `auto` tries it on rings of 16 PEs or more for layers up to
-//! [`AUTO_OPS`] necessary operations.
+//! [`AUTO_OPS`] necessary operations, and up to [`MAX_OPS`] where the systolic layout applies
+//! (then that layout alone).
 
 use crate::ir::Tensor;
 use crate::passes::schedule_split::COPIES_MIN_PES;
@@ -72,7 +76,10 @@ impl Scheduler for Dag {
         })
     }
     fn tried_by_auto(&self, p: &Problem, pes: u32) -> bool {
-        p.copies && pes >= COPIES_MIN_PES && p.necessary_ops() <= AUTO_OPS
+        let ops = p.necessary_ops();
+        p.copies
+            && pes >= COPIES_MIN_PES
+            && (ops <= AUTO_OPS || (systolic_applies(p, pes) && ops <= MAX_OPS))
     }
     fn schedule(&self, p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
         run(p, pes)
@@ -108,6 +115,10 @@ struct Node {
     /// `head · tokens + row` of the row the operation serves (a score shared by two rows: the
     /// larger), for tie-breaks.
     unit: u32,
+    /// The key the operation serves (a maximum: the last of its scores' keys).
+    key: u32,
+    /// An output product's column.
+    col: u32,
     output: Option<Element>,
 }
 
@@ -157,6 +168,8 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
                             b: Some(Src::In(el(tk, h, j, c))),
                             acc,
                             unit: h * n + i,
+                            key: j,
+                            col: c,
                             output: None,
                         },
                     );
@@ -173,18 +186,19 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
         for i in 0..n {
             let unit = h * n + i;
             let keys: Vec<u32> = (0..n).filter(|&j| p.unmasked(i, j)).collect();
-            let row: Vec<Src> = keys
+            let row: Vec<(Src, u32)> = keys
                 .iter()
-                .filter_map(|&j| score.get(&(i, j)))
-                .copied()
+                .filter_map(|&j| score.get(&(i, j)).map(|&s| (s, j)))
                 .collect();
-            let node = |kind, phase, a, b, acc| Node {
+            let node = |kind, phase, a, b, acc, key| Node {
                 kind,
                 phase,
                 a,
                 b,
                 acc,
                 unit,
+                key,
+                col: 0,
                 output: None,
             };
             // The maximum as a balanced tree: depth ⌈log2 k⌉.
@@ -194,11 +208,15 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
                     let mut next = Vec::with_capacity(level.len().div_ceil(2));
                     for pair in level.chunks(2) {
                         match *pair {
-                            [x, y] => {
-                                next.push(Src::Out(push(
-                                    &mut g,
-                                    node(Kind::Max, 2, x, Some(y), None),
-                                )));
+                            [(x, kx), (y, ky)] => {
+                                let key = kx.max(ky);
+                                next.push((
+                                    Src::Out(push(
+                                        &mut g,
+                                        node(Kind::Max, 2, x, Some(y), None, key),
+                                    )),
+                                    key,
+                                ));
                             }
                             [x] => next.push(x),
                             _ => {}
@@ -206,21 +224,21 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
                     }
                     level = next;
                 }
-                level.first().copied()
+                level.first().map(|&(x, _)| x)
             } else {
                 None
             };
             let mut sum = None;
             let mut exps = Vec::with_capacity(row.len());
-            for &s in &row {
-                let id = push(&mut g, node(Kind::Exp, 2, s, bias, sum));
-                exps.push(Src::Out(id));
+            for &(s, j) in &row {
+                let id = push(&mut g, node(Kind::Exp, 2, s, bias, sum, j));
+                exps.push((Src::Out(id), j));
                 sum = Some(Src::Sum(id));
             }
             let Some(z) = sum else { continue };
             let weights: Vec<Src> = exps
                 .iter()
-                .map(|&e| Src::Out(push(&mut g, node(Kind::Div, 2, e, Some(z), None))))
+                .map(|&(e, j)| Src::Out(push(&mut g, node(Kind::Div, 2, e, Some(z), None, j))))
                 .collect();
             // Rotated, column `c`'s chain starts at key `c mod k`: the chains then wait for
             // different weights first, which spread from their own PEs at once; in key order
@@ -233,7 +251,9 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
                     let at = (x + turn(c)) % k;
                     let (j, w) = (keys[at], weights[at]);
                     let v = Src::In(el(tv, h, j, c));
-                    acc = Some(Src::Out(push(&mut g, node(Kind::Mac, 3, w, Some(v), acc))));
+                    let mut nd3 = node(Kind::Mac, 3, w, Some(v), acc, j);
+                    nd3.col = c;
+                    acc = Some(Src::Out(push(&mut g, nd3)));
                 }
                 if let Some(Src::Out(last)) = acc {
                     if let Some(nd) = g.get_mut(last as usize) {
@@ -276,6 +296,8 @@ struct Rules {
     fewer_hops: bool,
     /// Seed of the perturbation of the order (0: none).
     seed: u64,
+    /// Every operation on the PE the [`Systolic`] layout names, its arcs sized this way.
+    systolic: Option<Sizing>,
 }
 
 /// Where a computed value is: from which cycle it can be read on a PE, and from which cycle it
@@ -362,6 +384,7 @@ struct Placer<'a> {
     scratch: Vec<(Vec<usize>, Vec<u32>)>,
     /// Per PE, whether it holds the operand whose arrivals are being found.
     holds: Vec<bool>,
+    systolic: Option<Systolic>,
 }
 
 impl Placer<'_> {
@@ -449,7 +472,12 @@ impl Placer<'_> {
             .map(|&s| self.value(s).map_or(&[][..], |v| &v.1[..]))
             .collect();
         let mut best: Option<(usize, usize, usize, usize)> = None;
-        for off in 0..m {
+        // The systolic layout names one PE; otherwise every PE is a candidate.
+        let (lo, count) = match &self.systolic {
+            Some(sy) => ((sy.pe(self.p, m, &nd) + m - anchor) % m, 1),
+            None => (0, m),
+        };
+        for off in lo..lo + count {
             let pe = (anchor + off) % m;
             let mut ready = 0;
             let mut hops = 0;
@@ -544,6 +572,203 @@ impl Placer<'_> {
     }
 }
 
+/// How the systolic layout sizes its arcs. None wins everywhere under the causal mask, where rows
+/// differ in length; with every row alike the first three give equal arcs.
+#[derive(Clone, Copy, Debug)]
+enum Sizing {
+    /// By the work done on the arc: its row's scores and softmax, and the previous row's
+    /// outputs.
+    Arc,
+    /// By the work of its own row, scores and outputs.
+    Row,
+    /// By the larger of the two phases an arc runs at different times, its own row's scores
+    /// and the previous row's outputs, plus its softmax.
+    Peak,
+    /// From [`Sizing::Peak`], PEs moved one at a time to the arcs that hold back the row
+    /// estimated to end last ([`refine`]).
+    Estimated,
+}
+
+/// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
+/// of the work. Its score products are cut evenly over the arc in key order; its maximum's tree
+/// follows them to the arc's last PE, which also computes the row's exponentials and divisions; the weights then stream into the next arc, whose PEs but its last take the row's
+/// output products, column by column in contiguous runs, so every output chain runs forward.
+/// Rows are laid round the ring longest first, so that each row's outputs land on an arc about
+/// as long as its own.
+struct Systolic {
+    /// First PE of each slot's arc, and one past the last slot.
+    starts: Vec<usize>,
+    /// The slot of each unit (`head · tokens + row`).
+    slot: Vec<usize>,
+    /// Each unit's number of keys.
+    keys: Vec<usize>,
+}
+
+impl Systolic {
+    fn new(p: &Problem, m: usize, sizing: Sizing) -> Systolic {
+        let n = p.tokens as usize;
+        let units = p.heads as usize * n;
+        let keys: Vec<usize> = (0..units)
+            .map(|u| {
+                let i = (u % n) as u32;
+                (0..n as u32).filter(|&j| p.unmasked(i, j)).count()
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..units).collect();
+        order.sort_by_key(|&u| std::cmp::Reverse(keys[u]));
+        let mut slot = vec![0; units];
+        for (s, &u) in order.iter().enumerate() {
+            slot[u] = s;
+        }
+        let d = p.dim as usize;
+        let work = |s: usize| {
+            let own = keys[order[s]];
+            match sizing {
+                Sizing::Arc => own * (d + 3) + keys[order[(s + units - 1) % units]] * d,
+                Sizing::Row => own * (2 * d + 3),
+                Sizing::Peak | Sizing::Estimated => {
+                    own.max(keys[order[(s + units - 1) % units]]) * d + own * 3
+                }
+            }
+        };
+        let total: usize = (0..units).map(work).sum::<usize>().max(1);
+        let mut starts = Vec::with_capacity(units + 1);
+        let mut sum = 0;
+        for s in 0..units {
+            starts.push(sum * m / total);
+            sum += work(s);
+        }
+        starts.push(m);
+        if let Sizing::Estimated = sizing {
+            let slot_keys: Vec<usize> = order.iter().map(|&u| keys[u]).collect();
+            let sizes: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+            let sizes = refine(&slot_keys, d, sizes);
+            starts.clear();
+            let mut at = 0;
+            for a in sizes {
+                starts.push(at);
+                at += a;
+            }
+            starts.push(m);
+        }
+        Systolic { starts, slot, keys }
+    }
+
+    /// The PE of operation `nd`. A row's keys are `0 … k − 1` (the causal mask hides the later
+    /// ones), so a key is also its position in the row.
+    fn pe(&self, p: &Problem, m: usize, nd: &Node) -> usize {
+        let u = nd.unit as usize;
+        let s = self.slot[u];
+        let keys = self.keys[u].max(1);
+        let nth = (nd.key as usize).min(keys - 1);
+        let arc = |s: usize| {
+            let lo = self.starts[s];
+            (lo, self.starts[s + 1].max(lo + 1))
+        };
+        let (lo, hi) = arc(s);
+        let d = p.dim as usize;
+        let pe = match nd.kind {
+            Kind::Mac if nd.phase == 3 => {
+                let (nlo, nhi) = arc((s + 1) % self.slot.len());
+                let lanes = nhi.saturating_sub(nlo + 1).max(1);
+                nlo + lane_of(nd.col as usize * keys + nth, d * keys, lanes)
+            }
+            // Phase 1 in contiguous runs of products, a score's chain crossing at most into
+            // the next PE; a maximum where the last of its scores ends.
+            Kind::Mac => lo + p1_offset(nth, nd.col as usize, keys, d, hi - lo),
+            Kind::Max => lo + p1_offset(nth, d - 1, keys, d, hi - lo),
+            Kind::Exp | Kind::Div => hi - 1,
+        };
+        pe % m
+    }
+}
+
+/// When the row of slot `s` ends in the systolic layout, roughly, with arcs of `sizes` PEs: its
+/// scores on its own arc, the maximum's tree, one exponential per cycle, then the later of the
+/// last weight reaching the last lane and the lanes' skewed share of the outputs.
+fn estimated_end(keys: &[usize], d: usize, sizes: &[usize], s: usize) -> usize {
+    let k = keys[s].max(1);
+    let a = sizes[s].max(1);
+    let lanes = sizes[(s + 1) % sizes.len()].saturating_sub(1).max(1);
+    let tree = k.next_power_of_two().trailing_zeros() as usize + a / 2;
+    let z = (k * d).div_ceil(a) + tree + k;
+    z + ((k * d).div_ceil(lanes) + lanes / 2).max(k + lanes) + 1
+}
+
+/// Moves one PE at a time into the arc of the row estimated to end last, or into the arc that
+/// takes its outputs, from the arc whose loss costs least, while the latest end improves.
+fn refine(keys: &[usize], d: usize, mut sizes: Vec<usize>) -> Vec<usize> {
+    let units = sizes.len();
+    if units < 2 || sizes.iter().sum::<usize>() < units {
+        return sizes;
+    }
+    // Every row an arc of its own first: rounding leaves short rows none.
+    while let Some(empty) = sizes.iter().position(|&a| a == 0) {
+        let (largest, _) = sizes
+            .iter()
+            .enumerate()
+            .max_by_key(|&(_, &a)| a)
+            .unwrap_or((0, &0));
+        sizes[largest] -= 1;
+        sizes[empty] += 1;
+    }
+    // The latest end, how many rows end then, and one of them.
+    let latest = |sizes: &[usize]| {
+        let ends: Vec<usize> = (0..units)
+            .map(|s| estimated_end(keys, d, sizes, s))
+            .collect();
+        let end = ends.iter().copied().max().unwrap_or(0);
+        let at: Vec<usize> = (0..units).filter(|&s| ends[s] == end).collect();
+        ((end, at.len()), at.first().copied().unwrap_or(0))
+    };
+    let total: usize = sizes.iter().sum();
+    for _ in 0..total {
+        let (now, worst) = latest(&sizes);
+        let mut best: Option<((usize, usize), Vec<usize>)> = None;
+        for to in [worst, (worst + 1) % units] {
+            for from in (0..units).filter(|&f| f != to && sizes[f] > 1) {
+                let mut next = sizes.clone();
+                next[to] += 1;
+                next[from] -= 1;
+                let (end, _) = latest(&next);
+                if end < now && best.as_ref().is_none_or(|b| end < b.0) {
+                    best = Some((end, next));
+                }
+            }
+        }
+        match best {
+            Some((_, next)) => sizes = next,
+            None => break,
+        }
+    }
+    sizes
+}
+
+/// The PE, counted from its arc's first, of product `c` of score `nth` in the systolic layout:
+/// the row's `keys · d` products cut evenly over `pes` PEs in key order.
+fn p1_offset(nth: usize, c: usize, keys: usize, d: usize, pes: usize) -> usize {
+    (nth * d + c) * pes / (keys * d)
+}
+
+/// The lane of output product `idx` of `total`, on `lanes` lanes. A lane starts about one cycle
+/// after the one before it (the weights reach it one hop later), so each takes one product
+/// fewer than the one before, where the products allow it.
+fn lane_of(idx: usize, total: usize, lanes: usize) -> usize {
+    let tri = lanes * (lanes - 1) / 2;
+    if total < tri + lanes {
+        return idx * lanes / total;
+    }
+    let base = (total - tri) as f64 / lanes as f64;
+    let mut end = 0.0;
+    for l in 0..lanes {
+        end += base + (lanes - 1 - l) as f64;
+        if (idx as f64) < end {
+            return l;
+        }
+    }
+    lanes - 1
+}
+
 /// A deterministic stream of numbers for the perturbed orders.
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -588,6 +813,7 @@ fn place_all(
         copies: HashMap::default(),
         scratch: vec![(vec![FAR; m], vec![0; m]); 3],
         holds: vec![false; m],
+        systolic: rules.systolic.map(|sizing| Systolic::new(p, m, sizing)),
     };
     for i in order {
         let anchor = if rules.anchors {
@@ -614,15 +840,54 @@ pub(crate) fn run_mirrored(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<Sc
     run_form(p, pes, true)
 }
 
+/// Whether the systolic layout is tried: rows on arcs of their own need two PEs per row.
+fn systolic_applies(p: &Problem, pes: u32) -> bool {
+    pes as usize >= 2 * (p.heads * p.tokens) as usize
+}
+
+fn systolic_rules() -> [Rules; 4] {
+    [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated].map(|sizing| Rules {
+        anchors: false,
+        fewer_hops: true,
+        seed: 0,
+        systolic: Some(sizing),
+    })
+}
+
+/// Every schedule of the systolic layout that [`run`] tries (every sizing, output chains in key
+/// order and rotated), whether or not it is the one kept: for tests that prove them all.
+pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<ScheduleError>> {
+    let mut out = Vec::new();
+    for rotate in [false, true] {
+        let g = graph(
+            p,
+            Form {
+                mirror: false,
+                rotate,
+            },
+        );
+        let bl = bottom_levels(&g);
+        for rules in systolic_rules() {
+            out.push(place_all(p, pes, &g, &bl, rules)?);
+        }
+    }
+    Ok(out)
+}
+
 fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<ScheduleError>> {
     let mut tries = Vec::new();
-    for anchors in [true, false] {
-        for fewer_hops in [true, false] {
-            tries.push(Rules {
-                anchors,
-                fewer_hops,
-                seed: 0,
-            });
+    // Above `AUTO_OPS` the free placement takes seconds and lost to the systolic layout on
+    // every large layer measured, so where that layout applies it is tried alone.
+    if !(systolic_applies(p, pes) && p.necessary_ops() > AUTO_OPS) {
+        for anchors in [true, false] {
+            for fewer_hops in [true, false] {
+                tries.push(Rules {
+                    anchors,
+                    fewer_hops,
+                    seed: 0,
+                    systolic: None,
+                });
+            }
         }
     }
     if p.necessary_ops() <= RETRY_MAX_OPS {
@@ -631,8 +896,12 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
                 anchors: seed % 2 == 1,
                 fewer_hops: true,
                 seed,
+                systolic: None,
             });
         }
+    }
+    if systolic_applies(p, pes) {
+        tries.extend(systolic_rules());
     }
     let mut best: Option<RingSchedule> = None;
     for rotate in [false, true] {
