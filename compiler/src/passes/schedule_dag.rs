@@ -297,7 +297,7 @@ struct Rules {
     /// Seed of the perturbation of the order (0: none).
     seed: u64,
     /// Every operation on the PE the [`Systolic`] layout names, its arcs sized this way.
-    systolic: Option<Sizing>,
+    systolic: Option<Layout>,
 }
 
 /// Where a computed value is: from which cycle it can be read on a PE, and from which cycle it
@@ -589,6 +589,15 @@ enum Sizing {
     Estimated,
 }
 
+/// A variant of the systolic layout.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    sizing: Sizing,
+    /// Whether an arc's last PE, once it has divided its own row, also takes a share of the
+    /// previous row's outputs (the tails of the last chains).
+    last_takes_outputs: bool,
+}
+
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
 /// of the work. Its score products are cut evenly over the arc in key order; its maximum's tree
 /// follows them to the arc's last PE, which also computes the row's exponentials and divisions; the weights then stream into the next arc, whose PEs but its last take the row's
@@ -602,10 +611,14 @@ struct Systolic {
     slot: Vec<usize>,
     /// Each unit's number of keys.
     keys: Vec<usize>,
+    /// Each slot's number of keys.
+    slot_keys: Vec<usize>,
+    last_takes_outputs: bool,
 }
 
 impl Systolic {
-    fn new(p: &Problem, m: usize, sizing: Sizing) -> Systolic {
+    fn new(p: &Problem, m: usize, layout: Layout) -> Systolic {
+        let sizing = layout.sizing;
         let n = p.tokens as usize;
         let units = p.heads as usize * n;
         let keys: Vec<usize> = (0..units)
@@ -639,10 +652,10 @@ impl Systolic {
             sum += work(s);
         }
         starts.push(m);
+        let slot_keys: Vec<usize> = order.iter().map(|&u| keys[u]).collect();
         if let Sizing::Estimated = sizing {
-            let slot_keys: Vec<usize> = order.iter().map(|&u| keys[u]).collect();
             let sizes: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
-            let sizes = refine(&slot_keys, d, sizes);
+            let sizes = refine(&slot_keys, d, sizes, layout.last_takes_outputs);
             starts.clear();
             let mut at = 0;
             for a in sizes {
@@ -651,7 +664,13 @@ impl Systolic {
             }
             starts.push(m);
         }
-        Systolic { starts, slot, keys }
+        Systolic {
+            starts,
+            slot,
+            keys,
+            slot_keys,
+            last_takes_outputs: layout.last_takes_outputs,
+        }
     }
 
     /// The PE of operation `nd`. A row's keys are `0 … k − 1` (the causal mask hides the later
@@ -669,9 +688,10 @@ impl Systolic {
         let d = p.dim as usize;
         let pe = match nd.kind {
             Kind::Mac if nd.phase == 3 => {
-                let (nlo, nhi) = arc((s + 1) % self.slot.len());
-                let lanes = nhi.saturating_sub(nlo + 1).max(1);
-                nlo + lane_of(nd.col as usize * keys + nth, d * keys, lanes)
+                let next = (s + 1) % self.slot.len();
+                let (nlo, nhi) = arc(next);
+                let starts = lane_starts(nhi - nlo, self.slot_keys[next], self.last_takes_outputs);
+                nlo + lane_of(nd.col as usize * keys + nth, d * keys, &starts)
             }
             // Phase 1 in contiguous runs of products, a score's chain crossing at most into
             // the next PE; a maximum where the last of its scores ends.
@@ -686,18 +706,20 @@ impl Systolic {
 /// When the row of slot `s` ends in the systolic layout, roughly, with arcs of `sizes` PEs: its
 /// scores on its own arc, the maximum's tree, one exponential per cycle, then the later of the
 /// last weight reaching the last lane and the lanes' skewed share of the outputs.
-fn estimated_end(keys: &[usize], d: usize, sizes: &[usize], s: usize) -> usize {
+fn estimated_end(keys: &[usize], d: usize, sizes: &[usize], s: usize, last: bool) -> usize {
     let k = keys[s].max(1);
     let a = sizes[s].max(1);
-    let lanes = sizes[(s + 1) % sizes.len()].saturating_sub(1).max(1);
+    let next = (s + 1) % sizes.len();
+    let lanes = sizes[next].saturating_sub(1);
     let tree = k.next_power_of_two().trailing_zeros() as usize + a / 2;
     let z = (k * d).div_ceil(a) + tree + k;
-    z + ((k * d).div_ceil(lanes) + lanes / 2).max(k + lanes) + 1
+    let outputs = fill_level(k * d, &lane_starts(sizes[next], keys[next], last)).ceil() as usize;
+    z + outputs.max(k + lanes) + 1
 }
 
 /// Moves one PE at a time into the arc of the row estimated to end last, or into the arc that
 /// takes its outputs, from the arc whose loss costs least, while the latest end improves.
-fn refine(keys: &[usize], d: usize, mut sizes: Vec<usize>) -> Vec<usize> {
+fn refine(keys: &[usize], d: usize, mut sizes: Vec<usize>, last: bool) -> Vec<usize> {
     let units = sizes.len();
     if units < 2 || sizes.iter().sum::<usize>() < units {
         return sizes;
@@ -715,7 +737,7 @@ fn refine(keys: &[usize], d: usize, mut sizes: Vec<usize>) -> Vec<usize> {
     // The latest end, how many rows end then, and one of them.
     let latest = |sizes: &[usize]| {
         let ends: Vec<usize> = (0..units)
-            .map(|s| estimated_end(keys, d, sizes, s))
+            .map(|s| estimated_end(keys, d, sizes, s, last))
             .collect();
         let end = ends.iter().copied().max().unwrap_or(0);
         let at: Vec<usize> = (0..units).filter(|&s| ends[s] == end).collect();
@@ -750,23 +772,55 @@ fn p1_offset(nth: usize, c: usize, keys: usize, d: usize, pes: usize) -> usize {
     (nth * d + c) * pes / (keys * d)
 }
 
-/// The lane of output product `idx` of `total`, on `lanes` lanes. A lane starts about one cycle
-/// after the one before it (the weights reach it one hop later), so each takes one product
-/// fewer than the one before, where the products allow it.
-fn lane_of(idx: usize, total: usize, lanes: usize) -> usize {
-    let tri = lanes * (lanes - 1) / 2;
-    if total < tri + lanes {
+/// When the lanes starting at `starts` (cycles, increasing) finish `total` products between
+/// them, each working from its start on: the level `E` at which `Σ max(0, E − start)` is `total`.
+fn fill_level(total: usize, starts: &[usize]) -> f64 {
+    let mut sum = 0.0;
+    let mut level = 0.0;
+    for (j, &st) in starts.iter().enumerate() {
+        sum += st as f64;
+        level = (total as f64 + sum) / (j + 1) as f64;
+        if starts.get(j + 1).is_none_or(|&next| level <= next as f64) {
+            break;
+        }
+    }
+    level
+}
+
+/// The lane of output product `idx` of `total`, on lanes that start at `starts` (a lane one hop
+/// further down the stream of weights gets them a cycle later; the arc's last PE only once it
+/// has divided its own row): each takes what it can finish by the common level.
+fn lane_of(idx: usize, total: usize, starts: &[usize]) -> usize {
+    // Too few products for every lane one hop apart to get one: cut them evenly over those.
+    let lanes = starts
+        .iter()
+        .enumerate()
+        .take_while(|&(l, &st)| l == st)
+        .count();
+    if total < lanes * (lanes - 1) / 2 + lanes {
         return idx * lanes / total;
     }
-    let base = (total - tri) as f64 / lanes as f64;
+    let level = fill_level(total, starts);
     let mut end = 0.0;
-    for l in 0..lanes {
-        end += base + (lanes - 1 - l) as f64;
+    for (l, &st) in starts.iter().enumerate() {
+        end += (level - st as f64).max(0.0);
         if (idx as f64) < end {
             return l;
         }
     }
-    lanes - 1
+    starts.len().saturating_sub(1)
+}
+
+/// The start of each PE of an arc of `pes` taking outputs, counted from the first weight: one
+/// cycle apart, all but the arc's last PE (on an arc of one PE, that one), and with `last` the
+/// last one too, after the `after` divisions of its own row.
+fn lane_starts(pes: usize, after: usize, last: bool) -> Vec<usize> {
+    let lanes = pes.saturating_sub(1);
+    let mut starts: Vec<usize> = (0..lanes.max(1)).collect();
+    if last && lanes > 0 {
+        starts.push(after.max(lanes));
+    }
+    starts
 }
 
 /// A deterministic stream of numbers for the perturbed orders.
@@ -813,7 +867,7 @@ fn place_all(
         copies: HashMap::default(),
         scratch: vec![(vec![FAR; m], vec![0; m]); 3],
         holds: vec![false; m],
-        systolic: rules.systolic.map(|sizing| Systolic::new(p, m, sizing)),
+        systolic: rules.systolic.map(|layout| Systolic::new(p, m, layout)),
     };
     for i in order {
         let anchor = if rules.anchors {
@@ -845,13 +899,22 @@ fn systolic_applies(p: &Problem, pes: u32) -> bool {
     pes as usize >= 2 * (p.heads * p.tokens) as usize
 }
 
-fn systolic_rules() -> [Rules; 4] {
-    [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated].map(|sizing| Rules {
-        anchors: false,
-        fewer_hops: true,
-        seed: 0,
-        systolic: Some(sizing),
-    })
+fn systolic_rules() -> Vec<Rules> {
+    let mut rules = Vec::new();
+    for last_takes_outputs in [false, true] {
+        for sizing in [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated] {
+            rules.push(Rules {
+                anchors: false,
+                fewer_hops: true,
+                seed: 0,
+                systolic: Some(Layout {
+                    sizing,
+                    last_takes_outputs,
+                }),
+            });
+        }
+    }
+    rules
 }
 
 /// Every schedule of the systolic layout that [`run`] tries (every sizing, output chains in key
