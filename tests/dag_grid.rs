@@ -105,14 +105,46 @@ fn few_tokens_within_a_fifth_of_the_bound() {
     }
 }
 
+/// Proves and runs every schedule of the systolic layout of `text` on `m` PEs; returns how many.
+fn prove_systolic_layouts(text: &str, m: u32) -> usize {
+    use compiler::passes::schedule_dag::{systolic_layouts, Dag};
+    let layer = common::parse_one(text);
+    let mut p = compiler::exact::problem_of(&layer).expect("analyzes");
+    p.copies = true;
+    let layouts = systolic_layouts(&p, m).expect("schedules");
+    for (k, s) in layouts.iter().enumerate() {
+        let selection = compiler::manifest::Selection {
+            chosen: "schedule-dag".into(),
+            reason: "systolic layout under test".into(),
+            candidates: Vec::new(),
+            stopped: Vec::new(),
+        };
+        let (programs, manifest) = compiler::finish(&layer, &p, m, s, selection).expect("emits");
+        let c = compiler::Compiled {
+            programs,
+            loops: Vec::new(),
+            manifest,
+            scheduler: Some(&Dag),
+            dump: None,
+            timings: Vec::new(),
+        };
+        let seed = u64::from(p.tokens * 100 + m) + k as u64;
+        run_within(
+            &c,
+            seed,
+            TOL,
+            &format!("{text} on {m} PEs, systolic layout {k}"),
+        );
+    }
+    layouts.len()
+}
+
 /// Every schedule of the systolic layout (each row on an arc of its own, its softmax on the
 /// arc's last PE, its outputs on the next arc), not only those `auto` keeps: every sizing of the
 /// arcs, the arcs' last PEs taking outputs or not, both orders of the output chains, proved and
-/// run on a grid of rings from two to eight
-/// PEs per row, in both formulations.
+/// run on rings of two, three and eight PEs per row, in both formulations.
 #[test]
 fn every_systolic_layout_is_proved_and_matches_the_reference() {
-    use compiler::passes::schedule_dag::{systolic_layouts, Dag};
     let mut runs = 0;
     for (n, d, heads) in [
         (2, 8, 1),
@@ -123,40 +155,11 @@ fn every_systolic_layout_is_proved_and_matches_the_reference() {
         (6, 3, 1),
     ] {
         for per_row in [2, 3, 8] {
-            let m = n * heads * per_row;
             for scheme in SCHEMES {
                 let safe = scheme_src(n, d, heads, scheme);
                 let plain = safe.replace(" }", " softmax = plain; }");
-                for text in [safe, plain] {
-                    let layer = common::parse_one(&text);
-                    let mut p = compiler::exact::problem_of(&layer).expect("analyzes");
-                    p.copies = true;
-                    for (k, s) in systolic_layouts(&p, m)
-                        .expect("schedules")
-                        .iter()
-                        .enumerate()
-                    {
-                        let selection = compiler::manifest::Selection {
-                            chosen: "schedule-dag".into(),
-                            reason: "systolic layout under test".into(),
-                            candidates: Vec::new(),
-                            stopped: Vec::new(),
-                        };
-                        let (programs, manifest) =
-                            compiler::finish(&layer, &p, m, s, selection).expect("emits");
-                        let c = compiler::Compiled {
-                            programs,
-                            loops: Vec::new(),
-                            manifest,
-                            scheduler: Some(&Dag),
-                            dump: None,
-                            timings: Vec::new(),
-                        };
-                        let what = format!("{text} on {m} PEs, systolic layout {k}");
-                        run_within(&c, u64::from(n * 100 + m) + k as u64, TOL, &what);
-                        runs += 1;
-                    }
-                }
+                runs += prove_systolic_layouts(&safe, n * heads * per_row);
+                runs += prove_systolic_layouts(&plain, n * heads * per_row);
             }
         }
     }

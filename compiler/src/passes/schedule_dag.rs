@@ -190,7 +190,7 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
                 .iter()
                 .filter_map(|&j| score.get(&(i, j)).map(|&s| (s, j)))
                 .collect();
-            let node = |kind, phase, a, b, acc, key| Node {
+            let node = |kind, phase, a, b, acc, key, col| Node {
                 kind,
                 phase,
                 a,
@@ -198,7 +198,7 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
                 acc,
                 unit,
                 key,
-                col: 0,
+                col,
                 output: None,
             };
             // The maximum as a balanced tree: depth ⌈log2 k⌉.
@@ -213,7 +213,7 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
                                 next.push((
                                     Src::Out(push(
                                         &mut g,
-                                        node(Kind::Max, 2, x, Some(y), None, key),
+                                        node(Kind::Max, 2, x, Some(y), None, key, 0),
                                     )),
                                     key,
                                 ));
@@ -231,14 +231,14 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
             let mut sum = None;
             let mut exps = Vec::with_capacity(row.len());
             for &(s, j) in &row {
-                let id = push(&mut g, node(Kind::Exp, 2, s, bias, sum, j));
+                let id = push(&mut g, node(Kind::Exp, 2, s, bias, sum, j, 0));
                 exps.push((Src::Out(id), j));
                 sum = Some(Src::Sum(id));
             }
             let Some(z) = sum else { continue };
             let weights: Vec<Src> = exps
                 .iter()
-                .map(|&(e, j)| Src::Out(push(&mut g, node(Kind::Div, 2, e, Some(z), None, j))))
+                .map(|&(e, j)| Src::Out(push(&mut g, node(Kind::Div, 2, e, Some(z), None, j, 0))))
                 .collect();
             // Rotated, column `c`'s chain starts at key `c mod k`: the chains then wait for
             // different weights first, which spread from their own PEs at once; in key order
@@ -251,9 +251,10 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
                     let at = (x + turn(c)) % k;
                     let (j, w) = (keys[at], weights[at]);
                     let v = Src::In(el(tv, h, j, c));
-                    let mut nd3 = node(Kind::Mac, 3, w, Some(v), acc, j);
-                    nd3.col = c;
-                    acc = Some(Src::Out(push(&mut g, nd3)));
+                    acc = Some(Src::Out(push(
+                        &mut g,
+                        node(Kind::Mac, 3, w, Some(v), acc, j, c),
+                    )));
                 }
                 if let Some(Src::Out(last)) = acc {
                     if let Some(nd) = g.get_mut(last as usize) {
@@ -600,98 +601,101 @@ struct Layout {
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
 /// of the work. Its score products are cut evenly over the arc in key order; its maximum's tree
-/// follows them to the arc's last PE, which also computes the row's exponentials and divisions; the weights then stream into the next arc, whose PEs but its last take the row's
-/// output products, column by column in contiguous runs, so every output chain runs forward.
-/// Rows are laid round the ring longest first, so that each row's outputs land on an arc about
-/// as long as its own.
+/// follows them to the arc's last PE, which also computes the row's exponentials and divisions;
+/// the weights then stream into the next arc, whose PEs take the row's output products, column
+/// by column in contiguous runs, so every output chain runs forward (the arc's last PE only in
+/// the variant where it takes a share). Rows are laid round the ring longest first, so that
+/// each row's outputs land on an arc about as long as its own.
 struct Systolic {
     /// First PE of each slot's arc, and one past the last slot.
     starts: Vec<usize>,
     /// The slot of each unit (`head · tokens + row`).
     slot: Vec<usize>,
-    /// Each unit's number of keys.
-    keys: Vec<usize>,
     /// Each slot's number of keys.
-    slot_keys: Vec<usize>,
-    last_takes_outputs: bool,
+    keys: Vec<usize>,
+    /// Per slot, where each PE's share of the row's output products ends, counted in products
+    /// over the next arc's PEs (see [`share_ends`]).
+    shares: Vec<Vec<f64>>,
 }
 
 impl Systolic {
     fn new(p: &Problem, m: usize, layout: Layout) -> Systolic {
-        let sizing = layout.sizing;
         let n = p.tokens as usize;
         let units = p.heads as usize * n;
-        let keys: Vec<usize> = (0..units)
+        let unit_keys: Vec<usize> = (0..units)
             .map(|u| {
                 let i = (u % n) as u32;
                 (0..n as u32).filter(|&j| p.unmasked(i, j)).count()
             })
             .collect();
         let mut order: Vec<usize> = (0..units).collect();
-        order.sort_by_key(|&u| std::cmp::Reverse(keys[u]));
+        order.sort_by_key(|&u| std::cmp::Reverse(unit_keys[u]));
         let mut slot = vec![0; units];
         for (s, &u) in order.iter().enumerate() {
             slot[u] = s;
         }
+        let keys: Vec<usize> = order.iter().map(|&u| unit_keys[u]).collect();
         let d = p.dim as usize;
         let work = |s: usize| {
-            let own = keys[order[s]];
-            match sizing {
-                Sizing::Arc => own * (d + 3) + keys[order[(s + units - 1) % units]] * d,
+            let (own, prev) = (keys[s], keys[(s + units - 1) % units]);
+            match layout.sizing {
+                Sizing::Arc => own * (d + 3) + prev * d,
                 Sizing::Row => own * (2 * d + 3),
-                Sizing::Peak | Sizing::Estimated => {
-                    own.max(keys[order[(s + units - 1) % units]]) * d + own * 3
-                }
+                Sizing::Peak | Sizing::Estimated => own.max(prev) * d + own * 3,
             }
         };
         let total: usize = (0..units).map(work).sum::<usize>().max(1);
-        let mut starts = Vec::with_capacity(units + 1);
+        let mut cut = Vec::with_capacity(units + 1);
         let mut sum = 0;
         for s in 0..units {
-            starts.push(sum * m / total);
+            cut.push(sum * m / total);
             sum += work(s);
         }
-        starts.push(m);
-        let slot_keys: Vec<usize> = order.iter().map(|&u| keys[u]).collect();
-        if let Sizing::Estimated = sizing {
-            let sizes: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
-            let sizes = refine(&slot_keys, d, sizes, layout.last_takes_outputs);
-            starts.clear();
-            let mut at = 0;
-            for a in sizes {
-                starts.push(at);
-                at += a;
-            }
-            starts.push(m);
+        cut.push(m);
+        let mut sizes: Vec<usize> = cut.windows(2).map(|w| w[1] - w[0]).collect();
+        if let Sizing::Estimated = layout.sizing {
+            sizes = refine(&keys, d, sizes, layout.last_takes_outputs);
         }
+        let mut starts = Vec::with_capacity(units + 1);
+        let mut at = 0;
+        for &a in &sizes {
+            starts.push(at);
+            at += a;
+        }
+        starts.push(m);
+        let arc = |s: usize| (starts[s + 1]).max(starts[s] + 1) - starts[s];
+        let shares = (0..units)
+            .map(|s| {
+                let next = (s + 1) % units;
+                let lanes = lane_starts(arc(next), keys[next], layout.last_takes_outputs);
+                share_ends(d * keys[s].max(1), &lanes)
+            })
+            .collect();
         Systolic {
             starts,
             slot,
             keys,
-            slot_keys,
-            last_takes_outputs: layout.last_takes_outputs,
+            shares,
         }
     }
 
     /// The PE of operation `nd`. A row's keys are `0 … k − 1` (the causal mask hides the later
     /// ones), so a key is also its position in the row.
     fn pe(&self, p: &Problem, m: usize, nd: &Node) -> usize {
-        let u = nd.unit as usize;
-        let s = self.slot[u];
-        let keys = self.keys[u].max(1);
+        let s = self.slot[nd.unit as usize];
+        let keys = self.keys[s].max(1);
         let nth = (nd.key as usize).min(keys - 1);
-        let arc = |s: usize| {
-            let lo = self.starts[s];
-            (lo, self.starts[s + 1].max(lo + 1))
-        };
-        let (lo, hi) = arc(s);
+        let (lo, hi) = (self.starts[s], self.starts[s + 1].max(self.starts[s] + 1));
         let d = p.dim as usize;
         let pe = match nd.kind {
             Kind::Mac if nd.phase == 3 => {
-                let next = (s + 1) % self.slot.len();
-                let (nlo, nhi) = arc(next);
-                let starts = lane_starts(nhi - nlo, self.slot_keys[next], self.last_takes_outputs);
-                nlo + lane_of(nd.col as usize * keys + nth, d * keys, &starts)
+                let next = self.starts[(s + 1) % self.slot.len()];
+                let idx = (nd.col as usize * keys + nth) as f64;
+                let ends = &self.shares[s];
+                next + ends
+                    .iter()
+                    .position(|&end| idx < end)
+                    .unwrap_or(ends.len() - 1)
             }
             // Phase 1 in contiguous runs of products, a score's chain crossing at most into
             // the next PE; a maximum where the last of its scores ends.
@@ -787,10 +791,11 @@ fn fill_level(total: usize, starts: &[usize]) -> f64 {
     level
 }
 
-/// The lane of output product `idx` of `total`, on lanes that start at `starts` (a lane one hop
-/// further down the stream of weights gets them a cycle later; the arc's last PE only once it
-/// has divided its own row): each takes what it can finish by the common level.
-fn lane_of(idx: usize, total: usize, starts: &[usize]) -> usize {
+/// Where each lane's share of `total` output products ends, cumulatively, on lanes that start at
+/// `starts` (a lane one hop further down the stream of weights gets them a cycle later; the
+/// arc's last PE only once it has divided its own row): each takes what it can finish by the
+/// common level. Product `i` goes to the first lane whose end is above `i`.
+fn share_ends(total: usize, starts: &[usize]) -> Vec<f64> {
     // Too few products for every lane one hop apart to get one: cut them evenly over those.
     let lanes = starts
         .iter()
@@ -798,17 +803,19 @@ fn lane_of(idx: usize, total: usize, starts: &[usize]) -> usize {
         .take_while(|&(l, &st)| l == st)
         .count();
     if total < lanes * (lanes - 1) / 2 + lanes {
-        return idx * lanes / total;
+        return (1..=lanes)
+            .map(|l| (l * total) as f64 / lanes as f64)
+            .collect();
     }
     let level = fill_level(total, starts);
     let mut end = 0.0;
-    for (l, &st) in starts.iter().enumerate() {
-        end += (level - st as f64).max(0.0);
-        if (idx as f64) < end {
-            return l;
-        }
-    }
-    starts.len().saturating_sub(1)
+    starts
+        .iter()
+        .map(|&st| {
+            end += (level - st as f64).max(0.0);
+            end
+        })
+        .collect()
 }
 
 /// The start of each PE of an arc of `pes` taking outputs, counted from the first weight: one
