@@ -132,6 +132,14 @@ struct Form {
     rotate: bool,
 }
 
+impl Form {
+    /// Whether a score serves both of its rows (q = k, no mask, not mirrored): row `i` then
+    /// computes only the scores of keys `0 ..= i`.
+    fn shares_scores(self, p: &Problem) -> bool {
+        p.symmetric && !p.causal && !self.mirror
+    }
+}
+
 /// The layer's operations in an order where every operand comes first.
 fn graph(p: &Problem, form: Form) -> Vec<Node> {
     let n = p.tokens;
@@ -152,7 +160,7 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
         g.push(node);
         (g.len() - 1) as u32
     };
-    let mirrored = p.symmetric && !p.causal && !form.mirror;
+    let mirrored = form.shares_scores(p);
     for h in 0..p.heads {
         let mut score: HashMap<(u32, u32), Src> = HashMap::default();
         for i in 0..n {
@@ -590,10 +598,26 @@ enum Sizing {
     Estimated,
 }
 
+/// The order in which rows go round the ring in the systolic layout.
+#[derive(Clone, Copy, Debug)]
+enum Order {
+    /// Longest first (most scores of its own), rows of every head together, so that each
+    /// row's outputs land on an arc about as long as its own. With q = k = v, where a row
+    /// computes only the scores of the keys up to its own, this also sends every shared score
+    /// forward, from the later row's arc to the earlier's.
+    LongestFirst,
+    /// Head by head, and within a head every other row longest first, then the rows between
+    /// them back: each arc's neighbours hold rows about as long as its own, the wrap-around
+    /// included. Longest first leaves the longest row's arc the shortest row's outputs after
+    /// its scores.
+    Zigzag,
+}
+
 /// A variant of the systolic layout.
 #[derive(Clone, Copy, Debug)]
 struct Layout {
     sizing: Sizing,
+    order: Order,
     /// Whether an arc's last PE, once it has divided its own row, also takes a share of the
     /// previous row's outputs (the tails of the last chains).
     last_takes_outputs: bool,
@@ -613,13 +637,18 @@ struct Systolic {
     slot: Vec<usize>,
     /// Each slot's number of keys.
     keys: Vec<usize>,
+    /// Each slot's number of scores computed on its arc: its keys, or with q = k = v in the
+    /// form where a score serves both of its rows, its share of the pairs ([`pair_arc`]).
+    own: Vec<usize>,
+    /// The number of tokens, when scores serve two rows.
+    shared: Option<usize>,
     /// Per slot, where each PE's share of the row's output products ends, counted in products
     /// over the next arc's PEs (see [`share_ends`]).
     shares: Vec<Vec<f64>>,
 }
 
 impl Systolic {
-    fn new(p: &Problem, m: usize, layout: Layout) -> Systolic {
+    fn new(p: &Problem, m: usize, layout: Layout, triangular: bool) -> Systolic {
         let n = p.tokens as usize;
         let units = p.heads as usize * n;
         let unit_keys: Vec<usize> = (0..units)
@@ -628,20 +657,32 @@ impl Systolic {
                 (0..n as u32).filter(|&j| p.unmasked(i, j)).count()
             })
             .collect();
-        let mut order: Vec<usize> = (0..units).collect();
-        order.sort_by_key(|&u| std::cmp::Reverse(unit_keys[u]));
+        let unit_own = |u: usize| {
+            if triangular {
+                pairs_on_arc(u % n, n)
+            } else {
+                unit_keys[u]
+            }
+        };
+        // Shared scores flow forward from the arc that computes them, so rows stay in order.
+        let order = if triangular {
+            (0..units).collect()
+        } else {
+            ring_order(units, n, layout.order, unit_own)
+        };
         let mut slot = vec![0; units];
         for (s, &u) in order.iter().enumerate() {
             slot[u] = s;
         }
         let keys: Vec<usize> = order.iter().map(|&u| unit_keys[u]).collect();
+        let own: Vec<usize> = order.iter().map(|&u| unit_own(u)).collect();
         let d = p.dim as usize;
         let work = |s: usize| {
-            let (own, prev) = (keys[s], keys[(s + units - 1) % units]);
+            let (k, prev) = (keys[s], keys[(s + units - 1) % units]);
             match layout.sizing {
-                Sizing::Arc => own * (d + 3) + prev * d,
-                Sizing::Row => own * (2 * d + 3),
-                Sizing::Peak | Sizing::Estimated => own.max(prev) * d + own * 3,
+                Sizing::Arc => own[s] * d + k * 3 + prev * d,
+                Sizing::Row => own[s] * d + k * (d + 3),
+                Sizing::Peak | Sizing::Estimated => own[s].max(prev) * d + k * 3,
             }
         };
         let total: usize = (0..units).map(work).sum::<usize>().max(1);
@@ -654,7 +695,7 @@ impl Systolic {
         cut.push(m);
         let mut sizes: Vec<usize> = cut.windows(2).map(|w| w[1] - w[0]).collect();
         if let Sizing::Estimated = layout.sizing {
-            sizes = refine(&keys, d, sizes, layout.last_takes_outputs);
+            sizes = refine(&own, &keys, d, sizes, layout.last_takes_outputs);
         }
         let mut starts = Vec::with_capacity(units + 1);
         let mut at = 0;
@@ -675,6 +716,8 @@ impl Systolic {
             starts,
             slot,
             keys,
+            own,
+            shared: triangular.then_some(n),
             shares,
         }
     }
@@ -682,11 +725,21 @@ impl Systolic {
     /// The PE of operation `nd`. A row's keys are `0 … k − 1` (the causal mask hides the later
     /// ones), so a key is also its position in the row.
     fn pe(&self, p: &Problem, m: usize, nd: &Node) -> usize {
-        let s = self.slot[nd.unit as usize];
+        let u = nd.unit as usize;
+        let s = self.slot[u];
         let keys = self.keys[s].max(1);
         let nth = (nd.key as usize).min(keys - 1);
-        let (lo, hi) = (self.starts[s], self.starts[s + 1].max(self.starts[s] + 1));
+        let own = self.own[s].max(1);
+        let mine = (nd.key as usize).min(own - 1);
+        let arc = |s: usize| (self.starts[s], self.starts[s + 1].max(self.starts[s] + 1));
+        let (lo, hi) = arc(s);
         let d = p.dim as usize;
+        // With shared scores, where score (row, key) is computed: its slot and rank there.
+        let pair = |n: usize, row: usize, key: usize| {
+            let (at, t) = pair_arc(row.max(key), row.min(key), n);
+            let s = self.slot[u - u % n + at];
+            (s, self.own[s].max(1) - 1 - t)
+        };
         let pe = match nd.kind {
             Kind::Mac if nd.phase == 3 => {
                 let next = self.starts[(s + 1) % self.slot.len()];
@@ -699,8 +752,18 @@ impl Systolic {
             }
             // Phase 1 in contiguous runs of products, a score's chain crossing at most into
             // the next PE; a maximum where the last of its scores ends.
-            Kind::Mac => lo + p1_offset(nth, nd.col as usize, keys, d, hi - lo),
-            Kind::Max => lo + p1_offset(nth, d - 1, keys, d, hi - lo),
+            Kind::Mac => match self.shared {
+                Some(n) => {
+                    let (at, rank) = pair(n, u % n, nd.key as usize);
+                    let (lo, hi) = arc(at);
+                    lo + p1_offset(rank, nd.col as usize, self.own[at].max(1), d, hi - lo)
+                }
+                None => lo + p1_offset(mine, nd.col as usize, own, d, hi - lo),
+            },
+            Kind::Max => match self.shared {
+                Some(_) => hi - 1,
+                None => lo + p1_offset(mine, d - 1, own, d, hi - lo),
+            },
             Kind::Exp | Kind::Div => hi - 1,
         };
         pe % m
@@ -710,20 +773,33 @@ impl Systolic {
 /// When the row of slot `s` ends in the systolic layout, roughly, with arcs of `sizes` PEs: its
 /// scores on its own arc, the maximum's tree, one exponential per cycle, then the later of the
 /// last weight reaching the last lane and the lanes' skewed share of the outputs.
-fn estimated_end(keys: &[usize], d: usize, sizes: &[usize], s: usize, last: bool) -> usize {
+fn estimated_end(
+    own: &[usize],
+    keys: &[usize],
+    d: usize,
+    sizes: &[usize],
+    s: usize,
+    last: bool,
+) -> usize {
     let k = keys[s].max(1);
     let a = sizes[s].max(1);
     let next = (s + 1) % sizes.len();
     let lanes = sizes[next].saturating_sub(1);
     let tree = k.next_power_of_two().trailing_zeros() as usize + a / 2;
-    let z = (k * d).div_ceil(a) + tree + k;
+    let z = (own[s].max(1) * d).div_ceil(a) + tree + k;
     let outputs = fill_level(k * d, &lane_starts(sizes[next], keys[next], last)).ceil() as usize;
     z + outputs.max(k + lanes) + 1
 }
 
 /// Moves one PE at a time into the arc of the row estimated to end last, or into the arc that
 /// takes its outputs, from the arc whose loss costs least, while the latest end improves.
-fn refine(keys: &[usize], d: usize, mut sizes: Vec<usize>, last: bool) -> Vec<usize> {
+fn refine(
+    own: &[usize],
+    keys: &[usize],
+    d: usize,
+    mut sizes: Vec<usize>,
+    last: bool,
+) -> Vec<usize> {
     let units = sizes.len();
     if units < 2 || sizes.iter().sum::<usize>() < units {
         return sizes;
@@ -741,7 +817,7 @@ fn refine(keys: &[usize], d: usize, mut sizes: Vec<usize>, last: bool) -> Vec<us
     // The latest end, how many rows end then, and one of them.
     let latest = |sizes: &[usize]| {
         let ends: Vec<usize> = (0..units)
-            .map(|s| estimated_end(keys, d, sizes, s, last))
+            .map(|s| estimated_end(own, keys, d, sizes, s, last))
             .collect();
         let end = ends.iter().copied().max().unwrap_or(0);
         let at: Vec<usize> = (0..units).filter(|&s| ends[s] == end).collect();
@@ -768,6 +844,52 @@ fn refine(keys: &[usize], d: usize, mut sizes: Vec<usize>, last: bool) -> Vec<us
         }
     }
     sizes
+}
+
+/// With q = k = v and shared scores, the row whose arc computes the score of rows `i ≥ j` of
+/// `n`, and how far round the rows the other one is from it: each row computes its own and
+/// those of the next `⌈n / 2⌉ − 1` rows (cyclically), and with `n` even the pairs half-way
+/// round go one way or the other by parity, so every arc computes about `(n + 1) / 2` scores
+/// and each travels forward.
+fn pair_arc(i: usize, j: usize, n: usize) -> (usize, usize) {
+    let t = i - j;
+    match (2 * t).cmp(&n) {
+        _ if t == 0 => (i, 0),
+        std::cmp::Ordering::Less => (j, t),
+        std::cmp::Ordering::Greater => (i, n - t),
+        std::cmp::Ordering::Equal if j % 2 == 0 => (j, t),
+        std::cmp::Ordering::Equal => (i, t),
+    }
+}
+
+/// How many scores row `a` of `n` computes under [`pair_arc`].
+fn pairs_on_arc(a: usize, n: usize) -> usize {
+    let half = n / 2;
+    let tie = n % 2 == 0 && n > 0 && {
+        let j = a.min((a + half) % n);
+        let owner = if j % 2 == 0 { j } else { j + half };
+        owner == a
+    };
+    n.div_ceil(2) + usize::from(tie)
+}
+
+/// Units (`head · tokens + row`) in their order round the ring, by `own`, their numbers of
+/// scores computed on their arcs.
+fn ring_order(units: usize, n: usize, order: Order, own: impl Fn(usize) -> usize) -> Vec<usize> {
+    let mut all: Vec<usize> = (0..units).collect();
+    all.sort_by_key(|&u| std::cmp::Reverse(own(u)));
+    match order {
+        Order::LongestFirst => all,
+        Order::Zigzag => {
+            let mut out = Vec::with_capacity(units);
+            for head in 0..units / n.max(1) {
+                let mine: Vec<usize> = all.iter().copied().filter(|&u| u / n == head).collect();
+                out.extend(mine.iter().step_by(2));
+                out.extend(mine.iter().skip(1).step_by(2).rev());
+            }
+            out
+        }
+    }
 }
 
 /// The PE, counted from its arc's first, of product `c` of score `nth` in the systolic layout:
@@ -845,11 +967,15 @@ fn place_all(
     g: &[Node],
     bl: &[u32],
     rules: Rules,
+    form: Form,
 ) -> Result<RingSchedule, Vec<ScheduleError>> {
     let m = pes as usize;
     let units = (p.heads * p.tokens).max(1) as usize;
     // Longest path first; a perturbed order adds up to one level of noise per operation, which
     // keeps every operand before its readers (their levels differ by at least one).
+    let systolic = rules
+        .systolic
+        .map(|layout| Systolic::new(p, m, layout, form.shares_scores(p)));
     let mut order: Vec<usize> = (0..g.len()).collect();
     let key = |i: usize| {
         let noise = if rules.seed == 0 {
@@ -874,7 +1000,7 @@ fn place_all(
         copies: HashMap::default(),
         scratch: vec![(vec![FAR; m], vec![0; m]); 3],
         holds: vec![false; m],
-        systolic: rules.systolic.map(|layout| Systolic::new(p, m, layout)),
+        systolic,
     };
     for i in order {
         let anchor = if rules.anchors {
@@ -906,19 +1032,29 @@ fn systolic_applies(p: &Problem, pes: u32) -> bool {
     pes as usize >= 2 * (p.heads * p.tokens) as usize
 }
 
-fn systolic_rules() -> Vec<Rules> {
+/// The systolic layouts tried: every sizing, with and without the arcs' last PEs taking
+/// outputs, and under the causal mask, where rows differ in length, both orders round the ring.
+fn systolic_rules(p: &Problem) -> Vec<Rules> {
+    let orders: &[Order] = if p.causal {
+        &[Order::LongestFirst, Order::Zigzag]
+    } else {
+        &[Order::LongestFirst]
+    };
     let mut rules = Vec::new();
-    for last_takes_outputs in [false, true] {
-        for sizing in [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated] {
-            rules.push(Rules {
-                anchors: false,
-                fewer_hops: true,
-                seed: 0,
-                systolic: Some(Layout {
-                    sizing,
-                    last_takes_outputs,
-                }),
-            });
+    for &order in orders {
+        for last_takes_outputs in [false, true] {
+            for sizing in [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated] {
+                rules.push(Rules {
+                    anchors: false,
+                    fewer_hops: true,
+                    seed: 0,
+                    systolic: Some(Layout {
+                        sizing,
+                        order,
+                        last_takes_outputs,
+                    }),
+                });
+            }
         }
     }
     rules
@@ -929,16 +1065,14 @@ fn systolic_rules() -> Vec<Rules> {
 pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<ScheduleError>> {
     let mut out = Vec::new();
     for rotate in [false, true] {
-        let g = graph(
-            p,
-            Form {
-                mirror: false,
-                rotate,
-            },
-        );
+        let form = Form {
+            mirror: false,
+            rotate,
+        };
+        let g = graph(p, form);
         let bl = bottom_levels(&g);
-        for rules in systolic_rules() {
-            out.push(place_all(p, pes, &g, &bl, rules)?);
+        for rules in systolic_rules(p) {
+            out.push(place_all(p, pes, &g, &bl, rules, form)?);
         }
     }
     Ok(out)
@@ -971,14 +1105,15 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
         }
     }
     if systolic_applies(p, pes) {
-        tries.extend(systolic_rules());
+        tries.extend(systolic_rules(p));
     }
     let mut best: Option<RingSchedule> = None;
     for rotate in [false, true] {
-        let g = graph(p, Form { mirror, rotate });
+        let form = Form { mirror, rotate };
+        let g = graph(p, form);
         let bl = bottom_levels(&g);
         for &rules in &tries {
-            let s = place_all(p, pes, &g, &bl, rules)?;
+            let s = place_all(p, pes, &g, &bl, rules, form)?;
             if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
                 best = Some(s);
             }
