@@ -857,7 +857,7 @@ fn pair_arc(i: usize, j: usize, n: usize) -> (usize, usize) {
         _ if t == 0 => (i, 0),
         std::cmp::Ordering::Less => (j, t),
         std::cmp::Ordering::Greater => (i, n - t),
-        std::cmp::Ordering::Equal if j % 2 == 0 => (j, t),
+        std::cmp::Ordering::Equal if j.is_multiple_of(2) => (j, t),
         std::cmp::Ordering::Equal => (i, t),
     }
 }
@@ -865,9 +865,9 @@ fn pair_arc(i: usize, j: usize, n: usize) -> (usize, usize) {
 /// How many scores row `a` of `n` computes under [`pair_arc`].
 fn pairs_on_arc(a: usize, n: usize) -> usize {
     let half = n / 2;
-    let tie = n % 2 == 0 && n > 0 && {
+    let tie = n.is_multiple_of(2) && n > 0 && {
         let j = a.min((a + half) % n);
-        let owner = if j % 2 == 0 { j } else { j + half };
+        let owner = if j.is_multiple_of(2) { j } else { j + half };
         owner == a
     };
     n.div_ceil(2) + usize::from(tie)
