@@ -598,18 +598,16 @@ enum Sizing {
     Estimated,
 }
 
-/// The order in which rows go round the ring in the systolic layout.
+/// The order in which a head's rows go round its part of the ring in the systolic layout
+/// (heads one after another). With q = k = v and shared scores, rows stay in index order
+/// ([`pair_arc`]).
 #[derive(Clone, Copy, Debug)]
 enum Order {
-    /// Longest first (most scores of its own), rows of every head together, so that each
-    /// row's outputs land on an arc about as long as its own. With q = k = v, where a row
-    /// computes only the scores of the keys up to its own, this also sends every shared score
-    /// forward, from the later row's arc to the earlier's.
+    /// Longest first, so that each row's outputs land on an arc about as long as its own.
     LongestFirst,
-    /// Head by head, and within a head every other row longest first, then the rows between
-    /// them back: each arc's neighbours hold rows about as long as its own, the wrap-around
-    /// included. Longest first leaves the longest row's arc the shortest row's outputs after
-    /// its scores.
+    /// Every other row longest first, then the rows between them back: each arc's neighbours
+    /// hold rows about as long as its own, the wrap-around included. Longest first leaves the
+    /// longest row's arc only the shortest row's outputs after its scores.
     Zigzag,
 }
 
@@ -628,8 +626,8 @@ struct Layout {
 /// follows them to the arc's last PE, which also computes the row's exponentials and divisions;
 /// the weights then stream into the next arc, whose PEs take the row's output products, column
 /// by column in contiguous runs, so every output chain runs forward (the arc's last PE only in
-/// the variant where it takes a share). Rows are laid round the ring longest first, so that
-/// each row's outputs land on an arc about as long as its own.
+/// the variant where it takes a share). Heads take parts of the ring one after another, their
+/// rows in one of two orders ([`Order`]).
 struct Systolic {
     /// First PE of each slot's arc, and one past the last slot.
     starts: Vec<usize>,
@@ -677,25 +675,14 @@ impl Systolic {
         let keys: Vec<usize> = order.iter().map(|&u| unit_keys[u]).collect();
         let own: Vec<usize> = order.iter().map(|&u| unit_own(u)).collect();
         let d = p.dim as usize;
-        let work = |s: usize| {
-            let (k, prev) = (keys[s], keys[(s + units - 1) % units]);
-            match layout.sizing {
-                Sizing::Arc => own[s] * d + k * 3 + prev * d,
-                Sizing::Row => own[s] * d + k * (d + 3),
-                Sizing::Peak | Sizing::Estimated => own[s].max(prev) * d + k * 3,
-            }
-        };
-        let total: usize = (0..units).map(work).sum::<usize>().max(1);
-        let mut cut = Vec::with_capacity(units + 1);
-        let mut sum = 0;
-        for s in 0..units {
-            cut.push(sum * m / total);
-            sum += work(s);
-        }
-        cut.push(m);
-        let mut sizes: Vec<usize> = cut.windows(2).map(|w| w[1] - w[0]).collect();
-        if let Sizing::Estimated = layout.sizing {
-            sizes = refine(&own, &keys, d, sizes, layout.last_takes_outputs);
+        // Each head's rows lie together on a part of the ring of their own, sized alike.
+        let parts = (p.heads as usize).max(1);
+        let per = units / parts;
+        let mut sizes = Vec::with_capacity(units);
+        for part in 0..parts {
+            let pes = (part + 1) * m / parts - part * m / parts;
+            let rows = part * per..(part + 1) * per;
+            sizes.extend(arc_sizes(&keys[rows.clone()], &own[rows], d, pes, layout));
         }
         let mut starts = Vec::with_capacity(units + 1);
         let mut at = 0;
@@ -767,6 +754,33 @@ impl Systolic {
             Kind::Exp | Kind::Div => hi - 1,
         };
         pe % m
+    }
+}
+
+/// The sizes of the arcs of rows with `keys` and `own` scores (see [`Systolic`]) laid in this
+/// order round `m` PEs, each previous to the next and the last to the first.
+fn arc_sizes(keys: &[usize], own: &[usize], d: usize, m: usize, layout: Layout) -> Vec<usize> {
+    let units = keys.len();
+    let work = |s: usize| {
+        let (k, prev) = (keys[s], keys[(s + units - 1) % units]);
+        match layout.sizing {
+            Sizing::Arc => own[s] * d + k * 3 + prev * d,
+            Sizing::Row => own[s] * d + k * (d + 3),
+            Sizing::Peak | Sizing::Estimated => own[s].max(prev) * d + k * 3,
+        }
+    };
+    let total: usize = (0..units).map(work).sum::<usize>().max(1);
+    let mut cut = Vec::with_capacity(units + 1);
+    let mut sum = 0;
+    for s in 0..units {
+        cut.push(sum * m / total);
+        sum += work(s);
+    }
+    cut.push(m);
+    let sizes: Vec<usize> = cut.windows(2).map(|w| w[1] - w[0]).collect();
+    match layout.sizing {
+        Sizing::Estimated => refine(own, keys, d, sizes, layout.last_takes_outputs),
+        _ => sizes,
     }
 }
 
@@ -876,20 +890,19 @@ fn pairs_on_arc(a: usize, n: usize) -> usize {
 /// Units (`head · tokens + row`) in their order round the ring, by `own`, their numbers of
 /// scores computed on their arcs.
 fn ring_order(units: usize, n: usize, order: Order, own: impl Fn(usize) -> usize) -> Vec<usize> {
-    let mut all: Vec<usize> = (0..units).collect();
-    all.sort_by_key(|&u| std::cmp::Reverse(own(u)));
-    match order {
-        Order::LongestFirst => all,
-        Order::Zigzag => {
-            let mut out = Vec::with_capacity(units);
-            for head in 0..units / n.max(1) {
-                let mine: Vec<usize> = all.iter().copied().filter(|&u| u / n == head).collect();
+    let mut out = Vec::with_capacity(units);
+    for head in 0..units / n.max(1) {
+        let mut mine: Vec<usize> = (head * n..(head + 1) * n).collect();
+        mine.sort_by_key(|&u| std::cmp::Reverse(own(u)));
+        match order {
+            Order::LongestFirst => out.extend(mine),
+            Order::Zigzag => {
                 out.extend(mine.iter().step_by(2));
                 out.extend(mine.iter().skip(1).step_by(2).rev());
             }
-            out
         }
     }
+    out
 }
 
 /// The PE, counted from its arc's first, of product `c` of score `nth` in the systolic layout:
