@@ -619,6 +619,9 @@ struct Layout {
     /// Whether an arc's last PE, once it has divided its own row, also takes a share of the
     /// previous row's outputs (the tails of the last chains).
     last_takes_outputs: bool,
+    /// Whether arcs take two rows each (the two longest left, one after the other), so that
+    /// the first row's softmax runs while the arc computes the second row's scores.
+    two_rows: bool,
 }
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
@@ -629,83 +632,124 @@ struct Layout {
 /// the variant where it takes a share). Heads take parts of the ring one after another, their
 /// rows in one of two orders ([`Order`]).
 struct Systolic {
-    /// First PE of each slot's arc, and one past the last slot.
+    /// First PE of each arc, and one past the last arc.
     starts: Vec<usize>,
-    /// The slot of each unit (`head · tokens + row`).
-    slot: Vec<usize>,
-    /// Each slot's number of keys.
+    /// The arc of each unit (`head · tokens + row`).
+    arc_of: Vec<usize>,
+    /// Each unit's number of keys.
     keys: Vec<usize>,
-    /// Each slot's number of scores computed on its arc: its keys, or with q = k = v in the
+    /// Each unit's number of scores computed on its arc: its keys, or with q = k = v in the
     /// form where a score serves both of its rows, its share of the pairs ([`pair_arc`]).
     own: Vec<usize>,
     /// The number of tokens, when scores serve two rows.
     shared: Option<usize>,
-    /// Per slot, where each PE's share of the row's output products ends, counted in products
+    /// Per unit, where each PE's share of the row's output products ends, counted in products
     /// over the next arc's PEs (see [`share_ends`]).
     shares: Vec<Vec<f64>>,
+    /// Per unit, whether it is the first of two rows on its arc: its scores and softmax are
+    /// placed ahead of the other row's ([`Systolic::ahead`]).
+    first: Vec<bool>,
+    /// Per unit, whether it is the second of two rows on its arc: its scores keep off the
+    /// arc's last PE, which runs the first row's softmax meanwhile.
+    second: Vec<bool>,
 }
 
 impl Systolic {
     fn new(p: &Problem, m: usize, layout: Layout, triangular: bool) -> Systolic {
         let n = p.tokens as usize;
         let units = p.heads as usize * n;
-        let unit_keys: Vec<usize> = (0..units)
+        let keys: Vec<usize> = (0..units)
             .map(|u| {
                 let i = (u % n) as u32;
                 (0..n as u32).filter(|&j| p.unmasked(i, j)).count()
             })
             .collect();
-        let unit_own = |u: usize| {
-            if triangular {
-                pairs_on_arc(u % n, n)
-            } else {
-                unit_keys[u]
-            }
-        };
-        // Shared scores flow forward from the arc that computes them, so rows stay in order.
-        let order = if triangular {
-            (0..units).collect()
+        let own: Vec<usize> = (0..units)
+            .map(|u| {
+                if triangular {
+                    pairs_on_arc(u % n, n)
+                } else {
+                    keys[u]
+                }
+            })
+            .collect();
+        // Shared scores flow forward from the arc that computes them, so rows stay in order,
+        // one to an arc.
+        let arcs: Vec<Vec<usize>> = if triangular {
+            (0..units).map(|u| vec![u]).collect()
         } else {
-            ring_order(units, n, layout.order, unit_own)
+            ring_order(n, p.heads as usize, layout, |u| own[u])
         };
-        let mut slot = vec![0; units];
-        for (s, &u) in order.iter().enumerate() {
-            slot[u] = s;
+        let mut arc_of = vec![0; units];
+        let mut first = vec![false; units];
+        let mut second = vec![false; units];
+        for (a, rows) in arcs.iter().enumerate() {
+            for &u in rows {
+                arc_of[u] = a;
+            }
+            if let [u, v] = rows[..] {
+                first[u] = true;
+                second[v] = true;
+            }
         }
-        let keys: Vec<usize> = order.iter().map(|&u| unit_keys[u]).collect();
-        let own: Vec<usize> = order.iter().map(|&u| unit_own(u)).collect();
+        let sum = |of: &[usize]| -> Vec<usize> {
+            arcs.iter()
+                .map(|rows| rows.iter().map(|&u| of[u]).sum())
+                .collect()
+        };
+        let (arc_keys, arc_own) = (sum(&keys), sum(&own));
         let d = p.dim as usize;
         // Each head's rows lie together on a part of the ring of their own, sized alike.
         let parts = (p.heads as usize).max(1);
-        let per = units / parts;
-        let mut sizes = Vec::with_capacity(units);
+        let per = arcs.len() / parts;
+        let mut sizes = Vec::with_capacity(arcs.len());
         for part in 0..parts {
             let pes = (part + 1) * m / parts - part * m / parts;
-            let rows = part * per..(part + 1) * per;
-            sizes.extend(arc_sizes(&keys[rows.clone()], &own[rows], d, pes, layout));
+            let span = part * per..(part + 1) * per;
+            sizes.extend(arc_sizes(
+                &arc_keys[span.clone()],
+                &arc_own[span],
+                d,
+                pes,
+                layout,
+            ));
         }
-        let mut starts = Vec::with_capacity(units + 1);
+        let mut starts = Vec::with_capacity(arcs.len() + 1);
         let mut at = 0;
         for &a in &sizes {
             starts.push(at);
             at += a;
         }
         starts.push(m);
-        let arc = |s: usize| (starts[s + 1]).max(starts[s] + 1) - starts[s];
+        let size = |a: usize| (starts[a + 1]).max(starts[a] + 1) - starts[a];
         let shares = (0..units)
-            .map(|s| {
-                let next = (s + 1) % units;
-                let lanes = lane_starts(arc(next), keys[next], layout.last_takes_outputs);
-                share_ends(d * keys[s].max(1), &lanes)
+            .map(|u| {
+                let next = (arc_of[u] + 1) % arcs.len();
+                let lanes = lane_starts(size(next), arc_keys[next], layout.last_takes_outputs);
+                share_ends(d * keys[u].max(1), &lanes)
             })
             .collect();
         Systolic {
             starts,
-            slot,
+            arc_of,
             keys,
             own,
             shared: triangular.then_some(n),
             shares,
+            first,
+            second,
+        }
+    }
+
+    /// Levels added to an operation's priority: the first of two rows on an arc has its
+    /// scores and softmax placed before anything else (`top` is above every level), so it
+    /// takes the arc's first cycles and its softmax runs while the arc computes the other
+    /// row's scores. Every operation it adds to gets the same, so operands still come first.
+    fn ahead(&self, nd: &Node, top: u64) -> u64 {
+        if nd.phase < 3 && self.first[nd.unit as usize] {
+            top
+        } else {
+            0
         }
     }
 
@@ -713,43 +757,45 @@ impl Systolic {
     /// ones), so a key is also its position in the row.
     fn pe(&self, p: &Problem, m: usize, nd: &Node) -> usize {
         let u = nd.unit as usize;
-        let s = self.slot[u];
-        let keys = self.keys[s].max(1);
+        let a = self.arc_of[u];
+        let keys = self.keys[u].max(1);
         let nth = (nd.key as usize).min(keys - 1);
-        let own = self.own[s].max(1);
+        let own = self.own[u].max(1);
         let mine = (nd.key as usize).min(own - 1);
-        let arc = |s: usize| (self.starts[s], self.starts[s + 1].max(self.starts[s] + 1));
-        let (lo, hi) = arc(s);
+        let arc = |a: usize| (self.starts[a], self.starts[a + 1].max(self.starts[a] + 1));
+        let (lo, hi) = arc(a);
         let d = p.dim as usize;
-        // With shared scores, where score (row, key) is computed: its slot and rank there.
-        let pair = |n: usize, row: usize, key: usize| {
-            let (at, t) = pair_arc(row.max(key), row.min(key), n);
-            let s = self.slot[u - u % n + at];
-            (s, self.own[s].max(1) - 1 - t)
+        let scoring = if self.second[u] && hi - lo > 1 {
+            hi - lo - 1
+        } else {
+            hi - lo
         };
         let pe = match nd.kind {
             Kind::Mac if nd.phase == 3 => {
-                let next = self.starts[(s + 1) % self.slot.len()];
+                let next = self.starts[(a + 1) % (self.starts.len() - 1)];
                 let idx = (nd.col as usize * keys + nth) as f64;
-                let ends = &self.shares[s];
+                let ends = &self.shares[u];
                 next + ends
                     .iter()
                     .position(|&end| idx < end)
                     .unwrap_or(ends.len() - 1)
             }
             // Phase 1 in contiguous runs of products, a score's chain crossing at most into
-            // the next PE; a maximum where the last of its scores ends.
+            // the next PE; a maximum where the last of its scores ends. With shared scores,
+            // each on the arc that computes it, at its rank there.
             Kind::Mac => match self.shared {
                 Some(n) => {
-                    let (at, rank) = pair(n, u % n, nd.key as usize);
-                    let (lo, hi) = arc(at);
-                    lo + p1_offset(rank, nd.col as usize, self.own[at].max(1), d, hi - lo)
+                    let (row, t) = pair_arc(u % n, (nd.key as usize).min(u % n), n);
+                    let at = u - u % n + row;
+                    let (lo, hi) = arc(self.arc_of[at]);
+                    let own = self.own[at].max(1);
+                    lo + p1_offset(own - 1 - t, nd.col as usize, own, d, hi - lo)
                 }
-                None => lo + p1_offset(mine, nd.col as usize, own, d, hi - lo),
+                None => lo + p1_offset(mine, nd.col as usize, own, d, scoring),
             },
             Kind::Max => match self.shared {
                 Some(_) => hi - 1,
-                None => lo + p1_offset(mine, d - 1, own, d, hi - lo),
+                None => lo + p1_offset(mine, d - 1, own, d, scoring),
             },
             Kind::Exp | Kind::Div => hi - 1,
         };
@@ -887,18 +933,25 @@ fn pairs_on_arc(a: usize, n: usize) -> usize {
     n.div_ceil(2) + usize::from(tie)
 }
 
-/// Units (`head · tokens + row`) in their order round the ring, by `own`, their numbers of
-/// scores computed on their arcs.
-fn ring_order(units: usize, n: usize, order: Order, own: impl Fn(usize) -> usize) -> Vec<usize> {
-    let mut out = Vec::with_capacity(units);
-    for head in 0..units / n.max(1) {
-        let mut mine: Vec<usize> = (head * n..(head + 1) * n).collect();
-        mine.sort_by_key(|&u| std::cmp::Reverse(own(u)));
-        match order {
-            Order::LongestFirst => out.extend(mine),
+/// The units (`head · tokens + row`) of each arc, arcs in their order round the ring, by
+/// `own`, the units' numbers of scores computed on their arcs.
+fn ring_order(
+    n: usize,
+    heads: usize,
+    layout: Layout,
+    own: impl Fn(usize) -> usize,
+) -> Vec<Vec<usize>> {
+    let per_arc = if layout.two_rows { 2 } else { 1 };
+    let mut out = Vec::new();
+    for head in 0..heads {
+        let mut rows: Vec<usize> = (head * n..(head + 1) * n).collect();
+        rows.sort_by_key(|&u| std::cmp::Reverse(own(u)));
+        let arcs: Vec<Vec<usize>> = rows.chunks(per_arc).map(<[usize]>::to_vec).collect();
+        match layout.order {
+            Order::LongestFirst => out.extend(arcs),
             Order::Zigzag => {
-                out.extend(mine.iter().step_by(2));
-                out.extend(mine.iter().skip(1).step_by(2).rev());
+                out.extend(arcs.iter().step_by(2).cloned());
+                out.extend(arcs.iter().skip(1).step_by(2).rev().cloned());
             }
         }
     }
@@ -990,13 +1043,18 @@ fn place_all(
         .systolic
         .map(|layout| Systolic::new(p, m, layout, form.shares_scores(p)));
     let mut order: Vec<usize> = (0..g.len()).collect();
+    let top = u64::from(bl.iter().copied().max().unwrap_or(0)) + 1;
     let key = |i: usize| {
         let noise = if rules.seed == 0 {
             0
         } else {
             mix(rules.seed ^ (i as u64).wrapping_mul(0x2545_F491)) % 1000
         };
-        (u64::from(bl[i]) * 1000 + noise, std::cmp::Reverse(i))
+        let ahead = systolic.as_ref().map_or(0, |sy| sy.ahead(&g[i], top));
+        (
+            (u64::from(bl[i]) + ahead) * 1000 + noise,
+            std::cmp::Reverse(i),
+        )
     };
     order.sort_by_key(|&i| std::cmp::Reverse(key(i)));
     let mut pl = Placer {
@@ -1047,26 +1105,36 @@ fn systolic_applies(p: &Problem, pes: u32) -> bool {
 
 /// The systolic layouts tried: every sizing, with and without the arcs' last PEs taking
 /// outputs, and under the causal mask, where rows differ in length, both orders round the ring.
-fn systolic_rules(p: &Problem) -> Vec<Rules> {
+fn systolic_rules(p: &Problem, mirror: bool) -> Vec<Rules> {
     let orders: &[Order] = if p.causal {
         &[Order::LongestFirst, Order::Zigzag]
     } else {
         &[Order::LongestFirst]
     };
+    // Shared scores keep one row to an arc.
+    let shared = Form {
+        mirror,
+        rotate: false,
+    }
+    .shares_scores(p);
+    let two: &[bool] = if shared { &[false] } else { &[false, true] };
     let mut rules = Vec::new();
-    for &order in orders {
-        for last_takes_outputs in [false, true] {
-            for sizing in [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated] {
-                rules.push(Rules {
-                    anchors: false,
-                    fewer_hops: true,
-                    seed: 0,
-                    systolic: Some(Layout {
-                        sizing,
-                        order,
-                        last_takes_outputs,
-                    }),
-                });
+    for &two_rows in two {
+        for &order in orders {
+            for last_takes_outputs in [false, true] {
+                for sizing in [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated] {
+                    rules.push(Rules {
+                        anchors: false,
+                        fewer_hops: true,
+                        seed: 0,
+                        systolic: Some(Layout {
+                            sizing,
+                            order,
+                            last_takes_outputs,
+                            two_rows,
+                        }),
+                    });
+                }
             }
         }
     }
@@ -1084,7 +1152,7 @@ pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<
         };
         let g = graph(p, form);
         let bl = bottom_levels(&g);
-        for rules in systolic_rules(p) {
+        for rules in systolic_rules(p, false) {
             out.push(place_all(p, pes, &g, &bl, rules, form)?);
         }
     }
@@ -1118,7 +1186,7 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
         }
     }
     if systolic_applies(p, pes) {
-        tries.extend(systolic_rules(p));
+        tries.extend(systolic_rules(p, mirror));
     }
     let mut best: Option<RingSchedule> = None;
     for rotate in [false, true] {
