@@ -132,6 +132,14 @@ struct Form {
     rotate: bool,
 }
 
+impl Form {
+    /// Whether a score serves both of its rows (q = k, no mask, not mirrored): row `i` then
+    /// computes only the scores of keys `0 ..= i`.
+    fn shares_scores(self, p: &Problem) -> bool {
+        p.symmetric && !p.causal && !self.mirror
+    }
+}
+
 /// The layer's operations in an order where every operand comes first.
 fn graph(p: &Problem, form: Form) -> Vec<Node> {
     let n = p.tokens;
@@ -152,7 +160,7 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
         g.push(node);
         (g.len() - 1) as u32
     };
-    let mirrored = p.symmetric && !p.causal && !form.mirror;
+    let mirrored = form.shares_scores(p);
     for h in 0..p.heads {
         let mut score: HashMap<(u32, u32), Src> = HashMap::default();
         for i in 0..n {
@@ -590,13 +598,30 @@ enum Sizing {
     Estimated,
 }
 
+/// The order in which a head's rows go round its part of the ring in the systolic layout
+/// (heads one after another). With q = k = v and shared scores, rows stay in index order
+/// ([`pair_arc`]).
+#[derive(Clone, Copy, Debug)]
+enum Order {
+    /// Longest first, so that each row's outputs land on an arc about as long as its own.
+    LongestFirst,
+    /// Every other row longest first, then the rows between them back: each arc's neighbours
+    /// hold rows about as long as its own, the wrap-around included. Longest first leaves the
+    /// longest row's arc only the shortest row's outputs after its scores.
+    Zigzag,
+}
+
 /// A variant of the systolic layout.
 #[derive(Clone, Copy, Debug)]
 struct Layout {
     sizing: Sizing,
+    order: Order,
     /// Whether an arc's last PE, once it has divided its own row, also takes a share of the
     /// previous row's outputs (the tails of the last chains).
     last_takes_outputs: bool,
+    /// Whether arcs take two rows each (the two longest left, one after the other), so that
+    /// the first row's softmax runs while the arc computes the second row's scores.
+    two_rows: bool,
 }
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
@@ -604,126 +629,237 @@ struct Layout {
 /// follows them to the arc's last PE, which also computes the row's exponentials and divisions;
 /// the weights then stream into the next arc, whose PEs take the row's output products, column
 /// by column in contiguous runs, so every output chain runs forward (the arc's last PE only in
-/// the variant where it takes a share). Rows are laid round the ring longest first, so that
-/// each row's outputs land on an arc about as long as its own.
+/// the variant where it takes a share). Heads take parts of the ring one after another, their
+/// rows in one of two orders ([`Order`]).
 struct Systolic {
-    /// First PE of each slot's arc, and one past the last slot.
+    /// First PE of each arc, and one past the last arc.
     starts: Vec<usize>,
-    /// The slot of each unit (`head · tokens + row`).
-    slot: Vec<usize>,
-    /// Each slot's number of keys.
+    /// The arc of each unit (`head · tokens + row`).
+    arc_of: Vec<usize>,
+    /// Each unit's number of keys.
     keys: Vec<usize>,
-    /// Per slot, where each PE's share of the row's output products ends, counted in products
+    /// Each unit's number of scores computed on its arc: its keys, or with q = k = v in the
+    /// form where a score serves both of its rows, its share of the pairs ([`pair_arc`]).
+    own: Vec<usize>,
+    /// The number of tokens, when scores serve two rows.
+    shared: Option<usize>,
+    /// Per unit, where each PE's share of the row's output products ends, counted in products
     /// over the next arc's PEs (see [`share_ends`]).
     shares: Vec<Vec<f64>>,
+    /// Per unit, whether it is the first of two rows on its arc: its scores and softmax are
+    /// placed ahead of the other row's ([`Systolic::ahead`]).
+    first: Vec<bool>,
+    /// Per unit, whether it is the second of two rows on its arc: its scores keep off the
+    /// arc's last PE, which runs the first row's softmax meanwhile.
+    second: Vec<bool>,
 }
 
 impl Systolic {
-    fn new(p: &Problem, m: usize, layout: Layout) -> Systolic {
+    fn new(p: &Problem, m: usize, layout: Layout, triangular: bool) -> Systolic {
         let n = p.tokens as usize;
         let units = p.heads as usize * n;
-        let unit_keys: Vec<usize> = (0..units)
+        let keys: Vec<usize> = (0..units)
             .map(|u| {
                 let i = (u % n) as u32;
                 (0..n as u32).filter(|&j| p.unmasked(i, j)).count()
             })
             .collect();
-        let mut order: Vec<usize> = (0..units).collect();
-        order.sort_by_key(|&u| std::cmp::Reverse(unit_keys[u]));
-        let mut slot = vec![0; units];
-        for (s, &u) in order.iter().enumerate() {
-            slot[u] = s;
-        }
-        let keys: Vec<usize> = order.iter().map(|&u| unit_keys[u]).collect();
-        let d = p.dim as usize;
-        let work = |s: usize| {
-            let (own, prev) = (keys[s], keys[(s + units - 1) % units]);
-            match layout.sizing {
-                Sizing::Arc => own * (d + 3) + prev * d,
-                Sizing::Row => own * (2 * d + 3),
-                Sizing::Peak | Sizing::Estimated => own.max(prev) * d + own * 3,
-            }
+        let own: Vec<usize> = (0..units)
+            .map(|u| {
+                if triangular {
+                    pairs_on_arc(u % n, n)
+                } else {
+                    keys[u]
+                }
+            })
+            .collect();
+        // Shared scores flow forward from the arc that computes them, so rows stay in order,
+        // one to an arc.
+        let arcs: Vec<Vec<usize>> = if triangular {
+            (0..units).map(|u| vec![u]).collect()
+        } else {
+            ring_order(n, p.heads as usize, layout, |u| own[u])
         };
-        let total: usize = (0..units).map(work).sum::<usize>().max(1);
-        let mut cut = Vec::with_capacity(units + 1);
-        let mut sum = 0;
-        for s in 0..units {
-            cut.push(sum * m / total);
-            sum += work(s);
+        let mut arc_of = vec![0; units];
+        let mut first = vec![false; units];
+        let mut second = vec![false; units];
+        for (a, rows) in arcs.iter().enumerate() {
+            for &u in rows {
+                arc_of[u] = a;
+            }
+            if let [u, v] = rows[..] {
+                first[u] = true;
+                second[v] = true;
+            }
         }
-        cut.push(m);
-        let mut sizes: Vec<usize> = cut.windows(2).map(|w| w[1] - w[0]).collect();
-        if let Sizing::Estimated = layout.sizing {
-            sizes = refine(&keys, d, sizes, layout.last_takes_outputs);
+        let sum = |of: &[usize]| -> Vec<usize> {
+            arcs.iter()
+                .map(|rows| rows.iter().map(|&u| of[u]).sum())
+                .collect()
+        };
+        let (arc_keys, arc_own) = (sum(&keys), sum(&own));
+        let d = p.dim as usize;
+        // Each head's rows lie together on a part of the ring of their own, sized alike.
+        let parts = (p.heads as usize).max(1);
+        let per = arcs.len() / parts;
+        let mut sizes = Vec::with_capacity(arcs.len());
+        for part in 0..parts {
+            let pes = (part + 1) * m / parts - part * m / parts;
+            let span = part * per..(part + 1) * per;
+            sizes.extend(arc_sizes(
+                &arc_keys[span.clone()],
+                &arc_own[span],
+                d,
+                pes,
+                layout,
+            ));
         }
-        let mut starts = Vec::with_capacity(units + 1);
+        let mut starts = Vec::with_capacity(arcs.len() + 1);
         let mut at = 0;
         for &a in &sizes {
             starts.push(at);
             at += a;
         }
         starts.push(m);
-        let arc = |s: usize| (starts[s + 1]).max(starts[s] + 1) - starts[s];
+        let size = |a: usize| (starts[a + 1]).max(starts[a] + 1) - starts[a];
         let shares = (0..units)
-            .map(|s| {
-                let next = (s + 1) % units;
-                let lanes = lane_starts(arc(next), keys[next], layout.last_takes_outputs);
-                share_ends(d * keys[s].max(1), &lanes)
+            .map(|u| {
+                let next = (arc_of[u] + 1) % arcs.len();
+                let lanes = lane_starts(size(next), arc_keys[next], layout.last_takes_outputs);
+                share_ends(d * keys[u].max(1), &lanes)
             })
             .collect();
         Systolic {
             starts,
-            slot,
+            arc_of,
             keys,
+            own,
+            shared: triangular.then_some(n),
             shares,
+            first,
+            second,
+        }
+    }
+
+    /// Levels added to an operation's priority: the first of two rows on an arc has its
+    /// scores and softmax placed before anything else (`top` is above every level), so it
+    /// takes the arc's first cycles and its softmax runs while the arc computes the other
+    /// row's scores. Every operation it adds to gets the same, so operands still come first.
+    fn ahead(&self, nd: &Node, top: u64) -> u64 {
+        if nd.phase < 3 && self.first[nd.unit as usize] {
+            top
+        } else {
+            0
         }
     }
 
     /// The PE of operation `nd`. A row's keys are `0 … k − 1` (the causal mask hides the later
     /// ones), so a key is also its position in the row.
     fn pe(&self, p: &Problem, m: usize, nd: &Node) -> usize {
-        let s = self.slot[nd.unit as usize];
-        let keys = self.keys[s].max(1);
+        let u = nd.unit as usize;
+        let a = self.arc_of[u];
+        let keys = self.keys[u].max(1);
         let nth = (nd.key as usize).min(keys - 1);
-        let (lo, hi) = (self.starts[s], self.starts[s + 1].max(self.starts[s] + 1));
+        let own = self.own[u].max(1);
+        let mine = (nd.key as usize).min(own - 1);
+        let arc = |a: usize| (self.starts[a], self.starts[a + 1].max(self.starts[a] + 1));
+        let (lo, hi) = arc(a);
         let d = p.dim as usize;
+        let scoring = if self.second[u] && hi - lo > 1 {
+            hi - lo - 1
+        } else {
+            hi - lo
+        };
         let pe = match nd.kind {
             Kind::Mac if nd.phase == 3 => {
-                let next = self.starts[(s + 1) % self.slot.len()];
+                let next = self.starts[(a + 1) % (self.starts.len() - 1)];
                 let idx = (nd.col as usize * keys + nth) as f64;
-                let ends = &self.shares[s];
+                let ends = &self.shares[u];
                 next + ends
                     .iter()
                     .position(|&end| idx < end)
                     .unwrap_or(ends.len() - 1)
             }
             // Phase 1 in contiguous runs of products, a score's chain crossing at most into
-            // the next PE; a maximum where the last of its scores ends.
-            Kind::Mac => lo + p1_offset(nth, nd.col as usize, keys, d, hi - lo),
-            Kind::Max => lo + p1_offset(nth, d - 1, keys, d, hi - lo),
+            // the next PE; a maximum where the last of its scores ends. With shared scores,
+            // each on the arc that computes it, at its rank there.
+            Kind::Mac => match self.shared {
+                Some(n) => {
+                    let (row, t) = pair_arc(u % n, (nd.key as usize).min(u % n), n);
+                    let at = u - u % n + row;
+                    let (lo, hi) = arc(self.arc_of[at]);
+                    let own = self.own[at].max(1);
+                    lo + p1_offset(own - 1 - t, nd.col as usize, own, d, hi - lo)
+                }
+                None => lo + p1_offset(mine, nd.col as usize, own, d, scoring),
+            },
+            Kind::Max => match self.shared {
+                Some(_) => hi - 1,
+                None => lo + p1_offset(mine, d - 1, own, d, scoring),
+            },
             Kind::Exp | Kind::Div => hi - 1,
         };
         pe % m
     }
 }
 
+/// The sizes of the arcs of rows with `keys` and `own` scores (see [`Systolic`]) laid in this
+/// order round `m` PEs, each previous to the next and the last to the first.
+fn arc_sizes(keys: &[usize], own: &[usize], d: usize, m: usize, layout: Layout) -> Vec<usize> {
+    let units = keys.len();
+    let work = |s: usize| {
+        let (k, prev) = (keys[s], keys[(s + units - 1) % units]);
+        match layout.sizing {
+            Sizing::Arc => own[s] * d + k * 3 + prev * d,
+            Sizing::Row => own[s] * d + k * (d + 3),
+            Sizing::Peak | Sizing::Estimated => own[s].max(prev) * d + k * 3,
+        }
+    };
+    let total: usize = (0..units).map(work).sum::<usize>().max(1);
+    let mut cut = Vec::with_capacity(units + 1);
+    let mut sum = 0;
+    for s in 0..units {
+        cut.push(sum * m / total);
+        sum += work(s);
+    }
+    cut.push(m);
+    let sizes: Vec<usize> = cut.windows(2).map(|w| w[1] - w[0]).collect();
+    match layout.sizing {
+        Sizing::Estimated => refine(own, keys, d, sizes, layout.last_takes_outputs),
+        _ => sizes,
+    }
+}
+
 /// When the row of slot `s` ends in the systolic layout, roughly, with arcs of `sizes` PEs: its
 /// scores on its own arc, the maximum's tree, one exponential per cycle, then the later of the
 /// last weight reaching the last lane and the lanes' skewed share of the outputs.
-fn estimated_end(keys: &[usize], d: usize, sizes: &[usize], s: usize, last: bool) -> usize {
+fn estimated_end(
+    own: &[usize],
+    keys: &[usize],
+    d: usize,
+    sizes: &[usize],
+    s: usize,
+    last: bool,
+) -> usize {
     let k = keys[s].max(1);
     let a = sizes[s].max(1);
     let next = (s + 1) % sizes.len();
     let lanes = sizes[next].saturating_sub(1);
     let tree = k.next_power_of_two().trailing_zeros() as usize + a / 2;
-    let z = (k * d).div_ceil(a) + tree + k;
+    let z = (own[s].max(1) * d).div_ceil(a) + tree + k;
     let outputs = fill_level(k * d, &lane_starts(sizes[next], keys[next], last)).ceil() as usize;
     z + outputs.max(k + lanes) + 1
 }
 
 /// Moves one PE at a time into the arc of the row estimated to end last, or into the arc that
 /// takes its outputs, from the arc whose loss costs least, while the latest end improves.
-fn refine(keys: &[usize], d: usize, mut sizes: Vec<usize>, last: bool) -> Vec<usize> {
+fn refine(
+    own: &[usize],
+    keys: &[usize],
+    d: usize,
+    mut sizes: Vec<usize>,
+    last: bool,
+) -> Vec<usize> {
     let units = sizes.len();
     if units < 2 || sizes.iter().sum::<usize>() < units {
         return sizes;
@@ -741,7 +877,7 @@ fn refine(keys: &[usize], d: usize, mut sizes: Vec<usize>, last: bool) -> Vec<us
     // The latest end, how many rows end then, and one of them.
     let latest = |sizes: &[usize]| {
         let ends: Vec<usize> = (0..units)
-            .map(|s| estimated_end(keys, d, sizes, s, last))
+            .map(|s| estimated_end(own, keys, d, sizes, s, last))
             .collect();
         let end = ends.iter().copied().max().unwrap_or(0);
         let at: Vec<usize> = (0..units).filter(|&s| ends[s] == end).collect();
@@ -768,6 +904,58 @@ fn refine(keys: &[usize], d: usize, mut sizes: Vec<usize>, last: bool) -> Vec<us
         }
     }
     sizes
+}
+
+/// With q = k = v and shared scores, the row whose arc computes the score of rows `i ≥ j` of
+/// `n`, and how far round the rows the other one is from it: each row computes its own and
+/// those of the next `⌈n / 2⌉ − 1` rows (cyclically), and with `n` even the pairs half-way
+/// round go one way or the other by parity, so every arc computes about `(n + 1) / 2` scores
+/// and each travels forward.
+fn pair_arc(i: usize, j: usize, n: usize) -> (usize, usize) {
+    let t = i - j;
+    match (2 * t).cmp(&n) {
+        _ if t == 0 => (i, 0),
+        std::cmp::Ordering::Less => (j, t),
+        std::cmp::Ordering::Greater => (i, n - t),
+        std::cmp::Ordering::Equal if j.is_multiple_of(2) => (j, t),
+        std::cmp::Ordering::Equal => (i, t),
+    }
+}
+
+/// How many scores row `a` of `n` computes under [`pair_arc`].
+fn pairs_on_arc(a: usize, n: usize) -> usize {
+    let half = n / 2;
+    let tie = n.is_multiple_of(2) && n > 0 && {
+        let j = a.min((a + half) % n);
+        let owner = if j.is_multiple_of(2) { j } else { j + half };
+        owner == a
+    };
+    n.div_ceil(2) + usize::from(tie)
+}
+
+/// The units (`head · tokens + row`) of each arc, arcs in their order round the ring, by
+/// `own`, the units' numbers of scores computed on their arcs.
+fn ring_order(
+    n: usize,
+    heads: usize,
+    layout: Layout,
+    own: impl Fn(usize) -> usize,
+) -> Vec<Vec<usize>> {
+    let per_arc = if layout.two_rows { 2 } else { 1 };
+    let mut out = Vec::new();
+    for head in 0..heads {
+        let mut rows: Vec<usize> = (head * n..(head + 1) * n).collect();
+        rows.sort_by_key(|&u| std::cmp::Reverse(own(u)));
+        let arcs: Vec<Vec<usize>> = rows.chunks(per_arc).map(<[usize]>::to_vec).collect();
+        match layout.order {
+            Order::LongestFirst => out.extend(arcs),
+            Order::Zigzag => {
+                out.extend(arcs.iter().step_by(2).cloned());
+                out.extend(arcs.iter().skip(1).step_by(2).rev().cloned());
+            }
+        }
+    }
+    out
 }
 
 /// The PE, counted from its arc's first, of product `c` of score `nth` in the systolic layout:
@@ -845,19 +1033,28 @@ fn place_all(
     g: &[Node],
     bl: &[u32],
     rules: Rules,
+    form: Form,
 ) -> Result<RingSchedule, Vec<ScheduleError>> {
     let m = pes as usize;
     let units = (p.heads * p.tokens).max(1) as usize;
     // Longest path first; a perturbed order adds up to one level of noise per operation, which
     // keeps every operand before its readers (their levels differ by at least one).
+    let systolic = rules
+        .systolic
+        .map(|layout| Systolic::new(p, m, layout, form.shares_scores(p)));
     let mut order: Vec<usize> = (0..g.len()).collect();
+    let top = u64::from(bl.iter().copied().max().unwrap_or(0)) + 1;
     let key = |i: usize| {
         let noise = if rules.seed == 0 {
             0
         } else {
             mix(rules.seed ^ (i as u64).wrapping_mul(0x2545_F491)) % 1000
         };
-        (u64::from(bl[i]) * 1000 + noise, std::cmp::Reverse(i))
+        let ahead = systolic.as_ref().map_or(0, |sy| sy.ahead(&g[i], top));
+        (
+            (u64::from(bl[i]) + ahead) * 1000 + noise,
+            std::cmp::Reverse(i),
+        )
     };
     order.sort_by_key(|&i| std::cmp::Reverse(key(i)));
     let mut pl = Placer {
@@ -874,7 +1071,7 @@ fn place_all(
         copies: HashMap::default(),
         scratch: vec![(vec![FAR; m], vec![0; m]); 3],
         holds: vec![false; m],
-        systolic: rules.systolic.map(|layout| Systolic::new(p, m, layout)),
+        systolic,
     };
     for i in order {
         let anchor = if rules.anchors {
@@ -906,19 +1103,39 @@ fn systolic_applies(p: &Problem, pes: u32) -> bool {
     pes as usize >= 2 * (p.heads * p.tokens) as usize
 }
 
-fn systolic_rules() -> Vec<Rules> {
+/// The systolic layouts tried: every sizing, with and without the arcs' last PEs taking
+/// outputs, and under the causal mask, where rows differ in length, both orders round the ring.
+fn systolic_rules(p: &Problem, mirror: bool) -> Vec<Rules> {
+    let orders: &[Order] = if p.causal {
+        &[Order::LongestFirst, Order::Zigzag]
+    } else {
+        &[Order::LongestFirst]
+    };
+    // Shared scores keep one row to an arc.
+    let shared = Form {
+        mirror,
+        rotate: false,
+    }
+    .shares_scores(p);
+    let two: &[bool] = if shared { &[false] } else { &[false, true] };
     let mut rules = Vec::new();
-    for last_takes_outputs in [false, true] {
-        for sizing in [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated] {
-            rules.push(Rules {
-                anchors: false,
-                fewer_hops: true,
-                seed: 0,
-                systolic: Some(Layout {
-                    sizing,
-                    last_takes_outputs,
-                }),
-            });
+    for &two_rows in two {
+        for &order in orders {
+            for last_takes_outputs in [false, true] {
+                for sizing in [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated] {
+                    rules.push(Rules {
+                        anchors: false,
+                        fewer_hops: true,
+                        seed: 0,
+                        systolic: Some(Layout {
+                            sizing,
+                            order,
+                            last_takes_outputs,
+                            two_rows,
+                        }),
+                    });
+                }
+            }
         }
     }
     rules
@@ -929,16 +1146,14 @@ fn systolic_rules() -> Vec<Rules> {
 pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<ScheduleError>> {
     let mut out = Vec::new();
     for rotate in [false, true] {
-        let g = graph(
-            p,
-            Form {
-                mirror: false,
-                rotate,
-            },
-        );
+        let form = Form {
+            mirror: false,
+            rotate,
+        };
+        let g = graph(p, form);
         let bl = bottom_levels(&g);
-        for rules in systolic_rules() {
-            out.push(place_all(p, pes, &g, &bl, rules)?);
+        for rules in systolic_rules(p, false) {
+            out.push(place_all(p, pes, &g, &bl, rules, form)?);
         }
     }
     Ok(out)
@@ -971,14 +1186,15 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
         }
     }
     if systolic_applies(p, pes) {
-        tries.extend(systolic_rules());
+        tries.extend(systolic_rules(p, mirror));
     }
     let mut best: Option<RingSchedule> = None;
     for rotate in [false, true] {
-        let g = graph(p, Form { mirror, rotate });
+        let form = Form { mirror, rotate };
+        let g = graph(p, form);
         let bl = bottom_levels(&g);
         for &rules in &tries {
-            let s = place_all(p, pes, &g, &bl, rules)?;
+            let s = place_all(p, pes, &g, &bl, rules, form)?;
             if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
                 best = Some(s);
             }
