@@ -193,7 +193,7 @@ fn systolic_layout_keeps_many_short_rows_within_half_again_the_bound() {
 /// Layers with enough work that the systolic layout now takes within 1.25 times their lower
 /// bound: 12 tokens, `d = 64`, causal on 64 PEs (rows zigzagged round the ring; longest first
 /// took 206 cycles, LB 160), and 16 tokens, `d = 64`, q = k = v on 64 PEs (each shared score
-/// computed once, on the arc upstream of both its rows; `auto` took 536, LB 404).
+/// computed once, on one of its rows' arcs, upstream of the other's; `auto` took 536, LB 404).
 #[test]
 fn systolic_layout_brings_long_rows_within_a_quarter_of_the_lower_bound() {
     for (n, scheme) in [(12, "causal"), (16, "shared")] {

@@ -625,7 +625,7 @@ struct Layout {
 }
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
-/// of the work. Its score products are cut evenly over the arc in key order; its maximum's tree
+/// of the work (or, in a variant, two rows share one, one after the other). Its score products are cut evenly over the arc in key order; its maximum's tree
 /// follows them to the arc's last PE, which also computes the row's exponentials and divisions;
 /// the weights then stream into the next arc, whose PEs take the row's output products, column
 /// by column in contiguous runs, so every output chain runs forward (the arc's last PE only in
@@ -803,8 +803,9 @@ impl Systolic {
     }
 }
 
-/// The sizes of the arcs of rows with `keys` and `own` scores (see [`Systolic`]) laid in this
-/// order round `m` PEs, each previous to the next and the last to the first.
+/// The sizes of arcs whose rows have `keys` keys and compute `own` scores between them (see
+/// [`Systolic`]), laid in this order round `m` PEs, each previous to the next and the last to
+/// the first.
 fn arc_sizes(keys: &[usize], own: &[usize], d: usize, m: usize, layout: Layout) -> Vec<usize> {
     let units = keys.len();
     let work = |s: usize| {
@@ -830,8 +831,8 @@ fn arc_sizes(keys: &[usize], own: &[usize], d: usize, m: usize, layout: Layout) 
     }
 }
 
-/// When the row of slot `s` ends in the systolic layout, roughly, with arcs of `sizes` PEs: its
-/// scores on its own arc, the maximum's tree, one exponential per cycle, then the later of the
+/// When the rows of arc `s` end in the systolic layout, roughly, with arcs of `sizes` PEs (two
+/// rows on an arc counted as one of their keys together): its scores on its own arc, the maximum's tree, one exponential per cycle, then the later of the
 /// last weight reaching the last lane and the lanes' skewed share of the outputs.
 fn estimated_end(
     own: &[usize],
