@@ -136,8 +136,13 @@ impl Form {
     /// Whether a score serves both of its rows (q = k, no mask, not mirrored): row `i` then
     /// computes only the scores of keys `0 ..= i`.
     fn shares_scores(self, p: &Problem) -> bool {
-        p.symmetric && !p.causal && !self.mirror
+        shares_scores(p, self.mirror)
     }
+}
+
+/// Whether, unless mirrored, a score serves both of its rows: q = k and no mask.
+fn shares_scores(p: &Problem, mirror: bool) -> bool {
+    p.symmetric && !p.causal && !mirror
 }
 
 /// The layer's operations in an order where every operand comes first.
@@ -1113,12 +1118,11 @@ fn systolic_rules(p: &Problem, mirror: bool) -> Vec<Rules> {
         &[Order::LongestFirst]
     };
     // Shared scores keep one row to an arc.
-    let shared = Form {
-        mirror,
-        rotate: false,
-    }
-    .shares_scores(p);
-    let two: &[bool] = if shared { &[false] } else { &[false, true] };
+    let two: &[bool] = if shares_scores(p, mirror) {
+        &[false]
+    } else {
+        &[false, true]
+    };
     let mut rules = Vec::new();
     for &two_rows in two {
         for &order in orders {
