@@ -156,7 +156,7 @@ fn every_systolic_layout_is_proved_and_matches_the_reference() {
         (4, 16, 2),
         (6, 3, 1),
     ] {
-        for per_row in [2, 3, 8] {
+        for per_row in [1, 2, 3, 8] {
             for scheme in SCHEMES {
                 let safe = scheme_src(n, d, heads, scheme);
                 let plain = safe.replace(" }", " softmax = plain; }");
@@ -167,8 +167,41 @@ fn every_systolic_layout_is_proved_and_matches_the_reference() {
     }
     // Two orders of the output chains, four sizings of the arcs, the arcs' last PEs taking
     // outputs or not, one or two rows to an arc (one with shared scores); under the causal
-    // mask two orders of the rows round the ring.
-    assert_eq!(runs, 6 * 3 * 2 * (32 + 16 + 64));
+    // mask two orders of the rows round the ring. With one PE to a row, one layout: each row
+    // takes its own outputs.
+    assert_eq!(runs, 6 * 3 * 2 * (32 + 16 + 64) + 6 * 3 * 2 * 2);
+}
+
+/// With exactly one PE to a row, each PE does its row's whole work, outputs included (16 tokens,
+/// `d = 8`, 4 heads on 64 PEs): with separate q, k, v that is the lower bound, which `auto` missed
+/// by a cycle (304, the columns dataflow); with q = k = v, each row computing its own scores (the
+/// wide pass), within 1.25 times LB (`auto` took 304 > 303.75). On one head of 16 tokens on 16
+/// PEs, each shared score computed once and sent to its other row: within 1.1 times LB (`auto`
+/// took 303, LB 243).
+#[test]
+fn one_pe_to_a_row_takes_the_rows_whole_work() {
+    let separate = scheme_src(16, 8, 4, "separate");
+    let c = dag(&separate, 64);
+    assert_eq!(c.manifest.cycles, c.manifest.lower_bound, "{separate}");
+    run_within(&c, 7, TOL, &separate);
+    let shared = scheme_src(16, 8, 4, "shared");
+    let c = compile_src(&shared, 64, Choice::Named("wide"));
+    assert!(
+        c.manifest.cycles * 4 <= c.manifest.lower_bound * 5,
+        "{shared}: {} cycles, LB {}",
+        c.manifest.cycles,
+        c.manifest.lower_bound
+    );
+    run_within(&c, 8, TOL, &shared);
+    let one_head = scheme_src(16, 8, 1, "shared");
+    let c = dag(&one_head, 16);
+    assert!(
+        c.manifest.cycles * 10 <= c.manifest.lower_bound * 11,
+        "{one_head}: {} cycles, LB {}",
+        c.manifest.cycles,
+        c.manifest.lower_bound
+    );
+    run_within(&c, 9, TOL, &one_head);
 }
 
 /// The systolic layout where rows are many and short: 32 tokens, `d = 8` on 256 PEs (eight PEs

@@ -627,6 +627,10 @@ struct Layout {
     /// Whether arcs take two rows each (the two longest left, one after the other), so that
     /// the first row's softmax runs while the arc computes the second row's scores.
     two_rows: bool,
+    /// Whether a row's outputs run on its own arc instead of the next one. Tried only with one
+    /// PE to a row, where the PE then does its row's whole work: nothing waits for another
+    /// PE's weights, and with the scores mirrored nothing crosses a link at all.
+    outputs_here: bool,
 }
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
@@ -657,6 +661,8 @@ struct Systolic {
     /// Per unit, whether it is the second of two rows on its arc: its scores keep off the
     /// arc's last PE, which runs the first row's softmax meanwhile.
     second: Vec<bool>,
+    /// Each row's outputs on its own arc ([`Layout::outputs_here`]).
+    outputs_here: bool,
 }
 
 impl Systolic {
@@ -729,7 +735,11 @@ impl Systolic {
         let size = |a: usize| (starts[a + 1]).max(starts[a] + 1) - starts[a];
         let shares = (0..units)
             .map(|u| {
-                let next = (arc_of[u] + 1) % arcs.len();
+                let next = if layout.outputs_here {
+                    arc_of[u]
+                } else {
+                    (arc_of[u] + 1) % arcs.len()
+                };
                 let lanes = lane_starts(size(next), arc_keys[next], layout.last_takes_outputs);
                 share_ends(d * keys[u].max(1), &lanes)
             })
@@ -743,6 +753,7 @@ impl Systolic {
             shares,
             first,
             second,
+            outputs_here: layout.outputs_here,
         }
     }
 
@@ -777,7 +788,11 @@ impl Systolic {
         };
         let pe = match nd.kind {
             Kind::Mac if nd.phase == 3 => {
-                let next = self.starts[(a + 1) % (self.starts.len() - 1)];
+                let next = if self.outputs_here {
+                    lo
+                } else {
+                    self.starts[(a + 1) % (self.starts.len() - 1)]
+                };
                 let idx = (nd.col as usize * keys + nth) as f64;
                 let ends = &self.shares[u];
                 next + ends
@@ -813,6 +828,12 @@ impl Systolic {
 /// the first.
 fn arc_sizes(keys: &[usize], own: &[usize], d: usize, m: usize, layout: Layout) -> Vec<usize> {
     let units = keys.len();
+    if layout.outputs_here {
+        // A row's whole work on its own arc: every arc alike (one PE each where it is tried).
+        return (0..units)
+            .map(|s| (s + 1) * m / units - s * m / units)
+            .collect();
+    }
     let work = |s: usize| {
         let (k, prev) = (keys[s], keys[(s + units - 1) % units]);
         match layout.sizing {
@@ -1104,14 +1125,30 @@ pub(crate) fn run_mirrored(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<Sc
     run_form(p, pes, true)
 }
 
-/// Whether the systolic layout is tried: rows on arcs of their own need two PEs per row.
+/// Whether the systolic layout is tried: rows on arcs of their own need two PEs per row, or
+/// exactly one where each row also takes its own outputs ([`Layout::outputs_here`]).
 fn systolic_applies(p: &Problem, pes: u32) -> bool {
-    pes as usize >= 2 * (p.heads * p.tokens) as usize
+    let units = (p.heads * p.tokens) as usize;
+    pes as usize >= 2 * units || pes as usize == units
 }
 
 /// The systolic layouts tried: every sizing, with and without the arcs' last PEs taking
 /// outputs, and under the causal mask, where rows differ in length, both orders round the ring.
-fn systolic_rules(p: &Problem, mirror: bool) -> Vec<Rules> {
+fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
+    if pes == p.heads * p.tokens {
+        return vec![Rules {
+            anchors: false,
+            fewer_hops: true,
+            seed: 0,
+            systolic: Some(Layout {
+                sizing: Sizing::Row,
+                order: Order::LongestFirst,
+                last_takes_outputs: false,
+                two_rows: false,
+                outputs_here: true,
+            }),
+        }];
+    }
     let orders: &[Order] = if p.causal {
         &[Order::LongestFirst, Order::Zigzag]
     } else {
@@ -1137,6 +1174,7 @@ fn systolic_rules(p: &Problem, mirror: bool) -> Vec<Rules> {
                             order,
                             last_takes_outputs,
                             two_rows,
+                            outputs_here: false,
                         }),
                     });
                 }
@@ -1157,7 +1195,7 @@ pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<
         };
         let g = graph(p, form);
         let bl = bottom_levels(&g);
-        for rules in systolic_rules(p, false) {
+        for rules in systolic_rules(p, pes, false) {
             out.push(place_all(p, pes, &g, &bl, rules, form)?);
         }
     }
@@ -1191,7 +1229,7 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
         }
     }
     if systolic_applies(p, pes) {
-        tries.extend(systolic_rules(p, mirror));
+        tries.extend(systolic_rules(p, pes, mirror));
     }
     let mut best: Option<RingSchedule> = None;
     for rotate in [false, true] {
