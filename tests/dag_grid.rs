@@ -140,10 +140,11 @@ fn prove_systolic_layouts(text: &str, m: u32) -> usize {
 }
 
 /// Every schedule of the systolic layout (each row on an arc of its own, its softmax on the
-/// arc's last PE, its outputs on the next arc), not only those `auto` keeps: every sizing of the
-/// arcs, the arcs' last PEs taking outputs or not, both orders of the output chains, both orders
-/// of causal rows round the ring, one or two rows to an arc, with q = k = v the shared scores
-/// dealt over the arcs (odd and even token counts), proved and run on rings of two, three and
+/// arc's last PE, its outputs on the next arc, or with one PE to a row on its own), not only
+/// those `auto` keeps: every sizing of the arcs, the arcs' last PEs taking outputs or not, both
+/// orders of the output chains, both orders of causal rows round the ring, one or two rows to an
+/// arc, with q = k = v the shared scores dealt over the arcs (odd and even token counts, the
+/// farthest-travelling at either end of an arc), proved and run on rings of one, two, three and
 /// eight PEs per row, in both formulations.
 #[test]
 fn every_systolic_layout_is_proved_and_matches_the_reference() {
@@ -166,10 +167,10 @@ fn every_systolic_layout_is_proved_and_matches_the_reference() {
         }
     }
     // Two orders of the output chains, four sizings of the arcs, the arcs' last PEs taking
-    // outputs or not, one or two rows to an arc (one with shared scores); under the causal
-    // mask two orders of the rows round the ring. With one PE to a row, one layout: each row
-    // takes its own outputs.
-    assert_eq!(runs, 6 * 3 * 2 * (32 + 16 + 64) + 6 * 3 * 2 * 2);
+    // outputs or not, one or two rows to an arc (with shared scores one, the farthest-travelling
+    // scores at its start or its end); under the causal mask two orders of the rows round the
+    // ring. With one PE to a row, one layout: each row takes its own outputs.
+    assert_eq!(runs, 6 * 3 * 2 * (32 + 32 + 64) + 6 * 3 * 2 * 2);
 }
 
 /// With exactly one PE to a row, each PE does its row's whole work, outputs included (16 tokens,

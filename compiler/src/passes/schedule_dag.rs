@@ -631,6 +631,9 @@ struct Layout {
     /// PE to a row, where the PE then does its row's whole work: nothing waits for another
     /// PE's weights, and with the scores mirrored nothing crosses a link at all.
     outputs_here: bool,
+    /// With shared scores, whether an arc lays the scores that travel farthest at its end,
+    /// nearest their other rows (else at its start, its own row's scores at its end).
+    far_last: bool,
 }
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
@@ -663,6 +666,8 @@ struct Systolic {
     second: Vec<bool>,
     /// Each row's outputs on its own arc ([`Layout::outputs_here`]).
     outputs_here: bool,
+    /// [`Layout::far_last`].
+    far_last: bool,
 }
 
 impl Systolic {
@@ -754,6 +759,7 @@ impl Systolic {
             first,
             second,
             outputs_here: layout.outputs_here,
+            far_last: layout.far_last,
         }
     }
 
@@ -809,7 +815,8 @@ impl Systolic {
                     let at = u - u % n + row;
                     let (lo, hi) = arc(self.arc_of[at]);
                     let own = self.own[at].max(1);
-                    lo + p1_offset(own - 1 - t, nd.col as usize, own, d, hi - lo)
+                    let rank = if self.far_last { t } else { own - 1 - t };
+                    lo + p1_offset(rank, nd.col as usize, own, d, hi - lo)
                 }
                 None => lo + p1_offset(mine, nd.col as usize, own, d, scoring),
             },
@@ -1133,7 +1140,9 @@ fn systolic_applies(p: &Problem, pes: u32) -> bool {
 }
 
 /// The systolic layouts tried: every sizing, with and without the arcs' last PEs taking
-/// outputs, and under the causal mask, where rows differ in length, both orders round the ring.
+/// outputs, one or two rows to an arc (with shared scores one, the farthest-travelling at either
+/// end of it), and under the causal mask, where rows differ in length, both orders round the
+/// ring. With exactly one PE to a row, one layout: each row takes its own outputs.
 fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
     if pes == p.heads * p.tokens {
         return vec![Rules {
@@ -1146,6 +1155,7 @@ fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
                 last_takes_outputs: false,
                 two_rows: false,
                 outputs_here: true,
+                far_last: false,
             }),
         }];
     }
@@ -1154,14 +1164,15 @@ fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
     } else {
         &[Order::LongestFirst]
     };
-    // Shared scores keep one row to an arc.
-    let two: &[bool] = if shares_scores(p, mirror) {
-        &[false]
+    // Shared scores keep one row to an arc, and lay the farthest-travelling at either end of it;
+    // other rows take one or two to an arc.
+    let (two, far): (&[bool], &[bool]) = if shares_scores(p, mirror) {
+        (&[false], &[false, true])
     } else {
-        &[false, true]
+        (&[false, true], &[false])
     };
     let mut rules = Vec::new();
-    for &two_rows in two {
+    for (&two_rows, &far_last) in two.iter().flat_map(|t| far.iter().map(move |f| (t, f))) {
         for &order in orders {
             for last_takes_outputs in [false, true] {
                 for sizing in [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated] {
@@ -1175,6 +1186,7 @@ fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
                             last_takes_outputs,
                             two_rows,
                             outputs_here: false,
+                            far_last,
                         }),
                     });
                 }
