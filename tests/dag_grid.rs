@@ -144,8 +144,9 @@ fn prove_systolic_layouts(text: &str, m: u32) -> usize {
 /// those `auto` keeps: every sizing of the arcs, the arcs' last PEs taking outputs or not, both
 /// orders of the output chains, both orders of causal rows round the ring, one or two rows to an
 /// arc, with q = k = v the shared scores dealt over the arcs (odd and even token counts, the
-/// farthest-travelling at either end of an arc), proved and run on rings of one, two, three and
-/// eight PEs per row, in both formulations.
+/// farthest-travelling at either end of an arc, whole or fractional arcs, the maximum's tree
+/// balanced or in arrival order), proved and run on rings of one, two, three and eight PEs per
+/// row, in both formulations.
 #[test]
 fn every_systolic_layout_is_proved_and_matches_the_reference() {
     let mut runs = 0;
@@ -167,10 +168,15 @@ fn every_systolic_layout_is_proved_and_matches_the_reference() {
         }
     }
     // Two orders of the output chains, four sizings of the arcs, the arcs' last PEs taking
-    // outputs or not, one or two rows to an arc (with shared scores one, the farthest-travelling
-    // scores at its start or its end); under the causal mask two orders of the rows round the
-    // ring. With one PE to a row, one layout: each row takes its own outputs.
-    assert_eq!(runs, 6 * 3 * 2 * (32 + 32 + 64) + 6 * 3 * 2 * 2);
+    // outputs or not, one or two rows to an arc; under the causal mask two orders of the rows
+    // round the ring. With shared scores one row to an arc, the farthest-travelling scores at
+    // its start or its end, on whole or fractional arcs (2 more), and two shapes of the
+    // maximum's tree. With one PE to a row, one layout: each row takes its own outputs.
+    let shared = 2 * 2 * (2 * 4 * 2 + 2);
+    assert_eq!(
+        runs,
+        6 * 3 * 2 * (32 + shared + 64) + 6 * 2 * (2 + 2 * 2 + 2)
+    );
 }
 
 /// With exactly one PE to a row, each PE does its row's whole work, outputs included (16 tokens,
@@ -241,11 +247,13 @@ fn within_a_quarter_of_the_lower_bound(n: u32, m: u32, scheme: &str) {
 /// Layers with enough work that the systolic layout now takes within 1.25 times their lower
 /// bound: 12 tokens, `d = 64`, causal on 64 PEs (rows zigzagged round the ring; longest first
 /// took 206 cycles, LB 160), and 16 tokens, `d = 64`, q = k = v on 64 PEs (each shared score
-/// computed once, on one of its rows' arcs, upstream of the other's; `auto` took 536, LB 404).
+/// computed once, on one of its rows' arcs, upstream of the other's; `auto` took 536, LB 404),
+/// and 12 tokens (fractional arcs, softmax first; whole arcs took 305, LB 229).
 #[test]
 fn systolic_layout_brings_long_rows_within_a_quarter_of_the_lower_bound() {
     within_a_quarter_of_the_lower_bound(12, 64, "causal");
     within_a_quarter_of_the_lower_bound(16, 64, "shared");
+    within_a_quarter_of_the_lower_bound(12, 64, "shared");
 }
 
 /// Two rows to an arc: 32 tokens, `d = 64`, causal on 256 PEs, where with one row to an arc

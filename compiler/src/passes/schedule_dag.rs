@@ -130,6 +130,11 @@ struct Form {
     mirror: bool,
     /// Column `c`'s output chain starts at key `c mod k` (else at key 0).
     rotate: bool,
+    /// With shared scores, each row's maximum takes the scores its own arc computes in a
+    /// balanced tree and then the others one at a time, nearest first, in the order they
+    /// arrive from the arcs upstream ([`pair_arc`]), so the farthest is one `max` from the
+    /// end (else one balanced tree in key order).
+    arrival: bool,
 }
 
 impl Form {
@@ -217,6 +222,22 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
             // The maximum as a balanced tree: depth ⌈log2 k⌉.
             let bias = if p.safe() {
                 let mut level = row.clone();
+                let remote = if form.arrival && mirrored {
+                    // How far upstream a score is computed: 0 on the row's own arc.
+                    let upstream = |j: u32| {
+                        let (at, t) = pair_arc(i.max(j) as usize, i.min(j) as usize, n as usize);
+                        if at == i as usize {
+                            0
+                        } else {
+                            t
+                        }
+                    };
+                    level.sort_by_key(|&(_, j)| upstream(j));
+                    let local = level.iter().filter(|&&(_, j)| upstream(j) == 0).count();
+                    level.split_off(local.max(1))
+                } else {
+                    Vec::new()
+                };
                 while level.len() > 1 {
                     let mut next = Vec::with_capacity(level.len().div_ceil(2));
                     for pair in level.chunks(2) {
@@ -236,6 +257,15 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
                         }
                     }
                     level = next;
+                }
+                for (y, ky) in remote {
+                    if let Some(&(x, kx)) = level.first() {
+                        let key = kx.max(ky);
+                        level = vec![(
+                            Src::Out(push(&mut g, node(Kind::Max, 2, x, Some(y), None, key, 0))),
+                            key,
+                        )];
+                    }
                 }
                 level.first().map(|&(x, _)| x)
             } else {
@@ -634,6 +664,9 @@ struct Layout {
     /// With shared scores, whether an arc lays the scores that travel farthest at its end,
     /// nearest their other rows (else at its start, its own row's scores at its end).
     far_last: bool,
+    /// With shared scores, whether the arcs are cut fractionally ([`Continuous`]) rather than
+    /// in whole PEs.
+    continuous: bool,
 }
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
@@ -668,6 +701,102 @@ struct Systolic {
     outputs_here: bool,
     /// [`Layout::far_last`].
     far_last: bool,
+    /// [`Layout::continuous`].
+    continuous: Option<Continuous>,
+}
+
+/// The systolic layout with shared scores cut fractionally. With whole PEs, arcs of 64 PEs for
+/// 12 rows are 5 or 6 PEs long, so the arcs that compute 7 scores on 5 PEs end their scores
+/// last and the arcs of 5 PEs take longest over the previous row's outputs (12 tokens,
+/// `d = 64` on 64 PEs: scores ending at cycles 64 to 90, outputs taking 128 to 155 cycles).
+/// Here the rows' scores, in arc order, are laid end to end round the ring and cut into equal
+/// shares of products, so a PE may compute the end of one row's scores and the start of the
+/// next's; each row's softmax runs on the PE where its scores end; its outputs are laid from
+/// there on, each row taking an equal share of the ring's capacity for outputs, where the PE
+/// that runs a softmax counts for less by that softmax's operations.
+#[derive(Debug)]
+struct Continuous {
+    /// Per arc, where its scores start on the ring, in PEs (fractional); one more entry for
+    /// the end of the last.
+    p1: Vec<f64>,
+    /// Per arc, the PE of its row's softmax.
+    soft: Vec<usize>,
+    /// Per PE, the end of its capacity for outputs, cumulative.
+    cap_end: Vec<f64>,
+    /// Where the first row's outputs start, in capacity, and how much each row takes.
+    p3_origin: f64,
+    p3_width: f64,
+}
+
+impl Continuous {
+    fn new(own: &[usize], keys: &[usize], d: usize, m: usize) -> Continuous {
+        let arcs = own.len().max(1);
+        let total = own.iter().sum::<usize>().max(1) as f64;
+        let mut p1 = Vec::with_capacity(arcs + 1);
+        let mut at = 0.0;
+        for &o in own {
+            p1.push(at);
+            at += o as f64 * m as f64 / total;
+        }
+        p1.push(m as f64);
+        // The PE holding each row's last score product.
+        let soft: Vec<usize> = (0..arcs)
+            .map(|a| ((p1[a + 1] - 1e-9).floor().max(p1[a].floor()) as usize).min(m - 1))
+            .collect();
+        // A softmax PE does its maximum's tree, exponentials and divisions (about 3k) where the
+        // others do outputs: it counts for that much less of the average PE's outputs.
+        let outputs: f64 = keys.iter().map(|&k| (k * d) as f64).sum::<f64>() / m as f64;
+        let mut cap = vec![1.0f64; m];
+        for (a, &pe) in soft.iter().enumerate() {
+            let k = keys.get(a).copied().unwrap_or(0) as f64;
+            cap[pe] = (cap[pe] - 3.0 * k / outputs.max(1.0)).max(0.1);
+        }
+        let mut cap_end = Vec::with_capacity(m);
+        let mut sum = 0.0;
+        for c in &cap {
+            sum += c;
+            cap_end.push(sum);
+        }
+        let p3_width = sum / arcs as f64;
+        let cap_at = |pe: usize, frac: f64| -> f64 {
+            let before = if pe == 0 { 0.0 } else { cap_end[pe - 1] };
+            before + frac * cap[pe]
+        };
+        // Every row's outputs start at or after the point where its scores end, so no weight
+        // goes round the ring.
+        let p3_origin = (0..arcs)
+            .map(|a| {
+                let end = p1[a + 1];
+                let pe = soft[a];
+                cap_at(pe, (end - pe as f64).clamp(0.0, 1.0)) - a as f64 * p3_width
+            })
+            .fold(f64::MIN, f64::max);
+        Continuous {
+            p1,
+            soft,
+            cap_end,
+            p3_origin,
+            p3_width,
+        }
+    }
+
+    /// The PE of score product `c` of rank `rank` among the `own` scores of arc `a`.
+    fn p1_pe(&self, a: usize, rank: usize, c: usize, own: usize, d: usize) -> usize {
+        let (lo, hi) = (self.p1[a], self.p1[a + 1]);
+        let x = lo + (rank * d + c) as f64 / (own * d).max(1) as f64 * (hi - lo);
+        (x.floor() as usize).min(self.soft[a])
+    }
+
+    /// The PE of output product `idx` (of `total`) of the row of arc `a`.
+    fn p3_pe(&self, a: usize, idx: usize, total: usize) -> usize {
+        let m = self.cap_end.len();
+        let full = self.cap_end.last().copied().unwrap_or(1.0);
+        let y = (self.p3_origin
+            + a as f64 * self.p3_width
+            + idx as f64 / total.max(1) as f64 * self.p3_width)
+            .rem_euclid(full);
+        self.cap_end.partition_point(|&e| e <= y).min(m - 1)
+    }
 }
 
 impl Systolic {
@@ -760,6 +889,8 @@ impl Systolic {
             second,
             outputs_here: layout.outputs_here,
             far_last: layout.far_last,
+            continuous: (layout.continuous && triangular)
+                .then(|| Continuous::new(&arc_own, &arc_keys, d, m)),
         }
     }
 
@@ -768,7 +899,7 @@ impl Systolic {
     /// takes the arc's first cycles and its softmax runs while the arc computes the other
     /// row's scores. Every operation it adds to gets the same, so operands still come first.
     fn ahead(&self, nd: &Node, top: u64) -> u64 {
-        if nd.phase < 3 && self.first[nd.unit as usize] {
+        if nd.phase < 3 && (self.first[nd.unit as usize] || self.continuous.is_some()) {
             top
         } else {
             0
@@ -792,6 +923,19 @@ impl Systolic {
         } else {
             hi - lo
         };
+        if let (Some(co), Some(n)) = (&self.continuous, self.shared) {
+            return match nd.kind {
+                Kind::Mac if nd.phase == 3 => co.p3_pe(a, nd.col as usize * keys + nth, keys * d),
+                Kind::Mac => {
+                    let (row, t) = pair_arc(u % n, (nd.key as usize).min(u % n), n);
+                    let b = self.arc_of[u - u % n + row];
+                    let own = self.own[u - u % n + row].max(1);
+                    let rank = if self.far_last { t } else { own - 1 - t };
+                    co.p1_pe(b, rank, nd.col as usize, own, d)
+                }
+                Kind::Max | Kind::Exp | Kind::Div => co.soft[a],
+            };
+        }
         let pe = match nd.kind {
             Kind::Mac if nd.phase == 3 => {
                 let next = if self.outputs_here {
@@ -1156,6 +1300,7 @@ fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
                 two_rows: false,
                 outputs_here: true,
                 far_last: false,
+                continuous: false,
             }),
         }];
     }
@@ -1187,24 +1332,61 @@ fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
                             two_rows,
                             outputs_here: false,
                             far_last,
+                            continuous: false,
                         }),
                     });
                 }
             }
         }
     }
+    // Shared scores also on fractional arcs, where sizing and the last PEs' outputs do not
+    // apply.
+    for &far_last in far.iter().filter(|_| shares_scores(p, mirror)) {
+        rules.push(Rules {
+            anchors: false,
+            fewer_hops: true,
+            seed: 0,
+            systolic: Some(Layout {
+                sizing: Sizing::Arc,
+                order: Order::LongestFirst,
+                last_takes_outputs: false,
+                two_rows: false,
+                outputs_here: false,
+                far_last,
+                continuous: true,
+            }),
+        });
+    }
     rules
 }
 
-/// Every schedule of the systolic layout that [`run`] tries (every sizing, output chains in key
-/// order and rotated), whether or not it is the one kept: for tests that prove them all.
+/// The forms of the graph tried: output chains in key order and rotated, and with shared scores
+/// on layers of up to `AUTO_OPS` operations both shapes of the maximum's tree (the tree in
+/// arrival order only for the systolic layout, whose arcs it follows).
+fn forms(p: &Problem, mirror: bool) -> Vec<Form> {
+    let arrivals: &[bool] = if shares_scores(p, mirror) && p.necessary_ops() <= AUTO_OPS {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let mut out = Vec::new();
+    for &arrival in arrivals {
+        for rotate in [false, true] {
+            out.push(Form {
+                mirror,
+                rotate,
+                arrival,
+            });
+        }
+    }
+    out
+}
+
+/// Every schedule of the systolic layout that [`run`] tries (every sizing, every form of the
+/// graph), whether or not it is the one kept: for tests that prove them all.
 pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<ScheduleError>> {
     let mut out = Vec::new();
-    for rotate in [false, true] {
-        let form = Form {
-            mirror: false,
-            rotate,
-        };
+    for form in forms(p, false) {
         let g = graph(p, form);
         let bl = bottom_levels(&g);
         for rules in systolic_rules(p, pes, false) {
@@ -1244,11 +1426,13 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
         tries.extend(systolic_rules(p, pes, mirror));
     }
     let mut best: Option<RingSchedule> = None;
-    for rotate in [false, true] {
-        let form = Form { mirror, rotate };
+    for form in forms(p, mirror) {
         let g = graph(p, form);
         let bl = bottom_levels(&g);
-        for &rules in &tries {
+        for &rules in tries
+            .iter()
+            .filter(|r| !form.arrival || r.systolic.is_some())
+        {
             let s = place_all(p, pes, &g, &bl, rules, form)?;
             if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
                 best = Some(s);
