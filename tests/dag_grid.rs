@@ -193,22 +193,16 @@ fn one_pe_to_a_row_takes_the_rows_whole_work() {
     run_within(&c, 7, TOL, &separate);
     let shared = scheme_src(16, 8, 4, "shared");
     let c = compile_src(&shared, 64, Choice::Named("wide"));
-    assert!(
-        c.manifest.cycles * 4 <= c.manifest.lower_bound * 5,
-        "{shared}: {} cycles, LB {}",
-        c.manifest.cycles,
-        c.manifest.lower_bound
-    );
-    run_within(&c, 8, TOL, &shared);
+    at_most_times_lb(&c, (5, 4), 8, &shared);
     let one_head = scheme_src(16, 8, 1, "shared");
-    let c = dag(&one_head, 16);
-    assert!(
-        c.manifest.cycles * 10 <= c.manifest.lower_bound * 11,
-        "{one_head}: {} cycles, LB {}",
-        c.manifest.cycles,
-        c.manifest.lower_bound
-    );
-    run_within(&c, 9, TOL, &one_head);
+    at_most_times_lb(&dag(&one_head, 16), (11, 10), 9, &one_head);
+}
+
+/// Asserts that `c` takes at most `num / den` times its LB, and proves and runs it.
+fn at_most_times_lb(c: &compiler::Compiled, (num, den): (u64, u64), seed: u64, what: &str) {
+    let (cycles, lb) = (c.manifest.cycles, c.manifest.lower_bound);
+    assert!(cycles * den <= lb * num, "{what}: {cycles} cycles, LB {lb}");
+    run_within(c, seed, TOL, what);
 }
 
 /// The systolic layout where rows are many and short: 32 tokens, `d = 8` on 256 PEs (eight PEs
@@ -234,14 +228,8 @@ fn systolic_layout_keeps_many_short_rows_within_half_again_the_bound() {
 /// times LB, and proves and runs the program.
 fn within_a_quarter_of_the_lower_bound(n: u32, m: u32, scheme: &str) {
     let text = scheme_src(n, 64, 1, scheme);
-    let c = dag(&text, m);
-    let lb = c.manifest.lower_bound;
-    assert!(
-        c.manifest.cycles * 4 <= lb * 5,
-        "{text} on {m} PEs: {} cycles, LB {lb}",
-        c.manifest.cycles
-    );
-    run_within(&c, u64::from(n + m), TOL, &format!("{text} on {m} PEs"));
+    let what = format!("{text} on {m} PEs");
+    at_most_times_lb(&dag(&text, m), (5, 4), u64::from(n + m), &what);
 }
 
 /// Layers with enough work that the systolic layout now takes within 1.25 times their lower

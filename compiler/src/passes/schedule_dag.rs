@@ -670,12 +670,14 @@ struct Layout {
 }
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
-/// of the work (or, in a variant, two rows share one, one after the other). Its score products are cut evenly over the arc in key order; its maximum's tree
-/// follows them to the arc's last PE, which also computes the row's exponentials and divisions;
-/// the weights then stream into the next arc, whose PEs take the row's output products, column
-/// by column in contiguous runs, so every output chain runs forward (the arc's last PE only in
-/// the variant where it takes a share). Heads take parts of the ring one after another, their
-/// rows in one of two orders ([`Order`]).
+/// of the work (or, in a variant, two rows share one, one after the other). Its score products
+/// are cut evenly over the arc in key order; its maximum's tree follows them to the arc's last
+/// PE, which also computes the row's exponentials and divisions; the weights then stream into
+/// the next arc, whose PEs take the row's output products, column by column in contiguous runs,
+/// so every output chain runs forward (the arc's last PE only in the variant where it takes a
+/// share). Heads take parts of the ring one after another, their rows in one of two orders
+/// ([`Order`]). With one PE to a row, its outputs stay on it; with shared scores the arcs may
+/// be fractional ([`Continuous`]).
 struct Systolic {
     /// First PE of each arc, and one past the last arc.
     starts: Vec<usize>,
@@ -897,7 +899,9 @@ impl Systolic {
     /// Levels added to an operation's priority: the first of two rows on an arc has its
     /// scores and softmax placed before anything else (`top` is above every level), so it
     /// takes the arc's first cycles and its softmax runs while the arc computes the other
-    /// row's scores. Every operation it adds to gets the same, so operands still come first.
+    /// row's scores; on fractional arcs every row's scores and softmax are, so that a softmax
+    /// PE divides before it takes outputs. Every operation it adds to gets the same, so
+    /// operands still come first.
     fn ahead(&self, nd: &Node, top: u64) -> u64 {
         if nd.phase < 3 && (self.first[nd.unit as usize] || self.continuous.is_some()) {
             top
