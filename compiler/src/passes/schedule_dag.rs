@@ -667,6 +667,9 @@ struct Layout {
     /// With shared scores, whether the arcs are cut fractionally ([`Continuous`]) rather than
     /// in whole PEs.
     continuous: bool,
+    /// With shared scores, whether the scores that travel farther are computed earlier: a
+    /// score's products are placed ahead by `d` levels per row of distance to its other row.
+    far_first: bool,
 }
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
@@ -705,6 +708,9 @@ struct Systolic {
     far_last: bool,
     /// [`Layout::continuous`].
     continuous: Option<Continuous>,
+    /// Levels a shared score's products are placed ahead per row of distance to its other row
+    /// ([`Layout::far_first`]; 0 without).
+    far_boost: u64,
 }
 
 /// The systolic layout with shared scores cut fractionally. With whole PEs, arcs of 64 PEs for
@@ -893,6 +899,7 @@ impl Systolic {
             far_last: layout.far_last,
             continuous: (layout.continuous && triangular)
                 .then(|| Continuous::new(&arc_own, &arc_keys, d, m)),
+            far_boost: if layout.far_first { d as u64 } else { 0 },
         }
     }
 
@@ -901,12 +908,22 @@ impl Systolic {
     /// takes the arc's first cycles and its softmax runs while the arc computes the other
     /// row's scores; on fractional arcs every row's scores and softmax are, so that a softmax
     /// PE divides before it takes outputs. Every operation it adds to gets the same, so
-    /// operands still come first.
+    /// operands still come first. With [`Layout::far_first`] a shared score's products get
+    /// more by its distance: a chain's products alike and more than their readers, so that
+    /// order holds too.
     fn ahead(&self, nd: &Node, top: u64) -> u64 {
-        if nd.phase < 3 && (self.first[nd.unit as usize] || self.continuous.is_some()) {
+        let base = if nd.phase < 3 && (self.first[nd.unit as usize] || self.continuous.is_some()) {
             top
         } else {
             0
+        };
+        match self.shared {
+            Some(n) if nd.kind == Kind::Mac && nd.phase == 1 => {
+                let u = nd.unit as usize;
+                let (_, t) = pair_arc(u % n, (nd.key as usize).min(u % n), n);
+                base + t as u64 * self.far_boost
+            }
+            _ => base,
         }
     }
 
@@ -1289,24 +1306,38 @@ fn systolic_applies(p: &Problem, pes: u32) -> bool {
 
 /// The systolic layouts tried: every sizing, with and without the arcs' last PEs taking
 /// outputs, one or two rows to an arc (with shared scores one, the farthest-travelling at either
-/// end of it), and under the causal mask, where rows differ in length, both orders round the
-/// ring. With exactly one PE to a row, one layout: each row takes its own outputs.
+/// end of it, whole or fractional arcs, and each also with the farthest computed first), and
+/// under the causal mask, where rows differ in length, both orders round the ring. With exactly
+/// one PE to a row, one layout (two with shared scores): each row takes its own outputs.
 fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
+    // With shared scores, each layout also with the farthest-travelling computed first.
+    let firsts: &[bool] = if shares_scores(p, mirror) {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let rule = |layout| Rules {
+        anchors: false,
+        fewer_hops: true,
+        seed: 0,
+        systolic: Some(layout),
+    };
     if pes == p.heads * p.tokens {
-        return vec![Rules {
-            anchors: false,
-            fewer_hops: true,
-            seed: 0,
-            systolic: Some(Layout {
-                sizing: Sizing::Row,
-                order: Order::LongestFirst,
-                last_takes_outputs: false,
-                two_rows: false,
-                outputs_here: true,
-                far_last: false,
-                continuous: false,
-            }),
-        }];
+        return firsts
+            .iter()
+            .map(|&far_first| {
+                rule(Layout {
+                    sizing: Sizing::Row,
+                    order: Order::LongestFirst,
+                    last_takes_outputs: false,
+                    two_rows: false,
+                    outputs_here: true,
+                    far_last: false,
+                    continuous: false,
+                    far_first,
+                })
+            })
+            .collect();
     }
     let orders: &[Order] = if p.causal {
         &[Order::LongestFirst, Order::Zigzag]
@@ -1321,36 +1352,31 @@ fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
         (&[false, true], &[false])
     };
     let mut rules = Vec::new();
-    for (&two_rows, &far_last) in two.iter().flat_map(|t| far.iter().map(move |f| (t, f))) {
-        for &order in orders {
-            for last_takes_outputs in [false, true] {
-                for sizing in [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated] {
-                    rules.push(Rules {
-                        anchors: false,
-                        fewer_hops: true,
-                        seed: 0,
-                        systolic: Some(Layout {
-                            sizing,
-                            order,
-                            last_takes_outputs,
-                            two_rows,
-                            outputs_here: false,
-                            far_last,
-                            continuous: false,
-                        }),
-                    });
+    for &far_first in firsts {
+        for &two_rows in two {
+            for &far_last in far {
+                for &order in orders {
+                    for last_takes_outputs in [false, true] {
+                        for sizing in [Sizing::Arc, Sizing::Row, Sizing::Peak, Sizing::Estimated] {
+                            rules.push(rule(Layout {
+                                sizing,
+                                order,
+                                last_takes_outputs,
+                                two_rows,
+                                outputs_here: false,
+                                far_last,
+                                continuous: false,
+                                far_first,
+                            }));
+                        }
+                    }
                 }
             }
         }
-    }
-    // Shared scores also on fractional arcs, where sizing and the last PEs' outputs do not
-    // apply.
-    for &far_last in far.iter().filter(|_| shares_scores(p, mirror)) {
-        rules.push(Rules {
-            anchors: false,
-            fewer_hops: true,
-            seed: 0,
-            systolic: Some(Layout {
+        // Shared scores also on fractional arcs, where sizing and the last PEs' outputs do not
+        // apply.
+        for &far_last in far.iter().filter(|_| shares_scores(p, mirror)) {
+            rules.push(rule(Layout {
                 sizing: Sizing::Arc,
                 order: Order::LongestFirst,
                 last_takes_outputs: false,
@@ -1358,8 +1384,9 @@ fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
                 outputs_here: false,
                 far_last,
                 continuous: true,
-            }),
-        });
+                far_first,
+            }));
+        }
     }
     rules
 }
