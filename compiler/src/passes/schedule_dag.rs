@@ -219,7 +219,8 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
                 col,
                 output: None,
             };
-            // The maximum as a balanced tree: depth ⌈log2 k⌉.
+            // The maximum as a balanced tree (depth ⌈log2 k⌉), or with shared scores in arrival
+            // order (`Form::arrival`): a balanced tree of the local ones, then one at a time.
             let bias = if p.safe() {
                 let mut level = row.clone();
                 let remote = if form.arrival && mirrored {
