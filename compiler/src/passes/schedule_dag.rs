@@ -619,7 +619,7 @@ impl Placer<'_> {
 
 /// How the systolic layout sizes its arcs. None wins everywhere under the causal mask, where rows
 /// differ in length; with every row alike the first three give equal arcs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Sizing {
     /// By the work done on the arc: its row's scores and softmax, and the previous row's
     /// outputs.
@@ -637,7 +637,7 @@ enum Sizing {
 /// The order in which a head's rows go round its part of the ring in the systolic layout
 /// (heads one after another). With q = k = v and shared scores, rows stay in index order
 /// ([`pair_arc`]).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Order {
     /// Longest first, so that each row's outputs land on an arc about as long as its own.
     LongestFirst,
@@ -648,7 +648,7 @@ enum Order {
 }
 
 /// A variant of the systolic layout.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Layout {
     sizing: Sizing,
     order: Order,
@@ -1428,6 +1428,40 @@ pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<
     Ok(out)
 }
 
+/// `rules` without those whose systolic layout places every operation as an earlier one does:
+/// sizings differ only in where the arcs start, and where every row is alike several give the
+/// same arcs, so the same schedule.
+fn distinct_layouts(p: &Problem, pes: u32, rules: Vec<Rules>, mirror: bool) -> Vec<Rules> {
+    let mut seen = Vec::new();
+    rules
+        .into_iter()
+        .filter(|r| {
+            let Some(key) = placement_key(p, pes, r, mirror) else {
+                return true;
+            };
+            let new = !seen.contains(&key);
+            if new {
+                seen.push(key);
+            }
+            new
+        })
+        .collect()
+}
+
+/// What a systolic layout's placement depends on: where its arcs start, and every choice but
+/// the sizing that put them there.
+fn placement_key(p: &Problem, pes: u32, r: &Rules, mirror: bool) -> Option<(Vec<usize>, Layout)> {
+    let layout = r.systolic?;
+    let sy = Systolic::new(p, pes as usize, layout, shares_scores(p, mirror));
+    Some((
+        sy.starts,
+        Layout {
+            sizing: Sizing::Arc,
+            ..layout
+        },
+    ))
+}
+
 fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<ScheduleError>> {
     let mut tries = Vec::new();
     // Above `AUTO_OPS` the free placement takes seconds and lost to the systolic layout on
@@ -1455,7 +1489,12 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
         }
     }
     if systolic_applies(p, pes) {
-        tries.extend(systolic_rules(p, pes, mirror));
+        tries.extend(distinct_layouts(
+            p,
+            pes,
+            systolic_rules(p, pes, mirror),
+            mirror,
+        ));
     }
     let mut best: Option<RingSchedule> = None;
     for form in forms(p, mirror) {
@@ -1477,4 +1516,62 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
             what: "no schedule tried".into(),
         }]
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runtime::layer::Softmax;
+
+    fn problem(n: u32, d: u32, heads: u32, symmetric: bool, causal: bool) -> Problem {
+        Problem {
+            tokens: n,
+            dim: d,
+            heads,
+            scale: 0.5,
+            symmetric,
+            shared_values: symmetric,
+            causal,
+            softmax: Softmax::Safe,
+            copies: true,
+        }
+    }
+
+    /// Every layout `distinct_layouts` drops schedules, cycle for cycle and operation for
+    /// operation, as the kept one with the same arcs and the same other choices; and it drops
+    /// some (rows alike give several sizings the same arcs), so the test can fail.
+    #[test]
+    fn dropped_layouts_repeat_kept_ones() {
+        let mut dropped = 0;
+        for (n, d, heads, m) in [(4, 8, 1, 16), (6, 8, 2, 36), (5, 16, 1, 20), (3, 8, 1, 3)] {
+            for (symmetric, causal) in [(false, false), (true, false), (false, true)] {
+                let p = problem(n, d, heads, symmetric, causal);
+                let all = systolic_rules(&p, m, false);
+                let kept = distinct_layouts(&p, m, all.clone(), false);
+                dropped += all.len() - kept.len();
+                let form = Form {
+                    mirror: false,
+                    rotate: true,
+                    arrival: false,
+                };
+                let g = graph(&p, form);
+                let bl = bottom_levels(&g);
+                let text = |r: Rules| {
+                    place_all(&p, m, &g, &bl, r, form)
+                        .expect("schedules")
+                        .to_string()
+                };
+                let key = |r: &Rules| placement_key(&p, m, r, false);
+                for r in &all {
+                    let twin = kept
+                        .iter()
+                        .find(|k| key(k) == key(r))
+                        .copied()
+                        .expect("a kept layout with the same arcs");
+                    assert_eq!(text(*r), text(twin), "{n} tokens on {m} PEs, {r:?}");
+                }
+            }
+        }
+        assert!(dropped > 0);
+    }
 }
