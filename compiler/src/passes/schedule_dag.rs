@@ -429,7 +429,7 @@ struct Placer<'a> {
     scratch: Vec<(Vec<usize>, Vec<u32>)>,
     /// Per PE, whether it holds the operand whose arrivals are being found.
     holds: Vec<bool>,
-    systolic: Option<Systolic>,
+    systolic: Option<&'a Systolic>,
 }
 
 impl Placer<'_> {
@@ -518,7 +518,7 @@ impl Placer<'_> {
             .collect();
         let mut best: Option<(usize, usize, usize, usize)> = None;
         // The systolic layout names one PE; otherwise every PE is a candidate.
-        let (lo, count) = match &self.systolic {
+        let (lo, count) = match self.systolic {
             Some(sy) => ((sy.pe(self.p, m, &nd) + m - anchor) % m, 1),
             None => (0, m),
         };
@@ -703,10 +703,8 @@ struct Systolic {
     /// Per unit, whether it is the second of two rows on its arc: its scores keep off the
     /// arc's last PE, which runs the first row's softmax meanwhile.
     second: Vec<bool>,
-    /// Each row's outputs on its own arc ([`Layout::outputs_here`]).
-    outputs_here: bool,
-    /// [`Layout::far_last`].
-    far_last: bool,
+    /// The variant it was built as.
+    layout: Layout,
     /// [`Layout::continuous`].
     continuous: Option<Continuous>,
     /// Levels a shared score's products are placed ahead per row of distance to its other row
@@ -896,8 +894,7 @@ impl Systolic {
             shares,
             first,
             second,
-            outputs_here: layout.outputs_here,
-            far_last: layout.far_last,
+            layout,
             continuous: (layout.continuous && triangular)
                 .then(|| Continuous::new(&arc_own, &arc_keys, d, m)),
             far_boost: if layout.far_first { d as u64 } else { 0 },
@@ -918,14 +915,41 @@ impl Systolic {
         } else {
             0
         };
-        match self.shared {
-            Some(n) if nd.kind == Kind::Mac && nd.phase == 1 => {
-                let u = nd.unit as usize;
-                let (_, t) = pair_arc(u % n, (nd.key as usize).min(u % n), n);
+        match self.scored_at(nd) {
+            Some((_, t)) if nd.kind == Kind::Mac && nd.phase == 1 => {
                 base + t as u64 * self.far_boost
             }
             _ => base,
         }
+    }
+
+    /// With shared scores, the unit whose arc computes the score `nd` serves, and how far round
+    /// the rows its other row is ([`pair_arc`]).
+    fn scored_at(&self, nd: &Node) -> Option<(usize, usize)> {
+        let n = self.shared?;
+        let u = nd.unit as usize;
+        let (row, t) = pair_arc(u % n, (nd.key as usize).min(u % n), n);
+        Some((u - u % n + row, t))
+    }
+
+    /// Where a shared score goes among the `own` scores of the arc that computes it: by how
+    /// far it travels, the farthest first or last ([`Layout::far_last`]).
+    fn shared_rank(&self, t: usize, own: usize) -> usize {
+        if self.layout.far_last {
+            t
+        } else {
+            own - 1 - t
+        }
+    }
+
+    /// Whether this layout places every operation as `other` does: the same arcs and every
+    /// choice but the sizing that put them there.
+    fn places_as(&self, other: &Systolic) -> bool {
+        let choices = |l: Layout| Layout {
+            sizing: Sizing::Arc,
+            ..l
+        };
+        self.starts == other.starts && choices(self.layout) == choices(other.layout)
     }
 
     /// The PE of operation `nd`. A row's keys are `0 … k − 1` (the causal mask hides the later
@@ -945,22 +969,22 @@ impl Systolic {
         } else {
             hi - lo
         };
-        if let (Some(co), Some(n)) = (&self.continuous, self.shared) {
-            return match nd.kind {
-                Kind::Mac if nd.phase == 3 => co.p3_pe(a, nd.col as usize * keys + nth, keys * d),
-                Kind::Mac => {
-                    let (row, t) = pair_arc(u % n, (nd.key as usize).min(u % n), n);
-                    let b = self.arc_of[u - u % n + row];
-                    let own = self.own[u - u % n + row].max(1);
-                    let rank = if self.far_last { t } else { own - 1 - t };
-                    co.p1_pe(b, rank, nd.col as usize, own, d)
+        if let Some(co) = &self.continuous {
+            return match (nd.kind, self.scored_at(nd)) {
+                (Kind::Mac, _) if nd.phase == 3 => {
+                    co.p3_pe(a, nd.col as usize * keys + nth, keys * d)
                 }
-                Kind::Max | Kind::Exp | Kind::Div => co.soft[a],
+                (Kind::Mac, Some((at, t))) => {
+                    let own = self.own[at].max(1);
+                    let rank = self.shared_rank(t, own);
+                    co.p1_pe(self.arc_of[at], rank, nd.col as usize, own, d)
+                }
+                _ => co.soft[a],
             };
         }
         let pe = match nd.kind {
             Kind::Mac if nd.phase == 3 => {
-                let next = if self.outputs_here {
+                let next = if self.layout.outputs_here {
                     lo
                 } else {
                     self.starts[(a + 1) % (self.starts.len() - 1)]
@@ -975,14 +999,11 @@ impl Systolic {
             // Phase 1 in contiguous runs of products, a score's chain crossing at most into
             // the next PE; a maximum where the last of its scores ends. With shared scores,
             // each on the arc that computes it, at its rank there.
-            Kind::Mac => match self.shared {
-                Some(n) => {
-                    let (row, t) = pair_arc(u % n, (nd.key as usize).min(u % n), n);
-                    let at = u - u % n + row;
+            Kind::Mac => match self.scored_at(nd) {
+                Some((at, t)) => {
                     let (lo, hi) = arc(self.arc_of[at]);
                     let own = self.own[at].max(1);
-                    let rank = if self.far_last { t } else { own - 1 - t };
-                    lo + p1_offset(rank, nd.col as usize, own, d, hi - lo)
+                    lo + p1_offset(self.shared_rank(t, own), nd.col as usize, own, d, hi - lo)
                 }
                 None => lo + p1_offset(mine, nd.col as usize, own, d, scoring),
             },
@@ -1233,15 +1254,12 @@ fn place_all(
     g: &[Node],
     bl: &[u32],
     rules: Rules,
-    form: Form,
+    systolic: Option<&Systolic>,
 ) -> Result<RingSchedule, Vec<ScheduleError>> {
     let m = pes as usize;
     let units = (p.heads * p.tokens).max(1) as usize;
     // Longest path first; a perturbed order adds up to one level of noise per operation, which
     // keeps every operand before its readers (their levels differ by at least one).
-    let systolic = rules
-        .systolic
-        .map(|layout| Systolic::new(p, m, layout, form.shares_scores(p)));
     let mut order: Vec<usize> = (0..g.len()).collect();
     let top = u64::from(bl.iter().copied().max().unwrap_or(0)) + 1;
     let key = |i: usize| {
@@ -1250,7 +1268,7 @@ fn place_all(
         } else {
             mix(rules.seed ^ (i as u64).wrapping_mul(0x2545_F491)) % 1000
         };
-        let ahead = systolic.as_ref().map_or(0, |sy| sy.ahead(&g[i], top));
+        let ahead = systolic.map_or(0, |sy| sy.ahead(&g[i], top));
         (
             (u64::from(bl[i]) + ahead) * 1000 + noise,
             std::cmp::Reverse(i),
@@ -1422,44 +1440,39 @@ pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<
         let g = graph(p, form);
         let bl = bottom_levels(&g);
         for rules in systolic_rules(p, pes, false) {
-            out.push(place_all(p, pes, &g, &bl, rules, form)?);
+            let sy = rules
+                .systolic
+                .map(|layout| Systolic::new(p, pes as usize, layout, form.shares_scores(p)));
+            out.push(place_all(p, pes, &g, &bl, rules, sy.as_ref())?);
         }
     }
     Ok(out)
 }
 
-/// `rules` without those whose systolic layout places every operation as an earlier one does:
-/// sizings differ only in where the arcs start, and where every row is alike several give the
-/// same arcs, so the same schedule.
-fn distinct_layouts(p: &Problem, pes: u32, rules: Vec<Rules>, mirror: bool) -> Vec<Rules> {
-    let mut seen = Vec::new();
-    rules
-        .into_iter()
-        .filter(|r| {
-            let Some(key) = placement_key(p, pes, r, mirror) else {
-                return true;
-            };
-            let new = !seen.contains(&key);
-            if new {
-                seen.push(key);
-            }
-            new
-        })
-        .collect()
-}
-
-/// What a systolic layout's placement depends on: where its arcs start, and every choice but
-/// the sizing that put them there.
-fn placement_key(p: &Problem, pes: u32, r: &Rules, mirror: bool) -> Option<(Vec<usize>, Layout)> {
-    let layout = r.systolic?;
-    let sy = Systolic::new(p, pes as usize, layout, shares_scores(p, mirror));
-    Some((
-        sy.starts,
-        Layout {
-            sizing: Sizing::Arc,
-            ..layout
-        },
-    ))
+/// `rules` with their systolic layouts built (once per run: a layout depends on neither form of
+/// the graph), without those that place every operation as an earlier one does: sizings
+/// differ only in where the arcs start, and where every row is alike several give the same
+/// arcs, so the same schedule.
+fn built_layouts(
+    p: &Problem,
+    pes: u32,
+    rules: Vec<Rules>,
+    mirror: bool,
+) -> Vec<(Rules, Option<Systolic>)> {
+    let mut out: Vec<(Rules, Option<Systolic>)> = Vec::with_capacity(rules.len());
+    for r in rules {
+        let sy = r
+            .systolic
+            .map(|layout| Systolic::new(p, pes as usize, layout, shares_scores(p, mirror)));
+        let repeat = sy.as_ref().is_some_and(|sy| {
+            out.iter()
+                .any(|(_, seen)| seen.as_ref().is_some_and(|seen| seen.places_as(sy)))
+        });
+        if !repeat {
+            out.push((r, sy));
+        }
+    }
+    out
 }
 
 fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<ScheduleError>> {
@@ -1489,22 +1502,18 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
         }
     }
     if systolic_applies(p, pes) {
-        tries.extend(distinct_layouts(
-            p,
-            pes,
-            systolic_rules(p, pes, mirror),
-            mirror,
-        ));
+        tries.extend(systolic_rules(p, pes, mirror));
     }
+    let tries = built_layouts(p, pes, tries, mirror);
     let mut best: Option<RingSchedule> = None;
     for form in forms(p, mirror) {
         let g = graph(p, form);
         let bl = bottom_levels(&g);
-        for &rules in tries
+        for (rules, sy) in tries
             .iter()
-            .filter(|r| !form.arrival || r.systolic.is_some())
+            .filter(|(r, _)| !form.arrival || r.systolic.is_some())
         {
-            let s = place_all(p, pes, &g, &bl, rules, form)?;
+            let s = place_all(p, pes, &g, &bl, *rules, sy.as_ref())?;
             if best.as_ref().is_none_or(|b| s.cycles() < b.cycles()) {
                 best = Some(s);
             }
@@ -1537,17 +1546,27 @@ mod tests {
         }
     }
 
-    /// Every layout `distinct_layouts` drops schedules, cycle for cycle and operation for
+    /// Every layout [`built_layouts`] drops schedules, cycle for cycle and operation for
     /// operation, as the kept one with the same arcs and the same other choices; and it drops
     /// some (rows alike give several sizings the same arcs), so the test can fail.
     #[test]
-    fn dropped_layouts_repeat_kept_ones() {
+    fn dropped_layouts_repeat_kept_ones() -> Result<(), Vec<ScheduleError>> {
         let mut dropped = 0;
         for (n, d, heads, m) in [(4, 8, 1, 16), (6, 8, 2, 36), (5, 16, 1, 20), (3, 8, 1, 3)] {
             for (symmetric, causal) in [(false, false), (true, false), (false, true)] {
                 let p = problem(n, d, heads, symmetric, causal);
-                let all = systolic_rules(&p, m, false);
-                let kept = distinct_layouts(&p, m, all.clone(), false);
+                // Every layout, repeats included.
+                let all: Vec<(Rules, Systolic)> = systolic_rules(&p, m, false)
+                    .into_iter()
+                    .filter_map(|r| {
+                        let layout = r.systolic?;
+                        Some((
+                            r,
+                            Systolic::new(&p, m as usize, layout, shares_scores(&p, false)),
+                        ))
+                    })
+                    .collect();
+                let kept = built_layouts(&p, m, systolic_rules(&p, m, false), false);
                 dropped += all.len() - kept.len();
                 let form = Form {
                     mirror: false,
@@ -1556,22 +1575,22 @@ mod tests {
                 };
                 let g = graph(&p, form);
                 let bl = bottom_levels(&g);
-                let text = |r: Rules| {
-                    place_all(&p, m, &g, &bl, r, form)
-                        .expect("schedules")
-                        .to_string()
-                };
-                let key = |r: &Rules| placement_key(&p, m, r, false);
-                for r in &all {
-                    let twin = kept
+                for (r, sy) in &all {
+                    let twins: Vec<_> = kept
                         .iter()
-                        .find(|k| key(k) == key(r))
-                        .copied()
-                        .expect("a kept layout with the same arcs");
-                    assert_eq!(text(*r), text(twin), "{n} tokens on {m} PEs, {r:?}");
+                        .filter_map(|(k, ksy)| Some((k, ksy.as_ref()?)))
+                        .filter(|(_, ksy)| ksy.places_as(sy))
+                        .collect();
+                    assert_eq!(twins.len(), 1, "{n} tokens on {m} PEs, {r:?}");
+                    for (k, ksy) in twins {
+                        let theirs = place_all(&p, m, &g, &bl, *k, Some(ksy))?.to_string();
+                        let ours = place_all(&p, m, &g, &bl, *r, Some(sy))?.to_string();
+                        assert_eq!(ours, theirs, "{n} tokens on {m} PEs, {r:?}");
+                    }
                 }
             }
         }
         assert!(dropped > 0);
+        Ok(())
     }
 }
