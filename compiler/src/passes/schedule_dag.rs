@@ -125,9 +125,9 @@ struct Node {
 /// How the graph is built: which of its equivalent forms.
 #[derive(Clone, Copy, Debug)]
 struct Form {
-    /// With q = k and no mask, every row computes all of its own scores, both halves of each
-    /// pair (`schedule-wide`'s recomputed products), so no score serves two rows.
-    mirror: bool,
+    /// With q = k and no mask, which scores serve both of their rows and which each row
+    /// computes itself.
+    pairs: Pairs,
     /// Column `c`'s output chain starts at key `c mod k` (else at key 0).
     rotate: bool,
     /// With shared scores, each row's maximum takes the scores its own arc computes in a
@@ -138,16 +138,114 @@ struct Form {
 }
 
 impl Form {
-    /// Whether a score serves both of its rows (q = k, no mask, not mirrored): row `i` then
-    /// computes only the scores of keys `0 ..= i`.
+    /// Whether some score serves both of its rows (q = k, no mask, not every pair mirrored).
     fn shares_scores(self, p: &Problem) -> bool {
-        shares_scores(p, self.mirror)
+        shares_scores(p, self.pairs)
     }
 }
 
-/// Whether, unless mirrored, a score serves both of its rows: q = k and no mask.
-fn shares_scores(p: &Problem, mirror: bool) -> bool {
-    p.symmetric && !p.causal && !mirror
+/// Whether, under `pairs`, some score serves both of its rows: q = k, no mask, and not every
+/// pair computed by both.
+fn shares_scores(p: &Problem, pairs: Pairs) -> bool {
+    p.symmetric && !p.causal && pairs != Pairs::Mirrored
+}
+
+/// With q = k = v and no mask, which scores a head computes once, for both of its rows, and
+/// where; the others each of their rows computes itself (recomputed products, which only
+/// `schedule-wide` declares).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pairs {
+    /// Every score once, round the head's rows cyclically ([`pair_arc`]).
+    Shared,
+    /// Every row computes all of its own scores, both halves of each pair, so no score serves
+    /// two rows.
+    Mirrored,
+    /// The pairs at most `reach` rows apart once, the rest by both rows. Cyclically
+    /// ([`pair_arc`]), or with `cyclic` false in index order: on the earlier row's arc, so no
+    /// score wraps round from a head's last rows to its first, which lie a whole ring apart
+    /// when the head has only its part of it.
+    Near { reach: usize, cyclic: bool },
+}
+
+/// Where each score of a head is computed under a [`Pairs`] choice, by rows counted within
+/// the head.
+#[derive(Debug)]
+struct Pairing {
+    n: usize,
+    /// Per row `i` and key `j` (at `i·n + j`): the row whose arc computes the score `i` reads,
+    /// how many rows round it travels to reach its other row, and whether it serves both.
+    at: Vec<(usize, usize, bool)>,
+    /// Per row and key: the score's place among those its arc computes, farthest-travelling
+    /// first.
+    rank: Vec<usize>,
+    /// Per row: how many scores its arc computes.
+    own: Vec<usize>,
+}
+
+impl Pairing {
+    fn new(n: usize, pairs: Pairs) -> Pairing {
+        let place = |i: usize, j: usize| {
+            let (hi, lo) = (i.max(j), i.min(j));
+            let near = match pairs {
+                _ if i == j => Some((i, 0)),
+                Pairs::Mirrored => None,
+                Pairs::Shared => Some(pair_arc(hi, lo, n)),
+                Pairs::Near {
+                    reach,
+                    cyclic: true,
+                } => Some(pair_arc(hi, lo, n)).filter(|&(_, t)| t <= reach),
+                Pairs::Near {
+                    reach,
+                    cyclic: false,
+                } => (hi - lo <= reach).then_some((lo, hi - lo)),
+            };
+            near.map_or((i, 0, false), |(a, t)| (a, t, true))
+        };
+        let at: Vec<(usize, usize, bool)> = (0..n * n).map(|x| place(x / n, x % n)).collect();
+        // What each arc computes: each shared score once (as row `i ≥ j` reads it), and its own
+        // row's others.
+        let mut on: Vec<Vec<(usize, usize, usize)>> = vec![Vec::new(); n];
+        for i in 0..n {
+            for j in 0..n {
+                let (a, t, shared) = at[i * n + j];
+                if !shared || j <= i {
+                    on[a].push((t, i, j));
+                }
+            }
+        }
+        let mut rank = vec![0; n * n];
+        for list in &mut on {
+            list.sort_by_key(|&(t, i, j)| (std::cmp::Reverse(t), i, j));
+            for (r, &(_, i, j)) in list.iter().enumerate() {
+                rank[i * n + j] = r;
+                if at[i * n + j].2 {
+                    rank[j * n + i] = r;
+                }
+            }
+        }
+        Pairing {
+            n,
+            at,
+            rank,
+            own: on.iter().map(Vec::len).collect(),
+        }
+    }
+
+    /// The score row `i` reads for key `j`: where it is computed, how far it travels, whether
+    /// it serves both rows.
+    fn of(&self, i: usize, j: usize) -> (usize, usize, bool) {
+        self.at
+            .get(i * self.n + j)
+            .copied()
+            .unwrap_or((i, 0, false))
+    }
+
+    /// Whether row `i` computes the score of key `j` in its own chain of products: its own
+    /// score, or one it shares whose other row is not later (`j ≤ i`), or one it mirrors.
+    fn builds(&self, i: usize, j: usize) -> bool {
+        let (_, _, shared) = self.of(i, j);
+        !shared || j <= i
+    }
 }
 
 /// The layer's operations in an order where every operand comes first.
@@ -170,11 +268,17 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
         g.push(node);
         (g.len() - 1) as u32
     };
-    let mirrored = form.shares_scores(p);
+    let shares = form.shares_scores(p);
+    let pairing = shares.then(|| Pairing::new(n as usize, form.pairs));
+    let builds = |i: u32, j: u32| {
+        pairing
+            .as_ref()
+            .is_none_or(|pr| pr.builds(i as usize, j as usize))
+    };
     for h in 0..p.heads {
         let mut score: HashMap<(u32, u32), Src> = HashMap::default();
         for i in 0..n {
-            for j in (0..n).filter(|&j| p.unmasked(i, j) && (!mirrored || j <= i)) {
+            for j in (0..n).filter(|&j| p.unmasked(i, j) && builds(i, j)) {
                 let mut acc = None;
                 for c in 0..d {
                     let id = push(
@@ -195,7 +299,10 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
                 }
                 if let Some(s) = acc {
                     score.insert((i, j), s);
-                    if mirrored {
+                    if pairing
+                        .as_ref()
+                        .is_some_and(|pr| pr.of(i as usize, j as usize).2)
+                    {
                         score.insert((j, i), s);
                     }
                 }
@@ -223,10 +330,10 @@ fn graph(p: &Problem, form: Form) -> Vec<Node> {
             // order (`Form::arrival`): a balanced tree of the local ones, then one at a time.
             let bias = if p.safe() {
                 let mut level = row.clone();
-                let remote = if form.arrival && mirrored {
+                let remote = if let Some(pr) = pairing.as_ref().filter(|_| form.arrival) {
                     // How far upstream a score is computed: 0 on the row's own arc.
                     let upstream = |j: u32| {
-                        let (at, t) = pair_arc(i.max(j) as usize, i.min(j) as usize, n as usize);
+                        let (at, t, _) = pr.of(i as usize, j as usize);
                         if at == i as usize {
                             0
                         } else {
@@ -692,8 +799,8 @@ struct Systolic {
     /// Each unit's number of scores computed on its arc: its keys, or with q = k = v in the
     /// form where a score serves both of its rows, its share of the pairs ([`pair_arc`]).
     own: Vec<usize>,
-    /// The number of tokens, when scores serve two rows.
-    shared: Option<usize>,
+    /// Where each score is computed, when some serve two rows.
+    pairing: Option<Pairing>,
     /// Per unit, where each PE's share of the row's output products ends, counted in products
     /// over the next arc's PEs (see [`share_ends`]).
     shares: Vec<Vec<f64>>,
@@ -807,7 +914,9 @@ impl Continuous {
 }
 
 impl Systolic {
-    fn new(p: &Problem, m: usize, layout: Layout, triangular: bool) -> Systolic {
+    fn new(p: &Problem, m: usize, layout: Layout, pairs: Pairs) -> Systolic {
+        let pairing = shares_scores(p, pairs).then(|| Pairing::new(p.tokens as usize, pairs));
+        let triangular = pairing.is_some();
         let n = p.tokens as usize;
         let units = p.heads as usize * n;
         let keys: Vec<usize> = (0..units)
@@ -817,12 +926,9 @@ impl Systolic {
             })
             .collect();
         let own: Vec<usize> = (0..units)
-            .map(|u| {
-                if triangular {
-                    pairs_on_arc(u % n, n)
-                } else {
-                    keys[u]
-                }
+            .map(|u| match &pairing {
+                Some(pr) => pr.own.get(u % n).copied().unwrap_or(0),
+                None => keys[u],
             })
             .collect();
         // Shared scores flow forward from the arc that computes them, so rows stay in order,
@@ -890,7 +996,7 @@ impl Systolic {
             arc_of,
             keys,
             own,
-            shared: triangular.then_some(n),
+            pairing,
             shares,
             first,
             second,
@@ -916,29 +1022,32 @@ impl Systolic {
             0
         };
         match self.scored_at(nd) {
-            Some((_, t)) if nd.kind == Kind::Mac && nd.phase == 1 => {
+            Some((_, t, _)) if nd.kind == Kind::Mac && nd.phase == 1 => {
                 base + t as u64 * self.far_boost
             }
             _ => base,
         }
     }
 
-    /// With shared scores, the unit whose arc computes the score `nd` serves, and how far round
-    /// the rows its other row is ([`pair_arc`]).
-    fn scored_at(&self, nd: &Node) -> Option<(usize, usize)> {
-        let n = self.shared?;
+    /// With shared scores, the unit whose arc computes the score `nd` serves, how far round
+    /// the rows its other row is (0 for a score its row computes for itself), and its place
+    /// among its arc's scores, farthest-travelling first ([`Pairing`]).
+    fn scored_at(&self, nd: &Node) -> Option<(usize, usize, usize)> {
+        let pr = self.pairing.as_ref()?;
         let u = nd.unit as usize;
-        let (row, t) = pair_arc(u % n, (nd.key as usize).min(u % n), n);
-        Some((u - u % n + row, t))
+        let (row, key) = (u % pr.n, nd.key as usize);
+        let (at, t, _) = pr.of(row, key);
+        let rank = pr.rank.get(row * pr.n + key).copied().unwrap_or(0);
+        Some((u - row + at, t, rank))
     }
 
-    /// Where a shared score goes among the `own` scores of the arc that computes it: by how
-    /// far it travels, the farthest first or last ([`Layout::far_last`]).
-    fn shared_rank(&self, t: usize, own: usize) -> usize {
+    /// Where a score of place `rank` (farthest-travelling first) goes among the `own` scores
+    /// of the arc that computes it: the farthest first or last ([`Layout::far_last`]).
+    fn shared_rank(&self, rank: usize, own: usize) -> usize {
         if self.layout.far_last {
-            t
+            own.saturating_sub(1 + rank)
         } else {
-            own - 1 - t
+            rank.min(own - 1)
         }
     }
 
@@ -974,9 +1083,9 @@ impl Systolic {
                 (Kind::Mac, _) if nd.phase == 3 => {
                     co.p3_pe(a, nd.col as usize * keys + nth, keys * d)
                 }
-                (Kind::Mac, Some((at, t))) => {
+                (Kind::Mac, Some((at, _, rank))) => {
                     let own = self.own[at].max(1);
-                    let rank = self.shared_rank(t, own);
+                    let rank = self.shared_rank(rank, own);
                     co.p1_pe(self.arc_of[at], rank, nd.col as usize, own, d)
                 }
                 _ => co.soft[a],
@@ -1000,14 +1109,20 @@ impl Systolic {
             // the next PE; a maximum where the last of its scores ends. With shared scores,
             // each on the arc that computes it, at its rank there.
             Kind::Mac => match self.scored_at(nd) {
-                Some((at, t)) => {
+                Some((at, _, rank)) => {
                     let (lo, hi) = arc(self.arc_of[at]);
                     let own = self.own[at].max(1);
-                    lo + p1_offset(self.shared_rank(t, own), nd.col as usize, own, d, hi - lo)
+                    lo + p1_offset(
+                        self.shared_rank(rank, own),
+                        nd.col as usize,
+                        own,
+                        d,
+                        hi - lo,
+                    )
                 }
                 None => lo + p1_offset(mine, nd.col as usize, own, d, scoring),
             },
-            Kind::Max => match self.shared {
+            Kind::Max => match self.pairing {
                 Some(_) => hi - 1,
                 None => lo + p1_offset(mine, d - 1, own, d, scoring),
             },
@@ -1141,17 +1256,6 @@ fn pair_arc(i: usize, j: usize, n: usize) -> (usize, usize) {
         std::cmp::Ordering::Equal if j.is_multiple_of(2) => (j, t),
         std::cmp::Ordering::Equal => (i, t),
     }
-}
-
-/// How many scores row `a` of `n` computes under [`pair_arc`].
-fn pairs_on_arc(a: usize, n: usize) -> usize {
-    let half = n / 2;
-    let tie = n.is_multiple_of(2) && n > 0 && {
-        let j = a.min((a + half) % n);
-        let owner = if j.is_multiple_of(2) { j } else { j + half };
-        owner == a
-    };
-    n.div_ceil(2) + usize::from(tie)
 }
 
 /// The units (`head · tokens + row`) of each arc, arcs in their order round the ring, by
@@ -1307,13 +1411,41 @@ fn place_all(
 
 /// Tries the tie-break rules and, on small layers, perturbed orders; keeps the shortest.
 pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
-    run_form(p, pes, false)
+    run_form(p, pes, Pairs::Shared)
 }
 
-/// [`run`] with every row of a q = k = v layer computing all of its own scores (recomputed
-/// products, for `schedule-wide`, which declares them).
+/// [`run`] with the rows of a q = k = v layer computing scores of their own (recomputed
+/// products, for `schedule-wide`, which declares them): every row all of its scores, and where
+/// a head has a part of the ring of its own ([`near_pairs`]), also each row those of the rows
+/// farther than half the head away; the shorter schedule.
 pub(crate) fn run_mirrored(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
-    run_form(p, pes, true)
+    let mut best = run_form(p, pes, Pairs::Mirrored)?;
+    if let Some(pairs) = near_pairs(p, pes) {
+        let s = run_form(p, pes, pairs)?;
+        if s.cycles() < best.cycles() {
+            best = s;
+        }
+    }
+    Ok(best)
+}
+
+/// The pairs shared when only the near ones are: with several heads on a ring with room for
+/// the systolic layout, each head's rows lie on a part of the ring that is not a ring itself,
+/// so a score shared round the head's rows cyclically goes round the whole ring from its last
+/// rows to its first. In index order instead, the pairs at most `n / 2` rows apart are shared
+/// (computed upstream, travelling at most half the head's part) and the rest computed by both
+/// rows. Measured on 4 heads on 256 PEs with reaches 2, 4 to 8 and 11 (12 tokens, `d = 64`),
+/// 4 to 7 (12 tokens, `d = 128`) and 4 to 6 and 8 to 10 (16 tokens, `d = 64`): `n / 2` was
+/// the shortest or within 1 % of it. Cyclic near pairs on one head were not shorter than the
+/// shared or mirrored runs on the three layers measured (12, 16 and 32 tokens).
+fn near_pairs(p: &Problem, pes: u32) -> Option<Pairs> {
+    let units = p.heads * p.tokens;
+    (p.symmetric && !p.causal && p.heads > 1 && pes >= 2 * units && p.tokens > 2).then_some(
+        Pairs::Near {
+            reach: p.tokens as usize / 2,
+            cyclic: false,
+        },
+    )
 }
 
 /// Whether the systolic layout is tried: rows on arcs of their own need two PEs per row, or
@@ -1328,9 +1460,9 @@ fn systolic_applies(p: &Problem, pes: u32) -> bool {
 /// end of it, whole or fractional arcs, and each also with the farthest computed first), and
 /// under the causal mask, where rows differ in length, both orders round the ring. With exactly
 /// one PE to a row, one layout (two with shared scores): each row takes its own outputs.
-fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
+fn systolic_rules(p: &Problem, pes: u32, pairs: Pairs) -> Vec<Rules> {
     // With shared scores, each layout also with the farthest-travelling computed first.
-    let firsts: &[bool] = if shares_scores(p, mirror) {
+    let firsts: &[bool] = if shares_scores(p, pairs) {
         &[false, true]
     } else {
         &[false]
@@ -1365,14 +1497,16 @@ fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
     };
     // Shared scores keep one row to an arc, and lay the farthest-travelling at either end of it;
     // other rows take one or two to an arc.
-    let (two, far): (&[bool], &[bool]) = if shares_scores(p, mirror) {
+    let (two, far): (&[bool], &[bool]) = if shares_scores(p, pairs) {
         (&[false], &[false, true])
     } else {
         (&[false, true], &[false])
     };
     let mut rules = Vec::new();
+    // Near pairs only on fractional arcs, which every layer measured with them chose.
+    let whole = !matches!(pairs, Pairs::Near { .. });
     for &far_first in firsts {
-        for &two_rows in two {
+        for &two_rows in two.iter().filter(|_| whole) {
             for &far_last in far {
                 for &order in orders {
                     for last_takes_outputs in [false, true] {
@@ -1394,7 +1528,7 @@ fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
         }
         // Shared scores also on fractional arcs, where sizing and the last PEs' outputs do not
         // apply.
-        for &far_last in far.iter().filter(|_| shares_scores(p, mirror)) {
+        for &far_last in far.iter().filter(|_| shares_scores(p, pairs)) {
             rules.push(rule(Layout {
                 sizing: Sizing::Arc,
                 order: Order::LongestFirst,
@@ -1413,8 +1547,8 @@ fn systolic_rules(p: &Problem, pes: u32, mirror: bool) -> Vec<Rules> {
 /// The forms of the graph tried: output chains in key order and rotated, and with shared scores
 /// on layers of up to `AUTO_OPS` operations both shapes of the maximum's tree (the tree in
 /// arrival order only for the systolic layout, whose arcs it follows).
-fn forms(p: &Problem, mirror: bool) -> Vec<Form> {
-    let arrivals: &[bool] = if shares_scores(p, mirror) && p.necessary_ops() <= AUTO_OPS {
+fn forms(p: &Problem, pairs: Pairs) -> Vec<Form> {
+    let arrivals: &[bool] = if shares_scores(p, pairs) && p.necessary_ops() <= AUTO_OPS {
         &[false, true]
     } else {
         &[false]
@@ -1423,7 +1557,7 @@ fn forms(p: &Problem, mirror: bool) -> Vec<Form> {
     for &arrival in arrivals {
         for rotate in [false, true] {
             out.push(Form {
-                mirror,
+                pairs,
                 rotate,
                 arrival,
             });
@@ -1436,13 +1570,13 @@ fn forms(p: &Problem, mirror: bool) -> Vec<Form> {
 /// graph), whether or not it is the one kept: for tests that prove them all.
 pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<ScheduleError>> {
     let mut out = Vec::new();
-    for form in forms(p, false) {
+    for form in forms(p, Pairs::Shared) {
         let g = graph(p, form);
         let bl = bottom_levels(&g);
-        for rules in systolic_rules(p, pes, false) {
+        for rules in systolic_rules(p, pes, Pairs::Shared) {
             let sy = rules
                 .systolic
-                .map(|layout| Systolic::new(p, pes as usize, layout, form.shares_scores(p)));
+                .map(|layout| Systolic::new(p, pes as usize, layout, form.pairs));
             out.push(place_all(p, pes, &g, &bl, rules, sy.as_ref())?);
         }
     }
@@ -1457,13 +1591,13 @@ fn built_layouts(
     p: &Problem,
     pes: u32,
     rules: Vec<Rules>,
-    mirror: bool,
+    pairs: Pairs,
 ) -> Vec<(Rules, Option<Systolic>)> {
     let mut out: Vec<(Rules, Option<Systolic>)> = Vec::with_capacity(rules.len());
     for r in rules {
         let sy = r
             .systolic
-            .map(|layout| Systolic::new(p, pes as usize, layout, shares_scores(p, mirror)));
+            .map(|layout| Systolic::new(p, pes as usize, layout, pairs));
         let repeat = sy.as_ref().is_some_and(|sy| {
             out.iter()
                 .any(|(_, seen)| seen.as_ref().is_some_and(|seen| seen.places_as(sy)))
@@ -1475,11 +1609,14 @@ fn built_layouts(
     out
 }
 
-fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<ScheduleError>> {
+fn run_form(p: &Problem, pes: u32, pairs: Pairs) -> Result<RingSchedule, Vec<ScheduleError>> {
     let mut tries = Vec::new();
     // Above `AUTO_OPS` the free placement takes seconds and lost to the systolic layout on
-    // every large layer measured, so where that layout applies it is tried alone.
-    if !(systolic_applies(p, pes) && p.necessary_ops() > AUTO_OPS) {
+    // every large layer measured, so where that layout applies it is tried alone; so too with
+    // near pairs, which are tried only for that layout and beside the mirrored run.
+    let near = matches!(pairs, Pairs::Near { .. });
+    let systolic_alone = systolic_applies(p, pes) && p.necessary_ops() > AUTO_OPS;
+    if !(near || systolic_alone) {
         for anchors in [true, false] {
             for fewer_hops in [true, false] {
                 tries.push(Rules {
@@ -1491,7 +1628,7 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
             }
         }
     }
-    if p.necessary_ops() <= RETRY_MAX_OPS {
+    if !near && p.necessary_ops() <= RETRY_MAX_OPS {
         for seed in 1..=RETRIES {
             tries.push(Rules {
                 anchors: seed % 2 == 1,
@@ -1502,11 +1639,11 @@ fn run_form(p: &Problem, pes: u32, mirror: bool) -> Result<RingSchedule, Vec<Sch
         }
     }
     if systolic_applies(p, pes) {
-        tries.extend(systolic_rules(p, pes, mirror));
+        tries.extend(systolic_rules(p, pes, pairs));
     }
-    let tries = built_layouts(p, pes, tries, mirror);
+    let tries = built_layouts(p, pes, tries, pairs);
     let mut best: Option<RingSchedule> = None;
-    for form in forms(p, mirror) {
+    for form in forms(p, pairs) {
         let g = graph(p, form);
         let bl = bottom_levels(&g);
         for (rules, sy) in tries
@@ -1546,6 +1683,78 @@ mod tests {
         }
     }
 
+    /// Every score of a head is computed exactly where [`Pairing`] says: a shared one once, on
+    /// one of its two rows' arcs, reaching the other forward (in index order without wrapping
+    /// round the head when not cyclic, and no farther than `reach`); a mirrored one by each row
+    /// for itself; each arc's places are `0 … own − 1`, farthest-travelling first.
+    #[test]
+    fn pairings_place_every_score_once_per_reader_or_pair() {
+        for n in 1..=13usize {
+            let mut options = vec![Pairs::Shared, Pairs::Mirrored];
+            for reach in 0..n {
+                for cyclic in [false, true] {
+                    options.push(Pairs::Near { reach, cyclic });
+                }
+            }
+            for pairs in options {
+                let pr = Pairing::new(n, pairs);
+                let what = format!("{n} tokens, {pairs:?}");
+                let mut computed = vec![Vec::new(); n];
+                let mut shared_pairs = 0;
+                for i in 0..n {
+                    for j in 0..n {
+                        let (at, t, shared) = pr.of(i, j);
+                        assert_eq!(shared, pr.of(j, i).2, "{what}: ({i}, {j})");
+                        if shared {
+                            assert_eq!(pr.of(j, i), (at, t, shared), "{what}: ({i}, {j})");
+                            let other = if at == i { j } else { i };
+                            assert!(at == i || at == j, "{what}: ({i}, {j}) on row {at}");
+                            let forward = match pairs {
+                                Pairs::Near { cyclic: false, .. } => other.checked_sub(at),
+                                _ => Some((other + n - at) % n),
+                            };
+                            assert_eq!(forward, Some(t), "{what}: ({i}, {j})");
+                            if let Pairs::Near { reach, .. } = pairs {
+                                assert!(t <= reach, "{what}: ({i}, {j})");
+                            }
+                            if j < i {
+                                shared_pairs += 1;
+                            }
+                        } else {
+                            assert_eq!((at, t), (i, 0), "{what}: ({i}, {j})");
+                            assert!(i != j && pairs != Pairs::Shared, "{what}: ({i}, {j})");
+                        }
+                        if pr.builds(i, j) {
+                            computed[at].push((t, pr.rank[i * n + j]));
+                        }
+                    }
+                }
+                // Each unordered pair shared once or computed by both rows.
+                let builds: usize = computed.iter().map(Vec::len).sum();
+                assert_eq!(
+                    builds,
+                    n + shared_pairs + 2 * (n * (n - 1) / 2 - shared_pairs)
+                );
+                for (a, list) in computed.iter_mut().enumerate() {
+                    assert_eq!(list.len(), pr.own[a], "{what}: row {a}");
+                    list.sort_by_key(|&(_, rank)| rank);
+                    let ranks: Vec<usize> = list.iter().map(|&(_, r)| r).collect();
+                    assert_eq!(
+                        ranks,
+                        (0..list.len()).collect::<Vec<_>>(),
+                        "{what}: row {a}"
+                    );
+                    assert!(list.windows(2).all(|w| w[0].0 >= w[1].0), "{what}: row {a}");
+                }
+                if pairs == Pairs::Shared {
+                    assert_eq!(shared_pairs, n * (n - 1) / 2, "{what}");
+                    // About half the pairs on each arc.
+                    assert!(pr.own.iter().all(|&o| o.abs_diff(n / 2 + 1) <= 1), "{what}");
+                }
+            }
+        }
+    }
+
     /// Every layout [`built_layouts`] drops schedules, cycle for cycle and operation for
     /// operation, as the kept one with the same arcs and the same other choices; and it drops
     /// some (rows alike give several sizings the same arcs), so the test can fail.
@@ -1556,20 +1765,18 @@ mod tests {
             for (symmetric, causal) in [(false, false), (true, false), (false, true)] {
                 let p = problem(n, d, heads, symmetric, causal);
                 // Every layout, repeats included.
-                let all: Vec<(Rules, Systolic)> = systolic_rules(&p, m, false)
+                let all: Vec<(Rules, Systolic)> = systolic_rules(&p, m, Pairs::Shared)
                     .into_iter()
                     .filter_map(|r| {
                         let layout = r.systolic?;
-                        Some((
-                            r,
-                            Systolic::new(&p, m as usize, layout, shares_scores(&p, false)),
-                        ))
+                        Some((r, Systolic::new(&p, m as usize, layout, Pairs::Shared)))
                     })
                     .collect();
-                let kept = built_layouts(&p, m, systolic_rules(&p, m, false), false);
+                let kept =
+                    built_layouts(&p, m, systolic_rules(&p, m, Pairs::Shared), Pairs::Shared);
                 dropped += all.len() - kept.len();
                 let form = Form {
-                    mirror: false,
+                    pairs: Pairs::Shared,
                     rotate: true,
                     arrival: false,
                 };
