@@ -180,6 +180,58 @@ fn every_systolic_layout_is_proved_and_matches_the_reference() {
     );
 }
 
+/// Proves and runs every schedule of the near-pairs run of `text` on `m` PEs; returns how many.
+fn prove_near_layouts(text: &str, m: u32) -> usize {
+    use compiler::passes::schedule_dag::near_layouts;
+    use compiler::passes::schedule_wide::Wide;
+    let layer = common::parse_one(text);
+    let mut p = compiler::exact::problem_of(&layer).expect("analyzes");
+    p.copies = true;
+    let layouts = near_layouts(&p, m).expect("schedules");
+    for (k, s) in layouts.iter().enumerate() {
+        let selection = compiler::manifest::Selection {
+            chosen: "schedule-wide".into(),
+            reason: "near pairs under test".into(),
+            candidates: Vec::new(),
+            stopped: Vec::new(),
+        };
+        let (programs, manifest) = compiler::finish(&layer, &p, m, s, selection).expect("emits");
+        let c = compiler::Compiled {
+            programs,
+            loops: Vec::new(),
+            manifest,
+            scheduler: Some(&Wide),
+            dump: None,
+            timings: Vec::new(),
+        };
+        let seed = u64::from(p.tokens * 100 + m) + k as u64;
+        run_within(&c, seed, TOL, &format!("{text} on {m} PEs, near pairs {k}"));
+    }
+    layouts.len()
+}
+
+/// Every schedule of the run with near pairs shared (q = k = v, several heads, each head's rows
+/// on a part of the ring: the pairs at most half a head apart once, the others by both rows),
+/// not only those kept: fractional arcs, the farthest-travelling at either end, computed first
+/// or not, crossing chains first or not, both shapes of the maximum's tree; odd and even token
+/// counts, rings of three, four and eight PEs per row, both formulations. Every program declares
+/// its recomputed products and is proved with them.
+#[test]
+fn every_near_pairs_layout_is_proved_and_matches_the_reference() {
+    let mut runs = 0;
+    for (n, d, heads) in [(3, 8, 2), (4, 16, 2), (5, 8, 3), (6, 3, 2)] {
+        for per_row in [3, 4, 8] {
+            let safe = scheme_src(n, d, heads, "shared");
+            let plain = safe.replace(" }", " softmax = plain; }");
+            runs += prove_near_layouts(&safe, n * heads * per_row);
+            runs += prove_near_layouts(&plain, n * heads * per_row);
+        }
+    }
+    // Six layouts (the farthest-travelling at either end, computed first or not, and when
+    // first, crossing chains first or not), two shapes of the maximum's tree.
+    assert_eq!(runs, 4 * 3 * 2 * 6 * 2);
+}
+
 /// With exactly one PE to a row, each PE does its row's whole work, outputs included (16 tokens,
 /// `d = 8`, 4 heads on 64 PEs): with separate q, k, v that is the lower bound, which `auto` missed
 /// by a cycle (304, the columns dataflow); with q = k = v, each row computing its own scores (the

@@ -38,6 +38,11 @@ pub const DESCRIPTION: &str =
 pub const MAX_OPS: u64 = 200_000;
 /// `auto` tries it up to this many necessary operations.
 pub const AUTO_OPS: u64 = 40_000;
+/// `schedule-wide` runs it with near pairs shared ([`Pairs::Near`]) up to this many necessary
+/// operations: that run places only fractional arcs, six layouts. On 16 tokens, `d = 128`, four
+/// heads on 256 PEs (203 712 operations) it took `auto` from 20.6 to 25.3 s (user), where
+/// raising [`MAX_OPS`] instead, so that the pass's own runs were made too, took it to 52.7 s.
+pub const NEAR_MAX_OPS: u64 = 250_000;
 /// Perturbed orders tried on top of the plain ones, for layers up to [`RETRY_MAX_OPS`].
 const RETRIES: u64 = 12;
 const RETRY_MAX_OPS: u64 = 4_000;
@@ -778,6 +783,13 @@ struct Layout {
     /// With shared scores, whether the scores that travel farther are computed earlier: a
     /// score's products are placed ahead by `d` levels per row of distance to its other row.
     far_first: bool,
+    /// On fractional arcs with [`Layout::far_first`], whether the scores whose products cross
+    /// from one PE into the next are placed ahead of all others. Farthest first alone puts a
+    /// chain that starts on a PE after that PE's farther scores, and the next PE, which holds
+    /// the chain's end, waits for it: on 12 tokens, `d = 64`, 4 heads on 256 PEs with near
+    /// pairs, one PE computed the last 55 products of such a chain after cycle 93, where every
+    /// PE's share of phase 1 ends.
+    cross_first: bool,
 }
 
 /// The systolic layout: each row (per head) owns an arc of consecutive PEs, sized by its share
@@ -817,6 +829,8 @@ struct Systolic {
     /// Levels a shared score's products are placed ahead per row of distance to its other row
     /// ([`Layout::far_first`]; 0 without).
     far_boost: u64,
+    /// The layer's `d`.
+    dim: usize,
 }
 
 /// The systolic layout with shared scores cut fractionally. With whole PEs, arcs of 64 PEs for
@@ -1004,6 +1018,7 @@ impl Systolic {
             continuous: (layout.continuous && triangular)
                 .then(|| Continuous::new(&arc_own, &arc_keys, d, m)),
             far_boost: if layout.far_first { d as u64 } else { 0 },
+            dim: d,
         }
     }
 
@@ -1022,11 +1037,28 @@ impl Systolic {
             0
         };
         match self.scored_at(nd) {
-            Some((_, t, _)) if nd.kind == Kind::Mac && nd.phase == 1 => {
-                base + t as u64 * self.far_boost
+            Some((at, t, rank)) if nd.kind == Kind::Mac && nd.phase == 1 => {
+                base + t as u64 * self.far_boost + self.cross_boost(at, rank)
             }
             _ => base,
         }
+    }
+
+    /// Levels added to every product of the score of place `rank` on the arc of unit `at`
+    /// whose chain crosses from one PE into the next ([`Layout::cross_first`]): above every
+    /// distance's, so those chains go first.
+    fn cross_boost(&self, at: usize, rank: usize) -> u64 {
+        let Some(co) = self.continuous.as_ref().filter(|_| self.layout.cross_first) else {
+            return 0;
+        };
+        let own = self.own[at].max(1);
+        let place = self.shared_rank(rank, own);
+        let d = self.dim.max(1);
+        let a = self.arc_of[at];
+        if co.p1_pe(a, place, 0, own, d) == co.p1_pe(a, place, d - 1, own, d) {
+            return 0;
+        }
+        self.far_boost * (self.keys.len() as u64 + 1)
     }
 
     /// With shared scores, the unit whose arc computes the score `nd` serves, how far round
@@ -1415,15 +1447,25 @@ pub fn run(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
 }
 
 /// [`run`] with the rows of a q = k = v layer computing scores of their own (recomputed
-/// products, for `schedule-wide`, which declares them): every row all of its scores, and where
-/// a head has a part of the ring of its own ([`near_pairs`]), also each row those of the rows
-/// farther than half the head away; the shorter schedule.
-pub(crate) fn run_mirrored(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<ScheduleError>> {
-    let mut best = run_form(p, pes, Pairs::Mirrored)?;
+/// products, for `schedule-wide`, which declares them): every row all of its scores where
+/// `auto` would try the pass, and where a head has a part of the ring of its own
+/// ([`near_pairs`]), also each row those of the rows farther than half the head away; the
+/// shorter schedule, or nothing where neither applies.
+pub(crate) fn run_mirrored(
+    p: &Problem,
+    pes: u32,
+) -> Result<Option<RingSchedule>, Vec<ScheduleError>> {
+    let mut best = None;
+    if Dag.tried_by_auto(p, pes) {
+        best = Some(run_form(p, pes, Pairs::Mirrored)?);
+    }
     if let Some(pairs) = near_pairs(p, pes) {
         let s = run_form(p, pes, pairs)?;
-        if s.cycles() < best.cycles() {
-            best = s;
+        if best
+            .as_ref()
+            .is_none_or(|b: &RingSchedule| s.cycles() < b.cycles())
+        {
+            best = Some(s);
         }
     }
     Ok(best)
@@ -1441,12 +1483,12 @@ pub(crate) fn run_mirrored(p: &Problem, pes: u32) -> Result<RingSchedule, Vec<Sc
 /// for 451 (16 tokens) and 558 for 545 (32 tokens on 256 PEs), for another whole run.
 fn near_pairs(p: &Problem, pes: u32) -> Option<Pairs> {
     let units = p.heads * p.tokens;
-    (p.symmetric && !p.causal && p.heads > 1 && pes >= 2 * units && p.tokens > 2).then_some(
-        Pairs::Near {
-            reach: p.tokens as usize / 2,
-            cyclic: false,
-        },
-    )
+    let applies = p.symmetric && !p.causal && p.heads > 1 && pes >= 2 * units && p.tokens > 2;
+    let fits = p.copies && pes >= COPIES_MIN_PES && p.necessary_ops() <= NEAR_MAX_OPS;
+    (applies && fits).then_some(Pairs::Near {
+        reach: p.tokens as usize / 2,
+        cyclic: false,
+    })
 }
 
 /// Whether the systolic layout is tried: rows on arcs of their own need two PEs per row, or
@@ -1487,6 +1529,7 @@ fn systolic_rules(p: &Problem, pes: u32, pairs: Pairs) -> Vec<Rules> {
                     far_last: false,
                     continuous: false,
                     far_first,
+                    cross_first: false,
                 })
             })
             .collect();
@@ -1521,6 +1564,7 @@ fn systolic_rules(p: &Problem, pes: u32, pairs: Pairs) -> Vec<Rules> {
                                 far_last,
                                 continuous: false,
                                 far_first,
+                                cross_first: false,
                             }));
                         }
                     }
@@ -1528,18 +1572,26 @@ fn systolic_rules(p: &Problem, pes: u32, pairs: Pairs) -> Vec<Rules> {
             }
         }
         // Shared scores also on fractional arcs, where sizing and the last PEs' outputs do not
-        // apply.
+        // apply; with near pairs and the farthest first, also with crossing chains first.
+        let crosses: &[bool] = if !whole && far_first {
+            &[false, true]
+        } else {
+            &[false]
+        };
         for &far_last in far.iter().filter(|_| shares_scores(p, pairs)) {
-            rules.push(rule(Layout {
-                sizing: Sizing::Arc,
-                order: Order::LongestFirst,
-                last_takes_outputs: false,
-                two_rows: false,
-                outputs_here: false,
-                far_last,
-                continuous: true,
-                far_first,
-            }));
+            for &cross_first in crosses {
+                rules.push(rule(Layout {
+                    sizing: Sizing::Arc,
+                    order: Order::LongestFirst,
+                    last_takes_outputs: false,
+                    two_rows: false,
+                    outputs_here: false,
+                    far_last,
+                    continuous: true,
+                    far_first,
+                    cross_first,
+                }));
+            }
         }
     }
     rules
@@ -1554,9 +1606,17 @@ fn forms(p: &Problem, pairs: Pairs) -> Vec<Form> {
     } else {
         &[false]
     };
+    // Near pairs with output chains in key order only: rotated, they took 540 cycles where
+    // key order took 304 (12 tokens, `d = 64`, 4 heads on 256 PEs), and lost on every layer
+    // measured.
+    let rotations: &[bool] = if matches!(pairs, Pairs::Near { .. }) {
+        &[false]
+    } else {
+        &[false, true]
+    };
     let mut out = Vec::new();
     for &arrival in arrivals {
-        for rotate in [false, true] {
+        for &rotate in rotations {
             out.push(Form {
                 pairs,
                 rotate,
@@ -1579,6 +1639,25 @@ pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<
                 .systolic
                 .map(|layout| Systolic::new(p, pes as usize, layout, form.pairs));
             out.push(place_all(p, pes, &g, &bl, rules, sy.as_ref())?);
+        }
+    }
+    Ok(out)
+}
+
+/// Every schedule of the run with near pairs shared that `schedule-wide` makes ([`near_pairs`]:
+/// every layout, every form of the graph), whether or not it is the one kept; none where that
+/// run does not apply. For tests that prove them all.
+pub fn near_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<ScheduleError>> {
+    let Some(pairs) = near_pairs(p, pes) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let tries = built_layouts(p, pes, systolic_rules(p, pes, pairs), pairs);
+    for form in forms(p, pairs) {
+        let g = graph(p, form);
+        let bl = bottom_levels(&g);
+        for (rules, sy) in &tries {
+            out.push(place_all(p, pes, &g, &bl, *rules, sy.as_ref())?);
         }
     }
     Ok(out)

@@ -131,12 +131,11 @@ fn run_within(
     keep_mirrored(p, pes, &mut best, &schedule_cols::copied_lanes(p, pes));
     let arcs = schedule_cols::copied_arcs(p, pes, best.cycles());
     keep_mirrored(p, pes, &mut best, &arcs);
-    // Each operation placed on its own, every row computing its own scores.
-    if schedule_dag::Dag.tried_by_auto(p, pes) {
-        if let Ok(s) = schedule_dag::run_mirrored(p, pes) {
-            if s.cycles() < best.cycles() {
-                best = s;
-            }
+    // Each operation placed on its own, every row computing its own scores (or, with several
+    // heads, those of the rows far from it).
+    if let Ok(Some(s)) = schedule_dag::run_mirrored(p, pes) {
+        if s.cycles() < best.cycles() {
+            best = s;
         }
     }
     best.algorithm = NAME;
