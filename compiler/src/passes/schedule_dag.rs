@@ -159,7 +159,7 @@ fn shares_scores(p: &Problem, pairs: Pairs) -> bool {
 /// where; the others each of their rows computes itself (recomputed products, which only
 /// `schedule-wide` declares).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Pairs {
+enum Pairs {
     /// Every score once, round the head's rows cyclically ([`pair_arc`]).
     Shared,
     /// Every row computes all of its own scores, both halves of each pair, so no score serves
