@@ -8,7 +8,12 @@
 use crate::common;
 
 use common::{compile_src, run_within, scheme_src};
+use compiler::passes::schedule_dag::{near_layouts, systolic_layouts, Dag};
+use compiler::passes::schedule_wide::Wide;
 use compiler::passes::select::Choice;
+use compiler::problem::Problem;
+use compiler::schedule::{RingSchedule, ScheduleError};
+use compiler::scheduler::Scheduler;
 
 /// The end-to-end tolerance every grid uses (inputs in [-1, 1], f32 arithmetic).
 const TOL: f64 = 1e-4;
@@ -105,17 +110,26 @@ fn few_tokens_within_a_fifth_of_the_bound() {
     }
 }
 
-/// Proves and runs every schedule of the systolic layout of `text` on `m` PEs; returns how many.
-fn prove_systolic_layouts(text: &str, m: u32) -> usize {
-    use compiler::passes::schedule_dag::{systolic_layouts, Dag};
+/// A pass's function giving every schedule of some of its runs.
+type Layouts = fn(&Problem, u32) -> Result<Vec<RingSchedule>, Vec<ScheduleError>>;
+
+/// The schedules `make` gives for `text` on `m` PEs (preload copies allowed), each emitted as
+/// `scheduler`'s, proved and run; returns how many. `what` names them in failures.
+fn prove_all(
+    text: &str,
+    m: u32,
+    make: Layouts,
+    scheduler: &'static dyn Scheduler,
+    what: &str,
+) -> usize {
     let layer = common::parse_one(text);
     let mut p = compiler::exact::problem_of(&layer).expect("analyzes");
     p.copies = true;
-    let layouts = systolic_layouts(&p, m).expect("schedules");
-    for (k, s) in layouts.iter().enumerate() {
+    let schedules = make(&p, m).expect("schedules");
+    for (k, s) in schedules.iter().enumerate() {
         let selection = compiler::manifest::Selection {
-            chosen: "schedule-dag".into(),
-            reason: "systolic layout under test".into(),
+            chosen: scheduler.name().into(),
+            reason: format!("{what} under test"),
             candidates: Vec::new(),
             stopped: Vec::new(),
         };
@@ -124,19 +138,19 @@ fn prove_systolic_layouts(text: &str, m: u32) -> usize {
             programs,
             loops: Vec::new(),
             manifest,
-            scheduler: Some(&Dag),
+            scheduler: Some(scheduler),
             dump: None,
             timings: Vec::new(),
         };
         let seed = u64::from(p.tokens * 100 + m) + k as u64;
-        run_within(
-            &c,
-            seed,
-            TOL,
-            &format!("{text} on {m} PEs, systolic layout {k}"),
-        );
+        run_within(&c, seed, TOL, &format!("{text} on {m} PEs, {what} {k}"));
     }
-    layouts.len()
+    schedules.len()
+}
+
+/// Proves and runs every schedule of the systolic layout of `text` on `m` PEs; returns how many.
+fn prove_systolic_layouts(text: &str, m: u32) -> usize {
+    prove_all(text, m, systolic_layouts, &Dag, "systolic layout")
 }
 
 /// Every schedule of the systolic layout (each row on an arc of its own, its softmax on the
@@ -180,34 +194,10 @@ fn every_systolic_layout_is_proved_and_matches_the_reference() {
     );
 }
 
-/// Proves and runs every schedule of the near-pairs run of `text` on `m` PEs; returns how many.
+/// Proves and runs every schedule of the near-pairs run of `text` on `m` PEs, as the wide
+/// pass's (which declares recomputed products); returns how many.
 fn prove_near_layouts(text: &str, m: u32) -> usize {
-    use compiler::passes::schedule_dag::near_layouts;
-    use compiler::passes::schedule_wide::Wide;
-    let layer = common::parse_one(text);
-    let mut p = compiler::exact::problem_of(&layer).expect("analyzes");
-    p.copies = true;
-    let layouts = near_layouts(&p, m).expect("schedules");
-    for (k, s) in layouts.iter().enumerate() {
-        let selection = compiler::manifest::Selection {
-            chosen: "schedule-wide".into(),
-            reason: "near pairs under test".into(),
-            candidates: Vec::new(),
-            stopped: Vec::new(),
-        };
-        let (programs, manifest) = compiler::finish(&layer, &p, m, s, selection).expect("emits");
-        let c = compiler::Compiled {
-            programs,
-            loops: Vec::new(),
-            manifest,
-            scheduler: Some(&Wide),
-            dump: None,
-            timings: Vec::new(),
-        };
-        let seed = u64::from(p.tokens * 100 + m) + k as u64;
-        run_within(&c, seed, TOL, &format!("{text} on {m} PEs, near pairs {k}"));
-    }
-    layouts.len()
+    prove_all(text, m, near_layouts, &Wide, "near pairs")
 }
 
 /// Every schedule of the run with near pairs shared (q = k = v, several heads, each head's rows
