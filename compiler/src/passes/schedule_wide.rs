@@ -7,9 +7,11 @@
 //! softmax waits on them (16 tokens, `d = 64` on 256 PEs: 1481 cycles for a layer whose bound is
 //! 149). This pass runs both dataflows with every row computing all of its own scores, both
 //! halves of each pair, so rows are as independent as with separate q and k, and keeps the
-//! shorter schedule. Its phase-1 products are up to twice the necessary ones; the manifest
-//! declares the count it executes (`ops.phase1_mac`), which the verifier accepts for a shared
-//! layer without a mask when declared and holds exactly.
+//! shorter schedule. With several heads, each on a part of the ring that is not a ring itself,
+//! the dag placement also runs with only the pairs far apart in the head computed by both rows
+//! (the near ones once, travelling forward). Its phase-1 products are up to twice the
+//! necessary ones; the manifest declares the count it executes (`ops.phase1_mac`), which the
+//! verifier accepts for a shared layer without a mask when declared and holds exactly.
 //!
 //! `auto` tries it only where the ring has more than a quarter of a PE per token, the regime
 //! where row coupling can cost more than the products saved; `compile` keeps it only when its
@@ -24,7 +26,7 @@ use crate::scheduler::Scheduler;
 
 pub const NAME: &str = "schedule-wide";
 pub const DESCRIPTION: &str =
-    "q = k = v without pairing rows: every row computes all of its own scores (recomputed products), rows or split dataflow, whichever is shorter";
+    "q = k = v without pairing rows: every row computes its own scores (recomputed products; with several heads, possibly only the far pairs'), the shortest of the rows, split, columns and dag dataflows";
 
 /// `auto` tries it up to this many necessary operations (the split dataflow's own limit under
 /// `auto`), with fewer than [`AUTO_TOKENS_PER_PE`] tokens per PE.
