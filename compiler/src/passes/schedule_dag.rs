@@ -172,6 +172,12 @@ enum Pairs {
     Near { reach: usize, cyclic: bool },
 }
 
+impl Pairs {
+    fn is_near(self) -> bool {
+        matches!(self, Pairs::Near { .. })
+    }
+}
+
 /// Where each score of a head is computed under a [`Pairs`] choice, by rows counted within
 /// the head.
 #[derive(Debug)]
@@ -826,9 +832,6 @@ struct Systolic {
     layout: Layout,
     /// [`Layout::continuous`].
     continuous: Option<Continuous>,
-    /// Levels a shared score's products are placed ahead per row of distance to its other row
-    /// ([`Layout::far_first`]; 0 without).
-    far_boost: u64,
     /// The layer's `d`.
     dim: usize,
 }
@@ -1017,7 +1020,6 @@ impl Systolic {
             layout,
             continuous: (layout.continuous && triangular)
                 .then(|| Continuous::new(&arc_own, &arc_keys, d, m)),
-            far_boost: if layout.far_first { d as u64 } else { 0 },
             dim: d,
         }
     }
@@ -1038,7 +1040,7 @@ impl Systolic {
         };
         match self.scored_at(nd) {
             Some((at, t, rank)) if nd.kind == Kind::Mac && nd.phase == 1 => {
-                base + t as u64 * self.far_boost + self.cross_boost(at, rank)
+                base + t as u64 * self.far_boost() + self.cross_boost(at, rank)
             }
             _ => base,
         }
@@ -1058,7 +1060,17 @@ impl Systolic {
         if co.p1_pe(a, place, 0, own, d) == co.p1_pe(a, place, d - 1, own, d) {
             return 0;
         }
-        self.far_boost * (self.keys.len() as u64 + 1)
+        self.far_boost() * (self.keys.len() as u64 + 1)
+    }
+
+    /// Levels a shared score's products are placed ahead per row of distance to its other row
+    /// ([`Layout::far_first`]; 0 without).
+    fn far_boost(&self) -> u64 {
+        if self.layout.far_first {
+            self.dim as u64
+        } else {
+            0
+        }
     }
 
     /// With shared scores, the unit whose arc computes the score `nd` serves, how far round
@@ -1410,7 +1422,8 @@ fn place_all(
             std::cmp::Reverse(i),
         )
     };
-    order.sort_by_key(|&i| std::cmp::Reverse(key(i)));
+    // Each key once: the systolic layout's part of it looks up the score's arc and place.
+    order.sort_by_cached_key(|&i| std::cmp::Reverse(key(i)));
     let mut pl = Placer {
         p,
         m,
@@ -1548,7 +1561,7 @@ fn systolic_rules(p: &Problem, pes: u32, pairs: Pairs) -> Vec<Rules> {
     };
     let mut rules = Vec::new();
     // Near pairs only on fractional arcs, which every layer measured with them chose.
-    let whole = !matches!(pairs, Pairs::Near { .. });
+    let whole = !pairs.is_near();
     for &far_first in firsts {
         for &two_rows in two.iter().filter(|_| whole) {
             for &far_last in far {
@@ -1609,7 +1622,7 @@ fn forms(p: &Problem, pairs: Pairs) -> Vec<Form> {
     // Near pairs with output chains in key order only: rotated, they took 540 cycles where
     // key order took 304 (12 tokens, `d = 64`, 4 heads on 256 PEs), and lost on every layer
     // measured.
-    let rotations: &[bool] = if matches!(pairs, Pairs::Near { .. }) {
+    let rotations: &[bool] = if pairs.is_near() {
         &[false]
     } else {
         &[false, true]
@@ -1630,18 +1643,17 @@ fn forms(p: &Problem, pairs: Pairs) -> Vec<Form> {
 /// Every schedule of the systolic layout that [`run`] tries (every sizing, every form of the
 /// graph), whether or not it is the one kept: for tests that prove them all.
 pub fn systolic_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<ScheduleError>> {
-    let mut out = Vec::new();
-    for form in forms(p, Pairs::Shared) {
-        let g = graph(p, form);
-        let bl = bottom_levels(&g);
-        for rules in systolic_rules(p, pes, Pairs::Shared) {
-            let sy = rules
+    let pairs = Pairs::Shared;
+    let tries: Vec<(Rules, Option<Systolic>)> = systolic_rules(p, pes, pairs)
+        .into_iter()
+        .map(|r| {
+            let sy = r
                 .systolic
-                .map(|layout| Systolic::new(p, pes as usize, layout, form.pairs));
-            out.push(place_all(p, pes, &g, &bl, rules, sy.as_ref())?);
-        }
-    }
-    Ok(out)
+                .map(|layout| Systolic::new(p, pes as usize, layout, pairs));
+            (r, sy)
+        })
+        .collect();
+    place_every(p, pes, pairs, &tries)
 }
 
 /// Every schedule of the run with near pairs shared that `schedule-wide` makes ([`near_pairs`]:
@@ -1651,12 +1663,22 @@ pub fn near_layouts(p: &Problem, pes: u32) -> Result<Vec<RingSchedule>, Vec<Sche
     let Some(pairs) = near_pairs(p, pes) else {
         return Ok(Vec::new());
     };
-    let mut out = Vec::new();
     let tries = built_layouts(p, pes, systolic_rules(p, pes, pairs), pairs);
+    place_every(p, pes, pairs, &tries)
+}
+
+/// The schedule of each of `tries` under every form of the graph [`forms`] gives for `pairs`.
+fn place_every(
+    p: &Problem,
+    pes: u32,
+    pairs: Pairs,
+    tries: &[(Rules, Option<Systolic>)],
+) -> Result<Vec<RingSchedule>, Vec<ScheduleError>> {
+    let mut out = Vec::new();
     for form in forms(p, pairs) {
         let g = graph(p, form);
         let bl = bottom_levels(&g);
-        for (rules, sy) in &tries {
+        for (rules, sy) in tries {
             out.push(place_all(p, pes, &g, &bl, *rules, sy.as_ref())?);
         }
     }
@@ -1694,7 +1716,7 @@ fn run_form(p: &Problem, pes: u32, pairs: Pairs) -> Result<RingSchedule, Vec<Sch
     // Above `AUTO_OPS` the free placement takes seconds and lost to the systolic layout on
     // every large layer measured, so where that layout applies it is tried alone; so too with
     // near pairs, which are tried only for that layout and beside the mirrored run.
-    let near = matches!(pairs, Pairs::Near { .. });
+    let near = pairs.is_near();
     let systolic_alone = systolic_applies(p, pes) && p.necessary_ops() > AUTO_OPS;
     if !(near || systolic_alone) {
         for anchors in [true, false] {
